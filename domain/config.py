@@ -1,0 +1,293 @@
+"""The install config: the chart values of the seed, also the Pulumi stack config and the input of `render`.
+
+Parsed once, strictly: unknown keys and wrong types fail with a ConfigError that names every offending
+key as a dotted camelCase path, so a broken config stops the preview/render instead of a running manager.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    WithJsonSchema,
+)
+
+from domain.naming import DNS1035_LABEL_RE
+from domain.validation import ConfigModel, Namespace, ObjectName, validation_problems
+
+DEFAULT_NAMESPACE = "dbprovider"
+DEFAULT_RELEASE_NAME = "dbprovider"
+DEFAULT_IMAGE = "ghcr.io/bnerd/dbprovider:0.1.0"
+DEFAULT_BREAK_GLASS_GROUPS = ("system:masters",)
+METRICS_SERVICE_SUFFIX = "-metrics"
+# The release name prefixes Service names like `<release>-metrics`, which must stay DNS-1035 labels.
+RELEASE_NAME_MAX_LENGTH = 63 - len(METRICS_SERVICE_SUFFIX)
+
+DURATION_RE = "^(0|([0-9]+[dhms])+)$"
+_DURATION_UNITS = {
+    "d": timedelta(days=1),
+    "h": timedelta(hours=1),
+    "m": timedelta(minutes=1),
+    "s": timedelta(seconds=1),
+}
+# A size class name: a label-value-like token, so it can be shown and labelled as is.
+SIZE_CLASS_RE = "^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+_PROMQL_FORBIDDEN = ('"', "\\", "\n", "\r")
+
+
+class ConfigError(ValueError):
+    """The install config is invalid; `problems` lists (dotted camelCase key path, message) pairs."""
+
+    def __init__(self, problems: tuple[tuple[str, str], ...]) -> None:
+        self.problems = problems
+        details = "; ".join(f"{path}: {msg}" if path else msg for path, msg in problems)
+        super().__init__(f"invalid install config: {details}")
+
+
+class UnknownSizeClass(LookupError):
+    """A size class that the install config does not define (the API answers 400 unknown_size_class)."""
+
+    def __init__(self, size_class: str) -> None:
+        self.size_class = size_class
+        shown = f" {size_class!r}" if re.fullmatch(SIZE_CLASS_RE, size_class) else ""
+        super().__init__(f"unknown size class{shown}")
+
+
+def parse_duration(value: object) -> timedelta:
+    """Parse a retention like "7d", "36h", "90m", "30s", "1d12h" or "0"; negative or garbage is refused."""
+    if isinstance(value, timedelta):
+        if value < timedelta(0):
+            raise ValueError("must not be negative")
+        return value
+    if value == 0 and type(value) is int:
+        return timedelta(0)
+    if isinstance(value, str) and value.startswith("-"):
+        raise ValueError("must not be negative")
+    if not isinstance(value, str) or not re.fullmatch(DURATION_RE, value):
+        raise ValueError('must be a duration such as "7d", "36h", "90m", "30s" or "0" (units d, h, m, s)')
+    total = timedelta(0)
+    try:
+        for number, unit in re.findall("([0-9]+)([dhms])", value):
+            total += int(number) * _DURATION_UNITS[unit]
+    except (OverflowError, ValueError):
+        raise ValueError("is too large") from None
+    return total
+
+
+def format_duration(value: timedelta) -> str:
+    """The inverse of parse_duration, e.g. timedelta(hours=36) -> "1d12h"; zero -> "0s"."""
+    seconds = int(value.total_seconds())
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        count, seconds = divmod(seconds, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts) or "0s"
+
+
+def _check_promql_text(value: str) -> str:
+    """Refuse characters that would break out of a PromQL label matcher string."""
+    if any(char in value for char in _PROMQL_FORBIDDEN):
+        raise ValueError("must not contain '\"', '\\' or a newline")
+    return value
+
+
+def _check_image(value: str) -> str:
+    if not re.fullmatch("[!-~]+", value):
+        raise ValueError("must be a non-empty image reference without spaces")
+    return value
+
+
+def _check_release_name(value: str) -> str:
+    if len(value) > RELEASE_NAME_MAX_LENGTH or not re.fullmatch(DNS1035_LABEL_RE, value):
+        raise ValueError(
+            f"must be a DNS-1035 label of at most {RELEASE_NAME_MAX_LENGTH} characters "
+            "(lowercase letters, digits and '-', starting with a letter)"
+        )
+    return value
+
+
+def _check_size_class_name(value: str) -> str:
+    if not re.fullmatch(SIZE_CLASS_RE, value):
+        raise ValueError(
+            "size class names must be 1-63 letters, digits, '-', '_' or '.', starting and ending with a "
+            "letter or digit"
+        )
+    return value
+
+
+def _check_group(value: str) -> str:
+    if not value or value != value.strip():
+        raise ValueError("group names must be non-empty and without surrounding whitespace")
+    return value
+
+
+Duration = Annotated[
+    timedelta,
+    PlainValidator(parse_duration),
+    PlainSerializer(format_duration, return_type=str),
+    WithJsonSchema({"type": "string", "pattern": DURATION_RE}),
+]
+ConnectionLimit = Annotated[StrictInt, Field(ge=-1)]
+"""A PostgreSQL role CONNECTION LIMIT; -1 means unlimited."""
+PromqlText = Annotated[StrictStr, AfterValidator(_check_promql_text)]
+SizeClassName = Annotated[StrictStr, AfterValidator(_check_size_class_name)]
+GroupName = Annotated[StrictStr, AfterValidator(_check_group)]
+
+
+class TlsConfig(ConfigModel):
+    """The API's serving certificate (a kubernetes.io/tls Secret in the release namespace)."""
+
+    secret_name: ObjectName
+
+
+class SecretObjectRef(ConfigModel):
+    """A Secret outside the release namespace the provider may `get` by name (shard admin Secrets)."""
+
+    namespace: Namespace
+    name: ObjectName
+
+
+class SizeClass(ConfigModel):
+    """One size class: the per-role connection limit a new database gets."""
+
+    connection_limit: ConnectionLimit
+
+
+class ConnectionLimitConfig(ConfigModel):
+    """The connection limit of databases created without a size class."""
+
+    default: ConnectionLimit = 10
+
+
+class DeletionProtectionConfig(ConfigModel):
+    """Admission policy refusing deletes that would strand tenants (Shards with databases)."""
+
+    enabled: StrictBool = True
+    break_glass_groups: tuple[GroupName, ...] = DEFAULT_BREAK_GLASS_GROUPS
+
+
+class ServiceMonitorConfig(ConfigModel):
+    """Whether to create a ServiceMonitor for the metrics Service."""
+
+    enabled: StrictBool = False
+
+
+class MetricsConfig(ConfigModel):
+    """Metrics scraping."""
+
+    service_monitor: ServiceMonitorConfig = ServiceMonitorConfig()
+
+
+class PrometheusRuleConfig(ConfigModel):
+    """The alert rules shipped to the central Prometheus; values go into PromQL label matchers."""
+
+    enabled: StrictBool = False
+    cluster: PromqlText = ""
+    job_selector: PromqlText = ""
+
+
+class SoftDeleteConfig(ConfigModel):
+    """How long a deleted tenant is kept disabled before it is dropped (0 = drop right away)."""
+
+    retention: Duration = timedelta(days=7)
+
+
+class CloudberryEngineConfig(ConfigModel):
+    """Support for Keldon/Cloudberry shards (grants RBAC on Keldon DatabaseClusters)."""
+
+    enabled: StrictBool = False
+
+
+class EnginesConfig(ConfigModel):
+    """Optional shard engines besides postgres."""
+
+    cloudberry: CloudberryEngineConfig = CloudberryEngineConfig()
+
+
+class InstallConfig(ConfigModel):
+    """The whole install config; see the module docstring."""
+
+    release_name: Annotated[StrictStr, AfterValidator(_check_release_name)] = DEFAULT_RELEASE_NAME
+    namespace: Namespace = DEFAULT_NAMESPACE
+    image: Annotated[StrictStr, AfterValidator(_check_image)] = DEFAULT_IMAGE
+    replicas: Annotated[StrictInt, Field(ge=1)] = 2
+    tls: TlsConfig
+    shard_secrets: tuple[SecretObjectRef, ...] = ()
+    size_classes: dict[SizeClassName, SizeClass] = Field(default_factory=dict)
+    connection_limit: ConnectionLimitConfig = ConnectionLimitConfig()
+    deletion_protection: DeletionProtectionConfig = DeletionProtectionConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    prometheus_rule: PrometheusRuleConfig = PrometheusRuleConfig()
+    soft_delete: SoftDeleteConfig = SoftDeleteConfig()
+    engines: EnginesConfig = EnginesConfig()
+
+    def resolve_connection_limit(self, size_class: str | None) -> int:
+        """The connection limit for a new database: empty -> connectionLimit.default; unknown -> raise."""
+        if not size_class:
+            return self.connection_limit.default
+        entry = self.size_classes.get(size_class)
+        if entry is None:
+            raise UnknownSizeClass(size_class)
+        return entry.connection_limit
+
+    def metrics_service_name(self) -> str:
+        """The metrics Service `<releaseName>-metrics`; the ServiceMonitor's job label is this name."""
+        return f"{self.release_name}{METRICS_SERVICE_SUFFIX}"
+
+    def effective_job_selector(self) -> str:
+        """The `job` label the alert rules select: prometheusRule.jobSelector, else the metrics Service."""
+        return self.prometheus_rule.job_selector or self.metrics_service_name()
+
+    def shard_secrets_by_namespace(self) -> dict[str, tuple[str, ...]]:
+        """shardSecrets grouped for RBAC: namespace -> sorted unique Secret names (one Role each)."""
+        grouped: dict[str, set[str]] = {}
+        for ref in self.shard_secrets:
+            grouped.setdefault(ref.namespace, set()).add(ref.name)
+        return {ns: tuple(sorted(names)) for ns, names in sorted(grouped.items())}
+
+    def may_read_admin_secret(self, namespace: str, name: str) -> bool:
+        """True if RBAC lets the provider read this admin Secret: the release namespace or shardSecrets."""
+        return namespace == self.namespace or any(
+            ref.namespace == namespace and ref.name == name for ref in self.shard_secrets
+        )
+
+
+def load_install_config(data: Mapping[str, Any] | None) -> InstallConfig:
+    """Validate a parsed install config; raise ConfigError naming every offending key."""
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError((("", "the install config must be a mapping of keys to values"),))
+    try:
+        return InstallConfig.model_validate(dict(data))
+    except ValidationError as exc:
+        raise ConfigError(validation_problems(exc)) from None
+
+
+def load_install_config_file(path: str | Path) -> InstallConfig:
+    """Read a YAML install config (a values file) and validate it."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError((("", f"cannot read {path}: {type(exc).__name__}"),)) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError((("", f"{path} is not valid YAML{where}"),)) from None
+    return load_install_config(data)

@@ -1,0 +1,157 @@
+"""The shared vocabulary of the provider: API group, kinds, label keys, phases, reasons.
+
+Everything that the API, the reconciler, the manifests and the alerts must spell identically lives here,
+so that a typo becomes an import error instead of a silently unmatched label or condition.
+"""
+
+from __future__ import annotations
+
+import enum
+
+GROUP = "db.bnerd.com"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+# Kinds, plurals (the REST resource names) and singulars, as the CRDs declare them.
+KIND_SHARD = "Shard"
+KIND_CONSUMER = "Consumer"
+KIND_DATABASE = "Database"
+PLURAL_SHARDS = "shards"
+PLURAL_CONSUMERS = "consumers"
+PLURAL_DATABASES = "databases"
+SINGULAR_SHARD = "shard"
+SINGULAR_CONSUMER = "consumer"
+SINGULAR_DATABASE = "database"
+
+# Labels put on every Database object (values pass through naming.label_value): used for selection only;
+# code must re-check spec.consumer / spec.externalId on the object it found, a label is not an identity.
+LABEL_CONSUMER = f"{GROUP}/consumer"
+LABEL_EXTERNAL_ID = f"{GROUP}/external-id"
+LABEL_SHARD = f"{GROUP}/shard"
+
+# Set by the API's DELETE (value: RFC 3339 UTC time of the request); its presence starts the soft delete.
+ANNOTATION_DELETE_REQUESTED_AT = f"{GROUP}/delete-requested-at"
+# Held on every Database until its tenant is dropped (or it never got one).
+FINALIZER_TENANT = f"{GROUP}/tenant"
+
+# Keys of the credentials Secret `<database-name>-credentials`.
+CREDENTIALS_SECRET_SUFFIX = "-credentials"
+CREDENTIALS_KEYS = ("host", "port", "database", "user", "password", "sslmode")
+
+# The second shard engine: a Keldon (Apache Cloudberry) DatabaseCluster.
+KELDON_GROUP = "keldon.io"
+KELDON_VERSION = "v1alpha1"
+KELDON_KIND_DATABASE_CLUSTER = "DatabaseCluster"
+KELDON_PLURAL_DATABASE_CLUSTERS = "databaseclusters"
+KELDON_PHASE_RUNNING = "Running"
+KELDON_CLIENT_PORT = 5432
+
+
+class Engine(enum.StrEnum):
+    """Shard engine; a Database is only placed on shards of its own engine."""
+
+    POSTGRES = "postgres"
+    CLOUDBERRY = "cloudberry"
+
+
+class SslMode(enum.StrEnum):
+    """libpq sslmode values accepted for the admin and the client endpoint."""
+
+    DISABLE = "disable"
+    ALLOW = "allow"
+    PREFER = "prefer"
+    REQUIRE = "require"
+    VERIFY_CA = "verify-ca"
+    VERIFY_FULL = "verify-full"
+
+
+class Phase(enum.StrEnum):
+    """Database.status.phase."""
+
+    PROVISIONING = "Provisioning"
+    READY = "Ready"
+    DELETING = "Deleting"
+    DELETED = "Deleted"
+    FAILED = "Failed"
+
+
+class ConditionStatus(enum.StrEnum):
+    """metav1.Condition status values."""
+
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class DatabaseConditionType(enum.StrEnum):
+    """Condition types on a Database."""
+
+    READY = "Ready"
+    DELETION_HELD = "DeletionHeld"
+    CONNECTION_LIMIT_DRIFT = "ConnectionLimitDrift"
+    TENANT_DISABLED = "TenantDisabled"
+    TENANT_DROPPED = "TenantDropped"
+
+
+class DatabaseReason(enum.StrEnum):
+    """Reasons of a Database's Ready condition (also the `reason` label of reconcile error metrics)."""
+
+    PROVISIONING = "Provisioning"
+    PROVISIONED = "Provisioned"
+    NO_CAPACITY = "NoCapacity"
+    INVALID_SIZE_CLASS = "InvalidSizeClass"
+    SHARD_NOT_FOUND = "ShardNotFound"
+    ADMIN_UNAVAILABLE = "AdminUnavailable"
+    ENSURE_FAILED = "EnsureFailed"
+    CREDENTIALS_SECRET_CONFLICT = "CredentialsSecretConflict"
+    DELETING = "Deleting"
+    SET_LIMIT_FAILED = "SetLimitFailed"
+    DISABLE_FAILED = "DisableFailed"
+    DROP_FAILED = "DropFailed"
+
+
+class DriftReason(enum.StrEnum):
+    """Reasons of the ConnectionLimitDrift condition."""
+
+    CONFIG_CHANGED = "ConfigChanged"
+    UNKNOWN_SIZE_CLASS = "UnknownSizeClass"
+
+
+class ShardConditionType(enum.StrEnum):
+    """Condition types on a Shard.
+
+    WEAK_ROLE_ISOLATION is True on servers before PostgreSQL 16 (and Cloudberry), where CREATEROLE may
+    manage any non-superuser role, not only the ones the provisioner created.
+    """
+
+    READY = "Ready"
+    ADMIN_AUTH_FAILED = "AdminAuthFailed"
+    UNREACHABLE = "Unreachable"
+    WEAK_ROLE_ISOLATION = "WeakRoleIsolation"
+
+
+class ShardReason(enum.StrEnum):
+    """Reasons of a Shard's Ready condition.
+
+    PROVISIONER_INHERITS: a pre-16 server whose provisioner role has INHERIT (refused: it would gain the
+    tenants' privileges). SERVER_BEFORE_16 is the reason of the WeakRoleIsolation condition.
+    """
+
+    OK = "Ok"
+    ADMIN_AUTH_FAILED = "AdminAuthFailed"
+    ADMIN_SECRET_INVALID = "AdminSecretInvalid"
+    UNREACHABLE = "Unreachable"
+    CLUSTER_NOT_RUNNING = "ClusterNotRunning"
+    PROVISIONER_INHERITS = "ProvisionerInherits"
+    SERVER_BEFORE_16 = "ServerBefore16"
+
+
+class EventReason(enum.StrEnum):
+    """Reasons of the Kubernetes Events on a Database (the audit trail); warnings use the condition reason."""
+
+    CREATED = "Created"
+    READY = "Ready"
+    DELETE_REQUESTED = "DeleteRequested"
+    DISABLED = "Disabled"
+    DROPPED = "Dropped"
+    DELETION_HELD = "DeletionHeld"

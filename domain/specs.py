@@ -1,0 +1,209 @@
+"""Typed `spec` of the Shard, Consumer and Database objects (group db.bnerd.com/v1alpha1).
+
+The models parse the object's `spec` dict as the apiserver returns it (camelCase keys). Cross-field rules
+exist twice by necessity, in Python (`_check_engine_refs`) and as CEL in the JSON schema
+(`SHARD_CEL_RULES`) for the CRD; keep the two together here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, StrictBool, StrictInt, StrictStr, model_validator
+from pydantic_core import PydanticCustomError
+
+from domain.constants import Engine, SslMode
+from domain.validation import (
+    ClientHost,
+    ExternalId,
+    Namespace,
+    ObjectName,
+    Port,
+    SecretKey,
+    ServiceName,
+    SpecModel,
+)
+
+SSLMODES: tuple[str, ...] = tuple(mode.value for mode in SslMode)
+DEFAULT_PORT = 5432
+
+_IMMUTABLE = [{"rule": "self == oldSelf", "message": "is immutable"}]
+_ENGINE_EXPR = "(has(self.engine) ? self.engine : 'postgres')"
+
+# (CEL rule on ShardSpec, message): the CRD's form of ShardSpec._check_engine_refs.
+SHARD_CEL_RULES: tuple[tuple[str, str], ...] = (
+    (
+        f"{_ENGINE_EXPR} != 'postgres' || (has(self.perconaCluster) && !has(self.keldonCluster))",
+        "engine postgres requires perconaCluster and forbids keldonCluster",
+    ),
+    (
+        f"{_ENGINE_EXPR} != 'cloudberry' || (has(self.keldonCluster) && !has(self.perconaCluster))",
+        "engine cloudberry requires keldonCluster and forbids perconaCluster",
+    ),
+    (
+        f"{_ENGINE_EXPR} != 'postgres' || has(self.admin.serviceName)",
+        "admin.serviceName is required when engine is postgres",
+    ),
+)
+
+
+class ClusterRef(SpecModel):
+    """A namespaced reference to the database cluster behind a shard (Percona PG or Keldon)."""
+
+    namespace: Namespace = Field(description="Namespace of the cluster object.")
+    name: ObjectName = Field(description="Name of the cluster object.")
+
+
+class AdminSecretRef(SpecModel):
+    """Where the provisioner credentials live; read by name only (RBAC is scoped to shardSecrets)."""
+
+    namespace: Namespace = Field(description="The release namespace, or a namespace listed in shardSecrets.")
+    name: ObjectName = Field(
+        description="Secret name; must be listed in shardSecrets outside the release namespace."
+    )
+    user_key: SecretKey = Field(default="user", description="Key holding the role name.")
+    password_key: SecretKey = Field(default="password", description="Key holding the password.")
+
+
+class AdminEndpoint(SpecModel):
+    """How the provider reaches the shard for DDL: the primary Service, never pgBouncer."""
+
+    service_name: ServiceName | None = Field(
+        default=None,
+        description="The in-cluster primary Service (in the cluster's namespace). Required for postgres; "
+        "for cloudberry defaults to the DatabaseCluster's name (its client Service).",
+    )
+    port: Port = Field(default=DEFAULT_PORT, description="Service port.")
+    sslmode: SslMode = Field(default=SslMode.REQUIRE, description="libpq sslmode of the admin connection.")
+    secret_ref: AdminSecretRef = Field(description="Secret with the provisioner role's credentials.")
+
+
+class ClientEndpoint(SpecModel):
+    """What consumers are told to connect to (written into their credentials, never used by the provider)."""
+
+    host: ClientHost = Field(description="Hostname (RFC 1123, no trailing dot) or dotted-quad IPv4.")
+    port: Port = Field(default=DEFAULT_PORT, description="Port consumers connect to.")
+    sslmode: SslMode = Field(default=SslMode.REQUIRE, description="libpq sslmode handed to consumers.")
+
+
+class ShardSpec(SpecModel):
+    """One database cluster the provider may place tenant databases into."""
+
+    model_config = SpecModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [{"rule": rule, "message": msg} for rule, msg in SHARD_CEL_RULES]
+        }
+    }
+
+    engine: Engine = Field(
+        default=Engine.POSTGRES,
+        description="Database engine; Databases are only placed on shards of their engine.",
+        json_schema_extra={"x-kubernetes-validations": _IMMUTABLE},
+    )
+    accepting: StrictBool = Field(default=True, description="false drains the shard: no new placements.")
+    max_databases: StrictInt = Field(ge=1, description="Soft limit of databases placed on this shard.")
+    percona_cluster: ClusterRef | None = Field(
+        default=None, description="The Percona PG cluster (engine postgres only)."
+    )
+    keldon_cluster: ClusterRef | None = Field(
+        default=None, description="The Keldon DatabaseCluster (engine cloudberry only)."
+    )
+    admin: AdminEndpoint = Field(description="The provider's DDL connection.")
+    client: ClientEndpoint = Field(description="The endpoint handed to consumers.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_cloudberry_service(cls, data: Any) -> Any:
+        """For cloudberry the admin Service is the DatabaseCluster's client Service, named like it."""
+        if not isinstance(data, dict) or data.get("engine") != Engine.CLOUDBERRY:
+            return data
+        admin = data.get("admin")
+        keldon = data.get("keldonCluster", data.get("keldon_cluster"))
+        if not isinstance(admin, dict) or not isinstance(keldon, dict) or "name" not in keldon:
+            return data
+        if admin.get("serviceName") is None and admin.get("service_name") is None:
+            admin = {k: v for k, v in admin.items() if k not in ("serviceName", "service_name")}
+            return {**data, "admin": {**admin, "serviceName": keldon["name"]}}
+        return data
+
+    @model_validator(mode="after")
+    def _check_engine_refs(self) -> ShardSpec:
+        """Exactly the cluster reference of the engine, and an admin Service for postgres."""
+        problems: list[str] = []
+        if self.engine == Engine.POSTGRES:
+            if self.percona_cluster is None:
+                problems.append("perconaCluster is required when engine is postgres")
+            if self.keldon_cluster is not None:
+                problems.append("keldonCluster must not be set when engine is postgres")
+            if self.admin.service_name is None:
+                problems.append("admin.serviceName is required when engine is postgres")
+        else:
+            if self.keldon_cluster is None:
+                problems.append("keldonCluster is required when engine is cloudberry")
+            if self.percona_cluster is not None:
+                problems.append("perconaCluster must not be set when engine is cloudberry")
+        if problems:
+            raise PydanticCustomError("engine_refs", "; ".join(problems))
+        return self
+
+    @property
+    def cluster(self) -> ClusterRef:
+        """The cluster reference of this shard's engine."""
+        ref = self.percona_cluster if self.engine == Engine.POSTGRES else self.keldon_cluster
+        assert ref is not None  # guaranteed by _check_engine_refs
+        return ref
+
+    @property
+    def admin_service_name(self) -> str:
+        """The admin Service name (explicit, or the DatabaseCluster's name for cloudberry)."""
+        name = self.admin.service_name
+        assert name is not None  # guaranteed by _default_cloudberry_service / _check_engine_refs
+        return name
+
+    @property
+    def admin_host(self) -> str:
+        """In-cluster DNS name of the admin Service: `<serviceName>.<cluster namespace>.svc`."""
+        return f"{self.admin_service_name}.{self.cluster.namespace}.svc"
+
+
+class TokenSecretRef(SpecModel):
+    """The Secret key holding the consumer's token hashes (must be in the release namespace to work)."""
+
+    namespace: Namespace = Field(description="Must be the release namespace; elsewhere never authenticates.")
+    name: ObjectName = Field(description="Secret name.")
+    key: SecretKey = Field(default="sha256", description="Key with one SHA-256 hex digest per line.")
+
+
+class ConsumerSpec(SpecModel):
+    """One calling cluster; it sees and acts on its own databases only."""
+
+    token_secret_ref: TokenSecretRef = Field(description="Where the consumer's token hashes are stored.")
+    max_databases: StrictInt | None = Field(
+        default=None,
+        ge=0,
+        description="Quota of databases not yet Deleted; unset means unlimited (set it on every consumer).",
+    )
+    disabled: StrictBool = Field(default=False, description="true makes every call of this consumer 401.")
+
+
+class DatabaseSpec(SpecModel):
+    """One tenant database requested by a consumer; identity fields are immutable."""
+
+    consumer: ObjectName = Field(
+        description="Name of the owning Consumer object.",
+        json_schema_extra={"x-kubernetes-validations": _IMMUTABLE},
+    )
+    external_id: ExternalId = Field(
+        description="The consumer's id for the database (a DNS label).",
+        json_schema_extra={"x-kubernetes-validations": _IMMUTABLE},
+    )
+    size_class: StrictStr = Field(
+        default="",
+        max_length=63,
+        description="Size class from the install config's sizeClasses; empty means connectionLimit.default.",
+    )
+    engine: Engine = Field(
+        default=Engine.POSTGRES,
+        description="Only shards of this engine are considered for placement.",
+        json_schema_extra={"x-kubernetes-validations": _IMMUTABLE},
+    )

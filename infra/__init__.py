@@ -1,0 +1,1 @@
+"""The Pulumi program: a ComponentResource that installs the provider into one DB cluster."""

@@ -1,0 +1,74 @@
+"""The PostgreSQL servers are real, of the right major, and the provisioner is what the seed says."""
+
+from __future__ import annotations
+
+import socket
+
+import psycopg
+import pytest
+from psycopg import errors, sql
+
+from harness import PostgresServer
+
+
+def test_reports_its_major_version(postgres: PostgresServer) -> None:
+    with postgres.provisioner_connection() as conn:
+        version_num = int(conn.execute("SHOW server_version_num").fetchone()[0])
+    assert version_num // 10000 == postgres.major
+
+
+def test_provisioner_has_exactly_the_seed_attributes(postgres: PostgresServer) -> None:
+    with postgres.provisioner_connection() as conn:
+        row = conn.execute(
+            "SELECT rolsuper, rolcanlogin, rolcreatedb, rolcreaterole, rolinherit, rolreplication, rolbypassrls"
+            " FROM pg_roles WHERE rolname = current_user"
+        ).fetchone()
+    superuser, login, createdb, createrole, inherit, replication, bypassrls = row
+    assert (superuser, login, createdb, createrole, replication, bypassrls) == (False, True, True, True, False, False)
+    # Before 16 the pre-16 dialect needs a NOINHERIT provisioner (design.md).
+    assert inherit is (postgres.major >= 16)
+
+
+def test_password_authentication_over_tcp(postgres: PostgresServer) -> None:
+    with pytest.raises(psycopg.OperationalError) as failure:
+        postgres.connect(postgres.PROVISIONER, "wrong-password")
+    assert "password authentication failed" in str(failure.value)
+    with postgres.connect(postgres.PROVISIONER, postgres.provisioner_password) as conn:
+        assert conn.execute("SELECT inet_server_addr()::text").fetchone()[0].startswith("127.0.0.1")
+
+
+def test_provisioner_cannot_read_another_roles_database(postgres: PostgresServer) -> None:
+    owner, dbname = f"harness_owner_{postgres.major}", f"harness_private_{postgres.major}"
+    with postgres.superuser_connection() as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(dbname)))
+        admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(owner)))
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(owner)))
+        admin.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(dbname), sql.Identifier(owner)))
+    with postgres.superuser_connection(dbname) as admin:
+        admin.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(owner)))
+        admin.execute("CREATE TABLE secret_rows (v text)")
+        admin.execute("INSERT INTO secret_rows VALUES ('tenant data')")
+    # With PUBLIC's default CONNECT the provisioner gets in, but cannot read the owner's table...
+    with postgres.provisioner_connection(dbname) as conn:
+        with pytest.raises(errors.InsufficientPrivilege):
+            conn.execute("SELECT v FROM secret_rows")
+    # ...and once CONNECT is revoked from PUBLIC it cannot even connect.
+    with postgres.superuser_connection() as admin:
+        admin.execute(sql.SQL("REVOKE CONNECT ON DATABASE {} FROM PUBLIC").format(sql.Identifier(dbname)))
+    with pytest.raises(psycopg.OperationalError) as failure:
+        postgres.provisioner_connection(dbname)
+    assert "permission denied" in str(failure.value)
+    # Not a superuser: it can neither grant itself the owner's role nor drop the database... on 16+.
+    with postgres.provisioner_connection() as conn:
+        with pytest.raises(errors.InsufficientPrivilege):
+            conn.execute(sql.SQL("DROP DATABASE {}").format(sql.Identifier(dbname)))
+
+
+def test_close_leaves_nothing_behind() -> None:
+    server = PostgresServer("15").start()
+    port, workdir, proc = server.port, server.workdir, server._proc
+    server.close()
+    assert proc is not None and proc.poll() is not None
+    assert not workdir.exists()
+    with socket.socket() as sock:
+        assert sock.connect_ex(("127.0.0.1", port)) != 0

@@ -1,0 +1,1 @@
+"""Plain data tables shared by the unit tests and the apiserver (CEL) tests."""
