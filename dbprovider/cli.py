@@ -32,6 +32,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="where the kubeconfig and env file are written (default ./.dbprovider-dev)",
     )
     dev.set_defaults(handler=_run_dev)
+
+    render = commands.add_parser(
+        "render",
+        help="write the install's Kubernetes manifests as YAML (for a GitOps landscape repo)",
+        description=(
+            "Renders the objects `pulumi up` would create from an install config file (the same keys as the "
+            "Pulumi stack config) as multi-document YAML. --only prometheusrule renders the PrometheusRule "
+            "alone, for the central Prometheus' repository. An invalid config exits with status 2 and names "
+            "the key."
+        ),
+    )
+    render.add_argument("--config", required=True, metavar="FILE", help="the install config (YAML)")
+    render.add_argument(
+        "--only",
+        choices=["manifests", "prometheusrule"],
+        default="manifests",
+        help="manifests: the DB cluster's objects (default); prometheusrule: the alert rule alone",
+    )
+    render.add_argument(
+        "--output", "-o", default="-", metavar="FILE", help="where to write the YAML (default -, stdout)"
+    )
+    render.set_defaults(handler=_run_render)
     return parser
 
 
@@ -39,6 +61,12 @@ def _run_dev(args: argparse.Namespace) -> int:
     from dbprovider.dev import run_dev
 
     return run_dev(postgres_flavor=args.postgres, state_dir=args.state_dir)
+
+
+def _run_render(args: argparse.Namespace) -> int:
+    from dbprovider.render import run_render
+
+    return run_render(config_path=args.config, only=args.only, output=args.output)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,124 @@
+"""Typed `status` of the Shard, Consumer and Database objects: what the reconciler writes.
+
+The CRDs' status schemas are generated from these models (infra.crds), exactly like the spec schemas from
+domain.specs: a field the reconciler writes must exist here, or the apiserver prunes it on the status
+update. Adding a field here adds it to the CRD on the next render / `pulumi up`.
+
+Write status through the status subresource with camelCase keys, e.g.
+`DatabaseStatus(...).model_dump(by_alias=True, exclude_none=True, mode="json")`. Every field is optional
+so a partial status (an object seen for the first time) is valid; `observedGeneration` says which spec
+generation the rest of the status describes.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from pydantic import Field, StrictInt, StrictStr
+
+from domain.constants import ConditionStatus, Phase
+from domain.validation import ObjectName, SpecModel
+
+# metav1.Condition's own limits, so generic tooling (kubectl wait, kstatus) reads our conditions.
+CONDITION_TYPE_RE = (
+    "^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
+)
+CONDITION_REASON_RE = "^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+CONDITION_MESSAGE_MAX_LENGTH = 32768
+
+Generation = Annotated[StrictInt, Field(ge=0)]
+
+
+class Condition(SpecModel):
+    """One observation about the object (the shape of metav1.Condition)."""
+
+    type: Annotated[StrictStr, Field(max_length=316, pattern=CONDITION_TYPE_RE)] = Field(
+        description="Condition type, e.g. Ready, DeletionHeld, ConnectionLimitDrift, AdminAuthFailed."
+    )
+    status: ConditionStatus = Field(description="True, False or Unknown.")
+    observed_generation: Generation | None = Field(
+        default=None, description="The metadata.generation this condition was computed for."
+    )
+    last_transition_time: datetime = Field(description="When the status last changed (not when it was last checked).")
+    reason: Annotated[StrictStr, Field(min_length=1, max_length=1024, pattern=CONDITION_REASON_RE)] = Field(
+        description="Machine-readable CamelCase reason, e.g. Ok, Unreachable, NoCapacity, Provisioned."
+    )
+    message: Annotated[StrictStr, Field(max_length=CONDITION_MESSAGE_MAX_LENGTH)] = Field(
+        description="Human-readable detail; a sanitized error class at most, never driver text or credentials."
+    )
+
+
+Conditions = Annotated[
+    tuple[Condition, ...],
+    Field(
+        description="Current conditions, one per type.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    ),
+]
+
+
+class ShardStatus(SpecModel):
+    """Observed state of a Shard, written by the Shard controller (periodic admin check every 60 s)."""
+
+    observed_generation: Generation | None = Field(
+        default=None, description="The metadata.generation the conditions were computed for."
+    )
+    conditions: Conditions = ()
+    database_count: Annotated[StrictInt, Field(ge=0)] | None = Field(
+        default=None,
+        description="Database objects placed on this shard (every phase, until the object is gone). While "
+        "above 0, deleting the Shard is refused by the deletion-protection admission policy.",
+    )
+    server_version: Annotated[StrictStr, Field(max_length=64)] | None = Field(
+        default=None,
+        description="Server version seen on the admin connection (e.g. 16.4); below 16 the older grant "
+        "dialect is used and role isolation is weaker (condition WeakRoleIsolation).",
+    )
+
+
+class ConsumerStatus(SpecModel):
+    """Observed state of a Consumer."""
+
+    observed_generation: Generation | None = Field(
+        default=None, description="The metadata.generation this status describes."
+    )
+    conditions: Conditions = ()
+    database_count: Annotated[StrictInt, Field(ge=0)] | None = Field(
+        default=None,
+        description="This consumer's databases that are not yet Deleted (Deleting ones count): the number "
+        "compared with spec.maxDatabases.",
+    )
+
+
+class DatabaseStatus(SpecModel):
+    """Observed state of a Database; placement and tenant name are written once, before any SQL."""
+
+    observed_generation: Generation | None = Field(
+        default=None, description="The metadata.generation this status describes."
+    )
+    phase: Phase | None = Field(default=None, description="Provisioning, Ready, Deleting, Deleted or Failed.")
+    shard: ObjectName | None = Field(
+        default=None,
+        description="The Shard this database is placed on; persisted before any SQL runs and never changed.",
+    )
+    tenant_name: Annotated[StrictStr, Field(max_length=63, pattern="^[a-z_][a-z0-9_]*$")] | None = Field(
+        default=None,
+        description="Name of the role and of the database on the shard; chosen once, before any SQL, and "
+        "never changed.",
+    )
+    applied_size_class: Annotated[StrictStr, Field(max_length=63)] | None = Field(
+        default=None,
+        description="The spec.sizeClass whose connection limit is applied (empty: connectionLimit.default).",
+    )
+    applied_connection_limit: Annotated[StrictInt, Field(ge=-1)] | None = Field(
+        default=None,
+        description="CONNECTION LIMIT set on the tenant role (-1 = unlimited); compared with the install "
+        "config to report ConnectionLimitDrift.",
+    )
+    drop_after: datetime | None = Field(
+        default=None,
+        description="While Deleting: the earliest time the tenant is dropped (delete request + "
+        "softDelete.retention). Removing the delete annotation before then recovers the database.",
+    )
+    conditions: Conditions = ()

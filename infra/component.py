@@ -1,0 +1,170 @@
+"""`DbProvider`: the Pulumi component that installs the provider into one DB cluster.
+
+Every object comes from infra.render (the same templates as `dbprovider render`), created as the typed
+pulumi_kubernetes resource of its kind with server-side apply (the provider default). CRDs come first and
+every other object depends on them; they are retained on `pulumi destroy`, since deleting a CRD deletes
+every object of its kind. The PrometheusRule goes to the central Prometheus' cluster through a
+second Kubernetes provider when a kubeconfig for it is given; otherwise its YAML is exported as the output
+`prometheus_rule_yaml`, for that Prometheus' own repository. Nothing is created inside `apply()`, so a
+preview shows exactly what `up` does.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from domain.config import InstallConfig
+from infra.render import (
+    dump_yaml,
+    prometheus_rule_warnings,
+    render_manifests,
+    render_prometheus_rule,
+)
+
+TYPE_TOKEN = "dbprovider:index:DbProvider"
+KIND_CRD = "CustomResourceDefinition"
+
+
+@dataclass(frozen=True)
+class DbProviderArgs:
+    """Inputs of a DbProvider.
+
+    config: the validated install config (infra.config.load_stack_config reads it from the stack).
+    prometheus_kubeconfig: kubeconfig (contents or path) of the central Prometheus' cluster; when set
+        and prometheusRule.enabled, the PrometheusRule is created there.
+    prometheus_namespace: namespace of the PrometheusRule in that cluster (default: the release namespace).
+    """
+
+    config: InstallConfig
+    prometheus_kubeconfig: pulumi.Input[str] | None = None
+    prometheus_namespace: str | None = None
+
+
+# kind -> pulumi_kubernetes class of every object the templates produce.
+_RESOURCE_CLASSES: dict[tuple[str, str], type[pulumi.CustomResource]] = {
+    ("apiextensions.k8s.io/v1", "CustomResourceDefinition"): k8s.apiextensions.v1.CustomResourceDefinition,
+    ("v1", "ServiceAccount"): k8s.core.v1.ServiceAccount,
+    ("v1", "ConfigMap"): k8s.core.v1.ConfigMap,
+    ("v1", "Service"): k8s.core.v1.Service,
+    ("rbac.authorization.k8s.io/v1", "ClusterRole"): k8s.rbac.v1.ClusterRole,
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): k8s.rbac.v1.ClusterRoleBinding,
+    ("rbac.authorization.k8s.io/v1", "Role"): k8s.rbac.v1.Role,
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): k8s.rbac.v1.RoleBinding,
+    ("apps/v1", "Deployment"): k8s.apps.v1.Deployment,
+    ("policy/v1", "PodDisruptionBudget"): k8s.policy.v1.PodDisruptionBudget,
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"): (
+        k8s.admissionregistration.v1.ValidatingAdmissionPolicy
+    ),
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"): (
+        k8s.admissionregistration.v1.ValidatingAdmissionPolicyBinding
+    ),
+}
+# Kinds of other operators' CRDs (Prometheus Operator): created as untyped custom resources.
+_CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule")}
+
+
+def _snake(key: str) -> str:
+    return re.sub("([A-Z])", lambda m: "_" + m.group(1).lower(), key)
+
+
+def resource_name(obj: dict[str, Any]) -> str:
+    """The Pulumi name of an object: `<namespace>/<name>`, or `<name>` for a cluster-scoped one.
+
+    Names need to be unique per resource type only (the type is part of the URN); one DbProvider per stack.
+    """
+    meta = obj["metadata"]
+    namespace = meta.get("namespace")
+    return f"{namespace}/{meta['name']}" if namespace else meta["name"]
+
+
+def create_object(name: str, obj: dict[str, Any], opts: pulumi.ResourceOptions) -> pulumi.CustomResource:
+    """Create one rendered manifest as a pulumi_kubernetes resource (its body passed through unchanged)."""
+    key = (obj["apiVersion"], obj["kind"])
+    if key in _CUSTOM_KINDS:
+        extra = set(obj) - {"apiVersion", "kind", "metadata", "spec"}
+        if extra:
+            raise ValueError(f"{obj['kind']} carries fields a CustomResource cannot pass: {sorted(extra)}")
+        return k8s.apiextensions.CustomResource(
+            name,
+            api_version=obj["apiVersion"],
+            kind=obj["kind"],
+            metadata=obj["metadata"],
+            spec=obj.get("spec"),
+            opts=opts,
+        )
+    cls = _RESOURCE_CLASSES.get(key)
+    if cls is None:
+        raise ValueError(f"no Pulumi resource class for {key[0]} {key[1]}: add it to infra.component")
+    fields = {_snake(field): value for field, value in obj.items()}
+    return cls(name, opts=opts, **fields)
+
+
+class DbProvider(pulumi.ComponentResource):
+    """The provider in one DB cluster: CRDs, admission policy, RBAC, Deployment, Services, monitoring."""
+
+    objects: dict[tuple[str, str, str, str], pulumi.CustomResource]
+    crds: list[pulumi.CustomResource]
+    prometheus_provider: k8s.Provider | None
+    prometheus_rule: pulumi.CustomResource | None
+    prometheus_rule_yaml: str | None
+
+    def __init__(self, name: str, args: DbProviderArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__(TYPE_TOKEN, name, None, opts)
+        config = args.config
+        manifests = render_manifests(config)
+        self.objects = {}
+        self.crds = []
+        for obj in (o for o in manifests if o["kind"] == KIND_CRD):
+            # `pulumi destroy` leaves the CRDs (and so every Shard, Consumer and Database) in place.
+            self._add(obj, pulumi.ResourceOptions(parent=self, retain_on_delete=True))
+        for obj in (o for o in manifests if o["kind"] != KIND_CRD):
+            self._add(obj, pulumi.ResourceOptions(parent=self, depends_on=list(self.crds)))
+
+        self.prometheus_provider = None
+        self.prometheus_rule = None
+        self.prometheus_rule_yaml = None
+        if config.prometheus_rule.enabled:
+            for warning in prometheus_rule_warnings(config):
+                pulumi.log.warn(warning, resource=self)
+            rule = render_prometheus_rule(config)
+            if args.prometheus_namespace:
+                rule["metadata"]["namespace"] = args.prometheus_namespace
+            self.prometheus_rule_yaml = dump_yaml([rule])
+            if args.prometheus_kubeconfig is not None:
+                self.prometheus_provider = k8s.Provider(
+                    f"{name}-prometheus",
+                    kubeconfig=args.prometheus_kubeconfig,
+                    enable_server_side_apply=True,
+                    opts=pulumi.ResourceOptions(parent=self),
+                )
+                self.prometheus_rule = create_object(
+                    resource_name(rule),
+                    rule,
+                    pulumi.ResourceOptions(parent=self, provider=self.prometheus_provider),
+                )
+            else:
+                pulumi.log.info(
+                    "prometheusRule.enabled without dbprovider:prometheusKubeconfig: the PrometheusRule is not "
+                    "created; ship the stack output prometheusRuleYaml to the central Prometheus",
+                    resource=self,
+                )
+
+        self.register_outputs(
+            {
+                "namespace": config.namespace,
+                "crds": [o["metadata"]["name"] for o in manifests if o["kind"] == KIND_CRD],
+                "prometheusRuleYaml": self.prometheus_rule_yaml,
+            }
+        )
+
+    def _add(self, obj: dict[str, Any], opts: pulumi.ResourceOptions) -> None:
+        resource = create_object(resource_name(obj), obj, opts)
+        meta = obj["metadata"]
+        self.objects[(obj["apiVersion"], obj["kind"], meta.get("namespace", ""), meta["name"])] = resource
+        if obj["kind"] == KIND_CRD:
+            self.crds.append(resource)

@@ -1,0 +1,268 @@
+"""Render the install's Kubernetes manifests from the jinja2 templates in templates/.
+
+Both the Pulumi program (infra.component) and `dbprovider render` call these functions, so a GitOps
+landscape repo and `pulumi up` get the very same objects. Pure: no Pulumi, no Kubernetes client.
+
+    render_manifests(config)        -> the DB cluster's objects, CRDs first
+    render_prometheus_rule(config)  -> the PrometheusRule for the central Prometheus
+    prometheus_rule_warnings(config) -> what the user should be told (e.g. no per-cluster absence)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterable
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import yaml
+
+from domain.config import InstallConfig
+from domain.constants import (
+    GROUP,
+    KELDON_GROUP,
+    KELDON_PLURAL_DATABASE_CLUSTERS,
+    KIND_CONSUMER,
+    KIND_DATABASE,
+    KIND_SHARD,
+    PLURAL_CONSUMERS,
+    PLURAL_DATABASES,
+    PLURAL_SHARDS,
+    SINGULAR_CONSUMER,
+    SINGULAR_DATABASE,
+    SINGULAR_SHARD,
+    VERSION,
+)
+from domain.naming import DNS1123_LABEL_RE, label_value
+from infra.crds import crd_schemas
+
+TEMPLATES_DIR = Path(os.environ.get("DBPROVIDER_TEMPLATES") or Path(__file__).resolve().parent.parent / "templates")
+
+# Ports and paths the manager serves / reads (the manager's defaults must match).
+API_PORT = 8443
+METRICS_PORT = 8080
+CONFIG_DIR = "/etc/dbprovider"
+CONFIG_PATH = f"{CONFIG_DIR}/config.yaml"
+TLS_DIR = f"{CONFIG_DIR}/tls"
+RUN_AS_UID = 10001
+
+MANIFEST_TEMPLATES = (
+    "crds.yaml.j2",
+    "serviceaccount.yaml.j2",
+    "rbac.yaml.j2",
+    "configmap.yaml.j2",
+    "services.yaml.j2",
+    "deployment.yaml.j2",
+    "admission-policy.yaml.j2",
+    "servicemonitor.yaml.j2",
+)
+PROMETHEUS_RULE_TEMPLATE = "prometheusrule.yaml.j2"
+
+LABEL_CLUSTER = f"{GROUP}/cluster"
+WARNING_NO_CLUSTER = (
+    "prometheusRule.cluster is not set: the alert rules match every cluster that reports this job, and "
+    "DBProviderDown cannot notice one cluster's provider vanishing. Set prometheusRule.cluster to the "
+    "value of this DB cluster's `cluster` external label."
+)
+
+
+def _json(value: Any) -> str:
+    """A JSON literal, which YAML reads back unchanged (used for every value from the config)."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+class TemplatesNotFound(FileNotFoundError):
+    """The templates/ directory is missing (an installed package without DBPROVIDER_TEMPLATES)."""
+
+
+@lru_cache(maxsize=1)
+def _environment(templates_dir: Path) -> jinja2.Environment:
+    if not (templates_dir / PROMETHEUS_RULE_TEMPLATE).is_file():
+        raise TemplatesNotFound(
+            f"the manifest templates are not in {templates_dir}: set DBPROVIDER_TEMPLATES to the templates/ "
+            "directory of the dbprovider sources"
+        )
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir)),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+    )
+    env.filters["json"] = _json
+    return env
+
+
+def cel_string(value: str) -> str:
+    """A CEL double-quoted string literal (JSON escaping is a subset of CEL's)."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def config_yaml(config: InstallConfig) -> str:
+    """The install config with every default resolved, as the manager reads it from its ConfigMap."""
+    data = config.model_dump(by_alias=True, mode="json")
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True)
+
+
+def common_labels(config: InstallConfig) -> dict[str, str]:
+    return {**selector_labels(config), "app.kubernetes.io/part-of": "dbprovider"}
+
+
+def selector_labels(config: InstallConfig) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "dbprovider", "app.kubernetes.io/instance": config.release_name}
+
+
+def prometheus_rule_name(config: InstallConfig) -> str:
+    """`<release>-<cluster>` (one rule object per DB cluster at the central Prometheus), else `<release>`."""
+    cluster = config.prometheus_rule.cluster
+    if not cluster:
+        return config.release_name
+    readable = cluster.lower()
+    if re.fullmatch(DNS1123_LABEL_RE, readable) and readable == cluster and len(readable) <= 63:
+        return f"{config.release_name}-{readable}"
+    cleaned = re.sub("[^a-z0-9-]+", "-", readable).strip("-")[:40].strip("-")
+    digest = hashlib.sha256(cluster.encode("utf-8")).hexdigest()[:10]
+    return f"{config.release_name}-{cleaned}-{digest}" if cleaned else f"{config.release_name}-{digest}"
+
+
+def promql_selector(config: InstallConfig) -> str:
+    """The label matchers every alert expression uses: the job, and the cluster when configured."""
+    matchers = [f'job="{config.effective_job_selector()}"']
+    if config.prometheus_rule.cluster:
+        matchers.append(f'cluster="{config.prometheus_rule.cluster}"')
+    return ", ".join(matchers)
+
+
+def _context(config: InstallConfig) -> dict[str, Any]:
+    text = config_yaml(config)
+    labels = common_labels(config)
+    groups = config.deletion_protection.break_glass_groups
+    if groups:
+        listed = ", ".join(cel_string(g) for g in groups)
+        break_glass = f"!request.userInfo.groups.exists(g, g in [{listed}])"
+    else:
+        break_glass = "true"
+    shard_secret_roles = {
+        ns: names for ns, names in config.shard_secrets_by_namespace().items() if ns != config.namespace
+    }
+    rule_labels = dict(labels)
+    if config.prometheus_rule.cluster:
+        rule_labels[LABEL_CLUSTER] = label_value(config.prometheus_rule.cluster)
+    return {
+        "config": config,
+        "release": config.release_name,
+        "namespace": config.namespace,
+        "service_account": config.release_name,
+        "config_map": f"{config.release_name}-config",
+        "config_yaml": text,
+        "config_checksum": hashlib.sha256(text.encode("utf-8")).hexdigest(),
+        "metrics_service": config.metrics_service_name(),
+        "deletion_policy": f"{config.release_name}-shard-deletion-protection",
+        "break_glass_condition": break_glass,
+        "shard_secret_roles": shard_secret_roles,
+        "common_labels": labels,
+        "selector_labels": selector_labels(config),
+        "metrics_labels": {**labels, "app.kubernetes.io/component": "metrics"},
+        "rule_labels": rule_labels,
+        "rule_name": prometheus_rule_name(config),
+        "sel": promql_selector(config),
+        "group": GROUP,
+        "version": VERSION,
+        "plurals": {"shard": PLURAL_SHARDS, "consumer": PLURAL_CONSUMERS, "database": PLURAL_DATABASES},
+        "crd_kinds": [
+            {
+                "key": "shard",
+                "kind": KIND_SHARD,
+                "plural": PLURAL_SHARDS,
+                "singular": SINGULAR_SHARD,
+                "scope": "Cluster",
+            },
+            {
+                "key": "consumer",
+                "kind": KIND_CONSUMER,
+                "plural": PLURAL_CONSUMERS,
+                "singular": SINGULAR_CONSUMER,
+                "scope": "Cluster",
+            },
+            {
+                "key": "database",
+                "kind": KIND_DATABASE,
+                "plural": PLURAL_DATABASES,
+                "singular": SINGULAR_DATABASE,
+                "scope": "Namespaced",
+            },
+        ],
+        "schemas": crd_schemas(),
+        "keldon": {"group": KELDON_GROUP, "plural": KELDON_PLURAL_DATABASE_CLUSTERS},
+        "ports": {"api": API_PORT, "metrics": METRICS_PORT},
+        "paths": {"config": CONFIG_PATH, "config_dir": CONFIG_DIR, "tls_dir": TLS_DIR},
+        "uid": RUN_AS_UID,
+    }
+
+
+def _render(names: Iterable[str], config: InstallConfig) -> list[dict[str, Any]]:
+    env = _environment(TEMPLATES_DIR)
+    context = _context(config)
+    objects: list[dict[str, Any]] = []
+    for name in names:
+        text = env.get_template(name).render(context)
+        try:
+            documents = list(yaml.safe_load_all(text))
+        except yaml.YAMLError as exc:  # a template bug, not a user error
+            raise RuntimeError(f"template {name} rendered invalid YAML: {exc}") from exc
+        objects.extend(doc for doc in documents if doc)
+    return objects
+
+
+def render_manifests(config: InstallConfig) -> list[dict[str, Any]]:
+    """Every object of the install in the DB cluster, CRDs first (the PrometheusRule is separate)."""
+    return _render(MANIFEST_TEMPLATES, config)
+
+
+def render_prometheus_rule(config: InstallConfig) -> dict[str, Any]:
+    """The PrometheusRule for the central Prometheus (rendered whether or not prometheusRule.enabled)."""
+    (rule,) = _render((PROMETHEUS_RULE_TEMPLATE,), config)
+    return rule
+
+
+def prometheus_rule_warnings(config: InstallConfig) -> list[str]:
+    """Warnings to show when the rule is rendered or deployed."""
+    if config.prometheus_rule.enabled and not config.prometheus_rule.cluster:
+        return [WARNING_NO_CLUSTER]
+    return []
+
+
+def rule_groups(rule: dict[str, Any]) -> dict[str, Any]:
+    """The rule file Prometheus (and promtool) reads: the PrometheusRule's spec."""
+    return {"groups": rule["spec"]["groups"]}
+
+
+def object_key(obj: dict[str, Any]) -> tuple[str, str, str, str]:
+    """(apiVersion, kind, namespace, name) of a manifest."""
+    meta = obj.get("metadata", {})
+    return (obj["apiVersion"], obj["kind"], meta.get("namespace", ""), meta["name"])
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (the config file, PromQL) as literal blocks, so the YAML reads like the source."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _represent_str)
+
+
+def dump_yaml(objects: Iterable[dict[str, Any]]) -> str:
+    """Multi-document YAML, one `---` per object, keys in template order."""
+    return "".join(
+        "---\n"
+        + yaml.dump(obj, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True, width=120)
+        for obj in objects
+    )
