@@ -18,6 +18,7 @@ from domain.config import (
 )
 from domain.constants import (
     ANNOTATION_DELETE_REQUESTED_AT,
+    ANNOTATION_ROTATE_REQUESTED_AT,
     API_VERSION,
     FINALIZER_TENANT,
     GROUP,
@@ -62,6 +63,7 @@ from domain.validation import format_validation_error, validation_problems
 
 __all__ = [
     "ANNOTATION_DELETE_REQUESTED_AT",
+    "ANNOTATION_ROTATE_REQUESTED_AT",
     "API_VERSION",
     "DEFAULT_IMAGE",
     "DEFAULT_NAMESPACE",

@@ -31,6 +31,8 @@ LABEL_SHARD = f"{GROUP}/shard"
 
 # Set by the API's DELETE (value: RFC 3339 UTC time of the request); its presence starts the soft delete.
 ANNOTATION_DELETE_REQUESTED_AT = f"{GROUP}/delete-requested-at"
+# Set (with the request time) by the API's rotate route: the reconciler sets a new password once per value.
+ANNOTATION_ROTATE_REQUESTED_AT = f"{GROUP}/rotate-requested-at"
 # Held on every Database until its tenant is dropped (or it never got one).
 FINALIZER_TENANT = f"{GROUP}/tenant"
 

@@ -122,3 +122,8 @@ class DatabaseStatus(SpecModel):
         "softDelete.retention). Removing the delete annotation before then recovers the database.",
     )
     conditions: Conditions = ()
+    rotation_applied: Annotated[StrictStr, Field(max_length=64)] | None = Field(
+        default=None,
+        description="The value of the rotate-requested-at annotation whose new password is in effect; a "
+        "different annotation value asks the reconciler for a new password.",
+    )
