@@ -1,0 +1,192 @@
+"""Failures of shard SQL as sanitized classes: what status conditions, events and logs may carry.
+
+A `SqlFailure` names the operation and a short error class (`"create failed: timeout"`); it never
+holds driver text, SQL, role passwords or the admin credentials. Driver errors are classified by
+SQLSTATE through psycopg's per-code exception classes. libpq does not expose the SQLSTATE of a
+failed *connection attempt*, so those (psycopg says "connection failed: ...") are classified by the
+libpq/server message instead, in English as the server reports it.
+"""
+
+from __future__ import annotations
+
+import psycopg
+from psycopg import errors as pgerrors
+
+# The error classes, each with whether retrying soon may help (True: a transient fault of the
+# shard or the network; False: needs a change of configuration, credentials or data first).
+TIMEOUT = "timeout"
+LOCK_TIMEOUT = "lock_timeout"
+AUTH_FAILED = "auth_failed"
+CONNECTION_LOST = "connection_lost"
+UNREACHABLE = "unreachable"
+TLS_FAILED = "tls_failed"
+TOO_MANY_CONNECTIONS = "too_many_connections"
+READ_ONLY = "read_only"
+INSUFFICIENT_PRIVILEGE = "insufficient_privilege"
+INVALID_PROVISIONER = "invalid_provisioner"
+NOT_FOUND = "not_found"
+NAME_TAKEN = "name_taken"
+OBJECT_IN_USE = "object_in_use"
+DEPENDENT_OBJECTS = "dependent_objects"
+CONFLICT = "conflict"
+OTHER = "other"
+
+RETRYABLE: dict[str, bool] = {
+    TIMEOUT: True,
+    LOCK_TIMEOUT: True,
+    AUTH_FAILED: False,
+    CONNECTION_LOST: True,
+    UNREACHABLE: True,
+    TLS_FAILED: False,
+    TOO_MANY_CONNECTIONS: True,
+    READ_ONLY: True,
+    INSUFFICIENT_PRIVILEGE: False,
+    INVALID_PROVISIONER: False,
+    NOT_FOUND: False,
+    NAME_TAKEN: False,
+    OBJECT_IN_USE: True,
+    DEPENDENT_OBJECTS: False,
+    CONFLICT: True,
+    OTHER: False,
+}
+
+AUTH_SQLSTATES = frozenset({"28P01", "28000"})
+
+
+class SqlFailure(Exception):
+    """One failed shard operation, safe to show in a condition message, an event or a log line.
+
+    `operation` is the operation's name ("create", "set limit", "rotate", "disable", "enable",
+    "drop", "check", "inspect"), `error_class` one of the tokens above, `retryable` whether a quick
+    retry may help, `sqlstate` the server's code when there was one, and `detail` an optional
+    explanation written by this package (never driver text).
+    """
+
+    def __init__(
+        self,
+        operation: str,
+        error_class: str,
+        retryable: bool | None = None,
+        *,
+        sqlstate: str | None = None,
+        detail: str | None = None,
+    ) -> None:
+        self.operation = operation
+        self.error_class = error_class
+        self.retryable = RETRYABLE.get(error_class, False) if retryable is None else retryable
+        self.sqlstate = sqlstate
+        self.detail = detail
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        text = f"{self.operation} failed: {self.error_class}"
+        return f"{text} ({self.detail})" if self.detail else text
+
+    def __repr__(self) -> str:
+        return f"SqlFailure({self.operation!r}, {self.error_class!r}, retryable={self.retryable})"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (
+            SqlFailure,
+            (self.operation, self.error_class, self.retryable),
+            {"sqlstate": self.sqlstate, "detail": self.detail},
+        )
+
+    def for_operation(self, operation: str) -> SqlFailure:
+        """The same failure, reported as part of another (outer) operation."""
+        if operation == self.operation:
+            return self
+        return SqlFailure(
+            operation, self.error_class, self.retryable, sqlstate=self.sqlstate, detail=self.detail
+        )
+
+
+# Driver exceptions by SQLSTATE class, most specific first (isinstance order matters).
+_BY_CLASS: tuple[tuple[type[BaseException], str], ...] = (
+    (pgerrors.ConnectionTimeout, TIMEOUT),  # psycopg's own: connect_timeout expired
+    (pgerrors.QueryCanceled, TIMEOUT),  # 57014 statement_timeout (or a cancel)
+    (pgerrors.LockNotAvailable, LOCK_TIMEOUT),  # 55P03 lock_timeout
+    (pgerrors.InvalidPassword, AUTH_FAILED),  # 28P01
+    (pgerrors.InvalidAuthorizationSpecification, AUTH_FAILED),  # 28000
+    (pgerrors.InsufficientPrivilege, INSUFFICIENT_PRIVILEGE),  # 42501
+    (pgerrors.AdminShutdown, CONNECTION_LOST),  # 57P01 terminated / server shutting down
+    (pgerrors.CrashShutdown, CONNECTION_LOST),  # 57P02
+    (pgerrors.IdleSessionTimeout, CONNECTION_LOST),  # 57P05
+    (pgerrors.ConnectionException, CONNECTION_LOST),  # class 08
+    (pgerrors.CannotConnectNow, UNREACHABLE),  # 57P03 starting up / in recovery
+    (pgerrors.TooManyConnections, TOO_MANY_CONNECTIONS),  # 53300
+    (pgerrors.ReadOnlySqlTransaction, READ_ONLY),  # 25006 a standby (failover in progress)
+    (pgerrors.ObjectInUse, OBJECT_IN_USE),  # 55006 database is being accessed by other users
+    (pgerrors.DependentObjectsStillExist, DEPENDENT_OBJECTS),  # 2BP01
+    (pgerrors.UndefinedObject, NOT_FOUND),  # 42704 role does not exist
+    (pgerrors.InvalidCatalogName, NOT_FOUND),  # 3D000 database does not exist
+    (pgerrors.DuplicateObject, CONFLICT),  # 42710 created concurrently; a re-run converges
+    (pgerrors.DuplicateDatabase, CONFLICT),  # 42P04
+    (pgerrors.DeadlockDetected, CONFLICT),  # 40P01
+    (pgerrors.SerializationFailure, CONFLICT),  # 40001
+)
+
+# A failed connection attempt carries no SQLSTATE: match the libpq / server message (lowercased).
+# Order matters: the first match wins.
+_CONNECT_MESSAGES: tuple[tuple[str, str], ...] = (
+    ("password authentication failed", AUTH_FAILED),  # 28P01
+    ('fatal:  role "', AUTH_FAILED),  # 28000 role ... does not exist (trust/peer methods)
+    ("authentication failed", AUTH_FAILED),  # 28000/28P01: scram, md5, ident, peer, cert, ...
+    ("no pg_hba.conf entry", AUTH_FAILED),  # 28000
+    ("pg_hba.conf rejects connection", AUTH_FAILED),  # 28000
+    ("is not permitted to log in", AUTH_FAILED),  # 28000 NOLOGIN
+    ("no password supplied", AUTH_FAILED),  # libpq: empty password
+    ("too many connections", TOO_MANY_CONNECTIONS),  # 53300
+    ("connection slots are reserved", TOO_MANY_CONNECTIONS),  # 53300
+    ("permission denied", INSUFFICIENT_PRIVILEGE),  # 42501 no CONNECT on the database
+    ("does not exist", NOT_FOUND),  # 3D000 database (roles report an auth failure)
+    ("the database system is", UNREACHABLE),  # 57P03 starting up, shutting down, in recovery
+    ("not yet accepting connections", UNREACHABLE),  # 57P03
+    ("timeout expired", TIMEOUT),
+    ("timed out", TIMEOUT),
+    ("ssl", TLS_FAILED),
+    ("certificate", TLS_FAILED),
+)
+
+_CONNECT_PREFIXES = ("connection failed:", "connection is bad:")
+
+
+def classify(exc: BaseException, operation: str) -> SqlFailure:
+    """Turn any exception raised by shard SQL into a sanitized `SqlFailure` of `operation`."""
+    if isinstance(exc, SqlFailure):
+        return exc.for_operation(operation)
+    sqlstate = getattr(exc, "sqlstate", None)
+    for error_type, error_class in _BY_CLASS:
+        if isinstance(exc, error_type):
+            return SqlFailure(operation, error_class, sqlstate=sqlstate)
+    if sqlstate and sqlstate[:2] == "08":
+        return SqlFailure(operation, CONNECTION_LOST, sqlstate=sqlstate)
+    if isinstance(exc, psycopg.OperationalError) and not sqlstate:
+        return SqlFailure(operation, _classify_connection_message(str(exc)))
+    if isinstance(exc, psycopg.InterfaceError):
+        return SqlFailure(operation, CONNECTION_LOST)  # e.g. "the connection is closed"
+    return SqlFailure(operation, OTHER, sqlstate=sqlstate)
+
+
+def _classify_connection_message(message: str) -> str:
+    text = message.lower()
+    if not text.startswith(_CONNECT_PREFIXES):
+        # An established session that broke: "server closed the connection unexpectedly",
+        # "consuming input failed", "the connection is lost", a socket cut at our deadline.
+        return CONNECTION_LOST
+    for needle, error_class in _CONNECT_MESSAGES:
+        if needle in text:
+            return error_class
+    return UNREACHABLE  # refused, DNS, no route, closed during the handshake, ...
+
+
+def is_auth_failure(exc: BaseException) -> bool:
+    """True when the shard rejected the admin credentials (SQLSTATE 28P01 / 28000).
+
+    Accepts a `SqlFailure` or a raw psycopg error (e.g. from `connect_admin`).
+    """
+    if isinstance(exc, SqlFailure):
+        return exc.error_class == AUTH_FAILED
+    if getattr(exc, "sqlstate", None) in AUTH_SQLSTATES:
+        return True
+    return isinstance(exc, psycopg.Error) and classify(exc, "check").error_class == AUTH_FAILED

@@ -1,0 +1,298 @@
+"""Admin sessions to a shard and the bound on every SQL operation.
+
+`connect_admin` opens one autocommit session with the provider's session settings (application
+name, `search_path=pg_catalog`, `statement_timeout`, `lock_timeout`). `AdminSession` keeps such a
+session for one worker and reopens it after a connection loss. `run_operation` runs one operation:
+bounded by a deadline that cuts the session's socket if the shard stops answering (a stopped or
+partitioned server never enforces its own statement_timeout), and retried on a new session after a
+connection loss (a Patroni or coordinator failover) when an `AdminSession` was given. Every failure
+leaves as a sanitized `SqlFailure`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import psycopg
+
+from domain.constants import SslMode
+from reconciler.sql import errors
+from reconciler.sql.errors import SqlFailure, classify
+
+OPERATION_TIMEOUT = 120.0  # seconds: one whole operation, reconnects and retries included
+STATEMENT_TIMEOUT = "60s"
+LOCK_TIMEOUT = "10s"
+CONNECT_TIMEOUT = 10  # seconds per connection attempt (libpq enforces at least 2)
+APPLICATION_NAME = "dbprovider"
+ADMIN_DATABASE = "postgres"
+# Connection losses inside one operation: this many retries, each on a new session, after these
+# pauses (the last one repeats). Always within the operation's deadline.
+RECONNECT_RETRIES = 3
+RECONNECT_BACKOFF = (0.2, 1.0, 2.0)
+# Failures that a new session may cure (the old one is gone or the primary moved).
+_RECONNECTABLE = frozenset({errors.CONNECTION_LOST, errors.UNREACHABLE, errors.READ_ONLY})
+
+T = TypeVar("T")
+Connector = Callable[[float], psycopg.Connection]
+
+
+@dataclass(frozen=True)
+class AdminEndpoint:
+    """How the provider reaches a shard to run DDL (the primary Service, never pgBouncer)."""
+
+    host: str
+    port: int
+    user: str
+    password: str = field(repr=False)
+    sslmode: str = SslMode.REQUIRE.value
+    dbname: str = ADMIN_DATABASE
+
+    def __post_init__(self) -> None:
+        if self.sslmode not in {mode.value for mode in SslMode}:
+            raise ValueError(f"unknown sslmode {self.sslmode!r}")
+        if not 0 < int(self.port) < 65536:
+            raise ValueError("port must be between 1 and 65535")
+
+
+def session_options(statement_timeout: str = STATEMENT_TIMEOUT, lock_timeout: str = LOCK_TIMEOUT) -> str:
+    """The libpq `options` of an admin session."""
+    for value in (statement_timeout, lock_timeout):
+        if not value.replace(".", "").isalnum():
+            raise ValueError("timeouts are PostgreSQL durations such as '60s' or '500ms'")
+    return f"-c statement_timeout={statement_timeout} -c lock_timeout={lock_timeout} -c search_path=pg_catalog"
+
+
+def connect_admin(
+    endpoint: AdminEndpoint,
+    application_name: str = APPLICATION_NAME,
+    connect_timeout: float = CONNECT_TIMEOUT,
+    *,
+    statement_timeout: str = STATEMENT_TIMEOUT,
+    lock_timeout: str = LOCK_TIMEOUT,
+) -> psycopg.Connection:
+    """Open one autocommit admin session. Raises psycopg errors (see `errors.classify`).
+
+    Never log a raw connection error of psycopg: its `pgconn` attribute carries the password.
+    """
+    try:
+        return psycopg.connect(
+            host=endpoint.host,
+            port=int(endpoint.port),
+            user=endpoint.user,
+            password=endpoint.password,
+            dbname=endpoint.dbname,
+            sslmode=endpoint.sslmode,
+            application_name=application_name,
+            connect_timeout=max(2, math.ceil(connect_timeout)),
+            options=session_options(statement_timeout, lock_timeout),
+            autocommit=True,
+        )
+    except psycopg.Error as exc:
+        _release(exc)  # close a half-open connection now (see _release)
+        raise
+
+
+class AdminSession:
+    """One worker's admin session to one shard, reopened on demand after a connection loss.
+
+    `connect(timeout_seconds)` opens a new autocommit session (see `for_endpoint`). The session is
+    opened lazily by the first operation, so connection failures are bounded and classified like any
+    other failure of that operation. Not thread-safe: one per worker.
+    """
+
+    def __init__(self, connect: Connector, connect_timeout: float = CONNECT_TIMEOUT) -> None:
+        self._connect = connect
+        self._connect_timeout = connect_timeout
+        self._conn: psycopg.Connection | None = None
+        self.connects = 0  # sessions opened so far (observability and tests)
+
+    @classmethod
+    def for_endpoint(
+        cls,
+        endpoint: AdminEndpoint,
+        *,
+        application_name: str = APPLICATION_NAME,
+        connect_timeout: float = CONNECT_TIMEOUT,
+        statement_timeout: str = STATEMENT_TIMEOUT,
+        lock_timeout: str = LOCK_TIMEOUT,
+    ) -> AdminSession:
+        def connect(timeout: float) -> psycopg.Connection:
+            return connect_admin(
+                endpoint,
+                application_name,
+                timeout,
+                statement_timeout=statement_timeout,
+                lock_timeout=lock_timeout,
+            )
+
+        return cls(connect, connect_timeout)
+
+    def connection(self, timeout: float | None = None) -> psycopg.Connection:
+        """The open session, or a new one (connect timeout: the smaller of its own and `timeout`)."""
+        if self._conn is not None and not self._conn.broken and not self._conn.closed:
+            return self._conn
+        self.discard()
+        limit = self._connect_timeout if timeout is None else min(self._connect_timeout, timeout)
+        self._conn = self._connect(limit)
+        self.connects += 1
+        return self._conn
+
+    def discard(self) -> None:
+        """Drop the current session (after a failure that may have left it unusable)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001 - closing a broken session must not fail
+                pass
+
+    def close(self) -> None:
+        self.discard()
+
+    def __enter__(self) -> AdminSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+Admin = psycopg.Connection | AdminSession
+
+
+class _Watchdog:
+    """Cuts the session's socket at the deadline, so a hung server cannot block the caller.
+
+    Shutting the socket down makes the blocked libpq call return at once with a connection error;
+    the session is unusable afterwards (an `AdminSession` replaces it on the next operation).
+    """
+
+    def __init__(self, conn: psycopg.Connection, deadline: float) -> None:
+        self._conn = conn
+        self._lock = threading.Lock()
+        self._done = False
+        self.fired = False
+        self._timer = threading.Timer(max(0.0, deadline - time.monotonic()), self._fire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> _Watchdog:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+        with self._lock:
+            self._done = True
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self.fired = True
+            _sever(self._conn)
+
+
+def _sever(conn: psycopg.Connection) -> None:
+    try:
+        fd = conn.pgconn.socket
+    except Exception:  # noqa: BLE001 - already closed: nothing is blocked on it
+        return
+    try:
+        sock = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)  # acts on the shared socket, not only on the duplicate
+    except OSError:
+        pass
+    finally:
+        sock.close()
+
+
+def run_operation(
+    admin: Admin,
+    operation: str,
+    body: Callable[[psycopg.Connection], T],
+    *,
+    timeout: float = OPERATION_TIMEOUT,
+    retries: int = RECONNECT_RETRIES,
+) -> T:
+    """Run `body(conn)` as `operation`, bounded by `timeout` seconds; failures as `SqlFailure`.
+
+    `body` must be idempotent: after a connection loss it runs again from the start on a new
+    session (only when `admin` is an `AdminSession`; a plain connection cannot be reopened).
+    """
+    deadline = time.monotonic() + timeout
+    session = admin if isinstance(admin, AdminSession) else None
+    attempt = 0
+    while True:
+        outcome = _attempt(admin, session, operation, body, deadline)
+        if isinstance(outcome, _Success):
+            return outcome.value  # type: ignore[return-value]
+        failure = outcome
+        if session is not None and failure.error_class in _RECONNECTABLE | {errors.TIMEOUT}:
+            session.discard()
+        pause = RECONNECT_BACKOFF[min(attempt, len(RECONNECT_BACKOFF) - 1)]
+        if (
+            session is None
+            or failure.error_class not in _RECONNECTABLE
+            or attempt >= retries
+            or time.monotonic() + pause >= deadline
+        ):
+            raise failure
+        attempt += 1
+        time.sleep(pause)
+
+
+def _release(exc: BaseException) -> None:
+    """Drop the frames a failed connect keeps alive, so its socket closes now, not at the next GC.
+
+    After a connect timeout psycopg's exception references (through a reference cycle of
+    tracebacks and frames) the half-open libpq connection; the server's backend for it would
+    otherwise wait for authentication_timeout (60 s) and meanwhile block DROP DATABASE.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        current.__traceback__ = None
+        current = current.__context__ or current.__cause__
+
+
+@dataclass(frozen=True)
+class _Success:
+    value: object
+
+
+def _attempt(
+    admin: Admin,
+    session: AdminSession | None,
+    operation: str,
+    body: Callable[[psycopg.Connection], T],
+    deadline: float,
+) -> _Success | SqlFailure:
+    """One try; returns the failure instead of raising, so no driver exception stays attached."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        return SqlFailure(operation, errors.TIMEOUT)
+    try:
+        conn = session.connection(remaining) if session is not None else admin
+    except psycopg.Error as exc:  # classified, never re-raised with driver text
+        _release(exc)
+        return classify(exc, operation)
+    assert isinstance(conn, psycopg.Connection)
+    watchdog = _Watchdog(conn, deadline)
+    try:
+        with watchdog:
+            return _Success(body(conn))
+    except (psycopg.Error, SqlFailure) as exc:
+        failure = classify(exc, operation)
+    if watchdog.fired:
+        return SqlFailure(operation, errors.TIMEOUT)
+    return failure

@@ -1,0 +1,76 @@
+"""Fixtures for the shard SQL: admin sessions, tenants that clean up after themselves, a logged server.
+
+Every test runs against the real PostgreSQL servers of the session fixture `postgres` (18, 16, 15).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from harness import PostgresServer
+from reconciler.sql.session import AdminEndpoint, AdminSession
+from reconciler.sql.tenant import TenantSpec
+from tests.conftest import PG_FLAVORS, PostgresPool
+from tests.sql.helpers import admin_endpoint, drop_as_superuser, new_spec
+
+
+@pytest.fixture
+def endpoint(postgres: PostgresServer) -> AdminEndpoint:
+    return admin_endpoint(postgres)
+
+
+@pytest.fixture
+def admin(endpoint: AdminEndpoint) -> Iterator[AdminSession]:
+    """An AdminSession of the provisioner with its own application_name (to find its backend)."""
+    with AdminSession.for_endpoint(endpoint, application_name=f"sqltest-{uuid.uuid4().hex[:8]}") as session:
+        yield session
+
+
+MODERN_FLAVORS = [f for f in PG_FLAVORS if int(f) >= 16]
+
+
+@pytest.fixture(scope="session", params=MODERN_FLAVORS, ids=[f"pg{f}" for f in MODERN_FLAVORS])
+def postgres_16_plus(request: pytest.FixtureRequest, postgres_pool: PostgresPool) -> PostgresServer:
+    """Only the servers with the PostgreSQL 16 role model (createrole_self_grant, GRANT ... WITH SET)."""
+    return postgres_pool.get(request.param)
+
+
+@pytest.fixture
+def tenant(postgres: PostgresServer) -> Iterator[TenantSpec]:
+    """A fresh tenant spec; whatever the test created under its name is dropped afterwards."""
+    spec = new_spec()
+    yield spec
+    drop_as_superuser(postgres, spec.name)
+
+
+# -- a server that logs every statement --------------------------------------------------------
+
+
+class _LoggedServers:
+    def __init__(self) -> None:
+        self.servers: dict[int, PostgresServer] = {}
+
+    def get(self, major: int) -> PostgresServer:
+        if major not in self.servers:
+            self.servers[major] = PostgresServer(str(major), log_statements=True).start()
+        return self.servers[major]
+
+    def close(self) -> None:
+        for server in self.servers.values():
+            server.close()
+
+
+@pytest.fixture(scope="session")
+def _logged_servers() -> Iterator[_LoggedServers]:
+    servers = _LoggedServers()
+    yield servers
+    servers.close()
+
+
+@pytest.fixture
+def logged_postgres(postgres: PostgresServer, _logged_servers: _LoggedServers) -> PostgresServer:
+    """A second server of the same major as `postgres`, started with log_statement=all."""
+    return _logged_servers.get(postgres.major)

@@ -1,0 +1,134 @@
+"""What the provisioner sends, as a server with log_statement=all records it.
+
+Exact statements are a supplement to the behaviour tests (which assert rows and connections): they
+pin the order the seed prescribes, that re-runs only read, and that no password reaches the log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from harness import PostgresServer
+from reconciler.sql.session import AdminSession
+from reconciler.sql.tenant import (
+    TenantSpec,
+    disable_tenant,
+    drop_tenant,
+    enable_tenant,
+    ensure_tenant,
+    set_connection_limit,
+    set_password,
+)
+from tests.sql.helpers import StatementLog, admin_endpoint, drop_as_superuser, new_spec, run_steps
+
+PROVISIONER = PostgresServer.PROVISIONER
+
+
+@pytest.fixture
+def logged_admin(logged_postgres: PostgresServer) -> Iterator[AdminSession]:
+    with AdminSession.for_endpoint(admin_endpoint(logged_postgres)) as session:
+        yield session
+
+
+@pytest.fixture
+def logged_tenant(logged_postgres: PostgresServer) -> Iterator[TenantSpec]:
+    spec = new_spec()
+    yield spec
+    drop_as_superuser(logged_postgres, spec.name)
+
+
+def _changes(log: StatementLog) -> list[str]:
+    """The provisioner's statements other than catalog reads."""
+    return [s.text for s in log.statements(PROVISIONER) if s.keyword != "SELECT"]
+
+
+def test_provisioning_sends_the_seed_sequence_in_order(
+    logged_postgres: PostgresServer, logged_admin: AdminSession, logged_tenant: TenantSpec
+) -> None:
+    name = f'"{logged_tenant.name}"'  # sql.Identifier always quotes
+    log = StatementLog(logged_postgres)
+
+    ensure_tenant(logged_admin, logged_tenant)
+
+    changes = _changes(log)
+    assert changes[0].startswith(f"CREATE ROLE {name} LOGIN PASSWORD 'SCRAM-SHA-256$4096:")
+    assert changes[0].endswith(f"' CONNECTION LIMIT {logged_tenant.connection_limit}")
+    grant = (
+        f"GRANT {name} TO CURRENT_USER WITH SET TRUE, INHERIT FALSE"
+        if logged_postgres.major >= 16
+        else f"GRANT {name} TO CURRENT_USER"
+    )
+    assert changes[1:] == [
+        grant,
+        f"CREATE DATABASE {name} OWNER {name} ALLOW_CONNECTIONS false",
+        f"SET ROLE {name}",
+        f"REVOKE ALL ON DATABASE {name} FROM PUBLIC",
+        f"GRANT CONNECT ON DATABASE {name} TO {name}",
+        f"ALTER DATABASE {name} ALLOW_CONNECTIONS true",
+        "RESET ROLE",
+    ]
+
+
+def test_ensure_on_a_provisioned_tenant_only_reads_the_catalog(
+    logged_postgres: PostgresServer, logged_admin: AdminSession, logged_tenant: TenantSpec
+) -> None:
+    ensure_tenant(logged_admin, logged_tenant)
+    log = StatementLog(logged_postgres)
+
+    ensure_tenant(logged_admin, logged_tenant)
+
+    statements = log.statements(PROVISIONER)
+    assert statements, "the log records the provisioner's statements"
+    assert {s.keyword for s in statements} == {"SELECT"}
+    assert len(statements) <= 6
+
+
+@pytest.mark.parametrize(
+    ("operation", "expected"),
+    [
+        pytest.param(lambda admin, name: set_connection_limit(admin, name, 9), "ALTER ROLE {} CONNECTION LIMIT 9",
+                     id="set_connection_limit"),
+        pytest.param(lambda admin, name: set_password(admin, name, "a-new-password-1"), "ALTER ROLE {} PASSWORD '",
+                     id="set_password"),
+    ],
+)
+def test_limit_and_password_changes_are_exactly_one_statement(
+    logged_postgres: PostgresServer,
+    logged_admin: AdminSession,
+    logged_tenant: TenantSpec,
+    operation: Callable[[AdminSession, str], None],
+    expected: str,
+) -> None:
+    ensure_tenant(logged_admin, logged_tenant)
+    log = StatementLog(logged_postgres)
+
+    operation(logged_admin, logged_tenant.name)
+
+    statements = [s.text for s in log.statements(PROVISIONER)]
+    assert len(statements) == 1
+    assert statements[0].startswith(expected.format(f'"{logged_tenant.name}"'))
+    assert "LOGIN" not in statements[0]
+
+
+def test_no_password_ever_reaches_the_log(
+    logged_postgres: PostgresServer, logged_admin: AdminSession, logged_tenant: TenantSpec
+) -> None:
+    rotated = "rotated-Password-0123456789"
+    crashed = TenantSpec(logged_tenant.name, "crashed-attempt-password", 3)
+    log = StatementLog(logged_postgres)
+
+    run_steps(logged_postgres, crashed, 1)  # an attempt that created the role, then crashed
+    ensure_tenant(logged_admin, logged_tenant)  # ALTER ROLE ... PASSWORD to match the spec
+    set_password(logged_admin, logged_tenant.name, rotated)
+    disable_tenant(logged_admin, logged_tenant.name)
+    enable_tenant(logged_admin, logged_tenant.name)
+    with logged_postgres.connect(logged_tenant.name, rotated, logged_tenant.name):
+        pass
+
+    drop_tenant(logged_admin, logged_tenant.name)
+    text = log.text()
+    assert "SCRAM-SHA-256$4096:" in text  # the password statements were logged, hashed
+    for password in (logged_tenant.password, rotated, crashed.password, logged_postgres.provisioner_password):
+        assert password not in text
