@@ -52,8 +52,12 @@ def pinned_kube_version() -> str:
 class KubeControlPlane:
     """etcd and kube-apiserver in a temporary directory; `close()` stops both and removes it."""
 
-    def __init__(self, bin_dir: Path | None = None, workdir: Path | None = None) -> None:
+    def __init__(
+        self, bin_dir: Path | None = None, workdir: Path | None = None, extra_args: list[str] | None = None
+    ) -> None:
+        """`extra_args` are appended to the kube-apiserver argv (e.g. `--etcd-compaction-interval=1s`)."""
         self.bin_dir = bin_dir or binaries_dir()
+        self.extra_args = list(extra_args or [])
         for name in ("kube-apiserver", "etcd"):
             if not os.access(self.bin_dir / name, os.X_OK):
                 raise MissingBinaryError(
@@ -124,6 +128,7 @@ class KubeControlPlane:
                 "--allow-privileged=true",
                 "--cert-dir", str(pki),
                 "--v", "1",
+                *self.extra_args,
             ],
             log,
         )

@@ -1,0 +1,28 @@
+"""Generic list+watch caches of Kubernetes objects as plain dicts, shared by API and controllers.
+
+Depends on nothing of ours (not `api`, not `reconciler`, not `harness`).
+"""
+
+from informers.informer import ADDED, DELETED, MODIFIED, Informer, strip_managed_fields
+from informers.resource import CONFIGMAPS, EVENTS, LEASES, SECRETS, Resource, object_key, split_key
+from informers.rest import MERGE_PATCH, Rest, WatchStream
+from informers.shared import SharedInformers
+
+__all__ = [
+    "ADDED",
+    "CONFIGMAPS",
+    "DELETED",
+    "EVENTS",
+    "Informer",
+    "LEASES",
+    "MERGE_PATCH",
+    "MODIFIED",
+    "Resource",
+    "Rest",
+    "SECRETS",
+    "SharedInformers",
+    "WatchStream",
+    "object_key",
+    "split_key",
+    "strip_managed_fields",
+]

@@ -1,0 +1,463 @@
+"""A list+watch cache of one resource, objects kept as plain dicts.
+
+Behaviour, in the order a reader needs it:
+- The store is filled by a paginated LIST, then kept current by a WATCH from the list's
+  resourceVersion with `allowWatchBookmarks` (bookmarks only advance the resourceVersion).
+- A watch that ends normally (server timeout) is resumed from the last resourceVersion seen.
+- 410 Gone (an expired resourceVersion, as an ERROR event or as the HTTP status) relists at once:
+  the client's `kubernetes.watch.Watch` retries a 410 only once and then raises, so it is not used.
+- Any other error (network, 403, 5xx, a broken stream) relists after an exponential backoff.
+- A relist replaces the store by diffing: objects that vanished meanwhile produce DELETED,
+  new ones ADDED, changed ones (another resourceVersion) MODIFIED, unchanged ones nothing. Watch
+  events whose resourceVersion equals the stored one are dropped. So handlers never see an
+  object twice nor miss a deletion across reconnects.
+- Stored objects are shared, read-only dicts (no copies: 10,000 Databases must fit in memory).
+  `metadata.managedFields` is dropped before storing (pass `transform` to drop more).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
+
+from informers.resource import Resource, object_key
+from informers.rest import Rest, WatchStream
+
+log = logging.getLogger(__name__)
+
+ADDED = "ADDED"
+MODIFIED = "MODIFIED"
+DELETED = "DELETED"
+
+Obj = dict[str, Any]
+Handler = Callable[[str, Obj | None, Obj | None], None]
+IndexFunc = Callable[[Obj], Iterable[str]]
+Transform = Callable[[Obj], Obj]
+
+
+def strip_managed_fields(obj: Obj) -> Obj:
+    """The default transform: drop `metadata.managedFields` (often the biggest part of an object)."""
+    obj.get("metadata", {}).pop("managedFields", None)
+    return obj
+
+
+def _resource_version(obj: Obj) -> str | None:
+    return obj.get("metadata", {}).get("resourceVersion")
+
+
+class GoneError(Exception):
+    """The resourceVersion we watch from has expired (HTTP 410): relist."""
+
+
+class Informer:
+    """List+watch cache of one resource (optionally one namespace) with indexes and event handlers.
+
+    Handlers are called as `handler(event_type, old, new)` with event_type ADDED (old None),
+    MODIFIED or DELETED (new None), from the informer's thread, after the store was updated.
+    They must be quick (enqueue a key) and must not mutate the objects. Events are hints for
+    level-based reconcilers: read the current state from the store, never act on the event type.
+    """
+
+    def __init__(
+        self,
+        api_client: ApiClient | Rest,
+        resource: Resource,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        transform: Transform | None = strip_managed_fields,
+        page_size: int = 500,
+        watch_timeout: tuple[int, int] = (300, 600),
+        backoff: tuple[float, float] = (1.0, 30.0),
+        request_timeout: tuple[float, float] = (10.0, 60.0),
+    ) -> None:
+        self.rest = api_client if isinstance(api_client, Rest) else Rest(api_client)
+        self.resource = resource
+        self.namespace = namespace
+        self.label_selector = label_selector
+        self.field_selector = field_selector
+        self._transform = transform
+        self._page_size = page_size
+        self._watch_timeout = watch_timeout
+        self._backoff = backoff
+        self._request_timeout = request_timeout
+
+        self._lock = threading.RLock()  # store and indexes
+        self._dispatch_lock = threading.RLock()  # handler list and event order
+        self._items: dict[str, Obj] = {}
+        self._indexers: dict[str, IndexFunc] = {}
+        self._indices: dict[str, dict[str, set[str]]] = {}
+        self._handlers: list[Handler] = []
+
+        self._synced = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stream: WatchStream | None = None
+        self._stream_lock = threading.Lock()
+        self._progress = False
+        self.resource_version: str | None = None
+        self.last_error: BaseException | None = None
+        self.stats = {"lists": 0, "watches": 0, "events": 0, "bookmarks": 0, "gone": 0, "errors": 0}
+
+    def __repr__(self) -> str:
+        where = f" in {self.namespace}" if self.namespace else ""
+        return f"<Informer {self.resource}{where}>"
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> Informer:
+        if self._thread is not None:
+            return self
+        self._thread = threading.Thread(target=self._run, name=f"informer-{self.resource.plural}", daemon=True)
+        self._thread.start()
+        return self
+
+    def signal_stop(self) -> None:
+        """Ask the informer to stop (aborts the open watch) without waiting."""
+        self._stop.set()
+        with self._stream_lock:
+            if self._stream is not None:
+                self._stream.abort()
+
+    def stop(self, timeout: float | None = 10.0) -> None:
+        self.signal_stop()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
+    def has_synced(self) -> bool:
+        """True once the first LIST has been stored (and stays true across relists)."""
+        return self._synced.is_set()
+
+    def wait_for_sync(self, timeout: float | None = None) -> bool:
+        return self._synced.wait(timeout)
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def get(self, key: str) -> Obj | None:
+        """The object stored under "namespace/name" (or "name"); shared, do not mutate."""
+        with self._lock:
+            return self._items.get(key)
+
+    def list(self) -> list[Obj]:
+        with self._lock:
+            return list(self._items.values())
+
+    def keys(self) -> list[str]:
+        with self._lock:
+            return list(self._items)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+    # -- indexes ---------------------------------------------------------------------------------
+
+    def add_index(self, name: str, fn: IndexFunc) -> None:
+        """Register index `name`: fn(obj) returns the values obj is found under (may be empty).
+
+        Registering the same function twice is a no-op; another function under a taken name is
+        an error. Indexes may be added before or after start (existing objects are indexed).
+        """
+        with self._lock:
+            existing = self._indexers.get(name)
+            if existing is fn:
+                return
+            if existing is not None:
+                raise ValueError(f"index {name!r} is already registered on {self!r}")
+            self._indexers[name] = fn
+            index: dict[str, set[str]] = {}
+            for key, obj in self._items.items():
+                for value in self._index_values(name, fn, obj):
+                    index.setdefault(value, set()).add(key)
+            self._indices[name] = index
+
+    def by_index(self, name: str, value: str) -> list[Obj]:
+        """Objects whose index `name` yields `value` (shared, do not mutate)."""
+        with self._lock:
+            keys = self._index(name).get(value, ())
+            return [self._items[k] for k in keys]
+
+    def index_keys(self, name: str, value: str) -> list[str]:
+        with self._lock:
+            return list(self._index(name).get(value, ()))
+
+    def count_by_index(self, name: str, value: str) -> int:
+        with self._lock:
+            return len(self._index(name).get(value, ()))
+
+    def index_values(self, name: str) -> list[str]:
+        """Every value index `name` currently holds (e.g. every shard that has databases)."""
+        with self._lock:
+            return list(self._index(name))
+
+    def _index(self, name: str) -> dict[str, set[str]]:
+        try:
+            return self._indices[name]
+        except KeyError:
+            raise KeyError(f"no index {name!r} on {self!r}") from None
+
+    def _index_values(self, name: str, fn: IndexFunc, obj: Obj) -> set[str]:
+        try:
+            return {v for v in fn(obj) if v is not None}
+        except Exception:  # noqa: BLE001 - a broken index function must not kill the informer
+            log.exception("index %r failed on %s %s", name, self.resource, object_key(obj))
+            return set()
+
+    def _reindex(self, key: str, old: Obj | None, new: Obj | None) -> None:
+        for name, fn in self._indexers.items():
+            index = self._indices[name]
+            before = self._index_values(name, fn, old) if old is not None else set()
+            after = self._index_values(name, fn, new) if new is not None else set()
+            for value in before - after:
+                keys = index.get(value)
+                if keys is not None:
+                    keys.discard(key)
+                    if not keys:
+                        del index[value]
+            for value in after - before:
+                index.setdefault(value, set()).add(key)
+
+    # -- handlers --------------------------------------------------------------------------------
+
+    def add_handler(self, handler: Handler, *, replay: bool = True) -> Handler:
+        """Call `handler(event_type, old, new)` on every change; with `replay`, first ADDED for
+        every object already stored (so a late handler misses nothing). Returns the handler.
+
+        Atomic with respect to changes: the handler gets events exactly for the changes after the
+        store state it was registered (and replayed) at."""
+        with self._dispatch_lock:
+            self._handlers.append(handler)
+            if replay:
+                for obj in self.list():
+                    self._call(handler, ADDED, None, obj)
+        return handler
+
+    def remove_handler(self, handler: Handler) -> None:
+        with self._dispatch_lock:
+            self._handlers.remove(handler)
+
+    def _call(self, handler: Handler, event_type: str, old: Obj | None, new: Obj | None) -> None:
+        try:
+            handler(event_type, old, new)
+        except Exception:  # noqa: BLE001 - one broken handler must not stop the others
+            log.exception("event handler %r failed for %s", handler, self.resource)
+
+    def _dispatch(self, events: list[tuple[str, Obj | None, Obj | None]]) -> None:
+        with self._dispatch_lock:
+            for event_type, old, new in events:
+                for handler in list(self._handlers):
+                    self._call(handler, event_type, old, new)
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        failures = 0  # consecutive failures without progress (an event or a completed watch)
+        while not self._stop.is_set():
+            self._progress = False
+            try:
+                resource_version = self._list_and_replace()
+                while not self._stop.is_set():
+                    resource_version = self._watch(resource_version)
+                    self._progress = True
+            except GoneError as exc:
+                self.stats["gone"] += 1
+                failures = 1 if self._progress else failures + 1
+                delay = 0.0 if failures == 1 else self._delay(failures - 1)  # the first relist at once
+                log.info("%r: %s; relisting%s", self, exc, f" in {delay:.1f}s" if delay else "")
+            except Exception as exc:  # noqa: BLE001 - any error: back off, then relist
+                if self._stop.is_set():
+                    break
+                self.stats["errors"] += 1
+                self.last_error = exc
+                failures = 1 if self._progress else failures + 1
+                delay = self._delay(failures)
+                log.warning("%r: list/watch failed (%s); relisting in %.1fs", self, _describe(exc), delay)
+            else:
+                break
+            if self._stop.wait(delay):
+                break
+
+    def _delay(self, failures: int) -> float:
+        base, cap = self._backoff
+        delay = min(cap, base * (2 ** max(0, failures - 1)))
+        return delay * random.uniform(0.8, 1.0)
+
+    def _selector_query(self) -> list[tuple[str, str]]:
+        query = []
+        if self.label_selector:
+            query.append(("labelSelector", self.label_selector))
+        if self.field_selector:
+            query.append(("fieldSelector", self.field_selector))
+        return query
+
+    def _list_and_replace(self) -> str:
+        """LIST page by page and replace the store; returns the list's resourceVersion."""
+        path = self.resource.collection_path(self.namespace)
+        fresh: dict[str, Obj] = {}
+        continue_token = None
+        while True:
+            query = self._selector_query() + [("limit", str(self._page_size))]
+            if continue_token:
+                query.append(("continue", continue_token))
+            try:
+                page = self.rest.request("GET", path, query=query, timeout=self._request_timeout)
+            except ApiException as exc:
+                if exc.status == 410:  # the continue token expired: start over
+                    raise GoneError("list continue token expired") from exc
+                raise
+            kind = (page.get("kind") or "").removesuffix("List")
+            with self._lock:
+                current = self._items
+                for obj in page.get("items") or ():
+                    if kind:
+                        obj.setdefault("kind", kind)
+                    key = object_key(obj)
+                    old = current.get(key)
+                    if old is not None and _resource_version(old) == _resource_version(obj):
+                        fresh[key] = old  # keep the stored object: no second copy in memory
+                    else:
+                        fresh[key] = self._prepare(obj)
+            metadata = page.get("metadata") or {}
+            continue_token = metadata.get("continue")
+            if not continue_token:
+                resource_version = metadata["resourceVersion"]
+                break
+            if self._stop.is_set():
+                raise InterruptedError("stopped during list")
+        self.stats["lists"] += 1
+        self._replace(fresh, resource_version)
+        return resource_version
+
+    def _prepare(self, obj: Obj) -> Obj:
+        obj.setdefault("apiVersion", self.resource.api_version)  # typed list items carry no apiVersion
+        return self._transform(obj) if self._transform is not None else obj
+
+    def _replace(self, fresh: dict[str, Obj], resource_version: str) -> None:
+        with self._dispatch_lock:  # store change and its dispatch are atomic for add_handler
+            self._replace_locked(fresh, resource_version)
+
+    def _replace_locked(self, fresh: dict[str, Obj], resource_version: str) -> None:
+        events: list[tuple[str, Obj | None, Obj | None]] = []
+        with self._lock:
+            old_items = self._items
+            for key, obj in fresh.items():
+                old = old_items.get(key)
+                if old is None:
+                    events.append((ADDED, None, obj))
+                elif old is not obj:
+                    events.append((MODIFIED, old, obj))
+            for key, old in old_items.items():
+                if key not in fresh:
+                    events.append((DELETED, old, None))
+            for _event_type, old, new in events:
+                key = object_key(new if new is not None else old)
+                self._reindex(key, old, new)
+            self._items = fresh
+            self.resource_version = resource_version
+        if not self._synced.is_set():
+            self._synced.set()
+        log.debug("%r: listed %d objects at %s (%d changes)", self, len(fresh), resource_version, len(events))
+        self._dispatch(events)
+
+    def _watch(self, resource_version: str) -> str:
+        """Watch from resource_version until the stream ends; returns the last resourceVersion seen."""
+        low, high = self._watch_timeout
+        server_timeout = random.randint(low, high) if high > low else low
+        query = self._selector_query() + [
+            ("watch", "1"),
+            ("resourceVersion", resource_version),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", str(server_timeout)),
+        ]
+        connect_timeout = self._request_timeout[0]
+        try:
+            stream = self.rest.stream(
+                self.resource.collection_path(self.namespace),
+                query=query,
+                timeout=(connect_timeout, server_timeout + 30),
+            )
+        except ApiException as exc:
+            if exc.status == 410:
+                raise GoneError(f"watch from resourceVersion {resource_version} expired") from exc
+            raise
+        with self._stream_lock:
+            self._stream = stream
+            if self._stop.is_set():
+                stream.abort()
+        self.stats["watches"] += 1
+        try:
+            for line in stream.lines():
+                event = json.loads(line)
+                resource_version = self._handle_event(event, resource_version)
+                if self._stop.is_set():
+                    break
+        except Exception:
+            if self._stop.is_set():
+                return resource_version
+            raise
+        finally:
+            with self._stream_lock:
+                self._stream = None
+            stream.close()
+        return resource_version
+
+    def _handle_event(self, event: dict[str, Any], resource_version: str) -> str:
+        event_type = event.get("type")
+        obj = event.get("object") or {}
+        if event_type == "ERROR":
+            code = obj.get("code")
+            message = f"{obj.get('reason')}: {obj.get('message')}"
+            if code == 410:
+                raise GoneError(message)
+            raise ApiException(status=code, reason=message, body=json.dumps(obj))
+        new_rv = _resource_version(obj) or resource_version
+        if event_type == "BOOKMARK":
+            self.stats["bookmarks"] += 1
+            self._progress = True
+            self.resource_version = new_rv
+            return new_rv
+        if event_type not in (ADDED, MODIFIED, DELETED):
+            log.warning("%r: ignoring unknown watch event type %r", self, event_type)
+            return resource_version
+        self.stats["events"] += 1
+        self._progress = True
+        obj = self._prepare(obj)
+        with self._dispatch_lock:  # store change and its dispatch are atomic for add_handler
+            self._apply(event_type, obj, new_rv)
+        return new_rv
+
+    def _apply(self, event_type: str, obj: Obj, new_rv: str) -> None:
+        key = object_key(obj)
+        dispatch: tuple[str, Obj | None, Obj | None] | None = None
+        with self._lock:
+            old = self._items.get(key)
+            if event_type == DELETED:
+                if old is not None:
+                    del self._items[key]
+                    self._reindex(key, old, None)
+                    dispatch = (DELETED, obj, None)
+            elif old is None or _resource_version(old) != new_rv:
+                self._items[key] = obj
+                self._reindex(key, old, obj)
+                dispatch = (ADDED, None, obj) if old is None else (MODIFIED, old, obj)
+            self.resource_version = new_rv
+        if dispatch is not None:
+            self._dispatch([dispatch])
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, ApiException):
+        return f"HTTP {exc.status} {exc.reason}"
+    return f"{type(exc).__name__}: {exc}"

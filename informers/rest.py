@@ -1,0 +1,203 @@
+"""A thin JSON client over `kubernetes.client.ApiClient` that works with plain dicts.
+
+The generated API classes deserialize every object into models (slow, memory hungry, and
+lossy for custom resources); informers and controllers only need dicts. This module builds
+requests with `ApiClient.param_serialize` (so the configuration's auth, including bearer tokens
+and their refresh hook, applies) and sends them with `ApiClient.call_api(method, url, headers,
+body, post_params, _request_timeout)` (the v37 signature). Errors are raised as the client's own
+`ApiException` subclasses (`ConflictException` for 409, `NotFoundException` for 404, ...), so
+callers test `exc.status` exactly as they do with the generated API.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
+
+from informers.resource import Resource
+
+Timeout = float | tuple[float, float] | None
+
+DEFAULT_TIMEOUT: tuple[float, float] = (10.0, 60.0)
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
+
+Query = list[tuple[str, str]]
+
+
+def _raise_for_status(response: Any) -> None:
+    if 200 <= response.status <= 299:
+        return
+    data = response.read()
+    text = data.decode("utf-8", errors="replace") if data else None
+    ApiException.from_response(http_resp=response, body=text, data=None)  # always raises
+
+
+class WatchStream:
+    """An open streaming response (a watch); iterate `lines()`, `abort()` from another thread."""
+
+    def __init__(self, response: Any) -> None:
+        self._response = response
+        self._aborted = False
+
+    def lines(self) -> Iterator[bytes]:
+        buffer = b""
+        raw = self._response.response
+        for chunk in raw.stream(amt=None, decode_content=True):
+            if not chunk:
+                continue
+            buffer += chunk
+            while True:
+                newline = buffer.find(b"\n")
+                if newline < 0:
+                    break
+                line, buffer = buffer[:newline], buffer[newline + 1 :]
+                if line.strip():
+                    yield line
+        if buffer.strip():
+            yield buffer
+
+    def abort(self) -> None:
+        """Unblock a reader stuck in recv() by shutting the socket down (closing alone would not)."""
+        self._aborted = True
+        conn = getattr(self._response.response, "connection", None)
+        sock = getattr(conn, "sock", None) if conn is not None else None
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        raw = self._response.response
+        try:
+            raw.close()
+        finally:
+            raw.release_conn()
+
+
+class Rest:
+    """Dict-in, dict-out Kubernetes requests on one `ApiClient` (thread-safe, like the client)."""
+
+    def __init__(self, api_client: ApiClient) -> None:
+        self.api_client = api_client
+
+    # -- raw -------------------------------------------------------------------------------------
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        query: Query | None,
+        body: Any,
+        content_type: str | None,
+        timeout: Timeout,
+    ) -> Any:
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type or "application/json"
+        method, url, headers, body, _ = self.api_client.param_serialize(
+            method,
+            path,
+            query_params=list(query) if query else None,
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        return self.api_client.call_api(method, url, headers, body, None, _request_timeout=timeout)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Query | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+        timeout: Timeout = DEFAULT_TIMEOUT,
+    ) -> dict[str, Any]:
+        """Send one request and return the decoded JSON body; raise `ApiException` on non-2xx."""
+        response = self._send(method, path, query, body, content_type, timeout)
+        try:
+            _raise_for_status(response)
+            data = response.read()
+        finally:
+            response.response.release_conn()
+        return json.loads(data) if data else {}
+
+    def stream(self, path: str, *, query: Query | None = None, timeout: Timeout = None) -> WatchStream:
+        """Open a streaming GET (a watch); the caller must `close()` the returned stream."""
+        response = self._send("GET", path, query, None, None, timeout)
+        try:
+            _raise_for_status(response)
+        except BaseException:
+            response.response.release_conn()
+            raise
+        return WatchStream(response)
+
+    # -- typed helpers ---------------------------------------------------------------------------
+
+    def get(
+        self, resource: Resource, name: str, namespace: str | None = None, *, timeout: Timeout = DEFAULT_TIMEOUT
+    ) -> dict:
+        return self.request("GET", resource.object_path(name, namespace), timeout=timeout)
+
+    def list(
+        self,
+        resource: Resource,
+        namespace: str | None = None,
+        *,
+        query: Query | None = None,
+        timeout: Timeout = DEFAULT_TIMEOUT,
+    ) -> dict:
+        return self.request("GET", resource.collection_path(namespace), query=query, timeout=timeout)
+
+    def create(
+        self, resource: Resource, body: dict, namespace: str | None = None, *, timeout: Timeout = DEFAULT_TIMEOUT
+    ) -> dict:
+        namespace = namespace or body.get("metadata", {}).get("namespace")
+        return self.request("POST", resource.collection_path(namespace), body=body, timeout=timeout)
+
+    def replace(
+        self, resource: Resource, body: dict, *, subresource: str | None = None, timeout: Timeout = DEFAULT_TIMEOUT
+    ) -> dict:
+        """PUT the whole object; its `metadata.resourceVersion` makes it conditional (409 if stale)."""
+        metadata = body["metadata"]
+        path = resource.object_path(metadata["name"], metadata.get("namespace"), subresource)
+        return self.request("PUT", path, body=body, timeout=timeout)
+
+    def patch(
+        self,
+        resource: Resource,
+        name: str,
+        patch: Any,
+        namespace: str | None = None,
+        *,
+        subresource: str | None = None,
+        content_type: str = MERGE_PATCH,
+        query: Query | None = None,
+        timeout: Timeout = DEFAULT_TIMEOUT,
+    ) -> dict:
+        path = resource.object_path(name, namespace, subresource)
+        return self.request("PATCH", path, body=patch, content_type=content_type, query=query, timeout=timeout)
+
+    def delete(
+        self,
+        resource: Resource,
+        name: str,
+        namespace: str | None = None,
+        *,
+        resource_version: str | None = None,
+        timeout: Timeout = DEFAULT_TIMEOUT,
+    ) -> dict:
+        body = None
+        if resource_version is not None:
+            body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"resourceVersion": resource_version}}
+        return self.request("DELETE", resource.object_path(name, namespace), body=body, timeout=timeout)

@@ -1,0 +1,50 @@
+"""Controller machinery shared by the Shard and Database controllers: work queue, controller
+workers, leader election, status helpers, metrics and the manager. Knows no concrete controller.
+"""
+
+from reconciler.runtime.controller import (
+    Controller,
+    ControllerStopping,
+    ReconcileError,
+    Result,
+    TerminalError,
+    ensure_active,
+    is_conflict,
+)
+from reconciler.runtime.leader import LeaderElector
+from reconciler.runtime.manager import ControllerManager
+from reconciler.runtime.metrics import MetricsServer, RuntimeMetrics, start_metrics_server
+from reconciler.runtime.status import (
+    get_condition,
+    is_condition_true,
+    merge_patch,
+    patch_status,
+    remove_condition,
+    set_condition,
+    update_status,
+)
+from reconciler.runtime.workqueue import ExponentialBackoff, WorkQueue
+
+__all__ = [
+    "Controller",
+    "ControllerManager",
+    "ControllerStopping",
+    "ExponentialBackoff",
+    "LeaderElector",
+    "MetricsServer",
+    "ReconcileError",
+    "Result",
+    "RuntimeMetrics",
+    "TerminalError",
+    "WorkQueue",
+    "ensure_active",
+    "get_condition",
+    "is_condition_true",
+    "is_conflict",
+    "merge_patch",
+    "patch_status",
+    "remove_condition",
+    "set_condition",
+    "start_metrics_server",
+    "update_status",
+]

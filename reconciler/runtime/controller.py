@@ -1,0 +1,276 @@
+"""Controllers: N worker threads draining a work queue into a level-based `reconcile(key)`.
+
+The contract (controller-runtime's):
+- `reconcile(key)` reads the current state (from informers), converges, and returns `Result()`
+  (or None). `Result(requeue_after=s)` asks for another pass in s seconds: success only.
+- Raising = failure: the key is retried with per-key exponential backoff (1 s .. 5 min) and
+  counted in `dbprovider_reconcile_errors_total{controller, reason}` (reason from
+  `ReconcileError.reason`, else "Other"). `TerminalError` is counted but not retried.
+- An HTTP 409 (an `ApiException` with status 409 anywhere in the exception's cause chain) is a
+  write conflict: retried with backoff and counted in `dbprovider_reconcile_conflicts_total`, not
+  as an error.
+- Success resets the key's backoff.
+- A key is never reconciled by two workers at once; different keys run in parallel.
+- `stop()` hands out no further keys, lets in-flight reconciles finish, then returns. Code that
+  writes calls `ensure_active()` before each write: it raises `ControllerStopping` in a worker
+  whose controller is stopping or whose leader guard says we no longer lead.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from informers import Informer, object_key
+from reconciler.runtime.metrics import OTHER_REASON, RuntimeMetrics
+from reconciler.runtime.workqueue import ExponentialBackoff, WorkQueue
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a successful reconcile asks for: nothing, or another pass after `requeue_after` s."""
+
+    requeue_after: float | None = None
+
+
+class ReconcileError(Exception):
+    """A reconcile failure with a reason (a condition reason: `AdminUnavailable`, ...) for the metric."""
+
+    def __init__(self, reason: str, message: str = "") -> None:
+        super().__init__(f"{reason}: {message}" if message else reason)
+        self.reason = reason
+        self.message = message
+
+
+class TerminalError(ReconcileError):
+    """A failure retrying cannot fix: counted as an error, not requeued (a new event will bring it back)."""
+
+
+class ControllerStopping(Exception):
+    """Raised by `ensure_active()` when the reconcile must not write any more (stopped / lost lease)."""
+
+
+_worker = threading.local()
+
+
+def ensure_active() -> None:
+    """Raise `ControllerStopping` if called from a worker of a controller that must stop writing.
+
+    A no-op outside controller workers (the API, tests). Call it before every write (status
+    patch, Secret, Event, SQL statement batch); the status helpers call it for you.
+    """
+    controller: Controller | None = getattr(_worker, "controller", None)
+    if controller is not None and not controller.active():
+        raise ControllerStopping(f"controller {controller.name} is stopping")
+
+
+def _in_chain(exc: BaseException, predicate: Callable[[BaseException], bool], implicit: bool = True) -> bool:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if predicate(current):
+            return True
+        current = current.__cause__ or (current.__context__ if implicit else None)
+    return False
+
+
+def is_conflict(exc: BaseException) -> bool:
+    """True for an HTTP 409 (Conflict or AlreadyExists), raised directly or as the explicit
+    `__cause__` of another exception. A `ReconcileError` is never a conflict: raising one is the
+    reconciler's own classification (e.g. CredentialsSecretConflict after an AlreadyExists)."""
+    if isinstance(exc, ReconcileError):
+        return False
+    return _in_chain(exc, lambda e: isinstance(e, ApiException) and e.status == 409, implicit=False)
+
+
+Reconcile = Callable[[str], "Result | None"]
+KeyFunc = Callable[[dict[str, Any]], Iterable[str]]
+
+
+def _own_key(obj: dict[str, Any]) -> Iterable[str]:
+    return (object_key(obj),)
+
+
+class Controller:
+    """Runs `reconcile(key)` on `workers` threads while started.
+
+    Keys come from `enqueue(key)` and from informers registered with `watch(informer, keys)`.
+    Enqueues while the controller is not running are dropped: every `start()` enqueues every
+    key of the watched informers (a fresh, level-based pass), which covers anything missed.
+    A stopped controller can be started again (the manager does so when it leads again).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        reconcile: Reconcile,
+        workers: int = 1,
+        queue: WorkQueue | None = None,
+        metrics: RuntimeMetrics | None = None,
+    ) -> None:
+        if workers < 1:
+            raise ValueError("workers must be at least 1")
+        self.name = name
+        self.reconcile = reconcile
+        self.workers = workers
+        self.metrics = metrics
+        self.guard: Callable[[], bool] | None = None  # set by the manager: "do we still lead?"
+        self._backoff = queue.rate_limiter if queue is not None else ExponentialBackoff()
+        self._queue = queue if queue is not None else WorkQueue(self._backoff)
+        self._watches: list[tuple[Informer, KeyFunc]] = []
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._running = False
+        self._stopping = threading.Event()
+
+    def __repr__(self) -> str:
+        return f"<Controller {self.name} workers={self.workers}>"
+
+    # -- inputs ----------------------------------------------------------------------------------
+
+    @property
+    def queue(self) -> WorkQueue:
+        return self._queue
+
+    def enqueue(self, key: str) -> None:
+        if self._running:
+            self._queue.add(key)
+
+    def enqueue_after(self, key: str, seconds: float) -> None:
+        if self._running:
+            self._queue.add_after(key, seconds)
+
+    def watch(self, informer: Informer, keys: KeyFunc | None = None) -> None:
+        """Enqueue keys(obj) for the old and the new object of every event of informer.
+
+        Without `keys` the object's own key ("namespace/name") is enqueued: use that for the
+        controller's primary kind. For a secondary kind map to the affected primary keys, e.g.
+        a Shard to the keys of the Databases on it via an index.
+        """
+        mapper = keys or _own_key
+
+        def handler(event_type: str, old: dict | None, new: dict | None) -> None:
+            if not self._running:
+                return
+            for obj in (old, new):
+                if obj is not None:
+                    for key in mapper(obj):
+                        self._queue.add(key)
+
+        self._watches.append((informer, mapper))
+        informer.add_handler(handler, replay=False)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    def active(self) -> bool:
+        """May a reconcile of this controller write right now?"""
+        if not self._running or self._stopping.is_set():
+            return False
+        return self.guard is None or self.guard()
+
+    def start(self) -> None:
+        with self._lock:
+            if self._running:
+                return
+            for thread in self._threads:  # a previous term's in-flight reconciles must be done
+                thread.join()
+            self._threads = []
+            if self._queue.shutting_down:
+                self._queue = WorkQueue(self._backoff)
+            if self.metrics is None:
+                self.metrics = RuntimeMetrics()
+            self.metrics.init_controller(self.name)
+            self._stopping.clear()
+            self._running = True
+            for i in range(self.workers):
+                thread = threading.Thread(target=self._work, name=f"{self.name}-worker-{i}", daemon=True)
+                self._threads.append(thread)
+                thread.start()
+        for informer, mapper in self._watches:
+            for obj in informer.list():
+                for key in mapper(obj):
+                    self._queue.add(key)
+        log.info("controller %s started with %d workers", self.name, self.workers)
+
+    def signal_stop(self) -> None:
+        """Stop handing out keys and make `ensure_active()` raise; returns at once."""
+        self._stopping.set()
+        self._running = False
+        self._queue.shutdown()
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Stop and wait for in-flight reconciles; True if all workers finished within timeout."""
+        self.signal_stop()
+        with self._lock:
+            threads = list(self._threads)
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout)
+        finished = not any(thread.is_alive() for thread in threads)
+        log.info("controller %s stopped%s", self.name, "" if finished else " (reconciles still running)")
+        return finished
+
+    # -- workers ---------------------------------------------------------------------------------
+
+    def _work(self) -> None:
+        queue = self._queue
+        _worker.controller = self
+        try:
+            while True:
+                key = queue.get()
+                if key is None:
+                    return
+                try:
+                    self._process(queue, key)
+                finally:
+                    queue.done(key)
+        finally:
+            _worker.controller = None
+
+    def _process(self, queue: WorkQueue, key: str) -> None:
+        assert self.metrics is not None
+        try:
+            result = self.reconcile(key)
+            if result is not None and not isinstance(result, Result):
+                raise TypeError(f"reconcile returned {type(result).__name__}, expected Result or None")
+        except Exception as exc:  # noqa: BLE001 - every failure is requeued or counted
+            if _in_chain(exc, lambda e: isinstance(e, ControllerStopping)):
+                log.info("controller %s: reconcile of %s interrupted: no longer active", self.name, key)
+                return
+            if is_conflict(exc):
+                self.metrics.reconcile_conflicts.labels(controller=self.name).inc()
+                delay = queue.add_rate_limited(key)
+                log.info("controller %s: write conflict on %s, retry in %.0fs", self.name, key, delay)
+                return
+            reason = exc.reason if isinstance(exc, ReconcileError) else OTHER_REASON
+            self.metrics.reconcile_errors.labels(controller=self.name, reason=reason).inc()
+            if isinstance(exc, TerminalError):
+                queue.forget(key)
+                log.error("controller %s: %s failed for good (%s): %s", self.name, key, reason, exc)
+                return
+            delay = queue.add_rate_limited(key)
+            log.warning(
+                "controller %s: reconcile of %s failed (%s), retry in %.0fs: %s",
+                self.name,
+                key,
+                reason,
+                delay,
+                exc,
+                exc_info=not isinstance(exc, ReconcileError),
+            )
+            return
+        queue.forget(key)
+        if result is not None and result.requeue_after is not None:
+            queue.add_after(key, result.requeue_after)

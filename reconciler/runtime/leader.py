@@ -1,0 +1,310 @@
+"""Leader election on a coordination.k8s.io/v1 Lease, of our own (not the client's package).
+
+Why not `kubernetes.leaderelection`: it folds API errors into booleans and keeps the worker
+running after the lease is lost. Here:
+- Every write of the Lease is a PUT carrying the resourceVersion we read: a 409 means another
+  replica wrote it first, and we are not (or no longer) the leader, at once.
+- Other API errors (403, 5xx, timeouts) are logged with their status and retried every
+  `retry_period`; if no renewal succeeded for `renew_deadline`, we stop leading at once
+  (`on_stopped_leading` runs before anything else happens). Each request's timeout is bounded
+  by the time left until the deadline, so a hung apiserver cannot keep us leading.
+- `is_leading()` is also time-based: it turns False as soon as the renew deadline has passed,
+  even before the elector thread notices. Controllers consult it before every write.
+- Another replica takes a lease only after it has seen no change of it for leaseDurationSeconds
+  (measured on its own clock, as client-go does, so clock skew does not matter); with
+  lease_duration > renew_deadline the old leader has stopped before anyone else can start.
+- `stop()` stops leading (callbacks) and then releases the lease (empty holder), so another
+  replica takes over on its next retry instead of after the lease duration.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
+
+from informers import LEASES, Rest
+
+log = logging.getLogger(__name__)
+
+
+def default_identity() -> str:
+    """hostname_pid_random: unique per process even with equal hostnames and pid namespaces."""
+    return f"{socket.gethostname()}_{os.getpid()}_{secrets.token_hex(4)}"
+
+
+def _micro_time() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class LeaderElector:
+    def __init__(
+        self,
+        api_client: ApiClient | Rest,
+        namespace: str,
+        name: str,
+        *,
+        identity: str | None = None,
+        lease_duration: float = 15.0,
+        renew_deadline: float = 10.0,
+        retry_period: float = 2.0,
+        on_started_leading: Callable[[], None] | None = None,
+        on_stopped_leading: Callable[[], None] | None = None,
+    ) -> None:
+        if not lease_duration > renew_deadline > retry_period > 0:
+            raise ValueError("need lease_duration > renew_deadline > retry_period > 0")
+        self.rest = api_client if isinstance(api_client, Rest) else Rest(api_client)
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity or default_identity()
+        self.lease_duration = lease_duration
+        self.renew_deadline = renew_deadline
+        self.retry_period = retry_period
+        self.on_started_leading = on_started_leading
+        self.on_stopped_leading = on_stopped_leading
+
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._release_on_stop = True
+        self._leading = False
+        self._last_renew = 0.0  # monotonic time of our last successful write
+        self._observed_spec: dict[str, Any] | None = None
+        self._observed_time = 0.0
+        self._lease: dict[str, Any] | None = None  # last lease object read or written by us
+        self._became_leader = threading.Event()
+        self.last_error: BaseException | None = None
+
+    def __repr__(self) -> str:
+        return f"<LeaderElector {self.namespace}/{self.name} as {self.identity}>"
+
+    # -- public ----------------------------------------------------------------------------------
+
+    def is_leading(self) -> bool:
+        """True while we hold the lease and our last renewal is younger than the renew deadline."""
+        return self._leading and time.monotonic() < self._last_renew + self.renew_deadline
+
+    def wait_until_leading(self, timeout: float | None = None) -> bool:
+        return self._became_leader.wait(timeout) and self.is_leading()
+
+    def start(self) -> LeaderElector:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=f"leader-{self.name}", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, release: bool = True, timeout: float | None = None) -> None:
+        """Stop campaigning; if leading, run on_stopped_leading, then (if `release`) free the lease.
+
+        Waits for the elector thread (at most `timeout` seconds; None = until it is done, which
+        includes on_stopped_leading, i.e. the controllers' in-flight reconciles).
+        """
+        self._release_on_stop = release
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    # -- loop ------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if self._attempt(deadline=None):
+                self._lead()
+                if self._stop.is_set():
+                    break
+            self._stop.wait(self.retry_period * random.uniform(1.0, 1.2))
+
+    def _attempt(self, deadline: float | None) -> bool:
+        """One try to acquire or renew; False if someone else holds it or on an API error."""
+        try:
+            return self._try_acquire_or_renew(deadline)
+        except Exception as exc:  # noqa: BLE001 - logged with its status, retried by the caller
+            self.last_error = exc
+            status = exc.status if isinstance(exc, ApiException) else type(exc).__name__
+            log.warning("%r: lease request failed (%s): %s", self, status, _short(exc))
+            return False
+
+    def _lead(self) -> None:
+        self._leading = True
+        self._became_leader.set()
+        log.info("%r: started leading", self)
+        if self.on_started_leading is not None:
+            # Its own thread (as client-go does): a slow start must not delay the renewals.
+            threading.Thread(target=self._call_started, name=f"leader-{self.name}-start", daemon=True).start()
+        try:
+            self._renew_until_lost()
+        finally:
+            self._stop_leading()
+        if self._stop.is_set() and self._release_on_stop:
+            self._release()
+
+    def _call_started(self) -> None:
+        try:
+            assert self.on_started_leading is not None
+            self.on_started_leading()
+        except Exception:  # noqa: BLE001
+            log.exception("%r: on_started_leading failed", self)
+
+    def _renew_until_lost(self) -> None:
+        wait = self.retry_period
+        while not self._stop.wait(wait):
+            deadline = self._last_renew + self.renew_deadline
+            if self._attempt(deadline):
+                wait = self.retry_period
+                continue
+            if self._lease_taken_by_other():
+                log.warning("%r: the lease is held by %s now; stopping at once", self, self._holder())
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                log.error("%r: no renewal for %.1fs (renew deadline); stopping at once", self, self.renew_deadline)
+                return
+            wait = min(self.retry_period, remaining)  # the last try lands on the deadline
+
+    def _stop_leading(self) -> None:
+        self._leading = False
+        self._became_leader.clear()
+        log.info("%r: stopped leading", self)
+        if self.on_stopped_leading is not None:
+            try:
+                self.on_stopped_leading()
+            except Exception:  # noqa: BLE001 - must not keep us "leading"
+                log.exception("%r: on_stopped_leading failed", self)
+
+    def _holder(self) -> str | None:
+        return (self._observed_spec or {}).get("holderIdentity")
+
+    def _held_by_other(self) -> bool:
+        """Another replica holds the lease as last observed, and it has not run out (our clock)."""
+        spec = self._observed_spec or {}
+        holder = spec.get("holderIdentity")
+        if not holder or holder == self.identity:
+            return False
+        duration = spec.get("leaseDurationSeconds") or self.lease_duration
+        return time.monotonic() < self._observed_time + duration
+
+    def _lease_taken_by_other(self) -> bool:
+        holder = self._holder()
+        return bool(holder) and holder != self.identity
+
+    # -- the lease -------------------------------------------------------------------------------
+
+    def _timeout(self, deadline: float | None) -> tuple[float, float]:
+        budget = self.renew_deadline if deadline is None else deadline - time.monotonic()
+        budget = max(0.2, min(budget, self.renew_deadline))
+        return (budget, budget)
+
+    def _observe(self, lease: dict[str, Any]) -> dict[str, Any]:
+        spec = lease.get("spec") or {}
+        if spec != self._observed_spec:
+            self._observed_spec = spec
+            self._observed_time = time.monotonic()
+        self._lease = lease
+        return spec
+
+    def _try_acquire_or_renew(self, deadline: float | None) -> bool:
+        # Our lead is counted from BEFORE the request: the write may commit at any point until the
+        # answer arrives, and another replica's wait starts no earlier than that commit.
+        started = time.monotonic()
+        now = _micro_time()
+        try:  # every request's timeout is what is left until the renew deadline
+            lease = self.rest.get(LEASES, self.name, self.namespace, timeout=self._timeout(deadline))
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            if self._held_by_other():
+                # Deleted while another replica held it: that replica may still be leading until
+                # its next renewal (which re-creates the Lease). Wait for its lease to run out.
+                return False
+            return self._create(now, deadline, started)
+        spec = self._observe(lease)
+        holder = spec.get("holderIdentity")
+        if self._held_by_other():
+            return False  # held by another replica and not expired
+        new_spec = dict(spec)
+        new_spec.update(
+            holderIdentity=self.identity,
+            leaseDurationSeconds=max(1, round(self.lease_duration)),
+            renewTime=now,
+        )
+        if holder != self.identity:
+            new_spec["acquireTime"] = now
+            new_spec["leaseTransitions"] = (spec.get("leaseTransitions") or 0) + 1
+        metadata = {k: v for k, v in lease["metadata"].items() if k != "managedFields"}
+        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata, "spec": new_spec}
+        try:
+            written = self.rest.replace(LEASES, body, timeout=self._timeout(deadline))
+        except ApiException as exc:
+            if exc.status == 409:
+                log.info("%r: lost the race for the lease (409)", self)
+                self._refresh_observation(self._timeout(deadline))
+                return False
+            raise
+        self._observe(written)
+        self._last_renew = started
+        return True
+
+    def _refresh_observation(self, timeout: tuple[float, float]) -> None:
+        try:
+            self._observe(self.rest.get(LEASES, self.name, self.namespace, timeout=timeout))
+        except Exception as exc:  # noqa: BLE001 - best effort; the caller already treats this as lost
+            log.info("%r: could not re-read the lease after a conflict: %s", self, _short(exc))
+            self._observed_spec = {"holderIdentity": "<unknown>"}
+
+    def _create(self, now: str, deadline: float | None, started: float) -> bool:
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self.name, "namespace": self.namespace},
+            "spec": {
+                "holderIdentity": self.identity,
+                "leaseDurationSeconds": max(1, round(self.lease_duration)),
+                "acquireTime": now,
+                "renewTime": now,
+                "leaseTransitions": 0,
+            },
+        }
+        try:
+            written = self.rest.create(LEASES, body, self.namespace, timeout=self._timeout(deadline))
+        except ApiException as exc:
+            if exc.status == 409:  # another replica created it first
+                self._refresh_observation(self._timeout(deadline))
+                return False
+            raise
+        self._observe(written)
+        self._last_renew = started
+        return True
+
+    def _release(self) -> None:
+        """Give the lease up (empty holder, 1 s duration) so another replica takes it at once."""
+        lease = self._lease
+        if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
+            return
+        spec = dict(lease["spec"])
+        spec.update(holderIdentity=None, leaseDurationSeconds=1, renewTime=_micro_time())
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {k: v for k, v in lease["metadata"].items() if k != "managedFields"},
+            "spec": spec,
+        }
+        try:
+            self.rest.replace(LEASES, body, timeout=(5.0, 5.0))
+            log.info("%r: released the lease", self)
+        except Exception as exc:  # noqa: BLE001 - nothing left to do; the lease expires by itself
+            log.warning("%r: could not release the lease (it expires by itself): %s", self, _short(exc))
+
+
+def _short(exc: BaseException) -> str:
+    if isinstance(exc, ApiException):
+        return f"HTTP {exc.status} {exc.reason}"
+    return f"{type(exc).__name__}: {exc}"

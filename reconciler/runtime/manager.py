@@ -1,0 +1,115 @@
+"""The controller manager: shared informers on every replica, controllers on the leader only.
+
+manager = ControllerManager(api_client, lease_namespace="databases")
+databases = manager.informers.informer(DATABASES, "databases")   # the API reads these too
+controller = Controller("database", reconcile, workers=4)
+controller.watch(databases)
+manager.add_controller(controller)
+manager.start()      # informers, wait for sync, then campaign for the lease
+...                  # SIGTERM handler of the caller:
+manager.stop()       # controllers stop (in-flight reconciles finish), lease released, informers stop
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from kubernetes.client import ApiClient
+
+from informers import Rest, SharedInformers
+from reconciler.runtime.controller import Controller
+from reconciler.runtime.leader import LeaderElector
+from reconciler.runtime.metrics import RuntimeMetrics
+
+log = logging.getLogger(__name__)
+
+
+class ControllerManager:
+    def __init__(
+        self,
+        api_client: ApiClient | Rest,
+        *,
+        lease_namespace: str,
+        lease_name: str = "dbprovider-manager",
+        identity: str | None = None,
+        leader_election: bool = True,
+        lease_duration: float = 15.0,
+        renew_deadline: float = 10.0,
+        retry_period: float = 2.0,
+        informers: SharedInformers | None = None,
+        metrics: RuntimeMetrics | None = None,
+        sync_timeout: float = 60.0,
+    ) -> None:
+        self.rest = api_client if isinstance(api_client, Rest) else Rest(api_client)
+        self.informers = informers if informers is not None else SharedInformers(self.rest)
+        self.metrics = metrics if metrics is not None else RuntimeMetrics()
+        self.sync_timeout = sync_timeout
+        self.controllers: list[Controller] = []
+        self._lock = threading.Lock()  # serializes starting and stopping controllers
+        self._started = False
+        self.elector: LeaderElector | None = None
+        if leader_election:
+            self.elector = LeaderElector(
+                self.rest,
+                lease_namespace,
+                lease_name,
+                identity=identity,
+                lease_duration=lease_duration,
+                renew_deadline=renew_deadline,
+                retry_period=retry_period,
+                on_started_leading=self._start_controllers,
+                on_stopped_leading=self._stop_controllers,
+            )
+
+    def add_controller(self, controller: Controller) -> Controller:
+        """Register a controller (before `start()`); it runs only while this replica leads."""
+        if self._started:
+            raise RuntimeError("add controllers before starting the manager")
+        if controller.metrics is None:
+            controller.metrics = self.metrics
+        if self.elector is not None:
+            controller.guard = self.elector.is_leading
+        self.controllers.append(controller)
+        return controller
+
+    def is_leading(self) -> bool:
+        return self.elector.is_leading() if self.elector is not None else self._started
+
+    def start(self) -> None:
+        """Start the informers, wait until they have synced (TimeoutError otherwise), then lead.
+
+        Non-blocking afterwards: the elector runs in its own thread.
+        """
+        self._started = True
+        self.informers.start()
+        if not self.informers.wait_for_sync(self.sync_timeout):
+            names = ", ".join(repr(i) for i in self.informers.unsynced())
+            raise TimeoutError(f"informers not synced within {self.sync_timeout:.0f}s: {names}")
+        if self.elector is not None:
+            self.elector.start()
+        else:
+            self._start_controllers()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop the controllers (in-flight reconciles finish), release the lease, stop the informers."""
+        if self.elector is not None:
+            self.elector.stop(release=True, timeout=timeout)
+        self._stop_controllers(timeout)
+        self.informers.stop()
+
+    def _start_controllers(self) -> None:
+        with self._lock:
+            if self.elector is not None and not self.elector.is_leading():
+                return  # lost again before we got here
+            for controller in self.controllers:
+                controller.start()
+
+    def _stop_controllers(self, timeout: float | None = None) -> None:
+        # Signal everyone first (no further keys, ensure_active() raises), then wait.
+        for controller in self.controllers:
+            controller.signal_stop()
+        with self._lock:
+            for controller in self.controllers:
+                if not controller.stop(timeout):
+                    log.warning("controller %s: reconciles still running after stop", controller.name)

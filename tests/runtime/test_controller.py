@@ -1,0 +1,304 @@
+"""Controllers on real informers: failures back off and are counted by reason, 409s are
+conflicts (requeued, not errors), one key is never reconciled twice at once while different keys
+run in parallel, requeue_after re-runs, and stop() lets in-flight reconciles finish."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from informers import CONFIGMAPS, Informer, Rest, split_key
+from reconciler.runtime import (
+    Controller,
+    ControllerStopping,
+    ExponentialBackoff,
+    ReconcileError,
+    Result,
+    RuntimeMetrics,
+    TerminalError,
+    WorkQueue,
+    ensure_active,
+)
+from tests.runtime.support import configmap, wait_for
+
+FAST = (0.05, 0.4)  # backoff base and cap for tests (production: 1 s and 5 min)
+
+
+class Harness:
+    """A started informer on one namespace and helpers to run controllers on it."""
+
+    def __init__(self, rest: Rest, namespace: str) -> None:
+        self.rest = rest
+        self.namespace = namespace
+        self.informer = Informer(rest, CONFIGMAPS, namespace).start()
+        assert self.informer.wait_for_sync(10)
+        self.metrics = RuntimeMetrics()
+        self.controllers: list[Controller] = []
+
+    def controller(self, name: str, reconcile: Callable[[str], Result | None], workers: int = 1) -> Controller:
+        queue = WorkQueue(ExponentialBackoff(*FAST))
+        controller = Controller(name, reconcile, workers=workers, queue=queue, metrics=self.metrics)
+        controller.watch(self.informer)
+        self.controllers.append(controller)
+        return controller
+
+    def create(self, name: str, data: dict[str, str] | None = None) -> str:
+        """Create a ConfigMap and wait until the informer has it (its event has been handled)."""
+        self.rest.create(CONFIGMAPS, configmap(name, self.namespace, data or {"v": "0"}))
+        key = f"{self.namespace}/{name}"
+        wait_for(lambda: self.informer.get(key), what=f"the informer to see {key}")
+        return key
+
+    def errors(self, controller: str, reason: str) -> float:
+        value = self.metrics.registry.get_sample_value(
+            "dbprovider_reconcile_errors_total", {"controller": controller, "reason": reason}
+        )
+        return value or 0.0
+
+    def conflicts(self, controller: str) -> float:
+        value = self.metrics.registry.get_sample_value(
+            "dbprovider_reconcile_conflicts_total", {"controller": controller}
+        )
+        return value or 0.0
+
+    def close(self) -> None:
+        for controller in self.controllers:
+            controller.stop(timeout=10)
+        self.informer.stop()
+
+
+@pytest.fixture
+def env(admin_rest: Rest, namespace: str) -> Iterator[Harness]:
+    harness = Harness(admin_rest, namespace)
+    yield harness
+    harness.close()
+
+
+# -- failures ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("failure", "reason"),
+    [
+        (lambda: ReconcileError("AdminUnavailable", "connection refused"), "AdminUnavailable"),
+        (lambda: RuntimeError("boom"), "Other"),
+        (lambda: ApiException(status=500, reason="Internal Server Error"), "Other"),
+    ],
+    ids=["reconcile-error", "exception", "api-500"],
+)
+def test_failures_back_off_exponentially_and_are_counted_by_reason(
+    env: Harness, failure: Callable[[], Exception], reason: str
+) -> None:
+    attempts: list[float] = []
+
+    def reconcile(key: str) -> Result:
+        attempts.append(time.monotonic())
+        if len(attempts) <= 3:
+            raise failure()
+        return Result()
+
+    key = env.create("flaky")  # before the controller watches: its ADDED event is no extra trigger
+    controller = env.controller("failing", reconcile)
+    controller.start()
+    wait_for(lambda: len(attempts) == 4, timeout=10, what="three failures and a success")
+
+    gaps = [b - a for a, b in zip(attempts, attempts[1:], strict=False)]
+    for gap, expected in zip(gaps, (0.05, 0.1, 0.2), strict=True):
+        assert gap >= expected * 0.9
+    assert env.errors("failing", reason) == 3
+    assert env.conflicts("failing") == 0
+    assert controller.queue.num_requeues(key) == 0  # success forgot the backoff
+    time.sleep(0.3)  # nothing is pending: no further attempts
+    assert len(attempts) == 4
+
+
+def test_terminal_errors_are_counted_but_not_retried(env: Harness) -> None:
+    attempts: list[str] = []
+
+    def reconcile(key: str) -> Result:
+        attempts.append(key)
+        raise TerminalError("InvalidSizeClass", "no such class")
+
+    key = env.create("bad")
+    controller = env.controller("terminal", reconcile)
+    controller.start()
+    wait_for(lambda: env.errors("terminal", "InvalidSizeClass") == 1)
+    assert controller.queue.pending() == 0 and controller.queue.num_requeues(key) == 0
+    # A new change brings it back (level-based: events are hints).
+    env.rest.patch(CONFIGMAPS, "bad", {"data": {"v": "1"}}, env.namespace)
+    wait_for(lambda: len(attempts) == 2)
+
+
+def test_a_write_conflict_is_requeued_and_counted_as_conflict_not_error(env: Harness) -> None:
+    """The reconcile writes from the cached object with its resourceVersion; another writer
+    changed the object first, so the apiserver answers 409. The retry (after backoff) reads the
+    fresh object from the cache and succeeds."""
+    attempts: list[str] = []
+    rest = env.rest
+
+    def reconcile(key: str) -> Result:
+        namespace, name = split_key(key)
+        cached = env.informer.get(key)
+        if cached is None:
+            return Result()
+        attempts.append(cached["metadata"]["resourceVersion"])
+        if cached["data"].get("owner") == "controller":
+            return Result()
+        if len(attempts) == 1:  # another writer gets in between our read and our write
+            rest.patch(CONFIGMAPS, name, {"data": {"other": "writer"}}, namespace)
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "resourceVersion": cached["metadata"]["resourceVersion"],
+            },
+            "data": {**cached["data"], "owner": "controller"},
+        }
+        rest.replace(CONFIGMAPS, body)  # 409 if the resourceVersion is stale
+        return Result()
+
+    controller = env.controller("conflicting", reconcile)
+    env.create("contested")
+    controller.start()
+    wait_for(lambda: rest.get(CONFIGMAPS, "contested", env.namespace)["data"].get("owner") == "controller", timeout=10)
+    final = rest.get(CONFIGMAPS, "contested", env.namespace)["data"]
+    assert final == {"v": "0", "other": "writer", "owner": "controller"}  # nobody's write was lost
+    assert env.conflicts("conflicting") >= 1
+    assert env.errors("conflicting", "Other") == 0
+
+
+def test_a_reconcile_error_raised_for_a_409_is_an_error_with_its_reason(env: Harness) -> None:
+    """Raising ReconcileError is the reconciler's own classification, even when caused by a 409."""
+
+    def reconcile(key: str) -> Result:
+        try:
+            env.rest.create(CONFIGMAPS, configmap(split_key(key)[1], env.namespace))  # exists: 409
+        except ApiException as exc:
+            raise ReconcileError("CredentialsSecretConflict") from exc
+        return Result()
+
+    controller = env.controller("classifying", reconcile)
+    env.create("taken")
+    controller.start()
+    wait_for(lambda: env.errors("classifying", "CredentialsSecretConflict") >= 1)
+    assert env.conflicts("classifying") == 0
+
+
+# -- parallelism ---------------------------------------------------------------------------------
+
+
+def test_one_key_is_never_reconciled_twice_at_once_while_keys_run_in_parallel(env: Harness) -> None:
+    lock = threading.Lock()
+    active: dict[str, int] = defaultdict(int)
+    peak_per_key: dict[str, int] = defaultdict(int)
+    peak_total = 0
+    runs: dict[str, int] = defaultdict(int)
+    hot_started = threading.Event()
+
+    def reconcile(key: str) -> Result:
+        nonlocal peak_total
+        with lock:
+            active[key] += 1
+            peak_per_key[key] = max(peak_per_key[key], active[key])
+            peak_total = max(peak_total, sum(active.values()))
+            runs[key] += 1
+        if key.endswith("/hot"):
+            hot_started.set()
+        time.sleep(0.3)
+        with lock:
+            active[key] -= 1
+        return Result()
+
+    keys = [env.create(name) for name in ("hot", "b", "c", "d")]
+    controller = env.controller("parallel", reconcile, workers=4)
+    controller.start()
+    assert hot_started.wait(5)
+    # While "hot" is being reconciled, it changes many times (events) and is enqueued directly.
+    for i in range(5):
+        env.rest.patch(CONFIGMAPS, "hot", {"data": {"v": str(i + 1)}}, env.namespace)
+        controller.enqueue(keys[0])
+    wait_for(
+        lambda: runs[keys[0]] >= 2 and controller.queue.processing() == 0 and len(controller.queue) == 0, timeout=10
+    )
+
+    assert all(peak == 1 for peak in peak_per_key.values()), dict(peak_per_key)
+    assert peak_total >= 3  # different keys did run side by side
+    assert set(runs) == set(keys)
+    assert 2 <= runs[keys[0]] <= 3  # the bursts collapsed into one or two more passes
+
+
+def test_requeue_after_runs_the_key_again(env: Harness) -> None:
+    times: list[float] = []
+
+    def reconcile(key: str) -> Result:
+        times.append(time.monotonic())
+        return Result(requeue_after=0.2) if len(times) < 3 else Result()
+
+    env.create("ticking")
+    controller = env.controller("periodic", reconcile)
+    controller.start()
+    wait_for(lambda: len(times) == 3, timeout=5)
+    assert all(b - a >= 0.18 for a, b in zip(times, times[1:], strict=False))
+
+
+# -- stopping ------------------------------------------------------------------------------------
+
+
+def test_stop_finishes_in_flight_reconciles_then_returns_and_runs_nothing_new(env: Harness) -> None:
+    entered = threading.Event()
+    release = threading.Event()
+    outcomes: list[str] = []
+    keys_seen: list[str] = []
+
+    def reconcile(key: str) -> Result:
+        keys_seen.append(key)
+        entered.set()
+        release.wait(10)
+        try:
+            ensure_active()  # the write guard: a stopping controller must not write
+            outcomes.append("wrote")
+        except ControllerStopping:
+            outcomes.append("refused")
+            raise
+        return Result()
+
+    controller = env.controller("stopping", reconcile)
+    env.create("slow")
+    controller.start()
+    assert entered.wait(5)
+    stopped = threading.Event()
+    stopper = threading.Thread(target=lambda: (controller.stop(), stopped.set()))
+    stopper.start()
+    wait_for(lambda: not controller.active())
+    assert not stopped.wait(0.2), "stop() must wait for the in-flight reconcile"
+    env.create("after-stop")
+    release.set()
+    assert stopped.wait(5)
+    stopper.join()
+    assert outcomes == ["refused"]
+    assert keys_seen == [f"{env.namespace}/slow"]
+    assert env.errors("stopping", "Other") == 0
+
+
+def test_a_restarted_controller_reconciles_every_object_again(env: Harness) -> None:
+    seen: list[str] = []
+    controller = env.controller("restartable", lambda key: seen.append(key) or Result())
+    keys = {env.create(name) for name in ("x", "y")}
+    controller.start()
+    wait_for(lambda: set(seen) == keys)
+    controller.stop()
+    env.create("while-stopped")
+    seen.clear()
+    controller.start()
+    wait_for(lambda: set(seen) == keys | {f"{env.namespace}/while-stopped"})
+
+
+def test_ensure_active_is_a_no_op_outside_workers() -> None:
+    ensure_active()

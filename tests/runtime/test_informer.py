@@ -1,0 +1,359 @@
+"""Informers against a real apiserver: they mirror the server's state through every kind of
+interruption, and their indexes and events stay consistent with the store."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import kubernetes.client
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from harness import KubeControlPlane
+from informers import ADDED, CONFIGMAPS, DELETED, MODIFIED, Informer, Rest, SharedInformers
+from tests.runtime.support import WIDGETS, Recorder, configmap, unique, wait_for, widget
+
+
+def _server_state(rest: Rest, namespace: str) -> dict[str, str]:
+    items = rest.list(CONFIGMAPS, namespace)["items"]
+    return {f"{namespace}/{o['metadata']['name']}": o["metadata"]["resourceVersion"] for o in items}
+
+
+def _store_state(informer: Informer) -> dict[str, str]:
+    return {
+        f"{o['metadata']['namespace']}/{o['metadata']['name']}": o["metadata"]["resourceVersion"]
+        for o in informer.list()
+    }
+
+
+@pytest.fixture
+def started() -> Iterator[list[Informer]]:
+    informers: list[Informer] = []
+    yield informers
+    for informer in informers:
+        informer.stop()
+
+
+# -- mirroring ---------------------------------------------------------------------------------------
+
+
+def test_sees_create_update_delete_in_order(admin_rest: Rest, namespace: str, started: list[Informer]) -> None:
+    informer = Informer(admin_rest, CONFIGMAPS, namespace)
+    recorder = Recorder()
+    informer.add_handler(recorder)
+    started.append(informer.start())
+    assert informer.wait_for_sync(10)
+    assert informer.list() == []
+
+    key = f"{namespace}/one"
+    admin_rest.create(CONFIGMAPS, configmap("one", namespace, {"v": "1"}))
+    wait_for(lambda: informer.get(key), what="the created object")
+    admin_rest.patch(CONFIGMAPS, "one", {"data": {"v": "2"}}, namespace)
+    wait_for(lambda: informer.get(key)["data"]["v"] == "2", what="the update")
+    admin_rest.delete(CONFIGMAPS, "one", namespace)
+    wait_for(lambda: informer.get(key) is None, what="the deletion")
+
+    assert recorder.for_key(key) == [ADDED, MODIFIED, DELETED]
+    assert informer.stats["lists"] == 1
+
+
+def test_objects_are_stored_without_managed_fields(admin_rest: Rest, namespace: str, started: list[Informer]) -> None:
+    admin_rest.create(CONFIGMAPS, configmap("listed", namespace, {"v": "1"}))
+    informer = Informer(admin_rest, CONFIGMAPS, namespace)
+    started.append(informer.start())
+    assert informer.wait_for_sync(10)
+    admin_rest.create(CONFIGMAPS, configmap("watched", namespace, {"v": "1"}))
+    wait_for(lambda: len(informer) == 2)
+    server = admin_rest.get(CONFIGMAPS, "listed", namespace)
+    assert server["metadata"].get("managedFields"), "the server does send managedFields"
+    for obj in informer.list():
+        assert "managedFields" not in obj["metadata"]
+        assert obj["kind"] == "ConfigMap" and obj["apiVersion"] == "v1"
+
+
+def test_a_new_informer_catches_up_on_many_changes(admin_rest: Rest, namespace: str, started: list[Informer]) -> None:
+    """60 objects created, 20 updated, 10 deleted before the informer exists: it lists them all
+    (paginated: page size 7)."""
+    for i in range(60):
+        admin_rest.create(CONFIGMAPS, configmap(f"cm-{i:02d}", namespace, {"v": "0"}))
+    for i in range(20):
+        admin_rest.patch(CONFIGMAPS, f"cm-{i:02d}", {"data": {"v": "1"}}, namespace)
+    for i in range(50, 60):
+        admin_rest.delete(CONFIGMAPS, f"cm-{i:02d}", namespace)
+
+    informer = Informer(admin_rest, CONFIGMAPS, namespace, page_size=7)
+    recorder = Recorder()
+    informer.add_handler(recorder)
+    started.append(informer.start())
+    assert informer.wait_for_sync(10)
+
+    assert _store_state(informer) == _server_state(admin_rest, namespace)
+    assert len(informer) == 50
+    assert sum(1 for o in informer.list() if o["data"]["v"] == "1") == 20
+    assert [t for t, _, _ in recorder.snapshot()] == [ADDED] * 50
+
+
+def test_a_late_handler_is_replayed_the_current_objects(
+    admin_rest: Rest, namespace: str, started: list[Informer]
+) -> None:
+    for name in ("a", "b"):
+        admin_rest.create(CONFIGMAPS, configmap(name, namespace))
+    informer = Informer(admin_rest, CONFIGMAPS, namespace)
+    started.append(informer.start())
+    assert informer.wait_for_sync(10)
+    recorder = Recorder()
+    informer.add_handler(recorder)
+    assert sorted(recorder.snapshot()) == sorted(
+        (ADDED, k, rv) for k, rv in _server_state(admin_rest, namespace).items()
+    )
+
+
+# -- interruptions -----------------------------------------------------------------------------------
+
+
+def test_bookmarks_advance_the_resource_version_and_break_nothing(
+    kube: KubeControlPlane, admin_rest: Rest, namespace: str, started: list[Informer]
+) -> None:
+    """The watch cache sends a BOOKMARK shortly before a watch times out when other objects of
+    the kind changed meanwhile. The informer takes its resourceVersion, emits no event, and
+    resumes from it without relisting."""
+    other = unique("rt-noise")
+    kube.ensure_namespace(other)
+    admin_rest.create(CONFIGMAPS, configmap("mine", namespace, {"v": "1"}))
+    informer = Informer(admin_rest, CONFIGMAPS, namespace, watch_timeout=(5, 5))
+    recorder = Recorder()
+    informer.add_handler(recorder)
+    started.append(informer.start())
+    assert informer.wait_for_sync(10)
+    listed_rv = int(informer.resource_version or 0)
+
+    stop_noise = threading.Event()
+
+    def noise() -> None:
+        i = 0
+        while not stop_noise.is_set():
+            admin_rest.create(CONFIGMAPS, configmap(f"noise-{i}", other))
+            i += 1
+            stop_noise.wait(0.3)
+
+    thread = threading.Thread(target=noise, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: informer.stats["bookmarks"] >= 1, timeout=20, interval=0.1, what="a bookmark")
+        wait_for(lambda: informer.stats["watches"] >= 2, timeout=20, interval=0.1, what="the watch to resume")
+    finally:
+        stop_noise.set()
+        thread.join()
+
+    assert int(informer.resource_version or 0) > listed_rv
+    assert informer.stats["lists"] == 1 and informer.stats["gone"] == 0 and informer.stats["errors"] == 0
+    assert [t for t, _, _ in recorder.snapshot()] == [ADDED]
+    admin_rest.patch(CONFIGMAPS, "mine", {"data": {"v": "2"}}, namespace)
+    wait_for(lambda: informer.get(f"{namespace}/mine")["data"]["v"] == "2", what="an update after bookmarks")
+    assert recorder.for_key(f"{namespace}/mine") == [ADDED, MODIFIED]
+
+
+class _PausedInformer(Informer):
+    """Holds its first watch until released, so the world can move on (and be compacted)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.paused = threading.Event()
+        self.release = threading.Event()
+
+    def _watch(self, resource_version: str) -> str:
+        if not self.release.is_set():
+            self.paused.set()
+            self.release.wait()
+        return super()._watch(resource_version)
+
+
+@pytest.fixture(scope="module")
+def compacting_kube() -> Iterator[KubeControlPlane]:
+    """A dedicated apiserver that compacts etcd every second and serves watches from etcd
+    directly (no watch cache), so an old resourceVersion really expires (410 Gone)."""
+    with KubeControlPlane(extra_args=["--etcd-compaction-interval=1s", "--watch-cache=false"]) as control_plane:
+        yield control_plane
+
+
+def _watch_status(rest: Rest, namespace: str, resource_version: str) -> int | None:
+    """What a watch from resource_version answers now: 410 once compacted, else None."""
+    stream = rest.stream(
+        CONFIGMAPS.collection_path(namespace),
+        query=[("watch", "1"), ("resourceVersion", resource_version), ("timeoutSeconds", "1")],
+        timeout=(5, 10),
+    )
+    try:
+        import json
+
+        for line in stream.lines():
+            event = json.loads(line)
+            if event["type"] == "ERROR":
+                return event["object"].get("code")
+        return None
+    finally:
+        stream.close()
+
+
+def test_410_gone_relists_without_losing_or_duplicating_state(compacting_kube: KubeControlPlane) -> None:
+    with compacting_kube.admin_client() as api:
+        rest = Rest(api)
+        namespace = unique("rt-gone")
+        compacting_kube.ensure_namespace(namespace)
+        for name in ("keep", "change", "remove"):
+            rest.create(CONFIGMAPS, configmap(name, namespace, {"v": "1"}))
+
+        informer = _PausedInformer(rest, CONFIGMAPS, namespace)
+        recorder = Recorder()
+        informer.add_handler(recorder)
+        informer.start()
+        try:
+            assert informer.wait_for_sync(10)
+            assert informer.paused.wait(10)
+            listed_rv = informer.resource_version
+            assert listed_rv is not None
+
+            # While the informer is away: change, delete and create, then wait for compaction.
+            rest.patch(CONFIGMAPS, "change", {"data": {"v": "2"}}, namespace)
+            rest.delete(CONFIGMAPS, "remove", namespace)
+            rest.create(CONFIGMAPS, configmap("new", namespace, {"v": "1"}))
+            wait_for(
+                lambda: _watch_status(rest, namespace, listed_rv) == 410,
+                timeout=30,
+                interval=0.5,
+                what="etcd to compact the listed resourceVersion",
+            )
+
+            informer.release.set()
+            wait_for(lambda: informer.stats["gone"] >= 1 and informer.stats["lists"] >= 2, what="the relist")
+            assert _store_state(informer) == _server_state(rest, namespace)
+
+            # Exactly one event per change: nothing lost, nothing twice.
+            events = recorder.snapshot()[3:]
+            assert sorted((t, k) for t, k, _ in events) == sorted(
+                [(MODIFIED, f"{namespace}/change"), (DELETED, f"{namespace}/remove"), (ADDED, f"{namespace}/new")]
+            )
+            # And it watches on from the new list.
+            rest.patch(CONFIGMAPS, "keep", {"data": {"v": "3"}}, namespace)
+            wait_for(lambda: informer.get(f"{namespace}/keep")["data"]["v"] == "3", what="a change after the relist")
+            assert recorder.for_key(f"{namespace}/keep") == [ADDED, MODIFIED]
+            assert informer.stats["gone"] == 1
+        finally:
+            informer.release.set()
+            informer.stop()
+
+
+def test_errors_back_off_and_relist_until_permitted(
+    kube: KubeControlPlane, admin_rest: Rest, namespace: str, started: list[Informer]
+) -> None:
+    """A forbidden list (403) is retried with backoff; once RBAC allows it the informer syncs."""
+    admin_rest.create(CONFIGMAPS, configmap("visible", namespace))
+    user = unique("rt-reader")
+    with kube.client_as(user) as api:
+        informer = Informer(api, CONFIGMAPS, namespace, backoff=(0.05, 0.2))
+        started.append(informer.start())
+        wait_for(lambda: informer.stats["errors"] >= 2, what="repeated 403s")
+        assert not informer.has_synced()
+        assert isinstance(informer.last_error, ApiException) and informer.last_error.status == 403
+
+        with kube.admin_client() as admin:
+            rbac = kubernetes.client.RbacAuthorizationV1Api(admin)
+            rbac.create_namespaced_role(
+                namespace,
+                {
+                    "metadata": {"name": "cm-reader"},
+                    "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list", "watch"]}],
+                },
+            )
+            rbac.create_namespaced_role_binding(
+                namespace,
+                {
+                    "metadata": {"name": "cm-reader"},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "cm-reader"},
+                    "subjects": [{"kind": "User", "name": user}],
+                },
+            )
+        assert informer.wait_for_sync(10)
+        assert list(_store_state(informer)) == [f"{namespace}/visible"]
+
+
+# -- indexes -----------------------------------------------------------------------------------------
+
+
+def _by_shard(obj: dict) -> list[str]:
+    shard = (obj.get("status") or {}).get("shard")
+    return [shard] if shard else []
+
+
+def _by_consumer(obj: dict) -> list[str]:
+    return [obj["spec"]["consumer"]]
+
+
+def test_indexes_follow_updates_and_deletes(
+    admin_rest: Rest, namespace: str, widgets_crd: None, started: list[Informer]
+) -> None:
+    """Database-like objects indexed by shard (a status field, set later) and by consumer."""
+    informer = Informer(admin_rest, WIDGETS, namespace)
+    informer.add_index("shard", _by_shard)
+    started.append(informer.start())
+    assert informer.wait_for_sync(10)
+    informer.add_index("consumer", _by_consumer)  # added after start: indexes what is stored
+
+    for i, consumer in enumerate(["c1", "c1", "c2"]):
+        admin_rest.create(WIDGETS, widget(f"db{i}", namespace, {"consumer": consumer}))
+    wait_for(lambda: len(informer) == 3)
+    assert {o["metadata"]["name"] for o in informer.by_index("consumer", "c1")} == {"db0", "db1"}
+    assert informer.by_index("shard", "s1") == []
+
+    for name, shard in (("db0", "s1"), ("db1", "s1"), ("db2", "s2")):
+        admin_rest.patch(WIDGETS, name, {"status": {"shard": shard}}, namespace, subresource="status")
+    wait_for(lambda: informer.count_by_index("shard", "s1") == 2 and informer.count_by_index("shard", "s2") == 1)
+
+    admin_rest.patch(WIDGETS, "db1", {"status": {"shard": "s2"}}, namespace, subresource="status")
+    wait_for(lambda: informer.count_by_index("shard", "s2") == 2)
+    assert informer.index_keys("shard", "s1") == [f"{namespace}/db0"]
+
+    admin_rest.delete(WIDGETS, "db0", namespace)
+    wait_for(lambda: informer.count_by_index("shard", "s1") == 0)
+    assert "s1" not in informer.index_values("shard")
+    assert {o["metadata"]["name"] for o in informer.by_index("consumer", "c1")} == {"db1"}
+    assert sorted(informer.index_values("consumer")) == ["c1", "c2"]
+
+    with pytest.raises(ValueError):
+        informer.add_index("shard", _by_consumer)
+    informer.add_index("shard", _by_shard)  # the same function again is fine
+
+
+# -- sharing -----------------------------------------------------------------------------------------
+
+
+def test_shared_informers_hand_out_one_informer_per_resource(
+    admin_rest: Rest, namespace: str, widgets_crd: None
+) -> None:
+    shared = SharedInformers(admin_rest)
+    try:
+        first = shared.informer(CONFIGMAPS, namespace)
+        assert shared.informer(CONFIGMAPS, namespace) is first
+        assert shared.informer(CONFIGMAPS, "elsewhere") is not first
+        shared.start()
+        late = shared.informer(WIDGETS, namespace)  # created after start: started at once
+        assert shared.wait_for_sync(10)
+        assert late.has_synced() and shared.has_synced()
+    finally:
+        shared.stop()
+    assert all(informer.stopped for informer in shared.all())
+    with pytest.raises(RuntimeError):
+        shared.informer(CONFIGMAPS, namespace)
+
+
+def test_stop_returns_promptly_from_an_idle_watch(admin_rest: Rest, namespace: str) -> None:
+    informer = Informer(admin_rest, CONFIGMAPS, namespace).start()
+    assert informer.wait_for_sync(10)
+    wait_for(lambda: informer.stats["watches"] == 1)
+    import time
+
+    started = time.monotonic()
+    informer.stop(timeout=5)
+    assert time.monotonic() - started < 2
+    assert informer._thread is not None and not informer._thread.is_alive()
