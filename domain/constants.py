@@ -145,6 +145,7 @@ class ShardReason(enum.StrEnum):
     UNREACHABLE = "Unreachable"
     CLUSTER_NOT_RUNNING = "ClusterNotRunning"
     PROVISIONER_INHERITS = "ProvisionerInherits"
+    PROVISIONER_INVALID = "ProvisionerInvalid"
     SERVER_BEFORE_16 = "ServerBefore16"
 
 

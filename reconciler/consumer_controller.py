@@ -1,0 +1,36 @@
+"""The Consumer controller: keeps status.databaseCount (shown by `kubectl get consumer`) current.
+
+The count is the consumer's Databases not yet Deleted (Deleting ones count), the number the API
+compares with spec.maxDatabases.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from domain.constants import Phase
+from informers import Informer, Rest
+from reconciler.resources import BY_CONSUMER, CONSUMERS
+from reconciler.runtime import Result, update_status
+
+
+class ConsumerController:
+    def __init__(self, rest: Rest, consumers: Informer, databases: Informer) -> None:
+        self.rest = rest
+        self.consumers = consumers
+        self.databases = databases
+
+    def reconcile(self, name: str) -> Result | None:
+        consumer = self.consumers.get(name)
+        if consumer is None:
+            return None
+        count = sum(
+            1
+            for db in self.databases.by_index(BY_CONSUMER, name)
+            if (db.get("status") or {}).get("phase") != Phase.DELETED
+        )
+        status = copy.deepcopy(consumer.get("status") or {})
+        status["databaseCount"] = count
+        status["observedGeneration"] = consumer["metadata"].get("generation")
+        update_status(self.rest, CONSUMERS, consumer, status)
+        return None

@@ -1,0 +1,117 @@
+"""The fleet gauges of the seed's metrics table, computed from the informer caches at scrape time.
+
+Computing at scrape time keeps reconciles free of metric bookkeeping and makes the numbers always
+agree with the cache. No series carries consumer, externalId or role names: only shard and phase.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from datetime import datetime
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from domain.constants import ConditionStatus, DatabaseConditionType, Phase, ShardConditionType
+
+UNPLACED = "unplaced"
+Objects = Callable[[], Iterable[Mapping[str, Any]]]
+
+
+def _condition_true(obj: Mapping[str, Any], condition_type: str) -> bool:
+    for condition in (obj.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == condition_type:
+            return condition.get("status") == ConditionStatus.TRUE
+    return False
+
+
+def _created_at(obj: Mapping[str, Any]) -> float | None:
+    stamp = obj.get("metadata", {}).get("creationTimestamp")
+    if not stamp:
+        return None
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+class FleetCollector(Collector):
+    """Reads shards and databases from the caches on every scrape."""
+
+    def __init__(self, shards: Objects, databases: Objects, clock: Callable[[], float] = time.time) -> None:
+        self._shards = shards
+        self._databases = databases
+        self._clock = clock
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        now = self._clock()
+        shard_objects = list(self._shards())
+        shard_names = [s["metadata"]["name"] for s in shard_objects]
+
+        per_phase: Counter[tuple[str, str]] = Counter()
+        in_use: Counter[str] = Counter()
+        held: Counter[str] = Counter()
+        drift: Counter[str] = Counter()
+        oldest: dict[str, float] = defaultdict(float)
+        for db in self._databases():
+            status = db.get("status") or {}
+            shard = status.get("shard") or UNPLACED
+            phase = status.get("phase") or Phase.PROVISIONING
+            per_phase[(shard, phase)] += 1
+            if shard != UNPLACED and phase != Phase.DELETED:
+                in_use[shard] += 1
+            if _condition_true(db, DatabaseConditionType.DELETION_HELD):
+                held[shard] += 1
+            if phase == Phase.READY and _condition_true(db, DatabaseConditionType.CONNECTION_LIMIT_DRIFT):
+                drift[shard] += 1
+            if phase == Phase.PROVISIONING:
+                created = _created_at(db)
+                if created is not None:
+                    oldest[shard] = max(oldest[shard], now - created)
+
+        databases = GaugeMetricFamily(
+            "dbprovider_databases",
+            "Databases per shard and phase (shard=unplaced: not yet placed).",
+            labels=["shard", "phase"],
+        )
+        for (shard, phase), count in sorted(per_phase.items()):
+            databases.add_metric([shard, phase], count)
+        yield databases
+
+        ready = GaugeMetricFamily(
+            "dbprovider_shard_ready", "1 if the Shard's Ready condition is True.", labels=["shard"]
+        )
+        slots = GaugeMetricFamily("dbprovider_shard_databases", "Database slots in use on the shard.", labels=["shard"])
+        limit = GaugeMetricFamily("dbprovider_shard_max_databases", "spec.maxDatabases of the shard.", labels=["shard"])
+        for shard in shard_objects:
+            name = shard["metadata"]["name"]
+            ready.add_metric([name], 1.0 if _condition_true(shard, ShardConditionType.READY) else 0.0)
+            slots.add_metric([name], in_use[name])
+            limit.add_metric([name], float((shard.get("spec") or {}).get("maxDatabases") or 0))
+        yield ready
+        yield slots
+        yield limit
+
+        labels = sorted(set(shard_names) | {UNPLACED} | set(oldest) | set(held) | set(drift))
+        provisioning = GaugeMetricFamily(
+            "dbprovider_database_provisioning_oldest_seconds",
+            "Age of the oldest Database still Provisioning (0 if none).",
+            labels=["shard"],
+        )
+        held_family = GaugeMetricFamily(
+            "dbprovider_databases_deletion_held",
+            "Databases deleted without the delete annotation (held, no SQL).",
+            labels=["shard"],
+        )
+        drift_family = GaugeMetricFamily(
+            "dbprovider_databases_connection_limit_drift",
+            "Ready Databases whose applied connection limit differs from the install config.",
+            labels=["shard"],
+        )
+        for name in labels:
+            provisioning.add_metric([name], oldest.get(name, 0.0))
+            held_family.add_metric([name], held[name])
+            drift_family.add_metric([name], drift[name])
+        yield provisioning
+        yield held_family
+        yield drift_family

@@ -1,0 +1,132 @@
+"""Wires the Shard, Database and Consumer controllers onto a ControllerManager.
+
+The composition root (`dbprovider manager`) calls `register_controllers` once; the informers it
+registers are the shared ones the API reads too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from domain.config import InstallConfig
+from domain.constants import CREDENTIALS_SECRET_SUFFIX
+from informers import SECRETS, Informer
+from reconciler.admin import AdminSessions
+from reconciler.consumer_controller import ConsumerController
+from reconciler.database_controller import DatabaseController
+from reconciler.events import EventRecorder
+from reconciler.resources import (
+    BY_CONSUMER,
+    BY_SHARD,
+    CONSUMERS,
+    DATABASE_CLUSTERS,
+    DATABASES,
+    SHARDS,
+    database_consumer,
+    database_shard,
+)
+from reconciler.runtime import Controller, ControllerManager
+from reconciler.shard_controller import PING_INTERVAL, ShardController
+
+DATABASE_WORKERS = 4
+
+
+@dataclass
+class Controllers:
+    shards: ShardController
+    databases: DatabaseController
+    consumers: ConsumerController
+
+
+def _shard_inputs(shard: dict[str, Any] | None) -> tuple[Any, ...]:
+    """What of a Shard the Database controller depends on: spec (client block...) and readiness."""
+    if shard is None:
+        return (None,)
+    ready = [c.get("status") for c in (shard.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"]
+    return (shard.get("spec"), ready)
+
+
+def register_controllers(
+    manager: ControllerManager,
+    config: InstallConfig,
+    namespace: str,
+    *,
+    instance: str,
+    admin_host_override: str | None = None,
+    shard_ping_interval: float = PING_INTERVAL,
+) -> Controllers:
+    informers = manager.informers
+    rest = manager.rest
+    shards = informers.informer(SHARDS)
+    consumers = informers.informer(CONSUMERS)
+    databases = informers.informer(DATABASES, namespace)
+    secrets = informers.informer(SECRETS, namespace)
+    databases.add_index(BY_SHARD, database_shard)
+    databases.add_index(BY_CONSUMER, database_consumer)
+    clusters: Informer | None = None
+    if config.engines.cloudberry.enabled:
+        clusters = informers.informer(DATABASE_CLUSTERS)
+    sessions = AdminSessions()
+
+    shard_logic = ShardController(
+        rest, shards, databases, clusters, sessions, admin_host_override, ping_interval=shard_ping_interval
+    )
+    shard_controller = Controller("shard", shard_logic.reconcile, workers=1)
+    shard_controller.watch(shards)
+    shard_controller.watch(databases, database_shard)
+    if clusters is not None:
+
+        def shards_of_cluster(cluster: dict[str, Any]) -> list[str]:
+            meta = cluster["metadata"]
+            return [
+                s["metadata"]["name"]
+                for s in shards.list()
+                if ((s.get("spec") or {}).get("keldonCluster") or {})
+                == {"namespace": meta.get("namespace"), "name": meta["name"]}
+            ]
+
+        shard_controller.watch(clusters, shards_of_cluster)
+
+    db_logic = DatabaseController(
+        rest,
+        config,
+        namespace,
+        databases,
+        shards,
+        secrets,
+        EventRecorder(rest, instance),
+        sessions,
+        admin_host_override,
+    )
+    db_controller = Controller("database", db_logic.reconcile, workers=DATABASE_WORKERS)
+    db_controller.watch(databases)
+
+    def credentials_owner(secret: dict[str, Any]) -> list[str]:
+        name = secret["metadata"]["name"]
+        if not name.endswith(CREDENTIALS_SECRET_SUFFIX):
+            return []
+        return [f"{secret['metadata']['namespace']}/{name[: -len(CREDENTIALS_SECRET_SUFFIX)]}"]
+
+    db_controller.watch(secrets, credentials_owner)
+
+    def on_shard(event_type: str, old: dict | None, new: dict | None) -> None:
+        if _shard_inputs(old) == _shard_inputs(new):
+            return  # e.g. only databaseCount changed: nothing for the databases
+        name = (new or old or {}).get("metadata", {}).get("name")
+        for key in databases.index_keys(BY_SHARD, name):
+            db_controller.enqueue(key)
+        for db in databases.list():  # unplaced databases may fit now
+            if not (db.get("status") or {}).get("shard"):
+                db_controller.enqueue(f"{db['metadata']['namespace']}/{db['metadata']['name']}")
+
+    shards.add_handler(on_shard, replay=False)
+
+    consumer_logic = ConsumerController(rest, consumers, databases)
+    consumer_controller = Controller("consumer", consumer_logic.reconcile, workers=1)
+    consumer_controller.watch(consumers)
+    consumer_controller.watch(databases, database_consumer)
+
+    for controller in (shard_controller, db_controller, consumer_controller):
+        manager.add_controller(controller)
+    return Controllers(shard_logic, db_logic, consumer_logic)

@@ -1,0 +1,162 @@
+"""The Shard controller: is the shard's admin connection usable, and how many databases it holds.
+
+Pings every shard every 60 s and whenever the Shard or one of its Databases changes. The Ready
+condition's reason says what is wrong (Ok, AdminAuthFailed, AdminSecretInvalid, Unreachable,
+ClusterNotRunning, ProvisionerInherits/ProvisionerInvalid); messages carry a sanitized error class
+only. A shard that is not Ready gets no placements (reconciler.placement reads this condition).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
+
+from domain.constants import KELDON_PHASE_RUNNING, Engine, ShardConditionType, ShardReason
+from domain.specs import ShardSpec
+from informers import Informer, Rest
+from reconciler.admin import AdminSecretInvalid, AdminSessions, admin_endpoint, parse_shard_spec
+from reconciler.resources import BY_SHARD, SHARDS
+from reconciler.runtime import Result, set_condition, update_status
+from reconciler.sql.errors import SqlFailure, is_auth_failure
+from reconciler.sql.provisioner import WEAK_CREATEROLE_MESSAGE, dialect_problem, inspect_provisioner
+
+log = logging.getLogger(__name__)
+
+PING_INTERVAL = 60.0
+PING_TIMEOUT = 15.0
+
+
+@dataclass(frozen=True)
+class Health:
+    """The outcome of one check of a shard."""
+
+    reason: ShardReason
+    message: str
+    server_version: str | None = None
+    weak_createrole: bool = False
+
+    @property
+    def ready(self) -> bool:
+        return self.reason == ShardReason.OK
+
+
+class ShardController:
+    def __init__(
+        self,
+        rest: Rest,
+        shards: Informer,
+        databases: Informer,
+        clusters: Informer | None = None,
+        sessions: AdminSessions | None = None,
+        admin_host_override: str | None = None,
+        ping_interval: float = PING_INTERVAL,
+    ) -> None:
+        self.rest = rest
+        self.shards = shards
+        self.databases = databases
+        self.clusters = clusters
+        self.sessions = sessions or AdminSessions()
+        self.admin_host_override = admin_host_override
+        self.ping_interval = ping_interval
+
+    # -- checks ----------------------------------------------------------------------------------
+
+    def _cluster_problem(self, spec: ShardSpec) -> str | None:
+        """For cloudberry: the Keldon DatabaseCluster must exist and be Running."""
+        if spec.engine != Engine.CLOUDBERRY:
+            return None
+        ref = spec.cluster
+        if self.clusters is None:
+            return "cloudberry shards are not enabled in this install (engines.cloudberry.enabled)"
+        cluster = self.clusters.get(f"{ref.namespace}/{ref.name}")
+        if cluster is None:
+            return f"DatabaseCluster {ref.namespace}/{ref.name} not found"
+        phase = (cluster.get("status") or {}).get("phase") or "Unknown"
+        if phase == "Failed":
+            return f"DatabaseCluster {ref.namespace}/{ref.name} has failed (phase Failed)"
+        if phase != KELDON_PHASE_RUNNING:
+            return f"DatabaseCluster {ref.namespace}/{ref.name} is not Running (phase {phase})"
+        return None
+
+    def check(self, name: str, spec: ShardSpec) -> Health:
+        problem = self._cluster_problem(spec)
+        if problem is not None:
+            return Health(ShardReason.CLUSTER_NOT_RUNNING, problem)
+        try:
+            endpoint = admin_endpoint(self.rest, spec, self.admin_host_override)
+        except AdminSecretInvalid as exc:
+            return Health(ShardReason.ADMIN_SECRET_INVALID, str(exc))
+        except ApiException as exc:
+            return Health(ShardReason.ADMIN_SECRET_INVALID, f"admin Secret not readable (HTTP {exc.status})")
+        session = self.sessions.get(name, endpoint)
+        try:
+            info = inspect_provisioner(session, timeout=PING_TIMEOUT)
+        except SqlFailure as failure:
+            self.sessions.drop(name)
+            if is_auth_failure(failure):
+                return Health(ShardReason.ADMIN_AUTH_FAILED, f"admin login failed: {failure.error_class}")
+            return Health(ShardReason.UNREACHABLE, str(failure))
+        version = f"{info.major}.{info.server_version_num % 10000}"
+        problem = dialect_problem(info)
+        if problem is not None:
+            reason = (
+                ShardReason.PROVISIONER_INHERITS
+                if info.inherit and info.weak_createrole
+                else (ShardReason.PROVISIONER_INVALID)
+            )
+            return Health(reason, problem, version, info.weak_createrole)
+        return Health(ShardReason.OK, "admin connection healthy", version, info.weak_createrole)
+
+    # -- reconcile -------------------------------------------------------------------------------
+
+    def reconcile(self, name: str) -> Result | None:
+        shard = self.shards.get(name)
+        if shard is None:
+            self.sessions.drop(name)
+            return None
+        generation = shard["metadata"].get("generation")
+        try:
+            health = self.check(name, parse_shard_spec(shard))
+        except ValidationError:
+            health = Health(ShardReason.UNREACHABLE, "the Shard's spec is invalid")
+        status = copy.deepcopy(shard.get("status") or {})
+        conditions: list[dict[str, Any]] = status.setdefault("conditions", [])
+        set_condition(conditions, ShardConditionType.READY, health.ready, health.reason, health.message, generation)
+        auth_failed = health.reason == ShardReason.ADMIN_AUTH_FAILED
+        set_condition(
+            conditions,
+            ShardConditionType.ADMIN_AUTH_FAILED,
+            auth_failed,
+            ShardReason.ADMIN_AUTH_FAILED if auth_failed else ShardReason.OK,
+            health.message if auth_failed else "admin credentials accepted or not checked",
+            generation,
+        )
+        unreachable = health.reason == ShardReason.UNREACHABLE
+        set_condition(
+            conditions,
+            ShardConditionType.UNREACHABLE,
+            unreachable,
+            ShardReason.UNREACHABLE if unreachable else ShardReason.OK,
+            health.message if unreachable else "no connection problem seen",
+            generation,
+        )
+        if health.server_version is not None:
+            set_condition(
+                conditions,
+                ShardConditionType.WEAK_ROLE_ISOLATION,
+                health.weak_createrole,
+                ShardReason.SERVER_BEFORE_16 if health.weak_createrole else ShardReason.OK,
+                WEAK_CREATEROLE_MESSAGE if health.weak_createrole else "CREATEROLE manages only its own roles",
+                generation,
+            )
+            status["serverVersion"] = health.server_version
+        status["databaseCount"] = self.databases.count_by_index(BY_SHARD, name)
+        status["observedGeneration"] = generation
+        if update_status(self.rest, SHARDS, shard, status) is not None and not health.ready:
+            log.warning("shard not ready", extra={"shard": name, "reason": str(health.reason)})
+        return Result(requeue_after=self.ping_interval)

@@ -1,0 +1,275 @@
+"""Fixtures of the reconciler suite: the rendered install on the real apiserver, real PostgreSQL
+shards, and the controllers running as the provider's own ServiceAccount (so its RBAC is proven too).
+
+Names start with `rectest` so they collide with no other suite on the shared apiserver; every
+Shard and Database a test creates is removed when the test ends.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from kubernetes.client import ApiClient
+
+from domain.config import InstallConfig, load_install_config
+from domain.constants import ANNOTATION_DELETE_REQUESTED_AT, FINALIZER_TENANT
+from domain.naming import database_object_name
+from harness import KubeControlPlane, PostgresServer
+from informers import SECRETS, Rest
+from infra.render import render_manifests
+from reconciler.resources import DATABASES, SHARDS
+from reconciler.runtime import ControllerManager
+from reconciler.setup import Controllers, register_controllers
+from tests.generator.kubeapi import KubeApi, apply_all, wait_for
+
+NAMESPACE = "rectest-system"
+RELEASE = "rectest"
+BASE_CONFIG: dict[str, Any] = {
+    "releaseName": RELEASE,
+    "namespace": NAMESPACE,
+    "tls": {"secretName": "rectest-tls"},
+    "sizeClasses": {"small": {"connectionLimit": 5}, "large": {"connectionLimit": 50}},
+    "connectionLimit": {"default": 10},
+    "deletionProtection": {"enabled": False},
+    "softDelete": {"retention": "0"},
+}
+
+
+def install_config(**overrides: Any) -> InstallConfig:
+    return load_install_config({**BASE_CONFIG, **overrides})
+
+
+@pytest.fixture(scope="session")
+def installed(kube: KubeControlPlane) -> KubeApi:
+    """CRDs, RBAC and the rest of the install for release `rectest`, applied with server-side apply."""
+    kube.ensure_namespace(NAMESPACE)
+    api = KubeApi(kube.admin_client())
+    apply_all(api, render_manifests(install_config()))
+    return api
+
+
+@pytest.fixture(scope="session")
+def provider_client(kube: KubeControlPlane, installed: KubeApi) -> ApiClient:
+    """A client authenticated as the provider's ServiceAccount (real TokenRequest token)."""
+    return kube.service_account_client(NAMESPACE, RELEASE)
+
+
+@pytest.fixture(scope="session")
+def admin_rest(kube: KubeControlPlane, installed: KubeApi) -> Rest:
+    return Rest(kube.admin_client())
+
+
+class Manager:
+    """The controllers of one `dbprovider manager` replica, in this process."""
+
+    def __init__(self, client: ApiClient, config: InstallConfig, identity: str) -> None:
+        self.manager = ControllerManager(
+            client,
+            lease_namespace=NAMESPACE,
+            lease_name="rectest-manager",
+            identity=identity,
+            lease_duration=4.0,
+            renew_deadline=3.0,
+            retry_period=0.5,
+        )
+        self.controllers: Controllers = register_controllers(
+            self.manager,
+            config,
+            NAMESPACE,
+            instance=identity,
+            admin_host_override="127.0.0.1",
+            shard_ping_interval=2.0,
+        )
+
+    def start(self) -> Manager:
+        self.manager.start()
+        return self
+
+    def stop(self) -> None:
+        self.manager.stop(timeout=30)
+
+
+@pytest.fixture
+def start_manager(provider_client: ApiClient) -> Iterator[Callable[..., Manager]]:
+    started: list[Manager] = []
+    counter = itertools.count()
+
+    def start(config: InstallConfig | None = None, wait_leading: bool = True) -> Manager:
+        manager = Manager(provider_client, config or install_config(), f"rectest-{next(counter)}").start()
+        started.append(manager)
+        if wait_leading:
+            wait_for(manager.manager.is_leading, timeout=30, what="the manager to lead")
+        return manager
+
+    yield start
+    for manager in reversed(started):
+        manager.stop()
+
+
+class Fleet:
+    """Creates Shards (with their admin Secrets) and Databases, and removes them all afterwards."""
+
+    def __init__(self, rest: Rest) -> None:
+        self.rest = rest
+        self.suffix = uuid.uuid4().hex[:6]
+        self.shards: list[str] = []
+        self.secrets: list[str] = []
+        self.databases: list[str] = []
+
+    def admin_secret(self, name: str, user: str, password: str) -> str:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "data": {"user": _b64(user), "password": _b64(password)},
+        }
+        self.rest.create(SECRETS, body, NAMESPACE)
+        self.secrets.append(name)
+        return name
+
+    def shard(
+        self,
+        postgres: PostgresServer,
+        *,
+        name: str | None = None,
+        max_databases: int = 50,
+        accepting: bool = True,
+        client_host: str = "pg.example.com",
+        password: str | None = None,
+        port: int | None = None,
+    ) -> str:
+        name = name or f"rectest-pg{postgres.major}-{self.suffix}-{len(self.shards)}"
+        secret = self.admin_secret(
+            f"{name}-admin", postgres.PROVISIONER, password if password is not None else postgres.provisioner_password
+        )
+        body = {
+            "apiVersion": "db.bnerd.com/v1alpha1",
+            "kind": "Shard",
+            "metadata": {"name": name},
+            "spec": {
+                "accepting": accepting,
+                "maxDatabases": max_databases,
+                "perconaCluster": {"namespace": "databases", "name": name},
+                "admin": {
+                    "serviceName": f"{name}-primary",
+                    "port": port or postgres.port,
+                    "sslmode": "disable",
+                    "secretRef": {"namespace": NAMESPACE, "name": secret},
+                },
+                "client": {"host": client_host, "port": 6432, "sslmode": "require"},
+            },
+        }
+        self.rest.create(SHARDS, body)
+        self.shards.append(name)
+        return name
+
+    def database(self, external_id: str, consumer: str = "rectest-consumer", size_class: str = "") -> str:
+        name = database_object_name(consumer, external_id)
+        body = {
+            "apiVersion": "db.bnerd.com/v1alpha1",
+            "kind": "Database",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {"consumer": consumer, "externalId": external_id, "sizeClass": size_class},
+        }
+        self.rest.create(DATABASES, body, NAMESPACE)
+        self.databases.append(name)
+        return name
+
+    def get_database(self, name: str) -> dict[str, Any] | None:
+        try:
+            return self.rest.get(DATABASES, name, NAMESPACE)
+        except Exception as exc:  # noqa: BLE001
+            if getattr(exc, "status", None) == 404:
+                return None
+            raise
+
+    def get_shard(self, name: str) -> dict[str, Any]:
+        return self.rest.get(SHARDS, name)
+
+    def wait_database(self, name: str, check: Callable[[dict[str, Any]], bool], timeout: float = 60, what: str = ""):
+        def probe() -> dict[str, Any] | None:
+            db = self.get_database(name)
+            return db if db is not None and check(db) else None
+
+        return wait_for(probe, timeout=timeout, what=what or f"database {name}")
+
+    def wait_phase(self, name: str, phase: str, timeout: float = 60) -> dict[str, Any]:
+        return self.wait_database(
+            name, lambda db: (db.get("status") or {}).get("phase") == phase, timeout, f"{name} to be {phase}"
+        )
+
+    def request_delete(self, name: str) -> None:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.rest.patch(
+            DATABASES, name, {"metadata": {"annotations": {ANNOTATION_DELETE_REQUESTED_AT: stamp}}}, NAMESPACE
+        )
+
+    def cleanup(self) -> None:
+        for name in self.databases:
+            try:
+                self.rest.patch(DATABASES, name, {"metadata": {"finalizers": None}}, NAMESPACE)
+                self.rest.delete(DATABASES, name, NAMESPACE)
+            except Exception:  # noqa: BLE001, S110 - already gone
+                pass
+            try:
+                self.rest.delete(SECRETS, f"{name}-credentials", NAMESPACE)
+            except Exception:  # noqa: BLE001, S110
+                pass
+        for name in self.shards:
+            try:
+                self.rest.delete(SHARDS, name)
+            except Exception:  # noqa: BLE001, S110
+                pass
+        for name in self.secrets:
+            try:
+                self.rest.delete(SECRETS, name, NAMESPACE)
+            except Exception:  # noqa: BLE001, S110
+                pass
+
+
+@pytest.fixture
+def fleet(admin_rest: Rest) -> Iterator[Fleet]:
+    created = Fleet(admin_rest)
+    yield created
+    created.cleanup()
+
+
+def _b64(value: str) -> str:
+    return base64.b64encode(value.encode()).decode()
+
+
+def condition(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == type_:
+            return cond
+    return None
+
+
+def secret_data(rest: Rest, name: str) -> dict[str, str]:
+    secret = rest.get(SECRETS, name, NAMESPACE)
+    return {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
+
+
+__all__ = ["FINALIZER_TENANT", "Fleet", "Manager", "condition", "install_config", "secret_data"]
+
+
+@pytest.fixture(scope="session")
+def logged_pg() -> Iterator[PostgresServer]:
+    """A PostgreSQL 18 shard with log_statement=all: proves which SQL ran (or that none did)."""
+    with PostgresServer("18", log_statements=True) as server:
+        yield server
+
+
+def provisioner_statements(server: PostgresServer) -> list[str]:
+    """Every statement the provisioner role sent, in order."""
+    return [
+        line.split("statement: ", 1)[1]
+        for line in server.statement_log().splitlines()
+        if "user=provisioner" in line and "statement: " in line
+    ]

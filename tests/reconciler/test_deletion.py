@@ -1,0 +1,172 @@
+"""Soft delete with retention, recovery, DeletionHeld, credential rotation and shard drain (issue 5)."""
+
+from __future__ import annotations
+
+import time
+
+import kubernetes
+import psycopg
+import pytest
+
+from domain.constants import ANNOTATION_DELETE_REQUESTED_AT, ANNOTATION_ROTATE_REQUESTED_AT
+from harness import PostgresServer
+from informers import SECRETS
+from reconciler.resources import DATABASES, SHARDS
+from tests.generator.kubeapi import wait_for
+from tests.reconciler.conftest import NAMESPACE, condition, install_config, provisioner_statements, secret_data
+
+
+def _tenant_exists(server: PostgresServer, tenant: str) -> tuple[bool, bool]:
+    with server.superuser_connection() as su:
+        role = su.execute("SELECT count(*) FROM pg_roles WHERE rolname = %s", (tenant,)).fetchone()[0]
+        db = su.execute("SELECT count(*) FROM pg_database WHERE datname = %s", (tenant,)).fetchone()[0]
+    return bool(role), bool(db)
+
+
+def _events(admin_rest, name: str) -> set[str]:
+    items = admin_rest.request("GET", f"/api/v1/namespaces/{NAMESPACE}/events")["items"]
+    return {e["reason"] for e in items if e["involvedObject"]["name"] == name}
+
+
+def test_retention_zero_disables_drops_and_removes_everything(postgres, fleet, start_manager, admin_rest):
+    fleet.shard(postgres)
+    start_manager()
+    name = fleet.database(f"gone{postgres.major}")
+    tenant = fleet.wait_phase(name, "Ready")["status"]["tenantName"]
+    fleet.request_delete(name)
+    wait_for(lambda: fleet.get_database(name) is None, timeout=60, what=f"{name} removed")
+    assert _tenant_exists(postgres, tenant) == (False, False)
+    with pytest.raises(kubernetes.client.exceptions.ApiException) as missing:
+        admin_rest.get(SECRETS, f"{name}-credentials", NAMESPACE)
+    assert missing.value.status == 404
+    assert {"DeleteRequested", "Disabled", "Dropped"} <= _events(admin_rest, name)
+
+
+def test_retention_window_disables_then_recovery_restores_the_same_credentials(
+    postgres, fleet, start_manager, admin_rest
+):
+    fleet.shard(postgres)
+    start_manager(install_config(softDelete={"retention": "1h"}))
+    name = fleet.database(f"undo{postgres.major}")
+    tenant = fleet.wait_phase(name, "Ready")["status"]["tenantName"]
+    creds = secret_data(admin_rest, f"{name}-credentials")
+    session = postgres.connect(creds["user"], creds["password"], creds["database"])
+
+    fleet.request_delete(name)
+    db = fleet.wait_database(name, lambda d: (c := condition(d, "TenantDisabled")) and c["status"] == "True")
+    assert db["status"]["phase"] == "Deleting"
+    assert condition(db, "Ready")["reason"] == "Deleting"
+    assert db["status"]["dropAfter"]
+    # The open session was ended and new logins are refused; nothing is dropped yet.
+    with pytest.raises(psycopg.OperationalError):
+        session.execute("SELECT 1")
+    with pytest.raises(psycopg.OperationalError):
+        postgres.connect(creds["user"], creds["password"], creds["database"])
+    assert _tenant_exists(postgres, tenant) == (True, True)
+    first_drop_after = db["status"]["dropAfter"]
+
+    # Recovery: remove the annotation before the drop.
+    admin_rest.patch(DATABASES, name, {"metadata": {"annotations": {ANNOTATION_DELETE_REQUESTED_AT: None}}}, NAMESPACE)
+    db = fleet.wait_database(
+        name, lambda d: d["status"].get("phase") == "Ready" and condition(d, "Ready")["status"] == "True"
+    )
+    assert condition(db, "TenantDisabled") is None and not db["status"].get("dropAfter")
+    assert secret_data(admin_rest, f"{name}-credentials") == creds
+    with postgres.connect(creds["user"], creds["password"], creds["database"]) as conn:
+        assert conn.execute("SELECT 1").fetchone()[0] == 1
+
+    # Asking again restarts the retention window.
+    time.sleep(1.1)
+    fleet.request_delete(name)
+    db = fleet.wait_database(name, lambda d: d["status"].get("phase") == "Deleting" and d["status"].get("dropAfter"))
+    assert db["status"]["dropAfter"] > first_drop_after
+
+
+def test_kubernetes_delete_without_annotation_is_held_without_sql(logged_pg, fleet, start_manager, admin_rest):
+    fleet.shard(logged_pg)
+    start_manager()
+    name = fleet.database("held")
+    tenant = fleet.wait_phase(name, "Ready")["status"]["tenantName"]
+    before = len(provisioner_statements(logged_pg))
+    admin_rest.delete(DATABASES, name, NAMESPACE)  # kubectl delete / a GitOps prune
+    db = fleet.wait_database(name, lambda d: (c := condition(d, "DeletionHeld")) and c["status"] == "True")
+    assert db["metadata"]["deletionTimestamp"]
+    assert "DeletionHeld" in _events(admin_rest, name)
+    time.sleep(1)
+    statements = provisioner_statements(logged_pg)[before:]
+    assert not [s for s in statements if tenant in s], statements
+    assert _tenant_exists(logged_pg, tenant) == (True, True)
+
+    # Adding the delete annotation lets the soft delete proceed (retention 0 here).
+    fleet.request_delete(name)
+    wait_for(lambda: fleet.get_database(name) is None, timeout=60, what="held database released")
+    assert _tenant_exists(logged_pg, tenant) == (False, False)
+
+
+def test_deleting_the_credentials_secret_rotates_the_password(postgres, fleet, start_manager, admin_rest):
+    fleet.shard(postgres)
+    start_manager()
+    name = fleet.database(f"rot{postgres.major}")
+    fleet.wait_phase(name, "Ready")
+    old = secret_data(admin_rest, f"{name}-credentials")
+    admin_rest.delete(SECRETS, f"{name}-credentials", NAMESPACE)
+
+    def rotated():
+        try:
+            new = secret_data(admin_rest, f"{name}-credentials")
+        except kubernetes.client.exceptions.ApiException:
+            return None
+        if new["password"] == old["password"] or "db.bnerd.com/password-pending" in str(
+            admin_rest.get(SECRETS, f"{name}-credentials", NAMESPACE)["metadata"].get("annotations")
+        ):
+            return None
+        return new
+
+    new = wait_for(rotated, what="a new password")
+    with postgres.connect(new["user"], new["password"], new["database"]) as conn:
+        assert conn.execute("SELECT 1").fetchone()[0] == 1
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        postgres.connect(old["user"], old["password"], old["database"])
+
+
+def test_rotation_request_annotation_sets_one_new_password(logged_pg, fleet, start_manager, admin_rest):
+    fleet.shard(logged_pg)
+    start_manager()
+    name = fleet.database("rot-api")
+    tenant = fleet.wait_phase(name, "Ready")["status"]["tenantName"]
+    old = secret_data(admin_rest, f"{name}-credentials")
+    before = len(provisioner_statements(logged_pg))
+    stamp = "2026-11-30T10:00:00.000001Z"
+    admin_rest.patch(DATABASES, name, {"metadata": {"annotations": {ANNOTATION_ROTATE_REQUESTED_AT: stamp}}}, NAMESPACE)
+    fleet.wait_database(name, lambda d: d["status"].get("rotationApplied") == stamp)
+    new = secret_data(admin_rest, f"{name}-credentials")
+    assert new["password"] != old["password"]
+    alters = [s for s in provisioner_statements(logged_pg)[before:] if s.upper().startswith("ALTER ROLE")]
+    assert len(alters) == 1 and tenant in alters[0] and new["password"] not in alters[0]
+    with logged_pg.connect(new["user"], new["password"], new["database"]) as conn:
+        assert conn.execute("SELECT 1").fetchone()[0] == 1
+    assert new["password"] not in logged_pg.statement_log()
+
+
+def test_missing_shard_blocks_delete_and_draining_keeps_managing(postgres_pool, fleet, start_manager, admin_rest):
+    pg = postgres_pool.get("18")
+    shard = fleet.shard(pg)
+    start_manager()
+    kept = fleet.database("drain-kept")
+    fleet.wait_phase(kept, "Ready")
+    admin_rest.patch(SHARDS, shard, {"spec": {"accepting": False}})
+    # Draining: existing databases are still managed, including deletes.
+    fleet.request_delete(kept)
+    wait_for(lambda: fleet.get_database(kept) is None, timeout=60, what="delete on a draining shard")
+    wait_for(lambda: fleet.get_shard(shard)["status"].get("databaseCount") == 0, what="shard emptied")
+
+    other = fleet.shard(pg)
+    orphan = fleet.database("orphan")
+    assert fleet.wait_phase(orphan, "Ready")["status"]["shard"] == other
+    admin_rest.delete(SHARDS, other)
+    fleet.request_delete(orphan)
+    db = fleet.wait_database(
+        orphan, lambda d: d["status"]["phase"] == "Deleting" and condition(d, "Ready")["reason"] == "ShardNotFound"
+    )
+    assert "neither disabled nor dropped" in condition(db, "Ready")["message"]
+    assert db["status"]["phase"] == "Deleting"

@@ -1,0 +1,76 @@
+"""The fleet gauges follow the cached objects and never carry tenant identifiers."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from reconciler.fleet_metrics import FleetCollector
+
+NOW = 1_800_000_000.0
+
+
+def db(name: str, shard: str | None, phase: str | None, age: float = 0, **conditions: str) -> dict:
+    from datetime import UTC, datetime
+
+    created = datetime.fromtimestamp(NOW - age, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    status: dict = {"conditions": [{"type": t, "status": s} for t, s in conditions.items()]}
+    if shard:
+        status["shard"] = shard
+    if phase:
+        status["phase"] = phase
+    return {
+        "metadata": {"name": name, "creationTimestamp": created},
+        "spec": {"consumer": "consumer-secret-name", "externalId": "ext-secret-id"},
+        "status": status,
+    }
+
+
+SHARDS = [
+    {
+        "metadata": {"name": "s1"},
+        "spec": {"maxDatabases": 10},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    },
+    {
+        "metadata": {"name": "s2"},
+        "spec": {"maxDatabases": 5},
+        "status": {"conditions": [{"type": "Ready", "status": "False"}]},
+    },
+]
+
+
+def scrape(databases: list[dict]) -> str:
+    registry = CollectorRegistry()
+    registry.register(FleetCollector(lambda: SHARDS, lambda: databases, clock=lambda: NOW))
+    return generate_latest(registry).decode()
+
+
+def test_gauges() -> None:
+    text = scrape(
+        [
+            db("a", "s1", "Ready"),
+            db("b", "s1", "Ready", ConnectionLimitDrift="True"),
+            db("c", "s1", "Provisioning", age=120),
+            db("d", None, None, age=30),
+            db("e", "s2", "Deleting", DeletionHeld="True"),
+            db("f", "s2", "Deleted"),
+        ]
+    )
+    expected = [
+        'dbprovider_databases{phase="Ready",shard="s1"} 2.0',
+        'dbprovider_databases{phase="Provisioning",shard="s1"} 1.0',
+        'dbprovider_databases{phase="Provisioning",shard="unplaced"} 1.0',
+        'dbprovider_shard_ready{shard="s1"} 1.0',
+        'dbprovider_shard_ready{shard="s2"} 0.0',
+        'dbprovider_shard_databases{shard="s1"} 3.0',
+        'dbprovider_shard_databases{shard="s2"} 1.0',
+        'dbprovider_shard_max_databases{shard="s2"} 5.0',
+        'dbprovider_database_provisioning_oldest_seconds{shard="s1"} 120.0',
+        'dbprovider_database_provisioning_oldest_seconds{shard="unplaced"} 30.0',
+        'dbprovider_database_provisioning_oldest_seconds{shard="s2"} 0.0',
+        'dbprovider_databases_deletion_held{shard="s2"} 1.0',
+        'dbprovider_databases_connection_limit_drift{shard="s1"} 1.0',
+    ]
+    for line in expected:
+        assert line in text, line
+    assert "consumer-secret-name" not in text and "ext-secret-id" not in text

@@ -1,0 +1,109 @@
+"""Each Shard Ready reason comes from a real cause; databaseCount follows the Databases."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from harness import PostgresServer
+from informers import SECRETS
+from tests.reconciler.conftest import NAMESPACE, condition
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _ready(fleet, name: str, reason: str, timeout: float = 30):
+    def check(shard):
+        ready = condition(shard, "Ready")
+        return ready is not None and ready["reason"] == reason
+
+    from tests.generator.kubeapi import wait_for
+
+    return wait_for(lambda: (s := fleet.get_shard(name)) and check(s) and s, timeout=timeout, what=f"{name} {reason}")
+
+
+@pytest.fixture
+def pg16(postgres_pool) -> PostgresServer:
+    return postgres_pool.get("16")
+
+
+def test_healthy_shard_is_ready_ok(pg16, fleet, start_manager):
+    name = fleet.shard(pg16)
+    start_manager()
+    shard = _ready(fleet, name, "Ok")
+    assert condition(shard, "Ready")["status"] == "True"
+    assert condition(shard, "AdminAuthFailed")["status"] == "False"
+    assert condition(shard, "Unreachable")["status"] == "False"
+    assert condition(shard, "WeakRoleIsolation")["status"] == "False"
+    assert shard["status"]["serverVersion"].startswith("16.")
+    assert shard["status"]["databaseCount"] == 0
+
+
+def test_wrong_password_is_admin_auth_failed(pg16, fleet, start_manager):
+    name = fleet.shard(pg16, password="not-the-password")
+    start_manager()
+    shard = _ready(fleet, name, "AdminAuthFailed")
+    assert condition(shard, "Ready")["status"] == "False"
+    assert condition(shard, "AdminAuthFailed")["status"] == "True"
+    assert "not-the-password" not in str(shard)
+    assert "password authentication" not in str(shard)  # a sanitized class, never driver text
+
+
+def test_closed_port_is_unreachable(pg16, fleet, start_manager):
+    name = fleet.shard(pg16, port=_closed_port())
+    start_manager()
+    shard = _ready(fleet, name, "Unreachable")
+    assert condition(shard, "Unreachable")["status"] == "True"
+    assert condition(shard, "Ready")["message"].endswith("failed: unreachable")
+
+
+def test_deleted_secret_is_admin_secret_invalid_at_the_next_check(pg16, fleet, start_manager, admin_rest):
+    name = fleet.shard(pg16)
+    start_manager()
+    _ready(fleet, name, "Ok")
+    admin_rest.delete(SECRETS, f"{name}-admin", NAMESPACE)
+    shard = _ready(fleet, name, "AdminSecretInvalid")
+    assert "not found" in condition(shard, "Ready")["message"]
+
+
+def test_secret_without_password_key_is_admin_secret_invalid(pg16, fleet, start_manager, admin_rest):
+    name = fleet.shard(pg16)
+    admin_rest.patch(SECRETS, f"{name}-admin", {"data": {"password": None}}, NAMESPACE)
+    start_manager()
+    shard = _ready(fleet, name, "AdminSecretInvalid")
+    assert "lacks key 'password'" in condition(shard, "Ready")["message"]
+
+
+def test_pre16_shard_reports_weaker_role_isolation_and_refuses_inherit(postgres_pool, fleet, start_manager):
+    pg15 = postgres_pool.get("15")
+    name = fleet.shard(pg15)
+    start_manager()
+    shard = _ready(fleet, name, "Ok")
+    weak = condition(shard, "WeakRoleIsolation")
+    assert weak["status"] == "True" and weak["reason"] == "ServerBefore16"
+    with pg15.superuser_connection() as su:
+        su.execute("ALTER ROLE provisioner INHERIT")
+    try:
+        shard = _ready(fleet, name, "ProvisionerInherits")
+        assert "NOINHERIT" in condition(shard, "Ready")["message"]
+    finally:
+        with pg15.superuser_connection() as su:
+            su.execute("ALTER ROLE provisioner NOINHERIT")
+    _ready(fleet, name, "Ok")
+
+
+def test_database_count_follows_placements(pg16, fleet, start_manager):
+    name = fleet.shard(pg16)
+    start_manager()
+    _ready(fleet, name, "Ok")
+    dbs = [fleet.database(f"count-{i}") for i in range(3)]
+    for db in dbs:
+        fleet.wait_phase(db, "Ready")
+    from tests.generator.kubeapi import wait_for
+
+    wait_for(lambda: fleet.get_shard(name)["status"].get("databaseCount") == 3, what="databaseCount 3")
