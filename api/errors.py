@@ -1,0 +1,163 @@
+"""Errors of the consumer API and the one place where exceptions become HTTP responses.
+
+Resources and the store raise; `register_error_handlers` maps every exception to `{"error": code,
+"message": text}` with the right status, so responders carry no try/except. Messages are fixed texts or
+built from validated values only: they never echo a request body, a header or a secret.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import falcon
+from kubernetes.client.exceptions import ApiException
+
+from domain.config import UnknownSizeClass
+from domain.naming import InvalidExternalId
+
+log = logging.getLogger(__name__)
+
+# The body of every authentication failure: one fixed text, whatever the cause.
+UNAUTHORIZED_BODY = json.dumps({"error": "unauthorized", "message": "authentication required"})
+
+
+class ApiError(Exception):
+    """An error with a fixed HTTP status and a stable machine-readable code."""
+
+    status: str = falcon.HTTP_500
+    code: str = "internal_error"
+    default_message: str = "internal error"
+
+    def __init__(self, message: str | None = None) -> None:
+        self.message = message or self.default_message
+        super().__init__(self.message)
+
+
+class InvalidBody(ApiError):
+    status, code, default_message = falcon.HTTP_400, "invalid_body", "the request body is invalid"
+
+
+class Unauthorized(ApiError):
+    """Every authentication failure; rendered as the same bare 401 whatever the cause."""
+
+    status, code, default_message = falcon.HTTP_401, "unauthorized", "authentication required"
+
+
+class NotFound(ApiError):
+    status, code, default_message = falcon.HTTP_404, "not_found", "no such database"
+
+
+class DatabaseDeleting(ApiError):
+    status, code, default_message = falcon.HTTP_409, "database_deleting", "the database is being deleted"
+
+
+class NotReady(ApiError):
+    status, code, default_message = falcon.HTTP_409, "not_ready", "the database is not ready"
+
+
+class PayloadTooLarge(ApiError):
+    status, code, default_message = falcon.HTTP_413, "payload_too_large", "the request body is too large"
+
+
+class UnsupportedMediaType(ApiError):
+    status, code, default_message = (
+        falcon.HTTP_415,
+        "unsupported_media_type",
+        "the request body must be JSON (Content-Type: application/json)",
+    )
+
+
+class QuotaExceeded(ApiError):
+    status, code, default_message = falcon.HTTP_429, "quota_exceeded", "the consumer's database quota is exhausted"
+
+
+class CredentialsUnavailable(ApiError):
+    status, code, default_message = (
+        falcon.HTTP_503,
+        "credentials_unavailable",
+        "the credentials of this database are temporarily unavailable",
+    )
+
+
+class Unavailable(ApiError):
+    status, code, default_message = falcon.HTTP_503, "unavailable", "the service is temporarily unavailable"
+
+
+# Codes and texts of Falcon's own errors (routing, methods, headers), in the same body format.
+_FALCON_ERRORS = {
+    400: ("bad_request", "the request is malformed"),
+    404: ("not_found", "no such resource"),
+    405: ("method_not_allowed", "this method is not allowed on this resource"),
+    411: ("length_required", "a Content-Length is required"),
+    413: ("payload_too_large", "the request body is too large"),
+    414: ("uri_too_long", "the request URI is too long"),
+    415: ("unsupported_media_type", "the request body must be JSON"),
+    431: ("headers_too_large", "the request headers are too large"),
+}
+
+
+def _write(resp: falcon.Response, status: str, code: str, message: str) -> None:
+    resp.status = status
+    resp.content_type = falcon.MEDIA_JSON
+    resp.text = json.dumps({"error": code, "message": message})
+
+
+def _write_unauthorized(resp: falcon.Response) -> None:
+    resp.status = falcon.HTTP_401
+    resp.content_type = falcon.MEDIA_JSON
+    resp.text = UNAUTHORIZED_BODY
+    resp.set_header("WWW-Authenticate", "Bearer")
+
+
+def _handle_api_error(req: falcon.Request, resp: falcon.Response, ex: ApiError, params: dict[str, Any]) -> None:
+    if isinstance(ex, Unauthorized):
+        _write_unauthorized(resp)
+        return
+    _write(resp, ex.status, ex.code, ex.message)
+
+
+def _handle_invalid_external_id(
+    req: falcon.Request, resp: falcon.Response, ex: InvalidExternalId, params: dict[str, Any]
+) -> None:
+    _write(resp, falcon.HTTP_400, "invalid_external_id", str(ex))
+
+
+def _handle_unknown_size_class(
+    req: falcon.Request, resp: falcon.Response, ex: UnknownSizeClass, params: dict[str, Any]
+) -> None:
+    # str(ex) names the class only if it is a well-formed class name (never arbitrary input).
+    _write(resp, falcon.HTTP_400, "unknown_size_class", str(ex))
+
+
+def _handle_http_error(
+    req: falcon.Request, resp: falcon.Response, ex: falcon.HTTPError, params: dict[str, Any]
+) -> None:
+    code, message = _FALCON_ERRORS.get(ex.status_code, ("error", "the request failed"))
+    _write(resp, ex.status, code, message)
+    for name, value in (ex.headers or {}).items():
+        resp.set_header(name, value)
+
+
+def _handle_kube_error(req: falcon.Request, resp: falcon.Response, ex: ApiException, params: dict[str, Any]) -> None:
+    # An unexpected apiserver answer (403, 5xx, timeout): the body may quote objects, so log the status only.
+    log.error("kube-apiserver request failed during %s %s: HTTP %s", req.method, req.uri_template, ex.status)
+    _write(resp, falcon.HTTP_503, Unavailable.code, Unavailable.default_message)
+
+
+def _handle_unexpected(req: falcon.Request, resp: falcon.Response, ex: Exception, params: dict[str, Any]) -> None:
+    # The exception text may contain request data: log the type only (the traceback at debug level).
+    log.error("unhandled %s during %s %s", type(ex).__name__, req.method, req.uri_template)
+    log.debug("traceback of the unhandled error", exc_info=(type(ex), ex, ex.__traceback__))
+    _write(resp, falcon.HTTP_500, "internal_error", "internal error")
+
+
+def register_error_handlers(app: falcon.App) -> None:
+    """Map every exception to the JSON error body; Falcon picks the most specific handler by class."""
+    app.add_error_handler(Exception, _handle_unexpected)
+    app.add_error_handler(ApiException, _handle_kube_error)
+    app.add_error_handler(falcon.HTTPError, _handle_http_error)
+    app.add_error_handler(ApiError, _handle_api_error)
+    app.add_error_handler(InvalidExternalId, _handle_invalid_external_id)
+    app.add_error_handler(UnknownSizeClass, _handle_unknown_size_class)

@@ -1,0 +1,149 @@
+"""What goes over the wire: the PUT body, the Database view and the credentials view.
+
+The shapes are those of `api/openapi.yaml`; tests validate live responses against that document.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from api.errors import InvalidBody, UnsupportedMediaType
+from api.kube import annotations, metadata, spec, status
+from domain.config import InstallConfig, UnknownSizeClass
+from domain.constants import (
+    ANNOTATION_DELETE_REQUESTED_AT,
+    ANNOTATION_ROTATE_REQUESTED_AT,
+    DatabaseConditionType,
+    Engine,
+    Phase,
+)
+
+SIZE_CLASS_MAX_LENGTH = 63
+BODY_FIELDS = ("sizeClass", "engine")
+_JSON_TYPES = ("application/json",)
+
+
+@dataclass(frozen=True)
+class CreateDatabase:
+    """A validated PUT body."""
+
+    size_class: str = ""
+    engine: Engine = Engine.POSTGRES
+
+
+def _is_json_media_type(content_type: str | None) -> bool:
+    if content_type is None:
+        return False
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    return media_type in _JSON_TYPES or (media_type.startswith("application/") and media_type.endswith("+json"))
+
+
+def parse_create_body(raw: bytes, content_type: str | None, config: InstallConfig) -> CreateDatabase:
+    """Validate the PUT body: empty or a JSON object with optional `sizeClass` and `engine`, nothing else.
+
+    Raises InvalidBody / UnsupportedMediaType; the messages never echo the body.
+    """
+    if not raw.strip():
+        return CreateDatabase()
+    if not _is_json_media_type(content_type):
+        raise UnsupportedMediaType()
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise InvalidBody("the request body is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise InvalidBody("the request body must be a JSON object")
+    if any(key not in BODY_FIELDS for key in data):
+        raise InvalidBody("unknown field in the request body (allowed: sizeClass, engine)")
+    size_class = data.get("sizeClass", "")
+    if not isinstance(size_class, str):
+        raise InvalidBody("sizeClass must be a string")
+    if len(size_class) > SIZE_CLASS_MAX_LENGTH:
+        raise InvalidBody(f"sizeClass must be at most {SIZE_CLASS_MAX_LENGTH} characters")
+    engine = data.get("engine", Engine.POSTGRES.value)
+    if not isinstance(engine, str) or engine not in {e.value for e in Engine}:
+        raise InvalidBody("engine must be one of: " + ", ".join(e.value for e in Engine))
+    if engine == Engine.CLOUDBERRY and not config.engines.cloudberry.enabled:
+        raise InvalidBody("engine cloudberry is not enabled on this provider")
+    return CreateDatabase(size_class=size_class, engine=Engine(engine))
+
+
+def is_delete_requested(obj: dict[str, Any]) -> bool:
+    """Deleting, Deleted, the delete annotation or a Kubernetes deletion: the database is going away."""
+    phase = status(obj).get("phase")
+    return (
+        phase in (Phase.DELETING, Phase.DELETED)
+        or ANNOTATION_DELETE_REQUESTED_AT in annotations(obj)
+        or bool(metadata(obj).get("deletionTimestamp"))
+    )
+
+
+def is_ready(obj: dict[str, Any]) -> bool:
+    """Ready and not on its way out: credentials may be handed out and rotated."""
+    return status(obj).get("phase") == Phase.READY and not is_delete_requested(obj)
+
+
+def _ready_condition(obj: dict[str, Any]) -> dict[str, Any]:
+    for condition in status(obj).get("conditions") or ():
+        if isinstance(condition, dict) and condition.get("type") == DatabaseConditionType.READY:
+            return condition
+    return {}
+
+
+def database_view(obj: dict[str, Any], config: InstallConfig) -> dict[str, Any]:
+    """The consumer's view of a Database object: state and settings, never secrets or shard internals."""
+    db_spec, db_status, notes = spec(obj), status(obj), annotations(obj)
+    size_class = db_spec.get("sizeClass") or ""
+    limit = db_status.get("appliedConnectionLimit")
+    if not isinstance(limit, int):
+        try:
+            limit = config.resolve_connection_limit(size_class)
+        except UnknownSizeClass:
+            limit = None
+    rotate_requested = notes.get(ANNOTATION_ROTATE_REQUESTED_AT)
+    reason = _ready_condition(obj).get("reason")
+    return {
+        "externalId": db_spec.get("externalId"),
+        "phase": db_status.get("phase") or Phase.PROVISIONING.value,
+        "reason": reason if isinstance(reason, str) and reason else None,
+        "sizeClass": size_class,
+        "connectionLimit": limit,
+        "engine": db_spec.get("engine") or Engine.POSTGRES.value,
+        "createdAt": metadata(obj).get("creationTimestamp"),
+        "deleteRequestedAt": notes.get(ANNOTATION_DELETE_REQUESTED_AT),
+        "dropAfter": db_status.get("dropAfter"),
+        "rotateRequestedAt": rotate_requested,
+        "rotationPending": bool(rotate_requested) and db_status.get("rotationApplied") != rotate_requested,
+    }
+
+
+@dataclass(frozen=True)
+class Credentials:
+    host: str
+    port: int
+    database: str
+    user: str
+    password: str
+    sslmode: str
+
+    def uri(self) -> str:
+        """A libpq connection URI with every component percent-encoded."""
+        user = quote(self.user, safe="")
+        password = quote(self.password, safe="")
+        database = quote(self.database, safe="")
+        sslmode = quote(self.sslmode, safe="")
+        return f"postgresql://{user}:{password}@{self.host}:{self.port}/{database}?sslmode={sslmode}"
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "port": self.port,
+            "database": self.database,
+            "user": self.user,
+            "password": self.password,
+            "sslmode": self.sslmode,
+            "uri": self.uri(),
+        }

@@ -1,0 +1,405 @@
+"""The consumer's databases: reads from the shared informer caches, writes to the apiserver.
+
+Identity: a consumer's database is found by its object name `database_object_name(consumer, externalId)`
+and accepted only if `spec.consumer` and `spec.externalId` match too, so another consumer's database is
+exactly as invisible as a missing one.
+
+Reads come from the cache. A miss falls back to one GET (another replica may have created the object an
+instant ago), so a 404 is authoritative. Writes (create, annotations) go to the apiserver; annotation
+writes carry the resourceVersion they were decided on and are retried on a conflict.
+
+Quota: `Consumer.spec.maxDatabases` bounds the consumer's databases that are not yet Deleted (Deleting
+ones count), counted from the cache through an index by consumer. Creates are serialized per consumer,
+and the creates of this replica that the cache does not show yet are counted too, so the count is exact
+within one replica under concurrent requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
+
+from api.errors import (
+    CredentialsUnavailable,
+    DatabaseDeleting,
+    NotFound,
+    NotReady,
+    QuotaExceeded,
+    Unauthorized,
+    Unavailable,
+)
+from api.kube import CONSUMERS, DATABASES, SECRETS, annotations, metadata, secret_bytes, spec, status
+from api.models import CreateDatabase, Credentials, is_delete_requested, is_ready
+from domain.config import InstallConfig
+from domain.constants import (
+    ANNOTATION_DELETE_REQUESTED_AT,
+    ANNOTATION_ROTATE_REQUESTED_AT,
+    API_VERSION,
+    CREDENTIALS_KEYS,
+    KIND_DATABASE,
+    LABEL_CONSUMER,
+    LABEL_EXTERNAL_ID,
+    Phase,
+)
+from domain.hosts import InvalidHost, validate_client_host
+from domain.naming import credentials_secret_name, database_object_name, label_value, validate_external_id
+from domain.specs import SSLMODES, ConsumerSpec
+from informers import Informer, Rest, SharedInformers
+
+log = logging.getLogger(__name__)
+
+INDEX_BY_CONSUMER = "api:consumer"
+INDEX_NOT_DELETED_BY_CONSUMER = "api:consumer-not-deleted"
+PENDING_TTL_SECONDS = 300.0
+ANNOTATE_ATTEMPTS = 5
+
+Obj = dict[str, Any]
+Clock = Callable[[], datetime]
+
+
+def databases_by_consumer(db: Obj) -> list[str]:
+    """Index function: the owning consumer (from the spec: a label is not an identity)."""
+    consumer = spec(db).get("consumer")
+    return [consumer] if isinstance(consumer, str) and consumer else []
+
+
+def not_deleted_databases_by_consumer(db: Obj) -> list[str]:
+    """Index function: the owning consumer of a Database that counts against the quota (not Deleted)."""
+    if status(db).get("phase") == Phase.DELETED:
+        return []
+    return databases_by_consumer(db)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def format_timestamp(moment: datetime) -> str:
+    """RFC 3339 in UTC with microseconds, e.g. 2026-11-30T08:15:00.123456Z."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass
+class _Pending:
+    """A Database this replica created that the cache may not show yet."""
+
+    obj: Obj
+    since: float
+
+
+class DatabaseStore:
+    """See the module docstring. Thread-safe; one instance per process."""
+
+    def __init__(
+        self,
+        config: InstallConfig,
+        databases: Informer,
+        consumers: Informer,
+        secrets: Informer,
+        rest: Rest,
+        *,
+        clock: Clock = utcnow,
+        pending_ttl: float = PENDING_TTL_SECONDS,
+    ) -> None:
+        self.config = config
+        self.namespace = config.namespace
+        self.databases = databases
+        self.consumers = consumers
+        self.secrets = secrets
+        self.rest = rest
+        self.clock = clock
+        self.pending_ttl = pending_ttl
+        self._locks_guard = threading.Lock()
+        self._create_locks: dict[str, threading.Lock] = {}
+        self._pending_lock = threading.Lock()
+        self._pending: dict[str, dict[str, _Pending]] = {}  # consumer -> object name -> pending create
+        databases.add_index(INDEX_BY_CONSUMER, databases_by_consumer)
+        databases.add_index(INDEX_NOT_DELETED_BY_CONSUMER, not_deleted_databases_by_consumer)
+        databases.add_handler(self._on_database, replay=False)
+
+    @classmethod
+    def register(cls, config: InstallConfig, informers: SharedInformers, **kwargs: Any) -> DatabaseStore:
+        """Create the store on the shared informers: Databases and Secrets (release namespace), Consumers."""
+        return cls(
+            config,
+            informers.informer(DATABASES, config.namespace),
+            informers.informer(CONSUMERS),
+            informers.informer(SECRETS, config.namespace),
+            informers.rest,
+            **kwargs,
+        )
+
+    def ready(self) -> bool:
+        return self.databases.has_synced() and self.consumers.has_synced() and self.secrets.has_synced()
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    def get(self, consumer: str, external_id: str) -> Obj:
+        """The consumer's database, or NotFound (also for another consumer's database)."""
+        name = self._object_name(consumer, external_id)
+        obj = self._cached(consumer, name)
+        if obj is None:
+            obj = self._get_live(name)
+        if obj is None or not self._is_mine(obj, consumer, external_id):
+            raise NotFound()
+        return obj
+
+    def list(self, consumer: str) -> list[Obj]:
+        """The consumer's databases, ordered by externalId."""
+        found = {metadata(db).get("name"): db for db in self.databases.by_index(INDEX_BY_CONSUMER, consumer)}
+        for name, pending in self._pending_of(consumer).items():
+            found.setdefault(name, pending.obj)
+        mine = [db for db in found.values() if spec(db).get("consumer") == consumer]
+        return sorted(mine, key=lambda db: str(spec(db).get("externalId")))
+
+    def credentials(self, consumer: str, external_id: str) -> Credentials:
+        """The connection details of a Ready database; NotReady before, CredentialsUnavailable if unusable."""
+        db = self.get(consumer, external_id)
+        if not is_ready(db):
+            raise NotReady()
+        name = credentials_secret_name(metadata(db)["name"])
+        secret = self.secrets.get(f"{self.namespace}/{name}")
+        credentials, problem = self._read_credentials(secret, db)
+        if problem is not None:  # the cache may lag a write of the reconciler: ask the apiserver once
+            credentials, problem = self._read_credentials(self._get_live_secret(name), db)
+        if problem is not None or credentials is None:
+            log.warning("credentials of database %s unavailable: %s", metadata(db).get("name"), problem)
+            raise CredentialsUnavailable()
+        return credentials
+
+    # -- writes ----------------------------------------------------------------------------------
+
+    def ensure(self, consumer: str, external_id: str, request: CreateDatabase) -> tuple[Obj, bool]:
+        """Create the database (True) or return the existing one (False; the request is not applied)."""
+        name = self._object_name(consumer, external_id)
+        existing = self._cached(consumer, name)
+        if existing is not None:
+            return self._existing(existing, consumer, external_id), False
+        self.config.resolve_connection_limit(request.size_class)  # UnknownSizeClass -> 400
+        with self._create_lock(consumer):
+            existing = self._cached(consumer, name)
+            if existing is not None:
+                return self._existing(existing, consumer, external_id), False
+            self._check_quota(consumer)
+            try:
+                created = self.rest.create(DATABASES, self._new_object(name, consumer, external_id, request))
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+                live = self._get_live(name)  # created meanwhile (another replica): the existing one
+                if live is None:
+                    raise Unavailable("the database is being replaced; try again") from None
+                return self._existing(live, consumer, external_id), False
+            with self._pending_lock:
+                self._pending.setdefault(consumer, {})[name] = _Pending(created, time.monotonic())
+            log.info("consumer %s created database %s", consumer, name)
+            return created, True
+
+    def request_deletion(self, consumer: str, external_id: str) -> Obj:
+        """Set the delete annotation (with the request time) unless set; never deletes the object."""
+
+        def decide(db: Obj) -> str | None:
+            if ANNOTATION_DELETE_REQUESTED_AT in annotations(db):
+                return None
+            return format_timestamp(self.clock())
+
+        return self._annotate(consumer, external_id, ANNOTATION_DELETE_REQUESTED_AT, decide)
+
+    def request_rotation(self, consumer: str, external_id: str) -> Obj:
+        """Set the rotate annotation to the request time (a new value asks the reconciler for a new password)."""
+
+        def decide(db: Obj) -> str | None:
+            if not is_ready(db):
+                raise NotReady()
+            moment = self.clock()
+            value = format_timestamp(moment)
+            if value == annotations(db).get(ANNOTATION_ROTATE_REQUESTED_AT):  # same microsecond: still new
+                value = format_timestamp(moment + timedelta(microseconds=1))
+            return value
+
+        return self._annotate(consumer, external_id, ANNOTATION_ROTATE_REQUESTED_AT, decide)
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _object_name(self, consumer: str, external_id: str) -> str:
+        validate_external_id(external_id)  # InvalidExternalId -> 400
+        return database_object_name(consumer, external_id)
+
+    @staticmethod
+    def _is_mine(db: Obj, consumer: str, external_id: str) -> bool:
+        db_spec = spec(db)
+        return db_spec.get("consumer") == consumer and db_spec.get("externalId") == external_id
+
+    def _cached(self, consumer: str, name: str) -> Obj | None:
+        obj = self.databases.get(f"{self.namespace}/{name}")
+        if obj is not None:
+            return obj
+        pending = self._pending_of(consumer).get(name)
+        return pending.obj if pending is not None else None
+
+    def _get_live(self, name: str) -> Obj | None:
+        try:
+            return self.rest.get(DATABASES, name, self.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def _get_live_secret(self, name: str) -> Obj | None:
+        try:
+            return self.rest.get(SECRETS, name, self.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def _existing(self, db: Obj, consumer: str, external_id: str) -> Obj:
+        if not self._is_mine(db, consumer, external_id):
+            # Only a hand-made object can take the name of another consumer's database.
+            log.error("Database %s exists but does not belong to consumer %s", metadata(db).get("name"), consumer)
+            raise Unavailable("this database cannot be created; contact the provider's operators")
+        if is_delete_requested(db):
+            raise DatabaseDeleting()
+        return db
+
+    def _new_object(self, name: str, consumer: str, external_id: str, request: CreateDatabase) -> Obj:
+        return {
+            "apiVersion": API_VERSION,
+            "kind": KIND_DATABASE,
+            "metadata": {
+                "name": name,
+                "namespace": self.namespace,
+                "labels": {LABEL_CONSUMER: label_value(consumer), LABEL_EXTERNAL_ID: label_value(external_id)},
+            },
+            "spec": {
+                "consumer": consumer,
+                "externalId": external_id,
+                "sizeClass": request.size_class,
+                "engine": request.engine.value,
+            },
+        }
+
+    def _create_lock(self, consumer: str) -> threading.Lock:
+        with self._locks_guard:
+            lock = self._create_locks.get(consumer)
+            if lock is None:
+                lock = self._create_locks[consumer] = threading.Lock()
+            return lock
+
+    def _check_quota(self, consumer: str) -> None:
+        obj = self.consumers.get(consumer)
+        if obj is None:
+            raise Unauthorized()
+        try:
+            limit = ConsumerSpec.model_validate(obj.get("spec") or {}).max_databases
+        except ValidationError:
+            raise Unauthorized() from None
+        if limit is None:
+            return
+        in_cache = self.databases.count_by_index(INDEX_NOT_DELETED_BY_CONSUMER, consumer)
+        not_yet_cached = sum(
+            1 for name in self._pending_of(consumer) if self.databases.get(f"{self.namespace}/{name}") is None
+        )
+        if in_cache + not_yet_cached >= limit:
+            log.info("consumer %s: quota of %d databases reached", consumer, limit)
+            raise QuotaExceeded(f"the quota of {limit} databases is reached; delete one or ask for a higher quota")
+
+    def _pending_of(self, consumer: str) -> dict[str, _Pending]:
+        """This replica's creates for `consumer` the cache has not shown yet (expired ones dropped)."""
+        deadline = time.monotonic() - self.pending_ttl
+        with self._pending_lock:
+            entries = self._pending.get(consumer)
+            if not entries:
+                return {}
+            for name in [n for n, p in entries.items() if p.since < deadline or self._in_cache(n)]:
+                del entries[name]
+            if not entries:
+                del self._pending[consumer]
+                return {}
+            return dict(entries)
+
+    def _in_cache(self, name: str) -> bool:
+        return self.databases.get(f"{self.namespace}/{name}") is not None
+
+    def _on_database(self, event_type: str, old: Obj | None, new: Obj | None) -> None:
+        """The cache has seen the object: it no longer needs to be counted as pending."""
+        obj = new if new is not None else old
+        if obj is None:
+            return
+        consumer, name = spec(obj).get("consumer"), metadata(obj).get("name")
+        with self._pending_lock:
+            entries = self._pending.get(consumer) if isinstance(consumer, str) else None
+            if entries and name in entries:
+                del entries[name]
+                if not entries:
+                    del self._pending[consumer]
+
+    def _annotate(self, consumer: str, external_id: str, key: str, decide: Callable[[Obj], str | None]) -> Obj:
+        """Set one annotation on the consumer's database from a fresh read; retried on write conflicts."""
+        name = self._object_name(consumer, external_id)
+        for _ in range(ANNOTATE_ATTEMPTS):
+            db = self._get_live(name)
+            if db is None or not self._is_mine(db, consumer, external_id):
+                raise NotFound()
+            value = decide(db)
+            if value is None:
+                return db
+            patch = {"metadata": {"resourceVersion": metadata(db).get("resourceVersion"), "annotations": {key: value}}}
+            try:
+                return self.rest.patch(DATABASES, name, patch, self.namespace)
+            except ApiException as exc:
+                if exc.status == 404:
+                    raise NotFound() from None
+                if exc.status != 409:
+                    raise
+        raise Unavailable("the database is changing too often; try again")
+
+    def _read_credentials(self, secret: Obj | None, db: Obj) -> tuple[Credentials | None, str | None]:
+        """(credentials, None) if the Secret is present, owned by the Database and consistent; else a reason."""
+        if secret is None:
+            return None, "the credentials Secret is missing"
+        uid = metadata(db).get("uid")
+        owners = metadata(secret).get("ownerReferences") or []
+        if not uid or not any(
+            isinstance(ref, dict) and ref.get("uid") == uid and ref.get("controller") is True for ref in owners
+        ):
+            return None, "the credentials Secret is not controlled by the Database"
+        values: dict[str, str] = {}
+        for key in CREDENTIALS_KEYS:
+            raw = secret_bytes(secret, key)
+            try:
+                text = raw.decode("utf-8") if raw is not None else ""
+            except UnicodeDecodeError:
+                text = ""
+            if not text:
+                return None, f"the credentials Secret lacks key {key}"
+            values[key] = text
+        tenant = status(db).get("tenantName")
+        if tenant and (values["database"] != tenant or values["user"] != tenant):
+            return None, "the credentials Secret does not match the tenant"
+        try:
+            validate_client_host(values["host"])
+        except InvalidHost:
+            return None, "the host in the credentials Secret is not a valid client host"
+        port = values["port"]
+        if not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+            return None, "the port in the credentials Secret is invalid"
+        if values["sslmode"] not in SSLMODES:
+            return None, "the sslmode in the credentials Secret is invalid"
+        credentials = Credentials(
+            host=values["host"],
+            port=int(port),
+            database=values["database"],
+            user=values["user"],
+            password=values["password"],
+            sslmode=values["sslmode"],
+        )
+        return credentials, None
