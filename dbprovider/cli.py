@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -54,7 +55,44 @@ def build_parser() -> argparse.ArgumentParser:
         "--output", "-o", default="-", metavar="FILE", help="where to write the YAML (default -, stdout)"
     )
     render.set_defaults(handler=_run_render)
+
+    manager = commands.add_parser(
+        "manager",
+        help="run one replica: the consumer API (TLS), the leader-elected controllers and /metrics",
+        description=(
+            "Serves the consumer API over TLS on --api-port, runs the Shard/Database/Consumer controllers "
+            "while this replica holds the Lease, and serves Prometheus metrics on --metrics-port. Stops "
+            "cleanly on SIGTERM. TLS files: DBPROVIDER_TLS_CERT / DBPROVIDER_TLS_KEY (default "
+            "/etc/dbprovider/tls/tls.crt and tls.key)."
+        ),
+    )
+    manager.add_argument(
+        "--config",
+        default=os.environ.get("DBPROVIDER_CONFIG", "/etc/dbprovider/config.yaml"),
+        metavar="FILE",
+        help="the install config (default $DBPROVIDER_CONFIG or /etc/dbprovider/config.yaml)",
+    )
+    manager.add_argument(
+        "--kubeconfig", default=os.environ.get("KUBECONFIG"), help="kubeconfig file (default: in-cluster)"
+    )
+    manager.add_argument("--namespace", default=None, help="release namespace (default $POD_NAMESPACE or config)")
+    manager.add_argument("--api-port", type=int, default=8443)
+    manager.add_argument("--metrics-port", type=int, default=8080)
+    manager.add_argument(
+        "--admin-host-override",
+        default=os.environ.get("DBPROVIDER_ADMIN_HOST_OVERRIDE"),
+        help="connect to every shard's admin port on this host instead of its Service (outside a cluster only)",
+    )
+    manager.set_defaults(handler=_run_manager)
     return parser
+
+
+def _run_manager(args: argparse.Namespace) -> int:
+    from dbprovider.manager import main_from_args
+
+    return main_from_args(
+        args.config, args.kubeconfig, args.namespace, args.api_port, args.metrics_port, args.admin_host_override
+    )
 
 
 def _run_dev(args: argparse.Namespace) -> int:

@@ -91,6 +91,15 @@ def is_conflict(exc: BaseException) -> bool:
     return _in_chain(exc, lambda e: isinstance(e, ApiException) and e.status == 409, implicit=False)
 
 
+def describe_error(exc: BaseException) -> str:
+    """A log-safe description: our sanitized messages, an API error's status only, else the type."""
+    if isinstance(exc, ReconcileError):
+        return str(exc)
+    if isinstance(exc, ApiException):
+        return f"HTTP {exc.status} {exc.reason or ''}".strip()
+    return type(exc).__name__
+
+
 Reconcile = Callable[[str], "Result | None"]
 KeyFunc = Callable[[dict[str, Any]], Iterable[str]]
 
@@ -258,7 +267,7 @@ class Controller:
             self.metrics.reconcile_errors.labels(controller=self.name, reason=reason).inc()
             if isinstance(exc, TerminalError):
                 queue.forget(key)
-                log.error("controller %s: %s failed for good (%s): %s", self.name, key, reason, exc)
+                log.error("controller %s: %s failed for good (%s): %s", self.name, key, reason, describe_error(exc))
                 return
             delay = queue.add_rate_limited(key)
             log.warning(
@@ -267,8 +276,9 @@ class Controller:
                 key,
                 reason,
                 delay,
-                exc,
-                exc_info=not isinstance(exc, ReconcileError),
+                describe_error(exc),
+                # A traceback only for bugs: API errors carry response bodies, ours are sanitized.
+                exc_info=not isinstance(exc, ReconcileError | ApiException),
             )
             return
         queue.forget(key)

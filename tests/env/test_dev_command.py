@@ -1,7 +1,9 @@
-"""`dbprovider dev` brings the local stack up, prints how to reach it, and leaves nothing on SIGTERM."""
+"""`dbprovider dev` runs the whole product: a consumer goes from PUT to a working database, using only
+the env file it writes, and SIGTERM leaves no process behind."""
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import signal
@@ -13,6 +15,7 @@ from pathlib import Path
 import kubernetes
 import psutil
 import psycopg
+import requests
 
 
 def _read_env_file(path: Path) -> dict[str, str]:
@@ -23,7 +26,21 @@ def _read_env_file(path: Path) -> dict[str, str]:
     return values
 
 
-def test_dev_runs_the_local_stack_and_stops_cleanly(tmp_path: Path) -> None:
+def _wait_ready_line(proc: subprocess.Popen, timeout: float) -> str:
+    output = []
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        output.append(line)
+        if "Ctrl-C stops everything" in line:
+            break
+    return "".join(output)
+
+
+def test_dev_runs_the_consumer_flow_and_stops_cleanly(tmp_path: Path) -> None:
     state = tmp_path / "state"
     proc = subprocess.Popen(
         [sys.executable, "-m", "dbprovider.cli", "dev", "--state-dir", str(state), "--postgres", "16"],
@@ -32,42 +49,50 @@ def test_dev_runs_the_local_stack_and_stops_cleanly(tmp_path: Path) -> None:
         text=True,
         cwd=Path(__file__).resolve().parents[2],
     )
-    output = []
     try:
-        deadline = time.monotonic() + 120
-        assert proc.stdout is not None
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            output.append(line)
-            if "Ctrl-C stops everything" in line:
-                break
-        text = "".join(output)
+        text = _wait_ready_line(proc, 180)
         assert "dbprovider dev: ready" in text, text
-        env = _read_env_file(state / "env")
-        assert env["DBPROVIDER_SHARD_PASSWORD"] not in text  # printed nowhere, only in the 0600 file
-        assert (state / "env").stat().st_mode & 0o777 == 0o600
+        env_file = state / "env"
+        assert env_file.stat().st_mode & 0o777 == 0o600
+        env = _read_env_file(env_file)
+        assert set(env) == {"KUBECONFIG", "DBPROVIDER_API_URL", "DBPROVIDER_CA_FILE", "DBPROVIDER_TOKEN"}
+        assert "curl" in text and env["DBPROVIDER_TOKEN"] in text  # the walkthrough prints the token
+
+        session = requests.Session()
+        session.headers["Authorization"] = f"Bearer {env['DBPROVIDER_TOKEN']}"
+        # Per request: a session-level `verify` loses to REQUESTS_CA_BUNDLE in the environment.
+        session.request = functools.partial(session.request, verify=env["DBPROVIDER_CA_FILE"])  # type: ignore[method-assign]
+        base = f"{env['DBPROVIDER_API_URL']}/v1/databases"
+        created = session.put(f"{base}/orders", json={"sizeClass": "small"}, timeout=10)
+        assert created.status_code == 201, created.text
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            view = session.get(f"{base}/orders", timeout=10).json()
+            if view.get("phase") == "Ready":
+                break
+            time.sleep(0.3)
+        assert view.get("phase") == "Ready", view
+        credentials = session.get(f"{base}/orders/credentials", timeout=10).json()
+        with psycopg.connect(credentials["uri"]) as conn:
+            assert conn.execute("SELECT current_user").fetchone()[0] == credentials["user"]
 
         api = kubernetes.config.new_client_from_config(config_file=env["KUBECONFIG"])
         with api:
-            names = [ns.metadata.name for ns in kubernetes.client.CoreV1Api(api).list_namespace().items]
-        assert "dbprovider" in names
-        with psycopg.connect(
-            host=env["DBPROVIDER_SHARD_HOST"], port=int(env["DBPROVIDER_SHARD_PORT"]),
-            user=env["DBPROVIDER_SHARD_USER"], password=env["DBPROVIDER_SHARD_PASSWORD"], dbname="postgres",
-        ) as conn:
-            assert conn.execute("SHOW server_version_num").fetchone()[0].startswith("16")
+            shards = kubernetes.client.CustomObjectsApi(api).list_cluster_custom_object(
+                "db.bnerd.com", "v1alpha1", "shards"
+            )
+        assert shards["items"][0]["status"]["databaseCount"] == 1
+        assert session.delete(f"{base}/orders", timeout=10).status_code == 202
+
         children = psutil.Process(proc.pid).children(recursive=True)
         assert children, "the stack runs as children of dbprovider dev"
-
         proc.send_signal(signal.SIGTERM)
-        rest, _ = proc.communicate(timeout=60)
+        rest, _ = proc.communicate(timeout=90)
         assert proc.returncode == 0, rest
         assert "dbprovider dev: stopped" in rest
-        gone, alive = psutil.wait_procs(children, timeout=10)
+        _, alive = psutil.wait_procs(children, timeout=15)
         assert not alive, f"left behind: {[p.pid for p in alive]}"
-        assert not (state / "env").exists()
+        assert not env_file.exists()
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)

@@ -1,0 +1,181 @@
+"""The whole product on one machine: what `dbprovider dev` runs and the end-to-end tests start.
+
+Given a running control plane and PostgreSQL server (harness), `DevStack.install()` applies the
+rendered install (CRDs, RBAC, admission policy, ...), registers the server as a Shard, creates a
+Consumer with a fresh bearer token, issues the API's TLS certificate and writes the files the
+manager needs: its install config and a kubeconfig with a real token of its ServiceAccount.
+"""
+
+from __future__ import annotations
+
+import base64
+import secrets
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dbprovider.kubeapply import Applier
+from domain.config import InstallConfig, load_install_config
+from domain.tokens import hash_token
+from harness import KubeControlPlane, PostgresServer
+from harness.certs import CertificateAuthority
+from informers import SECRETS, Rest
+from infra.render import config_yaml, render_manifests
+from reconciler.resources import CONSUMERS, SHARDS
+
+DEV_CONFIG: dict[str, Any] = {
+    "releaseName": "dbprovider",
+    "namespace": "dbprovider",
+    "tls": {"secretName": "dbprovider-tls"},
+    "sizeClasses": {
+        "small": {"connectionLimit": 5},
+        "medium": {"connectionLimit": 20},
+        "large": {"connectionLimit": 50},
+    },
+    "connectionLimit": {"default": 10},
+    "softDelete": {"retention": "2m"},
+}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class DevStack:
+    kube: KubeControlPlane
+    postgres: PostgresServer
+    state_dir: Path
+    config_overrides: dict[str, Any] = field(default_factory=dict)
+    consumer: str = "dev-consumer"
+    shard: str = "local-pg"
+
+    def __post_init__(self) -> None:
+        self.config: InstallConfig = load_install_config({**DEV_CONFIG, **self.config_overrides})
+        self.namespace = self.config.namespace
+        self.token = secrets.token_hex(32)
+        self.api_port = free_port()
+        self.metrics_port = free_port()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.config_file = self.state_dir / "config.yaml"
+        self.kubeconfig = self.state_dir / "kubeconfig"
+        self.manager_kubeconfig = self.state_dir / "manager.kubeconfig"
+
+    @property
+    def api_url(self) -> str:
+        return f"https://127.0.0.1:{self.api_port}"
+
+    def install(self) -> DevStack:
+        kube = self.kube
+        kube.ensure_namespace(self.namespace)
+        with kube.admin_client() as client:
+            rest = Rest(client)
+            Applier(rest).apply_all(render_manifests(self.config))
+            self._tls(rest)
+            self._shard(rest)
+            self._consumer(rest)
+        self.config_file.write_text(config_yaml(self.config))
+        kube.write_kubeconfig(self.kubeconfig)
+        token = kube.service_account_token(self.namespace, self.config.release_name, seconds=7 * 24 * 3600)
+        kube.write_kubeconfig(self.manager_kubeconfig, token=token)
+        return self
+
+    def _secret(self, rest: Rest, name: str, data: dict[str, str], type_: str = "Opaque") -> None:
+        rest.create(
+            SECRETS,
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "type": type_,
+                "metadata": {"name": name, "namespace": self.namespace},
+                "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
+            },
+            self.namespace,
+        )
+
+    def _tls(self, rest: Rest) -> None:
+        authority = CertificateAuthority(self.state_dir / "pki", "dbprovider-api")
+        cert = authority.issue_server("api", ("localhost",))
+        self.ca_file, self.tls_cert, self.tls_key = authority.ca_file, cert.cert_file, cert.key_file
+        self._secret(
+            rest,
+            self.config.tls.secret_name,
+            {"tls.crt": cert.cert_file.read_text(), "tls.key": cert.key_file.read_text()},
+            "kubernetes.io/tls",
+        )
+
+    def _shard(self, rest: Rest) -> None:
+        admin_secret = f"{self.shard}-provisioner"
+        self._secret(
+            rest, admin_secret, {"user": self.postgres.PROVISIONER, "password": self.postgres.provisioner_password}
+        )
+        rest.create(
+            SHARDS,
+            {
+                "apiVersion": "db.bnerd.com/v1alpha1",
+                "kind": "Shard",
+                "metadata": {"name": self.shard},
+                "spec": {
+                    "maxDatabases": 100,
+                    "perconaCluster": {"namespace": self.namespace, "name": self.shard},
+                    # The local server has no TLS; in a cluster keep the default sslmode require.
+                    "admin": {
+                        "serviceName": f"{self.shard}-primary",
+                        "port": self.postgres.port,
+                        "sslmode": "disable",
+                        "secretRef": {"namespace": self.namespace, "name": admin_secret},
+                    },
+                    "client": {"host": "127.0.0.1", "port": self.postgres.port, "sslmode": "disable"},
+                },
+            },
+        )
+
+    def _consumer(self, rest: Rest) -> None:
+        token_secret = f"{self.consumer}-token"
+        self._secret(rest, token_secret, {"sha256": hash_token(self.token)})
+        rest.create(
+            CONSUMERS,
+            {
+                "apiVersion": "db.bnerd.com/v1alpha1",
+                "kind": "Consumer",
+                "metadata": {"name": self.consumer},
+                "spec": {
+                    "tokenSecretRef": {"namespace": self.namespace, "name": token_secret, "key": "sha256"},
+                    "maxDatabases": 10,
+                },
+            },
+        )
+
+    def manager_argv(self, python: str, api_port: int | None = None, metrics_port: int | None = None) -> list[str]:
+        """`dbprovider manager` for this stack (TLS files via DBPROVIDER_TLS_CERT/KEY, see manager_env)."""
+        return [
+            python,
+            "-m",
+            "dbprovider.cli",
+            "manager",
+            "--config",
+            str(self.config_file),
+            "--kubeconfig",
+            str(self.manager_kubeconfig),
+            "--api-port",
+            str(api_port or self.api_port),
+            "--metrics-port",
+            str(metrics_port or self.metrics_port),
+            "--admin-host-override",
+            "127.0.0.1",
+        ]
+
+    def manager_env(self) -> dict[str, str]:
+        return {"DBPROVIDER_TLS_CERT": str(self.tls_cert), "DBPROVIDER_TLS_KEY": str(self.tls_key)}
+
+    def env(self) -> dict[str, str]:
+        """What a shell needs to drive the stack (the env file of `dbprovider dev`)."""
+        return {
+            "KUBECONFIG": str(self.kubeconfig),
+            "DBPROVIDER_API_URL": self.api_url,
+            "DBPROVIDER_CA_FILE": str(self.ca_file),
+            "DBPROVIDER_TOKEN": self.token,
+        }

@@ -1,0 +1,163 @@
+"""`dbprovider manager`: one replica of the provider.
+
+The composition root: the only place that imports both `api` and `reconciler`. It builds the
+shared informers, registers the controllers (run only while this replica holds the Lease) and the
+consumer API (served by every replica), serves /metrics, and stops in order on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import kubernetes
+from kubernetes.client import ApiClient
+
+from api import ApiServer, build_api
+from dbprovider.logs import configure_logging
+from domain.config import InstallConfig, load_install_config_file
+from reconciler.fleet_metrics import FleetCollector
+from reconciler.resources import DATABASES, SHARDS
+from reconciler.runtime import ControllerManager, MetricsServer, start_metrics_server
+from reconciler.setup import register_controllers
+
+log = logging.getLogger(__name__)
+CONNECTION_POOL_SIZE = 48  # one per watch plus the API's threads and the controllers' workers
+
+
+@dataclass
+class ManagerOptions:
+    config: InstallConfig
+    namespace: str
+    kubeconfig: str | None = None
+    api_host: str = "0.0.0.0"  # noqa: S104 - the Service routes to it
+    api_port: int = 8443
+    metrics_host: str = "0.0.0.0"  # noqa: S104
+    metrics_port: int = 8080
+    tls_cert: str = "/etc/dbprovider/tls/tls.crt"
+    tls_key: str = "/etc/dbprovider/tls/tls.key"
+    identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    admin_host_override: str | None = None
+    api_threads: int = 16
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+    shard_ping_interval: float = 60.0
+
+
+def kube_client(kubeconfig: str | None) -> ApiClient:
+    """In-cluster credentials, or a kubeconfig file (outside a cluster: dev and tests)."""
+    configuration = kubernetes.client.Configuration()
+    if kubeconfig:
+        kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    else:
+        kubernetes.config.load_incluster_config(client_configuration=configuration)
+    configuration.connection_pool_maxsize = CONNECTION_POOL_SIZE
+    return ApiClient(configuration)
+
+
+class Manager:
+    """A running replica: `start()`, then `stop()` (from a signal handler's thread of choice)."""
+
+    def __init__(self, options: ManagerOptions) -> None:
+        self.options = options
+        self.client = kube_client(options.kubeconfig)
+        self.controllers = ControllerManager(
+            self.client,
+            lease_namespace=options.namespace,
+            lease_name=f"{options.config.release_name}-manager",
+            identity=options.identity,
+            lease_duration=options.lease_duration,
+            renew_deadline=options.renew_deadline,
+            retry_period=options.retry_period,
+        )
+        register_controllers(
+            self.controllers,
+            options.config,
+            options.namespace,
+            instance=options.identity,
+            admin_host_override=options.admin_host_override,
+            shard_ping_interval=options.shard_ping_interval,
+        )
+        registry = self.controllers.metrics.registry
+        informers = self.controllers.informers
+        shards, databases = informers.informer(SHARDS), informers.informer(DATABASES, options.namespace)
+        registry.register(FleetCollector(shards.list, databases.list))
+        self.api = build_api(options.config, informers, registry=registry)
+        self.api_server = ApiServer(
+            self.api.app,
+            options.api_host,
+            options.api_port,
+            options.tls_cert,
+            options.tls_key,
+            threads=options.api_threads,
+        )
+        self.metrics_server: MetricsServer | None = None
+
+    def start(self) -> Manager:
+        self.metrics_server = start_metrics_server(
+            self.options.metrics_port, self.controllers.metrics.registry, self.options.metrics_host
+        )
+        self.api_server.start()  # /healthz answers while the caches sync; /readyz waits for them
+        self.controllers.start()
+        log.info(
+            "manager started",
+            extra={"api_port": self.api_server.port, "metrics_port": self.metrics_server.port},
+        )
+        return self
+
+    def stop(self) -> None:
+        """API first (no new requests), then controllers and the Lease, then informers and metrics."""
+        log.info("manager stopping")
+        self.api_server.stop()
+        self.controllers.stop(timeout=30)
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
+        self.client.close()
+        log.info("manager stopped")
+
+
+def run_manager(options: ManagerOptions, stop: threading.Event | None = None) -> int:
+    """Run until SIGTERM/SIGINT (or `stop` is set); returns the exit code."""
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    manager = Manager(options).start()
+    try:
+        stop.wait()
+    finally:
+        manager.stop()
+    return 0
+
+
+def main_from_args(
+    config_path: str,
+    kubeconfig: str | None,
+    namespace: str | None,
+    api_port: int,
+    metrics_port: int,
+    admin_host_override: str | None,
+) -> int:
+    configure_logging()
+    config = load_install_config_file(config_path)
+    options = ManagerOptions(
+        config=config,
+        namespace=namespace or os.environ.get("POD_NAMESPACE") or config.namespace,
+        kubeconfig=kubeconfig,
+        api_port=api_port,
+        metrics_port=metrics_port,
+        tls_cert=os.environ.get("DBPROVIDER_TLS_CERT", ManagerOptions.tls_cert),
+        tls_key=os.environ.get("DBPROVIDER_TLS_KEY", ManagerOptions.tls_key),
+        identity=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
+        admin_host_override=admin_host_override,
+    )
+    if not Path(options.tls_cert).is_file():
+        log.error("TLS certificate not found", extra={"path": options.tls_cert})
+        return 2
+    return run_manager(options)

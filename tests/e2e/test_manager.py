@@ -1,0 +1,153 @@
+"""Two `dbprovider manager` processes on the real apiserver and PostgreSQL: the consumer flow over TLS,
+leader election with failover, metrics, and logs that never carry a token, hash or password."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+import requests
+
+from dbprovider.devstack import DevStack, free_port
+from domain.tokens import hash_token
+from harness import KubeControlPlane, PostgresServer
+from informers import LEASES, Rest
+from reconciler.resources import CONSUMERS, SHARDS
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Replica:
+    def __init__(self, stack: DevStack, name: str, log_dir: Path) -> None:
+        self.name = name
+        self.api_port, self.metrics_port = free_port(), free_port()
+        self.log = log_dir / f"{name}.log"
+        env = {**os.environ, **stack.manager_env(), "POD_NAME": name}
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(
+                stack.manager_argv(sys.executable, self.api_port, self.metrics_port),
+                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO,
+            )
+        self.ca = str(stack.ca_file)
+        self.token = stack.token
+
+    def url(self, path: str) -> str:
+        return f"https://127.0.0.1:{self.api_port}{path}"
+
+    def call(self, method: str, path: str, **kwargs) -> requests.Response:
+        headers = {"Authorization": f"Bearer {self.token}"}
+        return requests.request(method, self.url(path), headers=headers, verify=self.ca, timeout=10, **kwargs)
+
+    def metrics(self) -> str:
+        return requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).text
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.log.read_text()
+            try:
+                if requests.get(self.url("/readyz"), verify=self.ca, timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"{self.name} not ready: {self.log.read_text()[-2000:]}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def stack(kube: KubeControlPlane, postgres_pool, tmp_path_factory) -> Iterator[DevStack]:
+    postgres: PostgresServer = postgres_pool.get("18")
+    created = DevStack(
+        kube, postgres, tmp_path_factory.mktemp("e2e"),
+        config_overrides={
+            "releaseName": "e2etest", "namespace": "e2etest-system", "tls": {"secretName": "e2etest-tls"},
+            "deletionProtection": {"enabled": False}, "softDelete": {"retention": "0"},
+        },
+        consumer="e2etest-consumer", shard="e2etest-pg",
+    ).install()
+    yield created
+    with kube.admin_client() as client:
+        rest = Rest(client)
+        rest.delete(SHARDS, created.shard)
+        rest.delete(CONSUMERS, created.consumer)
+
+
+def _wait(check, timeout: float = 60, what: str = ""):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = check()
+        if result:
+            return result
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _holder(kube: KubeControlPlane) -> str | None:
+    with kube.admin_client() as client:
+        try:
+            lease = Rest(client).get(LEASES, "e2etest-manager", "e2etest-system")
+        except Exception:  # noqa: BLE001
+            return None
+    return lease["spec"].get("holderIdentity")
+
+
+def test_two_replicas_serve_the_consumer_flow_and_fail_over(stack: DevStack, kube: KubeControlPlane, tmp_path):
+    a, b = Replica(stack, "replica-a", tmp_path), Replica(stack, "replica-b", tmp_path)
+    replicas = {"replica-a": a, "replica-b": b}
+    try:
+        a.wait_ready()
+        b.wait_ready()
+        leader_name = _wait(lambda: _holder(kube), what="a lease holder")
+        leader = replicas[leader_name]
+        follower = b if leader is a else a
+
+        # PUT on the follower: every replica serves the API, the leader reconciles.
+        created = follower.call("PUT", "/v1/databases/orders", json={"sizeClass": "small"})
+        assert created.status_code == 201, created.text
+        view = _wait(lambda: (r := leader.call("GET", "/v1/databases/orders").json())["phase"] == "Ready" and r,
+                     what="orders Ready")
+        assert view["sizeClass"] == "small"
+        credentials = follower.call("GET", "/v1/databases/orders/credentials").json()
+        with psycopg.connect(credentials["uri"]) as conn:
+            assert conn.execute("SELECT current_user").fetchone()[0] == credentials["user"]
+
+        metrics = leader.metrics()
+        assert 'dbprovider_databases{phase="Ready",shard="e2etest-pg"} 1.0' in metrics
+        assert 'dbprovider_shard_ready{shard="e2etest-pg"} 1.0' in metrics
+        assert 'route="/v1/databases/{externalId}"' in follower.metrics()
+        assert "dbprovider_reconcile_conflicts_total" in metrics
+
+        # The leader dies without a goodbye: the follower takes the Lease and reconciles.
+        leader.stop(signal.SIGKILL)
+        _wait(lambda: _holder(kube) == follower.name, timeout=60, what="failover")
+        assert follower.call("PUT", "/v1/databases/billing").status_code == 201
+        _wait(lambda: follower.call("GET", "/v1/databases/billing").json()["phase"] == "Ready", what="billing Ready")
+
+        # Soft delete through the API (retention 0 here): the database disappears.
+        assert follower.call("DELETE", "/v1/databases/orders").status_code == 202
+        _wait(lambda: follower.call("GET", "/v1/databases/orders").status_code == 404, what="orders removed")
+
+        assert follower.stop() == 0
+        assert _wait(lambda: _holder(kube) in (None, ""), timeout=10, what="lease released on SIGTERM")
+    finally:
+        for replica in replicas.values():
+            replica.stop(signal.SIGKILL)
+
+    token_hash = hash_token(stack.token)
+    admin_password = stack.postgres.provisioner_password
+    logs = a.log.read_text() + b.log.read_text()
+    assert '"level": "info"' in logs  # structured JSON logs were written
+    for secret in (stack.token, token_hash, admin_password, credentials["password"]):
+        assert secret not in logs
