@@ -34,6 +34,9 @@ ANNOTATION_DELETE_REQUESTED_AT = f"{GROUP}/delete-requested-at"
 # Set (with the request time) by the API's rotate route: the reconciler sets a new password once per value.
 ANNOTATION_ROTATE_REQUESTED_AT = f"{GROUP}/rotate-requested-at"
 # Held on every Database until its tenant is dropped (or it never got one).
+# Set by an operator when re-creating a Database whose object was lost (e.g. a held delete whose
+# finalizer was removed): "<shard>/<tenant name>" adopts that existing tenant instead of placing anew.
+ANNOTATION_RESTORE_TENANT = f"{GROUP}/restore-tenant"
 FINALIZER_TENANT = f"{GROUP}/tenant"
 
 # Keys of the credentials Secret `<database-name>-credentials`.

@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import copy
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -24,6 +25,7 @@ from kubernetes.client.exceptions import ApiException
 from domain.config import InstallConfig, UnknownSizeClass
 from domain.constants import (
     ANNOTATION_DELETE_REQUESTED_AT,
+    ANNOTATION_RESTORE_TENANT,
     ANNOTATION_ROTATE_REQUESTED_AT,
     FINALIZER_TENANT,
     DatabaseConditionType,
@@ -32,7 +34,7 @@ from domain.constants import (
     EventReason,
     Phase,
 )
-from domain.naming import credentials_secret_name, tenant_name
+from domain.naming import PG_IDENTIFIER_RE, credentials_secret_name, tenant_name
 from informers import SECRETS, Informer, Rest
 from reconciler.admin import AdminSecretInvalid, AdminSessions, admin_endpoint, parse_shard_spec
 from reconciler.credentials import (
@@ -220,6 +222,9 @@ class DatabaseController:
                 f"size class {p.spec.get('sizeClass')!r} is not in sizeClasses",
                 terminal=True,
             )
+        restore = (p.meta.get("annotations") or {}).get(ANNOTATION_RESTORE_TENANT)
+        if restore is not None:
+            return self._adopt(p, restore)
         engine = p.spec.get("engine") or "postgres"
         candidates = [ShardCandidate.from_object(s) for s in self.shards.list()]
         counts = {c.name: self.databases.count_by_index(BY_SHARD, c.name) for c in candidates}
@@ -245,6 +250,23 @@ class DatabaseController:
         log.info("database placed", extra={"database": p.meta["name"], "shard": chosen})
         return None
 
+    def _adopt(self, p: Pass, restore: str) -> Result | None:
+        """An operator re-creates a lost Database on its existing tenant: no placement, same data."""
+        shard, _, tenant = restore.partition("/")
+        if not shard or len(tenant) > 63 or not re.fullmatch(PG_IDENTIFIER_RE, tenant):
+            self._fail(
+                p,
+                Phase.FAILED,
+                DatabaseReason.ENSURE_FAILED,
+                f"annotation {ANNOTATION_RESTORE_TENANT} must be <shard>/<tenant name>",
+                terminal=True,
+            )
+        p.status.update(shard=shard, tenantName=tenant, phase=Phase.PROVISIONING)
+        self._set_ready(p, False, DatabaseReason.PROVISIONING, "restoring an existing tenant, SQL pending")
+        self._write_status(p)
+        self.events.record(p.db, EventReason.CREATED, f"restored onto its existing tenant ({p.describe()})")
+        return None
+
     @staticmethod
     def _client_endpoint(shard: dict[str, Any]) -> Endpoint:
         client = (shard.get("spec") or {}).get("client") or {}
@@ -263,7 +285,10 @@ class DatabaseController:
         secret = self.secrets.get(f"{p.meta['namespace']}/{self._secret_name(p)}")
         state = classify_secret(secret, p.meta["uid"], tenant)
         if state is SecretState.MISSING:
-            pending = p.status.get("phase") == Phase.READY  # the Secret was deleted: rotate
+            # The Secret was deleted (rotate), or an existing tenant is adopted: its role has another
+            # password, which ensure_tenant leaves alone on a finished tenant.
+            adopting = ANNOTATION_RESTORE_TENANT in (p.meta.get("annotations") or {})
+            pending = p.status.get("phase") == Phase.READY or adopting
             body = build_secret(p.db, tenant, new_password(), endpoint)
             if pending:
                 body["metadata"]["annotations"] = {ANNOTATION_PASSWORD_PENDING: "true"}
@@ -326,8 +351,12 @@ class DatabaseController:
         session = self._session(p, shard, Phase.PROVISIONING, DatabaseReason.ADMIN_UNAVAILABLE)
         tenant = TenantSpec(p.status["tenantName"], self._password(secret), limit)
 
+        pending = (secret["metadata"].get("annotations") or {}).get(ANNOTATION_PASSWORD_PENDING) == "true"
+
         def run() -> None:
             ensure_tenant(session, tenant)
+            if pending:
+                set_password(session, tenant.name, tenant.password)
 
         self._sql(p, Phase.PROVISIONING, DatabaseReason.ENSURE_FAILED, run, shard_name)
         self._clear_password_pending(p, secret)

@@ -170,3 +170,40 @@ def test_missing_shard_blocks_delete_and_draining_keeps_managing(postgres_pool, 
     )
     assert "neither disabled nor dropped" in condition(db, "Ready")["message"]
     assert db["status"]["phase"] == "Deleting"
+
+
+def test_held_database_can_be_kept_by_restoring_it_onto_its_tenant(postgres, fleet, start_manager, admin_rest):
+    """The other way out of DeletionHeld: keep the data. Release the object, re-create it on its tenant."""
+    fleet.shard(postgres)
+    start_manager()
+    name = fleet.database(f"keep{postgres.major}")
+    status = fleet.wait_phase(name, "Ready")["status"]
+    creds = secret_data(admin_rest, f"{name}-credentials")
+    with postgres.connect(creds["user"], creds["password"], creds["database"]) as conn:
+        conn.execute("CREATE TABLE kept (v text)")
+        conn.execute("INSERT INTO kept VALUES ('survives')")
+        conn.commit()
+    admin_rest.delete(DATABASES, name, NAMESPACE)
+    fleet.wait_database(name, lambda d: (c := condition(d, "DeletionHeld")) and c["status"] == "True")
+
+    # The documented steps: note shard and tenant, drop the finalizer and the old Secret, re-create.
+    admin_rest.patch(DATABASES, name, {"metadata": {"finalizers": None}}, NAMESPACE)
+    wait_for(lambda: fleet.get_database(name) is None, what="released object")
+    admin_rest.delete(SECRETS, f"{name}-credentials", NAMESPACE)
+    body = {
+        "apiVersion": "db.bnerd.com/v1alpha1",
+        "kind": "Database",
+        "metadata": {
+            "name": name,
+            "namespace": NAMESPACE,
+            "annotations": {"db.bnerd.com/restore-tenant": f"{status['shard']}/{status['tenantName']}"},
+        },
+        "spec": {"consumer": "rectest-consumer", "externalId": f"keep{postgres.major}"},
+    }
+    admin_rest.create(DATABASES, body, NAMESPACE)
+    restored = fleet.wait_phase(name, "Ready")["status"]
+    assert (restored["shard"], restored["tenantName"]) == (status["shard"], status["tenantName"])
+    new = secret_data(admin_rest, f"{name}-credentials")
+    assert new["password"] != creds["password"]  # a new Secret, a new password on the same role
+    with postgres.connect(new["user"], new["password"], new["database"]) as conn:
+        assert conn.execute("SELECT v FROM kept").fetchone()[0] == "survives"
