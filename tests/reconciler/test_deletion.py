@@ -207,3 +207,79 @@ def test_held_database_can_be_kept_by_restoring_it_onto_its_tenant(postgres, fle
     assert new["password"] != creds["password"]  # a new Secret, a new password on the same role
     with postgres.connect(new["user"], new["password"], new["database"]) as conn:
         assert conn.execute("SELECT v FROM kept").fetchone()[0] == "survives"
+
+
+def test_short_retention_drops_after_the_window_even_across_a_restart(postgres_pool, fleet, start_manager):
+    pg = postgres_pool.get("18")
+    fleet.shard(pg)
+    config = install_config(softDelete={"retention": "4s"})
+    manager = start_manager(config)
+    name = fleet.database("window")
+    tenant = fleet.wait_phase(name, "Ready")["status"]["tenantName"]
+    fleet.request_delete(name)
+    db = fleet.wait_database(name, lambda d: (c := condition(d, "TenantDisabled")) and c["status"] == "True")
+    assert _tenant_exists(pg, tenant) == (True, True)  # disabled, not dropped: the window is open
+    # The leader goes away between disable and drop; the next one picks up where it stopped.
+    manager.stop()
+    start_manager(config)
+    wait_for(lambda: fleet.get_database(name) is None, timeout=60, what="dropped after the window")
+    assert _tenant_exists(pg, tenant) == (False, False)
+    assert db["status"]["dropAfter"]
+
+
+def test_emptied_drained_shard_may_be_deleted_under_deletion_protection(
+    kube, postgres_pool, fleet, start_manager, admin_rest, installed
+):
+    """With deletion protection on, the policy refuses the delete until the last database is gone."""
+    from infra.render import render_manifests
+    from tests.generator.kubeapi import KubeApi
+
+    policy_objects = [
+        m
+        for m in render_manifests(install_config(deletionProtection={"enabled": True}))
+        if m["kind"].startswith("ValidatingAdmissionPolicy")
+    ]
+    api = KubeApi(kube.admin_client())
+    for obj in policy_objects:
+        api.apply(obj)
+    operator = "rectest-operator"
+    rbac = [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": operator},
+            "rules": [{"apiGroups": ["db.bnerd.com"], "resources": ["shards"], "verbs": ["get", "delete"]}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": operator},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": operator},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": operator}],
+        },
+    ]
+    for obj in rbac:
+        api.apply(obj)
+    try:
+        pg = postgres_pool.get("16")
+        shard = fleet.shard(pg)
+        start_manager()
+        name = fleet.database("last-one")
+        fleet.wait_phase(name, "Ready")
+        wait_for(lambda: fleet.get_shard(shard)["status"].get("databaseCount") == 1, what="count 1")
+        admin_rest.patch(SHARDS, shard, {"spec": {"accepting": False}})
+        as_operator = KubeApi(kube.client_as(operator))
+        refused = as_operator.delete(
+            {"apiVersion": "db.bnerd.com/v1alpha1", "kind": "Shard", "metadata": {"name": shard}}
+        )
+        assert refused.status in (403, 422), refused.message
+        fleet.request_delete(name)
+        wait_for(lambda: fleet.get_database(name) is None, timeout=60, what="last database gone")
+        wait_for(lambda: fleet.get_shard(shard)["status"].get("databaseCount") == 0, what="count 0")
+        allowed = as_operator.delete(
+            {"apiVersion": "db.bnerd.com/v1alpha1", "kind": "Shard", "metadata": {"name": shard}}
+        )
+        assert allowed.status == 200, allowed.message
+    finally:
+        for obj in reversed(policy_objects + rbac):
+            api.delete(obj)
