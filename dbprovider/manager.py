@@ -76,7 +76,7 @@ class Manager:
             renew_deadline=options.renew_deadline,
             retry_period=options.retry_period,
         )
-        register_controllers(
+        self.reconcilers = register_controllers(
             self.controllers,
             options.config,
             options.namespace,
@@ -116,6 +116,7 @@ class Manager:
         log.info("manager stopping")
         self.api_server.stop()
         self.controllers.stop(timeout=30)
+        self.reconcilers.close()
         if self.metrics_server is not None:
             self.metrics_server.stop()
         self.client.close()

@@ -73,6 +73,8 @@ class AdminSessions:
     def __init__(self, connect_timeout: float = 10.0) -> None:
         self._local = threading.local()
         self._connect_timeout = connect_timeout
+        self._all: list[AdminSession] = []  # every session of every thread, for close_all()
+        self._lock = threading.Lock()
 
     @staticmethod
     def _fingerprint(endpoint: AdminEndpoint) -> str:
@@ -86,18 +88,34 @@ class AdminSessions:
         if entry is None or entry.fingerprint != fingerprint:
             if entry is not None:
                 entry.session.close()
+                self._forget(entry.session)
             entry = _Entry(
                 fingerprint,
                 AdminSession.for_endpoint(endpoint, connect_timeout=self._connect_timeout),
             )
             sessions[shard] = entry
+            with self._lock:
+                self._all.append(entry.session)
         return entry.session
+
+    def close_all(self) -> None:
+        """Close every session (the controllers have stopped): no connection outlives a leader term."""
+        with self._lock:
+            sessions, self._all = self._all, []
+        for session in sessions:
+            session.close()
 
     def drop(self, shard: str) -> None:
         sessions: dict[str, _Entry] = self._local.__dict__.setdefault("sessions", {})
         entry = sessions.pop(shard, None)
         if entry is not None:
             entry.session.close()
+            self._forget(entry.session)
+
+    def _forget(self, session: AdminSession) -> None:
+        with self._lock:
+            if session in self._all:
+                self._all.remove(session)
 
 
 def parse_shard_spec(shard: dict[str, Any]) -> ShardSpec:

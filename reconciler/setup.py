@@ -37,6 +37,11 @@ class Controllers:
     shards: ShardController
     databases: DatabaseController
     consumers: ConsumerController
+    sessions: AdminSessions
+
+    def close(self) -> None:
+        """After the manager stopped: close the shards' admin sessions."""
+        self.sessions.close_all()
 
 
 def _shard_inputs(shard: dict[str, Any] | None) -> tuple[Any, ...]:
@@ -129,4 +134,4 @@ def register_controllers(
 
     for controller in (shard_controller, db_controller, consumer_controller):
         manager.add_controller(controller)
-    return Controllers(shard_logic, db_logic, consumer_logic)
+    return Controllers(shard_logic, db_logic, consumer_logic, sessions)

@@ -156,7 +156,7 @@ def crd_established(api: KubeApi, name: str) -> bool:
     response = api.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
     if response.status != 200:
         return False
-    conditions = response.body.get("status", {}).get("conditions", [])
+    conditions = (response.body.get("status") or {}).get("conditions") or []
     return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
 

@@ -93,6 +93,7 @@ class Manager:
 
     def stop(self) -> None:
         self.manager.stop(timeout=30)
+        self.controllers.close()
 
 
 @pytest.fixture

@@ -269,6 +269,9 @@ def test_emptied_drained_shard_may_be_deleted_under_deletion_protection(
         wait_for(lambda: fleet.get_shard(shard)["status"].get("databaseCount") == 1, what="count 1")
         admin_rest.patch(SHARDS, shard, {"spec": {"accepting": False}})
         as_operator = KubeApi(kube.client_as(operator))
+        shard_ref = {"apiVersion": "db.bnerd.com/v1alpha1", "kind": "Shard", "metadata": {"name": shard}}
+        # A new policy takes a moment to be enforced: probe with dry-run deletes until it refuses.
+        wait_for(lambda: as_operator.delete(shard_ref, dry_run=True).status in (403, 422), what="policy active")
         refused = as_operator.delete(
             {"apiVersion": "db.bnerd.com/v1alpha1", "kind": "Shard", "metadata": {"name": shard}}
         )
