@@ -189,8 +189,8 @@ class DatabaseController:
         if k8s_deleting and not delete_requested:
             return self._hold(p)
         remove_condition(p.conditions, DatabaseConditionType.DELETION_HELD)  # the hold is over
-        if delete_requested:
-            return self._soft_delete(p)
+        if delete_requested or is_condition_true(p.conditions, DatabaseConditionType.TENANT_DROPPED):
+            return self._soft_delete(p)  # once dropped, never recovered or provisioned anew
         if p.status.get("phase") in (Phase.DELETING, Phase.DELETED) or p.status.get("dropAfter"):
             self._recover(p)
 
@@ -285,13 +285,11 @@ class DatabaseController:
         secret = self.secrets.get(f"{p.meta['namespace']}/{self._secret_name(p)}")
         state = classify_secret(secret, p.meta["uid"], tenant)
         if state is SecretState.MISSING:
-            # The Secret was deleted (rotate), or an existing tenant is adopted: its role has another
-            # password, which ensure_tenant leaves alone on a finished tenant.
-            adopting = ANNOTATION_RESTORE_TENANT in (p.meta.get("annotations") or {})
-            pending = p.status.get("phase") == Phase.READY or adopting
+            # A new password is pending until it is set on the role: the role may exist already
+            # (the Secret was deleted, an existing tenant is adopted, or a crash hit between the
+            # SQL and the status write), and ensure_tenant leaves a finished tenant's password alone.
             body = build_secret(p.db, tenant, new_password(), endpoint)
-            if pending:
-                body["metadata"]["annotations"] = {ANNOTATION_PASSWORD_PENDING: "true"}
+            body["metadata"]["annotations"] = {ANNOTATION_PASSWORD_PENDING: "true"}
             ensure_active()
             return self.rest.create(SECRETS, body, p.meta["namespace"])
         if state is not SecretState.OURS:

@@ -125,7 +125,13 @@ def test_password_never_in_status_or_events(postgres_pool, fleet, start_manager,
     name = fleet.database("no-leak")
     db = fleet.wait_phase(name, "Ready")
     password = secret_data(admin_rest, f"{name}-credentials")["password"]
-    events = admin_rest.request("GET", f"/api/v1/namespaces/{NAMESPACE}/events")
+
+    def our_events():
+        items = admin_rest.request("GET", f"/api/v1/namespaces/{NAMESPACE}/events")
+        reasons = {e["reason"] for e in items["items"] if e["involvedObject"]["name"] == name}
+        return items if {"Created", "Ready"} <= reasons else None
+
+    events = wait_for(our_events, what="the Created and Ready events")  # recorded just after the status
     assert password not in str(db)
     assert password not in str(events)
     assert base64.b64encode(password.encode()).decode() not in str(events)
