@@ -14,6 +14,7 @@ import shutil
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 from dbprovider.devstack import DevStack
@@ -101,11 +102,13 @@ def run_dev(postgres_flavor: str, state_dir: str) -> int:
         stopping.wait()
         print("dbprovider dev: stopping ...", flush=True)
     finally:
+        began = time.monotonic()
         if manager is not None:
             manager.stop()
+            print(f"dbprovider dev: manager stopped ({time.monotonic() - began:.1f}s)", flush=True)
         if postgres is not None:
             postgres.close()
         kube.close()
         env_file.unlink(missing_ok=True)
-    print("dbprovider dev: stopped", flush=True)
+    print(f"dbprovider dev: stopped ({time.monotonic() - began:.1f}s)", flush=True)
     return 0

@@ -157,8 +157,9 @@ class KubeControlPlane:
         raise TimeoutError(f"kube-apiserver not ready within {timeout:.0f}s ({last}); see {log}")
 
     def close(self) -> None:
-        stop(self._apiserver)
-        stop(self._etcd)
+        # Throwaway state: a short grace period, then SIGKILL (a loaded apiserver may take long to drain).
+        stop(self._apiserver, timeout=5)
+        stop(self._etcd, timeout=5)
         self._apiserver = self._etcd = None
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)

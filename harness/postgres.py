@@ -207,7 +207,7 @@ class PostgresServer:
             )
 
     def close(self) -> None:
-        stop(self._proc, signal.SIGINT)  # fast shutdown
+        stop(self._proc, signal.SIGQUIT, timeout=10)  # immediate shutdown: the data is thrown away
         self._proc = None
         shutil.rmtree(self.workdir, ignore_errors=True)
 

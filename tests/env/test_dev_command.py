@@ -87,7 +87,12 @@ def test_dev_runs_the_consumer_flow_and_stops_cleanly(tmp_path: Path) -> None:
         children = psutil.Process(proc.pid).children(recursive=True)
         assert children, "the stack runs as children of dbprovider dev"
         proc.send_signal(signal.SIGTERM)
-        rest, _ = proc.communicate(timeout=90)
+        try:
+            rest, _ = proc.communicate(timeout=150)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rest, _ = proc.communicate()
+            raise AssertionError(f"dbprovider dev did not stop within 150s; its output:\n{rest}") from None
         assert proc.returncode == 0, rest
         assert "dbprovider dev: stopped" in rest
         _, alive = psutil.wait_procs(children, timeout=15)
