@@ -352,8 +352,8 @@ class DatabaseController:
         pending = (secret["metadata"].get("annotations") or {}).get(ANNOTATION_PASSWORD_PENDING) == "true"
 
         def run() -> None:
-            ensure_tenant(session, tenant)
-            if pending:
+            # A finished tenant keeps its old password through ensure_tenant: set the pending one.
+            if ensure_tenant(session, tenant) and pending:
                 set_password(session, tenant.name, tenant.password)
 
         self._sql(p, Phase.PROVISIONING, DatabaseReason.ENSURE_FAILED, run, shard_name)

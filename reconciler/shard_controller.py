@@ -1,6 +1,7 @@
 """The Shard controller: is the shard's admin connection usable, and how many databases it holds.
 
-Pings every shard every 60 s and whenever the Shard or one of its Databases changes. The Ready
+Pings every shard every 60 s and whenever the Shard or one of its Databases changes (Database
+changes at most every 10 s: a burst of placements must not ping once per database). The Ready
 condition's reason says what is wrong (Ok, AdminAuthFailed, AdminSecretInvalid, Unreachable,
 ClusterNotRunning, ProvisionerInherits/ProvisionerInvalid); messages carry a sanitized error class
 only. A shard that is not Ready gets no placements (reconciler.placement reads this condition).
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +31,9 @@ log = logging.getLogger(__name__)
 
 PING_INTERVAL = 60.0
 PING_TIMEOUT = 15.0
+# A burst of Database changes would ping the shard once per change; within this gap (and for an
+# unchanged Shard generation) the last result stands and only databaseCount is refreshed.
+MIN_PING_GAP = 10.0
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,8 @@ class ShardController:
         self.sessions = sessions or AdminSessions()
         self.admin_host_override = admin_host_override
         self.ping_interval = ping_interval
+        self.min_ping_gap = min(MIN_PING_GAP, ping_interval)
+        self._last: dict[str, tuple[float, int | None, Health]] = {}  # shard -> (when, generation, result)
 
     # -- checks ----------------------------------------------------------------------------------
 
@@ -112,16 +119,33 @@ class ShardController:
             return Health(reason, problem, version, info.weak_createrole)
         return Health(ShardReason.OK, "admin connection healthy", version, info.weak_createrole)
 
+    def _health(self, name: str, spec: ShardSpec, generation: int | None) -> Health:
+        """check(), but the SQL ping at most every min_ping_gap for an unchanged Shard.
+
+        The DatabaseCluster phase comes from the cache and is always current.
+        """
+        problem = self._cluster_problem(spec)
+        if problem is not None:
+            self._last.pop(name, None)
+            return Health(ShardReason.CLUSTER_NOT_RUNNING, problem)
+        last = self._last.get(name)
+        if last is not None and last[1] == generation and time.monotonic() - last[0] < self.min_ping_gap:
+            return last[2]
+        health = self.check(name, spec)
+        self._last[name] = (time.monotonic(), generation, health)
+        return health
+
     # -- reconcile -------------------------------------------------------------------------------
 
     def reconcile(self, name: str) -> Result | None:
         shard = self.shards.get(name)
         if shard is None:
             self.sessions.drop(name)
+            self._last.pop(name, None)
             return None
         generation = shard["metadata"].get("generation")
         try:
-            health = self.check(name, parse_shard_spec(shard))
+            health = self._health(name, parse_shard_spec(shard), generation)
         except ValidationError:
             health = Health(ShardReason.UNREACHABLE, "the Shard's spec is invalid")
         status = copy.deepcopy(shard.get("status") or {})

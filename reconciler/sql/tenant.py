@@ -324,8 +324,12 @@ def _has_sessions(conn: psycopg.Connection, role_oid: int) -> bool:
 # -- provisioning steps (each: check the catalog, then at most its own statements) --------------
 
 
-def ensure_role(conn: psycopg.Connection, spec: TenantSpec) -> None:
-    """Step 1: the LOGIN role with the spec's password and connection limit."""
+def ensure_role(conn: psycopg.Connection, spec: TenantSpec) -> bool:
+    """Step 1: the LOGIN role with the spec's password and connection limit.
+
+    Returns True when the tenant was already finished (database open): then nothing was changed,
+    not even the password.
+    """
     state = read_state(conn, spec.name)
     if not state.role_exists:
         statement = "CREATE ROLE {} LOGIN PASSWORD {} CONNECTION LIMIT {}"
@@ -336,9 +340,10 @@ def ensure_role(conn: psycopg.Connection, spec: TenantSpec) -> None:
     else:
         # A finished tenant (database open) is left alone: set_password, set_connection_limit and
         # enable_tenant change it deliberately.
-        return
+        return True
     verifier = sql.Literal(scram_verifier(spec.password))
     conn.execute(sql.SQL(statement).format(_ident(spec.name), verifier, sql.Literal(spec.connection_limit)))
+    return False
 
 
 def ensure_membership(conn: psycopg.Connection, spec: TenantSpec) -> None:
@@ -372,7 +377,7 @@ def open_database(conn: psycopg.Connection, spec: TenantSpec) -> None:
     _open(conn, spec.name, state)
 
 
-PROVISIONING_STEPS: tuple[Callable[[psycopg.Connection, TenantSpec], None], ...] = (
+PROVISIONING_STEPS: tuple[Callable[[psycopg.Connection, TenantSpec], object], ...] = (
     ensure_role,
     ensure_membership,
     ensure_database,
@@ -383,14 +388,20 @@ PROVISIONING_STEPS: tuple[Callable[[psycopg.Connection, TenantSpec], None], ...]
 # -- operations --------------------------------------------------------------------------------
 
 
-def ensure_tenant(admin: Admin, spec: TenantSpec, *, timeout: float = OPERATION_TIMEOUT) -> None:
-    """Create or finish the tenant (operation "create"). On a finished tenant it only reads."""
+def ensure_tenant(admin: Admin, spec: TenantSpec, *, timeout: float = OPERATION_TIMEOUT) -> bool:
+    """Create or finish the tenant (operation "create"). On a finished tenant it only reads.
 
-    def body(conn: psycopg.Connection) -> None:
-        for step in PROVISIONING_STEPS:
+    Returns True when the tenant was already finished, so a caller holding a new password knows
+    it must still set it (`set_password`).
+    """
+
+    def body(conn: psycopg.Connection) -> bool:
+        finished = ensure_role(conn, spec)
+        for step in PROVISIONING_STEPS[1:]:
             step(conn, spec)
+        return finished
 
-    run_operation(admin, OP_CREATE, body, timeout=timeout)
+    return run_operation(admin, OP_CREATE, body, timeout=timeout)
 
 
 def set_connection_limit(admin: Admin, name: str, limit: int, *, timeout: float = OPERATION_TIMEOUT) -> None:
