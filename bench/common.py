@@ -1,0 +1,514 @@
+"""What every benchmark shares: the harness stack, a `dbprovider manager` process, counters, output.
+
+Nothing here is a fake: `Stack` starts a real kube-apiserver + etcd and a real PostgreSQL 18 with the
+harness and installs the product on them with `DevStack`; `ManagerProcess` runs `dbprovider manager`
+as its own process (the kernel kills it if the benchmark dies). Every benchmark prints a table and
+ends with one line per target (`<figure>  target <target>  PASS|FAIL`); the exit code is 0 either way.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import requests
+
+from dbprovider.devstack import DevStack
+from harness import KubeControlPlane, PostgresServer
+from harness.process import free_port, spawn
+from harness.process import stop as stop_process
+from informers import LEASES, Rest
+
+REPO = Path(__file__).resolve().parents[1]
+WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "DELETE", "APPLY"})
+T = TypeVar("T")
+
+
+# -- output ----------------------------------------------------------------------------------------
+
+
+def log(message: str) -> None:
+    """Progress on stderr (the table and the target lines go to stdout)."""
+    stamp = _dt.datetime.now().strftime("%H:%M:%S")
+    print(f"[{stamp}] {message}", file=sys.stderr, flush=True)
+
+
+def table(title: str, rows: Sequence[Sequence[Any]], header: Sequence[str] | None = None) -> None:
+    cells = [[str(c) for c in row] for row in ([header] if header else []) + [list(r) for r in rows]]
+    widths = [max(len(row[i]) for row in cells if i < len(row)) for i in range(max(len(r) for r in cells))]
+    print(f"\n== {title}")
+    for n, row in enumerate(cells):
+        print("  " + "  ".join(c.ljust(widths[i]) for i, c in enumerate(row)).rstrip())
+        if header and n == 0:
+            print("  " + "  ".join("-" * w for w in widths))
+    sys.stdout.flush()
+
+
+@dataclass
+class Target:
+    figure: str  # e.g. "provisioning ratio 1.23x"
+    target: str  # e.g. "<= 1.5x"
+    passed: bool
+
+    def line(self) -> str:
+        return f"{self.figure}  target {self.target}  {'PASS' if self.passed else 'FAIL'}"
+
+
+def report_targets(targets: Iterable[Target]) -> None:
+    print()
+    for target in targets:
+        print(target.line())
+    sys.stdout.flush()
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty sequence."""
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), math.ceil(q / 100 * len(ordered))))
+    return ordered[rank - 1]
+
+
+def fmt_s(seconds: float) -> str:
+    return f"{seconds:.3f} s" if seconds < 10 else f"{seconds:.1f} s"
+
+
+def machine_line() -> str:
+    model = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    load = os.getloadavg()
+    return f"{os.cpu_count()} CPUs ({model}), load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+
+
+def wait_for(check: Callable[[], T], timeout: float, what: str, interval: float = 0.1) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def interleaved(
+    variants: dict[str, Callable[[], None]], rounds: int, iterations: int
+) -> dict[str, list[float]]:
+    """Time `iterations` calls of each variant per round, alternating the variants (and their order)
+    round by round, so both see the same machine. Returns seconds per call, one value per round."""
+    results: dict[str, list[float]] = {name: [] for name in variants}
+    names = list(variants)
+    for n in range(rounds):
+        for name in names if n % 2 == 0 else reversed(names):
+            fn = variants[name]
+            started = time.perf_counter()
+            for _ in range(iterations):
+                fn()
+            results[name].append((time.perf_counter() - started) / iterations)
+    return results
+
+
+def ratio_of(samples: dict[str, list[float]], numerator: str, denominator: str) -> tuple[float, float]:
+    """(ratio of the best rounds, ratio of the median rounds): the best round is the least disturbed."""
+    best = min(samples[numerator]) / min(samples[denominator])
+    median = statistics.median(samples[numerator]) / statistics.median(samples[denominator])
+    return best, median
+
+
+# -- the stack -------------------------------------------------------------------------------------
+
+
+BENCH_CONFIG: dict[str, Any] = {
+    "releaseName": "dbprovider",
+    "namespace": "dbprovider",
+    "tls": {"secretName": "dbprovider-tls"},
+    "deletionProtection": {"enabled": False},
+}
+
+
+class Stack:
+    """kube-apiserver + etcd, PostgreSQL 18 and the installed product (`DevStack`); `close()` stops all."""
+
+    def __init__(self, name: str, *, log_statements: bool = False, kube_args: list[str] | None = None) -> None:
+        self.name = name
+        self.log_statements = log_statements
+        self.kube_args = kube_args
+        self.state_dir = Path(tempfile.mkdtemp(prefix=f"dbprovider-bench-{name}-"))
+        self.kube: KubeControlPlane | None = None
+        self.postgres: PostgresServer | None = None
+        self.dev: DevStack | None = None
+        self._clients: list[Any] = []
+
+    def start(self) -> Stack:
+        log("starting kube-apiserver + etcd")
+        self.kube = KubeControlPlane(extra_args=self.kube_args).start()
+        log("starting PostgreSQL 18" + (" (log_statement=all)" if self.log_statements else ""))
+        self.postgres = PostgresServer("18", log_statements=self.log_statements).start()
+        log("installing the product (DevStack)")
+        self.dev = DevStack(self.kube, self.postgres, self.state_dir / "dev", config_overrides=BENCH_CONFIG).install()
+        return self
+
+    def admin_rest(self, pool: int = 32) -> Rest:
+        """A Rest on a new admin client (closed by `close()`)."""
+        assert self.kube is not None
+        configuration = self.kube.configuration()
+        configuration.connection_pool_maxsize = pool
+        import kubernetes.client
+
+        client = kubernetes.client.ApiClient(configuration)
+        self._clients.append(client)
+        return Rest(client)
+
+    def close(self) -> None:
+        for client in self._clients:
+            try:
+                client.close()
+            except Exception:  # noqa: BLE001
+                pass
+        if self.postgres is not None:
+            self.postgres.close()
+        if self.kube is not None:
+            self.kube.close()
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    # -- the apiserver's own request counters ----------------------------------------------------
+
+    def apiserver_metrics(self) -> str:
+        assert self.kube is not None
+        configuration = self.kube.configuration()
+        response = requests.get(
+            f"{self.kube.url}/metrics",
+            cert=(configuration.cert_file, configuration.key_file),
+            verify=configuration.ssl_ca_cert,
+            timeout=30,
+        )
+        response.raise_for_status()
+        return response.text
+
+    def apiserver_writes(self) -> Counter[str]:
+        """apiserver_request_total of the write verbs, by "resource[/subresource] VERB"."""
+        return parse_request_totals(self.apiserver_metrics())
+
+
+_SAMPLE = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)$")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_request_totals(text: str, verbs: frozenset[str] = WRITE_VERBS) -> Counter[str]:
+    totals: Counter[str] = Counter()
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if not match:
+            continue
+        labels = dict(_LABEL.findall(match.group("labels")))
+        if labels.get("verb") not in verbs:
+            continue
+        resource = labels.get("resource", "?")
+        if labels.get("subresource"):
+            resource += "/" + labels["subresource"]
+        totals[f"{resource} {labels['verb']}"] += int(float(match.group("value")))
+    return totals
+
+
+def counter_delta(after: Counter[str], before: Counter[str]) -> Counter[str]:
+    return Counter({k: after[k] - before.get(k, 0) for k in after if after[k] - before.get(k, 0) > 0})
+
+
+# -- a `dbprovider manager` process ----------------------------------------------------------------
+
+
+class ManagerProcess:
+    """`dbprovider manager` for a DevStack, as a child process that dies with the benchmark."""
+
+    def __init__(
+        self,
+        stack: Stack,
+        name: str = "bench-manager",
+        python: str = sys.executable,
+        database_workers: int | None = None,
+    ) -> None:
+        assert stack.dev is not None
+        self.stack = stack
+        self.dev = stack.dev
+        self.name = name
+        self.api_port, self.metrics_port = free_port(), free_port()
+        self.log_file = stack.state_dir / f"{name}.log"
+        env = {**os.environ, **self.dev.manager_env(), "POD_NAME": name, "PYTHONPATH": str(REPO)}
+        argv = self.dev.manager_argv(python, self.api_port, self.metrics_port)
+        if database_workers is not None:  # an experiment: see bench/manager_workers.py
+            assert argv[1:3] == ["-m", "dbprovider.cli"], argv
+            argv[1:3] = ["-m", "bench.manager_workers", str(database_workers)]
+        self.started = time.monotonic()
+        self.proc: subprocess.Popen = spawn(argv, self.log_file, env=env)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def url(self, path: str) -> str:
+        return f"https://127.0.0.1:{self.api_port}{path}"
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def metrics(self) -> str:
+        return requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).text
+
+    def ready(self) -> bool:
+        if not self.alive():
+            raise RuntimeError(f"manager exited with {self.proc.returncode}: {self.tail()}")
+        try:
+            return requests.get(self.url("/readyz"), verify=str(self.dev.ca_file), timeout=5).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def leading(self, rest: Rest) -> bool:
+        try:
+            lease = rest.get(LEASES, f"{self.dev.config.release_name}-manager", self.dev.namespace)
+        except Exception:  # noqa: BLE001 - not there yet
+            return False
+        return (lease.get("spec") or {}).get("holderIdentity") == self.name
+
+    def wait_leading(self, rest: Rest, timeout: float = 120) -> None:
+        wait_for(self.ready, timeout, "manager /readyz", 0.2)
+        wait_for(lambda: self.leading(rest), timeout, "manager to hold the Lease", 0.2)
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        stop_process(self.proc, signal.SIGTERM, timeout=40)
+
+
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    """The sum of the samples of `name` whose labels include `labels`."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        head, _, value = line.rpartition(" ")
+        found = dict(_LABEL.findall(head))
+        if all(found.get(k) == v for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
+# -- profiles --------------------------------------------------------------------------------------
+
+
+@dataclass
+class PySpy:
+    """`py-spy record` attached to a running process (every thread), as collapsed stacks."""
+
+    pid: int
+    out: Path
+    rate: int = 50
+    proc: subprocess.Popen | None = field(default=None, init=False)
+
+    def start(self) -> PySpy:
+        exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        self.proc = subprocess.Popen(
+            [exe, "record", "--pid", str(self.pid), "--format", "raw", "--rate", str(self.rate),
+             "--nonblocking", "--threads", "--idle", "-o", str(self.out)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+        )
+        time.sleep(1.0)  # attach before the measured window
+        return self
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+_FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
+OUR_PACKAGES = ("api/", "reconciler/", "informers/", "domain/", "dbprovider/", "bench/")
+# What a sampled stack is doing: blocked waiting for work (innermost frame), else the first of these
+# markers found from the innermost frame outwards, else Python code running on the CPU.
+WAITING_FILES = ("threading.py", "selectors.py", "queue.py", "socketserver.py")
+ACTIVITIES = (
+    ("SQL (psycopg)", ("psycopg/", "reconciler/sql/")),
+    ("apiserver request", ("informers/rest.py", "kubernetes/client/", "urllib3/")),
+)
+
+
+def _parse_collapsed(path: Path) -> list[tuple[str, list[tuple[str, str]], int]]:
+    samples = []
+    for raw in path.read_text(errors="replace").splitlines():
+        stack, _, count_text = raw.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        thread = "?"
+        frames: list[tuple[str, str]] = []
+        for frame in stack.split(";"):
+            if frame.startswith("thread (") or frame.startswith("process "):
+                thread = frame.split(": ", 1)[1] if ": " in frame else frame
+                continue
+            match = _FRAME.match(frame)
+            if match:
+                frames.append((match.group("func"), match.group("file") or ""))
+            else:
+                frames.append((frame, ""))
+        group = "unnamed threads" if thread.startswith("thread (") else re.sub(r"-\d+$", "-N", thread)
+        samples.append((group, frames, int(count_text)))
+    return samples
+
+
+def _activity(frames: list[tuple[str, str]]) -> str:
+    if any(func == "WatchStream.lines" for func, _ in frames):
+        return "waiting for work"  # an informer's open watch: blocked until the apiserver sends an event
+    if frames and frames[-1][1].startswith(WAITING_FILES):
+        return "waiting for work"  # a lock, condition, queue or select: blocked
+    for _, file in reversed(frames):
+        for name, markers in ACTIVITIES:
+            if file.startswith(markers):
+                return name
+    return "CPU (Python)"
+
+
+def summarize_collapsed(path: Path, top: int = 15) -> str:
+    """A py-spy `--idle --threads` raw profile: what each thread group spends its time on, the top
+    functions by self time among busy samples, and the project functions the busy time is under."""
+    if not path.exists():
+        return f"(no profile at {path})"
+    samples = _parse_collapsed(path)
+    if not samples:
+        return "(empty profile)"
+    per_thread: dict[str, Counter[str]] = {}
+    self_busy: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    busy_total = 0
+    for thread, frames, count in samples:
+        activity = _activity(frames)
+        per_thread.setdefault(thread, Counter())[activity] += count
+        if activity == "waiting for work" or not frames:
+            continue
+        busy_total += count
+        func, file = frames[-1]
+        self_busy[f"{func} ({file})"] += count
+        seen = set()
+        for func, file in frames:
+            if file.startswith(OUR_PACKAGES) and (func, file) not in seen:
+                seen.add((func, file))
+                inclusive[f"{func} ({file})"] += count
+    lines = ["time by thread group (samples; share of that group's samples):"]
+    for thread, activities in sorted(per_thread.items(), key=lambda kv: -sum(kv[1].values())):
+        total = sum(activities.values())
+        parts = ", ".join(f"{name} {100 * n / total:.0f}%" for name, n in activities.most_common())
+        lines.append(f"  {thread:32s} {total:6d}  {parts}")
+    lines.append(f"top self time of busy samples ({busy_total} samples, not waiting for work):")
+    for name, count in self_busy.most_common(top):
+        lines.append(f"  {100 * count / busy_total:5.1f}%  {name}")
+    lines.append("busy samples under project functions (inclusive):")
+    for name, count in inclusive.most_common(top):
+        lines.append(f"  {100 * count / busy_total:5.1f}%  {name}")
+    return "\n".join(lines)
+
+
+def pyinstrument_profile() -> Any:
+    """A started pyinstrument Profiler, or None when pyinstrument is not installed (bench extra)."""
+    try:
+        from pyinstrument import Profiler
+    except ImportError:
+        log("pyinstrument is not installed (pip install -e '.[bench]'): no in-process profile")
+        return None
+    profiler = Profiler(interval=0.001)
+    profiler.start()
+    return profiler
+
+
+def pyinstrument_text(profiler: Any, path: Path | None = None) -> str:
+    if profiler is None:
+        return "(pyinstrument not installed)"
+    profiler.stop()
+    text = profiler.output_text(unicode=False, color=False, show_all=False)
+    if path is not None:
+        path.write_text(text)
+    return text
+
+
+# -- CPU per component -----------------------------------------------------------------------------
+
+
+class CpuMeter:
+    """CPU seconds (user + system) used by each component this benchmark started, between snapshots.
+
+    Components are found among this process' descendants by name: kube-apiserver, etcd, postgres
+    (the postmaster and its backends), the manager (by pid), and this benchmark process itself.
+    Backends that exit between two snapshots are missed, so PostgreSQL's figure is a lower bound.
+    """
+
+    def __init__(self, manager_pid: int | None = None) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self.manager_pid = manager_pid
+
+    def _component(self, proc: Any) -> str | None:
+        try:
+            if proc.pid == self.manager_pid:
+                return "manager"
+            name = proc.name()
+        except self._psutil.Error:
+            return None
+        if name.startswith("kube-apiserver"):
+            return "kube-apiserver"
+        if name == "etcd":
+            return "etcd"
+        if name == "postgres":
+            return "postgres"
+        return None
+
+    def snapshot(self) -> dict[str, float]:
+        me = self._psutil.Process()
+        totals: dict[str, float] = {"benchmark process": sum(me.cpu_times()[:2])}
+        for proc in me.children(recursive=True):
+            component = self._component(proc)
+            if component is None:
+                continue
+            try:
+                times = proc.cpu_times()
+            except self._psutil.Error:
+                continue
+            totals[component] = totals.get(component, 0.0) + times.user + times.system
+        return totals
+
+    @staticmethod
+    def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+        return {k: after[k] - before.get(k, 0.0) for k in after}
+
+
+def machine_busy() -> float:
+    """CPU seconds the whole machine has been busy (all processes, every tenant), for deltas."""
+    import psutil
+
+    times = psutil.cpu_times()
+    return sum(times) - times.idle - getattr(times, "iowait", 0.0)

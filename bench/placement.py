@@ -1,0 +1,274 @@
+"""Placement cost with 20 vs 200 shards.
+
+    python -m bench.placement [--databases 10000] [--rounds 15] [--iterations 2000]
+                              [--live-placements 50] [--live-rounds 10] [--profile]
+
+1. In-process, what the Database controller computes to place one database (`DatabaseController._place`
+   before its writes): `ShardCandidate.from_object` over the shard informer's list, `count_by_index`
+   per shard on the Database informer (holding `--databases` Databases spread over the shards), then
+   `choose_shard`. The informers are the real `informers.Informer`, filled by a stub list (no
+   apiserver), so the lists and indexes are exactly the controller's. 20 and 200 shards side by
+   side, interleaved, `--iterations` placements per round.
+2. On the real apiserver (skip with `--live-placements 0`): the whole `_place` step (the same
+   computation plus its status write and its Event) for fresh Database objects, with a controller
+   whose shard informer sees 20 Shards and one that sees 200 (label selectors), interleaved.
+Target: placing one database with 200 shards <= 1.2x the cost with 20, for each of the two.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    Stack,
+    Target,
+    interleaved,
+    log,
+    machine_line,
+    pyinstrument_profile,
+    pyinstrument_text,
+    ratio_of,
+    report_targets,
+    table,
+)
+from informers import Informer, Rest
+from reconciler.placement import ShardCandidate, choose_shard
+from reconciler.resources import BY_SHARD, DATABASES, SHARDS, database_shard
+
+TARGET = 1.2
+READY_CONDITIONS = [{"type": "Ready", "status": "True", "reason": "Ok", "message": "admin connection healthy",
+                     "lastTransitionTime": "2026-11-30T00:00:00Z", "observedGeneration": 1}]
+
+
+# -- in-process ------------------------------------------------------------------------------------
+
+
+class _IdleStream:
+    """A watch that never delivers an event (until the informer stops)."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+
+    def lines(self):  # noqa: ANN201
+        self._stop.wait()
+        return iter(())
+
+    def abort(self) -> None:
+        self._stop.set()
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+class ListOnlyRest(Rest):
+    """A Rest whose LIST returns fixed objects and whose watch stays silent: fills a real Informer."""
+
+    def __init__(self, items: list[dict[str, Any]], kind: str) -> None:
+        super().__init__(None)  # type: ignore[arg-type]
+        self.items = items
+        self.kind = kind
+
+    def request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        return {"kind": f"{self.kind}List", "items": [copy.deepcopy(i) for i in self.items],
+                "metadata": {"resourceVersion": "1"}}
+
+    def stream(self, path: str, **kwargs: Any) -> _IdleStream:  # type: ignore[override]
+        return _IdleStream()
+
+
+def shard_object(name: str, max_databases: int, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "db.bnerd.com/v1alpha1",
+        "kind": "Shard",
+        "metadata": {"name": name, "resourceVersion": "1", "generation": 1, "labels": labels or {},
+                     "uid": f"uid-{name}"},
+        "spec": {
+            "maxDatabases": max_databases,
+            "perconaCluster": {"namespace": "dbprovider", "name": name},
+            "admin": {"serviceName": f"{name}-primary", "port": 5432,
+                      "secretRef": {"namespace": "dbprovider", "name": f"{name}-provisioner"}},
+            "client": {"host": f"{name}.db.example", "port": 5432},
+        },
+        "status": {"conditions": copy.deepcopy(READY_CONDITIONS), "databaseCount": 0, "observedGeneration": 1},
+    }
+
+
+def database_object(i: int, shard: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "db.bnerd.com/v1alpha1",
+        "kind": "Database",
+        "metadata": {"name": f"db-{i:05d}.consumer-a", "namespace": "dbprovider", "resourceVersion": "1",
+                     "uid": f"uid-{i}", "generation": 1, "finalizers": ["db.bnerd.com/tenant"]},
+        "spec": {"consumer": "consumer-a", "externalId": f"db-{i:05d}", "sizeClass": "small", "engine": "postgres"},
+        "status": {"shard": shard, "phase": "Ready", "tenantName": f"t_db_{i:05d}_0123456789",
+                   "conditions": copy.deepcopy(READY_CONDITIONS)},
+    }
+
+
+def filled_informers(shard_count: int, databases: int) -> tuple[Informer, Informer]:
+    names = [f"shard-{i:03d}" for i in range(shard_count)]
+    capacity = -(-databases // shard_count) + 50
+    shards = Informer(ListOnlyRest([shard_object(n, capacity) for n in names], "Shard"), SHARDS)
+    dbs = Informer(ListOnlyRest([database_object(i, names[i % shard_count]) for i in range(databases)], "Database"),
+                   DATABASES, "dbprovider")
+    dbs.add_index(BY_SHARD, database_shard)
+    for informer in (shards, dbs):
+        informer.start()
+        informer.wait_for_sync(60)
+    return shards, dbs
+
+
+def place_once(shards: Informer, databases: Informer) -> str | None:
+    """The placement computation of `DatabaseController._place`, line for line."""
+    candidates = [ShardCandidate.from_object(s) for s in shards.list()]
+    counts = {c.name: databases.count_by_index(BY_SHARD, c.name) for c in candidates}
+    return choose_shard(candidates, counts, "postgres")
+
+
+# -- on the real apiserver -------------------------------------------------------------------------
+
+
+def live_benchmark(placements: int, rounds: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """The whole `_place` step (computation, status write, Event) with 20 vs 200 Shards."""
+    from datetime import UTC, datetime
+
+    from dbprovider.devstack import DevStack
+    from domain.config import load_install_config
+    from informers import SECRETS
+    from reconciler.database_controller import DatabaseController, Pass
+    from reconciler.events import EventRecorder
+
+    stack = Stack("placement")
+    informers: list[Informer] = []
+    try:
+        stack.start()
+        dev: DevStack = stack.dev  # type: ignore[assignment]
+        rest = stack.admin_rest(8)
+        rest.delete(SHARDS, dev.shard)  # only the benchmark's shards
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        for label, count in (("s20", 20), ("s200", 200)):
+            for i in range(count):
+                body = shard_object(f"{label}-{i:03d}", 10_000, {"bench-placement": label})
+                status = body.pop("status")
+                for key in ("resourceVersion", "uid"):
+                    body["metadata"].pop(key)
+                body["metadata"].pop("generation")
+                created = rest.create(SHARDS, body)
+                status["conditions"][0]["lastTransitionTime"] = now
+                rest.patch(SHARDS, created["metadata"]["name"], {"status": status}, subresource="status")
+        total = placements * rounds * 2 + 20
+        log(f"creating {total} Database objects to place")
+        for i in range(total):
+            rest.create(DATABASES, {
+                "apiVersion": "db.bnerd.com/v1alpha1", "kind": "Database",
+                "metadata": {"name": f"place-{i:04d}.{dev.consumer}", "namespace": dev.namespace},
+                "spec": {"consumer": dev.consumer, "externalId": f"place-{i:04d}", "sizeClass": "small",
+                         "engine": "postgres"},
+            }, dev.namespace)
+        config = load_install_config({"releaseName": "dbprovider", "namespace": dev.namespace,
+                                      "tls": {"secretName": "dbprovider-tls"},
+                                      "sizeClasses": {"small": {"connectionLimit": 5}}})
+        databases = Informer(rest, DATABASES, dev.namespace)
+        databases.add_index(BY_SHARD, database_shard)
+        secrets = Informer(rest, SECRETS, dev.namespace)
+        controllers = {}
+        shard_informers = {}
+        informers += [databases.start(), secrets.start()]
+        for label in ("s20", "s200"):
+            shards = Informer(rest, SHARDS, label_selector=f"bench-placement={label}")
+            informers.append(shards.start())
+            shards.wait_for_sync(60)
+            shard_informers[label] = shards
+            controllers[label] = DatabaseController(rest, config, dev.namespace, databases, shards, secrets,
+                                                    EventRecorder(rest, "bench"))
+        databases.wait_for_sync(60)
+        secrets.wait_for_sync(60)
+        pending = iter(range(total))
+
+        def placer(label: str):
+            controller = controllers[label]
+
+            def once() -> None:
+                name = f"place-{next(pending):04d}.{dev.consumer}"
+                db = databases.get(f"{dev.namespace}/{name}")
+                assert db is not None
+                p = Pass(db, copy.deepcopy(db.get("status") or {}))
+                assert controller._place(p) is None and p.status["shard"].startswith(label)  # noqa: SLF001
+
+            return once
+
+        variants = {"20 shards": placer("s20"), "200 shards": placer("s200")}
+        interleaved(variants, 1, 10)  # warm-up: connections, first events
+        steps = interleaved(variants, rounds, placements)
+        # The computation alone on the same live informers, to tell it from the writes' noise.
+        compute = interleaved({"20 shards": lambda: place_once(shard_informers["s20"], databases),
+                               "200 shards": lambda: place_once(shard_informers["s200"], databases)}, rounds, 500)
+        return steps, compute
+    finally:
+        for informer in informers:
+            informer.stop()
+        stack.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--databases", type=int, default=10_000, help="Databases in the informer (default 10,000)")
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--iterations", type=int, default=2000, help="in-process placements per round")
+    parser.add_argument("--live-placements", type=int, default=50,
+                        help="placements per round on the real apiserver (0: skip; default 50)")
+    parser.add_argument("--live-rounds", type=int, default=10)
+    parser.add_argument("--profile", action="store_true", help="pyinstrument on the 200-shard computation")
+    parser.add_argument("--profile-dir", type=Path, default=Path("bench/profiles"))
+    args = parser.parse_args(argv)
+
+    print(f"placement: 20 vs 200 shards, {args.databases} Databases in the cache")
+    print(f"machine: {machine_line()}")
+    small = filled_informers(20, args.databases)
+    large = filled_informers(200, args.databases)
+    try:
+        variants = {"20 shards": lambda: place_once(*small), "200 shards": lambda: place_once(*large)}
+        interleaved(variants, 1, args.iterations // 10)  # warm-up
+        samples = interleaved(variants, args.rounds, args.iterations)
+        profile_text = None
+        if args.profile:
+            profiler = pyinstrument_profile()
+            for _ in range(args.iterations):
+                place_once(*large)
+            args.profile_dir.mkdir(parents=True, exist_ok=True)
+            profile_text = pyinstrument_text(profiler, args.profile_dir / "placement-200.pyinstrument.txt")
+    finally:
+        for informer in (*small, *large):
+            informer.stop()
+    best, median = ratio_of(samples, "200 shards", "20 shards")
+    rows = [(name, f"{1e6 * min(v):.1f} us", f"{1e6 * statistics.median(v):.1f} us") for name, v in samples.items()]
+    table(f"placement computation in-process ({args.iterations} per round, {args.rounds} rounds)",
+          rows + [("ratio", f"{best:.2f}x", f"{median:.2f}x")], ("shards", "best round", "median round"))
+    if profile_text:
+        print("\n== pyinstrument, 200-shard placement computation\n" + profile_text[:4000])
+    targets = [Target(f"placement computation 200 vs 20 shards {best:.2f}x (median {median:.2f}x)", f"<= {TARGET}x",
+                      best <= TARGET)]
+    if args.live_placements > 0:
+        started = time.monotonic()
+        live, compute = live_benchmark(args.live_placements, args.live_rounds)
+        live_best, live_median = ratio_of(live, "200 shards", "20 shards")
+        rows = [(name, f"{1e3 * min(v):.2f} ms", f"{1e3 * statistics.median(v):.2f} ms") for name, v in live.items()]
+        rows += [(f"{name}: the computation alone", f"{1e3 * min(v):.3f} ms", f"{1e3 * statistics.median(v):.3f} ms")
+                 for name, v in compute.items()]
+        table(f"whole _place step on the real apiserver (status write + Event; {args.live_placements} per round, "
+              f"{args.live_rounds} rounds; {time.monotonic() - started:.0f} s with setup)",
+              rows + [("ratio", f"{live_best:.2f}x", f"{live_median:.2f}x")], ("shards", "best round", "median round"))
+        targets.append(Target(f"_place step on the apiserver 200 vs 20 shards {live_median:.2f}x "
+                              f"(best rounds {live_best:.2f}x)", f"<= {TARGET}x", live_median <= TARGET))
+    report_targets(targets)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,463 @@
+"""Provisioning burst: N PUTs at once against a real `dbprovider manager`, vs the bare SQL.
+
+    python -m bench.provisioning [--count 200] [--repeats 3] [--sessions 4] [--profile]
+
+Measured in one run on one PostgreSQL 18 server, alternating so that every burst has a baseline
+right before and right after it (b0, r0, b1, r1, b2, r2, b3):
+- baselines b<n>: `ensure_tenant` for N fresh tenants, run directly with 4 parallel admin sessions
+  (one shared queue, as the controller's 4 workers have); once at the start also the same followed
+  by `set_password` (the controller sets the password of a new tenant explicitly: a new credentials
+  Secret is always password-pending), for comparison;
+- bursts r<n>: N threads send `PUT /v1/databases/<id>` at once over TLS to the manager's API; the
+  time from the first PUT until every Database is Ready (seen through a watch), p50/p99 of
+  PUT->Ready per database, CPU per component, the apiserver's write requests per database
+  (apiserver_request_total before/after) and the provisioner's statements per database
+  (log_statement=all).
+Target: the median over the bursts of (burst time / mean of its two neighbouring baselines) <= 1.5x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import queue
+import re
+import statistics
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from bench.common import (
+    CpuMeter,
+    ManagerProcess,
+    PySpy,
+    Stack,
+    Target,
+    counter_delta,
+    fmt_s,
+    log,
+    machine_busy,
+    machine_line,
+    percentile,
+    report_targets,
+    summarize_collapsed,
+    table,
+    wait_for,
+)
+from informers import Informer
+from reconciler.credentials import new_password
+from reconciler.resources import CONSUMERS, DATABASES, SHARDS
+from reconciler.sql.session import AdminEndpoint, AdminSession
+from reconciler.sql.tenant import TenantSpec, ensure_tenant, set_password
+
+TARGET_RATIO = 1.5
+_ENTRY = re.compile(r"^\d{4}-\d\d-\d\d \S+ \S+ \[\d+\] user=(?P<user>\S*) db=\S* (?P<level>[A-Z]+):  (?P<text>.*)$")
+_STATEMENT = re.compile(r"^(?:statement|execute [^:]*): ?(?P<sql>.*)$")
+
+
+class StatementLog:
+    """The provisioner's statements logged since a point, by first keyword."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = path.stat().st_size
+
+    def keywords(self, user: str = "provisioner", detail: bool = False) -> Counter[str]:
+        with open(self.path, "rb") as handle:
+            handle.seek(self.offset)
+            text = handle.read().decode(errors="replace")
+        return statement_keywords(text, user, detail)
+
+
+def statement_keywords(text: str, user: str = "provisioner", detail: bool = False) -> Counter[str]:
+    """Statements of `user` in a PostgreSQL log (log_statement=all), by first keyword (SELECT, CREATE...).
+
+    Simple-protocol statements are logged as `statement: ...`, parameterized ones as `execute <name>: ...`;
+    a statement that starts with a newline continues on the following (tab-indented) lines.
+    """
+    found: Counter[str] = Counter()
+    pending = False  # the last entry was a statement of `user` whose first line was empty
+
+    def key(sql_text: str) -> str:
+        words = sql_text.split()
+        if not detail:
+            return words[0].upper()
+        return " ".join(words)[:72]  # e.g. which SELECT: the Shard ping's or the tenant state read
+
+    for line in text.splitlines():
+        entry = _ENTRY.match(line)
+        if entry is None:
+            if pending and line.strip():
+                found[key(line)] += 1
+                pending = False
+            continue
+        if pending:
+            found["?"] += 1
+        pending = False
+        if entry.group("level") != "LOG" or entry.group("user") != user:
+            continue
+        statement = _STATEMENT.match(entry.group("text"))
+        if statement is None:
+            continue
+        if statement.group("sql").strip():
+            found[key(statement.group("sql"))] += 1
+        else:
+            pending = True
+    return found
+
+
+@dataclass
+class Phase:
+    seconds: float
+    postgres_cpu: float  # CPU seconds of the PostgreSQL processes
+    machine_cpu: float  # CPU seconds the whole machine was busy (every tenant)
+
+
+def baseline(
+    stack: Stack, label: str, count: int, sessions: int, set_new_password: bool = False
+) -> tuple[Phase, Counter[str]]:
+    """ensure_tenant (then set_password, with `set_new_password`) for `count` new tenants over
+    `sessions` admin sessions sharing one queue; returns (seconds, statements by keyword)."""
+    assert stack.postgres is not None
+    pg = stack.postgres
+    endpoint = AdminEndpoint("127.0.0.1", pg.port, pg.PROVISIONER, pg.provisioner_password, sslmode="disable")
+    work: queue.Queue[TenantSpec] = queue.Queue()
+    for i in range(count):
+        work.put(TenantSpec(f"t_bench_{label}_{i:04d}", new_password(), 5))
+    admins = [AdminSession.for_endpoint(endpoint) for _ in range(sessions)]
+    for admin in admins:
+        admin.connection()  # connected before the clock starts, as the controller's sessions are
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(sessions + 1)
+
+    def worker(admin: AdminSession) -> None:
+        barrier.wait()
+        while True:
+            try:
+                spec = work.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                ensure_tenant(admin, spec)
+                if set_new_password:
+                    set_password(admin, spec.name, spec.password)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+    statements = StatementLog(pg.log_file)
+    threads = [threading.Thread(target=worker, args=(a,)) for a in admins]
+    for thread in threads:
+        thread.start()
+    cpu = CpuMeter()
+    cpu_before, busy_before = cpu.snapshot(), machine_busy()
+    barrier.wait()
+    started = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - started
+    cpu_used = cpu.delta(cpu.snapshot(), cpu_before)
+    busy = machine_busy() - busy_before
+    for admin in admins:
+        admin.close()
+    if errors:
+        raise RuntimeError(f"baseline {label}: {len(errors)} failures, first: {errors[0]}")
+    return Phase(elapsed, cpu_used.get("postgres", 0.0), busy), statements.keywords(detail=True)
+
+
+def _by_keyword(detail: Counter[str]) -> Counter[str]:
+    found: Counter[str] = Counter()
+    for text, n in detail.items():
+        found[text.split()[0].upper()] += n
+    return found
+
+
+class ReadyWatch:
+    """Records when each Database (by externalId) is first seen Ready, through a real watch."""
+
+    def __init__(self, stack: Stack, namespace: str) -> None:
+        self.ready_at: dict[str, float] = {}
+        self.lock = threading.Lock()
+        self.informer = Informer(stack.admin_rest(4), DATABASES, namespace)
+        self.informer.add_handler(self._on_event)
+
+    def _on_event(self, event_type: str, old: dict | None, new: dict | None) -> None:
+        if new is None or (new.get("status") or {}).get("phase") != "Ready":
+            return
+        external_id = (new.get("spec") or {}).get("externalId")
+        now = time.perf_counter()
+        with self.lock:
+            self.ready_at.setdefault(external_id, now)
+
+    def start(self) -> ReadyWatch:
+        self.informer.start()
+        self.informer.wait_for_sync(60)
+        return self
+
+    def count(self, ids: set[str]) -> int:
+        with self.lock:
+            return sum(1 for i in ids if i in self.ready_at)
+
+    def stop(self) -> None:
+        self.informer.stop()
+
+
+def burst(
+    manager: ManagerProcess, token: str, count: int, label: str = "r0"
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """`count` threads PUT at once; returns externalId -> send time, and client-side figures."""
+    sent: dict[str, float] = {}
+    stats: Counter[str] = Counter()
+    lock = threading.Lock()
+    barrier = threading.Barrier(count + 1)
+    ca = str(manager.dev.ca_file)
+
+    def client(i: int) -> None:
+        external_id = f"burst-{label}-{i:04d}"
+        session = requests.Session()  # verify per request: REQUESTS_CA_BUNDLE would override session.verify
+        headers = {"Authorization": f"Bearer {token}"}
+        barrier.wait()
+        first = time.perf_counter()
+        for attempt in range(60):
+            try:
+                response = session.put(
+                    manager.url(f"/v1/databases/{external_id}"), json={"sizeClass": "small"}, headers=headers,
+                    verify=ca, timeout=60,
+                )
+            except requests.RequestException as exc:
+                with lock:
+                    stats[f"client error {type(exc).__name__}: {str(exc)[:100]}"] += 1
+                time.sleep(0.05 * (attempt + 1))
+                continue
+            with lock:
+                stats[f"HTTP {response.status_code}"] += 1
+            if response.status_code in (200, 201):
+                break
+            if response.status_code < 500:
+                with lock:
+                    stats[f"HTTP {response.status_code}: {response.text[:120]}"] += 1
+                break
+            time.sleep(0.05 * (attempt + 1))
+        with lock:
+            sent[external_id] = first
+        session.close()
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    barrier.wait()
+    started = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    stats_out: dict[str, Any] = dict(stats)
+    stats_out["all PUTs answered after"] = time.perf_counter() - started
+    stats_out["started"] = started
+    return sent, stats_out
+
+
+@dataclass
+class BurstResult:
+    seconds: float  # first PUT -> all Ready
+    latencies: list[float]  # PUT -> Ready, per database
+    answered: float  # first PUT -> every PUT answered
+    answers: Counter[str]
+    cpu: dict[str, float]
+    machine_cpu: float
+    writes: Counter[str]
+    statements: Counter[str]  # by statement text
+
+
+def run_burst(stack: Stack, manager: ManagerProcess, watch: ReadyWatch, label: str, count: int,
+              spy_out: Path | None) -> BurstResult:
+    assert stack.dev is not None and stack.postgres is not None
+    writes_before = stack.apiserver_writes()
+    cpu = CpuMeter(manager.pid)
+    cpu_before, busy_before = cpu.snapshot(), machine_busy()
+    statements = StatementLog(stack.postgres.log_file)
+    spy = PySpy(manager.pid, spy_out).start() if spy_out is not None else None
+    try:
+        sent, client_stats = burst(manager, stack.dev.token, count, label)
+        started = client_stats.pop("started")
+        answered = client_stats.pop("all PUTs answered after")
+        ids = set(sent)
+        log(f"burst {label}: all PUTs answered after {answered:.2f} s; waiting for Ready")
+        wait_for(lambda: watch.count(ids) == len(ids), 900, f"{count} databases Ready", 0.05)
+        seconds = max(watch.ready_at[i] for i in ids) - started
+        cpu_used = cpu.delta(cpu.snapshot(), cpu_before)
+        busy = machine_busy() - busy_before
+    finally:
+        if spy is not None:
+            spy.stop()
+    time.sleep(5.0)  # the writes that follow Ready (counts on the Consumer and the Shard, events)
+    return BurstResult(
+        seconds=seconds,
+        latencies=[watch.ready_at[i] - sent[i] for i in ids],
+        answered=answered,
+        answers=Counter(client_stats),
+        cpu=cpu_used,
+        machine_cpu=busy,
+        writes=counter_delta(stack.apiserver_writes(), writes_before),
+        statements=statements.keywords(detail=True),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--count", type=int, default=200, help="databases in each burst (default 200)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="bursts, each between two ensure_tenant baselines (default 3)")
+    parser.add_argument("--sessions", type=int, default=4, help="parallel sessions of the SQL baseline (default 4)")
+    parser.add_argument("--profile", action="store_true",
+                        help="record the manager (every thread) with py-spy during the last burst")
+    parser.add_argument("--database-workers", type=int, default=None,
+                        help="experiment: run the manager with this many Database workers (product: 4)")
+    parser.add_argument("--profile-dir", type=Path, default=Path("bench/profiles"))
+    args = parser.parse_args(argv)
+    count, repeats = args.count, args.repeats
+
+    print(f"provisioning burst: {repeats} x {count} PUTs at once, each between two baselines of ensure_tenant "
+          f"x{count} on {args.sessions} sessions")
+    if args.database_workers is not None:
+        print(f"EXPERIMENT: the manager runs {args.database_workers} Database workers (the product has 4)")
+    print(f"machine: {machine_line()}")
+    stack = Stack("provisioning", log_statements=True)
+    manager: ManagerProcess | None = None
+    watch: ReadyWatch | None = None
+    try:
+        stack.start()
+        assert stack.dev is not None
+        dev = stack.dev
+        rest = stack.admin_rest()
+        rest.patch(CONSUMERS, dev.consumer, {"spec": {"maxDatabases": repeats * count + 50}})
+        rest.patch(SHARDS, dev.shard, {"spec": {"maxDatabases": repeats * count + 50}})
+
+        log(f"baseline ensure+password x{count} (for comparison)")
+        with_password, with_password_statements = baseline(stack, "pw", count, args.sessions, True)
+        with_password_seconds = with_password.seconds
+        ensure_phases: list[Phase] = []
+        ensure_runs: list[float] = []
+        ensure_statements: Counter[str] = Counter()
+
+        def ensure_baseline(label: str) -> None:
+            nonlocal ensure_statements
+            phase, found = baseline(stack, label, count, args.sessions)
+            ensure_phases.append(phase)
+            ensure_runs.append(phase.seconds)
+            ensure_statements = ensure_statements or found
+            log(f"baseline ensure ({label}): {phase.seconds:.2f} s")
+
+        ensure_baseline("b0")
+        manager = ManagerProcess(stack, database_workers=args.database_workers)
+        manager.wait_leading(rest)
+        wait_for(
+            lambda: any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in (rest.get(SHARDS, dev.shard).get("status") or {}).get("conditions") or []
+            ),
+            120, "the Shard to be Ready", 0.3,
+        )
+        watch = ReadyWatch(stack, dev.namespace).start()
+        time.sleep(2.0)  # let the start-up writes settle before counting
+        bursts: list[BurstResult] = []
+        for n in range(repeats):
+            profile = args.profile and n == repeats - 1
+            if profile:
+                args.profile_dir.mkdir(parents=True, exist_ok=True)
+            result = run_burst(stack, manager, watch, f"r{n}", count,
+                               args.profile_dir / "provisioning-manager.pyspy.txt" if profile else None)
+            bursts.append(result)
+            log(f"burst r{n}: all Ready after {result.seconds:.2f} s")
+            ensure_baseline(f"b{n + 1}")
+        manager.stop()
+        manager = None
+
+        ratios = [b.seconds / statistics.mean(ensure_runs[n:n + 2]) for n, b in enumerate(bursts)]
+        ratio = statistics.median(ratios)
+        latencies = [x for b in bursts for x in b.latencies]
+        rows = [(f"baseline ensure_tenant b{n}", fmt_s(sec), f"{count / sec:.1f} db/s", "")
+                for n, sec in enumerate(ensure_runs)]
+        rows.append(("baseline ensure_tenant + set_password (once)", fmt_s(with_password_seconds),
+                     f"{count / with_password_seconds:.1f} db/s", ""))
+        for n, b in enumerate(bursts):
+            rows.append((f"burst r{n}: first PUT -> all Ready", fmt_s(b.seconds), f"{count / b.seconds:.1f} db/s",
+                         f"{ratios[n]:.2f}x of b{n}/b{n + 1}"))
+        rows += [
+            ("burst: all PUTs answered (median)", fmt_s(statistics.median(b.answered for b in bursts)), "", ""),
+            ("PUT -> Ready p50 (all bursts)", fmt_s(percentile(latencies, 50)), "", ""),
+            ("PUT -> Ready p99 (all bursts)", fmt_s(percentile(latencies, 99)), "", ""),
+            ("PUT -> Ready max", fmt_s(max(latencies)), "", ""),
+        ]
+        table("times", rows, ("what", "time", "rate", "ratio"))
+
+        phases = [(f"baseline b{n}", p.seconds, p.postgres_cpu, p.machine_cpu) for n, p in enumerate(ensure_phases)]
+        phases.append(("baseline + set_password", with_password.seconds, with_password.postgres_cpu,
+                       with_password.machine_cpu))
+        phases += [(f"burst r{n}", b.seconds, b.cpu.get("postgres", 0.0), b.machine_cpu) for n, b in enumerate(bursts)]
+        table(
+            "PostgreSQL CPU and how busy the machine was (2 cores = 200%; other tenants included)",
+            [(name, fmt_s(sec), f"{pg_cpu:.1f}", f"{1000 * pg_cpu / count:.0f} ms", f"{100 * busy / sec:.0f}%")
+             for name, sec, pg_cpu, busy in phases],
+            ("phase", "wall", "postgres CPU-s", "per database", "machine busy"),
+        )
+        components = sorted({k for b in bursts for k in b.cpu}, key=lambda k: -sum(b.cpu.get(k, 0) for b in bursts))
+        table(
+            "CPU seconds per burst, first PUT to all Ready (other tenants of the machine not shown)",
+            [(k, *(f"{b.cpu.get(k, 0):.1f}" for b in bursts)) for k in components]
+            + [("wall seconds x 2 cores", *(f"{2 * b.seconds:.1f}" for b in bursts))],
+            ("component", *(f"r{n}" for n in range(repeats))),
+        )
+        answers: Counter[str] = sum((b.answers for b in bursts), Counter())
+        table("PUT answers, all bursts (incl. retries)", sorted(answers.items()), ("answer", "count"))
+        writes: Counter[str] = sum((b.writes for b in bursts), Counter())
+        total = count * repeats
+        total_writes = sum(writes.values())
+        lease_writes = sum(v for k, v in writes.items() if k.startswith("leases "))
+        table(
+            f"apiserver writes during the bursts ({total_writes / total:.2f} per database; "
+            f"{(total_writes - lease_writes) / total:.2f} without Lease renewals)",
+            [(k, v, f"{v / total:.2f}") for k, v in writes.most_common()],
+            ("resource verb", "requests", "per database"),
+        )
+        burst_detail: Counter[str] = sum((b.statements for b in bursts), Counter())
+        by_kw = {"ensure": _by_keyword(ensure_statements), "ensure+password": _by_keyword(with_password_statements),
+                 "burst": _by_keyword(burst_detail)}
+        per = {"ensure": count, "ensure+password": count, "burst": total}
+        keys = sorted(set().union(*by_kw.values()))
+        table(
+            "provisioner statements per database (log_statement=all)",
+            [(k, *(f"{by_kw[c].get(k, 0) / per[c]:.2f}" for c in by_kw)) for k in keys]
+            + [("total", *(f"{sum(by_kw[c].values()) / per[c]:.2f}" for c in by_kw))],
+            ("keyword", "baseline ensure", "baseline ensure+password", "bursts"),
+        )
+        selects = sorted({k for k in burst_detail if k.startswith("SELECT")}
+                         | {k for k in with_password_statements if k.startswith("SELECT")})
+        table(
+            "SELECT statements per database, by query",
+            [(k, f"{with_password_statements.get(k, 0) / count:.2f}", f"{burst_detail.get(k, 0) / total:.2f}")
+             for k in selects],
+            ("query (first 72 characters)", "baseline ensure+password", "bursts"),
+        )
+        if args.profile:
+            print("\n== py-spy, manager process during the last burst\n"
+                  + summarize_collapsed(args.profile_dir / "provisioning-manager.pyspy.txt"))
+        report_targets([
+            Target(f"provisioning burst / ensure_tenant baseline = {ratio:.2f}x (median of "
+                   f"{', '.join(f'{r:.2f}' for r in ratios)})", f"<= {TARGET_RATIO}x", ratio <= TARGET_RATIO),
+        ])
+        print(f"PUT->Ready p50 {percentile(latencies, 50):.2f} s  p99 {percentile(latencies, 99):.2f} s  "
+              f"apiserver writes per database {total_writes / total:.2f} "
+              f"({(total_writes - lease_writes) / total:.2f} without Lease renewals)")
+    finally:
+        if watch is not None:
+            watch.stop()
+        if manager is not None:
+            manager.stop()
+        stack.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
