@@ -137,6 +137,7 @@ class DatabaseController:
         self.sessions = sessions or AdminSessions()
         self.admin_host_override = admin_host_override
         self.clock = clock
+        self._candidates: dict[str, tuple[str | None, ShardCandidate]] = {}
 
     # -- writes ----------------------------------------------------------------------------------
 
@@ -226,7 +227,7 @@ class DatabaseController:
         if restore is not None:
             return self._adopt(p, restore)
         engine = p.spec.get("engine") or "postgres"
-        candidates = [ShardCandidate.from_object(s) for s in self.shards.list()]
+        candidates = [self._candidate(s) for s in self.shards.list()]
         counts = {c.name: self.databases.count_by_index(BY_SHARD, c.name) for c in candidates}
         chosen = choose_shard(candidates, counts, engine)
         if chosen is None:
@@ -249,6 +250,16 @@ class DatabaseController:
         self.events.record(p.db, EventReason.CREATED, f"placed ({p.describe()})")
         log.info("database placed", extra={"database": p.meta["name"], "shard": chosen})
         return None
+
+    def _candidate(self, shard: dict[str, Any]) -> ShardCandidate:
+        """ShardCandidate.from_object, cached per Shard resourceVersion (placement reads every shard)."""
+        meta = shard["metadata"]
+        cached = self._candidates.get(meta["name"])
+        if cached is not None and cached[0] == meta.get("resourceVersion"):
+            return cached[1]
+        candidate = ShardCandidate.from_object(shard)
+        self._candidates[meta["name"]] = (meta.get("resourceVersion"), candidate)
+        return candidate
 
     def _adopt(self, p: Pass, restore: str) -> Result | None:
         """An operator re-creates a lost Database on its existing tenant: no placement, same data."""

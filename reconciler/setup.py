@@ -6,12 +6,14 @@ registers are the shared ones the API reads too.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from domain.config import InstallConfig
 from domain.constants import CREDENTIALS_SECRET_SUFFIX
 from informers import SECRETS, Informer
+from informers.informer import Handler
 from reconciler.admin import AdminSessions
 from reconciler.consumer_controller import ConsumerController
 from reconciler.database_controller import DatabaseController
@@ -42,6 +44,25 @@ class Controllers:
     def close(self) -> None:
         """After the manager stopped: close the shards' admin sessions."""
         self.sessions.close_all()
+
+
+COUNT_COALESCE_SECONDS = 1.0
+
+
+def _coalesced(controller: Controller, keys: Callable[[dict[str, Any]], list[str]]) -> Handler:
+    """Database events -> the Shard/Consumer keys whose databaseCount they change, a second later.
+
+    A burst of placements then writes each count once per second, not once per database (the
+    work queue keeps the earliest pending time of a key).
+    """
+
+    def handler(event_type: str, old: dict | None, new: dict | None) -> None:
+        for obj in (old, new):
+            if obj is not None:
+                for key in keys(obj):
+                    controller.enqueue_after(key, COUNT_COALESCE_SECONDS)
+
+    return handler
 
 
 def _shard_inputs(shard: dict[str, Any] | None) -> tuple[Any, ...]:
@@ -79,7 +100,7 @@ def register_controllers(
     )
     shard_controller = Controller("shard", shard_logic.reconcile, workers=1)
     shard_controller.watch(shards)
-    shard_controller.watch(databases, database_shard)
+    databases.add_handler(_coalesced(shard_controller, database_shard), replay=False)
     if clusters is not None:
 
         def shards_of_cluster(cluster: dict[str, Any]) -> list[str]:
@@ -130,7 +151,7 @@ def register_controllers(
     consumer_logic = ConsumerController(rest, consumers, databases)
     consumer_controller = Controller("consumer", consumer_logic.reconcile, workers=1)
     consumer_controller.watch(consumers)
-    consumer_controller.watch(databases, database_consumer)
+    databases.add_handler(_coalesced(consumer_controller, database_consumer), replay=False)
 
     for controller in (shard_controller, db_controller, consumer_controller):
         manager.add_controller(controller)

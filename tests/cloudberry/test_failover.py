@@ -153,7 +153,7 @@ def test_scaling_keeps_databases_ready_and_working_and_retries_their_sql(
         assert conn.execute("SELECT count(*) FROM facts").fetchone()[0] == 2
     with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
         tenant_connection(pg15, old)
-    assert fleet.get_shard(shard)["status"]["databaseCount"] == 1
+    wait_for(lambda: fleet.get_shard(shard)["status"].get("databaseCount") == 1, what="databaseCount 1")
 
 
 def test_fleet_metrics_cover_the_cloudberry_shard(pg15: PostgresServer, fleet: Fleet, start_manager):

@@ -6,6 +6,7 @@ import pytest
 
 from harness import PostgresServer
 from tests.cloudberry.conftest import RUNNING, Fleet, condition
+from tests.generator.kubeapi import wait_for
 
 
 def _unplaced_no_capacity(fleet: Fleet, name: str, engine: str) -> None:
@@ -49,7 +50,7 @@ def test_scaling_stops_new_placements_only(pg15: PostgresServer, fleet: Fleet, s
 
     fleet.set_phase(cluster, RUNNING)
     assert fleet.wait_ready(during, timeout=30)["status"]["shard"] == shard
-    assert fleet.get_shard(shard)["status"]["databaseCount"] == 2
+    wait_for(lambda: fleet.get_shard(shard)["status"].get("databaseCount") == 2, what="databaseCount 2")
 
 
 def test_engines_never_mix(pg15: PostgresServer, fleet: Fleet, start_manager):
@@ -90,7 +91,7 @@ def test_cloudberry_database_with_only_postgres_shards_is_no_capacity(pg15, flee
     fleet.wait_shard(postgres, "Ok")
     _unplaced_no_capacity(fleet, fleet.database("analytics"), "cloudberry")
     assert fleet.wait_ready(fleet.database("orders", engine="postgres"))["status"]["shard"] == postgres
-    assert fleet.get_shard(postgres)["status"]["databaseCount"] == 1
+    wait_for(lambda: fleet.get_shard(postgres)["status"].get("databaseCount") == 1, what="databaseCount 1")
 
 
 def test_postgres_database_with_only_cloudberry_shards_is_no_capacity(pg15, fleet: Fleet, start_manager):
