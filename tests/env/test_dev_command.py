@@ -78,10 +78,14 @@ def test_dev_runs_the_consumer_flow_and_stops_cleanly(tmp_path: Path) -> None:
 
         api = kubernetes.config.new_client_from_config(config_file=env["KUBECONFIG"])
         with api:
-            shards = kubernetes.client.CustomObjectsApi(api).list_cluster_custom_object(
-                "db.bnerd.com", "v1alpha1", "shards"
-            )
-        assert shards["items"][0]["status"]["databaseCount"] == 1
+            objects = kubernetes.client.CustomObjectsApi(api)
+            deadline = time.monotonic() + 30  # the count is written a second after the change
+            while time.monotonic() < deadline:
+                shard = objects.list_cluster_custom_object("db.bnerd.com", "v1alpha1", "shards")["items"][0]
+                if shard["status"].get("databaseCount") == 1:
+                    break
+                time.sleep(0.3)
+        assert shard["status"].get("databaseCount") == 1
         assert session.delete(f"{base}/orders", timeout=10).status_code == 202
 
         children = psutil.Process(proc.pid).children(recursive=True)
