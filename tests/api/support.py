@@ -16,7 +16,7 @@ import hashlib
 import itertools
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,6 +33,7 @@ from domain.constants import API_VERSION, KIND_CONSUMER, KIND_DATABASE
 from domain.naming import credentials_secret_name, database_object_name
 from harness.certs import CertificateAuthority
 from informers import Rest, SharedInformers
+from tests.generator.kubeapi import wait_for
 
 T = TypeVar("T")
 
@@ -64,19 +65,6 @@ def new_token() -> str:
 
 def sha256_hex(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
-
-
-def wait_for(check: Callable[[], T], timeout: float = 20.0, what: str = "condition") -> T:
-    deadline = time.monotonic() + timeout
-    delay = 0.02
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.25)
 
 
 def b64(value: str | bytes) -> str:

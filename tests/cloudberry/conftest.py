@@ -34,7 +34,8 @@ from infra.render import render_manifests
 from reconciler.resources import DATABASE_CLUSTERS, DATABASES, SHARDS
 from reconciler.runtime import ControllerManager
 from reconciler.setup import Controllers, register_controllers
-from tests.generator.kubeapi import KubeApi, apply_all, wait_for
+from tests.generator.kubeapi import KubeApi, apply_all, crd_established, wait_for
+from tests.k8s_objects import b64, condition
 
 NAMESPACE = "cbtest-system"
 KELDON_NAMESPACE = "cbtest-keldon"  # where the Keldon DatabaseClusters live (another namespace, as in production)
@@ -158,12 +159,6 @@ def _remove_namespace(rest: Rest, name: str) -> None:
     wait_for(lambda: _gone(rest, NAMESPACES, name), what=f"namespace {name} to go")
 
 
-def _established(api: KubeApi, name: str) -> bool:
-    response = api.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-    conditions = (response.body.get("status") or {}).get("conditions") or [] if response.status == 200 else []
-    return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
-
-
 @pytest.fixture(scope="session")
 def installed(kube: KubeControlPlane) -> Iterator[KubeApi]:
     """The Keldon CRD, then the install of release `cbtest` (server-side apply); all removed at the end."""
@@ -171,7 +166,7 @@ def installed(kube: KubeControlPlane) -> Iterator[KubeApi]:
     kube.ensure_namespace(KELDON_NAMESPACE)
     api = KubeApi(kube.admin_client())
     api.apply(KELDON_CRD)
-    wait_for(lambda: _established(api, KELDON_CRD_NAME), what="the DatabaseCluster CRD")
+    wait_for(lambda: crd_established(api, KELDON_CRD_NAME), what="the DatabaseCluster CRD")
     manifests = render_manifests(install_config())
     apply_all(api, manifests)
     yield api
@@ -327,7 +322,7 @@ class Fleet:
             "apiVersion": "v1",
             "kind": "Secret",
             "metadata": {"name": name, "namespace": NAMESPACE},
-            "data": {"user": _b64(server.PROVISIONER), "password": _b64(server.provisioner_password)},
+            "data": {"user": b64(server.PROVISIONER), "password": b64(server.provisioner_password)},
         }
         self.rest.create(SECRETS, body, NAMESPACE)
         self.secrets.append(name)
@@ -471,17 +466,6 @@ def fleet(admin_rest: Rest) -> Iterator[Fleet]:
     created = Fleet(admin_rest)
     yield created
     created.cleanup()
-
-
-def _b64(value: str) -> str:
-    return base64.b64encode(value.encode()).decode()
-
-
-def condition(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
-    for cond in (obj.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == type_:
-            return cond
-    return None
 
 
 def tenant_connection(server: PostgresServer, creds: dict[str, str]) -> psycopg.Connection:

@@ -27,6 +27,7 @@ from reconciler.resources import DATABASES, SHARDS
 from reconciler.runtime import ControllerManager
 from reconciler.setup import Controllers, register_controllers
 from tests.generator.kubeapi import KubeApi, apply_all, wait_for
+from tests.k8s_objects import b64, condition
 
 NAMESPACE = "rectest-system"
 RELEASE = "rectest"
@@ -128,7 +129,7 @@ class Fleet:
             "apiVersion": "v1",
             "kind": "Secret",
             "metadata": {"name": name, "namespace": NAMESPACE},
-            "data": {"user": _b64(user), "password": _b64(password)},
+            "data": {"user": b64(user), "password": b64(password)},
         }
         self.rest.create(SECRETS, body, NAMESPACE)
         self.secrets.append(name)
@@ -239,17 +240,6 @@ def fleet(admin_rest: Rest) -> Iterator[Fleet]:
     created = Fleet(admin_rest)
     yield created
     created.cleanup()
-
-
-def _b64(value: str) -> str:
-    return base64.b64encode(value.encode()).decode()
-
-
-def condition(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
-    for cond in (obj.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == type_:
-            return cond
-    return None
 
 
 def secret_data(rest: Rest, name: str) -> dict[str, str]:
