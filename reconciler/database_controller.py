@@ -47,8 +47,8 @@ from reconciler.credentials import (
     secret_values,
 )
 from reconciler.events import EventRecorder
-from reconciler.placement import ShardCandidate, choose_shard
-from reconciler.resources import BY_SHARD, DATABASES
+from reconciler.placement import PlacementIndex
+from reconciler.resources import DATABASES, database_shard
 from reconciler.runtime import ReconcileError, Result, TerminalError, ensure_active, set_condition, update_status
 from reconciler.runtime.status import get_condition, is_condition_true, remove_condition
 from reconciler.sql.errors import SqlFailure
@@ -137,7 +137,8 @@ class DatabaseController:
         self.sessions = sessions or AdminSessions()
         self.admin_host_override = admin_host_override
         self.clock = clock
-        self._candidates: dict[str, tuple[str | None, ShardCandidate]] = {}
+        # Before any handler that enqueues Databases: a woken worker places with the event applied.
+        self.placement = PlacementIndex(database_shard).watch(shards, databases)
 
     # -- writes ----------------------------------------------------------------------------------
 
@@ -227,9 +228,7 @@ class DatabaseController:
         if restore is not None:
             return self._adopt(p, restore)
         engine = p.spec.get("engine") or "postgres"
-        candidates = [self._candidate(s) for s in self.shards.list()]
-        counts = {c.name: self.databases.count_by_index(BY_SHARD, c.name) for c in candidates}
-        chosen = choose_shard(candidates, counts, engine)
+        chosen = self.placement.choose(engine)
         if chosen is None:
             p.status["phase"] = Phase.FAILED
             self._set_ready(
@@ -250,16 +249,6 @@ class DatabaseController:
         self.events.record(p.db, EventReason.CREATED, f"placed ({p.describe()})")
         log.info("database placed", extra={"database": p.meta["name"], "shard": chosen})
         return None
-
-    def _candidate(self, shard: dict[str, Any]) -> ShardCandidate:
-        """ShardCandidate.from_object, cached per Shard resourceVersion (placement reads every shard)."""
-        meta = shard["metadata"]
-        cached = self._candidates.get(meta["name"])
-        if cached is not None and cached[0] == meta.get("resourceVersion"):
-            return cached[1]
-        candidate = ShardCandidate.from_object(shard)
-        self._candidates[meta["name"]] = (meta.get("resourceVersion"), candidate)
-        return candidate
 
     def _adopt(self, p: Pass, restore: str) -> Result | None:
         """An operator re-creates a lost Database on its existing tenant: no placement, same data."""

@@ -1,17 +1,29 @@
-"""Capacity-aware placement: pick the shard a new Database goes to, from the informer cache alone.
+"""Capacity-aware placement: pick the shard a new Database goes to, from the informer caches alone.
 
-Pure functions over what the cache holds, so placement costs no API call and no SQL. The count per
-shard is the number of Database objects placed there (Deleting ones included: they still hold a
-slot until they are dropped).
+The rule: the usable shard (of the engine, accepting, Ready, not being deleted, below
+`maxDatabases`) with the fewest databases; ties go to the smallest name. The count per shard is the
+number of Database objects placed there (Deleting ones included: they still hold a slot until
+they are dropped).
+
+`PlacementIndex` keeps the usable shards of each engine ordered by (count, name), updated by the
+Shard and Database informers' events, so placing one database costs the same with 20 or 200
+shards: no API call, no SQL, no scan of the fleet.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sortedcontainers import SortedList
+
 from domain.constants import ConditionStatus, Engine, ShardConditionType
+from informers import Informer
+
+Obj = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -41,22 +53,75 @@ class ShardCandidate:
             being_deleted=bool(shard["metadata"].get("deletionTimestamp")),
         )
 
-    def usable_for(self, engine: str, count: int) -> bool:
-        """Accepting, Ready, of the engine, not being deleted, and below its (soft) limit."""
-        return (
-            self.engine == engine
-            and self.accepting
-            and self.ready
-            and not self.being_deleted
-            and count < self.max_databases
-        )
+    def usable(self, count: int) -> bool:
+        """Accepting, Ready, not being deleted, and below its (soft) limit."""
+        return self.accepting and self.ready and not self.being_deleted and count < self.max_databases
 
 
-def choose_shard(candidates: Iterable[ShardCandidate], counts: Mapping[str, int], engine: str) -> str | None:
-    """The usable shard with the fewest databases; ties go to the smallest name. None = no capacity."""
-    best: tuple[int, str] | None = None
-    for shard in candidates:
-        count = counts.get(shard.name, 0)
-        if shard.usable_for(engine, count) and (best is None or (count, shard.name) < best):
-            best = (count, shard.name)
-    return None if best is None else best[1]
+class PlacementIndex:
+    """The usable shards of each engine, ordered by (databases placed, name), kept current by events.
+
+    Register it before any handler that enqueues Databases for placement (the informers call
+    handlers in registration order), so a worker woken by a Shard or Database event already
+    places with that event applied. Like every cache, it can lag the apiserver by the events in
+    flight: two workers may place on the same shard before either placement is seen, which makes
+    `maxDatabases` a soft limit (as documented).
+    """
+
+    def __init__(self, database_shard: Callable[[Obj], Iterable[str]]) -> None:
+        self._database_shard = database_shard
+        self._lock = threading.Lock()
+        self._candidates: dict[str, ShardCandidate] = {}
+        self._counts: Counter[str] = Counter()
+        self._usable: dict[str, SortedList] = {}  # engine -> SortedList of (count, name)
+        self._entries: dict[str, tuple[str, tuple[int, str]]] = {}  # shard -> (engine, its entry)
+
+    def watch(self, shards: Informer, databases: Informer) -> PlacementIndex:
+        """Follow the two informers (replaying what they already hold)."""
+        databases.add_handler(self.database_event)
+        shards.add_handler(self.shard_event)
+        return self
+
+    def choose(self, engine: str) -> str | None:
+        """The shard a new database of `engine` goes to; None = no capacity."""
+        with self._lock:
+            usable = self._usable.get(engine)
+            return usable[0][1] if usable else None
+
+    def shard_event(self, event_type: str, old: Obj | None, new: Obj | None) -> None:
+        with self._lock:
+            if new is None:
+                name = (old or {})["metadata"]["name"]
+                self._candidates.pop(name, None)
+            else:
+                name = new["metadata"]["name"]
+                self._candidates[name] = ShardCandidate.from_object(new)
+            self._refresh(name)
+
+    def database_event(self, event_type: str, old: Obj | None, new: Obj | None) -> None:
+        before = set(self._database_shard(old)) if old is not None else set()
+        after = set(self._database_shard(new)) if new is not None else set()
+        if before == after:
+            return
+        with self._lock:
+            for name in before - after:
+                self._counts[name] -= 1
+                if self._counts[name] <= 0:
+                    del self._counts[name]
+                self._refresh(name)
+            for name in after - before:
+                self._counts[name] += 1
+                self._refresh(name)
+
+    def _refresh(self, name: str) -> None:
+        """Re-file one shard after its candidate or its count changed (lock held)."""
+        previous = self._entries.pop(name, None)
+        if previous is not None:
+            engine, entry = previous
+            self._usable[engine].remove(entry)
+        candidate = self._candidates.get(name)
+        count = self._counts.get(name, 0)
+        if candidate is not None and candidate.usable(count):
+            entry = (count, name)
+            self._usable.setdefault(candidate.engine, SortedList()).add(entry)
+            self._entries[name] = (candidate.engine, entry)

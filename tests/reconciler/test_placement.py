@@ -1,16 +1,49 @@
-"""Placement spreads by count, skips unusable shards, never mixes engines, and is deterministic."""
+"""Placement spreads by count, skips unusable shards, never mixes engines, and is deterministic.
+
+The index is fed the informers' events (ADDED/MODIFIED/DELETED with old and new objects) the way
+`Informer` delivers them; its wiring to real informers on the apiserver is covered by the
+reconciler suite (test_database_controller: spread, skips, NoCapacity).
+"""
 
 from __future__ import annotations
 
+import random
+from typing import Any
+
 import pytest
 
-from reconciler.placement import ShardCandidate, choose_shard
+from reconciler.placement import PlacementIndex, ShardCandidate
+from reconciler.resources import database_shard
+
+READY = [{"type": "Ready", "status": "True", "reason": "Ok"}]
+NOT_READY = [{"type": "Ready", "status": "False", "reason": "Unreachable"}]
 
 
-def shard(name: str, **overrides: object) -> ShardCandidate:
-    values = {"name": name, "engine": "postgres", "accepting": True, "ready": True, "max_databases": 10}
-    values.update(overrides)
-    return ShardCandidate(**values)  # type: ignore[arg-type]
+def shard(name: str, *, engine: str = "postgres", accepting: bool = True, ready: bool = True,
+          max_databases: int = 10, deleting: bool = False, rv: int = 1) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "resourceVersion": str(rv)}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-11-30T00:00:00Z"
+    return {"metadata": meta,
+            "spec": {"engine": engine, "accepting": accepting, "maxDatabases": max_databases},
+            "status": {"conditions": READY if ready else NOT_READY}}
+
+
+def database(i: int, shard_name: str | None) -> dict[str, Any]:
+    return {"metadata": {"name": f"db{i}.c", "namespace": "dbprovider"},
+            "status": {"shard": shard_name} if shard_name else {}}
+
+
+def index_with(shards: list[dict[str, Any]], counts: dict[str, int]) -> PlacementIndex:
+    index = PlacementIndex(database_shard)
+    n = 0
+    for name, count in counts.items():
+        for _ in range(count):
+            index.database_event("ADDED", None, database(n, name))
+            n += 1
+    for s in shards:
+        index.shard_event("ADDED", None, s)
+    return index
 
 
 @pytest.mark.parametrize(
@@ -22,25 +55,84 @@ def shard(name: str, **overrides: object) -> ShardCandidate:
         pytest.param([shard("a", ready=False), shard("b")], {"b": 5}, "postgres", "b", id="skips-not-ready"),
         pytest.param([shard("a"), shard("b")], {"a": 10, "b": 10}, "postgres", None, id="all-full-no-capacity"),
         pytest.param([shard("a", max_databases=1)], {"a": 0}, "postgres", "a", id="max-one-empty"),
-        pytest.param([shard("a", being_deleted=True)], {}, "postgres", None, id="skips-deleting-shard"),
+        pytest.param([shard("a", deleting=True)], {}, "postgres", None, id="skips-deleting-shard"),
         pytest.param([shard("a", engine="cloudberry"), shard("b")], {}, "cloudberry", "a", id="engine-match"),
         pytest.param([shard("a"), shard("b")], {}, "cloudberry", None, id="never-mixes-engines"),
         pytest.param([], {}, "postgres", None, id="no-shards"),
         pytest.param([shard("a", max_databases=5), shard("b")], {"a": 4, "b": 4}, "postgres", "a", id="below-limit"),
+        pytest.param([shard("a")], {"gone": 3}, "postgres", "a", id="databases-of-unknown-shard-ignored"),
     ],
 )
-def test_choose_shard(shards, counts, engine, expected) -> None:
-    assert choose_shard(shards, counts, engine) == expected
+def test_choose(shards, counts, engine, expected) -> None:
+    assert index_with(shards, counts).choose(engine) == expected
 
 
-def test_from_object_reads_spec_and_ready_condition() -> None:
-    obj = {
-        "metadata": {"name": "shard01"},
-        "spec": {"maxDatabases": 200, "accepting": False},
-        "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "Ok"}]},
-    }
-    candidate = ShardCandidate.from_object(obj)
-    assert candidate == ShardCandidate("shard01", "postgres", False, True, 200)
-    obj["status"]["conditions"][0]["status"] = "False"
-    assert ShardCandidate.from_object(obj).ready is False
-    assert ShardCandidate.from_object({"metadata": {"name": "x"}, "spec": {}}).ready is False
+def test_follows_shard_changes_and_deletion() -> None:
+    index = index_with([shard("a"), shard("b")], {"a": 1})
+    assert index.choose("postgres") == "b"
+    index.shard_event("MODIFIED", shard("b"), shard("b", accepting=False, rv=2))
+    assert index.choose("postgres") == "a"
+    index.shard_event("MODIFIED", shard("a"), shard("a", ready=False, rv=2))
+    assert index.choose("postgres") is None
+    index.shard_event("MODIFIED", shard("b", accepting=False, rv=2), shard("b", rv=3))
+    assert index.choose("postgres") == "b"
+    index.shard_event("DELETED", shard("b", rv=3), None)
+    assert index.choose("postgres") is None
+
+
+def test_follows_database_placement_moves_and_deletion() -> None:
+    index = index_with([shard("a", max_databases=2), shard("b", max_databases=2)], {})
+    index.database_event("ADDED", None, database(1, None))  # not placed yet: counts nowhere
+    assert index.choose("postgres") == "a"
+    index.database_event("MODIFIED", database(1, None), database(1, "a"))
+    assert index.choose("postgres") == "b"
+    index.database_event("ADDED", None, database(2, "b"))
+    index.database_event("ADDED", None, database(3, "b"))
+    assert index.choose("postgres") == "a"  # b is full (2 of 2)
+    index.database_event("ADDED", None, database(4, "a"))
+    assert index.choose("postgres") is None  # both full: NoCapacity
+    index.database_event("DELETED", database(3, "b"), None)
+    assert index.choose("postgres") == "b"
+
+
+def reference_choice(shards: dict[str, dict[str, Any]], placed: dict[int, str], engine: str) -> str | None:
+    """The rule as written in the operator guide, computed from scratch."""
+    counts: dict[str, int] = {}
+    for name in placed.values():
+        counts[name] = counts.get(name, 0) + 1
+    usable = [(counts.get(n, 0), n) for n, s in shards.items()
+              if (c := ShardCandidate.from_object(s)).engine == engine and c.usable(counts.get(n, 0))]
+    return min(usable)[1] if usable else None
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_agrees_with_the_rule_over_random_event_sequences(seed: int) -> None:
+    rng = random.Random(seed)
+    index = PlacementIndex(database_shard)
+    shards: dict[str, dict[str, Any]] = {}
+    placed: dict[int, str] = {}
+    names = [f"s{i:02d}" for i in range(12)]
+    for step in range(600):
+        roll = rng.random()
+        if roll < 0.2:
+            name = rng.choice(names)
+            new = shard(name, engine=rng.choice(["postgres", "postgres", "cloudberry"]),
+                        accepting=rng.random() < 0.8, ready=rng.random() < 0.8,
+                        max_databases=rng.randint(1, 8), deleting=rng.random() < 0.05, rv=step)
+            index.shard_event("MODIFIED" if name in shards else "ADDED", shards.get(name), new)
+            shards[name] = new
+        elif roll < 0.25 and shards:
+            name = rng.choice(sorted(shards))
+            index.shard_event("DELETED", shards.pop(name), None)
+        elif roll < 0.8:
+            i = rng.randrange(80)
+            target = rng.choice([*names, "unknown"])
+            old = database(i, placed.get(i))
+            index.database_event("MODIFIED" if i in placed else "ADDED", old if i in placed else None,
+                                 database(i, target))
+            placed[i] = target
+        elif placed:
+            i = rng.choice(sorted(placed))
+            index.database_event("DELETED", database(i, placed.pop(i)), None)
+        for engine in ("postgres", "cloudberry"):
+            assert index.choose(engine) == reference_choice(shards, placed, engine), (seed, step, engine)
