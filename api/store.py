@@ -44,6 +44,7 @@ from domain.constants import (
     ANNOTATION_ROTATE_REQUESTED_AT,
     API_VERSION,
     CREDENTIALS_KEYS,
+    FINALIZER_TENANT,
     KIND_DATABASE,
     LABEL_CONSUMER,
     LABEL_EXTERNAL_ID,
@@ -278,6 +279,9 @@ class DatabaseStore:
                 "name": name,
                 "namespace": self.namespace,
                 "labels": {LABEL_CONSUMER: label_value(consumer), LABEL_EXTERNAL_ID: label_value(external_id)},
+                # Held from birth (a kubectl delete right after the PUT is a DeletionHeld too), and
+                # the controller does not need a write of its own to add it.
+                "finalizers": [FINALIZER_TENANT],
             },
             "spec": {
                 "consumer": consumer,

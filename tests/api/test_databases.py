@@ -15,6 +15,7 @@ from api.store import DatabaseStore
 from domain.constants import (
     ANNOTATION_DELETE_REQUESTED_AT,
     ANNOTATION_ROTATE_REQUESTED_AT,
+    FINALIZER_TENANT,
     LABEL_CONSUMER,
     LABEL_EXTERNAL_ID,
 )
@@ -45,7 +46,8 @@ def test_put_creates_then_returns_existing(env: ApiEnv) -> None:
     assert view["deleteRequestedAt"] is None
     assert created.headers["Cache-Control"] == "no-store"
 
-    # The object as the reconciler will find it: named, labelled, spec set, no status.
+    # The object as the reconciler will find it: named, labelled, held by the tenant finalizer
+    # from birth (the controller needs no write to add it), spec set, no status.
     db = env.database(consumer.name, "orders")
     assert db["metadata"]["name"] == database_object_name(consumer.name, "orders")
     assert db["metadata"]["namespace"] == NAMESPACE
@@ -53,6 +55,7 @@ def test_put_creates_then_returns_existing(env: ApiEnv) -> None:
         LABEL_CONSUMER: label_value(consumer.name),
         LABEL_EXTERNAL_ID: "orders",
     }
+    assert db["metadata"]["finalizers"] == [FINALIZER_TENANT]
     assert db["spec"] == {"consumer": consumer.name, "externalId": "orders", "sizeClass": "small", "engine": "postgres"}
     assert "status" not in db
 
