@@ -41,6 +41,7 @@ from api.models import CreateDatabase, Credentials, is_delete_requested, is_read
 from domain.config import InstallConfig
 from domain.constants import (
     ANNOTATION_DELETE_REQUESTED_AT,
+    ANNOTATION_PASSWORD_ID,
     ANNOTATION_ROTATE_REQUESTED_AT,
     API_VERSION,
     CREDENTIALS_KEYS,
@@ -61,6 +62,7 @@ INDEX_BY_CONSUMER = "api:consumer"
 INDEX_NOT_DELETED_BY_CONSUMER = "api:consumer-not-deleted"
 PENDING_TTL_SECONDS = 300.0
 ANNOTATE_ATTEMPTS = 5
+PASSWORD_PENDING = "a new password is pending"  # a _read_credentials problem that is not a fault
 
 Obj = dict[str, Any]
 Clock = Callable[[], datetime]
@@ -169,8 +171,11 @@ class DatabaseStore:
         name = credentials_secret_name(metadata(db)["name"])
         secret = self.secrets.get(f"{self.namespace}/{name}")
         credentials, problem = self._read_credentials(secret, db)
-        if problem is not None:  # the cache may lag a write of the reconciler: ask the apiserver once
+        if problem is not None:  # the caches may lag writes of the reconciler: ask the apiserver once
+            db = self._get_live(metadata(db)["name"]) or db
             credentials, problem = self._read_credentials(self._get_live_secret(name), db)
+        if problem == PASSWORD_PENDING:
+            raise CredentialsUnavailable("a new password is being set; retry in a few seconds")
         if problem is not None or credentials is None:
             log.warning("credentials of database %s unavailable: %s", metadata(db).get("name"), problem)
             raise CredentialsUnavailable()
@@ -386,6 +391,9 @@ class DatabaseStore:
             if not text:
                 return None, f"the credentials Secret lacks key {key}"
             values[key] = text
+        pending_id = (metadata(secret).get("annotations") or {}).get(ANNOTATION_PASSWORD_ID)
+        if pending_id is not None and pending_id != status(db).get("passwordApplied"):
+            return None, PASSWORD_PENDING  # not on the role yet: the old password still works
         tenant = status(db).get("tenantName")
         if tenant and (values["database"] != tenant or values["user"] != tenant):
             return None, "the credentials Secret does not match the tenant"

@@ -233,7 +233,7 @@ def create_ready_database(rest: Any, stack: Stack, external_id: str) -> None:
     from domain.constants import API_VERSION, FINALIZER_TENANT, KIND_DATABASE
     from domain.naming import database_object_name, tenant_name
     from informers import SECRETS
-    from reconciler.credentials import Endpoint, build_secret, new_password
+    from reconciler.credentials import Endpoint, build_secret, new_password, password_id
     from reconciler.resources import DATABASES
 
     dev, pg = stack.dev, stack.postgres
@@ -246,10 +246,10 @@ def create_ready_database(rest: Any, stack: Stack, external_id: str) -> None:
     }, dev.namespace)
     tenant = tenant_name(external_id, db["metadata"]["uid"])
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    rest.patch(DATABASES, db["metadata"]["name"], {"status": ready_status(dev.shard, tenant, now)}, dev.namespace,
-               subresource="status")
-    rest.create(SECRETS, build_secret(db, tenant, new_password(), Endpoint("127.0.0.1", pg.port, "disable")),
-                dev.namespace)
+    secret = build_secret(db, tenant, new_password(), Endpoint("127.0.0.1", pg.port, "disable"))
+    status = {**ready_status(dev.shard, tenant, now), "passwordApplied": password_id(secret)}
+    rest.patch(DATABASES, db["metadata"]["name"], {"status": status}, dev.namespace, subresource="status")
+    rest.create(SECRETS, secret, dev.namespace)
 
 
 # -- auth ------------------------------------------------------------------------------------------

@@ -56,7 +56,7 @@ from domain.constants import (
 )
 from domain.naming import database_object_name, label_value, tenant_name
 from informers import SECRETS, Rest
-from reconciler.credentials import Endpoint, build_secret, new_password
+from reconciler.credentials import Endpoint, build_secret, new_password, password_id
 from reconciler.resources import DATABASES, SHARDS
 
 RSS_LIMIT_MB = 400
@@ -139,9 +139,10 @@ def create_databases(rest: Rest, stack: Stack, shards: list[str], count: int, th
         }
         db = rest.create(DATABASES, body, namespace)
         tenant = tenant_name(external_id, db["metadata"]["uid"])
-        rest.patch(DATABASES, db["metadata"]["name"], {"status": ready_status(shards[i % len(shards)], tenant, now)},
-                   namespace, subresource="status")
-        rest.create(SECRETS, build_secret(db, tenant, new_password(), endpoint), namespace)
+        secret = build_secret(db, tenant, new_password(), endpoint)
+        status = {**ready_status(shards[i % len(shards)], tenant, now), "passwordApplied": password_id(secret)}
+        rest.patch(DATABASES, db["metadata"]["name"], {"status": status}, namespace, subresource="status")
+        rest.create(SECRETS, secret, namespace)
         with lock:
             done["n"] += 1
             if done["n"] % 1000 == 0:

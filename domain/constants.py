@@ -39,6 +39,11 @@ ANNOTATION_ROTATE_REQUESTED_AT = f"{GROUP}/rotate-requested-at"
 ANNOTATION_RESTORE_TENANT = f"{GROUP}/restore-tenant"
 FINALIZER_TENANT = f"{GROUP}/tenant"
 
+# On the credentials Secret: a random id that changes with every new password (never derived from
+# it). The Database's status.passwordApplied holds the id whose password is set on the role; while
+# the two differ, a new password is pending and the API does not hand it out.
+ANNOTATION_PASSWORD_ID = f"{GROUP}/password-id"
+
 # Keys of the credentials Secret `<database-name>-credentials`.
 CREDENTIALS_SECRET_SUFFIX = "-credentials"
 CREDENTIALS_KEYS = ("host", "port", "database", "user", "password", "sslmode")

@@ -122,6 +122,11 @@ class DatabaseStatus(SpecModel):
         "softDelete.retention). Removing the delete annotation before then recovers the database.",
     )
     conditions: Conditions = ()
+    password_applied: Annotated[StrictStr, Field(max_length=64)] | None = Field(
+        default=None,
+        description="The db.bnerd.com/password-id of the credentials Secret whose password is set on the "
+        "tenant role; a different id in the Secret means a new password is pending.",
+    )
     rotation_applied: Annotated[StrictStr, Field(max_length=64)] | None = Field(
         default=None,
         description="The value of the rotate-requested-at annotation whose new password is in effect; a "

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from domain.constants import CREDENTIALS_KEYS, LABEL_CONSUMER, LABEL_EXTERNAL_ID
+from domain.constants import ANNOTATION_PASSWORD_ID, CREDENTIALS_KEYS, LABEL_CONSUMER, LABEL_EXTERNAL_ID
 from domain.naming import credentials_secret_name, label_value
 
 ENDPOINT_KEYS = ("host", "port", "sslmode")
@@ -24,6 +24,24 @@ MANAGED_BY = {"app.kubernetes.io/managed-by": "dbprovider"}
 def new_password() -> str:
     """A random password for a tenant role (256 bits, URL-safe, no quoting trouble in URIs)."""
     return secrets.token_urlsafe(32)
+
+
+def new_password_id() -> str:
+    """The id that goes with a new password (random, so it tells nothing about the password)."""
+    return secrets.token_hex(8)
+
+
+def password_id(secret: Mapping[str, Any]) -> str | None:
+    """The Secret's password id; None for a Secret written without one (nothing pending then)."""
+    return ((secret.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_PASSWORD_ID)
+
+
+def password_patch(password: str) -> dict[str, Any]:
+    """A merge patch putting a new password, with a new id, into the Secret (a rotation)."""
+    return {
+        "metadata": {"annotations": {ANNOTATION_PASSWORD_ID: new_password_id()}},
+        "data": {"password": base64.b64encode(password.encode()).decode()},
+    }
 
 
 @dataclass(frozen=True)
@@ -71,10 +89,9 @@ def classify_secret(secret: Mapping[str, Any] | None, database_uid: str, tenant:
     return SecretState.OURS
 
 
-def build_secret(
-    database: Mapping[str, Any], tenant: str, password: str, endpoint: Endpoint
-) -> dict[str, Any]:
-    """The full Secret for a Database, owned by it (controller reference, so it is listed as ours)."""
+def build_secret(database: Mapping[str, Any], tenant: str, password: str, endpoint: Endpoint) -> dict[str, Any]:
+    """The full Secret for a Database, owned by it (controller reference, so it is listed as ours),
+    with a new password id: the password is pending until the id is in the Database's status."""
     meta = database["metadata"]
     spec = database["spec"]
     values = {
@@ -93,6 +110,7 @@ def build_secret(
         "metadata": {
             "name": credentials_secret_name(meta["name"]),
             "namespace": meta["namespace"],
+            "annotations": {ANNOTATION_PASSWORD_ID: new_password_id()},
             "labels": {
                 **MANAGED_BY,
                 LABEL_CONSUMER: label_value(spec["consumer"]),

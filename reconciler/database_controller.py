@@ -11,7 +11,6 @@ SQL failures go into status (sanitized class) and are retried with backoff by ra
 
 from __future__ import annotations
 
-import base64
 import copy
 import logging
 import re
@@ -44,6 +43,8 @@ from reconciler.credentials import (
     classify_secret,
     endpoint_patch,
     new_password,
+    password_id,
+    password_patch,
     secret_values,
 )
 from reconciler.events import EventRecorder
@@ -67,7 +68,6 @@ log = logging.getLogger(__name__)
 
 NO_CAPACITY_RETRY = 300.0
 # On the credentials Secret while a new password is written but not yet set on the role.
-ANNOTATION_PASSWORD_PENDING = "db.bnerd.com/password-pending"
 
 
 def _parse_time(value: str | None) -> datetime | None:
@@ -285,11 +285,11 @@ class DatabaseController:
         secret = self.secrets.get(f"{p.meta['namespace']}/{self._secret_name(p)}")
         state = classify_secret(secret, p.meta["uid"], tenant)
         if state is SecretState.MISSING:
-            # A new password is pending until it is set on the role: the role may exist already
-            # (the Secret was deleted, an existing tenant is adopted, or a crash hit between the
-            # SQL and the status write), and ensure_tenant leaves a finished tenant's password alone.
+            # Its new password (a new id) is pending until status.passwordApplied names it: the role
+            # may exist already (the Secret was deleted, an existing tenant is adopted, or a crash hit
+            # between the SQL and the status write), and ensure_tenant leaves a finished tenant's
+            # password alone.
             body = build_secret(p.db, tenant, new_password(), endpoint)
-            body["metadata"]["annotations"] = {ANNOTATION_PASSWORD_PENDING: "true"}
             ensure_active()
             return self.rest.create(SECRETS, body, p.meta["namespace"])
         if state is not SecretState.OURS:
@@ -309,6 +309,19 @@ class DatabaseController:
 
     def _password(self, secret: dict[str, Any]) -> str:
         return secret_values(secret)["password"]
+
+    @staticmethod
+    def _password_pending(p: Pass, secret: dict[str, Any]) -> bool:
+        """The Secret holds a password that may not be set on the role yet."""
+        current = password_id(secret)
+        return current is not None and current != p.status.get("passwordApplied")
+
+    @staticmethod
+    def _password_applied(p: Pass, secret: dict[str, Any]) -> None:
+        """Record (with the next status write) that the Secret's password is the role's."""
+        current = password_id(secret)
+        if current is not None:
+            p.status["passwordApplied"] = current
 
     # -- shard access ----------------------------------------------------------------------------
 
@@ -349,7 +362,7 @@ class DatabaseController:
         session = self._session(p, shard, Phase.PROVISIONING, DatabaseReason.ADMIN_UNAVAILABLE)
         tenant = TenantSpec(p.status["tenantName"], self._password(secret), limit)
 
-        pending = (secret["metadata"].get("annotations") or {}).get(ANNOTATION_PASSWORD_PENDING) == "true"
+        pending = self._password_pending(p, secret)
 
         def run() -> None:
             # A finished tenant keeps its old password through ensure_tenant: set the pending one.
@@ -357,7 +370,7 @@ class DatabaseController:
                 set_password(session, tenant.name, tenant.password)
 
         self._sql(p, Phase.PROVISIONING, DatabaseReason.ENSURE_FAILED, run, shard_name)
-        self._clear_password_pending(p, secret)
+        self._password_applied(p, secret)
         annotations = p.meta.get("annotations") or {}
         p.status.update(
             phase=Phase.READY,
@@ -376,10 +389,10 @@ class DatabaseController:
 
     # -- Ready: SQL only for the database's own inputs -------------------------------------------
 
-    @staticmethod
-    def _ready_work(p: Pass, secret: dict[str, Any]) -> tuple[bool, str | None, bool, bool]:
+    @classmethod
+    def _ready_work(cls, p: Pass, secret: dict[str, Any]) -> tuple[bool, str | None, bool, bool]:
         """(password pending, rotation request, rotation requested, resize): the SQL a Ready database needs."""
-        pending = (secret["metadata"].get("annotations") or {}).get(ANNOTATION_PASSWORD_PENDING) == "true"
+        pending = cls._password_pending(p, secret)
         rotation = (p.meta.get("annotations") or {}).get(ANNOTATION_ROTATE_REQUESTED_AT)
         rotate_requested = rotation is not None and rotation != p.status.get("rotationApplied")
         resize = (p.spec.get("sizeClass") or "") != (p.status.get("appliedSizeClass") or "")
@@ -405,13 +418,8 @@ class DatabaseController:
 
         if rotate_requested and not pending:
             ensure_active()
-            password = base64.b64encode(new_password().encode()).decode()
-            secret = self.rest.patch(
-                SECRETS,
-                secret["metadata"]["name"],
-                {"metadata": {"annotations": {ANNOTATION_PASSWORD_PENDING: "true"}}, "data": {"password": password}},
-                p.meta["namespace"],
-            )
+            patch = password_patch(new_password())
+            secret = self.rest.patch(SECRETS, secret["metadata"]["name"], patch, p.meta["namespace"])
             pending = True
         if pending:
             session = self._session(p, shard, Phase.READY, DatabaseReason.ADMIN_UNAVAILABLE)
@@ -421,7 +429,7 @@ class DatabaseController:
                 set_password(session, tenant, password)
 
             self._sql(p, Phase.READY, DatabaseReason.ADMIN_UNAVAILABLE, rotate, shard_name)
-            self._clear_password_pending(p, secret)
+            self._password_applied(p, secret)
             if rotation is not None:
                 p.status["rotationApplied"] = rotation
             log.info("credentials rotated", extra={"database": p.meta["name"], "shard": shard_name})
@@ -445,17 +453,6 @@ class DatabaseController:
         self._set_drift(p)
         self._write_status(p)
         return None
-
-    def _clear_password_pending(self, p: Pass, secret: dict[str, Any]) -> None:
-        if (secret["metadata"].get("annotations") or {}).get(ANNOTATION_PASSWORD_PENDING) is None:
-            return
-        ensure_active()
-        self.rest.patch(
-            SECRETS,
-            secret["metadata"]["name"],
-            {"metadata": {"annotations": {ANNOTATION_PASSWORD_PENDING: None}}},
-            p.meta["namespace"],
-        )
 
     def _set_drift(self, p: Pass) -> None:
         """ConnectionLimitDrift: the install config now resolves another limit (or no class at all)."""

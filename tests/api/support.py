@@ -29,7 +29,7 @@ from api import ApiServer, build_api
 from api.app import ApiComponents
 from api.kube import CONSUMERS, DATABASES, SECRETS
 from domain.config import InstallConfig, load_install_config
-from domain.constants import API_VERSION, KIND_CONSUMER, KIND_DATABASE
+from domain.constants import ANNOTATION_PASSWORD_ID, API_VERSION, KIND_CONSUMER, KIND_DATABASE
 from domain.naming import credentials_secret_name, database_object_name
 from harness.certs import CertificateAuthority
 from informers import Rest, SharedInformers
@@ -238,8 +238,10 @@ class ApiEnv:
         owned: bool = True,
         controller: bool = True,
         values: dict[str, str] | None = None,
+        password_id: str | None = None,
     ) -> dict[str, Any]:
-        """Write `<db>-credentials` as the reconciler does (ownerReference with controller: true)."""
+        """Write `<db>-credentials` as the reconciler does (ownerReference with controller: true;
+        with `password_id`, the annotation naming its password)."""
         meta = db["metadata"]
         data = {
             "host": "pgbouncer.shard01.example",
@@ -253,6 +255,8 @@ class ApiEnv:
         data = {k: v for k, v in data.items() if v is not None}
         self.remember(data.get("password", ""))
         metadata: dict[str, Any] = {"name": credentials_secret_name(meta["name"]), "namespace": NAMESPACE}
+        if password_id is not None:
+            metadata["annotations"] = {ANNOTATION_PASSWORD_ID: password_id}
         if owned:
             metadata["ownerReferences"] = [
                 {

@@ -129,6 +129,24 @@ def test_secret_repaired_takes_effect(env: ApiEnv, ready: tuple[Consumer, str, d
     assert env.call("GET", creds_path(external_id), consumer.token).status_code == 503
 
 
+def test_pending_password_is_not_handed_out(env: ApiEnv, ready: tuple[Consumer, str, dict]) -> None:
+    """A password the reconciler has not set on the role yet (a rotation in flight) gives 503."""
+    consumer, external_id, db = ready
+    values = env.credentials_secret(db, password_id="0f1e2d3c4b5a6978")
+    response = env.call("GET", creds_path(external_id), consumer.token)
+    assert response.status_code == 503
+    assert response.json() == {
+        "error": "credentials_unavailable",
+        "message": "a new password is being set; retry in a few seconds",
+    }
+    assert values["password"] not in response.text
+    # The reconciler records the id once ALTER ROLE ran: now it is handed out (live read, no cache wait).
+    env.set_status(consumer.name, external_id, {"passwordApplied": "0f1e2d3c4b5a6978"})
+    response = env.call("GET", creds_path(external_id), consumer.token)
+    assert response.status_code == 200, response.text
+    assert response.json()["password"] == values["password"]
+
+
 def test_other_consumer_gets_404(env: ApiEnv, ready: tuple[Consumer, str, dict]) -> None:
     _, external_id, db = ready
     env.credentials_secret(db)

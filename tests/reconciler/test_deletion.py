@@ -8,7 +8,7 @@ import kubernetes
 import psycopg
 import pytest
 
-from domain.constants import ANNOTATION_DELETE_REQUESTED_AT, ANNOTATION_ROTATE_REQUESTED_AT
+from domain.constants import ANNOTATION_DELETE_REQUESTED_AT, ANNOTATION_PASSWORD_ID, ANNOTATION_ROTATE_REQUESTED_AT
 from harness import PostgresServer
 from informers import SECRETS
 from reconciler.resources import DATABASES, SHARDS
@@ -103,6 +103,11 @@ def test_kubernetes_delete_without_annotation_is_held_without_sql(logged_pg, fle
     assert _tenant_exists(logged_pg, tenant) == (False, False)
 
 
+def password_id_of(admin_rest, name: str) -> str:
+    """The id of the password in the Database's credentials Secret."""
+    return admin_rest.get(SECRETS, f"{name}-credentials", NAMESPACE)["metadata"]["annotations"][ANNOTATION_PASSWORD_ID]
+
+
 def test_deleting_the_credentials_secret_rotates_the_password(postgres, fleet, start_manager, admin_rest):
     fleet.shard(postgres)
     start_manager()
@@ -116,10 +121,10 @@ def test_deleting_the_credentials_secret_rotates_the_password(postgres, fleet, s
             new = secret_data(admin_rest, f"{name}-credentials")
         except kubernetes.client.exceptions.ApiException:
             return None
-        if new["password"] == old["password"] or "db.bnerd.com/password-pending" in str(
-            admin_rest.get(SECRETS, f"{name}-credentials", NAMESPACE)["metadata"].get("annotations")
-        ):
-            return None
+        secret_id = password_id_of(admin_rest, name)
+        applied = fleet.get_database(name)["status"].get("passwordApplied")
+        if new["password"] == old["password"] or applied != secret_id:
+            return None  # the new password is not set on the role yet
         return new
 
     new = wait_for(rotated, what="a new password")
@@ -135,12 +140,17 @@ def test_rotation_request_annotation_sets_one_new_password(logged_pg, fleet, sta
     name = fleet.database("rot-api")
     tenant = fleet.wait_phase(name, "Ready")["status"]["tenantName"]
     old = secret_data(admin_rest, f"{name}-credentials")
+    old_id = password_id_of(admin_rest, name)
+    assert fleet.get_database(name)["status"]["passwordApplied"] == old_id
     before = len(provisioner_statements(logged_pg))
     stamp = "2026-11-30T10:00:00.000001Z"
     admin_rest.patch(DATABASES, name, {"metadata": {"annotations": {ANNOTATION_ROTATE_REQUESTED_AT: stamp}}}, NAMESPACE)
-    fleet.wait_database(name, lambda d: d["status"].get("rotationApplied") == stamp)
+    db = fleet.wait_database(name, lambda d: d["status"].get("rotationApplied") == stamp)
     new = secret_data(admin_rest, f"{name}-credentials")
     assert new["password"] != old["password"]
+    # The new password came with a new id, and the status names it as the one on the role.
+    new_id = password_id_of(admin_rest, name)
+    assert db["status"]["passwordApplied"] == new_id != old_id
     alters = [s for s in provisioner_statements(logged_pg)[before:] if s.upper().startswith("ALTER ROLE")]
     assert len(alters) == 1 and tenant in alters[0] and new["password"] not in alters[0]
     with logged_pg.connect(new["user"], new["password"], new["database"]) as conn:
