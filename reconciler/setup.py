@@ -40,9 +40,11 @@ class Controllers:
     databases: DatabaseController
     consumers: ConsumerController
     sessions: AdminSessions
+    events: EventRecorder
 
     def close(self) -> None:
-        """After the manager stopped: close the shards' admin sessions."""
+        """After the manager stopped: send the queued Events, close the shards' admin sessions."""
+        self.events.close()
         self.sessions.close_all()
 
 
@@ -114,6 +116,7 @@ def register_controllers(
 
         shard_controller.watch(clusters, shards_of_cluster)
 
+    events = EventRecorder(rest, instance)
     db_logic = DatabaseController(
         rest,
         config,
@@ -121,7 +124,7 @@ def register_controllers(
         databases,
         shards,
         secrets,
-        EventRecorder(rest, instance),
+        events,
         sessions,
         admin_host_override,
     )
@@ -155,4 +158,4 @@ def register_controllers(
 
     for controller in (shard_controller, db_controller, consumer_controller):
         manager.add_controller(controller)
-    return Controllers(shard_logic, db_logic, consumer_logic, sessions)
+    return Controllers(shard_logic, db_logic, consumer_logic, sessions, events)

@@ -28,6 +28,11 @@ def _events(admin_rest, name: str) -> set[str]:
     return {e["reason"] for e in items if e["involvedObject"]["name"] == name}
 
 
+def wait_events(admin_rest, name: str, reasons: set[str]) -> None:
+    """Events are sent in the background, right after the reconcile that records them."""
+    wait_for(lambda: reasons <= _events(admin_rest, name), what=f"events {sorted(reasons)} on {name}")
+
+
 def test_retention_zero_disables_drops_and_removes_everything(postgres, fleet, start_manager, admin_rest):
     fleet.shard(postgres)
     start_manager()
@@ -39,7 +44,7 @@ def test_retention_zero_disables_drops_and_removes_everything(postgres, fleet, s
     with pytest.raises(kubernetes.client.exceptions.ApiException) as missing:
         admin_rest.get(SECRETS, f"{name}-credentials", NAMESPACE)
     assert missing.value.status == 404
-    assert {"DeleteRequested", "Disabled", "Dropped"} <= _events(admin_rest, name)
+    wait_events(admin_rest, name, {"DeleteRequested", "Disabled", "Dropped"})
 
 
 def test_retention_window_disables_then_recovery_restores_the_same_credentials(
@@ -91,7 +96,7 @@ def test_kubernetes_delete_without_annotation_is_held_without_sql(logged_pg, fle
     admin_rest.delete(DATABASES, name, NAMESPACE)  # kubectl delete / a GitOps prune
     db = fleet.wait_database(name, lambda d: (c := condition(d, "DeletionHeld")) and c["status"] == "True")
     assert db["metadata"]["deletionTimestamp"]
-    assert "DeletionHeld" in _events(admin_rest, name)
+    wait_events(admin_rest, name, {"DeletionHeld"})
     time.sleep(1)
     statements = provisioner_statements(logged_pg)[before:]
     assert not [s for s in statements if tenant in s], statements
