@@ -140,6 +140,18 @@ class Informer:
         """True once the first LIST has been stored (and stays true across relists)."""
         return self._synced.is_set()
 
+    def sync_problem(self) -> str:
+        """Why the store has not synced, in words for an operator (the last list error, with a hint)."""
+        exc = self.last_error
+        if exc is None:
+            return "no answer from the apiserver yet"
+        status = exc.status if isinstance(exc, ApiException) else None
+        if status == 404:
+            return "HTTP 404: the apiserver does not serve this resource (is its CustomResourceDefinition installed?)"
+        if status in (401, 403):
+            return f"HTTP {status}: not allowed to list and watch it (check the ServiceAccount's RBAC)"
+        return _describe(exc)
+
     def wait_for_sync(self, timeout: float | None = None) -> bool:
         return self._synced.wait(timeout)
 

@@ -84,8 +84,8 @@ class ControllerManager:
         self._started = True
         self.informers.start()
         if not self.informers.wait_for_sync(self.sync_timeout):
-            names = ", ".join(repr(i) for i in self.informers.unsynced())
-            raise TimeoutError(f"informers not synced within {self.sync_timeout:.0f}s: {names}")
+            problems = "; ".join(f"{i!r}: {i.sync_problem()}" for i in self.informers.unsynced())
+            raise TimeoutError(f"informers not synced within {self.sync_timeout:.0f}s: {problems}")
         if self.elector is not None:
             self.elector.start()
         else:

@@ -12,7 +12,7 @@ import kubernetes.client
 import pytest
 
 from harness import KubeControlPlane
-from informers import CONFIGMAPS, LEASES, Rest
+from informers import CONFIGMAPS, LEASES, Resource, Rest
 from reconciler.runtime import Controller, ControllerManager, Result
 from tests.runtime.support import configmap, unique, wait_for
 
@@ -178,8 +178,20 @@ def test_start_fails_when_informers_cannot_sync(kube: KubeControlPlane, namespac
         manager = ControllerManager(api, lease_namespace=namespace, sync_timeout=1)
         manager.informers.informer(CONFIGMAPS, namespace)
         try:
-            with pytest.raises(TimeoutError, match="configmaps"):
+            with pytest.raises(TimeoutError, match=r"configmaps.*HTTP 403: not allowed to list and watch it"):
                 manager.start()
             assert manager.elector is not None and not manager.elector.is_leading()
+        finally:
+            manager.stop()
+
+
+def test_start_names_a_missing_crd(kube: KubeControlPlane, namespace: str) -> None:
+    """E.g. engines.cloudberry.enabled without Keldon installed: the error says what to fix."""
+    with kube.admin_client() as api:
+        manager = ControllerManager(api, lease_namespace=namespace, sync_timeout=2)
+        manager.informers.informer(Resource("keldon.example.com", "v1", "databaseclusters"))
+        try:
+            with pytest.raises(TimeoutError, match=r"databaseclusters.*is its CustomResourceDefinition installed\?"):
+                manager.start()
         finally:
             manager.stop()
