@@ -96,6 +96,7 @@ def register_controllers(
     if config.engines.cloudberry.enabled:
         clusters = informers.informer(DATABASE_CLUSTERS)
     sessions = AdminSessions()
+    manager.after_controllers_stop(sessions.close_all)  # a lost Lease closes them too
 
     shard_logic = ShardController(
         rest, shards, databases, clusters, sessions, admin_host_override, ping_interval=shard_ping_interval

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from kubernetes.client import ApiClient
 
@@ -46,6 +47,7 @@ class ControllerManager:
         self.metrics = metrics if metrics is not None else RuntimeMetrics()
         self.sync_timeout = sync_timeout
         self.controllers: list[Controller] = []
+        self._after_stop: list[Callable[[], None]] = []
         self._lock = threading.Lock()  # serializes starting and stopping controllers
         self._started = False
         self.elector: LeaderElector | None = None
@@ -72,6 +74,11 @@ class ControllerManager:
             controller.guard = self.elector.is_leading
         self.controllers.append(controller)
         return controller
+
+    def after_controllers_stop(self, hook: Callable[[], None]) -> None:
+        """Call `hook` each time the controllers have stopped: on a lost Lease as on shutdown
+        (e.g. close the shards' admin sessions, so no connection outlives a leader term)."""
+        self._after_stop.append(hook)
 
     def is_leading(self) -> bool:
         return self.elector.is_leading() if self.elector is not None else self._started
@@ -113,3 +120,8 @@ class ControllerManager:
             for controller in self.controllers:
                 if not controller.stop(timeout):
                     log.warning("controller %s: reconciles still running after stop", controller.name)
+            for hook in self._after_stop:
+                try:
+                    hook()
+                except Exception:  # noqa: BLE001 - a failing hook must not keep the others from running
+                    log.exception("after-stop hook %r failed", hook)

@@ -41,6 +41,12 @@ class Replica:
         controller = Controller("noter", self.reconcile, workers=2)
         controller.watch(self.configmaps)
         self.controller = self.manager.add_controller(controller)
+        self.after_stops = 0  # e.g. the provider closes its shards' admin sessions here
+        self.manager.after_controllers_stop(self._after_stop)
+
+    def _after_stop(self) -> None:
+        assert not self.controller.running  # the hook runs once the controllers are down
+        self.after_stops += 1
 
     def reconcile(self, key: str) -> Result:
         with self.lock:
@@ -127,6 +133,7 @@ def test_a_leader_that_cannot_renew_stops_reconciling_before_the_other_starts(
     assert not a.manager.is_leading()
     assert a.manager.elector is not None
     assert getattr(a.manager.elector.last_error, "status", None) == 403  # the real cause is kept
+    wait_for(lambda: a.after_stops == 1, what="A's after-stop hook (a lost Lease, not only a shutdown)")
 
     wait_for(lambda: b.manager.is_leading() and b.reconcile_times(), timeout=LEASE + 3, what="B to take over")
     a_last = max(a.reconcile_times())
@@ -135,6 +142,7 @@ def test_a_leader_that_cannot_renew_stops_reconciling_before_the_other_starts(
     time.sleep(4 * 0.05)
     assert max(a.reconcile_times()) == a_last
     assert a.configmaps.has_synced()  # A's informers (and its API) keep serving
+    assert b.after_stops == 0
 
 
 def test_a_graceful_stop_releases_the_lease_and_the_other_replica_takes_over_at_once(
