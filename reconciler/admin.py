@@ -1,13 +1,18 @@
 """The admin (provisioner) connection of a shard: its Secret, its endpoint and reusable sessions.
 
-The admin Secret is read by name on every use, uncached (the provider may `get` exactly the
-names in shardSecrets and has no list/watch), so a rotated or broken Secret shows at once.
+The admin Secret is read by name, never through an informer (the provider may `get` exactly the
+names in shardSecrets and has no list/watch). The Shard controller reads it on every health check,
+so a rotated or broken Secret shows on the Shard within the check interval. The Database workers
+reuse what they read for a few seconds (`AdminEndpointCache`): a burst of new databases on one
+shard would otherwise read the same Secret once per database.
 """
 
 from __future__ import annotations
 
 import hashlib
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +64,52 @@ def admin_endpoint(rest: Rest, spec: ShardSpec, host_override: str | None = None
         password=password,
         sslmode=str(spec.admin.sslmode),
     )
+
+
+ADMIN_ENDPOINT_TTL = 10.0
+
+
+class AdminEndpointCache:
+    """Each shard's admin endpoint as last read, reused for `ttl` seconds (errors are not kept).
+
+    A rotated admin Secret reaches the Database workers within `ttl` (the seed allows the Shard 60 s
+    to show it), and at once after a failed operation: the caller `forget`s the shard, so the retry
+    reads the Secret again. A change of the Shard's admin block (another Secret, host or port)
+    is a different key and is read at once.
+    """
+
+    def __init__(
+        self,
+        rest: Rest,
+        host_override: str | None = None,
+        ttl: float = ADMIN_ENDPOINT_TTL,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.rest = rest
+        self.host_override = host_override
+        self.ttl = ttl
+        self.clock = clock
+        self.reads = 0  # Secret reads, for tests and benchmarks
+        self._lock = threading.Lock()
+        self._entries: dict[str, tuple[str, float, AdminEndpoint]] = {}
+
+    def get(self, shard: str, spec: ShardSpec) -> AdminEndpoint:
+        """The endpoint of `shard`; AdminSecretInvalid or ApiException when its Secret cannot be used."""
+        key = spec.admin.model_dump_json() + (self.host_override or spec.admin_host)
+        now = self.clock()
+        with self._lock:
+            entry = self._entries.get(shard)
+        if entry is not None and entry[0] == key and now - entry[1] < self.ttl:
+            return entry[2]
+        endpoint = admin_endpoint(self.rest, spec, self.host_override)
+        with self._lock:
+            self.reads += 1
+            self._entries[shard] = (key, now, endpoint)
+        return endpoint
+
+    def forget(self, shard: str) -> None:
+        with self._lock:
+            self._entries.pop(shard, None)
 
 
 @dataclass

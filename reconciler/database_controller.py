@@ -35,7 +35,7 @@ from domain.constants import (
 )
 from domain.naming import PG_IDENTIFIER_RE, credentials_secret_name, tenant_name
 from informers import SECRETS, Informer, Rest
-from reconciler.admin import AdminSecretInvalid, AdminSessions, admin_endpoint, parse_shard_spec
+from reconciler.admin import AdminEndpointCache, AdminSecretInvalid, AdminSessions, parse_shard_spec
 from reconciler.credentials import (
     Endpoint,
     SecretState,
@@ -136,6 +136,7 @@ class DatabaseController:
         self.events = events
         self.sessions = sessions or AdminSessions()
         self.admin_host_override = admin_host_override
+        self.admin_endpoints = AdminEndpointCache(rest, admin_host_override)
         self.clock = clock
         # Before any handler that enqueues Databases: a woken worker places with the event applied.
         self.placement = PlacementIndex(database_shard).watch(shards, databases)
@@ -331,7 +332,7 @@ class DatabaseController:
         if not is_condition_true((shard.get("status") or {}).get("conditions"), "Ready"):
             self._fail(p, failure_phase, reason, f"shard {name} is not Ready; retrying")
         try:
-            endpoint = admin_endpoint(self.rest, parse_shard_spec(shard), self.admin_host_override)
+            endpoint = self.admin_endpoints.get(name, parse_shard_spec(shard))
         except (AdminSecretInvalid, ApiException) as exc:
             detail = str(exc) if isinstance(exc, AdminSecretInvalid) else f"HTTP {exc.status}"
             self._fail(p, failure_phase, reason, f"no usable admin connection to shard {name}: {detail}")
@@ -342,6 +343,7 @@ class DatabaseController:
             operation()
         except SqlFailure as failure:
             self.sessions.drop(shard)
+            self.admin_endpoints.forget(shard)  # the retry reads the admin Secret again
             self._fail(p, failure_phase, reason, str(failure))
 
     # -- provisioning ----------------------------------------------------------------------------
