@@ -35,6 +35,7 @@ from informers import LEASES, Rest
 
 REPO = Path(__file__).resolve().parents[1]
 WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "DELETE", "APPLY"})
+READ_VERBS = frozenset({"GET", "LIST", "WATCH"})
 T = TypeVar("T")
 
 
@@ -207,6 +208,11 @@ class Stack:
     def apiserver_writes(self) -> Counter[str]:
         """apiserver_request_total of the write verbs, by "resource[/subresource] VERB"."""
         return parse_request_totals(self.apiserver_metrics())
+
+    def apiserver_requests(self) -> tuple[Counter[str], Counter[str]]:
+        """(writes, reads) from one scrape of apiserver_request_total."""
+        text = self.apiserver_metrics()
+        return parse_request_totals(text), parse_request_totals(text, READ_VERBS)
 
 
 _SAMPLE = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)$")

@@ -267,13 +267,14 @@ class BurstResult:
     cpu: dict[str, float]
     machine_cpu: float
     writes: Counter[str]
+    reads: Counter[str]
     statements: Counter[str]  # by statement text
 
 
 def run_burst(stack: Stack, manager: ManagerProcess, watch: ReadyWatch, label: str, count: int,
               spy_out: Path | None) -> BurstResult:
     assert stack.dev is not None and stack.postgres is not None
-    writes_before = stack.apiserver_writes()
+    writes_before, reads_before = stack.apiserver_requests()
     cpu = CpuMeter(manager.pid)
     cpu_before, busy_before = cpu.snapshot(), machine_busy()
     statements = StatementLog(stack.postgres.log_file)
@@ -292,6 +293,7 @@ def run_burst(stack: Stack, manager: ManagerProcess, watch: ReadyWatch, label: s
         if spy is not None:
             spy.stop()
     time.sleep(5.0)  # the writes that follow Ready (counts on the Consumer and the Shard, events)
+    writes_after, reads_after = stack.apiserver_requests()
     return BurstResult(
         seconds=seconds,
         latencies=[watch.ready_at[i] - sent[i] for i in ids],
@@ -299,7 +301,8 @@ def run_burst(stack: Stack, manager: ManagerProcess, watch: ReadyWatch, label: s
         answers=Counter(client_stats),
         cpu=cpu_used,
         machine_cpu=busy,
-        writes=counter_delta(stack.apiserver_writes(), writes_before),
+        writes=counter_delta(writes_after, writes_before),
+        reads=counter_delta(reads_after, reads_before),
         statements=statements.keywords(detail=True),
     )
 
@@ -419,6 +422,13 @@ def main(argv: list[str] | None = None) -> int:
             f"apiserver writes during the bursts ({total_writes / total:.2f} per database; "
             f"{(total_writes - lease_writes) / total:.2f} without Lease renewals)",
             [(k, v, f"{v / total:.2f}") for k, v in writes.most_common()],
+            ("resource verb", "requests", "per database"),
+        )
+        reads: Counter[str] = sum((b.reads for b in bursts), Counter())
+        table(
+            f"apiserver reads during the bursts ({sum(reads.values()) / total:.2f} per database; the "
+            "benchmark's own Database watch included)",
+            [(k, v, f"{v / total:.2f}") for k, v in reads.most_common()],
             ("resource verb", "requests", "per database"),
         )
         burst_detail: Counter[str] = sum((b.statements for b in bursts), Counter())
