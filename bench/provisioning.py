@@ -426,8 +426,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         reads: Counter[str] = sum((b.reads for b in bursts), Counter())
         table(
-            f"apiserver reads during the bursts ({sum(reads.values()) / total:.2f} per database; the "
-            "benchmark's own Database watch included)",
+            f"apiserver reads during the bursts ({sum(reads.values()) / total:.2f} per database; open "
+            "watches are counted when they end, so not here)",
             [(k, v, f"{v / total:.2f}") for k, v in reads.most_common()],
             ("resource verb", "requests", "per database"),
         )
