@@ -137,6 +137,7 @@ class DatabaseController:
         self.sessions = sessions or AdminSessions()
         self.admin_host_override = admin_host_override
         self.admin_endpoints = AdminEndpointCache(rest, admin_host_override)
+        self._written: dict[str, str] = {}  # key -> resourceVersion of this replica's last write
         self.clock = clock
         # Before any handler that enqueues Databases: a woken worker places with the event applied.
         self.placement = PlacementIndex(database_shard).watch(shards, databases)
@@ -148,6 +149,38 @@ class DatabaseController:
         if updated is not None:
             p.db = updated
             p.status = copy.deepcopy(updated.get("status") or {})
+            self._wrote(updated)
+
+    def _wrote(self, db: dict[str, Any]) -> None:
+        meta = db["metadata"]
+        self._written[f"{meta['namespace']}/{meta['name']}"] = meta["resourceVersion"]
+
+    def _caught_up(self, key: str, cached: dict[str, Any]) -> dict[str, Any] | None:
+        """The object to reconcile: the cached one, or the live one while the cache lags our own write.
+
+        The events of a pass's own writes wake the key again, and the cache may not show the last
+        write yet (its watch event is in flight): a pass on it would redo recorded work (the SQL
+        of a database that is Ready already) and fail on a conflict. So, like controller-runtime's
+        expectations, remember the resourceVersion each pass wrote and read the object live until
+        the cache has caught up with it.
+        """
+        written = self._written.get(key)
+        if written is None:
+            return cached
+        if cached["metadata"].get("resourceVersion") == written:
+            del self._written[key]
+            return cached
+        namespace, _, name = key.partition("/")
+        try:
+            live = self.rest.get(DATABASES, name, namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            self._written.pop(key, None)
+            return None
+        if live["metadata"].get("resourceVersion") != written:
+            self._written.pop(key, None)  # written again since (by someone else): the live object rules
+        return live
 
     def _set_ready(self, p: Pass, ready: bool, reason: str, message: str) -> bool:
         """Set the Ready condition; a new failure reason also becomes a Warning event."""
@@ -172,11 +205,16 @@ class DatabaseController:
         ensure_active()
         body = {"metadata": {**patch, "resourceVersion": p.meta["resourceVersion"]}}
         p.db = self.rest.patch(DATABASES, p.meta["name"], body, p.meta["namespace"])
+        self._wrote(p.db)
 
     # -- reconcile -------------------------------------------------------------------------------
 
     def reconcile(self, key: str) -> Result | None:
         db = self.databases.get(key)
+        if db is None:
+            self._written.pop(key, None)
+            return None
+        db = self._caught_up(key, db)
         if db is None:
             return None
         p = Pass(db, copy.deepcopy(db.get("status") or {}))
