@@ -6,11 +6,11 @@ Measured in one run on one PostgreSQL 18 server, alternating so that every burst
 right before and right after it (b0, r0, b1, r1, b2, r2, b3):
 - baselines b<n>: `ensure_tenant` for N fresh tenants, run directly with 4 parallel admin sessions
   (one shared queue, as the controller's 4 workers have); once at the start also the same followed
-  by `set_password` (the controller sets the password of a new tenant explicitly: a new credentials
-  Secret is always password-pending), for comparison;
+  by `set_password`, for comparison (what the controller adds for an adopted tenant or a rotation;
+  a new tenant gets its password with CREATE ROLE);
 - bursts r<n>: N threads send `PUT /v1/databases/<id>` at once over TLS to the manager's API; the
   time from the first PUT until every Database is Ready (seen through a watch), p50/p99 of
-  PUT->Ready per database, CPU per component, the apiserver's write requests per database
+  PUT->Ready per database, CPU per component, the apiserver's requests per database
   (apiserver_request_total before/after) and the provisioner's statements per database
   (log_statement=all).
 Target: the median over the bursts of (burst time / mean of its two neighbouring baselines) <= 1.5x.
