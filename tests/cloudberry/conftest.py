@@ -32,9 +32,8 @@ from harness import KubeControlPlane, PostgresServer
 from informers import EVENTS, LEASES, SECRETS, Resource, Rest
 from infra.render import render_manifests
 from reconciler.resources import DATABASE_CLUSTERS, DATABASES, SHARDS
-from reconciler.runtime import ControllerManager
-from reconciler.setup import Controllers, register_controllers
 from tests.generator.kubeapi import KubeApi, apply_all, crd_established, wait_for
+from tests.in_process_manager import InProcessManager
 from tests.k8s_objects import b64, condition
 
 NAMESPACE = "cbtest-system"
@@ -202,51 +201,17 @@ def pg15(postgres_pool) -> PostgresServer:
 # -- the manager -------------------------------------------------------------------------------------
 
 
-class Manager:
-    """The controllers of one `dbprovider manager` replica, in this process."""
+_ids = itertools.count()
 
-    _ids = itertools.count()
 
-    def __init__(self, client: ApiClient, config: InstallConfig | None = None) -> None:
-        identity = f"cbtest-{next(self._ids)}"
-        self.manager = ControllerManager(
-            client,
-            lease_namespace=NAMESPACE,
-            lease_name="cbtest-manager",
-            identity=identity,
-            lease_duration=4.0,
-            renew_deadline=3.0,
-            retry_period=0.5,
-        )
-        self.controllers: Controllers = register_controllers(
-            self.manager,
-            config or install_config(),
-            NAMESPACE,
-            instance=identity,
-            admin_host_override="127.0.0.1",
-            shard_ping_interval=2.0,
-        )
-
-    def start(self) -> Manager:
-        self.manager.start()
-        wait_for(self.manager.is_leading, timeout=30, what="the manager to lead")
-        return self
-
-    def stop(self) -> None:
-        self.manager.stop(timeout=30)
-        self.controllers.close()
-
-    def errors(self, controller: str, reason: str) -> float:
-        """dbprovider_reconcile_errors_total{controller, reason}: how often a key was retried for it."""
-        value = self.manager.metrics.registry.get_sample_value(
-            "dbprovider_reconcile_errors_total", {"controller": controller, "reason": reason}
-        )
-        return value or 0.0
+def new_manager(client: ApiClient, config: InstallConfig | None = None) -> InProcessManager:
+    """The controllers of one replica of release `cbtest`, in this process."""
+    return InProcessManager(client, config or install_config(), NAMESPACE, "cbtest-manager", f"cbtest-{next(_ids)}")
 
 
 @contextlib.contextmanager
-def running_manager(client: ApiClient) -> Iterator[Manager]:
-    manager = Manager(client).start()
+def running_manager(client: ApiClient) -> Iterator[InProcessManager]:
+    manager = new_manager(client).start()
     try:
         yield manager
     finally:
@@ -254,11 +219,11 @@ def running_manager(client: ApiClient) -> Iterator[Manager]:
 
 
 @pytest.fixture
-def start_manager(provider_client: ApiClient) -> Iterator[Callable[[], Manager]]:
-    started: list[Manager] = []
+def start_manager(provider_client: ApiClient) -> Iterator[Callable[[], InProcessManager]]:
+    started: list[InProcessManager] = []
 
-    def start() -> Manager:
-        manager = Manager(provider_client).start()
+    def start() -> InProcessManager:
+        manager = new_manager(provider_client).start()
         started.append(manager)
         return manager
 

@@ -14,11 +14,12 @@ from prometheus_client import CollectorRegistry
 from harness import PostgresServer
 from reconciler.fleet_metrics import FleetCollector
 from reconciler.resources import DATABASES, SHARDS
-from tests.cloudberry.conftest import NAMESPACE, RUNNING, Fleet, Manager, condition, tenant_connection
+from tests.cloudberry.conftest import NAMESPACE, RUNNING, Fleet, condition, tenant_connection
 from tests.generator.kubeapi import wait_for
+from tests.in_process_manager import InProcessManager
 
 
-def _phases_seen(manager: Manager) -> list[str | None]:
+def _phases_seen(manager: InProcessManager) -> list[str | None]:
     """Every Database phase the manager's cache sees from now on (watch events, in order)."""
     seen: list[str | None] = []
 

@@ -24,9 +24,8 @@ from harness import KubeControlPlane, PostgresServer
 from informers import SECRETS, Rest
 from infra.render import render_manifests
 from reconciler.resources import DATABASES, SHARDS
-from reconciler.runtime import ControllerManager
-from reconciler.setup import Controllers, register_controllers
 from tests.generator.kubeapi import KubeApi, apply_all, wait_for
+from tests.in_process_manager import InProcessManager
 from tests.k8s_objects import b64, condition
 
 NAMESPACE = "rectest-system"
@@ -66,47 +65,16 @@ def admin_rest(kube: KubeControlPlane, installed: KubeApi) -> Rest:
     return Rest(kube.admin_client())
 
 
-class Manager:
-    """The controllers of one `dbprovider manager` replica, in this process."""
-
-    def __init__(self, client: ApiClient, config: InstallConfig, identity: str) -> None:
-        self.manager = ControllerManager(
-            client,
-            lease_namespace=NAMESPACE,
-            lease_name="rectest-manager",
-            identity=identity,
-            lease_duration=4.0,
-            renew_deadline=3.0,
-            retry_period=0.5,
-        )
-        self.controllers: Controllers = register_controllers(
-            self.manager,
-            config,
-            NAMESPACE,
-            instance=identity,
-            admin_host_override="127.0.0.1",
-            shard_ping_interval=2.0,
-        )
-
-    def start(self) -> Manager:
-        self.manager.start()
-        return self
-
-    def stop(self) -> None:
-        self.manager.stop(timeout=30)
-        self.controllers.close()
-
-
 @pytest.fixture
-def start_manager(provider_client: ApiClient) -> Iterator[Callable[..., Manager]]:
-    started: list[Manager] = []
+def start_manager(provider_client: ApiClient) -> Iterator[Callable[..., InProcessManager]]:
+    started: list[InProcessManager] = []
     counter = itertools.count()
 
-    def start(config: InstallConfig | None = None, wait_leading: bool = True) -> Manager:
-        manager = Manager(provider_client, config or install_config(), f"rectest-{next(counter)}").start()
-        started.append(manager)
-        if wait_leading:
-            wait_for(manager.manager.is_leading, timeout=30, what="the manager to lead")
+    def start(config: InstallConfig | None = None, wait_leading: bool = True) -> InProcessManager:
+        manager = InProcessManager(
+            provider_client, config or install_config(), NAMESPACE, "rectest-manager", f"rectest-{next(counter)}"
+        )
+        started.append(manager.start(wait_leading))
         return manager
 
     yield start
@@ -247,7 +215,7 @@ def secret_data(rest: Rest, name: str) -> dict[str, str]:
     return {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
 
 
-__all__ = ["FINALIZER_TENANT", "Fleet", "Manager", "condition", "install_config", "secret_data"]
+__all__ = ["FINALIZER_TENANT", "Fleet", "condition", "install_config", "secret_data"]
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,55 @@
+"""The controllers of one `dbprovider manager` replica, run in the test process.
+
+Wired by `register_controllers` exactly as the manager does, with short Lease timings, shard pings
+every 2 s and the admin host pointed at the local test servers. Shared by the reconciler and
+Cloudberry suites, which differ only in their release (namespace, Lease name, install config).
+"""
+
+from __future__ import annotations
+
+from kubernetes.client import ApiClient
+
+from domain.config import InstallConfig
+from reconciler.runtime import ControllerManager
+from reconciler.setup import Controllers, register_controllers
+from tests.generator.kubeapi import wait_for
+
+
+class InProcessManager:
+    def __init__(
+        self, client: ApiClient, config: InstallConfig, namespace: str, lease_name: str, identity: str
+    ) -> None:
+        self.manager = ControllerManager(
+            client,
+            lease_namespace=namespace,
+            lease_name=lease_name,
+            identity=identity,
+            lease_duration=4.0,
+            renew_deadline=3.0,
+            retry_period=0.5,
+        )
+        self.controllers: Controllers = register_controllers(
+            self.manager,
+            config,
+            namespace,
+            instance=identity,
+            admin_host_override="127.0.0.1",
+            shard_ping_interval=2.0,
+        )
+
+    def start(self, wait_leading: bool = True) -> InProcessManager:
+        self.manager.start()
+        if wait_leading:
+            wait_for(self.manager.is_leading, timeout=30, what="the manager to lead")
+        return self
+
+    def stop(self) -> None:
+        self.manager.stop(timeout=30)
+        self.controllers.close()
+
+    def errors(self, controller: str, reason: str) -> float:
+        """dbprovider_reconcile_errors_total{controller, reason}: how often a key was retried for it."""
+        value = self.manager.metrics.registry.get_sample_value(
+            "dbprovider_reconcile_errors_total", {"controller": controller, "reason": reason}
+        )
+        return value or 0.0
