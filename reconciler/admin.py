@@ -89,7 +89,7 @@ class AdminEndpointCache:
         self.host_override = host_override
         self.ttl = ttl
         self.clock = clock
-        self.reads = 0  # Secret reads, for tests and benchmarks
+        self.reads = 0  # how often the Secret was read (what the cache saves is visible in tests)
         self._lock = threading.Lock()
         self._entries: dict[str, tuple[str, float, AdminEndpoint]] = {}
 

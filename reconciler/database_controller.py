@@ -67,7 +67,6 @@ from reconciler.sql.tenant import (
 log = logging.getLogger(__name__)
 
 NO_CAPACITY_RETRY = 300.0
-# On the credentials Secret while a new password is written but not yet set on the role.
 
 
 def _parse_time(value: str | None) -> datetime | None:
