@@ -458,15 +458,13 @@ class Linter:
                 )
 
     def _live_capacity(self, kubeconfig: str) -> None:
-        from kubernetes.client.exceptions import ApiException
-
-        from dbprovider.livecluster import placed_databases
+        from dbprovider.livecluster import LiveClusterError, placed_databases
 
         shards = [(doc, spec) for doc, spec in self.objects if doc.kind == KIND_SHARD and isinstance(spec, ShardSpec)]
         try:
             placed = placed_databases(kubeconfig, [doc.name for doc, _ in shards])
-        except (ApiException, OSError, ValueError) as exc:
-            raise UsageError(f"--kubeconfig {kubeconfig}: cannot read the Shards: {type(exc).__name__}") from None
+        except LiveClusterError as exc:
+            raise UsageError(f"--kubeconfig {kubeconfig}: {exc}") from None
         for doc, spec in shards:
             count = placed.get(doc.name)
             if count is not None and spec.max_databases < count:
