@@ -94,6 +94,13 @@ class DevStack:
         kube.write_kubeconfig(self.manager_kubeconfig, token=token)
         return self
 
+    def unregister(self) -> None:
+        """Delete the cluster-scoped Shard and Consumer install() created (on an apiserver shared by tests)."""
+        with self.kube.admin_client() as client:
+            rest = Rest(client)
+            rest.delete(SHARDS, self.shard)
+            rest.delete(CONSUMERS, self.consumer)
+
     def _secret(self, rest: Rest, name: str, data: dict[str, str], type_: str = "Opaque") -> None:
         rest.create(
             SECRETS,

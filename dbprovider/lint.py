@@ -337,9 +337,7 @@ class Linter:
             key = (doc.kind, doc.namespace if doc.kind in ("Secret", KIND_DATABASE) else "", doc.name)
             if key in seen:
                 first = seen[key]
-                message = (
-                    f"is also defined at {first.file}:{first.line()}; only one of them would be applied"
-                )
+                message = f"is also defined at {first.file}:{first.line()}; only one of them would be applied"
                 self.report(doc, ["metadata", "name"], message, RULE_DUPLICATE_NAME)
             else:
                 seen[key] = doc

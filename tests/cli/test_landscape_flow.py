@@ -19,9 +19,7 @@ import requests
 from dbprovider.devstack import DevStack, free_port
 from domain.tokens import hash_token
 from harness import KubeControlPlane
-from informers import Rest
 from infra.render import config_yaml
-from reconciler.resources import CONSUMERS, SHARDS
 from tests.cli.conftest import DBPROVIDER, read_docs, run, run_on_terminal
 from tests.generator.kubeapi import KubeApi, wait_for
 from tests.vectors.objects import NAMESPACE
@@ -46,10 +44,7 @@ def stack(kube: KubeControlPlane, postgres_pool: Any, tmp_path_factory: pytest.T
         shard="clitest-pg",
     ).install()
     yield created
-    with kube.admin_client() as client:
-        rest = Rest(client)
-        rest.delete(SHARDS, created.shard)
-        rest.delete(CONSUMERS, created.consumer)
+    created.unregister()
 
 
 class Manager:

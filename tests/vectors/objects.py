@@ -4,7 +4,8 @@ One plain list of `(object, expected_valid, why)`. `tests/cli/test_lint_agrees_w
 every entry through `dbprovider lint` and through the real apiserver (server-side apply, dry run) and
 requires all three verdicts to match, so lint's offline rules are proven to be the CRDs' (schema, CEL)
 and the apiserver's own (names, Secret keys). Every Shard host of `hosts.HOST_VECTORS` is included.
-Keep it plain data: objects are dicts as they would stand in YAML. `NAMESPACE` is the release namespace
+Keep it plain data (objects are dicts as they would stand in YAML) plus `with_changes`, the one
+helper the spec tests share for variations of a valid object. `NAMESPACE` is the release namespace
 of the test (namespaced objects live there).
 """
 
@@ -39,36 +40,37 @@ _CONSUMER_SPEC: dict[str, Any] = {
     "maxDatabases": 5,
 }
 _DATABASE_SPEC: dict[str, Any] = {"consumer": "clitest-consumer", "externalId": "orders"}
-_DROP = object()
 
 
-def _changed(spec: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
-    """`a__b=value` sets spec[a][b]; the value _DROP removes the key."""
-    spec = copy.deepcopy(spec)
+def with_changes(base: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """A deep copy of `base` with `a__b=value` setting base[a][b] (value None deletes the key)."""
+    data = copy.deepcopy(base)
     for path, value in changes.items():
         *parents, last = path.split("__")
-        node = spec
+        node = data
         for key in parents:
             node = node.setdefault(key, {})
-        if value is _DROP:
+        if value is None:
             node.pop(last, None)
         else:
             node[last] = value
-    return spec
+    return data
 
 
 def shard(name: str = "vec-shard", base: dict[str, Any] = _SHARD_SPEC, **changes: Any) -> dict[str, Any]:
-    return {"apiVersion": API_VERSION, "kind": "Shard", "metadata": {"name": name}, "spec": _changed(base, changes)}
+    spec = with_changes(base, **changes)
+    return {"apiVersion": API_VERSION, "kind": "Shard", "metadata": {"name": name}, "spec": spec}
 
 
 def consumer(name: str = "vec-consumer", **changes: Any) -> dict[str, Any]:
-    spec = _changed(_CONSUMER_SPEC, changes)
+    spec = with_changes(_CONSUMER_SPEC, **changes)
     return {"apiVersion": API_VERSION, "kind": "Consumer", "metadata": {"name": name}, "spec": spec}
 
 
 def database(name: str = "orders.vec", **changes: Any) -> dict[str, Any]:
     meta = {"name": name, "namespace": NAMESPACE}
-    return {"apiVersion": API_VERSION, "kind": "Database", "metadata": meta, "spec": _changed(_DATABASE_SPEC, changes)}
+    spec = with_changes(_DATABASE_SPEC, **changes)
+    return {"apiVersion": API_VERSION, "kind": "Database", "metadata": meta, "spec": spec}
 
 
 def secret(name: str = "vec-token", **sections: Any) -> dict[str, Any]:
@@ -93,13 +95,13 @@ OBJECT_VECTORS: list[tuple[dict[str, Any], bool, str]] = [
     (shard(maxDatabases=-3), False, "negative maxDatabases"),
     (shard(maxDatabases="5"), False, "maxDatabases as a string"),
     (shard(maxDatabases=5.5), False, "maxDatabases as a fraction"),
-    (shard(maxDatabases=_DROP), False, "maxDatabases missing"),
+    (shard(maxDatabases=None), False, "maxDatabases missing"),
     (shard(engine="mysql"), False, "unknown engine"),
     (shard(engine="Postgres"), False, "engine is case-sensitive"),
     (shard(keldonCluster={"namespace": "a", "name": "b"}), False, "postgres shard with a keldonCluster"),
-    (shard(perconaCluster=_DROP), False, "postgres shard without perconaCluster"),
-    (shard(admin__serviceName=_DROP), False, "postgres shard without an admin Service"),
-    (shard(base=_CLOUDBERRY_SPEC, keldonCluster=_DROP), False, "cloudberry shard without keldonCluster"),
+    (shard(perconaCluster=None), False, "postgres shard without perconaCluster"),
+    (shard(admin__serviceName=None), False, "postgres shard without an admin Service"),
+    (shard(base=_CLOUDBERRY_SPEC, keldonCluster=None), False, "cloudberry shard without keldonCluster"),
     (
         shard(base=_CLOUDBERRY_SPEC, perconaCluster={"namespace": "a", "name": "b"}),
         False,
@@ -117,19 +119,19 @@ OBJECT_VECTORS: list[tuple[dict[str, Any], bool, str]] = [
     (shard(admin__secretRef__namespace="a" * 64), False, "namespace of 64 characters"),
     (shard(admin__secretRef__userKey="user.name"), True, "a Secret key with a dot"),
     (shard(admin__secretRef__userKey="user/name"), False, "a Secret key with a slash"),
-    (shard(admin__secretRef=_DROP), False, "admin secretRef missing"),
+    (shard(admin__secretRef=None), False, "admin secretRef missing"),
     (shard(perconaCluster__name="pg_shard"), False, "cluster name with an underscore"),
-    (shard(client=_DROP), False, "client endpoint missing"),
+    (shard(client=None), False, "client endpoint missing"),
     (shard(accepting="no"), False, "accepting as a string"),
     (shard(accepting=False), True, "a draining shard"),
     # --- Consumers ---
     (consumer(), True, "the operator guide's example"),
-    (consumer(maxDatabases=_DROP), True, "no quota: allowed by the CRD (lint only warns)"),
+    (consumer(maxDatabases=None), True, "no quota: allowed by the CRD (lint only warns)"),
     (consumer(maxDatabases=0), True, "quota 0"),
     (consumer(maxDatabases=-1), False, "negative quota"),
     (consumer(maxDatabases="10"), False, "quota as a string"),
-    (consumer(tokenSecretRef=_DROP), False, "tokenSecretRef missing"),
-    (consumer(tokenSecretRef__key=_DROP), True, "the key defaults to sha256"),
+    (consumer(tokenSecretRef=None), False, "tokenSecretRef missing"),
+    (consumer(tokenSecretRef__key=None), True, "the key defaults to sha256"),
     (consumer(tokenSecretRef__key="sha 256"), False, "a Secret key with a space"),
     (consumer(tokenSecretRef__name="Team-Token"), False, "uppercase Secret name"),
     (consumer(tokenSecretRef__namespace="team_ns"), False, "underscore in the namespace"),
@@ -144,7 +146,7 @@ OBJECT_VECTORS: list[tuple[dict[str, Any], bool, str]] = [
     (database(externalId="orders.eu"), False, "an externalId is a label, no dots"),
     (database(engine="oracle"), False, "unknown engine"),
     (database(sizeClass="s" * 64), False, "size class of 64 characters"),
-    (database(consumer=_DROP), False, "consumer missing"),
+    (database(consumer=None), False, "consumer missing"),
     # --- Secrets ---
     (secret(stringData={"sha256": f"{_HASH}\n"}), True, "a hash Secret as consumer new writes it"),
     (secret(data={"sha256": "YWJj"}), True, "base64 data"),
