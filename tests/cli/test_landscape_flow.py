@@ -79,9 +79,9 @@ class Manager:
 
         wait_for(ready, timeout=60, what="the manager to be ready")
 
-    def wait_status(self, method: str, path: str, token: str, status: int) -> requests.Response:
-        return wait_for(
-            lambda: (r := self.call(method, path, token)).status_code == status and r,
+    def wait_status(self, method: str, path: str, token: str, status: int) -> None:
+        wait_for(
+            lambda: self.call(method, path, token).status_code == status,
             timeout=30,
             what=f"{method} {path} -> {status}",
         )

@@ -25,7 +25,13 @@ def apiserver_accepts(api: KubeApi, obj: dict[str, Any]) -> tuple[bool, str]:
         query={"fieldManager": "clitest", "force": "true", "dryRun": "All"},
         content_type="application/apply-patch+yaml",
     )
-    assert response.status < 500 and response.status != 404, (response.status, response.message)
+    # A wrongly typed field (a string for a number, data that is not base64) fails server-side apply's
+    # decoding with a 500; the object is refused all the same.
+    refused_by_type = response.status == 500 and any(
+        cause in response.message for cause in ("failed to create typed patch object", "failed to convert new object")
+    )
+    assert response.status < 500 or refused_by_type, (response.status, response.message)
+    assert response.status != 404, response.message  # the namespace and the CRDs exist
     return response.status in (200, 201), response.message
 
 
