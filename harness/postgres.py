@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -195,7 +196,21 @@ class PostgresServer:
             argv += ["-c", f"{key}={value}"]
         # SIGQUIT = immediate shutdown if this process dies without cleaning up.
         self._proc = spawn(argv, self.log_file, death_signal=signal.SIGQUIT, user=self.user)
+        began = time.monotonic()
         wait_for_port(self.port, timeout, self._proc, self.log_file)
+        self._wait_accepting(began + timeout)
+
+    def _wait_accepting(self, deadline: float) -> None:
+        """The port opens before startup ends; on a loaded machine the first connections are refused with
+        57P03 "the database system is starting up" for a while."""
+        while True:
+            try:
+                with self.superuser_connection():
+                    return
+            except psycopg.OperationalError as exc:
+                if "starting up" not in str(exc) or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.1)
 
     def _create_provisioner(self) -> None:
         attributes = "LOGIN CREATEDB CREATEROLE" + (" NOINHERIT" if self.flavor.major < 16 else "")
