@@ -161,7 +161,6 @@ class Document:
 class Linter:
     """Collects documents, then checks each on its own and all of them together."""
 
-    release_namespace: str | None = None
     findings: list[Finding] = field(default_factory=list)
     objects: list[tuple[Document, BaseModel | None]] = field(default_factory=list)
     secrets: list[Document] = field(default_factory=list)
@@ -222,24 +221,21 @@ class Linter:
 
     # -- one object -----------------------------------------------------------------------------------
 
-    def _check_name(self, doc: Document, namespaced: bool) -> bool:
+    def _check_name(self, doc: Document, namespaced: bool) -> None:
+        """The apiserver's own rules: object names are DNS-1123 subdomains, namespaces DNS-1123 labels."""
         meta = doc.data.get("metadata")
         if not isinstance(meta, dict):
             self.report(doc, ["metadata"], "is required (a mapping with the object's name)", RULE_SCHEMA)
-            return False
-        ok = True
+            return
         try:
             validate_dns1123_subdomain(meta.get("name"))
         except InvalidName as exc:
             self.report(doc, ["metadata", "name"], str(exc), RULE_SCHEMA)
-            ok = False
         if namespaced and "namespace" in meta:
             try:
                 validate_dns1123_label(meta.get("namespace"))
             except InvalidName as exc:
                 self.report(doc, ["metadata", "namespace"], str(exc), RULE_SCHEMA)
-                ok = False
-        return ok
 
     def _check_object(self, doc: Document) -> BaseModel | None:
         self._check_name(doc, namespaced=doc.kind == KIND_DATABASE)
