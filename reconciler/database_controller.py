@@ -35,7 +35,7 @@ from domain.constants import (
 )
 from domain.naming import PG_IDENTIFIER_RE, credentials_secret_name, tenant_name
 from informers import SECRETS, Informer, Rest
-from reconciler.admin import AdminEndpointCache, AdminSecretInvalid, AdminSessions, parse_shard_spec
+from reconciler.admin import AdminEndpointCache, AdminPolicy, AdminSecretInvalid, AdminSessions, parse_shard_spec
 from reconciler.credentials import (
     Endpoint,
     SecretState,
@@ -125,6 +125,7 @@ class DatabaseController:
         sessions: AdminSessions | None = None,
         admin_host_override: str | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        policy: AdminPolicy | None = None,
     ) -> None:
         self.rest = rest
         self.config = config
@@ -135,7 +136,7 @@ class DatabaseController:
         self.events = events
         self.sessions = sessions or AdminSessions()
         self.admin_host_override = admin_host_override
-        self.admin_endpoints = AdminEndpointCache(rest, admin_host_override)
+        self.admin_endpoints = AdminEndpointCache(rest, policy or AdminPolicy.from_config(config), admin_host_override)
         self._written: dict[str, str] = {}  # key -> resourceVersion of this replica's last write
         self.clock = clock
         # Before any handler that enqueues Databases: a woken worker places with the event applied.

@@ -14,7 +14,7 @@ from domain.config import InstallConfig
 from domain.constants import CREDENTIALS_SECRET_SUFFIX
 from informers import SECRETS, Informer
 from informers.informer import Handler
-from reconciler.admin import AdminSessions
+from reconciler.admin import AdminPolicy, AdminSessions
 from reconciler.consumer_controller import ConsumerController
 from reconciler.database_controller import DatabaseController
 from reconciler.events import EventRecorder
@@ -83,7 +83,9 @@ def register_controllers(
     instance: str,
     admin_host_override: str | None = None,
     shard_ping_interval: float = PING_INTERVAL,
+    shard_ca_file: str | None = None,
 ) -> Controllers:
+    """`admin_host_override` and `shard_ca_file` exist for managers outside a pod (dev, tests)."""
     informers = manager.informers
     rest = manager.rest
     shards = informers.informer(SHARDS)
@@ -96,10 +98,18 @@ def register_controllers(
     if config.engines.cloudberry.enabled:
         clusters = informers.informer(DATABASE_CLUSTERS)
     sessions = AdminSessions()
+    policy = AdminPolicy.from_config(config, shard_ca_file)
     manager.after_controllers_stop(sessions.close_all)  # a lost Lease closes them too
 
     shard_logic = ShardController(
-        rest, shards, databases, clusters, sessions, admin_host_override, ping_interval=shard_ping_interval
+        rest,
+        shards,
+        databases,
+        clusters,
+        sessions,
+        admin_host_override,
+        ping_interval=shard_ping_interval,
+        policy=policy,
     )
     shard_controller = Controller("shard", shard_logic.reconcile, workers=1)
     shard_controller.watch(shards)
@@ -128,6 +138,7 @@ def register_controllers(
         events,
         sessions,
         admin_host_override,
+        policy=policy,
     )
     db_controller = Controller("database", db_logic.reconcile, workers=DATABASE_WORKERS)
     db_controller.watch(databases)
