@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from domain.config import InstallConfig
-from domain.constants import CREDENTIALS_SECRET_SUFFIX
+from domain.constants import CREDENTIALS_SECRET_SELECTOR, CREDENTIALS_SECRET_SUFFIX
 from informers import SECRETS, Informer
 from informers.informer import Handler
 from reconciler.admin import AdminPolicy, AdminSessions
@@ -91,7 +91,8 @@ def register_controllers(
     shards = informers.informer(SHARDS)
     consumers = informers.informer(CONSUMERS)
     databases = informers.informer(DATABASES, namespace)
-    secrets = informers.informer(SECRETS, namespace)
+    # Only the credentials Secrets (by label): admin and other Secrets of the namespace stay uncached.
+    secrets = informers.informer(SECRETS, namespace, label_selector=CREDENTIALS_SECRET_SELECTOR)
     databases.add_index(BY_SHARD, database_shard)
     databases.add_index(BY_CONSUMER, database_consumer)
     clusters: Informer | None = None
