@@ -40,6 +40,8 @@ class NamedInformers:
         """Cache exactly `names`: start informers for new names, stop those of names no longer wanted."""
         wanted = set(names)
         with self._lock:
+            if self.shared.stopped:
+                return  # shutting down: no new watches
             for name in sorted(wanted - set(self._informers)):
                 informer = self.shared.informer(
                     self.resource, self.namespace, field_selector=f"metadata.name={name}"

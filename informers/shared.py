@@ -55,6 +55,10 @@ class SharedInformers:
                     informer.start()
             return informer
 
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
     def discard(self, informer: Informer) -> None:
         """Stop an informer nobody needs any more and forget it (without waiting for its thread)."""
         with self._lock:

@@ -144,6 +144,16 @@ class Fleet:
         self.shards.append(name)
         return name
 
+    def wait_shard(self, name: str, reason: str, timeout: float = 30) -> dict[str, Any]:
+        """Wait until the Shard's Ready condition has `reason`; the Shard."""
+
+        def probe() -> dict[str, Any] | None:
+            shard = self.get_shard(name)
+            ready = condition(shard, "Ready")
+            return shard if ready is not None and ready["reason"] == reason else None
+
+        return wait_for(probe, timeout=timeout, what=f"shard {name} to report {reason}")
+
     def admin_secret_of(self, shard: str) -> tuple[str, str]:
         """(name, namespace) of the Shard's admin Secret."""
         ref = self.get_shard(shard)["spec"]["admin"]["secretRef"]

@@ -15,19 +15,9 @@ import pytest
 
 from harness import PostgresServer
 from informers import SECRETS, Rest
-from tests.generator.kubeapi import wait_for
 from tests.hostile_postgres import CLEARTEXT, MD5, HostilePostgres
 from tests.k8s_objects import b64, condition
 from tests.reconciler.conftest import BASE_CONFIG, NAMESPACE, SHARD_SECRETS_NAMESPACE, install_config
-
-
-def wait_reason(fleet, name: str, reason: str, timeout: float = 30) -> dict:
-    def probe() -> dict | None:
-        shard = fleet.get_shard(name)
-        ready = condition(shard, "Ready")
-        return shard if ready is not None and ready["reason"] == reason else None
-
-    return wait_for(probe, timeout=timeout, what=f"shard {name} to report {reason}")
 
 
 @pytest.fixture
@@ -41,7 +31,7 @@ def test_no_password_goes_to_a_server_asking_for_cleartext_or_md5(pg18, fleet, s
     with HostilePostgres(auth_code) as hostile:
         name = fleet.shard(pg18, port=hostile.port, sslmode="disable", password=password)
         start_manager()
-        shard = wait_reason(fleet, name, "AdminAuthFailed")
+        shard = fleet.wait_shard(name, "AdminAuthFailed")
         assert hostile.hung_up.wait(15), "the provider neither answered nor hung up"
         assert hostile.startups and hostile.startups[0]["user"] == pg18.PROVISIONER  # it did try to log in
     sent = b"".join(hostile.replies)
@@ -77,7 +67,7 @@ def test_an_unlisted_admin_secret_is_refused_before_any_connection(
     with HostilePostgres(CLEARTEXT) as hostile:
         name = fleet.shard(pg18, port=hostile.port, secret_ref={"namespace": namespace, "name": secret})
         start_manager()
-        shard = wait_reason(fleet, name, "AdminSecretInvalid")
+        shard = fleet.wait_shard(name, "AdminSecretInvalid")
         assert hostile.connections == 0
     ready = condition(shard, "Ready")
     assert ready["status"] == "False"
@@ -93,4 +83,4 @@ def test_a_listed_admin_secret_in_the_release_namespace_is_used(pg18, fleet, sta
     config = install_config(shardSecrets=[*BASE_CONFIG["shardSecrets"], {"namespace": namespace, "name": secret}])
     name = fleet.shard(pg18, secret_ref={"namespace": namespace, "name": secret})
     start_manager(config)
-    wait_reason(fleet, name, "Ok")
+    fleet.wait_shard(name, "Ok")

@@ -16,19 +16,14 @@ import pytest
 
 from harness import PostgresServer
 from harness.certs import CertificateAuthority
-from tests.generator.kubeapi import wait_for
 from tests.k8s_objects import condition
 
 TLS_FAILED = "check failed: tls_failed"
 
 
-def wait_ready(fleet, name: str, reason: str, timeout: float = 30) -> dict:
-    def probe() -> dict | None:
-        shard = fleet.get_shard(name)
-        ready = condition(shard, "Ready")
-        return ready if ready is not None and ready["reason"] == reason else None
-
-    return wait_for(probe, timeout=timeout, what=f"shard {name} to report {reason}")
+def wait_ready(fleet, name: str, reason: str) -> dict:
+    """The Ready condition, once it has `reason`."""
+    return condition(fleet.wait_shard(name, reason), "Ready")
 
 
 def provider_sessions_use_tls(server: PostgresServer) -> bool:
