@@ -38,6 +38,12 @@ LOCAL_REFUSALS: tuple[tuple[str, Callable[[InstallConfig], bool], str], ...] = (
         "a ServiceMonitor needs the Prometheus Operator's CRDs, which the local stack does not have; set it to "
         "false in the values you give dev (the manager's metrics are served on localhost anyway)",
     ),
+    (
+        "shardTLS.caBundle",
+        lambda config: config.shard_tls.ca_bundle is not None,
+        "the bundle is mounted into the provider's pod, and dev runs the manager on this machine without it; "
+        "leave it out of the values you give dev (dev's own shard uses sslmode require, which needs no CA)",
+    ),
 )
 
 

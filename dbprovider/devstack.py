@@ -1,7 +1,8 @@
 """The whole product on one machine: what `dbprovider dev` runs and the end-to-end tests start.
 
 Given a running control plane and PostgreSQL server (harness), `DevStack.install()` applies the
-rendered install (CRDs, RBAC, admission policy, ...), registers the server as a Shard, creates a
+rendered install (CRDs, RBAC, admission policy, ...), registers the server as a Shard (TLS on, its
+admin Secret in a namespace of its own and listed in shardSecrets, as docs/install.md asks), creates a
 Consumer with a fresh bearer token, issues the API's TLS certificate and writes the files the
 manager needs: its install config and a kubeconfig with a real token of its ServiceAccount.
 """
@@ -27,7 +28,6 @@ from informers import SECRETS, Rest
 from infra.render import config_yaml, dump_yaml, render_manifests
 from reconciler.resources import CONSUMERS, SHARDS
 
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -44,6 +44,8 @@ class DevStack:
     shard: str = "local-pg"
 
     def __post_init__(self) -> None:
+        self.admin_secret = f"{self.shard}-provisioner"
+        self.shard_secrets_namespace = f"{merge_values(DEV_CONFIG, self.config_overrides).get('namespace')}-shards"
         self.config: InstallConfig = dev_install_config(self._with_own_admin_secret(self.config_overrides))
         self.namespace = self.config.namespace
         self.token = secrets.token_hex(32)
@@ -55,16 +57,10 @@ class DevStack:
         self.manager_kubeconfig = self.state_dir / "manager.kubeconfig"
         self.cloudberry_example = self.state_dir / "cloudberry-example.yaml"
 
-    @property
-    def admin_secret(self) -> str:
-        """The local shard's provisioner Secret (release namespace)."""
-        return f"{self.shard}-provisioner"
-
     def _with_own_admin_secret(self, overrides: dict[str, Any]) -> dict[str, Any]:
-        """List the local shard's admin Secret in shardSecrets, since the provider reads only listed ones."""
-        merged = merge_values(DEV_CONFIG, overrides)
-        listed = merged.get("shardSecrets") or []
-        own = {"namespace": merged.get("namespace"), "name": self.admin_secret}
+        """Add the local shard's admin Secret to shardSecrets (the provider reads only listed ones)."""
+        listed = merge_values(DEV_CONFIG, overrides).get("shardSecrets") or []
+        own = {"namespace": self.shard_secrets_namespace, "name": self.admin_secret}
         if not isinstance(listed, list) or own in listed:
             return overrides
         return merge_values(overrides, {"shardSecrets": [*listed, own]})
@@ -76,7 +72,7 @@ class DevStack:
     def install(self) -> DevStack:
         kube = self.kube
         kube.ensure_namespace(self.namespace)
-        for namespace in self.config.shard_secrets_by_namespace():  # their Roles need them
+        for namespace in self.config.shard_secrets_by_namespace():  # dev's own and the user's: their Roles
             kube.ensure_namespace(namespace)
         # Keldon cannot run here; its CRD lets a user declare DatabaseClusters and play the operator.
         extra_crds = [KELDON_CRD] if self.config.engines.cloudberry.enabled else []
@@ -101,17 +97,20 @@ class DevStack:
             rest.delete(SHARDS, self.shard)
             rest.delete(CONSUMERS, self.consumer)
 
-    def _secret(self, rest: Rest, name: str, data: dict[str, str], type_: str = "Opaque") -> None:
+    def _secret(
+        self, rest: Rest, name: str, data: dict[str, str], type_: str = "Opaque", namespace: str | None = None
+    ) -> None:
+        namespace = namespace or self.namespace
         rest.create(
             SECRETS,
             {
                 "apiVersion": "v1",
                 "kind": "Secret",
                 "type": type_,
-                "metadata": {"name": name, "namespace": self.namespace},
+                "metadata": {"name": name, "namespace": namespace},
                 "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
             },
-            self.namespace,
+            namespace,
         )
 
     def _tls(self, rest: Rest) -> None:
@@ -126,9 +125,11 @@ class DevStack:
         )
 
     def _shard(self, rest: Rest) -> None:
-        admin_secret = self.admin_secret
         self._secret(
-            rest, admin_secret, {"user": self.postgres.PROVISIONER, "password": self.postgres.provisioner_password}
+            rest,
+            self.admin_secret,
+            {"user": self.postgres.PROVISIONER, "password": self.postgres.provisioner_password},
+            namespace=self.shard_secrets_namespace,
         )
         rest.create(
             SHARDS,
@@ -139,14 +140,14 @@ class DevStack:
                 "spec": {
                     "maxDatabases": 100,
                     "perconaCluster": {"namespace": self.namespace, "name": self.shard},
-                    # The local server has no TLS; in a cluster keep the default sslmode require.
+                    # The local server's certificate comes from a throwaway CA: TLS, not verified.
                     "admin": {
                         "serviceName": f"{self.shard}-primary",
                         "port": self.postgres.port,
-                        "sslmode": "disable",
-                        "secretRef": {"namespace": self.namespace, "name": admin_secret},
+                        "sslmode": "require",
+                        "secretRef": {"namespace": self.shard_secrets_namespace, "name": self.admin_secret},
                     },
-                    "client": {"host": "127.0.0.1", "port": self.postgres.port, "sslmode": "disable"},
+                    "client": {"host": "127.0.0.1", "port": self.postgres.port, "sslmode": "require"},
                 },
             },
         )
@@ -186,10 +187,10 @@ class DevStack:
                 # The admin Service is the cluster's (named like it); dev connects to 127.0.0.1 instead.
                 "admin": {
                     "port": self.postgres.port,
-                    "sslmode": "disable",
-                    "secretRef": {"namespace": self.namespace, "name": self.admin_secret},
+                    "sslmode": "require",
+                    "secretRef": {"namespace": self.shard_secrets_namespace, "name": self.admin_secret},
                 },
-                "client": {"host": "127.0.0.1", "port": self.postgres.port, "sslmode": "disable"},
+                "client": {"host": "127.0.0.1", "port": self.postgres.port, "sslmode": "require"},
             },
         }
         return [cluster, shard]

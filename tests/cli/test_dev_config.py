@@ -25,12 +25,13 @@ from tests.k8s_objects import condition
     ("values", "key"),
     [
         ({"metrics": {"serviceMonitor": {"enabled": True}}}, "metrics.serviceMonitor.enabled"),
+        ({"shardTLS": {"caBundle": {"configMap": {"name": "ca", "key": "ca.crt"}}}}, "shardTLS.caBundle"),
         ({"softDelete": {"retention": "1w"}}, "softDelete.retention"),
         ({"engines": {"cloudberry": {"enabeld": True}}}, "engines.cloudberry.enabeld"),
         ({"sizeClasses": {"small": {"connectionLimit": "5"}}}, "sizeClasses.small.connectionLimit"),
         (["not", "a", "mapping"], "mapping"),
     ],
-    ids=["not-local", "invalid-duration", "unknown-key", "wrong-type", "not-a-mapping"],
+    ids=["service-monitor", "ca-bundle", "invalid-duration", "unknown-key", "wrong-type", "not-a-mapping"],
 )
 def test_values_that_cannot_work_are_refused_naming_the_key_before_anything_starts(
     tmp_path: Path, values: Any, key: str
