@@ -28,6 +28,7 @@ from informers import SECRETS, Rest
 from infra.render import config_yaml, dump_yaml, render_manifests
 from reconciler.resources import CONSUMERS, SHARDS
 
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
