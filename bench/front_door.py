@@ -169,59 +169,6 @@ def legit(port: int, ca: Path, seconds: float) -> dict[str, Any]:
     return {"ok": ok, "failed": failed, "latencies": latencies}
 
 
-class Attack:
-    """Attacker threads; each reopens its connection when the server drops it, until stopped."""
-
-    def __init__(self, port: int, silent: int, slow: int, idle: int, byte_every: float = 2.0) -> None:
-        self.port = port
-        self.stop = threading.Event()
-        self.context = ssl.create_default_context()
-        self.context.check_hostname = False
-        self.context.verify_mode = ssl.CERT_NONE
-        self.byte_every = byte_every
-        self.threads = [threading.Thread(target=self._loop, args=(kind,), daemon=True)
-                        for kind, n in (("silent", silent), ("slow", slow), ("idle", idle)) for _ in range(n)]
-        self.opened = 0
-
-    def __enter__(self) -> Attack:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(10)
-
-    def _loop(self, kind: str) -> None:
-        while not self.stop.is_set():
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=30) as raw:
-                    self.opened += 1
-                    if kind == "silent":
-                        self._hold(raw)
-                        continue
-                    with self.context.wrap_socket(raw, server_hostname="x") as tls:
-                        if kind == "idle":
-                            self._hold(tls)
-                            continue
-                        for byte in b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 1000:
-                            if self.stop.wait(self.byte_every):
-                                return
-                            tls.sendall(bytes([byte]))
-            except (OSError, ssl.SSLError):
-                self.stop.wait(0.2)
-
-    def _hold(self, sock: socket.socket) -> None:
-        sock.settimeout(0.5)
-        while not self.stop.is_set():
-            try:
-                if sock.recv(1) == b"":
-                    return
-            except TimeoutError:
-                continue
-
-
 def framing(port: int, ca: Path) -> dict[str, str]:
     """Each case: the status line answered, and whether the connection was closed after it."""
     context = ssl.create_default_context(cafile=str(ca))
@@ -265,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--candidates", default=",".join(CANDIDATES))
     args = parser.parse_args(argv)
+    from harness.attacks import HostileClients
     from harness.certs import CertificateAuthority
     from harness.process import free_port
 
@@ -279,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         stop = CANDIDATES[name](cert.cert_file, cert.key_file, port)
         try:
             quiet = legit(port, ca.ca_file, args.seconds / 4)
-            with Attack(port, silent=8, slow=16, idle=20) as attack:
+            attackers = HostileClients(port, silent=8, slow=16, idle=20, byte_every=2.0, max_seconds=args.seconds + 30)
+            with attackers as attack:
                 time.sleep(2)  # the attackers connect
                 hostile = legit(port, ca.ca_file, args.seconds)
             cases = framing(port, ca.ca_file)
