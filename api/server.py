@@ -43,6 +43,8 @@ from http import HTTPStatus
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
 from api.http1 import BadRequest, RequestHead, parse_chunk_size, parse_head
 from domain.config import ApiConfig
 
@@ -127,28 +129,51 @@ class ReloadingTlsContext:
 
 
 class ConnectionLimits:
-    """Open connections, bounded overall and per client address (loop thread only)."""
+    """Open connections, bounded overall and per client address (loop thread only).
 
-    def __init__(self, total: int, per_client: int) -> None:
+    With a registry: dbprovider_api_connections_open and dbprovider_api_connections_refused_total{limit}.
+    """
+
+    def __init__(self, total: int, per_client: int, registry: CollectorRegistry | None = None) -> None:
         self.max_total = total
         self.max_per_client = per_client
         self.total = 0
         self.by_client: dict[str, int] = {}
         self._refused_since_log = 0
         self._last_log = -REFUSAL_LOG_INTERVAL
+        self._open: Gauge | None = None
+        self._refused: Counter | None = None
+        if registry is not None:
+            self._open = Gauge("dbprovider_api_connections_open", "Open API connections.", registry=registry)
+            self._refused = Counter(
+                "dbprovider_api_connections_refused",
+                "API connections closed at once because a connection bound was reached.",
+                ["limit"],
+                registry=registry,
+            )
 
     def admit(self, client: str) -> str | None:
         """Take a slot for `client`, or say which bound refuses it."""
         if self.total >= self.max_total:
+            self._count_refusal("maxConnections")
             return f"{self.total} connections open (maxConnections {self.max_total})"
         count = self.by_client.get(client, 0)
         if count >= self.max_per_client:
+            self._count_refusal("maxConnectionsPerClient")
             return f"{count} connections open from this address (maxConnectionsPerClient {self.max_per_client})"
         self.total += 1
         self.by_client[client] = count + 1
+        if self._open is not None:
+            self._open.inc()
         return None
 
+    def _count_refusal(self, limit: str) -> None:
+        if self._refused is not None:
+            self._refused.labels(limit).inc()
+
     def release(self, client: str) -> None:
+        if self._open is not None:
+            self._open.dec()
         self.total -= 1
         count = self.by_client[client] - 1
         if count:
@@ -229,6 +254,7 @@ class ApiServer:
         max_connections_per_client: int = DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
         shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
         reload_interval: float = 10.0,
+        registry: CollectorRegistry | None = None,
         tls: bool = True,
     ) -> None:
         if tls and (cert_file is None or key_file is None):
@@ -249,7 +275,7 @@ class ApiServer:
         self.shutdown_timeout = shutdown_timeout
         self.reload_interval = reload_interval
         self.tls = tls
-        self.limits = ConnectionLimits(max_connections, max_connections_per_client)
+        self.limits = ConnectionLimits(max_connections, max_connections_per_client, registry)
         self.tls_context: ReloadingTlsContext | None = None
         self.port: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -97,6 +97,7 @@ class Manager:
             options.tls_cert,
             options.tls_key,
             threads=options.api_threads,
+            registry=registry,
             **front_door_options(options.config.api),  # deadlines and connection bounds: api.* keys
         )
         self.metrics_server: MetricsServer | None = None

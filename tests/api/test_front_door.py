@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 import requests
+from prometheus_client import CollectorRegistry
 
 from harness.attacks import HostileClients
 from tests.api.support import ApiEnv, Consumer, Served, wait_for
@@ -99,7 +100,8 @@ def test_slow_body_is_dropped(env: ApiEnv, hardened: str) -> None:
 
 
 def test_connections_per_client_are_capped(env: ApiEnv, caplog: pytest.LogCaptureFixture) -> None:
-    with Served(env.components.app, env, max_connections_per_client=4) as base:
+    registry = CollectorRegistry()
+    with Served(env.components.app, env, max_connections_per_client=4, registry=registry) as base:
         port = port_of(base)
         held = [socket.create_connection(("127.0.0.1", port), source_address=("127.0.0.2", 0)) for _ in range(4)]
         try:
@@ -110,6 +112,8 @@ def test_connections_per_client_are_capped(env: ApiEnv, caplog: pytest.LogCaptur
         finally:
             for sock in held:
                 sock.close()
+    labels = {"limit": "maxConnectionsPerClient"}
+    assert registry.get_sample_value("dbprovider_api_connections_refused_total", labels) == 1
     refusals = [r for r in caplog.records if r.name == "api.server" and r.levelno == logging.WARNING]
     assert refusals and "maxConnectionsPerClient 4" in refusals[0].getMessage()
     assert "127.0.0.2" in refusals[0].getMessage()
