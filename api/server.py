@@ -63,6 +63,8 @@ DEFAULT_SHUTDOWN_TIMEOUT = 10.0
 # TLS 1.2 suites: forward secrecy and AEAD only (TLS 1.3 suites are all AEAD).
 TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
 REFUSAL_LOG_INTERVAL = 10.0
+# After a refused request: drop the client's further input for up to 2 s, until it pauses for 0.2 s.
+LINGER_SECONDS, LINGER_QUIET, LINGER_READS = 2.0, 0.2, 32
 _ERROR_CODES = {413: "payload_too_large", 431: "headers_too_large", 500: "internal_error"}
 _HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length"})
 _NO_BODY_STATUSES = frozenset({204, 304})
@@ -482,6 +484,7 @@ class ApiServer:
         except BadRequest as exc:
             await self._send(writer, _error_response(exc.status, exc.reason))
             log.debug("API request refused: %s", exc.reason)
+            await self._linger(reader)
             return False
         environ = self._environ(head, body, address)
         loop = asyncio.get_running_loop()
@@ -522,6 +525,18 @@ class ApiServer:
                 return b"".join(parts)
             if trailer_bytes > self.max_header_bytes:
                 raise BadRequest("trailer too long", 431)
+
+    @staticmethod
+    async def _linger(reader: asyncio.StreamReader) -> None:
+        """Read and drop what the client is still sending (briefly): closing a socket with unread
+        input resets it, and a reset can destroy the answer before the client has read it."""
+        try:
+            async with asyncio.timeout(LINGER_SECONDS):
+                for _ in range(LINGER_READS):
+                    if not await asyncio.wait_for(reader.read(65536), LINGER_QUIET):
+                        return
+        except (TimeoutError, ConnectionError, ssl.SSLError, OSError):
+            return
 
     async def _send(self, writer: asyncio.StreamWriter, data: bytes) -> None:
         writer.write(data)
