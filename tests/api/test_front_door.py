@@ -8,6 +8,7 @@ legitimate client from 127.0.0.1, so the per-address cap is exercised only where
 from __future__ import annotations
 
 import logging
+import re
 import socket
 import ssl
 from collections.abc import Iterator
@@ -276,4 +277,5 @@ def read_to_eof(tls: ssl.SSLSocket) -> bytes:
 
 
 def status_lines(answer: bytes) -> list[bytes]:
-    return [line for line in answer.split(b"\r\n") if line.startswith(b"HTTP/1.")]
+    """The status lines of the answers (an answer's body is followed at once by the next one)."""
+    return re.findall(rb"HTTP/1\.1 [0-9]{3} [A-Za-z ]+", answer)
