@@ -5,7 +5,8 @@ request smuggling is built from: a request whose framing is ambiguous is refused
 connection closed, never guessed at.
 
 - request line `METHOD SP origin-form SP HTTP/1.0|HTTP/1.1`, CRLF line ends only, no obs-fold;
-- header names are tokens (no space before the colon, no underscore: it would alias `-` in WSGI);
+- header names are tokens (no space before the colon); names with `_` are dropped, as nginx does
+  (in WSGI's HTTP_* keys `X_A` would alias `X-A`);
 - `Content-Length` at most once, decimal digits only (`1_0`, `+2`, `2, 2` are refused);
 - `Transfer-Encoding` only on HTTP/1.1, only `chunked`, never with `Content-Length`;
 - HTTP/1.1 requires exactly one `Host`.
@@ -16,9 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-# RFC 9110 tokens without '_': in a header name it would alias '-' in WSGI's HTTP_* keys (nginx's
-# underscores_in_headers off).
-_TOKEN_RE = re.compile(rb"[!#$%&'*+\-.^`|~0-9A-Za-z]+")
+_TOKEN_RE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 token
 _TARGET_RE = re.compile(rb"/[!-~]*")  # origin-form: visible ASCII, no spaces or controls
 _VALUE_BAD_RE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # CTLs except HTAB
 _DECIMAL_RE = re.compile(rb"[0-9]{1,18}")
@@ -70,10 +69,13 @@ def parse_head(block: bytes) -> RequestHead:
     for line in lines[1:]:
         name, colon, value = line.partition(b":")
         if not colon or not _TOKEN_RE.fullmatch(name):
-            raise BadRequest("malformed header field")  # obs-fold, space before ':', '_' or junk
+            raise BadRequest("malformed header field")  # obs-fold, space before ':' or junk
         value = value.strip(b" \t")
         if _VALUE_BAD_RE.search(value):
             raise BadRequest("control character in a header value")
+        if b"_" in name:
+            continue  # dropped, as nginx does: in WSGI's HTTP_* keys it would alias a name with '-'
+
         headers.append((name.decode("ascii").lower(), value.decode("latin-1")))
     return _framing(method.decode("ascii"), target.decode("ascii"), version.decode("ascii"), tuple(headers))
 
