@@ -408,6 +408,8 @@ class ApiServer:
             log.debug("API connection from %s closed: %s", client, type(exc).__name__)
         except asyncio.CancelledError:
             pass
+        except Exception as exc:  # noqa: BLE001 - a bug here must cost one connection, not the loop
+            log.error("API connection failed: %s", type(exc).__name__)
         finally:
             self.limits.release(client)
             self._connections.pop(task, None)
