@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -195,7 +196,17 @@ class PostgresServer:
             argv += ["-c", f"{key}={value}"]
         # SIGQUIT = immediate shutdown if this process dies without cleaning up.
         self._proc = spawn(argv, self.log_file, death_signal=signal.SIGQUIT, user=self.user)
+        deadline = time.monotonic() + timeout
         wait_for_port(self.port, timeout, self._proc, self.log_file)
+        # On a loaded machine the port opens before the server accepts sessions ("starting up").
+        while True:
+            try:
+                self.superuser_connection().close()
+                return
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def _create_provisioner(self) -> None:
         attributes = "LOGIN CREATEDB CREATEROLE" + (" NOINHERIT" if self.flavor.major < 16 else "")
