@@ -249,6 +249,33 @@ class EnginesConfig(ConfigModel):
     cloudberry: CloudberryEngineConfig = CloudberryEngineConfig()
 
 
+# -- api: the consumer API's front door (issue 14) ---------------------------------------------------
+
+MAX_API_TIMEOUT = timedelta(hours=1)
+
+
+def _check_api_timeout(value: timedelta) -> timedelta:
+    if not timedelta(0) < value <= MAX_API_TIMEOUT:
+        raise ValueError("must be more than 0s and at most 1h")
+    return value
+
+
+ApiTimeout = Annotated[Duration, AfterValidator(_check_api_timeout)]
+
+
+class ApiConfig(ConfigModel):
+    """Deadlines and connection bounds of the consumer API's server (api/server.py, docs/api.md)."""
+
+    header_timeout: ApiTimeout = timedelta(seconds=10)
+    body_timeout: ApiTimeout = timedelta(seconds=10)
+    idle_timeout: ApiTimeout = timedelta(seconds=30)
+    max_connections: Annotated[StrictInt, Field(ge=1, le=100_000)] = 1000
+    max_connections_per_client: Annotated[StrictInt, Field(ge=1, le=100_000)] = 100
+
+
+# -- end of api ------------------------------------------------------------------------------------------
+
+
 class InstallConfig(ConfigModel):
     """The whole install config; see the module docstring."""
 
@@ -266,6 +293,7 @@ class InstallConfig(ConfigModel):
     prometheus_rule: PrometheusRuleConfig = PrometheusRuleConfig()
     soft_delete: SoftDeleteConfig = SoftDeleteConfig()
     engines: EnginesConfig = EnginesConfig()
+    api: ApiConfig = ApiConfig()
 
     def resolve_connection_limit(self, size_class: str | None) -> int:
         """The connection limit for a new database: empty -> connectionLimit.default; unknown -> raise."""
