@@ -166,6 +166,11 @@ CASES = [
         [("dbprovider-values.yaml", "install values replicaCount", "values")],
         id="unknown-install-key",
     ),
+    pytest.param(  # a key another change added to domain/config.py: lint knows it through the parser
+        lambda repo: _edit(repo / "dbprovider-values.yaml", lambda v: v.update(api={"headerTimeout": "2h"})),
+        [("dbprovider-values.yaml", "install values api.headerTimeout", "values")],
+        id="api-timeout-out-of-range",
+    ),
 ]
 
 
