@@ -402,10 +402,12 @@ def ensure_role(conn: psycopg.Connection, spec: TenantSpec) -> bool:
         return True
     verifier = sql.Literal(scram_verifier(spec.password))
     role = sql.SQL(statement).format(_ident(spec.name), verifier, sql.Literal(spec.connection_limit))
+    if state.role_exists or spec.owner is None:
+        conn.execute(role)
+        return False
     with conn.transaction():  # a new role never exists without its ownership record
         conn.execute(role)
-        if not state.role_exists and spec.owner is not None:
-            _comment(conn, spec.name, spec.owner)
+        _comment(conn, spec.name, spec.owner)
     return False
 
 
