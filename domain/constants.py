@@ -121,6 +121,7 @@ class DatabaseReason(enum.StrEnum):
     SET_LIMIT_FAILED = "SetLimitFailed"
     DISABLE_FAILED = "DisableFailed"
     DROP_FAILED = "DropFailed"
+    RESTORE_REFUSED = "RestoreRefused"
 
 
 class DriftReason(enum.StrEnum):
