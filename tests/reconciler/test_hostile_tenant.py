@@ -19,14 +19,7 @@ from reconciler.resources import DATABASES
 from tests.generator.kubeapi import wait_for
 from tests.reconciler.conftest import NAMESPACE, condition, install_config, provisioner_statements, secret_data
 from tests.reconciler.test_deletion import _tenant_exists, wait_events
-
-
-def _alive(conn: psycopg.Connection) -> bool:
-    try:
-        conn.execute("SELECT 1")
-    except psycopg.OperationalError:
-        return False
-    return True
+from tests.sql.helpers import is_alive
 
 
 def _creds(admin_rest, name: str) -> dict[str, str]:
@@ -54,7 +47,7 @@ def test_a_tenant_idle_on_template1_does_not_stop_another_consumers_create(postg
 
         db = fleet.wait_phase(second, "Ready", timeout=60)
         assert condition(db, "Ready")["status"] == "True"
-        assert _alive(idle)
+        assert is_alive(idle)
     creds = _creds(admin_rest, second)
     with postgres.connect(creds["user"], creds["password"], creds["database"]) as conn:
         assert conn.execute("SELECT current_user").fetchone() == (creds["user"],)
@@ -89,7 +82,7 @@ def test_a_tenant_holding_locks_cannot_stop_its_disable_or_drop(postgres, fleet,
             name, lambda d: (c := condition(d, "TenantDisabled")) is not None and c["status"] == "True", timeout=60
         )
         assert db["status"]["phase"] == "Deleting"
-        assert not _alive(held)
+        assert not is_alive(held)
     wait_for(lambda: fleet.get_database(name) is None, timeout=60, what=f"{name} dropped and removed")
     assert _tenant_exists(postgres, tenant) == (False, False)
     wait_events(admin_rest, name, {"Disabled", "Dropped"})
@@ -98,20 +91,6 @@ def test_a_tenant_holding_locks_cannot_stop_its_disable_or_drop(postgres, fleet,
 
 
 # -- restore-tenant --------------------------------------------------------------------------------
-
-
-def _restoring(admin_rest, name: str, consumer: str, external_id: str, shard: str, tenant: str) -> None:
-    body = {
-        "apiVersion": "db.bnerd.com/v1alpha1",
-        "kind": "Database",
-        "metadata": {
-            "name": name,
-            "namespace": NAMESPACE,
-            "annotations": {"db.bnerd.com/restore-tenant": f"{shard}/{tenant}"},
-        },
-        "spec": {"consumer": consumer, "externalId": external_id},
-    }
-    admin_rest.create(DATABASES, body, NAMESPACE)
 
 
 def _refused(fleet, name: str) -> dict:
@@ -146,8 +125,7 @@ def test_restore_refuses_another_consumers_tenant(logged_pg, fleet, start_manage
     before = len(provisioner_statements(logged_pg))
 
     thief = f"rectest-thief-{victim_state}"
-    _restoring(admin_rest, thief, "rectest-intruder", f"thief-{victim_state}", shard, status["tenantName"])
-    fleet.databases.append(thief)
+    fleet.restore(thief, "rectest-intruder", f"thief-{victim_state}", shard, status["tenantName"])
 
     db = _refused(fleet, thief)
     message = condition(db, "Ready")["message"]
@@ -178,8 +156,7 @@ def test_restore_is_refused_while_the_owning_database_is_held(postgres, fleet, s
     fleet.wait_database(owner, lambda d: (c := condition(d, "DeletionHeld")) is not None and c["status"] == "True")
 
     twin = f"rectest-twin{postgres.major}"
-    _restoring(admin_rest, twin, "rectest-consumer", f"twin{postgres.major}", shard, status["tenantName"])
-    fleet.databases.append(twin)
+    fleet.restore(twin, "rectest-consumer", f"twin{postgres.major}", shard, status["tenantName"])
 
     db = _refused(fleet, twin)
     assert "owns tenant" in condition(db, "Ready")["message"]
@@ -203,7 +180,7 @@ def test_rotation_ends_old_sessions_only_when_asked(postgres, fleet, start_manag
         admin_rest.patch(DATABASES, name, {"metadata": {"annotations": annotations}}, NAMESPACE)
         fleet.wait_database(name, lambda d: d["status"].get("rotationApplied") == stamp)
 
-        assert _alive(session) is not end_sessions
+        assert is_alive(session) is not end_sessions
     new = _creds(admin_rest, name)
     assert new["password"] != old["password"]
     with postgres.connect(new["user"], new["password"], new["database"]) as conn:

@@ -21,13 +21,7 @@ from reconciler.sql.tenant import (
     set_password,
     tenant_state,
 )
-from tests.sql.helpers import can_connect, catalog_counts, drop_as_superuser, new_spec
-
-
-@pytest.fixture
-def provisioned(admin: AdminSession, tenant: TenantSpec) -> TenantSpec:
-    ensure_tenant(admin, tenant)
-    return tenant
+from tests.sql.helpers import can_connect, catalog_counts, drop_as_superuser, is_alive, new_spec
 
 
 @pytest.fixture
@@ -36,14 +30,6 @@ def other_tenant(postgres: PostgresServer) -> Iterator[TenantSpec]:
     spec = new_spec()
     yield spec
     drop_as_superuser(postgres, spec.name)
-
-
-def _is_alive(conn: psycopg.Connection) -> bool:
-    try:
-        conn.execute("SELECT 1")
-    except psycopg.OperationalError:
-        return False
-    return True
 
 
 class TestTemplate:
@@ -56,7 +42,7 @@ class TestTemplate:
             ensure_tenant(admin, other_tenant)
 
             assert tenant_state(admin, other_tenant.name).provisioned
-            assert _is_alive(idle)  # nothing of the provider touched the tenant's session
+            assert is_alive(idle)  # nothing of the provider touched the tenant's session
         with postgres.connect(other_tenant.name, other_tenant.password, other_tenant.name) as conn:
             assert conn.execute("SELECT current_user").fetchone() == (other_tenant.name,)
 
@@ -161,7 +147,7 @@ class TestLocksHeldByTheTenant:
         with _holding(postgres, provisioned, holder) as held:
             disable_tenant(admin, provisioned.name)
 
-            assert not _is_alive(held)
+            assert not is_alive(held)
         state = tenant_state(admin, provisioned.name)
         assert state.disabled and state.database_exists
         assert not can_connect(postgres, provisioned.name, provisioned.password, provisioned.name)
@@ -173,7 +159,7 @@ class TestLocksHeldByTheTenant:
         with _holding(postgres, provisioned, holder) as held:
             drop_tenant(admin, provisioned.name)
 
-            assert not _is_alive(held)
+            assert not is_alive(held)
         assert catalog_counts(postgres, provisioned.name) == (0, 0)
 
 
@@ -200,7 +186,7 @@ class TestRotationAndOpenSessions:
         try:
             set_password(admin, provisioned.name, "the-new-password-after-a-leak", end_sessions=True)
 
-            assert not any(_is_alive(conn) for conn in old)
+            assert not any(is_alive(conn) for conn in old)
         finally:
             for conn in old:
                 conn.close()
