@@ -213,3 +213,38 @@ def test_what_a_tenant_left_in_the_admin_database_does_not_stop_its_drop(
     finally:
         with postgres.superuser_connection() as su:
             su.execute("DROP SCHEMA open_to_all CASCADE")
+
+
+@contextmanager
+def _prepared_shard(postgres: PostgresServer) -> Iterator[None]:
+    """The shard preparation docs/sql.md asks for, undone afterwards (the server is shared by the run)."""
+    with postgres.superuser_connection() as su:
+        su.execute("REVOKE CONNECT ON DATABASE template1 FROM PUBLIC")
+        su.execute("REVOKE CONNECT ON DATABASE postgres FROM PUBLIC")
+        su.execute(sql.SQL("GRANT CONNECT ON DATABASE postgres TO {}").format(sql.Identifier(postgres.PROVISIONER)))
+    try:
+        yield
+    finally:
+        with postgres.superuser_connection() as su:
+            su.execute("GRANT CONNECT ON DATABASE template1 TO PUBLIC")
+            su.execute("GRANT CONNECT ON DATABASE postgres TO PUBLIC")
+            su.execute(
+                sql.SQL("REVOKE CONNECT ON DATABASE postgres FROM {}").format(sql.Identifier(postgres.PROVISIONER))
+            )
+
+
+def test_on_a_prepared_shard_a_tenant_reaches_only_its_own_database_and_the_provider_still_works(
+    postgres: PostgresServer, admin: AdminSession, tenant: TenantSpec
+) -> None:
+    with _prepared_shard(postgres):
+        admin.discard()  # a new admin session, under the prepared grants
+        ensure_tenant(admin, tenant)
+
+        assert can_connect(postgres, tenant.name, tenant.password, tenant.name)
+        for elsewhere in ("postgres", "template1"):
+            assert not can_connect(postgres, tenant.name, tenant.password, elsewhere)
+        with postgres.connect(tenant.name, tenant.password, tenant.name) as session:
+            disable_tenant(admin, tenant.name)
+            assert not is_alive(session)
+        drop_tenant(admin, tenant.name)
+        assert catalog_counts(postgres, tenant.name) == (0, 0)
