@@ -118,9 +118,10 @@ def test_restore_refuses_another_consumers_tenant(logged_pg, fleet, start_manage
     victim = fleet.database(f"victim-{victim_state}", consumer="rectest-consumer")
     status = fleet.wait_phase(victim, "Ready")["status"]
     creds = _creds(admin_rest, victim)
-    if victim_state == "released":  # its object is gone (finalizer removed), the tenant stays
-        admin_rest.patch(DATABASES, victim, {"metadata": {"finalizers": None}}, NAMESPACE)
+    if victim_state == "released":  # its object is gone (held, then its finalizer removed), the tenant stays
         admin_rest.delete(DATABASES, victim, NAMESPACE)
+        fleet.wait_database(victim, lambda d: (c := condition(d, "DeletionHeld")) is not None and c["status"] == "True")
+        admin_rest.patch(DATABASES, victim, {"metadata": {"finalizers": None}}, NAMESPACE)
         wait_for(lambda: fleet.get_database(victim) is None, what="victim object released")
     before = len(provisioner_statements(logged_pg))
 
