@@ -25,6 +25,7 @@ from domain.config import InstallConfig, UnknownSizeClass
 from domain.constants import (
     ANNOTATION_DELETE_REQUESTED_AT,
     ANNOTATION_RESTORE_TENANT,
+    ANNOTATION_ROTATE_END_SESSIONS,
     ANNOTATION_ROTATE_REQUESTED_AT,
     FINALIZER_TENANT,
     DatabaseConditionType,
@@ -53,10 +54,13 @@ from reconciler.placement import PlacementIndex
 from reconciler.resources import DATABASES, database_shard
 from reconciler.runtime import ReconcileError, Result, TerminalError, ensure_active, set_condition, update_status
 from reconciler.runtime.status import get_condition, is_condition_true, remove_condition
+from reconciler.sql import errors as sqlerrors
 from reconciler.sql.errors import SqlFailure
 from reconciler.sql.session import AdminSession
 from reconciler.sql.tenant import (
+    OwnerRecord,
     TenantSpec,
+    claim_tenant,
     disable_tenant,
     drop_tenant,
     enable_tenant,
@@ -301,11 +305,65 @@ class DatabaseController:
                 f"annotation {ANNOTATION_RESTORE_TENANT} must be <shard>/<tenant name>",
                 terminal=True,
             )
+        self._claim(p, shard, tenant)
         p.status.update(shard=shard, tenantName=tenant, phase=Phase.PROVISIONING)
         self._set_ready(p, False, DatabaseReason.PROVISIONING, "restoring an existing tenant, SQL pending")
         self._write_status(p)
         self.events.record(p.db, EventReason.CREATED, f"restored onto its existing tenant ({p.describe()})")
         return None
+
+    def _claim(self, p: Pass, shard_name: str, tenant: str) -> None:
+        """Adopt only a tenant of this consumer whose owning Database is gone (RestoreRefused otherwise).
+
+        Checked before anything is written: no other Database may name the tenant in its status,
+        and the role's ownership record must name this consumer and a Database that no longer
+        exists (read live, under the shard-side lock of `claim_tenant`).
+        """
+        uid = p.meta["uid"]
+
+        def holder(items: list[dict[str, Any]]) -> str | None:
+            for other in items:
+                named = ((other.get("status") or {}).get("shard"), (other.get("status") or {}).get("tenantName"))
+                if other["metadata"]["uid"] != uid and named == (shard_name, tenant):
+                    return str(other["metadata"]["name"])
+            return None
+
+        def live() -> list[dict[str, Any]]:
+            return self.rest.list(DATABASES, p.meta["namespace"]).get("items") or []
+
+        def released(record: OwnerRecord) -> bool:
+            items = live()
+            return holder(items) is None and all(o["metadata"]["uid"] != record.database_uid for o in items)
+
+        other = holder(live())
+        if other is not None:
+            self._refuse_restore(p, f"Database {other} owns tenant {shard_name}/{tenant}")
+        shard = self.shards.get(shard_name)
+        if shard is None:
+            self._fail(p, Phase.FAILED, DatabaseReason.SHARD_NOT_FOUND, f"shard {shard_name} not found")
+        session = self._session(p, shard, Phase.PROVISIONING, DatabaseReason.ADMIN_UNAVAILABLE)
+        try:
+            claim_tenant(session, tenant, self._owner(p), released)
+        except SqlFailure as failure:
+            if failure.error_class in (sqlerrors.RESTORE_REFUSED, sqlerrors.NAME_TAKEN):
+                self._refuse_restore(p, f"{failure}: {shard_name}/{tenant}")
+            self.sessions.drop(shard_name)
+            self.admin_endpoints.forget(shard_name)
+            self._fail(p, Phase.PROVISIONING, DatabaseReason.ADMIN_UNAVAILABLE, str(failure))
+
+    def _refuse_restore(self, p: Pass, message: str) -> None:
+        self._fail(
+            p,
+            Phase.FAILED,
+            DatabaseReason.RESTORE_REFUSED,
+            f"annotation {ANNOTATION_RESTORE_TENANT} refused, nothing was changed: {message}",
+            terminal=True,
+        )
+
+    @staticmethod
+    def _owner(p: Pass) -> OwnerRecord:
+        """The ownership record this Database writes into its tenant role's comment."""
+        return OwnerRecord(str(p.spec.get("consumer") or ""), str(p.meta["uid"]))
 
     @staticmethod
     def _client_endpoint(shard: dict[str, Any]) -> Endpoint:
@@ -423,7 +481,7 @@ class DatabaseController:
                 terminal=True,
             )
         session = self._session(p, shard, Phase.PROVISIONING, DatabaseReason.ADMIN_UNAVAILABLE)
-        tenant = TenantSpec(p.status["tenantName"], self._password(secret), limit)
+        tenant = TenantSpec(p.status["tenantName"], self._password(secret), limit, self._owner(p))
 
         pending = self._password_pending(p, secret)
 
@@ -487,9 +545,11 @@ class DatabaseController:
         if pending:
             session = self._session(p, shard, Phase.READY, DatabaseReason.ADMIN_UNAVAILABLE)
             tenant, password = p.status["tenantName"], self._password(secret)
+            annotations = p.meta.get("annotations") or {}
+            end_sessions = rotate_requested and annotations.get(ANNOTATION_ROTATE_END_SESSIONS) == rotation
 
             def rotate() -> None:
-                set_password(session, tenant, password)
+                set_password(session, tenant, password, end_sessions=end_sessions)
 
             self._sql(p, Phase.READY, DatabaseReason.ADMIN_UNAVAILABLE, rotate, shard_name)
             self._password_applied(p, secret)

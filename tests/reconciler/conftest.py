@@ -18,7 +18,7 @@ import pytest
 from kubernetes.client import ApiClient
 
 from domain.config import InstallConfig, load_install_config
-from domain.constants import ANNOTATION_DELETE_REQUESTED_AT, FINALIZER_TENANT
+from domain.constants import ANNOTATION_DELETE_REQUESTED_AT, ANNOTATION_RESTORE_TENANT, FINALIZER_TENANT
 from domain.naming import database_object_name
 from harness import KubeControlPlane, PostgresServer
 from informers import SECRETS, Rest
@@ -166,6 +166,22 @@ class Fleet:
             "kind": "Database",
             "metadata": {"name": name, "namespace": NAMESPACE},
             "spec": {"consumer": consumer, "externalId": external_id, "sizeClass": size_class},
+        }
+        self.rest.create(DATABASES, body, NAMESPACE)
+        self.databases.append(name)
+        return name
+
+    def restore(self, name: str, consumer: str, external_id: str, shard: str, tenant: str) -> str:
+        """A Database re-created by an operator on an existing tenant (the restore-tenant annotation)."""
+        body = {
+            "apiVersion": "db.bnerd.com/v1alpha1",
+            "kind": "Database",
+            "metadata": {
+                "name": name,
+                "namespace": NAMESPACE,
+                "annotations": {ANNOTATION_RESTORE_TENANT: f"{shard}/{tenant}"},
+            },
+            "spec": {"consumer": consumer, "externalId": external_id},
         }
         self.rest.create(DATABASES, body, NAMESPACE)
         self.databases.append(name)

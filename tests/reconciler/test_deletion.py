@@ -205,17 +205,7 @@ def test_held_database_can_be_kept_by_restoring_it_onto_its_tenant(postgres, fle
     admin_rest.patch(DATABASES, name, {"metadata": {"finalizers": None}}, NAMESPACE)
     wait_for(lambda: fleet.get_database(name) is None, what="released object")
     admin_rest.delete(SECRETS, f"{name}-credentials", NAMESPACE)
-    body = {
-        "apiVersion": "db.bnerd.com/v1alpha1",
-        "kind": "Database",
-        "metadata": {
-            "name": name,
-            "namespace": NAMESPACE,
-            "annotations": {"db.bnerd.com/restore-tenant": f"{status['shard']}/{status['tenantName']}"},
-        },
-        "spec": {"consumer": "rectest-consumer", "externalId": f"keep{postgres.major}"},
-    }
-    admin_rest.create(DATABASES, body, NAMESPACE)
+    fleet.restore(name, "rectest-consumer", f"keep{postgres.major}", status["shard"], status["tenantName"])
     restored = fleet.wait_phase(name, "Ready")["status"]
     assert (restored["shard"], restored["tenantName"]) == (status["shard"], status["tenantName"])
     new = secret_data(admin_rest, f"{name}-credentials")

@@ -150,6 +150,15 @@ def terminate(server: PostgresServer, pids: list[int]) -> None:
             conn.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))
 
 
+def is_alive(conn: psycopg.Connection) -> bool:
+    """Whether a client session still works (False once the server ended it)."""
+    try:
+        conn.execute("SELECT 1")
+    except psycopg.OperationalError:
+        return False
+    return True
+
+
 def can_connect(server: PostgresServer, user: str, password: str, dbname: str) -> bool:
     try:
         server.connect(user, password, dbname).close()

@@ -7,12 +7,14 @@ pin the order the seed prescribes, that re-runs only read, and that no password 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import pytest
 
 from harness import PostgresServer
 from reconciler.sql.session import AdminSession
 from reconciler.sql.tenant import (
+    OwnerRecord,
     TenantSpec,
     disable_tenant,
     drop_tenant,
@@ -48,21 +50,24 @@ def test_provisioning_sends_the_seed_sequence_in_order(
     logged_postgres: PostgresServer, logged_admin: AdminSession, logged_tenant: TenantSpec
 ) -> None:
     name = f'"{logged_tenant.name}"'  # sql.Identifier always quotes
+    owner = OwnerRecord("consumer-a", "0b5e3f52-0000-4000-8000-00000000000a")
     log = StatementLog(logged_postgres)
 
-    ensure_tenant(logged_admin, logged_tenant)
+    ensure_tenant(logged_admin, replace(logged_tenant, owner=owner))
 
     changes = _changes(log)
-    assert changes[0].startswith(f"CREATE ROLE {name} LOGIN PASSWORD 'SCRAM-SHA-256$4096:")
-    assert changes[0].endswith(f"' CONNECTION LIMIT {logged_tenant.connection_limit}")
+    assert changes[0] == "BEGIN"  # the role and its ownership record, together or not at all
+    assert changes[1].startswith(f"CREATE ROLE {name} LOGIN PASSWORD 'SCRAM-SHA-256$4096:")
+    assert changes[1].endswith(f"' CONNECTION LIMIT {logged_tenant.connection_limit}")
+    assert changes[2:4] == [f"COMMENT ON ROLE {name} IS '{owner.comment()}'", "COMMIT"]
     grant = (
         f"GRANT {name} TO CURRENT_USER WITH SET TRUE, INHERIT FALSE"
         if logged_postgres.major >= 16
         else f"GRANT {name} TO CURRENT_USER"
     )
-    assert changes[1:] == [
+    assert changes[4:] == [
         grant,
-        f"CREATE DATABASE {name} OWNER {name} ALLOW_CONNECTIONS false",
+        f"CREATE DATABASE {name} OWNER {name} TEMPLATE \"template0\" ALLOW_CONNECTIONS false",
         f"SET ROLE {name}",
         f"REVOKE ALL ON DATABASE {name} FROM PUBLIC",
         f"GRANT CONNECT ON DATABASE {name} TO {name}",
