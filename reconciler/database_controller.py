@@ -83,6 +83,12 @@ def _rfc3339(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _condition_reason(conditions: list[dict[str, Any]], type_: str) -> str | None:
+    """The reason of condition `type_` now: a value, not the dict that set_condition will change."""
+    condition = get_condition(conditions, type_)
+    return None if condition is None else condition.get("reason")
+
+
 @dataclass
 class Pass:
     """One reconcile's working state: the object as last written and the status being built."""
@@ -183,11 +189,11 @@ class DatabaseController:
 
     def _set_ready(self, p: Pass, ready: bool, reason: str, message: str) -> bool:
         """Set the Ready condition; a new failure reason also becomes a Warning event."""
-        before = get_condition(p.conditions, DatabaseConditionType.READY)
+        # Read the old reason before set_condition mutates the condition dict in place.
+        before = _condition_reason(p.conditions, DatabaseConditionType.READY)
         changed = set_condition(p.conditions, DatabaseConditionType.READY, ready, reason, message, p.generation)
-        if changed and not ready and reason not in (DatabaseReason.PROVISIONING, DatabaseReason.DELETING):
-            if before is None or before.get("reason") != reason:
-                self.events.record(p.db, reason, f"{message} ({p.describe()})", warning=True)
+        if not ready and before != reason and reason not in (DatabaseReason.PROVISIONING, DatabaseReason.DELETING):
+            self.events.record(p.db, reason, f"{message} ({p.describe()})", warning=True)
         return changed
 
     def _fail(self, p: Pass, phase: str, reason: str, message: str, *, terminal: bool = False) -> None:
@@ -496,31 +502,24 @@ class DatabaseController:
     def _set_drift(self, p: Pass) -> None:
         """ConnectionLimitDrift: the install config now resolves another limit (or no class at all)."""
         size_class = p.spec.get("sizeClass") or ""
+        applied = p.status.get("appliedConnectionLimit")
         try:
             wanted = self.config.resolve_connection_limit(size_class)
         except UnknownSizeClass:
-            set_condition(
-                p.conditions,
-                DatabaseConditionType.CONNECTION_LIMIT_DRIFT,
-                True,
-                DriftReason.UNKNOWN_SIZE_CLASS,
-                f"size class {size_class!r} is no longer configured",
-                p.generation,
-            )
-            return
-        applied = p.status.get("appliedConnectionLimit")
-        if applied is not None and wanted != applied:
-            set_condition(
-                p.conditions,
-                DatabaseConditionType.CONNECTION_LIMIT_DRIFT,
-                True,
-                DriftReason.CONFIG_CHANGED,
-                f"install config resolves connection limit {wanted}, the role has {applied}; change "
-                "spec.sizeClass to apply a new limit",
-                p.generation,
-            )
+            reason, message = DriftReason.UNKNOWN_SIZE_CLASS, f"size class {size_class!r} is no longer configured"
         else:
-            remove_condition(p.conditions, DatabaseConditionType.CONNECTION_LIMIT_DRIFT)
+            if applied is None or wanted == applied:
+                remove_condition(p.conditions, DatabaseConditionType.CONNECTION_LIMIT_DRIFT)
+                return
+            reason = DriftReason.CONFIG_CHANGED
+            message = (
+                f"install config resolves connection limit {wanted}, the role has {applied}; change "
+                "spec.sizeClass to apply a new limit"
+            )
+        before = _condition_reason(p.conditions, DatabaseConditionType.CONNECTION_LIMIT_DRIFT)
+        set_condition(p.conditions, DatabaseConditionType.CONNECTION_LIMIT_DRIFT, True, reason, message, p.generation)
+        if before != reason:  # the database stays Ready, but the operator should know once
+            self.events.record(p.db, reason, f"{message} ({p.describe()})", warning=True)
 
     # -- deletion --------------------------------------------------------------------------------
 
