@@ -206,11 +206,24 @@ class DatabaseController:
             raise TerminalError(reason, message)
         raise ReconcileError(reason, message)
 
-    def _patch_metadata(self, p: Pass, patch: dict[str, Any]) -> None:
+    def _patch_metadata(self, p: Pass, patch: dict[str, Any]) -> bool:
+        """Patch metadata (finalizers); False when the object is gone already (404): nothing to do.
+
+        A stale cache (another replica finished the delete, or the watch event of the removal is
+        in flight) must not turn a finished delete into a reconcile error.
+        """
         ensure_active()
         body = {"metadata": {**patch, "resourceVersion": p.meta["resourceVersion"]}}
-        p.db = self.rest.patch(DATABASES, p.meta["name"], body, p.meta["namespace"])
+        try:
+            p.db = self.rest.patch(DATABASES, p.meta["name"], body, p.meta["namespace"])
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            self._written.pop(f"{p.meta['namespace']}/{p.meta['name']}", None)
+            log.info("database already gone", extra={"database": p.meta["name"]})
+            return False
         self._wrote(p.db)
+        return True
 
     # -- reconcile -------------------------------------------------------------------------------
 
@@ -230,7 +243,8 @@ class DatabaseController:
         if FINALIZER_TENANT not in finalizers:
             if k8s_deleting:
                 return None  # nothing of ours is left on it
-            self._patch_metadata(p, {"finalizers": [*finalizers, FINALIZER_TENANT]})
+            if not self._patch_metadata(p, {"finalizers": [*finalizers, FINALIZER_TENANT]}):
+                return None
             p.status = copy.deepcopy(p.db.get("status") or {})
         if k8s_deleting and not delete_requested:
             return self._hold(p)
@@ -621,7 +635,8 @@ class DatabaseController:
             if exc.status != 404:
                 raise
         finalizers = [f for f in p.meta.get("finalizers") or [] if f != FINALIZER_TENANT]
-        self._patch_metadata(p, {"finalizers": finalizers})
+        if not self._patch_metadata(p, {"finalizers": finalizers}):
+            return None  # deleted meanwhile: the delete is done
         if not p.db["metadata"].get("deletionTimestamp"):
             try:
                 self.rest.delete(DATABASES, p.meta["name"], p.meta["namespace"])
