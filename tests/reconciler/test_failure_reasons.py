@@ -34,6 +34,7 @@ from tests.generator.kubeapi import wait_for
 from tests.k8s_objects import b64
 from tests.reconciler.conftest import (
     NAMESPACE,
+    SHARD_SECRETS_NAMESPACE,
     Fleet,
     condition,
     install_config,
@@ -320,11 +321,9 @@ def test_admin_unavailable_when_the_admin_secret_breaks_before_a_rotation(
     tenants.append((pg18, db["status"]["tenantName"]))
 
     # The admin password in the Secret is wrong (a botched rotation): the Shard is not Ready.
-    admin_rest.patch(SECRETS, f"{shard}-admin", {"data": {"password": b64("wrong-admin-password")}}, NAMESPACE)
-    wait_for(
-        lambda: (condition(fleet.get_shard(shard), "Ready") or {}).get("reason") == "AdminAuthFailed",
-        what="the shard to report AdminAuthFailed",
-    )
+    admin_secret, admin_namespace = fleet.admin_secret_of(shard)
+    admin_rest.patch(SECRETS, admin_secret, {"data": {"password": b64("wrong-admin-password")}}, admin_namespace)
+    fleet.wait_shard(shard, "AdminAuthFailed")
     stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     admin_rest.patch(DATABASES, name, {"metadata": {"annotations": {ANNOTATION_ROTATE_REQUESTED_AT: stamp}}}, NAMESPACE)
     db = wait_reason(fleet, name, "AdminUnavailable")
@@ -333,7 +332,7 @@ def test_admin_unavailable_when_the_admin_secret_breaks_before_a_rotation(
     assert_warning(admin_rest, db, ready, "wrong-admin-password", pg18.provisioner_password)
 
     # The admin Secret is fixed: the Shard is Ready again and the rotation is applied.
-    admin_rest.patch(SECRETS, f"{shard}-admin", {"data": {"password": b64(pg18.provisioner_password)}}, NAMESPACE)
+    admin_rest.patch(SECRETS, admin_secret, {"data": {"password": b64(pg18.provisioner_password)}}, admin_namespace)
     db = fleet.wait_database(name, lambda d: d["status"].get("rotationApplied") == stamp, timeout=90)
     assert condition(db, "Ready")["status"] == "True"
     creds = secret_data(admin_rest, f"{name}-credentials")
@@ -499,17 +498,10 @@ def test_tenant_dropped_out_of_band_completes_the_delete(pg18, fleet, start_mana
 
 def test_shard_reports_provisioner_invalid_for_a_role_without_createdb(pg18, fleet, start_manager):
     with login_role(pg18, "nocreatedb", "LOGIN CREATEROLE") as (role, password):
-        secret = fleet.admin_secret(f"rectest-nocreatedb-{fleet.suffix}", role, password)
-        shard = fleet.shard(pg18, password=password)
-        fleet.rest.patch(
-            SHARDS, shard, {"spec": {"admin": {"secretRef": {"namespace": NAMESPACE, "name": secret}}}}
-        )
+        listed = {"namespace": SHARD_SECRETS_NAMESPACE, "name": fleet.admin_secrets.secret(role, password)}
+        shard = fleet.shard(pg18, secret_ref=listed)
         start_manager()
-        wait_for(
-            lambda: (condition(fleet.get_shard(shard), "Ready") or {}).get("reason") == "ProvisionerInvalid",
-            what="the shard to report ProvisionerInvalid",
-        )
-        ready = condition(fleet.get_shard(shard), "Ready")
+        ready = condition(fleet.wait_shard(shard, "ProvisionerInvalid"), "Ready")
         assert ready["status"] == "False"
         assert ready["message"] == "the provisioner role lacks CREATEDB"
         name = fleet.database("no-createdb-shard")
