@@ -88,6 +88,12 @@ def _rfc3339(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _condition_reason(conditions: list[dict[str, Any]], type_: str) -> str | None:
+    """The reason of condition `type_` now: a value, not the dict that set_condition will change."""
+    condition = get_condition(conditions, type_)
+    return None if condition is None else condition.get("reason")
+
+
 @dataclass
 class Pass:
     """One reconcile's working state: the object as last written and the status being built."""
@@ -189,11 +195,11 @@ class DatabaseController:
 
     def _set_ready(self, p: Pass, ready: bool, reason: str, message: str) -> bool:
         """Set the Ready condition; a new failure reason also becomes a Warning event."""
-        before = get_condition(p.conditions, DatabaseConditionType.READY)
+        # Read the old reason before set_condition mutates the condition dict in place.
+        before = _condition_reason(p.conditions, DatabaseConditionType.READY)
         changed = set_condition(p.conditions, DatabaseConditionType.READY, ready, reason, message, p.generation)
-        if changed and not ready and reason not in (DatabaseReason.PROVISIONING, DatabaseReason.DELETING):
-            if before is None or before.get("reason") != reason:
-                self.events.record(p.db, reason, f"{message} ({p.describe()})", warning=True)
+        if not ready and before != reason and reason not in (DatabaseReason.PROVISIONING, DatabaseReason.DELETING):
+            self.events.record(p.db, reason, f"{message} ({p.describe()})", warning=True)
         return changed
 
     def _fail(self, p: Pass, phase: str, reason: str, message: str, *, terminal: bool = False) -> None:
@@ -206,11 +212,24 @@ class DatabaseController:
             raise TerminalError(reason, message)
         raise ReconcileError(reason, message)
 
-    def _patch_metadata(self, p: Pass, patch: dict[str, Any]) -> None:
+    def _patch_metadata(self, p: Pass, patch: dict[str, Any]) -> bool:
+        """Patch metadata (finalizers); False when the object is gone already (404): nothing to do.
+
+        A stale cache (another replica finished the delete, or the watch event of the removal is
+        in flight) must not turn a finished delete into a reconcile error.
+        """
         ensure_active()
         body = {"metadata": {**patch, "resourceVersion": p.meta["resourceVersion"]}}
-        p.db = self.rest.patch(DATABASES, p.meta["name"], body, p.meta["namespace"])
+        try:
+            p.db = self.rest.patch(DATABASES, p.meta["name"], body, p.meta["namespace"])
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            self._written.pop(f"{p.meta['namespace']}/{p.meta['name']}", None)
+            log.info("database already gone", extra={"database": p.meta["name"]})
+            return False
         self._wrote(p.db)
+        return True
 
     # -- reconcile -------------------------------------------------------------------------------
 
@@ -230,7 +249,8 @@ class DatabaseController:
         if FINALIZER_TENANT not in finalizers:
             if k8s_deleting:
                 return None  # nothing of ours is left on it
-            self._patch_metadata(p, {"finalizers": [*finalizers, FINALIZER_TENANT]})
+            if not self._patch_metadata(p, {"finalizers": [*finalizers, FINALIZER_TENANT]}):
+                return None
             p.status = copy.deepcopy(p.db.get("status") or {})
         if k8s_deleting and not delete_requested:
             return self._hold(p)
@@ -580,31 +600,24 @@ class DatabaseController:
     def _set_drift(self, p: Pass) -> None:
         """ConnectionLimitDrift: the install config now resolves another limit (or no class at all)."""
         size_class = p.spec.get("sizeClass") or ""
+        applied = p.status.get("appliedConnectionLimit")
         try:
             wanted = self.config.resolve_connection_limit(size_class)
         except UnknownSizeClass:
-            set_condition(
-                p.conditions,
-                DatabaseConditionType.CONNECTION_LIMIT_DRIFT,
-                True,
-                DriftReason.UNKNOWN_SIZE_CLASS,
-                f"size class {size_class!r} is no longer configured",
-                p.generation,
-            )
-            return
-        applied = p.status.get("appliedConnectionLimit")
-        if applied is not None and wanted != applied:
-            set_condition(
-                p.conditions,
-                DatabaseConditionType.CONNECTION_LIMIT_DRIFT,
-                True,
-                DriftReason.CONFIG_CHANGED,
-                f"install config resolves connection limit {wanted}, the role has {applied}; change "
-                "spec.sizeClass to apply a new limit",
-                p.generation,
-            )
+            reason, message = DriftReason.UNKNOWN_SIZE_CLASS, f"size class {size_class!r} is no longer configured"
         else:
-            remove_condition(p.conditions, DatabaseConditionType.CONNECTION_LIMIT_DRIFT)
+            if applied is None or wanted == applied:
+                remove_condition(p.conditions, DatabaseConditionType.CONNECTION_LIMIT_DRIFT)
+                return
+            reason = DriftReason.CONFIG_CHANGED
+            message = (
+                f"install config resolves connection limit {wanted}, the role has {applied}; change "
+                "spec.sizeClass to apply a new limit"
+            )
+        before = _condition_reason(p.conditions, DatabaseConditionType.CONNECTION_LIMIT_DRIFT)
+        set_condition(p.conditions, DatabaseConditionType.CONNECTION_LIMIT_DRIFT, True, reason, message, p.generation)
+        if before != reason:  # the database stays Ready, but the operator should know once
+            self.events.record(p.db, reason, f"{message} ({p.describe()})", warning=True)
 
     # -- deletion --------------------------------------------------------------------------------
 
@@ -706,7 +719,8 @@ class DatabaseController:
             if exc.status != 404:
                 raise
         finalizers = [f for f in p.meta.get("finalizers") or [] if f != FINALIZER_TENANT]
-        self._patch_metadata(p, {"finalizers": finalizers})
+        if not self._patch_metadata(p, {"finalizers": finalizers}):
+            return None  # deleted meanwhile: the delete is done
         if not p.db["metadata"].get("deletionTimestamp"):
             try:
                 self.rest.delete(DATABASES, p.meta["name"], p.meta["namespace"])

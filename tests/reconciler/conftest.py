@@ -21,6 +21,7 @@ from domain.config import InstallConfig, load_install_config
 from domain.constants import ANNOTATION_DELETE_REQUESTED_AT, ANNOTATION_RESTORE_TENANT, FINALIZER_TENANT
 from domain.naming import database_object_name
 from harness import KubeControlPlane, PostgresServer
+from harness.statement_log import LoggedStatement, parse_statement_log
 from informers import SECRETS, Rest
 from infra.render import render_manifests
 from reconciler.resources import DATABASES, SHARDS
@@ -257,10 +258,16 @@ def logged_pg() -> Iterator[PostgresServer]:
         yield server
 
 
-def provisioner_statements(server: PostgresServer) -> list[str]:
-    """Every statement the provisioner role sent, in order."""
-    return [
-        line.split("statement: ", 1)[1]
-        for line in server.statement_log().splitlines()
-        if "user=provisioner" in line and "statement: " in line
-    ]
+def provisioner_statements(server: PostgresServer) -> list[LoggedStatement]:
+    """Every statement the provisioner role sent, in order: parameterized and multi-line ones too."""
+    return parse_statement_log(server.statement_log(), server.PROVISIONER)
+
+
+def is_shard_check(statement: LoggedStatement) -> bool:
+    """The Shard controller's periodic health check (it reads the server version and its own role)."""
+    return statement.keyword == "SELECT" and "current_setting('server_version_num')" in statement.text
+
+
+def tenant_sql(statements: list[LoggedStatement]) -> list[LoggedStatement]:
+    """What is left after the Shard controller's health checks: SQL about databases."""
+    return [s for s in statements if not is_shard_check(s)]
