@@ -105,9 +105,9 @@ def _refused(fleet, name: str) -> dict:
 def _tenant_writes(logged_pg: PostgresServer, before: int, tenant: str) -> list[str]:
     """Statements of the provisioner since `before` that changed something about the tenant."""
     return [
-        s
+        s.text
         for s in provisioner_statements(logged_pg)[before:]
-        if tenant in s and s.split(None, 1)[0].upper() not in ("SELECT", "BEGIN", "ROLLBACK")
+        if s.mentions(tenant) and s.keyword not in ("SELECT", "BEGIN", "ROLLBACK")
     ]
 
 
