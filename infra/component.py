@@ -105,6 +105,27 @@ def create_object(name: str, obj: dict[str, Any], opts: pulumi.ResourceOptions) 
     return cls(name, opts=opts, **fields)
 
 
+def required_namespaces(
+    parent: pulumi.Resource, prefix: str, manifests: list[dict[str, Any]], provider: k8s.Provider | None
+) -> list[pulumi.Resource]:
+    """Read (never create) every namespace the manifests are placed in, so a missing one fails early.
+
+    The install does not own its namespaces: they also hold the TLS Secret, the consumers' token-hash Secrets
+    and the shards' admin Secrets, which `pulumi destroy` must never take with it (docs/install.md). A read
+    of a missing namespace fails `pulumi preview` and `pulumi up` before anything is created, with
+    `kubernetes:core/v1:Namespace (<prefix>must-exist/<ns>): ... resource '<ns>' does not exist`.
+    """
+    names = sorted({obj["metadata"]["namespace"] for obj in manifests if obj["metadata"].get("namespace")})
+    return [
+        k8s.core.v1.Namespace.get(
+            f"{prefix}must-exist/{namespace}",
+            namespace,
+            opts=pulumi.ResourceOptions(parent=parent, provider=provider),
+        )
+        for namespace in names
+    ]
+
+
 class DbProvider(pulumi.ComponentResource):
     """The provider in one DB cluster: CRDs, admission policy, RBAC, Deployment, Services, monitoring."""
 
@@ -118,13 +139,15 @@ class DbProvider(pulumi.ComponentResource):
         super().__init__(TYPE_TOKEN, name, None, opts)
         config = args.config
         manifests = render_manifests(config)
+        # Nothing is created before every namespace written into is known to exist (see required_namespaces).
+        namespaces = required_namespaces(self, "", manifests, None)
         self.objects = {}
         self.crds = []
         for obj in (o for o in manifests if o["kind"] == KIND_CRD):
             # `pulumi destroy` leaves the CRDs (and so every Shard, Consumer and Database) in place.
-            self._add(obj, pulumi.ResourceOptions(parent=self, retain_on_delete=True))
+            self._add(obj, pulumi.ResourceOptions(parent=self, retain_on_delete=True, depends_on=namespaces))
         for obj in (o for o in manifests if o["kind"] != KIND_CRD):
-            self._add(obj, pulumi.ResourceOptions(parent=self, depends_on=list(self.crds)))
+            self._add(obj, pulumi.ResourceOptions(parent=self, depends_on=[*namespaces, *self.crds]))
 
         for warning in install_warnings(config):
             pulumi.log.warn(warning, resource=self)
@@ -146,10 +169,13 @@ class DbProvider(pulumi.ComponentResource):
                     enable_server_side_apply=True,
                     opts=pulumi.ResourceOptions(parent=self),
                 )
+                rule_namespaces = required_namespaces(self, "prometheus:", [rule], self.prometheus_provider)
                 self.prometheus_rule = create_object(
                     resource_name(rule),
                     rule,
-                    pulumi.ResourceOptions(parent=self, provider=self.prometheus_provider),
+                    pulumi.ResourceOptions(
+                        parent=self, provider=self.prometheus_provider, depends_on=rule_namespaces
+                    ),
                 )
             else:
                 pulumi.log.info(

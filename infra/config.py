@@ -1,9 +1,9 @@
 """The Pulumi stack config, read once: the install config's keys under the `dbprovider:` namespace.
 
     pulumi config set dbprovider:namespace databases
-    pulumi config set --path dbprovider:tls.secretName dbprovider-tls
+    pulumi config set --path --plaintext dbprovider:tls.secretName dbprovider-tls
     pulumi config set --path 'dbprovider:shardSecrets[0].namespace' databases
-    pulumi config set --path 'dbprovider:shardSecrets[0].name' pg-shard01-pguser-provisioner
+    pulumi config set --path --plaintext 'dbprovider:shardSecrets[0].name' pg-shard01-pguser-provisioner
 
 Every top-level key of the install config (domain.config.InstallConfig, camelCase) is one stack config
 key; nested keys are structured config. Two keys exist only for Pulumi:

@@ -124,7 +124,12 @@ def test_crds_come_before_every_other_object(full_run: ProgramRun) -> None:
     crds = full_run.of_type("kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition")
     crd_urns = {r.urn for r in crds}
     assert len(crd_urns) == 3
-    assert all(r.dependencies == [] for r in crds)
+    assert all(r.dependencies == crds[0].dependencies for r in crds)  # the namespace reads only
+    assert {urn.rsplit("::", 1)[1] for urn in crds[0].dependencies} == {
+        "must-exist/databases",
+        "must-exist/pg-a",
+        "must-exist/pg-b",
+    }
     assert all(r.retain_on_delete for r in crds)  # destroying the stack must not delete every Database
     in_db_cluster = [r for r in full_run.kubernetes_objects() if r not in crds and "PrometheusRule" not in r.typ]
     assert in_db_cluster
@@ -132,6 +137,17 @@ def test_crds_come_before_every_other_object(full_run: ProgramRun) -> None:
         assert crd_urns <= set(reg.dependencies), reg.name
     first_other = min(full_run.registrations.index(r) for r in in_db_cluster)
     assert max(full_run.registrations.index(r) for r in crds) < first_other
+
+
+def test_namespaces_are_read_before_anything_and_never_created(full_run: ProgramRun) -> None:
+    """A missing namespace fails the read, so nothing is created; destroy never deletes a namespace."""
+    assert full_run.of_type("kubernetes:core/v1:Namespace") == []
+    for reg in full_run.kubernetes_objects():
+        reads = {urn.rsplit("::", 1)[1] for urn in reg.dependencies if ":core/v1:Namespace::" in urn}
+        if "PrometheusRule" in reg.typ:  # in the central Prometheus' cluster, through its provider
+            assert reads == {"prometheus:must-exist/databases"}
+        else:
+            assert reads == {"must-exist/databases", "must-exist/pg-a", "must-exist/pg-b"}, reg.name
 
 
 def test_prometheus_rule_goes_through_the_second_provider(full_run: ProgramRun) -> None:
