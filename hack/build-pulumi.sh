@@ -56,11 +56,16 @@ if [ ! -s "$crd_dir/monitoring.coreos.com_servicemonitors.yaml" ] \
   mv "$crd_dir.tmp.$$" "$crd_dir"
 fi
 
-if [ -x "$out/pulumi" ] && [ -x "$out/pulumi-language-python" ] \
-  && [ -x "$out/pulumi-language-python-exec" ] && [ -x "$out/pulumi-resource-kubernetes" ]; then
-  echo "$out"
-  exit 0
-fi
+built() {
+  [ -x "$out/pulumi" ] && [ -x "$out/pulumi-language-python" ] \
+    && [ -x "$out/pulumi-language-python-exec" ] && [ -x "$out/pulumi-resource-kubernetes" ]
+}
+if built; then echo "$out"; exit 0; fi
+# One build at a time per version (as build-kube.sh): a parallel setup waits for the first one.
+mkdir -p "$cache/pulumi"
+exec 9>"$out.lock"
+flock 9
+if built; then echo "$out"; exit 0; fi
 tmp="$out.tmp.$$"
 mkdir -p "$tmp/kubernetes-src"
 trap 'rm -rf "$tmp"' EXIT
