@@ -127,8 +127,9 @@ def _check_label_value(value: str) -> str:
 
 
 def _check_url(value: str) -> str:
-    if not re.fullmatch("https?://[!-~]+", value) or "#" in value:
-        raise ValueError("must be an http(s) URL without spaces and without a '#fragment'")
+    """An http(s) URL that the rule's annotation (a Prometheus template) shows as is."""
+    if not re.fullmatch("https?://[!-~]+", value) or "#" in value or "{{" in value:
+        raise ValueError("must be an http(s) URL without spaces, '{{' and a '#fragment'")
     return value
 
 
