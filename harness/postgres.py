@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -195,7 +196,18 @@ class PostgresServer:
             argv += ["-c", f"{key}={value}"]
         # SIGQUIT = immediate shutdown if this process dies without cleaning up.
         self._proc = spawn(argv, self.log_file, death_signal=signal.SIGQUIT, user=self.user)
+        deadline = time.monotonic() + timeout
         wait_for_port(self.port, timeout, self._proc, self.log_file)
+        # The port opens before the server accepts sessions ("the database system is starting up"),
+        # which on a loaded machine lasts long enough to fail the first connection.
+        while True:
+            try:
+                with self.superuser_connection():
+                    return
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline or self._proc.poll() is not None:
+                    raise
+                time.sleep(0.1)
 
     def _create_provisioner(self) -> None:
         attributes = "LOGIN CREATEDB CREATEROLE" + (" NOINHERIT" if self.flavor.major < 16 else "")
