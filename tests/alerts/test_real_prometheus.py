@@ -316,7 +316,7 @@ def _drive_faults_and_check(
         described = {n: _only(firing, n, **labels)["annotations"]["description"] for n, labels in
                      EXPECTED_FAULT_ALERTS.items()}
         assert "reason Unreachable" in described["DBProviderShardNotReady"]
-        assert "is 100% full" in described["DBProviderShardNearCapacity"]
+        assert "has been 100% full" in described["DBProviderShardNearCapacity"]
         assert described["DBProviderDatabaseFailed"].startswith(f"1 database(s) in namespace {NAMESPACE}")
         assert "reason NoCapacity" in described["DBProviderDatabaseFailed"]
         assert described["DBProviderDeletionHeld"].startswith(f"1 database(s) in namespace {NAMESPACE}")
