@@ -116,11 +116,17 @@ def _rule_file() -> str:
     return yaml.safe_dump(rule_groups(rule), sort_keys=False)
 
 
-def _scrape_job(target: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
-    static: dict[str, Any] = {"targets": [target]}
-    if labels:
-        static["labels"] = labels
-    return {"job_name": JOB, "scrape_interval": SCRAPE, "scrape_timeout": SCRAPE, "static_configs": [static]}
+def _scrape_job(target: str, cluster: str = "") -> dict[str, Any]:
+    """The job's scrape config; with `cluster`, the relabeling the ServiceMonitor renders (and the docs show)."""
+    job: dict[str, Any] = {
+        "job_name": JOB,
+        "scrape_interval": SCRAPE,
+        "scrape_timeout": SCRAPE,
+        "static_configs": [{"targets": [target]}],
+    }
+    if cluster:
+        job["relabel_configs"] = [{"action": "replace", "target_label": "cluster", "replacement": cluster}]
+    return job
 
 
 @pytest.fixture(scope="module")
@@ -173,12 +179,13 @@ class Topologies:
             },
             agent=True,
         )
-        # Server mode as docs/operations.md tells users: the scrape job sets `cluster` on the series.
+        # Server mode as docs/operations.md tells users: the scrape job sets `cluster` on the series (the
+        # relabeling of the rendered ServiceMonitor, in plain Prometheus configuration).
         self.server = PrometheusServer(
             workdir / "server",
             {
                 "global": {**evaluation, "external_labels": {"cluster": CLUSTER}},
-                "scrape_configs": [_scrape_job(target, {"cluster": CLUSTER})],
+                "scrape_configs": [_scrape_job(target, CLUSTER)],
             },
             rules,
         )

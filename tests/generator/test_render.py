@@ -253,6 +253,10 @@ def test_services_and_service_monitor() -> None:
     assert not selector.items() <= api["metadata"]["labels"].items()  # only the metrics Service
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
     assert monitor["spec"]["endpoints"][0]["interval"] == "30s"
+    # prometheusRule.cluster is set: the scrape itself stores `cluster` (server-mode Prometheus).
+    assert monitor["spec"]["endpoints"][0]["relabelings"] == [
+        {"action": "replace", "targetLabel": "cluster", "replacement": "eu-1"}
+    ]
     assert "scrapeTimeout" not in monitor["spec"]["endpoints"][0]
     assert "annotations" not in monitor["metadata"]
 
@@ -272,6 +276,9 @@ def test_service_monitor_extra_labels_annotations_and_timings() -> None:
     assert monitor["metadata"]["annotations"] == {"example.com/owner": "team db"}
     (endpoint,) = monitor["spec"]["endpoints"]
     assert (endpoint["interval"], endpoint["scrapeTimeout"]) == ("15s", "10s")
+    unscoped = values(metrics={"serviceMonitor": monitor_values}, prometheusRule={"enabled": True})
+    (endpoint,) = one(render_manifests(load_install_config(unscoped)), "ServiceMonitor")["spec"]["endpoints"]
+    assert "relabelings" not in endpoint
 
 
 def test_render_only_prometheusrule_format_rules_is_a_plain_rule_file(tmp_path: Path, capsys: Any) -> None:
