@@ -46,7 +46,7 @@ _DURATION_UNITS = {
 }
 # A size class name: a label-value-like token, so it can be shown and labelled as is.
 SIZE_CLASS_RE = "^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
-_PROMQL_FORBIDDEN = ('"', "\\", "\n", "\r")
+_PROMQL_FORBIDDEN = ('"', "\\", "\n", "\r", "`")
 _LABEL_NAME_RE = "[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
 DEFAULT_SCRAPE_INTERVAL = timedelta(seconds=30)
 # Each alert's runbook_url is this plus `#<alert name in lowercase>` (a section of docs/operations.md).
@@ -106,7 +106,7 @@ def format_duration(value: timedelta) -> str:
 def _check_promql_text(value: str) -> str:
     """Refuse characters that would break out of a PromQL label matcher string."""
     if any(char in value for char in _PROMQL_FORBIDDEN):
-        raise ValueError("must not contain '\"', '\\' or a newline")
+        raise ValueError("must not contain '\"', '\\', '`' or a newline")
     return value
 
 

@@ -143,6 +143,20 @@ def promql_selector(config: InstallConfig) -> str:
     return ", ".join(matchers)
 
 
+def provisioning_reasons_template(config: InstallConfig) -> str:
+    """A Prometheus template listing the Ready reasons (and counts) of the Provisioning databases of the
+    alert's cluster and shard, for DBProviderDatabaseStuckProvisioning's description."""
+    job = job_matcher(config).replace("%", "%%")  # printf; a backtick is refused by the config
+    query = (
+        "sum by (reason) (max by (cluster, shard, phase, reason) "
+        f'(dbprovider_databases{{{job}, cluster="%s", shard="%s", phase="Provisioning"}}))'
+    )
+    return (
+        "{{ range $i, $s := printf `" + query + "` $labels.cluster $labels.shard | query | sortByLabel `reason` }}"
+        "{{ if $i }},{{ end }} {{ $s.Labels.reason }} ({{ $s.Value }}){{ end }}"
+    )
+
+
 def prometheus_duration(seconds: float) -> str:
     """A Prometheus duration ("10m", "15s", "500ms") for a number of seconds, rounded to milliseconds."""
     millis = round(seconds * 1000)
@@ -200,6 +214,7 @@ def _context(config: InstallConfig, time_scale: int = 1) -> dict[str, Any]:
         "rule_name": prometheus_rule_name(config),
         "sel": promql_selector(config),
         "job_sel": job_matcher(config),
+        "provisioning_reasons": provisioning_reasons_template(config),
         "runbook": config.prometheus_rule.runbook_base_url,
         **_timings(time_scale),
         "service_monitor_labels": {**monitor.labels, **labels},

@@ -328,6 +328,7 @@ def _drive_faults_and_check(
         assert "reason NoCapacity" in described["DBProviderDatabaseFailed"]
         assert described["DBProviderDeletionHeld"].startswith(f"1 database(s) in namespace {NAMESPACE}")
         assert "reason CredentialsSecretConflict" in described["DBProviderReconcileErrors"]
+        assert "by Ready reason: CredentialsSecretConflict (1)." in described["DBProviderDatabaseStuckProvisioning"]
 
         # Every rule evaluates cleanly and every series it reads exists.
         rules = server.rules()
