@@ -245,6 +245,13 @@ class PrometheusRuleConfig(ConfigModel):
     runbook_base_url: Annotated[StrictStr, AfterValidator(_check_url)] = DEFAULT_RUNBOOK_BASE_URL
 
 
+class DashboardConfig(ConfigModel):
+    """Where `dbprovider render --only dashboard --format configmap` puts the Grafana dashboard's ConfigMap."""
+
+    namespace: Namespace | None = None
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict)
+
+
 class SoftDeleteConfig(ConfigModel):
     """How long a deleted tenant is kept disabled before it is dropped (0 = drop right away)."""
 
@@ -277,6 +284,7 @@ class InstallConfig(ConfigModel):
     deletion_protection: DeletionProtectionConfig = DeletionProtectionConfig()
     metrics: MetricsConfig = MetricsConfig()
     prometheus_rule: PrometheusRuleConfig = PrometheusRuleConfig()
+    dashboard: DashboardConfig = DashboardConfig()
     soft_delete: SoftDeleteConfig = SoftDeleteConfig()
     engines: EnginesConfig = EnginesConfig()
 

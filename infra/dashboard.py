@@ -222,8 +222,8 @@ def dashboard_configmap(config: InstallConfig) -> dict[str, Any]:
         "kind": "ConfigMap",
         "metadata": {
             "name": f"{config.release_name}-dashboard",
-            "namespace": config.namespace,
-            "labels": {**common_labels(config), SIDECAR_LABEL: "1"},
+            "namespace": config.dashboard.namespace or config.namespace,
+            "labels": {**config.dashboard.labels, **common_labels(config), SIDECAR_LABEL: "1"},
         },
         "data": {DASHBOARD_KEY: dashboard_json(config)},
     }

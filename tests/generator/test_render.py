@@ -324,6 +324,15 @@ def test_render_only_dashboard_as_json_and_as_a_sidecar_configmap(tmp_path: Path
     assert config_map["kind"] == "ConfigMap"
     assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(config_map["data"]["dbprovider.json"]) == dashboard
+    assert config_map["metadata"]["namespace"] == "databases"
+
+    elsewhere = values(dashboard={"namespace": "monitoring", "labels": {"team": "db", "grafana_dashboard": "0"}})
+    code, out, err = render_cli(tmp_path, elsewhere, "--only", "dashboard", "--format", "configmap", capsys=capsys)
+    assert code == 0, err
+    (config_map,) = yaml.safe_load_all(out)
+    assert config_map["metadata"]["namespace"] == "monitoring"
+    assert config_map["metadata"]["labels"]["team"] == "db"
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
 
 
 # --- RBAC ----------------------------------------------------------------------------------------------
