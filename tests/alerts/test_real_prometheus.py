@@ -226,7 +226,11 @@ def _wait_alerts(
     topologies: Topologies, check: Callable[[PrometheusServer], bool], what: str, timeout: float = ALERT_TIMEOUT
 ) -> None:
     for name, server in topologies.evaluating.items():
-        wait_for(lambda s=server: check(s), timeout=timeout, what=f"{name}: {what}")
+        try:
+            wait_for(lambda s=server: check(s), timeout=timeout, what=f"{name}: {what}")
+        except AssertionError as exc:
+            states = sorted((a["labels"]["alertname"], a["state"], str(a["labels"])) for a in server.alerts())
+            raise AssertionError(f"{exc}; alerts: {states}") from None
 
 
 def _only(alerts: dict[str, list[dict[str, Any]]], name: str, **labels: str) -> dict[str, Any]:
@@ -386,13 +390,14 @@ def _down_shard(rest: Rest, stack: DevStack) -> None:
             "spec": {
                 "maxDatabases": 100,
                 "perconaCluster": {"namespace": NAMESPACE, "name": DOWN_SHARD},
+                # The main shard's admin Secret (listed in shardSecrets) and TLS settings; only the port is wrong.
                 "admin": {
                     "serviceName": f"{DOWN_SHARD}-primary",
                     "port": free_port(),
-                    "sslmode": "disable",
-                    "secretRef": {"namespace": NAMESPACE, "name": f"{MAIN_SHARD}-provisioner"},
+                    "sslmode": "require",
+                    "secretRef": {"namespace": stack.shard_secrets_namespace, "name": stack.admin_secret},
                 },
-                "client": {"host": "127.0.0.1", "port": stack.postgres.port, "sslmode": "disable"},
+                "client": {"host": "127.0.0.1", "port": stack.postgres.port, "sslmode": "require"},
             },
         },
     )
