@@ -396,16 +396,20 @@ def load_install_config(data: Mapping[str, Any] | None) -> InstallConfig:
         raise ConfigError(validation_problems(exc)) from None
 
 
-def load_install_config_file(path: str | Path) -> InstallConfig:
-    """Read a YAML install config (a values file) and validate it."""
+def read_install_values(path: str | Path) -> Any:
+    """The parsed YAML of a values file, unvalidated (for callers that merge values before validating)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError((("", f"cannot read {path}: {type(exc).__name__}"),)) from None
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise ConfigError((("", f"{path} is not valid YAML{where}"),)) from None
-    return load_install_config(data)
+
+
+def load_install_config_file(path: str | Path) -> InstallConfig:
+    """Read a YAML install config (a values file) and validate it."""
+    return load_install_config(read_install_values(path))
