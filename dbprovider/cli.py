@@ -50,16 +50,32 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Renders the objects `pulumi up` would create from an install config file (the same keys as the "
             "Pulumi stack config) as multi-document YAML. --only prometheusrule renders the PrometheusRule "
-            "alone, for the central Prometheus' repository. An invalid config exits with status 2 and names "
-            "the key."
+            "alone, for the central Prometheus' repository (--format rules: as a plain Prometheus rule file); "
+            "--only dashboard renders the Grafana dashboard (--format configmap: as a ConfigMap for the "
+            "Grafana sidecar). An invalid config exits with status 2 and names the key."
         ),
     )
     render.add_argument("--config", required=True, metavar="FILE", help="the install config (YAML)")
     render.add_argument(
         "--only",
-        choices=["manifests", "prometheusrule"],
+        choices=["manifests", "prometheusrule", "dashboard"],
         default="manifests",
-        help="manifests: the DB cluster's objects (default); prometheusrule: the alert rule alone",
+        help="manifests: the DB cluster's objects (default); prometheusrule: the alert rules alone; "
+        "dashboard: the Grafana dashboard",
+    )
+    render.add_argument(
+        "--format",
+        choices=["prometheusrule", "rules", "json", "configmap"],
+        default=None,
+        help="prometheusrule (default) or rules (a plain Prometheus rule file) for --only prometheusrule; "
+        "json (default) or configmap for --only dashboard",
+    )
+    render.add_argument(
+        "--test-time-scale",
+        type=int,
+        default=1,
+        metavar="N",
+        help="TESTS ONLY: divide every for:, range window and age threshold of the rules by N",
     )
     render.add_argument(
         "--output", "-o", default="-", metavar="FILE", help="where to write the YAML (default -, stdout)"
@@ -117,7 +133,13 @@ def _run_dev(args: argparse.Namespace) -> int:
 def _run_render(args: argparse.Namespace) -> int:
     from dbprovider.render import run_render
 
-    return run_render(config_path=args.config, only=args.only, output=args.output)
+    return run_render(
+        config_path=args.config,
+        only=args.only,
+        output=args.output,
+        fmt=args.format,
+        time_scale=args.test_time_scale,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import kubernetes
+import prometheus_client
 from kubernetes.client import ApiClient
 
 from api import ApiServer, build_api
@@ -49,6 +50,7 @@ class ManagerOptions:
     renew_deadline: float = 10.0
     retry_period: float = 2.0
     shard_ping_interval: float = 60.0
+    max_backoff: float | None = None  # the retry backoff cap; None = the work queue's 5 minutes
 
 
 def kube_client(kubeconfig: str | None) -> ApiClient:
@@ -66,6 +68,9 @@ class Manager:
     """A running replica: `start()`, then `stop()` (from a signal handler's thread of choice)."""
 
     def __init__(self, options: ManagerOptions) -> None:
+        # Counters and histograms export no `*_created` series: nothing reads them, and every family
+        # would carry a second, constant series per label set.
+        prometheus_client.disable_created_metrics()
         self.options = options
         self.client = kube_client(options.kubeconfig)
         self.controllers = ControllerManager(
@@ -76,6 +81,7 @@ class Manager:
             lease_duration=options.lease_duration,
             renew_deadline=options.renew_deadline,
             retry_period=options.retry_period,
+            max_backoff=options.max_backoff,
         )
         self.reconcilers = register_controllers(
             self.controllers,

@@ -2,6 +2,8 @@
 
     dbprovider render --config values.yaml                          # the DB cluster's objects
     dbprovider render --config values.yaml --only prometheusrule    # the rule, for the central Prometheus
+    dbprovider render --config values.yaml --only prometheusrule --format rules   # a plain rule file
+    dbprovider render --config values.yaml --only dashboard [--format configmap]  # the Grafana dashboard
 
 The objects are exactly those `pulumi up` creates (both come from infra.render). An invalid config exits
 with status 2 and names the offending key; warnings go to stderr so the YAML on stdout stays clean.
@@ -14,22 +16,47 @@ from pathlib import Path
 from typing import TextIO
 
 from dbprovider.clitools import write_atomically
-from domain.config import ConfigError, load_install_config_file
+from domain.config import ConfigError, InstallConfig, load_install_config_file
 
 ONLY_MANIFESTS = "manifests"
 ONLY_PROMETHEUS_RULE = "prometheusrule"
-ONLY_CHOICES = (ONLY_MANIFESTS, ONLY_PROMETHEUS_RULE)
+ONLY_DASHBOARD = "dashboard"
+ONLY_CHOICES = (ONLY_MANIFESTS, ONLY_PROMETHEUS_RULE, ONLY_DASHBOARD)
+FORMAT_PROMETHEUS_RULE = "prometheusrule"
+FORMAT_RULES = "rules"
+FORMAT_JSON = "json"
+FORMAT_CONFIGMAP = "configmap"
+# The formats each --only accepts; the first is the default.
+FORMATS = {
+    ONLY_MANIFESTS: ("yaml",),
+    ONLY_PROMETHEUS_RULE: (FORMAT_PROMETHEUS_RULE, FORMAT_RULES),
+    ONLY_DASHBOARD: (FORMAT_JSON, FORMAT_CONFIGMAP),
+}
 
 EXIT_OK = 0
 EXIT_INVALID = 2
 EXIT_ERROR = 1
 
 
-def run_render(config_path: str, only: str = ONLY_MANIFESTS, output: str = "-", stderr: TextIO | None = None) -> int:
+def run_render(
+    config_path: str,
+    only: str = ONLY_MANIFESTS,
+    output: str = "-",
+    stderr: TextIO | None = None,
+    fmt: str | None = None,
+    time_scale: int = 1,
+) -> int:
     """Render and write; returns the process exit status."""
     from infra import render
 
     err = stderr or sys.stderr
+    fmt = fmt or FORMATS[only][0]
+    if fmt not in FORMATS[only]:
+        print(f"dbprovider render: --format {fmt} does not apply to --only {only}", file=err)
+        return EXIT_INVALID
+    if time_scale < 1:
+        print("dbprovider render: --test-time-scale must be at least 1", file=err)
+        return EXIT_INVALID
     try:
         config = load_install_config_file(config_path)
     except ConfigError as exc:
@@ -43,18 +70,21 @@ def run_render(config_path: str, only: str = ONLY_MANIFESTS, output: str = "-", 
         )
         return EXIT_INVALID
     try:
-        if only == ONLY_PROMETHEUS_RULE:
-            objects = [render.render_prometheus_rule(config)]
+        if only == ONLY_DASHBOARD:
+            text = _dashboard(config, fmt)
+            warnings: list[str] = []
+        elif only == ONLY_PROMETHEUS_RULE:
+            rule = render.render_prometheus_rule(config, time_scale)
+            text = render.dump_yaml([render.rule_groups(rule) if fmt == FORMAT_RULES else rule])
             warnings = render.prometheus_rule_warnings(config)
         else:
-            objects = render.render_manifests(config)
+            text = render.dump_yaml(render.render_manifests(config))
             warnings = render.install_warnings(config) + render.prometheus_rule_warnings(config)
     except render.TemplatesNotFound as exc:
         print(f"dbprovider render: {exc}", file=err)
         return EXIT_ERROR
     for warning in warnings:
         print(f"dbprovider render: warning: {warning}", file=err)
-    text = render.dump_yaml(objects)
     if output == "-":
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -62,3 +92,10 @@ def run_render(config_path: str, only: str = ONLY_MANIFESTS, output: str = "-", 
         write_atomically(Path(output), text)
     return EXIT_OK
 
+
+def _dashboard(config: InstallConfig, fmt: str) -> str:
+    from infra import dashboard, render
+
+    if fmt == FORMAT_CONFIGMAP:
+        return render.dump_yaml([dashboard.dashboard_configmap(config)])
+    return dashboard.dashboard_json(config)

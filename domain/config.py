@@ -26,7 +26,7 @@ from pydantic import (
     model_validator,
 )
 
-from domain.naming import DNS1035_LABEL_RE
+from domain.naming import DNS1035_LABEL_RE, DNS1123_SUBDOMAIN_RE, LABEL_VALUE_MAX_LENGTH, LABEL_VALUE_RE
 from domain.validation import ConfigModel, Namespace, ObjectName, SecretKey, validation_problems
 
 DEFAULT_NAMESPACE = "dbprovider"
@@ -46,7 +46,11 @@ _DURATION_UNITS = {
 }
 # A size class name: a label-value-like token, so it can be shown and labelled as is.
 SIZE_CLASS_RE = "^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
-_PROMQL_FORBIDDEN = ('"', "\\", "\n", "\r")
+_PROMQL_FORBIDDEN = ('"', "\\", "\n", "\r", "`")
+_LABEL_NAME_RE = "[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+DEFAULT_SCRAPE_INTERVAL = timedelta(seconds=30)
+# Each alert's runbook_url is this plus `#<alert name in lowercase>` (a section of docs/operations.md).
+DEFAULT_RUNBOOK_BASE_URL = "https://github.com/bnerd/dbprovider/blob/main/docs/operations.md"
 
 
 class ConfigError(ValueError):
@@ -102,7 +106,30 @@ def format_duration(value: timedelta) -> str:
 def _check_promql_text(value: str) -> str:
     """Refuse characters that would break out of a PromQL label matcher string."""
     if any(char in value for char in _PROMQL_FORBIDDEN):
-        raise ValueError("must not contain '\"', '\\' or a newline")
+        raise ValueError("must not contain '\"', '\\', '`' or a newline")
+    return value
+
+
+def _check_label_key(value: str) -> str:
+    """A Kubernetes label/annotation key: `[prefix/]name`, prefix a DNS subdomain, name 1-63 characters."""
+    prefix, _, name = value.rpartition("/")
+    if prefix and (len(prefix) > 253 or not re.fullmatch(DNS1123_SUBDOMAIN_RE, prefix)):
+        raise ValueError("key prefixes must be DNS subdomains (lowercase letters, digits, '-' and '.')")
+    if not 0 < len(name) <= 63 or not re.fullmatch(_LABEL_NAME_RE, name):
+        raise ValueError("keys must be 1-63 letters, digits, '-', '_' or '.', optionally after 'prefix/'")
+    return value
+
+
+def _check_label_value(value: str) -> str:
+    if len(value) > LABEL_VALUE_MAX_LENGTH or not re.fullmatch(LABEL_VALUE_RE, value):
+        raise ValueError("label values must be at most 63 letters, digits, '-', '_' or '.'")
+    return value
+
+
+def _check_url(value: str) -> str:
+    """An http(s) URL that the rule's annotation (a Prometheus template) shows as is."""
+    if not re.fullmatch("https?://[!-~]+", value) or "#" in value or "{{" in value:
+        raise ValueError("must be an http(s) URL without spaces, '{{' and a '#fragment'")
     return value
 
 
@@ -147,6 +174,8 @@ ConnectionLimit = Annotated[StrictInt, Field(ge=-1)]
 PromqlText = Annotated[StrictStr, AfterValidator(_check_promql_text)]
 SizeClassName = Annotated[StrictStr, AfterValidator(_check_size_class_name)]
 GroupName = Annotated[StrictStr, AfterValidator(_check_group)]
+LabelKey = Annotated[StrictStr, AfterValidator(_check_label_key)]
+LabelValue = Annotated[StrictStr, AfterValidator(_check_label_value)]
 
 
 class TlsConfig(ConfigModel):
@@ -212,9 +241,21 @@ class DeletionProtectionConfig(ConfigModel):
 
 
 class ServiceMonitorConfig(ConfigModel):
-    """Whether to create a ServiceMonitor for the metrics Service."""
+    """The optional ServiceMonitor: extra metadata (operator selectors such as `release`) and timings."""
 
     enabled: StrictBool = False
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict)
+    annotations: dict[LabelKey, StrictStr] = Field(default_factory=dict)
+    interval: Duration = DEFAULT_SCRAPE_INTERVAL
+    scrape_timeout: Duration | None = None
+
+    @model_validator(mode="after")
+    def _timings(self) -> ServiceMonitorConfig:
+        if self.interval <= timedelta(0):
+            raise ValueError("interval must be above 0")
+        if self.scrape_timeout is not None and not timedelta(0) < self.scrape_timeout <= self.interval:
+            raise ValueError("scrapeTimeout must be above 0 and at most interval")
+        return self
 
 
 class MetricsConfig(ConfigModel):
@@ -229,6 +270,16 @@ class PrometheusRuleConfig(ConfigModel):
     enabled: StrictBool = False
     cluster: PromqlText = ""
     job_selector: PromqlText = ""
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict)
+    annotations: dict[LabelKey, StrictStr] = Field(default_factory=dict)
+    runbook_base_url: Annotated[StrictStr, AfterValidator(_check_url)] = DEFAULT_RUNBOOK_BASE_URL
+
+
+class DashboardConfig(ConfigModel):
+    """Where `dbprovider render --only dashboard --format configmap` puts the Grafana dashboard's ConfigMap."""
+
+    namespace: Namespace | None = None
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict)
 
 
 class SoftDeleteConfig(ConfigModel):
@@ -291,6 +342,7 @@ class InstallConfig(ConfigModel):
     deletion_protection: DeletionProtectionConfig = DeletionProtectionConfig()
     metrics: MetricsConfig = MetricsConfig()
     prometheus_rule: PrometheusRuleConfig = PrometheusRuleConfig()
+    dashboard: DashboardConfig = DashboardConfig()
     soft_delete: SoftDeleteConfig = SoftDeleteConfig()
     engines: EnginesConfig = EnginesConfig()
     api: ApiConfig = ApiConfig()

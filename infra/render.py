@@ -5,6 +5,7 @@ landscape repo and `pulumi up` get the very same objects. Pure: no Pulumi, no Ku
 
     render_manifests(config)        -> the DB cluster's objects, CRDs first
     render_prometheus_rule(config)  -> the PrometheusRule for the central Prometheus
+    rule_groups(rule)               -> the same rules as a plain Prometheus rule file
     prometheus_rule_warnings(config) -> what the user should be told (e.g. no per-cluster absence)
     install_warnings(config)        -> the same for the DB cluster's objects (e.g. admin Secrets placement)
 """
@@ -16,6 +17,7 @@ import json
 import os
 import re
 from collections.abc import Iterable
+from datetime import timedelta
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ from typing import Any
 import jinja2
 import yaml
 
-from domain.config import InstallConfig
+from domain.config import InstallConfig, format_duration
 from domain.constants import (
     GROUP,
     KELDON_GROUP,
@@ -131,15 +133,55 @@ def prometheus_rule_name(config: InstallConfig) -> str:
     return f"{config.release_name}-{cleaned}-{digest}" if cleaned else f"{config.release_name}-{digest}"
 
 
+def job_matcher(config: InstallConfig) -> str:
+    return f'job="{config.effective_job_selector()}"'
+
+
 def promql_selector(config: InstallConfig) -> str:
     """The label matchers every alert expression uses: the job, and the cluster when configured."""
-    matchers = [f'job="{config.effective_job_selector()}"']
+    matchers = [job_matcher(config)]
     if config.prometheus_rule.cluster:
         matchers.append(f'cluster="{config.prometheus_rule.cluster}"')
     return ", ".join(matchers)
 
 
-def _context(config: InstallConfig) -> dict[str, Any]:
+def provisioning_reasons_template(config: InstallConfig) -> str:
+    """A Prometheus template listing the Ready reasons (and counts) of the Provisioning databases of the
+    alert's cluster and shard, for DBProviderDatabaseStuckProvisioning's description."""
+    job = job_matcher(config).replace("%", "%%")  # printf; a backtick is refused by the config
+    query = (
+        "sum by (reason) (max by (cluster, shard, phase, reason) "
+        f'(dbprovider_databases{{{job}, cluster="%s", shard="%s", phase="Provisioning"}}))'
+    )
+    return (
+        "{{ range $i, $s := printf `" + query + "` $labels.cluster $labels.shard | query | sortByLabel `reason` }}"
+        "{{ if $i }},{{ end }} {{ $s.Labels.reason }} ({{ $s.Value }}){{ end }}"
+    )
+
+
+def prometheus_duration(seconds: float) -> str:
+    """A Prometheus duration ("10m", "15s", "500ms") for a number of seconds, rounded to milliseconds."""
+    millis = round(seconds * 1000)
+    if millis <= 0:
+        raise ValueError("durations must be positive")
+    if millis % 1000:
+        return f"{millis}ms"
+    return format_duration(timedelta(seconds=millis // 1000))
+
+
+def _timings(time_scale: int) -> dict[str, Any]:
+    """`dur` and `secs` for the rule template: durations divided by the test-only time scale."""
+    if time_scale < 1:
+        raise ValueError("the time scale must be at least 1")
+
+    def secs(seconds: float) -> float | int:
+        scaled = seconds / time_scale
+        return int(scaled) if scaled == int(scaled) else round(scaled, 3)
+
+    return {"dur": lambda seconds: prometheus_duration(seconds / time_scale), "secs": secs}
+
+
+def _context(config: InstallConfig, time_scale: int = 1) -> dict[str, Any]:
     text = config_yaml(config)
     labels = common_labels(config)
     groups = config.deletion_protection.break_glass_groups
@@ -151,7 +193,8 @@ def _context(config: InstallConfig) -> dict[str, Any]:
     shard_secret_roles = {
         ns: names for ns, names in config.shard_secrets_by_namespace().items() if ns != config.namespace
     }
-    rule_labels = dict(labels)
+    rule_labels = {**config.prometheus_rule.labels, **labels}
+    monitor = config.metrics.service_monitor
     if config.prometheus_rule.cluster:
         rule_labels[LABEL_CLUSTER] = label_value(config.prometheus_rule.cluster)
     return {
@@ -172,6 +215,13 @@ def _context(config: InstallConfig) -> dict[str, Any]:
         "rule_labels": rule_labels,
         "rule_name": prometheus_rule_name(config),
         "sel": promql_selector(config),
+        "job_sel": job_matcher(config),
+        "provisioning_reasons": provisioning_reasons_template(config),
+        "runbook": config.prometheus_rule.runbook_base_url,
+        **_timings(time_scale),
+        "service_monitor_labels": {**monitor.labels, **labels},
+        "service_monitor_interval": format_duration(monitor.interval),
+        "service_monitor_timeout": format_duration(monitor.scrape_timeout) if monitor.scrape_timeout else "",
         "group": GROUP,
         "version": VERSION,
         "plurals": {"shard": PLURAL_SHARDS, "consumer": PLURAL_CONSUMERS, "database": PLURAL_DATABASES},
@@ -211,9 +261,9 @@ def _context(config: InstallConfig) -> dict[str, Any]:
     }
 
 
-def _render(names: Iterable[str], config: InstallConfig) -> list[dict[str, Any]]:
+def _render(names: Iterable[str], config: InstallConfig, time_scale: int = 1) -> list[dict[str, Any]]:
     env = _environment(TEMPLATES_DIR)
-    context = _context(config)
+    context = _context(config, time_scale)
     objects: list[dict[str, Any]] = []
     for name in names:
         text = env.get_template(name).render(context)
@@ -230,9 +280,13 @@ def render_manifests(config: InstallConfig) -> list[dict[str, Any]]:
     return _render(MANIFEST_TEMPLATES, config)
 
 
-def render_prometheus_rule(config: InstallConfig) -> dict[str, Any]:
-    """The PrometheusRule for the central Prometheus (rendered whether or not prometheusRule.enabled)."""
-    (rule,) = _render((PROMETHEUS_RULE_TEMPLATE,), config)
+def render_prometheus_rule(config: InstallConfig, time_scale: int = 1) -> dict[str, Any]:
+    """The PrometheusRule for the central Prometheus (rendered whether or not prometheusRule.enabled).
+
+    `time_scale` is for tests only: every `for:`, range window and age threshold is divided by it, so a
+    real Prometheus shows the alerts within seconds (`dbprovider render --test-time-scale`).
+    """
+    (rule,) = _render((PROMETHEUS_RULE_TEMPLATE,), config, time_scale)
     return rule
 
 

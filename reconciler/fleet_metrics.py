@@ -1,7 +1,8 @@
 """The fleet gauges of the seed's metrics table, computed from the informer caches at scrape time.
 
 Computing at scrape time keeps reconciles free of metric bookkeeping and makes the numbers always
-agree with the cache. No series carries consumer, externalId or role names: only shard and phase.
+agree with the cache. No series carries consumer, externalId or role names: only shard, phase and the
+Ready condition's reason (a bounded set of constants), which the alerts show to on-call.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from prometheus_client.registry import Collector
 from domain.constants import ConditionStatus, DatabaseConditionType, Phase, ShardConditionType
 
 UNPLACED = "unplaced"
+NO_REASON = "Unknown"  # no Ready condition yet
 Objects = Callable[[], Iterable[Mapping[str, Any]]]
 
 
@@ -26,6 +28,13 @@ def _condition_true(obj: Mapping[str, Any], condition_type: str) -> bool:
         if condition.get("type") == condition_type:
             return condition.get("status") == ConditionStatus.TRUE
     return False
+
+
+def _ready_reason(obj: Mapping[str, Any]) -> str:
+    for condition in (obj.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == DatabaseConditionType.READY:  # the same type name on a Shard
+            return str(condition.get("reason") or NO_REASON)
+    return NO_REASON
 
 
 def _created_at(obj: Mapping[str, Any]) -> float | None:
@@ -48,7 +57,7 @@ class FleetCollector(Collector):
         shard_objects = list(self._shards())
         shard_names = [s["metadata"]["name"] for s in shard_objects]
 
-        per_phase: Counter[tuple[str, str]] = Counter()
+        per_phase: Counter[tuple[str, str, str]] = Counter()
         in_use: Counter[str] = Counter()
         held: Counter[str] = Counter()
         drift: Counter[str] = Counter()
@@ -57,7 +66,7 @@ class FleetCollector(Collector):
             status = db.get("status") or {}
             shard = status.get("shard") or UNPLACED
             phase = status.get("phase") or Phase.PROVISIONING
-            per_phase[(shard, phase)] += 1
+            per_phase[(shard, phase, _ready_reason(db))] += 1
             if shard != UNPLACED and phase != Phase.DELETED:
                 in_use[shard] += 1
             if _condition_true(db, DatabaseConditionType.DELETION_HELD):
@@ -71,21 +80,25 @@ class FleetCollector(Collector):
 
         databases = GaugeMetricFamily(
             "dbprovider_databases",
-            "Databases per shard and phase (shard=unplaced: not yet placed).",
-            labels=["shard", "phase"],
+            "Databases per shard, phase and Ready reason (shard=unplaced: not yet placed).",
+            labels=["shard", "phase", "reason"],
         )
-        for (shard, phase), count in sorted(per_phase.items()):
-            databases.add_metric([shard, phase], count)
+        for (shard, phase, reason), count in sorted(per_phase.items()):
+            databases.add_metric([shard, phase, reason], count)
         yield databases
 
         ready = GaugeMetricFamily(
-            "dbprovider_shard_ready", "1 if the Shard's Ready condition is True.", labels=["shard"]
+            "dbprovider_shard_ready",
+            "1 if the Shard's Ready condition is True; reason is the condition's reason.",
+            labels=["shard", "reason"],
         )
         slots = GaugeMetricFamily("dbprovider_shard_databases", "Database slots in use on the shard.", labels=["shard"])
         limit = GaugeMetricFamily("dbprovider_shard_max_databases", "spec.maxDatabases of the shard.", labels=["shard"])
         for shard in shard_objects:
             name = shard["metadata"]["name"]
-            ready.add_metric([name], 1.0 if _condition_true(shard, ShardConditionType.READY) else 0.0)
+            ready.add_metric(
+                [name, _ready_reason(shard)], 1.0 if _condition_true(shard, ShardConditionType.READY) else 0.0
+            )
             slots.add_metric([name], in_use[name])
             limit.add_metric([name], float((shard.get("spec") or {}).get("maxDatabases") or 0))
         yield ready

@@ -41,11 +41,15 @@ class ControllerManager:
         informers: SharedInformers | None = None,
         metrics: RuntimeMetrics | None = None,
         sync_timeout: float = 60.0,
+        max_backoff: float | None = None,
     ) -> None:
         self.rest = api_client if isinstance(api_client, Rest) else Rest(api_client)
         self.informers = informers if informers is not None else SharedInformers(self.rest)
         self.metrics = metrics if metrics is not None else RuntimeMetrics()
         self.sync_timeout = sync_timeout
+        # Caps every controller's retry backoff (default: the work queue's 5 minutes); tests shorten it
+        # along with the alert rules' windows.
+        self.max_backoff = max_backoff
         self.controllers: list[Controller] = []
         self._after_stop: list[Callable[[], None]] = []
         self._lock = threading.Lock()  # serializes starting and stopping controllers
@@ -70,6 +74,8 @@ class ControllerManager:
             raise RuntimeError("add controllers before starting the manager")
         if controller.metrics is None:
             controller.metrics = self.metrics
+        if self.max_backoff is not None:
+            controller.queue.rate_limiter.max_delay = max(self.max_backoff, controller.queue.rate_limiter.base)
         if self.elector is not None:
             controller.guard = self.elector.is_leading
         self.controllers.append(controller)

@@ -124,8 +124,9 @@ def test_two_replicas_serve_the_consumer_flow_and_fail_over(stack: DevStack, kub
             assert conn.execute("SELECT current_user").fetchone()[0] == credentials["user"]
 
         metrics = leader.metrics()
-        assert 'dbprovider_databases{phase="Ready",shard="e2etest-pg"} 1.0' in metrics
-        assert 'dbprovider_shard_ready{shard="e2etest-pg"} 1.0' in metrics
+        assert 'dbprovider_databases{phase="Ready",reason="Provisioned",shard="e2etest-pg"} 1.0' in metrics
+        assert 'dbprovider_shard_ready{reason="Ok",shard="e2etest-pg"} 1.0' in metrics
+        assert "_created" not in metrics  # prometheus_client's *_created series are switched off
         assert 'route="/v1/databases/{externalId}"' in follower.metrics()
         assert "dbprovider_reconcile_conflicts_total" in metrics
 

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+import yaml
 
 from domain.config import InstallConfig, load_install_config
+from harness.prometheus_operator import crd_paths
 from infra.render import render_manifests, render_prometheus_rule
 from tests.generator.kubeapi import KubeApi, apply_all
 
@@ -38,41 +40,27 @@ TEST_CONFIG: dict[str, Any] = {
     "sizeClasses": {"small": {"connectionLimit": 5}, "large": {"connectionLimit": 50}},
     # system:masters stays a break-glass group: other suites on this apiserver delete shards as admin.
     "deletionProtection": {"enabled": True, "breakGlassGroups": ["system:masters", BREAK_GLASS_GROUP]},
-    "metrics": {"serviceMonitor": {"enabled": True}},
-    "prometheusRule": {"enabled": True, "cluster": "gentest-eu1"},
+    "metrics": {
+        "serviceMonitor": {
+            "enabled": True,
+            "labels": {"release": "kube-prometheus-stack"},
+            "annotations": {"example.com/owner": "team-db"},
+            "interval": "1m30s",
+            "scrapeTimeout": "20s",
+        }
+    },
+    "prometheusRule": {
+        "enabled": True,
+        "cluster": "gentest-eu1",
+        "labels": {"role": "alert-rules"},
+        "annotations": {"example.com/owner": "team-db"},
+    },
     "engines": {"cloudberry": {"enabled": True}},
 }
 
-# Stand-ins for the Prometheus Operator CRDs (not part of this install), so ServiceMonitor and
-# PrometheusRule objects can be applied too.
-_MONITORING_STUBS = [
-    ("ServiceMonitor", "servicemonitors"),
-    ("PrometheusRule", "prometheusrules"),
-]
-
-
-def monitoring_stub_crds() -> list[dict[str, Any]]:
-    return [
-        {
-            "apiVersion": "apiextensions.k8s.io/v1",
-            "kind": "CustomResourceDefinition",
-            "metadata": {"name": f"{plural}.monitoring.coreos.com"},
-            "spec": {
-                "group": "monitoring.coreos.com",
-                "scope": "Namespaced",
-                "names": {"kind": kind, "plural": plural, "singular": kind.lower(), "listKind": f"{kind}List"},
-                "versions": [
-                    {
-                        "name": "v1",
-                        "served": True,
-                        "storage": True,
-                        "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
-                    }
-                ],
-            },
-        }
-        for kind, plural in _MONITORING_STUBS
-    ]
+def monitoring_crds() -> list[dict[str, Any]]:
+    """The real Prometheus Operator CRDs (ServiceMonitor, PrometheusRule), so their schemas judge our objects."""
+    return [yaml.safe_load(path.read_text()) for path in crd_paths()]
 
 
 def make_config(**overrides: Any) -> InstallConfig:
@@ -96,7 +84,7 @@ def installed(kube: Any) -> Iterator[Installed]:
         kube.ensure_namespace(namespace)
     with kube.admin_client() as client:
         api = KubeApi(client)
-        apply_all(api, monitoring_stub_crds())
+        apply_all(api, monitoring_crds())
         manifests = render_manifests(config) + [render_prometheus_rule(config)]
         applied = apply_all(api, manifests)
         try:

@@ -109,6 +109,28 @@ def test_every_manifest_is_applied_and_a_second_apply_changes_nothing(installed:
         )
 
 
+def test_service_monitor_and_rule_are_stored_whole_under_the_prometheus_operator_schemas(
+    installed: Installed,
+) -> None:
+    """Applied against the operator's own CRDs (v0.85.0): nothing we render is pruned or refused."""
+    for kind in ("ServiceMonitor", "PrometheusRule"):
+        (manifest,) = [m for m in installed.manifests if m["kind"] == kind]
+        stored = installed.admin.get(manifest).body
+        assert stored["spec"] == manifest["spec"], kind
+        assert manifest["metadata"]["labels"].items() <= stored["metadata"]["labels"].items(), kind
+        assert stored["metadata"]["annotations"]["example.com/owner"] == "team-db", kind
+    (monitor,) = [m for m in installed.manifests if m["kind"] == "ServiceMonitor"]
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert (monitor["spec"]["endpoints"][0]["interval"], monitor["spec"]["endpoints"][0]["scrapeTimeout"]) == (
+        "1m30s",
+        "20s",
+    )
+    # The real schema does judge: an interval that is no Prometheus duration is refused.
+    broken = {**monitor, "metadata": {**monitor["metadata"], "name": "gentest-broken"}}
+    broken["spec"] = {**monitor["spec"], "endpoints": [{**monitor["spec"]["endpoints"][0], "interval": "often"}]}
+    assert installed.admin.create(broken, dry_run=True).status == 422
+
+
 def test_crds_are_established_with_names_scopes_and_status_subresources(installed: Installed) -> None:
     expected = {
         "shards.db.bnerd.com": ("Cluster", ["sh"]),

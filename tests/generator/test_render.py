@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -143,6 +144,18 @@ def test_rule_without_enabled_is_refused_naming_the_key(tmp_path: Path, capsys: 
         (values(sizeClasses={"small": {"connectionLimit": "ten"}}), "sizeClasses.small.connectionLimit"),
         (values(deletionProtection={"enable": True}), "deletionProtection.enable"),
         (values(softDelete={"retention": "a week"}), "softDelete.retention"),
+        (
+            values(prometheusRule={"enabled": True, "labels": {"bad key": "x"}}),
+            "prometheusRule.labels['bad key'] (key)",
+        ),
+        (values(prometheusRule={"enabled": True, "labels": {"release": "a b"}}), "prometheusRule.labels.release"),
+        (values(prometheusRule={"enabled": True, "runbookBaseUrl": "wiki/page"}), "prometheusRule.runbookBaseUrl"),
+        (values(prometheusRule={"enabled": True, "runbookBaseUrl": "https://x/#a"}), "prometheusRule.runbookBaseUrl"),
+        (values(metrics={"serviceMonitor": {"labels": {"-x": "y"}}}), "metrics.serviceMonitor.labels.-x (key)"),
+        (values(metrics={"serviceMonitor": {"annotations": {"a": 1}}}), "metrics.serviceMonitor.annotations.a"),
+        (values(metrics={"serviceMonitor": {"interval": "often"}}), "metrics.serviceMonitor.interval"),
+        (values(metrics={"serviceMonitor": {"interval": "0"}}), "metrics.serviceMonitor"),
+        (values(metrics={"serviceMonitor": {"interval": "30s", "scrapeTimeout": "1m"}}), "metrics.serviceMonitor"),
     ],
 )
 @pytest.mark.parametrize("only", ["manifests", "prometheusrule"])
@@ -268,6 +281,87 @@ def test_services_and_service_monitor() -> None:
     assert selector.items() <= metrics["metadata"]["labels"].items()
     assert not selector.items() <= api["metadata"]["labels"].items()  # only the metrics Service
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    assert monitor["spec"]["endpoints"][0]["interval"] == "30s"
+    # prometheusRule.cluster is set: the scrape itself stores `cluster` (server-mode Prometheus).
+    assert monitor["spec"]["endpoints"][0]["relabelings"] == [
+        {"action": "replace", "targetLabel": "cluster", "replacement": "eu-1"}
+    ]
+    assert "scrapeTimeout" not in monitor["spec"]["endpoints"][0]
+    assert "annotations" not in monitor["metadata"]
+
+
+def test_service_monitor_extra_labels_annotations_and_timings() -> None:
+    monitor_values = {
+        "enabled": True,
+        "labels": {"release": "kube-prometheus-stack", "app.kubernetes.io/instance": "not-ours"},
+        "annotations": {"example.com/owner": "team db"},
+        "interval": "15s",
+        "scrapeTimeout": "10s",
+    }
+    objects = render_manifests(load_install_config(values(metrics={"serviceMonitor": monitor_values})))
+    monitor = one(objects, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert monitor["metadata"]["labels"]["app.kubernetes.io/instance"] == "dbp"  # the selector labels stay ours
+    assert monitor["metadata"]["annotations"] == {"example.com/owner": "team db"}
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert (endpoint["interval"], endpoint["scrapeTimeout"]) == ("15s", "10s")
+    unscoped = values(metrics={"serviceMonitor": monitor_values}, prometheusRule={"enabled": True})
+    (endpoint,) = one(render_manifests(load_install_config(unscoped)), "ServiceMonitor")["spec"]["endpoints"]
+    assert "relabelings" not in endpoint
+
+
+def test_render_only_prometheusrule_format_rules_is_a_plain_rule_file(tmp_path: Path, capsys: Any) -> None:
+    code, out, err = render_cli(tmp_path, VALUES, "--only", "prometheusrule", "--format", "rules", capsys=capsys)
+    assert code == 0, err
+    (document,) = yaml.safe_load_all(out)
+    assert list(document) == ["groups"]
+    assert document["groups"] == render_prometheus_rule(load_install_config(VALUES))["spec"]["groups"]
+
+
+def test_a_format_of_another_kind_of_output_is_refused(tmp_path: Path, capsys: Any) -> None:
+    code, out, err = render_cli(tmp_path, VALUES, "--only", "manifests", "--format", "rules", capsys=capsys)
+    assert (code, out) == (2, "")
+    assert "--format rules" in err
+
+
+def test_render_only_dashboard_as_json_and_as_a_sidecar_configmap(tmp_path: Path, capsys: Any) -> None:
+    code, out, err = render_cli(tmp_path, VALUES, "--only", "dashboard", capsys=capsys)
+    assert code == 0, err
+    dashboard = json.loads(out)
+    assert dashboard["uid"] == "dbprovider"
+    assert {v["name"] for v in dashboard["templating"]["list"]} == {"datasource", "cluster", "shard"}
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+    for family in (
+        "dbprovider_databases{",
+        "dbprovider_shard_ready",
+        "dbprovider_shard_databases",
+        "dbprovider_shard_max_databases",
+        "dbprovider_database_provisioning_oldest_seconds",
+        "dbprovider_databases_deletion_held",
+        "dbprovider_databases_connection_limit_drift",
+        "dbprovider_reconcile_errors_total",
+        "dbprovider_reconcile_conflicts_total",
+        "dbprovider_api_requests_total",
+        "dbprovider_api_request_duration_seconds_bucket",
+    ):
+        assert family in exprs, family
+    assert 'job="dbp-metrics"' in exprs
+
+    code, out, err = render_cli(tmp_path, VALUES, "--only", "dashboard", "--format", "configmap", capsys=capsys)
+    assert code == 0, err
+    (config_map,) = yaml.safe_load_all(out)
+    assert config_map["kind"] == "ConfigMap"
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(config_map["data"]["dbprovider.json"]) == dashboard
+    assert config_map["metadata"]["namespace"] == "databases"
+
+    elsewhere = values(dashboard={"namespace": "monitoring", "labels": {"team": "db", "grafana_dashboard": "0"}})
+    code, out, err = render_cli(tmp_path, elsewhere, "--only", "dashboard", "--format", "configmap", capsys=capsys)
+    assert code == 0, err
+    (config_map,) = yaml.safe_load_all(out)
+    assert config_map["metadata"]["namespace"] == "monitoring"
+    assert config_map["metadata"]["labels"]["team"] == "db"
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
 
 
 # --- RBAC ----------------------------------------------------------------------------------------------
@@ -321,10 +415,13 @@ def _exprs(data: dict[str, Any]) -> list[str]:
 
 def test_every_expression_selects_the_job_and_the_cluster() -> None:
     exprs = _exprs(VALUES)
-    assert len(exprs) == 7
+    assert len(exprs) == 8  # the seven alerts and the guard DBProviderClusterLabelMissing
     for expr in exprs:
         selectors = [part.split("}")[0] for part in expr.split("{")[1:]]
-        assert selectors and all('job="dbp-metrics"' in s and 'cluster="eu-1"' in s for s in selectors), expr
+        # cluster="" (series without the label) only where the guard looks for misconfigured scrapes.
+        assert selectors and all(
+            'job="dbp-metrics"' in s and ('cluster="eu-1"' in s or 'cluster=""' in s) for s in selectors
+        ), expr
 
 
 def test_without_cluster_no_expression_selects_one() -> None:

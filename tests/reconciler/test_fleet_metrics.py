@@ -13,7 +13,9 @@ def db(name: str, shard: str | None, phase: str | None, age: float = 0, **condit
     from datetime import UTC, datetime
 
     created = datetime.fromtimestamp(NOW - age, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    status: dict = {"conditions": [{"type": t, "status": s} for t, s in conditions.items()]}
+    status: dict = {"conditions": [{"type": t, "status": s} for t, s in conditions.items() if t != "reason"]}
+    if "reason" in conditions:
+        status["conditions"].append({"type": "Ready", "status": "False", "reason": conditions["reason"]})
     if shard:
         status["shard"] = shard
     if phase:
@@ -29,12 +31,12 @@ SHARDS = [
     {
         "metadata": {"name": "s1"},
         "spec": {"maxDatabases": 10},
-        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+        "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "Ok"}]},
     },
     {
         "metadata": {"name": "s2"},
         "spec": {"maxDatabases": 5},
-        "status": {"conditions": [{"type": "Ready", "status": "False"}]},
+        "status": {"conditions": [{"type": "Ready", "status": "False", "reason": "Unreachable"}]},
     },
 ]
 
@@ -54,14 +56,19 @@ def test_gauges() -> None:
             db("d", None, None, age=30),
             db("e", "s2", "Deleting", DeletionHeld="True"),
             db("f", "s2", "Deleted"),
+            db("g", None, "Failed", reason="NoCapacity"),
+            db("h", None, "Failed", reason="NoCapacity"),
         ]
     )
     expected = [
-        'dbprovider_databases{phase="Ready",shard="s1"} 2.0',
-        'dbprovider_databases{phase="Provisioning",shard="s1"} 1.0',
-        'dbprovider_databases{phase="Provisioning",shard="unplaced"} 1.0',
-        'dbprovider_shard_ready{shard="s1"} 1.0',
-        'dbprovider_shard_ready{shard="s2"} 0.0',
+        # No Ready condition yet: reason Unknown.
+        'dbprovider_databases{phase="Ready",reason="Unknown",shard="s1"} 2.0',
+        'dbprovider_databases{phase="Provisioning",reason="Unknown",shard="s1"} 1.0',
+        'dbprovider_databases{phase="Provisioning",reason="Unknown",shard="unplaced"} 1.0',
+        # On-call sees why: the Ready reason of Failed databases and of shards.
+        'dbprovider_databases{phase="Failed",reason="NoCapacity",shard="unplaced"} 2.0',
+        'dbprovider_shard_ready{reason="Ok",shard="s1"} 1.0',
+        'dbprovider_shard_ready{reason="Unreachable",shard="s2"} 0.0',
         'dbprovider_shard_databases{shard="s1"} 3.0',
         'dbprovider_shard_databases{shard="s2"} 1.0',
         'dbprovider_shard_max_databases{shard="s2"} 5.0',

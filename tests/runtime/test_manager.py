@@ -203,3 +203,26 @@ def test_start_names_a_missing_crd(kube: KubeControlPlane, namespace: str) -> No
                 manager.start()
         finally:
             manager.stop()
+
+
+def test_max_backoff_caps_the_retry_delay_of_every_controller(admin_rest: Rest, namespace: str) -> None:
+    """What the alert tests rely on: with the cap at 2 s a failing key is retried every 2 s (not 1, 2, 4, 8...)."""
+    admin_rest.create(CONFIGMAPS, configmap("failing", namespace))
+    manager = ControllerManager(admin_rest, lease_namespace=namespace, leader_election=False, max_backoff=2.0)
+    attempts: list[float] = []
+
+    def reconcile(key: str) -> Result:
+        attempts.append(time.monotonic())
+        raise RuntimeError("always fails")
+
+    controller = Controller("failing", reconcile)
+    controller.watch(manager.informers.informer(CONFIGMAPS, namespace))
+    manager.add_controller(controller)
+    manager.start()
+    try:
+        # Uncapped, the sixth attempt comes 31 s after the first; capped, after 1 + 4 * 2 = 9 s.
+        wait_for(lambda: len(attempts) >= 6, timeout=20)
+    finally:
+        manager.stop()
+    assert attempts[5] - attempts[0] < 15
+    assert max(b - a for a, b in zip(attempts, attempts[1:], strict=False)) < 3

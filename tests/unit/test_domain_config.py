@@ -219,13 +219,14 @@ def test_every_offending_key_is_named_in_one_error() -> None:
 
 
 @pytest.mark.parametrize("key", ["cluster", "jobSelector"])
-@pytest.mark.parametrize("value", ['a"b', "a\\b", "a\nb", "a\r\nb", "\n", '"'])
+@pytest.mark.parametrize("value", ['a"b', "a\\b", "a\nb", "a\r\nb", "\n", '"', "a`b"])
 def test_prometheus_rule_text_refuses_quote_backslash_newline(key: str, value: str) -> None:
+    """They go into PromQL strings, and the job selector into a Go template's raw string (backticks)."""
     found = problems({**MINIMAL, "prometheusRule": {key: value}})
-    assert found == {f"prometheusRule.{key}": "must not contain '\"', '\\' or a newline"}
+    assert found == {f"prometheusRule.{key}": "must not contain '\"', '\\', '`' or a newline"}
     with pytest.raises(ConfigError) as excinfo:
         load_install_config({**MINIMAL, "prometheusRule": {key: value}})
-    assert f"prometheusRule.{key}: must not contain '\"', '\\' or a newline" in str(excinfo.value)
+    assert f"prometheusRule.{key}: must not contain '\"', '\\', '`' or a newline" in str(excinfo.value)
 
 
 @pytest.mark.parametrize("value", ["", "eu-1", "cluster with spaces", "a'b", "{x}"])
