@@ -52,6 +52,7 @@ from reconciler.placement import PlacementIndex
 from reconciler.resources import DATABASES, database_shard
 from reconciler.runtime import ReconcileError, Result, TerminalError, ensure_active, set_condition, update_status
 from reconciler.runtime.status import get_condition, is_condition_true, remove_condition
+from reconciler.sql import errors as sql_errors
 from reconciler.sql.errors import SqlFailure
 from reconciler.sql.session import AdminSession
 from reconciler.sql.tenant import (
@@ -67,6 +68,11 @@ from reconciler.sql.tenant import (
 log = logging.getLogger(__name__)
 
 NO_CAPACITY_RETRY = 300.0
+# No usable shard, but some are only not Ready (down, being checked): a transient wait, not a
+# capacity failure. A Shard turning Ready enqueues unplaced databases at once; this is the fallback.
+SHARDS_UNAVAILABLE_RETRY = 30.0
+# SQL failures that say more about the shard than about this database.
+SHARD_TROUBLE = frozenset({sql_errors.UNREACHABLE, sql_errors.CONNECTION_LOST, sql_errors.TIMEOUT})
 
 
 def _parse_time(value: str | None) -> datetime | None:
@@ -138,6 +144,8 @@ class DatabaseController:
         self.admin_endpoints = AdminEndpointCache(rest, admin_host_override)
         self._written: dict[str, str] = {}  # key -> resourceVersion of this replica's last write
         self.clock = clock
+        # Called with a shard's name when its SQL failed as if the shard were down (set by setup).
+        self.on_shard_trouble: Callable[[str], None] | None = None
         # Before any handler that enqueues Databases: a woken worker places with the event applied.
         self.placement = PlacementIndex(database_shard).watch(shards, databases)
 
@@ -267,6 +275,17 @@ class DatabaseController:
             return self._adopt(p, restore)
         engine = p.spec.get("engine") or "postgres"
         chosen = self.placement.choose(engine)
+        if chosen is None and (waiting := self.placement.not_ready(engine)):
+            p.status["phase"] = Phase.PROVISIONING
+            self._set_ready(
+                p,
+                False,
+                DatabaseReason.SHARDS_UNAVAILABLE,
+                f"no {engine} shard usable right now: {len(waiting)} not Ready ({', '.join(waiting[:3])}); "
+                "placed as soon as one is Ready",
+            )
+            self._write_status(p)
+            return Result(requeue_after=SHARDS_UNAVAILABLE_RETRY)
         if chosen is None:
             p.status["phase"] = Phase.FAILED
             self._set_ready(
@@ -381,6 +400,8 @@ class DatabaseController:
         except SqlFailure as failure:
             self.sessions.drop(shard)
             self.admin_endpoints.forget(shard)  # the retry reads the admin Secret again
+            if failure.error_class in SHARD_TROUBLE and self.on_shard_trouble is not None:
+                self.on_shard_trouble(shard)  # let the Shard controller look now, not at its next ping
             self._fail(p, failure_phase, reason, str(failure))
 
     # -- provisioning ----------------------------------------------------------------------------
