@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -177,7 +178,7 @@ class PostgresServer:
         )
 
     def _launch(self, timeout: float) -> None:
-        self.port = free_port()
+        self.port = self.port or free_port()  # a restart keeps the port clients know
         settings = {
             "listen_addresses": "127.0.0.1",
             "port": str(self.port),
@@ -188,7 +189,8 @@ class PostgresServer:
             "max_connections": "200",
             "shared_buffers": "32MB",
             "log_statement": "all" if self.log_statements else "none",
-            "log_line_prefix": "%m [%p] user=%u db=%d ",
+            "log_line_prefix": "%m [%p] user=%u db=%d app=%a ",
+            "log_timezone": "UTC",
         }
         argv = [str(self.bin_dir / "postgres"), "-D", str(self.data_dir)]
         for key, value in settings.items():
@@ -196,6 +198,28 @@ class PostgresServer:
         # SIGQUIT = immediate shutdown if this process dies without cleaning up.
         self._proc = spawn(argv, self.log_file, death_signal=signal.SIGQUIT, user=self.user)
         wait_for_port(self.port, timeout, self._proc, self.log_file)
+        self._wait_accepting(timeout)
+
+    def _wait_accepting(self, timeout: float) -> None:
+        """Poll until a session opens and answers (pg_isready's "accepting connections"), not
+        just until the port listens: during startup and crash recovery the server refuses logins
+        with "the database system is starting up"."""
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            if self._proc is not None and self._proc.poll() is not None:
+                raise RuntimeError(f"PostgreSQL exited with {self._proc.returncode}; see {self.log_file}")
+            try:
+                with psycopg.connect(
+                    host=str(self.socket_dir), port=self.port, user=self.SUPERUSER, dbname="postgres",
+                    connect_timeout=2,
+                ) as conn:
+                    conn.execute("SELECT 1")
+                return
+            except psycopg.OperationalError as exc:
+                last = type(exc).__name__
+                time.sleep(0.1)
+        raise TimeoutError(f"PostgreSQL did not accept connections within {timeout:.0f}s ({last}); see {self.log_file}")
 
     def _create_provisioner(self) -> None:
         attributes = "LOGIN CREATEDB CREATEROLE" + (" NOINHERIT" if self.flavor.major < 16 else "")
@@ -221,6 +245,24 @@ class PostgresServer:
         """Stop the server abruptly (tests of unreachable shards); the data directory stays."""
         stop(self._proc, signal.SIGQUIT)
         self._proc = None
+
+    @property
+    def pid(self) -> int | None:
+        """The postmaster's PID while the server runs (fault tests signal it)."""
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+    def crash(self) -> None:
+        """SIGKILL the postmaster and every backend at once (a host or OOM kill); the data stays."""
+        stop(self._proc, signal.SIGKILL)
+        self._proc = None
+
+    def restart(self, timeout: float = 60.0) -> PostgresServer:
+        """Start again on the same data directory and port (after `kill`/`crash`): crash recovery
+        runs, and this returns once the server accepts connections."""
+        if self.pid is not None:
+            raise RuntimeError("the server is still running")
+        self._launch(timeout)
+        return self
 
     # -- access --------------------------------------------------------------------------------
 
