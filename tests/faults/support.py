@@ -243,6 +243,12 @@ class FaultStack:
     def leader(self, timeout: float = 60) -> str:
         return wait_for(self.holder, timeout, "a Lease holder")
 
+    def leading_burst(self, name: str, count: int) -> tuple[Replica, list[str]]:
+        """Start replica `name`, wait until it leads, then create `count` databases through it."""
+        replica = self.replica(name)
+        assert self.leader() == name
+        return replica, self.burst(replica, name, count)
+
     # -- consumer actions --------------------------------------------------------------------
 
     def put(self, replica: Replica, external_id: str, expect: tuple[int, ...] = (200, 201)) -> requests.Response:

@@ -16,9 +16,7 @@ PROMPT = 6.0  # seconds: a write must be answered (503) well before a client giv
 def test_apiserver_sigstop_30s(owned: FaultStack) -> None:
     fault = "kube-apiserver SIGSTOP 30 s"
     stack = owned
-    replica = stack.replica("apistop")
-    stack.leader()
-    stack.burst(replica, "apistop", 10)
+    replica, _ = stack.leading_burst("apistop", 10)
     pid = stack.kube.apiserver_pid
     assert pid is not None
     os.kill(pid, signal.SIGSTOP)
@@ -42,9 +40,7 @@ def test_apiserver_sigstop_30s(owned: FaultStack) -> None:
 def test_etcd_restart(owned: FaultStack) -> None:
     fault = "etcd SIGKILL + restart"
     stack = owned
-    replica = stack.replica("etcd")
-    stack.leader()
-    stack.burst(replica, "etcd", 10)
+    replica, _ = stack.leading_burst("etcd", 10)
     started = time.monotonic()
     stack.kube.restart_etcd(down_for=5.0)
     record(fault, "/readyz 200 after etcd is back", timed(lambda: replica.readyz() == 200, 60, "/readyz 200"))

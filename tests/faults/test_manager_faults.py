@@ -14,9 +14,7 @@ PAST_RENEW_DEADLINE = 12.0  # > renew deadline (10 s), < lease duration
 def test_manager_sigkill_mid_burst(owned: FaultStack) -> None:
     fault = "manager SIGKILL mid-burst"
     stack = owned
-    first = stack.replica("burstkill-a")
-    assert stack.leader() == first.name
-    names = stack.burst(first, "burstkill", 15)
+    first, names = stack.leading_burst("burstkill-a", 15)
     wait_for(lambda: stack.phases(names)["Ready"] >= 3, 60, "the burst under way")
     first.kill()
     killed = time.monotonic()
@@ -30,9 +28,7 @@ def test_manager_sigkill_mid_burst(owned: FaultStack) -> None:
 def test_manager_sigkill_mid_drop(owned: FaultStack) -> None:
     fault = "manager SIGKILL mid-drop"
     stack = owned
-    first = stack.replica("dropkill-a")
-    stack.leader()
-    names = stack.burst(first, "dropkill", 10)
+    first, names = stack.leading_burst("dropkill-a", 10)
     wait_for(lambda: stack.phases(names)["Ready"] == len(names), 90, "the databases Ready")
     for name in names:
         stack.delete(first, name)
@@ -72,9 +68,7 @@ def test_leader_sigstop_past_lease_with_second_replica(owned: FaultStack) -> Non
 def test_manager_paused_alone_past_renew_deadline(owned: FaultStack) -> None:
     fault = "only manager SIGSTOP 12 s"
     stack = owned
-    replica = stack.replica("alone")
-    stack.leader()
-    stack.burst(replica, "alone", 12)
+    replica, _ = stack.leading_burst("alone", 12)
     replica.pause()
     time.sleep(PAST_RENEW_DEADLINE)  # the fault itself: paused past the renew deadline
     replica.resume()

@@ -19,9 +19,7 @@ def _no_failed(stack: FaultStack, names: list[str]) -> bool:
 def test_shard_sigkill_mid_burst_and_restart(owned: FaultStack) -> None:
     fault = "shard PostgreSQL SIGKILL + restart"
     stack = owned
-    replica = stack.replica("pgkill")
-    stack.leader()
-    names = stack.burst(replica, "pgkill", 12)
+    replica, names = stack.leading_burst("pgkill", 12)
     server = stack.shards[SHARD_A]
     server.crash()  # postmaster and every backend, mid-burst
     try:
@@ -40,9 +38,7 @@ def test_shard_sigkill_mid_burst_and_restart(owned: FaultStack) -> None:
 
 def _paused_shard(stack: FaultStack, fault: str, prefix: str, stop: str) -> None:
     """Pause shard A (`stop`: "postmaster" or "all"), prove it is noticed and avoided, resume."""
-    replica = stack.replica(prefix)
-    stack.leader()
-    before = stack.burst(replica, prefix, 6)
+    replica, before = stack.leading_burst(prefix, 6)
     wait_for(lambda: stack.phases(before)["Ready"] == len(before), 90, "the first databases Ready")
     server = stack.shards[SHARD_A]
     pid = server.pid
