@@ -2,8 +2,10 @@
 
 `TokenIndex` maps sha256(token) -> consumer name. It is built from the Consumer objects and their token
 Secrets (release namespace only) and kept current by informer handlers, so a change to a Consumer or to
-its Secret takes effect without a restart. A lookup is one dict access (O(1) in the number of consumers)
-followed by a constant-time comparison of the digests.
+its Secret takes effect without a restart. Token Secrets are cached by name, one watch per name the
+Consumers reference (`TokenSecrets`): no other Secret of the release namespace enters this cache. A
+lookup is one dict access (O(1) in the number of consumers) followed by a constant-time comparison of
+the digests.
 
 A consumer contributes no hash at all, and so can never authenticate, when it is disabled, its
 tokenSecretRef points outside the release namespace, its Secret or key is missing, or its spec is invalid.
@@ -20,8 +22,9 @@ import enum
 import logging
 import re
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import falcon
 from pydantic import ValidationError
@@ -30,7 +33,8 @@ from api.errors import Unauthorized, Unavailable
 from api.kube import CONSUMERS, SECRETS, metadata, secret_bytes
 from domain.specs import ConsumerSpec
 from domain.tokens import TokenHashes, hash_token, parse_token_hashes
-from informers import Informer, SharedInformers, object_key
+from informers import Informer, NamedInformers, SharedInformers, object_key
+from informers.informer import Handler
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +65,18 @@ def parse_bearer(header: str | None) -> str | None:
     return match.group(1) if match else None
 
 
+class TokenSecrets(Protocol):
+    """The token Secrets of the release namespace the index reads (a `NamedInformers` in the manager)."""
+
+    def want(self, names: Iterable[str]) -> None: ...
+
+    def add_handler(self, handler: Handler) -> object: ...
+
+    def get(self, name: str) -> dict[str, Any] | None: ...
+
+    def has_synced(self) -> bool: ...
+
+
 class AuthState(enum.StrEnum):
     """Why a consumer can or cannot authenticate (logged on change, never returned to callers)."""
 
@@ -85,7 +101,7 @@ class _Entry:
 class TokenIndex:
     """sha256(token) -> consumer, from the Consumer and Secret informers (see the module docstring)."""
 
-    def __init__(self, consumers: Informer, secrets: Informer, namespace: str) -> None:
+    def __init__(self, consumers: Informer, secrets: TokenSecrets, namespace: str) -> None:
         self.consumers = consumers
         self.secrets = secrets
         self.namespace = namespace
@@ -98,13 +114,14 @@ class TokenIndex:
         self._ignored_logged: dict[tuple[str, str], str | None] = {}  # (secret key, data key) -> resourceVersion
         self._conflicts_logged: set[frozenset[str]] = set()
         consumers.add_index(INDEX_TOKEN_SECRET, token_secret_keys)
-        consumers.add_handler(self._on_consumer)
         secrets.add_handler(self._on_secret)
+        consumers.add_handler(self._on_consumer)
 
     @classmethod
     def register(cls, informers: SharedInformers, namespace: str) -> TokenIndex:
-        """Create the index on the process' shared informers: Consumers (cluster) and Secrets (namespace)."""
-        return cls(informers.informer(CONSUMERS), informers.informer(SECRETS, namespace), namespace)
+        """Create the index on the process' shared informers: Consumers (cluster), and exactly the
+        token Secrets they name (release namespace, one field-selected informer per name)."""
+        return cls(informers.informer(CONSUMERS), NamedInformers(informers, SECRETS, namespace), namespace)
 
     # -- readiness -------------------------------------------------------------------------------
 
@@ -112,7 +129,10 @@ class TokenIndex:
         """True once both informers have listed and the index has been built from them."""
         if self._built:
             return True
-        if not (self.consumers.has_synced() and self.secrets.has_synced()):
+        if not self.consumers.has_synced():
+            return False
+        self._want_secrets()
+        if not self.secrets.has_synced():
             return False
         self.rebuild()
         return True
@@ -155,7 +175,15 @@ class TokenIndex:
 
     # -- maintenance -----------------------------------------------------------------------------
 
+    def _want_secrets(self) -> None:
+        """Cache the token Secrets the Consumers name now (never under self._lock: see NamedInformers)."""
+        prefix = f"{self.namespace}/"
+        self.secrets.want(
+            key[len(prefix) :] for key in self.consumers.index_values(INDEX_TOKEN_SECRET) if key.startswith(prefix)
+        )
+
     def _on_consumer(self, event_type: str, old: dict | None, new: dict | None) -> None:
+        self._want_secrets()
         name = metadata(new if new is not None else old or {}).get("name")
         if name:
             with self._lock:
@@ -237,7 +265,7 @@ class TokenIndex:
             return _Entry(AuthState.FOREIGN_NAMESPACE, _NO_HASHES)
         self._foreign_logged.pop(name, None)
         secret_key = f"{self.namespace}/{ref.name}"
-        secret = self.secrets.get(secret_key)
+        secret = self.secrets.get(ref.name)
         if secret is None:
             return _Entry(AuthState.SECRET_MISSING, _NO_HASHES)
         raw = secret_bytes(secret, ref.key)

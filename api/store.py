@@ -50,6 +50,7 @@ from domain.constants import (
     ANNOTATION_ROTATE_REQUESTED_AT,
     API_VERSION,
     CREDENTIALS_KEYS,
+    CREDENTIALS_SECRET_SELECTOR,
     FINALIZER_TENANT,
     KIND_DATABASE,
     LABEL_CONSUMER,
@@ -147,7 +148,7 @@ class DatabaseStore:
             config,
             informers.informer(DATABASES, config.namespace),
             informers.informer(CONSUMERS),
-            informers.informer(SECRETS, config.namespace),
+            informers.informer(SECRETS, config.namespace, label_selector=CREDENTIALS_SECRET_SELECTOR),
             informers.rest,
             **kwargs,
         )

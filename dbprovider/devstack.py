@@ -1,7 +1,8 @@
 """The whole product on one machine: what `dbprovider dev` runs and the end-to-end tests start.
 
 Given a running control plane and PostgreSQL server (harness), `DevStack.install()` applies the
-rendered install (CRDs, RBAC, admission policy, ...), registers the server as a Shard, creates a
+rendered install (CRDs, RBAC, admission policy, ...), registers the server as a Shard (TLS on, its
+admin Secret in a namespace of its own and listed in shardSecrets, as docs/install.md asks), creates a
 Consumer with a fresh bearer token, issues the API's TLS certificate and writes the files the
 manager needs: its install config and a kubeconfig with a real token of its ServiceAccount.
 """
@@ -54,7 +55,11 @@ class DevStack:
     shard: str = "local-pg"
 
     def __post_init__(self) -> None:
-        self.config: InstallConfig = load_install_config({**DEV_CONFIG, **self.config_overrides})
+        values = {**DEV_CONFIG, **self.config_overrides}
+        self.admin_secret = f"{self.shard}-provisioner"
+        self.shard_secrets_namespace = f"{values['namespace']}-shards"
+        values.setdefault("shardSecrets", [{"namespace": self.shard_secrets_namespace, "name": self.admin_secret}])
+        self.config: InstallConfig = load_install_config(values)
         self.namespace = self.config.namespace
         self.token = secrets.token_hex(32)
         self.api_port = free_port()
@@ -71,6 +76,7 @@ class DevStack:
     def install(self) -> DevStack:
         kube = self.kube
         kube.ensure_namespace(self.namespace)
+        kube.ensure_namespace(self.shard_secrets_namespace)
         with kube.admin_client() as client:
             rest = Rest(client)
             Applier(rest).apply_all(render_manifests(self.config))
@@ -83,17 +89,20 @@ class DevStack:
         kube.write_kubeconfig(self.manager_kubeconfig, token=token)
         return self
 
-    def _secret(self, rest: Rest, name: str, data: dict[str, str], type_: str = "Opaque") -> None:
+    def _secret(
+        self, rest: Rest, name: str, data: dict[str, str], type_: str = "Opaque", namespace: str | None = None
+    ) -> None:
+        namespace = namespace or self.namespace
         rest.create(
             SECRETS,
             {
                 "apiVersion": "v1",
                 "kind": "Secret",
                 "type": type_,
-                "metadata": {"name": name, "namespace": self.namespace},
+                "metadata": {"name": name, "namespace": namespace},
                 "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
             },
-            self.namespace,
+            namespace,
         )
 
     def _tls(self, rest: Rest) -> None:
@@ -108,9 +117,11 @@ class DevStack:
         )
 
     def _shard(self, rest: Rest) -> None:
-        admin_secret = f"{self.shard}-provisioner"
         self._secret(
-            rest, admin_secret, {"user": self.postgres.PROVISIONER, "password": self.postgres.provisioner_password}
+            rest,
+            self.admin_secret,
+            {"user": self.postgres.PROVISIONER, "password": self.postgres.provisioner_password},
+            namespace=self.shard_secrets_namespace,
         )
         rest.create(
             SHARDS,
@@ -121,14 +132,14 @@ class DevStack:
                 "spec": {
                     "maxDatabases": 100,
                     "perconaCluster": {"namespace": self.namespace, "name": self.shard},
-                    # The local server has no TLS; in a cluster keep the default sslmode require.
+                    # The local server's certificate comes from a throwaway CA: TLS, not verified.
                     "admin": {
                         "serviceName": f"{self.shard}-primary",
                         "port": self.postgres.port,
-                        "sslmode": "disable",
-                        "secretRef": {"namespace": self.namespace, "name": admin_secret},
+                        "sslmode": "require",
+                        "secretRef": {"namespace": self.shard_secrets_namespace, "name": self.admin_secret},
                     },
-                    "client": {"host": "127.0.0.1", "port": self.postgres.port, "sslmode": "disable"},
+                    "client": {"host": "127.0.0.1", "port": self.postgres.port, "sslmode": "require"},
                 },
             },
         )

@@ -46,12 +46,14 @@ def run_render(config_path: str, only: str = ONLY_MANIFESTS, output: str = "-", 
     try:
         if only == ONLY_PROMETHEUS_RULE:
             objects = [render.render_prometheus_rule(config)]
+            warnings = render.prometheus_rule_warnings(config)
         else:
             objects = render.render_manifests(config)
+            warnings = render.install_warnings(config) + render.prometheus_rule_warnings(config)
     except render.TemplatesNotFound as exc:
         print(f"dbprovider render: {exc}", file=err)
         return EXIT_ERROR
-    for warning in render.prometheus_rule_warnings(config):
+    for warning in warnings:
         print(f"dbprovider render: warning: {warning}", file=err)
     text = render.dump_yaml(objects)
     if output == "-":

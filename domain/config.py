@@ -23,10 +23,11 @@ from pydantic import (
     StrictStr,
     ValidationError,
     WithJsonSchema,
+    model_validator,
 )
 
 from domain.naming import DNS1035_LABEL_RE
-from domain.validation import ConfigModel, Namespace, ObjectName, validation_problems
+from domain.validation import ConfigModel, Namespace, ObjectName, SecretKey, validation_problems
 
 DEFAULT_NAMESPACE = "dbprovider"
 DEFAULT_RELEASE_NAME = "dbprovider"
@@ -161,6 +162,36 @@ class SecretObjectRef(ConfigModel):
     name: ObjectName
 
 
+class KeyRef(ConfigModel):
+    """One key of a ConfigMap or Secret in the release namespace."""
+
+    name: ObjectName
+    key: SecretKey
+
+
+class CaBundleRef(ConfigModel):
+    """Where the CA certificates (PEM) for verifying shard servers come from: a ConfigMap or a Secret."""
+
+    config_map: KeyRef | None = None
+    secret: KeyRef | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> CaBundleRef:
+        if (self.config_map is None) == (self.secret is None):
+            raise ValueError("set exactly one of configMap and secret")
+        return self
+
+
+class ShardTlsConfig(ConfigModel):
+    """How the admin connection verifies shard servers (sslmode verify-ca / verify-full).
+
+    Without `caBundle` the system trust store is used (libpq `sslrootcert=system`, verify-full only);
+    with it, the bundle is mounted into the pod and used instead (private CAs, and verify-ca).
+    """
+
+    ca_bundle: CaBundleRef | None = None
+
+
 class SizeClass(ConfigModel):
     """One size class: the per-role connection limit a new database gets."""
 
@@ -227,6 +258,7 @@ class InstallConfig(ConfigModel):
     replicas: Annotated[StrictInt, Field(ge=1)] = 2
     tls: TlsConfig
     shard_secrets: tuple[SecretObjectRef, ...] = ()
+    shard_tls: ShardTlsConfig = Field(default=ShardTlsConfig(), alias="shardTLS")
     size_classes: dict[SizeClassName, SizeClass] = Field(default_factory=dict)
     connection_limit: ConnectionLimitConfig = ConnectionLimitConfig()
     deletion_protection: DeletionProtectionConfig = DeletionProtectionConfig()
@@ -260,10 +292,16 @@ class InstallConfig(ConfigModel):
         return {ns: tuple(sorted(names)) for ns, names in sorted(grouped.items())}
 
     def may_read_admin_secret(self, namespace: str, name: str) -> bool:
-        """True if RBAC lets the provider read this admin Secret: the release namespace or shardSecrets."""
-        return namespace == self.namespace or any(
-            ref.namespace == namespace and ref.name == name for ref in self.shard_secrets
-        )
+        """True if the Secret is listed in shardSecrets: the only Secrets ever used as admin credentials.
+
+        The release namespace is no exception: the provider may read other Secrets there (credentials,
+        token hashes, its TLS key), and a Shard must not be able to point its admin login at them.
+        """
+        return any(ref.namespace == namespace and ref.name == name for ref in self.shard_secrets)
+
+    def shard_secrets_in_release_namespace(self) -> tuple[str, ...]:
+        """shardSecrets names in the release namespace (render warns: keep admin Secrets elsewhere)."""
+        return tuple(sorted({ref.name for ref in self.shard_secrets if ref.namespace == self.namespace}))
 
 
 def load_install_config(data: Mapping[str, Any] | None) -> InstallConfig:

@@ -47,6 +47,11 @@ ANNOTATION_PASSWORD_ID = f"{GROUP}/password-id"
 # Keys of the credentials Secret `<database-name>-credentials`.
 CREDENTIALS_SECRET_SUFFIX = "-credentials"
 CREDENTIALS_KEYS = ("host", "port", "database", "user", "password", "sslmode")
+# Labels of every credentials Secret, and the selector of the only Secrets informer: no other Secret
+# of the release namespace (admin credentials, TLS keys) is listed, watched or cached by label.
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "dbprovider"
+CREDENTIALS_SECRET_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_CONSUMER}"
 
 # The second shard engine: a Keldon (Apache Cloudberry) DatabaseCluster.
 KELDON_GROUP = "keldon.io"
@@ -73,6 +78,11 @@ class SslMode(enum.StrEnum):
     REQUIRE = "require"
     VERIFY_CA = "verify-ca"
     VERIFY_FULL = "verify-full"
+
+
+# Where the pod finds the install's shardTLS.caBundle (mounted by the Deployment template).
+SHARD_CA_DIR = "/etc/dbprovider/shard-ca"
+SHARD_CA_FILE = f"{SHARD_CA_DIR}/ca.crt"
 
 
 class Phase(enum.StrEnum):

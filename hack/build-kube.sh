@@ -16,6 +16,15 @@ if [ -x "$out/kube-apiserver" ] && [ -x "$out/etcd" ]; then
   echo "$out"
   exit 0
 fi
+# One build at a time per version: parallel setups (several checkouts, several test runs) wait for
+# the first instead of compiling the same packages side by side on a small machine.
+mkdir -p "$cache/kube"
+exec 9>"$out.lock"
+flock 9
+if [ -x "$out/kube-apiserver" ] && [ -x "$out/etcd" ]; then
+  echo "$out"
+  exit 0
+fi
 major=${kube_version#v}; major=${major%%.*}
 minor=${kube_version#v*.}; minor=${minor%%.*}
 pkg=k8s.io/component-base/version

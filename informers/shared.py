@@ -55,6 +55,18 @@ class SharedInformers:
                     informer.start()
             return informer
 
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def discard(self, informer: Informer) -> None:
+        """Stop an informer nobody needs any more and forget it (without waiting for its thread)."""
+        with self._lock:
+            for key, registered in list(self._informers.items()):
+                if registered is informer:
+                    del self._informers[key]
+        informer.signal_stop()
+
     def all(self) -> list[Informer]:
         with self._lock:
             return list(self._informers.values())

@@ -21,6 +21,7 @@ import pulumi_kubernetes as k8s
 from domain.config import InstallConfig
 from infra.render import (
     dump_yaml,
+    install_warnings,
     prometheus_rule_warnings,
     render_manifests,
     render_prometheus_rule,
@@ -124,6 +125,9 @@ class DbProvider(pulumi.ComponentResource):
             self._add(obj, pulumi.ResourceOptions(parent=self, retain_on_delete=True))
         for obj in (o for o in manifests if o["kind"] != KIND_CRD):
             self._add(obj, pulumi.ResourceOptions(parent=self, depends_on=list(self.crds)))
+
+        for warning in install_warnings(config):
+            pulumi.log.warn(warning, resource=self)
 
         self.prometheus_provider = None
         self.prometheus_rule = None

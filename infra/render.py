@@ -6,6 +6,7 @@ landscape repo and `pulumi up` get the very same objects. Pure: no Pulumi, no Ku
     render_manifests(config)        -> the DB cluster's objects, CRDs first
     render_prometheus_rule(config)  -> the PrometheusRule for the central Prometheus
     prometheus_rule_warnings(config) -> what the user should be told (e.g. no per-cluster absence)
+    install_warnings(config)        -> the same for the DB cluster's objects (e.g. admin Secrets placement)
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from domain.constants import (
     PLURAL_CONSUMERS,
     PLURAL_DATABASES,
     PLURAL_SHARDS,
+    SHARD_CA_FILE,
     SINGULAR_CONSUMER,
     SINGULAR_DATABASE,
     SINGULAR_SHARD,
@@ -199,7 +201,12 @@ def _context(config: InstallConfig) -> dict[str, Any]:
         "schemas": crd_schemas(),
         "keldon": {"group": KELDON_GROUP, "plural": KELDON_PLURAL_DATABASE_CLUSTERS},
         "ports": {"api": API_PORT, "metrics": METRICS_PORT},
-        "paths": {"config": CONFIG_PATH, "config_dir": CONFIG_DIR, "tls_dir": TLS_DIR},
+        "paths": {
+            "config": CONFIG_PATH,
+            "config_dir": CONFIG_DIR,
+            "tls_dir": TLS_DIR,
+            "shard_ca": SHARD_CA_FILE.removeprefix(f"{CONFIG_DIR}/"),
+        },
         "uid": RUN_AS_UID,
     }
 
@@ -234,6 +241,18 @@ def prometheus_rule_warnings(config: InstallConfig) -> list[str]:
     if config.prometheus_rule.enabled and not config.prometheus_rule.cluster:
         return [WARNING_NO_CLUSTER]
     return []
+
+
+def install_warnings(config: InstallConfig) -> list[str]:
+    """Warnings to show when the DB cluster's objects are rendered or deployed."""
+    inside = config.shard_secrets_in_release_namespace()
+    if not inside:
+        return []
+    return [
+        f"shardSecrets lists {', '.join(inside)} in the release namespace {config.namespace}: the provider "
+        "can read every Secret there (credentials, token hashes, its TLS key), so keep shard admin Secrets "
+        "in a namespace of their own, where it may get exactly the listed names"
+    ]
 
 
 def rule_groups(rule: dict[str, Any]) -> dict[str, Any]:

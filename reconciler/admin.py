@@ -1,5 +1,10 @@
 """The admin (provisioner) connection of a shard: its Secret, its endpoint and reusable sessions.
 
+Only a Secret listed in the install's shardSecrets is ever used as admin credentials, in every
+namespace including the release namespace (`AdminPolicy`): whoever may write a Shard must not be
+able to send another Secret (a consumer's password, the API's TLS key) to a host of their choice.
+An unlisted Secret is refused before anything is read or any connection is made.
+
 The admin Secret is read by name, never through an informer (the provider may `get` exactly the
 names in shardSecrets and has no list/watch). The Shard controller reads it on every health check,
 so a rotated or broken Secret shows on the Shard within the check interval. The Database workers
@@ -18,6 +23,8 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from domain.config import InstallConfig
+from domain.constants import SHARD_CA_FILE, SslMode
 from domain.specs import ShardSpec
 from informers import SECRETS, Rest
 from reconciler.credentials import secret_values
@@ -28,8 +35,46 @@ class AdminSecretInvalid(Exception):
     """The admin Secret is missing, unreadable or lacks a key; the message names which (no values)."""
 
 
-def read_admin_secret(rest: Rest, spec: ShardSpec) -> tuple[str, str]:
-    """(user, password) from the Shard's admin Secret, read from the apiserver now."""
+@dataclass(frozen=True)
+class AdminPolicy:
+    """Which Secrets may be admin credentials (shardSecrets), and the CA file for verify-ca/-full.
+
+    The default allows no Secret at all: a caller that forgets the install config connects nowhere.
+    """
+
+    listed: frozenset[tuple[str, str]] = frozenset()
+    ca_file: str | None = None
+
+    @classmethod
+    def from_config(cls, config: InstallConfig, ca_file: str | None = None) -> AdminPolicy:
+        """shardSecrets, and the mounted shardTLS.caBundle (`ca_file` overrides the path outside a pod)."""
+        if ca_file is None and config.shard_tls.ca_bundle is not None:
+            ca_file = SHARD_CA_FILE
+        return cls(frozenset((ref.namespace, ref.name) for ref in config.shard_secrets), ca_file)
+
+    def check(self, spec: ShardSpec) -> None:
+        """AdminSecretInvalid unless the Shard's admin Secret is listed in shardSecrets."""
+        ref = spec.admin.secret_ref
+        if (ref.namespace, ref.name) not in self.listed:
+            raise AdminSecretInvalid(
+                f"admin Secret {ref.namespace}/{ref.name} is not listed in the install's shardSecrets; "
+                "it is not read and no connection is made"
+            )
+
+    def sslrootcert(self, sslmode: str) -> str | None:
+        """The CAs that verify the server: the CA bundle, else the system trust store (verify-* only).
+
+        Weaker modes get none: libpq would otherwise turn `require` into verify-ca whenever a root
+        certificate is given.
+        """
+        if sslmode not in (SslMode.VERIFY_CA, SslMode.VERIFY_FULL):
+            return None
+        return self.ca_file or "system"
+
+
+def read_admin_secret(rest: Rest, spec: ShardSpec, policy: AdminPolicy) -> tuple[str, str]:
+    """(user, password) from the Shard's admin Secret, read from the apiserver now, if it is listed."""
+    policy.check(spec)
     ref = spec.admin.secret_ref
     try:
         secret = rest.get(SECRETS, ref.name, ref.namespace)
@@ -50,19 +95,23 @@ def read_admin_secret(rest: Rest, spec: ShardSpec) -> tuple[str, str]:
     return values[ref.user_key], values[ref.password_key]
 
 
-def admin_endpoint(rest: Rest, spec: ShardSpec, host_override: str | None = None) -> AdminEndpoint:
-    """Where and as whom to run DDL on this shard.
+def admin_endpoint(
+    rest: Rest, spec: ShardSpec, policy: AdminPolicy, host_override: str | None = None
+) -> AdminEndpoint:
+    """Where and as whom to run DDL on this shard (AdminSecretInvalid if its Secret is not listed).
 
     `host_override` replaces the in-cluster Service DNS name (kept: each shard's port) and exists
     for running the manager outside a cluster (`dbprovider dev`, tests).
     """
-    user, password = read_admin_secret(rest, spec)
+    user, password = read_admin_secret(rest, spec, policy)
+    sslmode = str(spec.admin.sslmode)
     return AdminEndpoint(
         host=host_override or spec.admin_host,
         port=spec.admin.port,
         user=user,
         password=password,
-        sslmode=str(spec.admin.sslmode),
+        sslmode=sslmode,
+        sslrootcert=policy.sslrootcert(sslmode),
     )
 
 
@@ -81,11 +130,13 @@ class AdminEndpointCache:
     def __init__(
         self,
         rest: Rest,
+        policy: AdminPolicy,
         host_override: str | None = None,
         ttl: float = ADMIN_ENDPOINT_TTL,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.rest = rest
+        self.policy = policy
         self.host_override = host_override
         self.ttl = ttl
         self.clock = clock
@@ -101,7 +152,7 @@ class AdminEndpointCache:
             entry = self._entries.get(shard)
         if entry is not None and entry[0] == key and now - entry[1] < self.ttl:
             return entry[2]
-        endpoint = admin_endpoint(self.rest, spec, self.host_override)
+        endpoint = admin_endpoint(self.rest, spec, self.policy, self.host_override)
         with self._lock:
             self.reads += 1
             self._entries[shard] = (key, now, endpoint)
@@ -141,7 +192,8 @@ class AdminSessions:
 
     @staticmethod
     def _fingerprint(endpoint: AdminEndpoint) -> str:
-        raw = "\0".join([endpoint.host, str(endpoint.port), endpoint.user, endpoint.password, endpoint.sslmode])
+        fields = [endpoint.host, str(endpoint.port), endpoint.user, endpoint.password, endpoint.sslmode]
+        raw = "\0".join([*fields, endpoint.sslrootcert or ""])
         return hashlib.sha256(raw.encode()).hexdigest()
 
     def get(self, shard: str, endpoint: AdminEndpoint) -> AdminSession:

@@ -14,11 +14,17 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from domain.constants import ANNOTATION_PASSWORD_ID, CREDENTIALS_KEYS, LABEL_CONSUMER, LABEL_EXTERNAL_ID
+from domain.constants import (
+    ANNOTATION_PASSWORD_ID,
+    CREDENTIALS_KEYS,
+    LABEL_CONSUMER,
+    LABEL_EXTERNAL_ID,
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
+)
 from domain.naming import credentials_secret_name, label_value
 
 ENDPOINT_KEYS = ("host", "port", "sslmode")
-MANAGED_BY = {"app.kubernetes.io/managed-by": "dbprovider"}
 
 
 def new_password() -> str:
@@ -89,11 +95,20 @@ def classify_secret(secret: Mapping[str, Any] | None, database_uid: str, tenant:
     return SecretState.OURS
 
 
+def credentials_labels(database: Mapping[str, Any]) -> dict[str, str]:
+    """The labels that put a credentials Secret into the provider's (label-selected) Secrets cache."""
+    spec = database["spec"]
+    return {
+        LABEL_MANAGED_BY: MANAGED_BY,
+        LABEL_CONSUMER: label_value(spec["consumer"]),
+        LABEL_EXTERNAL_ID: label_value(spec["externalId"]),
+    }
+
+
 def build_secret(database: Mapping[str, Any], tenant: str, password: str, endpoint: Endpoint) -> dict[str, Any]:
     """The full Secret for a Database, owned by it (controller reference, so it is listed as ours),
     with a new password id: the password is pending until the id is in the Database's status."""
     meta = database["metadata"]
-    spec = database["spec"]
     values = {
         "host": endpoint.host,
         "port": str(endpoint.port),
@@ -112,9 +127,7 @@ def build_secret(database: Mapping[str, Any], tenant: str, password: str, endpoi
             "namespace": meta["namespace"],
             "annotations": {ANNOTATION_PASSWORD_ID: new_password_id()},
             "labels": {
-                **MANAGED_BY,
-                LABEL_CONSUMER: label_value(spec["consumer"]),
-                LABEL_EXTERNAL_ID: label_value(spec["externalId"]),
+                **credentials_labels(database),
             },
             "ownerReferences": [
                 {

@@ -35,12 +35,13 @@ from domain.constants import (
 )
 from domain.naming import PG_IDENTIFIER_RE, credentials_secret_name, tenant_name
 from informers import SECRETS, Informer, Rest
-from reconciler.admin import AdminEndpointCache, AdminSecretInvalid, AdminSessions, parse_shard_spec
+from reconciler.admin import AdminEndpointCache, AdminPolicy, AdminSecretInvalid, AdminSessions, parse_shard_spec
 from reconciler.credentials import (
     Endpoint,
     SecretState,
     build_secret,
     classify_secret,
+    credentials_labels,
     endpoint_patch,
     new_password,
     password_id,
@@ -131,6 +132,7 @@ class DatabaseController:
         sessions: AdminSessions | None = None,
         admin_host_override: str | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        policy: AdminPolicy | None = None,
     ) -> None:
         self.rest = rest
         self.config = config
@@ -141,7 +143,7 @@ class DatabaseController:
         self.events = events
         self.sessions = sessions or AdminSessions()
         self.admin_host_override = admin_host_override
-        self.admin_endpoints = AdminEndpointCache(rest, admin_host_override)
+        self.admin_endpoints = AdminEndpointCache(rest, policy or AdminPolicy.from_config(config), admin_host_override)
         self._written: dict[str, str] = {}  # key -> resourceVersion of this replica's last write
         self.clock = clock
         # Called with a shard's name when its SQL failed as if the shard were down (set by setup).
@@ -348,7 +350,12 @@ class DatabaseController:
             # password alone.
             body = build_secret(p.db, tenant, new_password(), endpoint)
             ensure_active()
-            return self.rest.create(SECRETS, body, p.meta["namespace"])
+            try:
+                return self.rest.create(SECRETS, body, p.meta["namespace"])
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+            secret, state = self._uncached_secret(p, tenant)
         if state is not SecretState.OURS:
             what = "is not owned by this Database" if state is SecretState.FOREIGN else "is inconsistent"
             self._fail(
@@ -363,6 +370,23 @@ class DatabaseController:
             ensure_active()
             secret = self.rest.patch(SECRETS, secret["metadata"]["name"], patch, p.meta["namespace"])
         return secret
+
+    def _uncached_secret(self, p: Pass, tenant: str) -> tuple[dict[str, Any], SecretState]:
+        """The Secret of that name that the label-selected cache does not hold (or not yet).
+
+        One written before its labels were the cache's selector (or stripped of them) is ours
+        again once labelled; anyone else's stays untouched and is reported as a conflict.
+        """
+        secret = self.rest.get(SECRETS, self._secret_name(p), p.meta["namespace"])
+        state = classify_secret(secret, p.meta["uid"], tenant)
+        labels = credentials_labels(p.db)
+        if state is SecretState.OURS and any(
+            (secret["metadata"].get("labels") or {}).get(k) != v for k, v in labels.items()
+        ):
+            ensure_active()
+            patch = {"metadata": {"labels": labels, "resourceVersion": secret["metadata"]["resourceVersion"]}}
+            secret = self.rest.patch(SECRETS, secret["metadata"]["name"], patch, p.meta["namespace"])
+        return secret, state
 
     def _password(self, secret: dict[str, Any]) -> str:
         return secret_values(secret)["password"]

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from domain.config import InstallConfig
-from domain.constants import CREDENTIALS_SECRET_SUFFIX
+from domain.constants import CREDENTIALS_SECRET_SELECTOR, CREDENTIALS_SECRET_SUFFIX
 from informers import SECRETS, Informer
 from informers.informer import Handler
-from reconciler.admin import AdminSessions
+from reconciler.admin import AdminPolicy, AdminSessions
 from reconciler.consumer_controller import ConsumerController
 from reconciler.database_controller import DatabaseController
 from reconciler.events import EventRecorder
@@ -90,7 +90,9 @@ def register_controllers(
     instance: str,
     admin_host_override: str | None = None,
     shard_ping_interval: float = PING_INTERVAL,
+    shard_ca_file: str | None = None,
 ) -> Controllers:
+    """`admin_host_override` and `shard_ca_file` exist for managers outside a pod (dev, tests)."""
     informers = manager.informers
     # Every write of the controllers (status, finalizers, Secrets, Events, counts) and every
     # statement they send to a shard checks leadership first: a replica that lost (or may have
@@ -100,17 +102,26 @@ def register_controllers(
     shards = informers.informer(SHARDS)
     consumers = informers.informer(CONSUMERS)
     databases = informers.informer(DATABASES, namespace)
-    secrets = informers.informer(SECRETS, namespace)
+    # Only the credentials Secrets (by label): admin and other Secrets of the namespace stay uncached.
+    secrets = informers.informer(SECRETS, namespace, label_selector=CREDENTIALS_SECRET_SELECTOR)
     databases.add_index(BY_SHARD, database_shard)
     databases.add_index(BY_CONSUMER, database_consumer)
     clusters: Informer | None = None
     if config.engines.cloudberry.enabled:
         clusters = informers.informer(DATABASE_CLUSTERS)
     sessions = AdminSessions(fence=manager.fence, application_name=replica_application_name(instance))
+    policy = AdminPolicy.from_config(config, shard_ca_file)
     manager.after_controllers_stop(sessions.close_all)  # a lost Lease closes them too
 
     shard_logic = ShardController(
-        rest, shards, databases, clusters, sessions, admin_host_override, ping_interval=shard_ping_interval
+        rest,
+        shards,
+        databases,
+        clusters,
+        sessions,
+        admin_host_override,
+        ping_interval=shard_ping_interval,
+        policy=policy,
     )
     # Several workers: each checks a different shard, so a dead shard's timeout delays no other.
     shard_controller = Controller("shard", shard_logic.reconcile, workers=SHARD_WORKERS)
@@ -140,6 +151,7 @@ def register_controllers(
         events,
         sessions,
         admin_host_override,
+        policy=policy,
     )
     db_controller = Controller("database", db_logic.reconcile, workers=DATABASE_WORKERS)
     db_logic.on_shard_trouble = shard_controller.enqueue  # a failed statement triggers a shard check

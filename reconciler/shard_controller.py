@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from domain.constants import KELDON_PHASE_RUNNING, Engine, ShardConditionType, ShardReason
 from domain.specs import ShardSpec
 from informers import Informer, Rest
-from reconciler.admin import AdminSecretInvalid, AdminSessions, admin_endpoint, parse_shard_spec
+from reconciler.admin import AdminPolicy, AdminSecretInvalid, AdminSessions, admin_endpoint, parse_shard_spec
 from reconciler.resources import BY_SHARD, SHARDS
 from reconciler.runtime import Result, set_condition, update_status
 from reconciler.sql.errors import SqlFailure, is_auth_failure
@@ -67,8 +67,10 @@ class ShardController:
         sessions: AdminSessions | None = None,
         admin_host_override: str | None = None,
         ping_interval: float = PING_INTERVAL,
+        policy: AdminPolicy | None = None,
     ) -> None:
         self.rest = rest
+        self.policy = policy or AdminPolicy()  # shardSecrets: without it no admin Secret is used
         self.shards = shards
         self.databases = databases
         self.clusters = clusters
@@ -103,7 +105,7 @@ class ShardController:
         if problem is not None:
             return Health(ShardReason.CLUSTER_NOT_RUNNING, problem)
         try:
-            endpoint = admin_endpoint(self.rest, spec, self.admin_host_override)
+            endpoint = admin_endpoint(self.rest, spec, self.policy, self.admin_host_override)
         except AdminSecretInvalid as exc:
             return Health(ShardReason.ADMIN_SECRET_INVALID, str(exc))
         except ApiException as exc:

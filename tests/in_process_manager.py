@@ -1,7 +1,8 @@
 """The controllers of one `dbprovider manager` replica, run in the test process.
 
 Wired by `register_controllers` exactly as the manager does, with short Lease timings, shard pings
-every 2 s and the admin host pointed at the local test servers. Shared by the reconciler and
+every 2 s, the admin host pointed at the local test servers and the harness servers' CA as the
+shard CA bundle (what shardTLS.caBundle mounts in a pod). Shared by the reconciler and
 Cloudberry suites, which differ only in their release (namespace, Lease name, install config).
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 from kubernetes.client import ApiClient
 
 from domain.config import InstallConfig
+from harness.postgres import shard_ca
 from reconciler.runtime import ControllerManager
 from reconciler.setup import Controllers, register_controllers
 from tests.generator.kubeapi import wait_for
@@ -17,7 +19,13 @@ from tests.generator.kubeapi import wait_for
 
 class InProcessManager:
     def __init__(
-        self, client: ApiClient, config: InstallConfig, namespace: str, lease_name: str, identity: str
+        self,
+        client: ApiClient,
+        config: InstallConfig,
+        namespace: str,
+        lease_name: str,
+        identity: str,
+        shard_ca_file: str | None = None,
     ) -> None:
         self.manager = ControllerManager(
             client,
@@ -35,6 +43,7 @@ class InProcessManager:
             instance=identity,
             admin_host_override="127.0.0.1",
             shard_ping_interval=2.0,
+            shard_ca_file=shard_ca_file or str(shard_ca().ca_file),
         )
 
     def start(self, wait_leading: bool = True) -> InProcessManager:

@@ -17,6 +17,7 @@ from psycopg import errors as pgerrors
 TIMEOUT = "timeout"
 LOCK_TIMEOUT = "lock_timeout"
 AUTH_FAILED = "auth_failed"
+INSECURE_AUTH_REFUSED = "insecure_auth_refused"  # the server asked for cleartext/md5: nothing was sent
 CONNECTION_LOST = "connection_lost"
 UNREACHABLE = "unreachable"
 TLS_FAILED = "tls_failed"
@@ -35,6 +36,7 @@ RETRYABLE: dict[str, bool] = {
     TIMEOUT: True,
     LOCK_TIMEOUT: True,
     AUTH_FAILED: False,
+    INSECURE_AUTH_REFUSED: False,
     CONNECTION_LOST: True,
     UNREACHABLE: True,
     TLS_FAILED: False,
@@ -129,6 +131,9 @@ _BY_CLASS: tuple[tuple[type[BaseException], str], ...] = (
 # A failed connection attempt carries no SQLSTATE: match the libpq / server message (lowercased).
 # Order matters: the first match wins.
 _CONNECT_MESSAGES: tuple[tuple[str, str], ...] = (
+    # require_auth / channel_binding refused what the server asked for (cleartext, md5, no binding).
+    ("authentication method requirement", INSECURE_AUTH_REFUSED),
+    ("channel binding", INSECURE_AUTH_REFUSED),
     ("password authentication failed", AUTH_FAILED),  # 28P01
     ('fatal:  role "', AUTH_FAILED),  # 28000 role ... does not exist (trust/peer methods)
     ("authentication failed", AUTH_FAILED),  # 28000/28P01: scram, md5, ident, peer, cert, ...
@@ -162,7 +167,8 @@ def classify(exc: BaseException, operation: str) -> SqlFailure:
     if sqlstate and sqlstate[:2] == "08":
         return SqlFailure(operation, CONNECTION_LOST, sqlstate=sqlstate)
     if isinstance(exc, psycopg.OperationalError) and not sqlstate:
-        return SqlFailure(operation, _classify_connection_message(str(exc)))
+        error_class = _classify_connection_message(str(exc))
+        return SqlFailure(operation, error_class, detail=_connect_detail(error_class, str(exc)))
     if isinstance(exc, psycopg.InterfaceError):
         return SqlFailure(operation, CONNECTION_LOST)  # e.g. "the connection is closed"
     return SqlFailure(operation, OTHER, sqlstate=sqlstate)
@@ -180,13 +186,22 @@ def _classify_connection_message(message: str) -> str:
     return UNREACHABLE  # refused, DNS, no route, closed during the handshake, ...
 
 
+def _connect_detail(error_class: str, message: str) -> str | None:
+    """Our own explanation of a refused connection where the class alone would puzzle an operator."""
+    if error_class == INSECURE_AUTH_REFUSED:
+        return "the server did not offer SCRAM authentication (with channel binding under TLS); no password was sent"
+    if error_class == TLS_FAILED and "sslrootcert=system" in message.lower():
+        return "verify-ca needs the install's shardTLS.caBundle; the system trust store works with verify-full only"
+    return None
+
+
 def is_auth_failure(exc: BaseException) -> bool:
     """True when the shard rejected the admin credentials (SQLSTATE 28P01 / 28000).
 
     Accepts a `SqlFailure` or a raw psycopg error (e.g. from `connect_admin`).
     """
     if isinstance(exc, SqlFailure):
-        return exc.error_class == AUTH_FAILED
+        return exc.error_class in (AUTH_FAILED, INSECURE_AUTH_REFUSED)
     if getattr(exc, "sqlstate", None) in AUTH_SQLSTATES:
         return True
-    return isinstance(exc, psycopg.Error) and classify(exc, "check").error_class == AUTH_FAILED
+    return isinstance(exc, psycopg.Error) and classify(exc, "check").error_class in (AUTH_FAILED, INSECURE_AUTH_REFUSED)

@@ -1,12 +1,14 @@
 """Admin sessions to a shard and the bound on every SQL operation.
 
 `connect_admin` opens one autocommit session with the provider's session settings (application
-name, `search_path=pg_catalog`, `statement_timeout`, `lock_timeout`). `AdminSession` keeps such a
-session for one worker and reopens it after a connection loss. `run_operation` runs one operation:
-bounded by a deadline that cuts the session's socket if the shard stops answering (a stopped or
-partitioned server never enforces its own statement_timeout), and retried on a new session after a
-connection loss (a Patroni or coordinator failover) when an `AdminSession` was given. Every failure
-leaves as a sanitized `SqlFailure`.
+name, `search_path=pg_catalog`, `statement_timeout`, `lock_timeout`). The password goes only to a
+server that proves SCRAM (`require_auth=scram-sha-256`: libpq refuses a cleartext or md5 request
+instead of answering it), bound to the TLS channel when TLS is on (`channel_binding=require`).
+`AdminSession` keeps such a session for one worker and reopens it after a connection loss.
+`run_operation` runs one operation: bounded by a deadline that cuts the session's socket if the
+shard stops answering (a stopped or partitioned server never enforces its own statement_timeout),
+and retried on a new session after a connection loss (a Patroni or coordinator failover) when an
+`AdminSession` was given. Every failure leaves as a sanitized `SqlFailure`.
 
 Fencing: an `AdminSession` built with a `fence` calls it before each attempt of an operation and
 before every statement it sends (its connections' cursors check first), so a replica that lost
@@ -36,6 +38,7 @@ STATEMENT_TIMEOUT = "60s"
 LOCK_TIMEOUT = "10s"
 CONNECT_TIMEOUT = 10  # seconds per connection attempt (libpq enforces at least 2)
 APPLICATION_NAME = "dbprovider"
+REQUIRE_AUTH = "scram-sha-256"  # libpq 16+; psycopg[binary] bundles a newer libpq
 ADMIN_DATABASE = "postgres"
 # Connection losses inside one operation: this many retries, each on a new session, after these
 # pauses (the last one repeats). Always within the operation's deadline.
@@ -74,6 +77,7 @@ class AdminEndpoint:
     password: str = field(repr=False)
     sslmode: str = SslMode.REQUIRE.value
     dbname: str = ADMIN_DATABASE
+    sslrootcert: str | None = None  # a CA file, "system", or None (libpq's default)
 
     def __post_init__(self) -> None:
         if self.sslmode not in {mode.value for mode in SslMode}:
@@ -102,6 +106,11 @@ def connect_admin(
 
     Never log a raw connection error of psycopg: its `pgconn` attribute carries the password.
     """
+    tls: dict[str, str] = {}
+    if endpoint.sslmode != SslMode.DISABLE:
+        tls["channel_binding"] = "require"
+    if endpoint.sslrootcert is not None:
+        tls["sslrootcert"] = endpoint.sslrootcert
     try:
         return psycopg.connect(
             host=endpoint.host,
@@ -110,6 +119,8 @@ def connect_admin(
             password=endpoint.password,
             dbname=endpoint.dbname,
             sslmode=endpoint.sslmode,
+            require_auth=REQUIRE_AUTH,
+            **tls,
             application_name=application_name,
             connect_timeout=max(2, math.ceil(connect_timeout)),
             options=session_options(statement_timeout, lock_timeout),

@@ -29,8 +29,16 @@ from api import ApiServer, build_api
 from api.app import ApiComponents
 from api.kube import CONSUMERS, DATABASES, SECRETS
 from domain.config import InstallConfig, load_install_config
-from domain.constants import ANNOTATION_PASSWORD_ID, API_VERSION, KIND_CONSUMER, KIND_DATABASE
-from domain.naming import credentials_secret_name, database_object_name
+from domain.constants import (
+    ANNOTATION_PASSWORD_ID,
+    API_VERSION,
+    KIND_CONSUMER,
+    KIND_DATABASE,
+    LABEL_CONSUMER,
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
+)
+from domain.naming import credentials_secret_name, database_object_name, label_value
 from harness.certs import CertificateAuthority
 from informers import Rest, SharedInformers
 from tests.generator.kubeapi import wait_for
@@ -254,7 +262,12 @@ class ApiEnv:
         data.update(values or {})
         data = {k: v for k, v in data.items() if v is not None}
         self.remember(data.get("password", ""))
-        metadata: dict[str, Any] = {"name": credentials_secret_name(meta["name"]), "namespace": NAMESPACE}
+        metadata: dict[str, Any] = {
+            "name": credentials_secret_name(meta["name"]),
+            "namespace": NAMESPACE,
+            # What puts it into the provider's Secrets cache, as the reconciler labels it.
+            "labels": {LABEL_MANAGED_BY: MANAGED_BY, LABEL_CONSUMER: label_value(db["spec"]["consumer"])},
+        }
         if password_id is not None:
             metadata["annotations"] = {ANNOTATION_PASSWORD_ID: password_id}
         if owned:

@@ -32,9 +32,10 @@ from harness import KubeControlPlane, PostgresServer
 from informers import EVENTS, LEASES, SECRETS, Resource, Rest
 from infra.render import render_manifests
 from reconciler.resources import DATABASE_CLUSTERS, DATABASES, SHARDS
+from tests.admin_secrets import AdminSecrets, shard_secrets
 from tests.generator.kubeapi import KubeApi, apply_all, crd_established, wait_for
 from tests.in_process_manager import InProcessManager
-from tests.k8s_objects import b64, condition
+from tests.k8s_objects import condition
 
 NAMESPACE = "cbtest-system"
 KELDON_NAMESPACE = "cbtest-keldon"  # where the Keldon DatabaseClusters live (another namespace, as in production)
@@ -43,6 +44,9 @@ BASE_CONFIG: dict[str, Any] = {
     "releaseName": RELEASE,
     "namespace": NAMESPACE,
     "tls": {"secretName": "cbtest-tls"},
+    # Admin Secrets in the release namespace, listed: allowed (render warns); the reconciler suite
+    # keeps them in a namespace of their own, as recommended.
+    "shardSecrets": shard_secrets(RELEASE, NAMESPACE),
     "engines": {"cloudberry": {"enabled": True}},
     "sizeClasses": {"small": {"connectionLimit": 5}},
     "connectionLimit": {"default": 10},
@@ -245,7 +249,7 @@ class Fleet:
         self.counter = itertools.count()
         self.clusters: list[str] = []
         self.shards: list[str] = []
-        self.secrets: list[str] = []
+        self.admin_secrets = AdminSecrets(rest, RELEASE, NAMESPACE)
         self.databases: list[str] = []
         self.servers: set[PostgresServer] = set()
 
@@ -282,16 +286,8 @@ class Fleet:
 
     # -- Shards --------------------------------------------------------------------------------
 
-    def _admin_secret(self, name: str, server: PostgresServer) -> str:
-        body = {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": name, "namespace": NAMESPACE},
-            "data": {"user": b64(server.PROVISIONER), "password": b64(server.provisioner_password)},
-        }
-        self.rest.create(SECRETS, body, NAMESPACE)
-        self.secrets.append(name)
-        return name
+    def _admin_secret(self, server: PostgresServer) -> str:
+        return self.admin_secrets.secret(server.PROVISIONER, server.provisioner_password)
 
     def cloudberry_shard(
         self, server: PostgresServer, cluster: str, *, name: str | None = None, max_databases: int = 50
@@ -304,8 +300,8 @@ class Fleet:
             "keldonCluster": {"namespace": KELDON_NAMESPACE, "name": cluster},
             "admin": {
                 "port": server.port,
-                "sslmode": "disable",
-                "secretRef": {"namespace": NAMESPACE, "name": self._admin_secret(f"{name}-admin", server)},
+                "sslmode": "require",
+                "secretRef": {"namespace": NAMESPACE, "name": self._admin_secret(server)},
             },
             "client": {"host": f"{cluster}.analytics.example.com", "port": 5432, "sslmode": "require"},
         }
@@ -319,8 +315,8 @@ class Fleet:
             "admin": {
                 "serviceName": f"{name}-primary",
                 "port": server.port,
-                "sslmode": "disable",
-                "secretRef": {"namespace": NAMESPACE, "name": self._admin_secret(f"{name}-admin", server)},
+                "sslmode": "require",
+                "secretRef": {"namespace": NAMESPACE, "name": self._admin_secret(server)},
             },
             "client": {"host": "pg.example.com", "port": 6432, "sslmode": "require"},
         }
@@ -411,8 +407,7 @@ class Fleet:
             _ignore_missing(lambda name=name: self.rest.delete(SECRETS, f"{name}-credentials", NAMESPACE))
         for name in self.shards:
             _ignore_missing(lambda name=name: self.rest.delete(SHARDS, name))
-        for name in self.secrets:
-            _ignore_missing(lambda name=name: self.rest.delete(SECRETS, name, NAMESPACE))
+        self.admin_secrets.cleanup()
         for name in self.clusters:
             self.delete_cluster(name)
         for server in self.servers:  # leave the shared servers as we found them

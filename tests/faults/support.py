@@ -42,6 +42,7 @@ NAMESPACE = "faults-system"
 CONSUMER = "faults-consumer"
 LEASE = f"{RELEASE}-manager"
 SHARD_A, SHARD_B = "faults-pg-a", "faults-pg-b"
+SHARD_SECRETS_NAMESPACE = f"{NAMESPACE}-shards"  # where DevStack keeps the admin Secrets
 CONTROLLER_AGENT = "dbprovider-controllers/"  # + replica name: the controllers' writes (audit log)
 SQL_APP = "dbprovider/"  # + replica name: the application_name of every admin session
 WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
@@ -188,6 +189,9 @@ class FaultStack:
             config_overrides={
                 "releaseName": RELEASE, "namespace": NAMESPACE, "tls": {"secretName": f"{RELEASE}-tls"},
                 "deletionProtection": {"enabled": False}, "softDelete": {"retention": "0"},
+                "shardSecrets": [
+                    {"namespace": SHARD_SECRETS_NAMESPACE, "name": f"{name}-provisioner"} for name in (SHARD_A, SHARD_B)
+                ],
             },
             consumer=CONSUMER, shard=SHARD_A,
         ).install()
@@ -201,15 +205,15 @@ class FaultStack:
         server = self.shards[SHARD_B]
         secret = f"{SHARD_B}-provisioner"
         self.rest.create(SECRETS, {
-            "apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret, "namespace": NAMESPACE},
+            "apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret, "namespace": SHARD_SECRETS_NAMESPACE},
             "data": {
                 "user": base64.b64encode(server.PROVISIONER.encode()).decode(),
                 "password": base64.b64encode(server.provisioner_password.encode()).decode(),
             },
-        }, NAMESPACE)
+        }, SHARD_SECRETS_NAMESPACE)
         shard = self.rest.get(SHARDS, SHARD_A)
         spec = json.loads(json.dumps(shard["spec"]))
-        spec["admin"].update(port=server.port, secretRef={"namespace": NAMESPACE, "name": secret})
+        spec["admin"].update(port=server.port, secretRef={"namespace": SHARD_SECRETS_NAMESPACE, "name": secret})
         spec["admin"]["serviceName"] = f"{SHARD_B}-primary"
         spec["client"]["port"] = server.port
         spec["perconaCluster"] = {"namespace": NAMESPACE, "name": SHARD_B}
@@ -405,7 +409,7 @@ def _logs_in(stack: FaultStack, db: dict[str, Any]) -> str | None:
     try:
         with psycopg.connect(
             host=values["host"], port=int(values["port"]), user=values["user"], password=values["password"],
-            dbname=values["database"], sslmode="disable", connect_timeout=5,
+            dbname=values["database"], sslmode=values["sslmode"], connect_timeout=5,
         ) as conn:
             if conn.execute("SELECT current_user").fetchone()[0] != values["user"]:
                 return "logged in as someone else"

@@ -13,6 +13,7 @@ import yaml
 
 from dbprovider.cli import main
 from domain.config import load_install_config
+from domain.constants import SHARD_CA_FILE
 from infra.render import (
     API_PORT,
     CONFIG_PATH,
@@ -77,7 +78,20 @@ def test_render_writes_the_manifests_crds_first(tmp_path: Path, capsys: Any) -> 
     assert documents == OBJECTS
     assert [d["kind"] for d in documents[:3]] == ["CustomResourceDefinition"] * 3
     assert "PrometheusRule" not in {d["kind"] for d in documents}
-    assert err == ""
+    # VALUES lists an admin Secret in the release namespace: the one warning.
+    assert err == (
+        "dbprovider render: warning: shardSecrets lists local-provisioner in the release namespace databases: "
+        "the provider can read every Secret there (credentials, token hashes, its TLS key), so keep shard "
+        "admin Secrets in a namespace of their own, where it may get exactly the listed names\n"
+    )
+
+
+def test_no_warning_for_admin_secrets_outside_the_release_namespace(tmp_path: Path, capsys: Any) -> None:
+    data = values(shardSecrets=[s for s in VALUES["shardSecrets"] if s["namespace"] != "databases"])
+    code, _, err = render_cli(tmp_path, data, capsys=capsys)
+    assert code == 0 and err == ""
+    code, _, err = render_cli(tmp_path, VALUES, "--only", "prometheusrule", capsys=capsys)
+    assert code == 0 and err == ""  # the rule alone is not about shard Secrets
 
 
 def test_render_only_prometheusrule_is_the_rule_alone(tmp_path: Path, capsys: Any) -> None:
@@ -204,6 +218,21 @@ def test_deployment() -> None:
     assert sources[1]["secret"]["name"] == "dbp-tls"
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert mounts["config"] == str(Path(CONFIG_PATH).parent)
+
+
+@pytest.mark.parametrize("source", ["configMap", "secret"])
+def test_the_shard_ca_bundle_is_mounted_where_the_manager_reads_it(source: str) -> None:
+    objects = render_manifests(
+        load_install_config(values(shardTLS={"caBundle": {source: {"name": "shard-ca", "key": "bundle.pem"}}}))
+    )
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    (config_volume,) = [v for v in pod["volumes"] if v["name"] == "config"]
+    bundle = config_volume["projected"]["sources"][2]
+    assert bundle == {source: {"name": "shard-ca", "items": [{"key": "bundle.pem", "path": "shard-ca/ca.crt"}]}}
+    (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "config"]
+    assert f"{mount['mountPath']}/shard-ca/ca.crt" == SHARD_CA_FILE
+    without = one(OBJECTS, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    assert [len(v["projected"]["sources"]) for v in without if v["name"] == "config"] == [2]
 
 
 def test_replicas_from_config() -> None:

@@ -24,16 +24,20 @@ from harness import KubeControlPlane, PostgresServer
 from informers import SECRETS, Rest
 from infra.render import render_manifests
 from reconciler.resources import DATABASES, SHARDS
+from tests.admin_secrets import AdminSecrets, shard_secrets
 from tests.generator.kubeapi import KubeApi, apply_all, wait_for
 from tests.in_process_manager import InProcessManager
-from tests.k8s_objects import b64, condition
+from tests.k8s_objects import condition
 
 NAMESPACE = "rectest-system"
 RELEASE = "rectest"
+# Shard admin Secrets live outside the release namespace, as docs/install.md recommends.
+SHARD_SECRETS_NAMESPACE = "rectest-shards"
 BASE_CONFIG: dict[str, Any] = {
     "releaseName": RELEASE,
     "namespace": NAMESPACE,
     "tls": {"secretName": "rectest-tls"},
+    "shardSecrets": shard_secrets(RELEASE, SHARD_SECRETS_NAMESPACE),
     "sizeClasses": {"small": {"connectionLimit": 5}, "large": {"connectionLimit": 50}},
     "connectionLimit": {"default": 10},
     "deletionProtection": {"enabled": False},
@@ -49,6 +53,7 @@ def install_config(**overrides: Any) -> InstallConfig:
 def installed(kube: KubeControlPlane) -> KubeApi:
     """CRDs, RBAC and the rest of the install for release `rectest`, applied with server-side apply."""
     kube.ensure_namespace(NAMESPACE)
+    kube.ensure_namespace(SHARD_SECRETS_NAMESPACE)
     api = KubeApi(kube.admin_client())
     apply_all(api, render_manifests(install_config()))
     return api
@@ -70,9 +75,16 @@ def start_manager(provider_client: ApiClient) -> Iterator[Callable[..., InProces
     started: list[InProcessManager] = []
     counter = itertools.count()
 
-    def start(config: InstallConfig | None = None, wait_leading: bool = True) -> InProcessManager:
+    def start(
+        config: InstallConfig | None = None, wait_leading: bool = True, shard_ca_file: str | None = None
+    ) -> InProcessManager:
         manager = InProcessManager(
-            provider_client, config or install_config(), NAMESPACE, "rectest-manager", f"rectest-{next(counter)}"
+            provider_client,
+            config or install_config(),
+            NAMESPACE,
+            "rectest-manager",
+            f"rectest-{next(counter)}",
+            shard_ca_file,
         )
         started.append(manager.start(wait_leading))
         return manager
@@ -83,25 +95,15 @@ def start_manager(provider_client: ApiClient) -> Iterator[Callable[..., InProces
 
 
 class Fleet:
-    """Creates Shards (with their admin Secrets) and Databases, and removes them all afterwards."""
+    """Creates Shards (with their admin Secrets, listed in shardSecrets) and Databases, and removes
+    them all afterwards. Shards use TLS (sslmode require) unless a test asks otherwise."""
 
     def __init__(self, rest: Rest) -> None:
         self.rest = rest
         self.suffix = uuid.uuid4().hex[:6]
         self.shards: list[str] = []
-        self.secrets: list[str] = []
+        self.admin_secrets = AdminSecrets(rest, RELEASE, SHARD_SECRETS_NAMESPACE)
         self.databases: list[str] = []
-
-    def admin_secret(self, name: str, user: str, password: str) -> str:
-        body = {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": name, "namespace": NAMESPACE},
-            "data": {"user": b64(user), "password": b64(password)},
-        }
-        self.rest.create(SECRETS, body, NAMESPACE)
-        self.secrets.append(name)
-        return name
 
     def shard(
         self,
@@ -113,11 +115,14 @@ class Fleet:
         client_host: str = "pg.example.com",
         password: str | None = None,
         port: int | None = None,
+        sslmode: str = "require",
+        secret_ref: dict[str, str] | None = None,
     ) -> str:
+        """`secret_ref` replaces the listed admin Secret the fleet writes (tests of unlisted ones)."""
         name = name or f"rectest-pg{postgres.major}-{self.suffix}-{len(self.shards)}"
-        secret = self.admin_secret(
-            f"{name}-admin", postgres.PROVISIONER, password if password is not None else postgres.provisioner_password
-        )
+        if secret_ref is None:
+            user, secret = postgres.PROVISIONER, password if password is not None else postgres.provisioner_password
+            secret_ref = {"namespace": SHARD_SECRETS_NAMESPACE, "name": self.admin_secrets.secret(user, secret)}
         body = {
             "apiVersion": "db.bnerd.com/v1alpha1",
             "kind": "Shard",
@@ -129,8 +134,8 @@ class Fleet:
                 "admin": {
                     "serviceName": f"{name}-primary",
                     "port": port or postgres.port,
-                    "sslmode": "disable",
-                    "secretRef": {"namespace": NAMESPACE, "name": secret},
+                    "sslmode": sslmode,
+                    "secretRef": secret_ref,
                 },
                 "client": {"host": client_host, "port": 6432, "sslmode": "require"},
             },
@@ -138,6 +143,21 @@ class Fleet:
         self.rest.create(SHARDS, body)
         self.shards.append(name)
         return name
+
+    def wait_shard(self, name: str, reason: str, timeout: float = 30) -> dict[str, Any]:
+        """Wait until the Shard's Ready condition has `reason`; the Shard."""
+
+        def probe() -> dict[str, Any] | None:
+            shard = self.get_shard(name)
+            ready = condition(shard, "Ready")
+            return shard if ready is not None and ready["reason"] == reason else None
+
+        return wait_for(probe, timeout=timeout, what=f"shard {name} to report {reason}")
+
+    def admin_secret_of(self, shard: str) -> tuple[str, str]:
+        """(name, namespace) of the Shard's admin Secret."""
+        ref = self.get_shard(shard)["spec"]["admin"]["secretRef"]
+        return ref["name"], ref["namespace"]
 
     def database(self, external_id: str, consumer: str = "rectest-consumer", size_class: str = "") -> str:
         name = database_object_name(consumer, external_id)
@@ -196,11 +216,7 @@ class Fleet:
                 self.rest.delete(SHARDS, name)
             except Exception:  # noqa: BLE001, S110
                 pass
-        for name in self.secrets:
-            try:
-                self.rest.delete(SECRETS, name, NAMESPACE)
-            except Exception:  # noqa: BLE001, S110
-                pass
+        self.admin_secrets.cleanup()
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from informers import SECRETS, Rest
-from reconciler.admin import AdminEndpointCache, AdminSecretInvalid, parse_shard_spec
+from reconciler.admin import AdminEndpointCache, AdminPolicy, AdminSecretInvalid, parse_shard_spec
 from tests.k8s_objects import b64
 from tests.reconciler.conftest import NAMESPACE
 
@@ -28,6 +28,11 @@ def admin_secret(admin_rest: Rest, name: str, password: str) -> None:
     body = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": NAMESPACE},
             "data": {"user": b64("provisioner"), "password": b64(password)}}
     admin_rest.create(SECRETS, body, NAMESPACE)
+
+
+def listed(*names: str) -> AdminPolicy:
+    """shardSecrets naming these Secrets of the test namespace."""
+    return AdminPolicy(frozenset((NAMESPACE, name) for name in names))
 
 
 def shard_spec(secret: str, port: int = 5432):
@@ -56,7 +61,7 @@ def test_one_read_per_window_and_a_fresh_read_after_forget_or_a_change(admin_res
     admin_secret(admin_rest, first, "pw-one")
     admin_secret(admin_rest, second, "pw-two")
     clock = Clock()
-    cache = AdminEndpointCache(admin_rest, "127.0.0.1", ttl=10.0, clock=clock)
+    cache = AdminEndpointCache(admin_rest, listed(first, second), "127.0.0.1", ttl=10.0, clock=clock)
 
     assert cache.get("s1", shard_spec(first)).password == "pw-one"
     for _ in range(20):  # a burst of new databases on the shard
@@ -86,8 +91,21 @@ def test_one_read_per_window_and_a_fresh_read_after_forget_or_a_change(admin_res
 def test_an_unusable_secret_is_not_kept(admin_rest, secret_names) -> None:
     name = f"aec-{uuid.uuid4().hex[:6]}-late"
     secret_names.append(name)
-    cache = AdminEndpointCache(admin_rest, "127.0.0.1", ttl=10.0, clock=Clock())
+    cache = AdminEndpointCache(admin_rest, listed(name), "127.0.0.1", ttl=10.0, clock=Clock())
     with pytest.raises(AdminSecretInvalid, match="not found"):
         cache.get("s1", shard_spec(name))
     admin_secret(admin_rest, name, "pw-late")  # the operator fixes it: used at the next retry
     assert cache.get("s1", shard_spec(name)).password == "pw-late"
+
+
+def test_an_unlisted_secret_is_refused_without_being_read(admin_rest, secret_names) -> None:
+    """Also in the release namespace: only shardSecrets are admin credentials."""
+    usable, missing = f"aec-{uuid.uuid4().hex[:6]}-usable", f"aec-{uuid.uuid4().hex[:6]}-missing"
+    secret_names.append(usable)
+    admin_secret(admin_rest, usable, "pw-usable")
+    cache = AdminEndpointCache(admin_rest, listed(f"{usable}-other"), "127.0.0.1", ttl=10.0, clock=Clock())
+    with pytest.raises(AdminSecretInvalid, match="is not listed in the install's shardSecrets"):
+        cache.get("s1", shard_spec(usable))
+    # A Secret that does not exist gets the same answer, not "not found": nothing was read.
+    with pytest.raises(AdminSecretInvalid, match="is not listed in the install's shardSecrets"):
+        cache.get("s1", shard_spec(missing))

@@ -8,7 +8,7 @@ import pytest
 
 from harness import PostgresServer
 from informers import SECRETS
-from tests.reconciler.conftest import NAMESPACE, condition
+from tests.reconciler.conftest import condition
 
 
 def _closed_port() -> int:
@@ -32,8 +32,9 @@ def pg16(postgres_pool) -> PostgresServer:
     return postgres_pool.get("16")
 
 
-def test_healthy_shard_is_ready_ok(pg16, fleet, start_manager):
-    name = fleet.shard(pg16)
+@pytest.mark.parametrize("sslmode", ["require", "disable"])  # TLS by default; disable stays possible
+def test_healthy_shard_is_ready_ok(pg16, fleet, start_manager, sslmode):
+    name = fleet.shard(pg16, sslmode=sslmode)
     start_manager()
     shard = _ready(fleet, name, "Ok")
     assert condition(shard, "Ready")["status"] == "True"
@@ -66,14 +67,15 @@ def test_deleted_secret_is_admin_secret_invalid_at_the_next_check(pg16, fleet, s
     name = fleet.shard(pg16)
     start_manager()
     _ready(fleet, name, "Ok")
-    admin_rest.delete(SECRETS, f"{name}-admin", NAMESPACE)
+    admin_rest.delete(SECRETS, *fleet.admin_secret_of(name))
     shard = _ready(fleet, name, "AdminSecretInvalid")
     assert "not found" in condition(shard, "Ready")["message"]
 
 
 def test_secret_without_password_key_is_admin_secret_invalid(pg16, fleet, start_manager, admin_rest):
     name = fleet.shard(pg16)
-    admin_rest.patch(SECRETS, f"{name}-admin", {"data": {"password": None}}, NAMESPACE)
+    secret, namespace = fleet.admin_secret_of(name)
+    admin_rest.patch(SECRETS, secret, {"data": {"password": None}}, namespace)
     start_manager()
     shard = _ready(fleet, name, "AdminSecretInvalid")
     assert "lacks key 'password'" in condition(shard, "Ready")["message"]

@@ -18,13 +18,16 @@ from reconciler.sql.session import AdminEndpoint, connect_admin
 from reconciler.sql.tenant import PROVISIONING_STEPS, TenantSpec
 
 
-def admin_endpoint(server: PostgresServer, user: str | None = None, password: str | None = None) -> AdminEndpoint:
+def admin_endpoint(
+    server: PostgresServer, user: str | None = None, password: str | None = None, sslmode: str = "require"
+) -> AdminEndpoint:
+    """The provisioner's endpoint; TLS (the default sslmode) as in production."""
     return AdminEndpoint(
         host="127.0.0.1",
         port=server.port,
         user=user or server.PROVISIONER,
         password=password or server.provisioner_password,
-        sslmode="disable",
+        sslmode=sslmode,
     )
 
 

@@ -86,9 +86,12 @@ def test_full_config_parses() -> None:
         "databases": ("pg-shard01-pguser-provisioner",),
         "other": ("a", "b"),
     }
-    assert config.may_read_admin_secret("databases", "anything")
+    # Only listed Secrets are admin credentials, the release namespace ("databases") included.
+    assert config.may_read_admin_secret("databases", "pg-shard01-pguser-provisioner")
+    assert not config.may_read_admin_secret("databases", "api-tls")
     assert config.may_read_admin_secret("other", "a")
     assert not config.may_read_admin_secret("other", "c")
+    assert config.shard_secrets_in_release_namespace() == ("pg-shard01-pguser-provisioner",)
     assert config.engines.cloudberry.enabled is True
 
 
@@ -164,6 +167,17 @@ def test_dump_round_trip_uses_camel_case_and_duration_strings() -> None:
         ({"softDelete": {"retention": "seven days"}}, "softDelete.retention"),
         ({"engines": {"cloudberry": {"enabled": "on"}}}, "engines.cloudberry.enabled"),
         ({"engines": {"mysql": {"enabled": True}}}, "engines.mysql"),
+        ({"shardTLS": {"caBundle": {}}}, "shardTLS.caBundle"),
+        (
+            {"shardTLS": {"caBundle": {"configMap": {"name": "ca", "key": "c"}, "secret": {"name": "ca", "key": "c"}}}},
+            "shardTLS.caBundle",
+        ),
+        ({"shardTLS": {"caBundle": {"configMap": {"name": "ca"}}}}, "shardTLS.caBundle.configMap.key"),
+        (
+            {"shardTLS": {"caBundle": {"configMap": {"name": "Not_A_Name", "key": "ca.crt"}}}},
+            "shardTLS.caBundle.configMap.name",
+        ),
+        ({"shardTls": {}}, "shardTls"),
         ({"unknownKey": 1}, "unknownKey"),
         ({"tls_secretName": "x"}, "tls_secretName"),
     ],
@@ -376,3 +390,17 @@ def test_load_yaml_file_errors(tmp_path: Path, text: str, message: str) -> None:
 def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         load_install_config_file(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize("source", ["configMap", "secret"])
+def test_shard_ca_bundle_from_a_config_map_or_a_secret(source: str) -> None:
+    config = load_install_config({**MINIMAL, "shardTLS": {"caBundle": {source: {"name": "shard-ca", "key": "ca.pem"}}}})
+    bundle = config.shard_tls.ca_bundle
+    assert bundle is not None
+    ref = bundle.config_map if source == "configMap" else bundle.secret
+    assert ref is not None and (ref.name, ref.key) == ("shard-ca", "ca.pem")
+    assert config.model_dump(by_alias=True, mode="json")["shardTLS"]["caBundle"][source] == {
+        "name": "shard-ca",
+        "key": "ca.pem",
+    }
+    assert load_install_config(MINIMAL).shard_tls.ca_bundle is None
