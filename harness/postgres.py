@@ -111,13 +111,16 @@ class PostgresServer:
         log_statements: bool = False,
         tls_names: tuple[str, ...] = ("localhost",),
         tls_ips: tuple[str, ...] = ("127.0.0.1",),
+        settings: dict[str, str] | None = None,
     ) -> None:
-        """`tls_names`, `tls_ips`: the server certificate's names (tests of a wrong host name)."""
+        """`tls_names`, `tls_ips`: the server certificate's names (tests of a wrong host name);
+        `settings`: more server settings (`-c key=value`), e.g. for the fault suite's logs."""
         if flavor not in POSTGRES_FLAVORS:
             raise ValueError(f"unknown PostgreSQL flavor {flavor!r}; known: {', '.join(POSTGRES_FLAVORS)}")
         self.flavor = POSTGRES_FLAVORS[flavor]
         self.bin_dir = self.flavor.locate()
         self.log_statements = log_statements
+        self.extra_settings = dict(settings or {})
         self.user = _server_user()
         self.workdir = Path(tempfile.mkdtemp(prefix=f"dbprovider-pg{flavor}-"))
         self.workdir.chmod(0o755)
@@ -207,6 +210,7 @@ class PostgresServer:
             "log_statement": "all" if self.log_statements else "none",
             "log_line_prefix": "%m [%p] user=%u db=%d app=%a ",
             "log_timezone": "UTC",
+            **self.extra_settings,
         }
         argv = [str(self.bin_dir / "postgres"), "-D", str(self.data_dir)]
         for key, value in settings.items():

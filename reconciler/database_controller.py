@@ -86,6 +86,13 @@ def _parse_time(value: str | None) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
+def _conditional(patch: dict[str, Any], obj: dict[str, Any]) -> dict[str, Any]:
+    """`patch` applied only to `obj` as read (409 otherwise): a write decided on a stale read, or
+    sent late by a replica that was paused mid-request and has lost its Lease since, changes nothing."""
+    metadata = {**patch.get("metadata", {}), "resourceVersion": obj["metadata"]["resourceVersion"]}
+    return {**patch, "metadata": metadata}
+
+
 def _rfc3339(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -368,6 +375,7 @@ class DatabaseController:
         patch = endpoint_patch(secret, endpoint)
         if patch is not None:
             ensure_active()
+            patch = _conditional(patch, secret)
             secret = self.rest.patch(SECRETS, secret["metadata"]["name"], patch, p.meta["namespace"])
         return secret
 
@@ -502,7 +510,7 @@ class DatabaseController:
 
         if rotate_requested and not pending:
             ensure_active()
-            patch = password_patch(new_password())
+            patch = _conditional(password_patch(new_password()), secret)
             secret = self.rest.patch(SECRETS, secret["metadata"]["name"], patch, p.meta["namespace"])
             pending = True
         if pending:
