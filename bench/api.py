@@ -7,13 +7,20 @@ and the per-request auth lookup with 1,000 consumers vs one.
 
 Throughput: one server process (`--serve`, started by the benchmark) runs the product's API exactly
 as the manager does (`build_api` on the shared informers, authenticated as the provider's
-ServiceAccount, `ApiServer` on cheroot with TLS and 16 threads) and, on a second port of the same
+ServiceAccount, `ApiServer` (api/server.py) with TLS and 16 threads) and, on a second port of the same
 process with the same `ApiServer` options, a bare Falcon app whose one route returns a constant
 body of the same shape. Client processes (2, with `--clients` keep-alive TLS connections in all)
 hammer one and then the other, alternating for `--rounds` rounds of `--seconds` each. Throughput is
 the median round; p99 is over every request of the rounds at that concurrency. The apiserver holds
 `--consumers` extra Consumers (3 token hashes each) while this runs, so the API's token index is big.
 Target: API throughput >= 0.5x the bare route.
+
+Under attack (issue 14): the same authenticated GET load on the API, in rounds alternating with
+and without hostile connections held against the same server: `--attack-slow` (64) TLS connections
+sending their headers a byte a second, `--attack-silent` (8) TCP sockets that never send a TLS hello
+and `--attack-idle` (200) TLS connections idle after the handshake, each reopened as the server's
+deadlines drop it, from 127.0.0.2-127.0.0.9 (below the per-address cap, so they are all held).
+Targets: throughput >= 0.8x and p99 <= 2x the rounds without them.
 
 Auth: two token indexes (`TokenIndex` on informers narrowed by a label selector) live in this
 process side by side, one over 1 Consumer and one over `--consumers` Consumers with 3 hashes each;
@@ -55,6 +62,9 @@ from bench.common import (
 )
 
 THROUGHPUT_TARGET = 0.5
+ATTACK_THROUGHPUT_TARGET = 0.8
+ATTACK_P99_TARGET = 2.0
+ATTACK_SOURCES = tuple(f"127.0.0.{n}" for n in range(2, 10))
 AUTH_TARGET = 1.1
 VIEW = {
     "externalId": "bench-0",
@@ -333,6 +343,50 @@ def auth_benchmark(stack: Stack, one_token: str, many_token: str, rounds: int, i
             informer.stop()
 
 
+# -- under attack ----------------------------------------------------------------------------------
+
+
+def attack_rounds(args: argparse.Namespace, port: int, path: str, token: str, ca: str, pool: Any,
+                  server_pid: int) -> dict[str, Any]:
+    """Rounds of the GET load alternating without and with the hostile connections held."""
+    from harness.attacks import HostileClients
+
+    total = args.attack_slow + args.attack_silent + args.attack_idle
+    what = (f"{args.attack_slow} slow-header, {args.attack_silent} silent TCP and {args.attack_idle} idle TLS "
+            f"connections")
+    done: dict[str, Any] = {"quiet": [], "attacked": [], "opened": [], "what": what}
+    for n in range(args.rounds):
+        for name in (("quiet", "attacked") if n % 2 == 0 else ("attacked", "quiet")):
+            if name == "quiet":
+                done["quiet"].append(load(port, path, token, ca, args.clients, args.seconds, pool, server_pid))
+                continue
+            with HostileClients(port, slow=args.attack_slow, silent=args.attack_silent, idle=args.attack_idle,
+                                byte_every=1.0, sources=ATTACK_SOURCES, max_seconds=args.seconds + 120) as attack:
+                wait_for(lambda: attack.opened >= total, 60, "the hostile connections", 0.2)
+                result = load(port, path, token, ca, args.clients, args.seconds, pool, server_pid)
+                done["opened"].append(attack.opened)
+            done["attacked"].append(result)
+        log(f"attack round {n + 1}: without {done['quiet'][-1]['rps']:.0f} req/s, "
+            f"with {done['attacked'][-1]['rps']:.0f} req/s ({len(done['attacked'][-1]['errors'])} errors)")
+    return done
+
+
+def summarize_rounds(done: list[dict], seconds: float) -> dict[str, Any]:
+    """Median round throughput, p50/p99 over every request of the rounds, errors, CPU."""
+    latencies = [x for r in done for x in r["latencies"]]
+    requests_done = sum(len(r["latencies"]) for r in done)
+    return {
+        "rps": statistics.median(r["rps"] for r in done),
+        "p50": percentile(latencies, 50),
+        "p99": percentile(latencies, 99),
+        "errors": sum(len(r["errors"]) for r in done),
+        "server_us": 1e6 * sum(r["server_cpu"] for r in done) / max(1, requests_done),
+        "server_core": 100 * statistics.median(r["server_cpu"] / seconds for r in done),
+        "machine_core": 100 * statistics.median(r["machine_busy"] for r in done),
+        "rounds": " ".join(f"{r['rps']:.0f}" for r in done),
+    }
+
+
 # -- main ------------------------------------------------------------------------------------------
 
 
@@ -342,6 +396,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds per round (default 5)")
     parser.add_argument("--rounds", type=int, default=4, help="rounds per variant (default 4)")
     parser.add_argument("--consumers", type=int, default=1000, help="consumers for the auth figure (default 1000)")
+    parser.add_argument("--attack-slow", type=int, default=64, help="slow-header TLS connections (default 64)")
+    parser.add_argument("--attack-silent", type=int, default=8, help="silent TCP sockets (default 8)")
+    parser.add_argument("--attack-idle", type=int, default=200, help="idle TLS connections (default 200)")
     parser.add_argument("--auth-rounds", type=int, default=15)
     parser.add_argument("--auth-iterations", type=int, default=20000)
     parser.add_argument("--profile", action="store_true", help="pyinstrument on the auth lookup; py-spy on the server")
@@ -411,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"round {n + 1} {name}: {result['rps']:.0f} req/s, {len(result['errors'])} errors, "
                     f"server {100 * result['server_cpu'] / args.seconds:.0f}% of a core, "
                     f"machine {100 * result['machine_busy']:.0f}% of a core")
+        hostile = attack_rounds(args, real_port, path, dev.token, ca, pool, server.pid)
         spy_text = None
         if args.profile:
             args.profile_dir.mkdir(parents=True, exist_ok=True)
@@ -423,22 +481,7 @@ def main(argv: list[str] | None = None) -> int:
         auth, auth_profile = auth_benchmark(stack, one_token, many_token, args.auth_rounds, args.auth_iterations,
                                             args.profile, args.profile_dir)
 
-        def summary(name: str) -> dict[str, Any]:
-            done = rounds[name]
-            latencies = [x for r in done for x in r["latencies"]]
-            requests_done = sum(len(r["latencies"]) for r in done)
-            return {
-                "rps": statistics.median(r["rps"] for r in done),
-                "p50": percentile(latencies, 50),
-                "p99": percentile(latencies, 99),
-                "errors": sum(len(r["errors"]) for r in done),
-                "server_us": 1e6 * sum(r["server_cpu"] for r in done) / max(1, requests_done),
-                "server_core": 100 * statistics.median(r["server_cpu"] / args.seconds for r in done),
-                "machine_core": 100 * statistics.median(r["machine_busy"] for r in done),
-                "rounds": " ".join(f"{r['rps']:.0f}" for r in done),
-            }
-
-        bare, api = summary("bare"), summary("api")
+        bare, api = summarize_rounds(rounds["bare"], args.seconds), summarize_rounds(rounds["api"], args.seconds)
         bare_rps, api_rps, api_p99 = bare["rps"], api["rps"], api["p99"]
         ratio = api_rps / bare_rps
         table(f"throughput at {args.clients} concurrent keep-alive TLS clients (median of {args.rounds} rounds)", [
@@ -457,9 +500,24 @@ def main(argv: list[str] | None = None) -> int:
             print("\n== py-spy, API server process during one more round on the API\n" + spy_text)
         if auth_profile:
             print("\n== pyinstrument, the auth lookup with the big index\n" + auth_profile[:4000])
+        quiet, attacked = summarize_rounds(hostile["quiet"], args.seconds), summarize_rounds(hostile["attacked"],
+                                                                                             args.seconds)
+        attack_rps = attacked["rps"] / quiet["rps"]
+        attack_p99 = attacked["p99"] / quiet["p99"]
+        table(f"GET /v1/databases/{{externalId}} with and without {hostile['what']} (median of {args.rounds} rounds)", [
+            (label, f"{r['rps']:.0f}", fmt_s(r["p50"]), fmt_s(r["p99"]), r["errors"], f"{r['server_core']:.0f}%",
+             r["rounds"]) for label, r in (("without", quiet), ("while held", attacked))
+        ] + [("ratio", f"{attack_rps:.2f}x", "", f"{attack_p99:.2f}x", "", "", "")],
+            ("hostile connections", "req/s", "p50", "p99", "errors", "server CPU", "rounds req/s"))
+        print(f"  attack connections opened per round (the server's deadlines drop them; they reopen): "
+              f"{' '.join(str(n) for n in hostile['opened'])}")
         report_targets([
             Target(f"API throughput {api_rps:.0f} / bare {bare_rps:.0f} req/s = {ratio:.2f}x",
                    f">= {THROUGHPUT_TARGET}x", ratio >= THROUGHPUT_TARGET),
+            Target(f"throughput under attack {attacked['rps']:.0f} / {quiet['rps']:.0f} req/s = {attack_rps:.2f}x",
+                   f">= {ATTACK_THROUGHPUT_TARGET}x", attack_rps >= ATTACK_THROUGHPUT_TARGET),
+            Target(f"p99 under attack {attacked['p99'] * 1000:.1f} / {quiet['p99'] * 1000:.1f} ms = {attack_p99:.2f}x",
+                   f"<= {ATTACK_P99_TARGET}x", attack_p99 <= ATTACK_P99_TARGET),
             Target(f"auth cost {names[1]} / 1 consumer = {best:.3f}x (median rounds {median:.3f}x)",
                    f"<= {AUTH_TARGET}x", best <= AUTH_TARGET),
         ])

@@ -7,6 +7,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from dbprovider import consumer_cmd, lint
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -17,7 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     dev = commands.add_parser(
         "dev",
-        help="run the product locally on embedded defaults (real kube-apiserver, etcd and PostgreSQL)",
+        help="run the product locally on embedded defaults or your values (real kube-apiserver, etcd, PostgreSQL)",
         description=(
             "Starts a local kube-apiserver + etcd and a PostgreSQL shard on loopback, writes a kubeconfig "
             "and an env file, prints how to reach them, and runs until Ctrl-C or SIGTERM, then removes "
@@ -31,6 +33,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--state-dir",
         default=".dbprovider-dev",
         help="where the kubeconfig and env file are written (default ./.dbprovider-dev)",
+    )
+    dev.add_argument(
+        "--config",
+        metavar="FILE",
+        help=(
+            "your install values (YAML), merged onto dev's defaults; values that cannot work locally are refused "
+            "with exit status 2, naming the key"
+        ),
     )
     dev.set_defaults(handler=_run_dev)
 
@@ -84,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="connect to every shard's admin port on this host instead of its Service (outside a cluster only)",
     )
     manager.set_defaults(handler=_run_manager)
+
+    consumer_cmd.add_parser(commands)
+    lint.add_parser(commands)
     return parser
 
 
@@ -98,7 +111,7 @@ def _run_manager(args: argparse.Namespace) -> int:
 def _run_dev(args: argparse.Namespace) -> int:
     from dbprovider.dev import run_dev
 
-    return run_dev(postgres_flavor=args.postgres, state_dir=args.state_dir)
+    return run_dev(postgres_flavor=args.postgres, state_dir=args.state_dir, values_file=args.config)
 
 
 def _run_render(args: argparse.Namespace) -> int:

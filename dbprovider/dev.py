@@ -4,6 +4,11 @@ A real kube-apiserver + etcd and a PostgreSQL shard on loopback, the install app
 Shard and a Consumer registered, and one manager replica (API, controllers, metrics) in this
 process. Prints the consumer's token and the curl commands of the consumer flow, and writes a
 shell env file (KUBECONFIG, DBPROVIDER_API_URL, DBPROVIDER_CA_FILE, DBPROVIDER_TOKEN).
+
+`--config values.yaml` merges the user's install values onto dev's defaults (dbprovider.dev_values);
+values that are invalid or cannot work locally are refused (exit 2, naming the key) before anything
+starts or is written. With engines.cloudberry.enabled the Keldon DatabaseCluster CRD is installed
+and an example DatabaseCluster + cloudberry Shard is written for the user to apply.
 """
 
 from __future__ import annotations
@@ -16,10 +21,13 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
+from dbprovider.dev_values import dev_install_config, read_dev_values
 from dbprovider.devstack import DevStack
 from dbprovider.logs import configure_logging
 from dbprovider.manager import Manager, ManagerOptions
+from domain.config import ConfigError, format_duration
 from harness import KubeControlPlane, MissingBinaryError, PostgresServer
 
 
@@ -29,7 +37,25 @@ def _write_env_file(path: Path, values: dict[str, str]) -> None:
     path.chmod(0o600)
 
 
+def _cloudberry_walkthrough(stack: DevStack) -> list[str]:
+    if not stack.config.engines.cloudberry.enabled:
+        return []
+    status = "'{\"status\": {\"phase\": \"Running\"}}'"
+    return [
+        "",
+        "Cloudberry (engines.cloudberry.enabled): the Keldon DatabaseCluster CRD is installed. Keldon cannot run",
+        "here, so play the operator: declare a cluster and a Shard on it, then set the cluster's phase.",
+        f"  kubectl apply -f {stack.cloudberry_example}",
+        f"  kubectl -n {stack.namespace} patch dbc dev-cloudberry --subresource=status --type=merge -p {status}",
+        "  kubectl get shard dev-cloudberry -w     # Ready follows the phase (ClusterNotRunning unless Running)",
+        "  # then PUT with {\"engine\": \"cloudberry\"} places a database on it",
+    ]
+
+
 def _walkthrough(stack: DevStack, env_file: Path) -> str:
+    size_class = next(iter(stack.config.size_classes), None)
+    body = f"-d '{{\"sizeClass\": \"{size_class}\"}}' " if size_class else ""
+    retention = format_duration(stack.config.soft_delete.retention)
     auth = '-H "Authorization: Bearer $DBPROVIDER_TOKEN" --cacert "$DBPROVIDER_CA_FILE"'
     api = "$DBPROVIDER_API_URL/v1/databases"
     return "\n".join(
@@ -44,21 +70,29 @@ def _walkthrough(stack: DevStack, env_file: Path) -> str:
             "",
             "In another shell:",
             f"  source {env_file}",
-            f"  curl -sS -X PUT {auth} -H 'Content-Type: application/json' -d '{{\"sizeClass\": \"small\"}}' "
-            f"{api}/orders",
+            f"  curl -sS -X PUT {auth} -H 'Content-Type: application/json' {body}{api}/orders",
             f'  curl -sS {auth} {api}/orders                 # repeat until "phase": "Ready"',
             f"  curl -sS {auth} {api}/orders/credentials     # host, port, user, password, uri",
             f"  psql \"$(curl -sS {auth} {api}/orders/credentials | python3 -c 'import json,sys; "
             'print(json.load(sys.stdin)["uri"])\')"',
-            f"  curl -sS -X DELETE {auth} {api}/orders       # soft delete: dropped after 2 minutes",
-            "  kubectl get shards,consumers; kubectl -n dbprovider get databases   # if kubectl is installed",
+            f"  curl -sS -X DELETE {auth} {api}/orders       # soft delete: dropped after {retention}",
+            f"  kubectl get shards,consumers; kubectl -n {stack.namespace} get databases   # if kubectl is installed",
+            *_cloudberry_walkthrough(stack),
             "",
             "Ctrl-C stops everything.",
         ]
     )
 
 
-def run_dev(postgres_flavor: str, state_dir: str) -> int:
+def run_dev(postgres_flavor: str, state_dir: str, values_file: str | None = None) -> int:
+    overrides: dict[str, Any] = {}
+    if values_file is not None:
+        try:
+            overrides = read_dev_values(values_file)
+            dev_install_config(overrides)
+        except ConfigError as exc:
+            print(f"dbprovider dev: --config {values_file}: {exc}", file=sys.stderr)
+            return 2
     stopping = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
@@ -82,7 +116,7 @@ def run_dev(postgres_flavor: str, state_dir: str) -> int:
         print(f"dbprovider dev: starting PostgreSQL {postgres_flavor} ...", flush=True)
         postgres = PostgresServer(postgres_flavor).start()
         print("dbprovider dev: installing the provider and registering the shard and a consumer ...", flush=True)
-        stack = DevStack(kube, postgres, state).install()
+        stack = DevStack(kube, postgres, state, config_overrides=overrides).install()
         options = ManagerOptions(
             config=stack.config,
             namespace=stack.namespace,

@@ -16,27 +16,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dbprovider.dev_values import DEV_CONFIG, dev_install_config, merge_values
 from dbprovider.kubeapply import Applier
-from domain.config import InstallConfig, load_install_config
+from domain.config import InstallConfig
+from domain.constants import KELDON_GROUP, KELDON_KIND_DATABASE_CLUSTER, KELDON_VERSION
 from domain.tokens import hash_token
 from harness import KubeControlPlane, PostgresServer
 from harness.certs import CertificateAuthority
+from harness.keldon import KELDON_CRD
 from informers import SECRETS, Rest
-from infra.render import config_yaml, render_manifests
+from infra.render import config_yaml, dump_yaml, render_manifests
 from reconciler.resources import CONSUMERS, SHARDS
-
-DEV_CONFIG: dict[str, Any] = {
-    "releaseName": "dbprovider",
-    "namespace": "dbprovider",
-    "tls": {"secretName": "dbprovider-tls"},
-    "sizeClasses": {
-        "small": {"connectionLimit": 5},
-        "medium": {"connectionLimit": 20},
-        "large": {"connectionLimit": 50},
-    },
-    "connectionLimit": {"default": 10},
-    "softDelete": {"retention": "2m"},
-}
 
 
 def free_port() -> int:
@@ -55,11 +45,9 @@ class DevStack:
     shard: str = "local-pg"
 
     def __post_init__(self) -> None:
-        values = {**DEV_CONFIG, **self.config_overrides}
         self.admin_secret = f"{self.shard}-provisioner"
-        self.shard_secrets_namespace = f"{values['namespace']}-shards"
-        values.setdefault("shardSecrets", [{"namespace": self.shard_secrets_namespace, "name": self.admin_secret}])
-        self.config: InstallConfig = load_install_config(values)
+        self.shard_secrets_namespace = f"{merge_values(DEV_CONFIG, self.config_overrides).get('namespace')}-shards"
+        self.config: InstallConfig = dev_install_config(self._with_own_admin_secret(self.config_overrides))
         self.namespace = self.config.namespace
         self.token = secrets.token_hex(32)
         self.api_port = free_port()
@@ -68,6 +56,15 @@ class DevStack:
         self.config_file = self.state_dir / "config.yaml"
         self.kubeconfig = self.state_dir / "kubeconfig"
         self.manager_kubeconfig = self.state_dir / "manager.kubeconfig"
+        self.cloudberry_example = self.state_dir / "cloudberry-example.yaml"
+
+    def _with_own_admin_secret(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        """Add the local shard's admin Secret to shardSecrets (the provider reads only listed ones)."""
+        listed = merge_values(DEV_CONFIG, overrides).get("shardSecrets") or []
+        own = {"namespace": self.shard_secrets_namespace, "name": self.admin_secret}
+        if not isinstance(listed, list) or own in listed:
+            return overrides
+        return merge_values(overrides, {"shardSecrets": [*listed, own]})
 
     @property
     def api_url(self) -> str:
@@ -76,18 +73,30 @@ class DevStack:
     def install(self) -> DevStack:
         kube = self.kube
         kube.ensure_namespace(self.namespace)
-        kube.ensure_namespace(self.shard_secrets_namespace)
+        for namespace in self.config.shard_secrets_by_namespace():  # dev's own and the user's: their Roles
+            kube.ensure_namespace(namespace)
+        # Keldon cannot run here; its CRD lets a user declare DatabaseClusters and play the operator.
+        extra_crds = [KELDON_CRD] if self.config.engines.cloudberry.enabled else []
         with kube.admin_client() as client:
             rest = Rest(client)
-            Applier(rest).apply_all(render_manifests(self.config))
+            Applier(rest).apply_all([*extra_crds, *render_manifests(self.config)])
             self._tls(rest)
             self._shard(rest)
             self._consumer(rest)
+        if self.config.engines.cloudberry.enabled:
+            self.cloudberry_example.write_text(dump_yaml(self.cloudberry_objects()))
         self.config_file.write_text(config_yaml(self.config))
         kube.write_kubeconfig(self.kubeconfig)
         token = kube.service_account_token(self.namespace, self.config.release_name, seconds=7 * 24 * 3600)
         kube.write_kubeconfig(self.manager_kubeconfig, token=token)
         return self
+
+    def unregister(self) -> None:
+        """Delete the cluster-scoped Shard and Consumer install() created (on an apiserver shared by tests)."""
+        with self.kube.admin_client() as client:
+            rest = Rest(client)
+            rest.delete(SHARDS, self.shard)
+            rest.delete(CONSUMERS, self.consumer)
 
     def _secret(
         self, rest: Rest, name: str, data: dict[str, str], type_: str = "Opaque", namespace: str | None = None
@@ -159,6 +168,33 @@ class DevStack:
                 },
             },
         )
+
+    def cloudberry_objects(self, name: str = "dev-cloudberry") -> list[dict[str, Any]]:
+        """A Keldon DatabaseCluster and a cloudberry Shard on it, served by the local PostgreSQL."""
+        cluster = {
+            "apiVersion": f"{KELDON_GROUP}/{KELDON_VERSION}",
+            "kind": KELDON_KIND_DATABASE_CLUSTER,
+            "metadata": {"name": name, "namespace": self.namespace},
+            "spec": {"segments": {"count": 2}},
+        }
+        shard = {
+            "apiVersion": "db.bnerd.com/v1alpha1",
+            "kind": "Shard",
+            "metadata": {"name": name},
+            "spec": {
+                "engine": "cloudberry",
+                "maxDatabases": 20,
+                "keldonCluster": {"namespace": self.namespace, "name": name},
+                # The admin Service is the cluster's (named like it); dev connects to 127.0.0.1 instead.
+                "admin": {
+                    "port": self.postgres.port,
+                    "sslmode": "require",
+                    "secretRef": {"namespace": self.shard_secrets_namespace, "name": self.admin_secret},
+                },
+                "client": {"host": "127.0.0.1", "port": self.postgres.port, "sslmode": "require"},
+            },
+        }
+        return [cluster, shard]
 
     def manager_argv(self, python: str, api_port: int | None = None, metrics_port: int | None = None) -> list[str]:
         """`dbprovider manager` for this stack (TLS files via DBPROVIDER_TLS_CERT/KEY, see manager_env)."""

@@ -19,6 +19,7 @@ import kubernetes
 from kubernetes.client import ApiClient
 
 from api import ApiServer, build_api
+from api.server import front_door_options
 from dbprovider.logs import configure_logging
 from domain.config import InstallConfig, load_install_config_file
 from reconciler.fleet_metrics import FleetCollector
@@ -106,6 +107,8 @@ class Manager:
             options.tls_cert,
             options.tls_key,
             threads=options.api_threads,
+            registry=registry,
+            **front_door_options(options.config.api),  # deadlines and connection bounds: api.* keys
         )
         self.metrics_server: MetricsServer | None = None
 

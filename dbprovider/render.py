@@ -9,12 +9,11 @@ with status 2 and names the offending key; warnings go to stderr so the YAML on 
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import TextIO
 
+from dbprovider.clitools import write_atomically
 from domain.config import ConfigError, load_install_config_file
 
 ONLY_MANIFESTS = "manifests"
@@ -60,19 +59,6 @@ def run_render(config_path: str, only: str = ONLY_MANIFESTS, output: str = "-", 
         sys.stdout.write(text)
         sys.stdout.flush()
     else:
-        _write_atomically(Path(output), text)
+        write_atomically(Path(output), text)
     return EXIT_OK
 
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Write via a temporary file in the same directory, so a failed render never leaves half a file."""
-    directory = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

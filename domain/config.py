@@ -249,6 +249,33 @@ class EnginesConfig(ConfigModel):
     cloudberry: CloudberryEngineConfig = CloudberryEngineConfig()
 
 
+# -- api: the consumer API's front door (issue 14) ---------------------------------------------------
+
+MAX_API_TIMEOUT = timedelta(hours=1)
+
+
+def _check_api_timeout(value: timedelta) -> timedelta:
+    if not timedelta(0) < value <= MAX_API_TIMEOUT:
+        raise ValueError("must be more than 0s and at most 1h")
+    return value
+
+
+ApiTimeout = Annotated[Duration, AfterValidator(_check_api_timeout)]
+
+
+class ApiConfig(ConfigModel):
+    """Deadlines and connection bounds of the consumer API's server (api/server.py, docs/api.md)."""
+
+    header_timeout: ApiTimeout = timedelta(seconds=10)
+    body_timeout: ApiTimeout = timedelta(seconds=10)
+    idle_timeout: ApiTimeout = timedelta(seconds=30)
+    max_connections: Annotated[StrictInt, Field(ge=1, le=100_000)] = 1000
+    max_connections_per_client: Annotated[StrictInt, Field(ge=1, le=100_000)] = 100
+
+
+# -- end of api ------------------------------------------------------------------------------------------
+
+
 class InstallConfig(ConfigModel):
     """The whole install config; see the module docstring."""
 
@@ -266,6 +293,7 @@ class InstallConfig(ConfigModel):
     prometheus_rule: PrometheusRuleConfig = PrometheusRuleConfig()
     soft_delete: SoftDeleteConfig = SoftDeleteConfig()
     engines: EnginesConfig = EnginesConfig()
+    api: ApiConfig = ApiConfig()
 
     def resolve_connection_limit(self, size_class: str | None) -> int:
         """The connection limit for a new database: empty -> connectionLimit.default; unknown -> raise."""
@@ -316,16 +344,20 @@ def load_install_config(data: Mapping[str, Any] | None) -> InstallConfig:
         raise ConfigError(validation_problems(exc)) from None
 
 
-def load_install_config_file(path: str | Path) -> InstallConfig:
-    """Read a YAML install config (a values file) and validate it."""
+def read_install_values(path: str | Path) -> Any:
+    """The parsed YAML of a values file, unvalidated (for callers that merge values before validating)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError((("", f"cannot read {path}: {type(exc).__name__}"),)) from None
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise ConfigError((("", f"{path} is not valid YAML{where}"),)) from None
-    return load_install_config(data)
+
+
+def load_install_config_file(path: str | Path) -> InstallConfig:
+    """Read a YAML install config (a values file) and validate it."""
+    return load_install_config(read_install_values(path))

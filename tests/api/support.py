@@ -1,8 +1,9 @@
 """The API suite's environment: the provider's CRDs and RBAC on the real apiserver, the API served over TLS.
 
 `ApiEnv` runs the API exactly as the manager will: informers on the REAL kube-apiserver, authenticated
-as the provider's own ServiceAccount (so the rendered RBAC is proven sufficient), served by cheroot
-with TLS on a loopback port. Tests talk to it with `requests` over real sockets, trusting a test CA.
+as the provider's own ServiceAccount (so the rendered RBAC is proven sufficient), served by the
+API's front door (api/server.py) with TLS on a loopback port. Tests talk to it with `requests` over
+real sockets, trusting a test CA.
 
 It also plays the reconciler where a test needs it (admin writes of a Database's status and of its
 credentials Secret), and remembers every token, hash and password it creates so the suite can prove
@@ -305,6 +306,23 @@ class ApiEnv:
     def count_databases(self, consumer: str) -> int:
         items = self.admin.list(DATABASES, NAMESPACE)["items"]
         return sum(1 for db in items if db["spec"]["consumer"] == consumer)
+
+
+class Served:
+    """A second ApiServer on a free port with the env's certificate, for tests of server settings.
+
+    with Served(app, env, header_timeout=2) as base:    # base = "https://127.0.0.1:<port>"
+    """
+
+    def __init__(self, app: object, env: ApiEnv, **options: object) -> None:
+        self.server = ApiServer(app, "127.0.0.1", 0, env.cert_file, env.key_file, **options)  # type: ignore[arg-type]
+
+    def __enter__(self) -> str:
+        self.server.start()
+        return f"https://127.0.0.1:{self.server.port}"
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.stop()
 
 
 def start_env(kube: Any, workdir: Path) -> ApiEnv:

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from api import ApiServer, create_app
 from api.app import OPENAPI_PATH
 from harness.certs import CertificateAuthority
-from tests.api.support import ApiEnv, wait_for
+from tests.api.support import ApiEnv, Served, wait_for
 
 
 def sample(registry: CollectorRegistry, name: str, labels: dict[str, str]) -> float | None:
@@ -34,7 +34,7 @@ def test_probes(env: ApiEnv) -> None:
 def test_readyz_follows_the_checks(env: ApiEnv) -> None:
     ready = threading.Event()
     app = create_app(env.config, env.components.store, env.components.tokens, ready_checks=[ready.is_set])
-    with _Served(app, env) as base:
+    with Served(app, env) as base:
         response = requests.get(f"{base}/readyz", verify=str(env.ca_file), timeout=10)
         assert response.status_code == 503
         assert response.json()["error"] == "unavailable"
@@ -140,8 +140,8 @@ def test_plain_http_is_refused(env: ApiEnv) -> None:
 
 
 def test_tls_versions(env: ApiEnv) -> None:
-    adapter = env.server._server.ssl_adapter  # type: ignore[union-attr]
-    assert adapter.context.minimum_version == ssl.TLSVersion.TLSv1_2
+    assert env.server.tls_context is not None
+    assert env.server.tls_context.context.minimum_version == ssl.TLSVersion.TLSv1_2
     modern = ssl.create_default_context(cafile=str(env.ca_file))
     with socket.create_connection(("127.0.0.1", env.server.port), timeout=5) as raw:
         with modern.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
@@ -151,20 +151,6 @@ def test_tls_versions(env: ApiEnv) -> None:
 def test_oversized_headers_are_refused(env: ApiEnv) -> None:
     response = env.call("GET", "/healthz", headers={"X-Padding": "x" * 40000})
     assert response.status_code in (413, 431)
-
-
-class _Served:
-    """A second ApiServer on a free port for tests that need their own server settings."""
-
-    def __init__(self, app: object, env: ApiEnv, **options: object) -> None:
-        self.server = ApiServer(app, "127.0.0.1", 0, env.cert_file, env.key_file, **options)  # type: ignore[arg-type]
-
-    def __enter__(self) -> str:
-        self.server.start()
-        return f"https://127.0.0.1:{self.server.port}"
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.stop()
 
 
 def _tiny_app() -> falcon.App:
@@ -180,7 +166,7 @@ def _tiny_app() -> falcon.App:
 
 
 def test_stop_frees_the_port(env: ApiEnv) -> None:
-    served = _Served(_tiny_app(), env)
+    served = Served(_tiny_app(), env)
     with served as base:
         assert requests.get(f"{base}/slow", verify=str(env.ca_file), timeout=10).json() == {"ok": True}
         port = served.server.port
@@ -193,8 +179,8 @@ def test_stop_frees_the_port(env: ApiEnv) -> None:
 
 
 def test_idle_connection_times_out(env: ApiEnv) -> None:
-    """A client that connects and sends nothing is dropped after the handshake/socket timeout."""
-    with _Served(_tiny_app(), env, timeout=1, handshake_timeout=1) as base:
+    """A client that connects and sends nothing is dropped after the handshake/header deadline."""
+    with Served(_tiny_app(), env, header_timeout=1) as base:
         port = int(base.rsplit(":", 1)[1])
         with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
             started = time.monotonic()
@@ -206,7 +192,7 @@ def test_idle_connection_times_out(env: ApiEnv) -> None:
 
 def test_thread_pool_is_bounded(env: ApiEnv) -> None:
     """With 2 worker threads, 4 slow requests take two rounds: the pool does not grow."""
-    with _Served(_tiny_app(), env, threads=2) as base:
+    with Served(_tiny_app(), env, threads=2) as base:
         results: list[int] = []
 
         def call() -> None:
@@ -234,7 +220,8 @@ def test_certificate_is_reloaded(env: ApiEnv, tmp_path: Path) -> None:
         renewed = second_ca.issue_server("renewed")
         cert.cert_file.write_bytes(renewed.cert_file.read_bytes())
         cert.key_file.write_bytes(renewed.key_file.read_bytes())
-        server._server.ssl_adapter.reload_interval = 0  # type: ignore[union-attr]  # check at once
+        assert server.tls_context is not None
+        server.tls_context.reload_interval = 0  # check at once
         wait_for(
             lambda: _trusted(f"{base}/slow", second_ca.ca_file),
             timeout=10,
@@ -251,12 +238,12 @@ def _trusted(url: str, ca_file: Path) -> bool:
         return False
 
 
-def test_cheroot_errors_go_to_logging(env: ApiEnv, caplog: pytest.LogCaptureFixture) -> None:
+def test_connection_errors_go_to_logging(env: ApiEnv, caplog: pytest.LogCaptureFixture) -> None:
     with socket.create_connection(("127.0.0.1", env.server.port), timeout=5) as raw:
         raw.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")  # plain HTTP on the TLS port
         try:
             raw.recv(1024)
         except ConnectionResetError:
             pass
-    wait_for(lambda: any(r.name == "api.server" for r in caplog.records), timeout=5, what="a cheroot log record")
+    wait_for(lambda: any(r.name == "api.server" for r in caplog.records), timeout=5, what="a server log record")
     assert all(r.levelno <= logging.INFO for r in caplog.records if r.name == "api.server")

@@ -3,10 +3,10 @@
 controllers running in-process as the provider's own ServiceAccount.
 
 The Keldon operator cannot run here, so tests play its part: they create DatabaseClusters and drive
-`status.phase` through the status subresource. Kubernetes object names start with `cbtest`; every
-cluster-scoped object the suite creates (Shards, the Keldon CRD, the install's ClusterRole and
-binding, the namespaces) is removed again, Shards at the end of each test, the rest at the end of
-the session.
+`status.phase` through the status subresource (the CRD is `harness.keldon`'s, shared with
+`dbprovider dev`). Kubernetes object names start with `cbtest`; every cluster-scoped object the
+suite creates (Shards, the Keldon CRD, the install's ClusterRole and binding, the namespaces) is
+removed again, Shards at the end of each test, the rest at the end of the session.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from domain.config import InstallConfig, load_install_config
 from domain.constants import ANNOTATION_ROTATE_REQUESTED_AT
 from domain.naming import database_object_name
 from harness import KubeControlPlane, PostgresServer
+from harness.keldon import FAILED, KELDON_CRD, KELDON_CRD_NAME, NOT_RUNNING_PHASES, RUNNING  # noqa: F401 (re-exported to the tests)
 from informers import EVENTS, LEASES, SECRETS, Resource, Rest
 from infra.render import render_manifests
 from reconciler.resources import DATABASE_CLUSTERS, DATABASES, SHARDS
@@ -54,79 +55,10 @@ BASE_CONFIG: dict[str, Any] = {
     "softDelete": {"retention": "0"},
 }
 
-# Keldon's DatabaseCluster phases (seed: keldon-operations.txt); only Running allows placements.
-RUNNING = "Running"
-FAILED = "Failed"
-NOT_RUNNING_PHASES = (
-    "Pending",
-    "PodsStarting",
-    "SSHReady",
-    "Initializing",
-    "Scaling",
-    "CoordinatorFailover",
-    "Recovering",
-)
-ALL_PHASES = (*NOT_RUNNING_PHASES, RUNNING, FAILED)
-
-KELDON_CRD_NAME = "databaseclusters.keldon.io"
 CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 NAMESPACES = Resource("", "v1", "namespaces")
 CLUSTER_ROLES = Resource("rbac.authorization.k8s.io", "v1", "clusterroles")
 CLUSTER_ROLE_BINDINGS = Resource("rbac.authorization.k8s.io", "v1", "clusterrolebindings")
-
-# A minimal schema of Keldon's kind: what the provider reads (status.phase) and what tests change.
-KELDON_CRD: dict[str, Any] = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": KELDON_CRD_NAME},
-    "spec": {
-        "group": "keldon.io",
-        "scope": "Namespaced",
-        "names": {
-            "plural": "databaseclusters",
-            "singular": "databasecluster",
-            "kind": "DatabaseCluster",
-            "listKind": "DatabaseClusterList",
-            "shortNames": ["dbc"],
-        },
-        "versions": [
-            {
-                "name": "v1alpha1",
-                "served": True,
-                "storage": True,
-                "subresources": {"status": {}},
-                "additionalPrinterColumns": [
-                    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-                    {"name": "Segments", "type": "integer", "jsonPath": ".spec.segments.count"},
-                ],
-                "schema": {
-                    "openAPIV3Schema": {
-                        "type": "object",
-                        "properties": {
-                            "spec": {
-                                "type": "object",
-                                "properties": {
-                                    "segments": {
-                                        "type": "object",
-                                        "properties": {"count": {"type": "integer", "minimum": 1}},
-                                    },
-                                    "standby": {
-                                        "type": "object",
-                                        "properties": {"enabled": {"type": "boolean"}},
-                                    },
-                                },
-                            },
-                            "status": {
-                                "type": "object",
-                                "properties": {"phase": {"type": "string", "enum": list(ALL_PHASES)}},
-                            },
-                        },
-                    }
-                },
-            }
-        ],
-    },
-}
 
 
 def install_config(**overrides: Any) -> InstallConfig:

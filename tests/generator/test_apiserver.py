@@ -3,7 +3,6 @@ protection policy and RBAC are proven by Kubernetes itself, not by reading YAML.
 
 from __future__ import annotations
 
-import copy
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
@@ -24,6 +23,7 @@ from tests.generator.conftest import (
 )
 from tests.generator.kubeapi import TABLE_ACCEPT, KubeApi, wait_for
 from tests.vectors.hosts import HOST_VECTORS
+from tests.vectors.objects import with_changes
 
 SERVICE_ACCOUNT = "gentest"
 SA_USER = f"system:serviceaccount:{RELEASE_NAMESPACE}:{SERVICE_ACCOUNT}"
@@ -41,7 +41,8 @@ def shard(name: str, **changes: Any) -> dict[str, Any]:
         },
         "client": {"host": "192.0.2.200"},
     }
-    return {"apiVersion": API_VERSION, "kind": "Shard", "metadata": {"name": name}, "spec": _changed(spec, changes)}
+    spec = with_changes(spec, **changes)
+    return {"apiVersion": API_VERSION, "kind": "Shard", "metadata": {"name": name}, "spec": spec}
 
 
 def cloudberry_shard(name: str, **changes: Any) -> dict[str, Any]:
@@ -52,7 +53,8 @@ def cloudberry_shard(name: str, **changes: Any) -> dict[str, Any]:
         "admin": {"secretRef": {"namespace": RELEASE_NAMESPACE, "name": "local-provisioner"}},
         "client": {"host": "cb.example.com", "port": 6432},
     }
-    return {"apiVersion": API_VERSION, "kind": "Shard", "metadata": {"name": name}, "spec": _changed(spec, changes)}
+    spec = with_changes(spec, **changes)
+    return {"apiVersion": API_VERSION, "kind": "Shard", "metadata": {"name": name}, "spec": spec}
 
 
 def consumer(name: str, **changes: Any) -> dict[str, Any]:
@@ -60,7 +62,8 @@ def consumer(name: str, **changes: Any) -> dict[str, Any]:
         "tokenSecretRef": {"namespace": RELEASE_NAMESPACE, "name": f"{name}-token"},
         "maxDatabases": 50,
     }
-    return {"apiVersion": API_VERSION, "kind": "Consumer", "metadata": {"name": name}, "spec": _changed(spec, changes)}
+    spec = with_changes(spec, **changes)
+    return {"apiVersion": API_VERSION, "kind": "Consumer", "metadata": {"name": name}, "spec": spec}
 
 
 def database(name: str, **changes: Any) -> dict[str, Any]:
@@ -69,22 +72,10 @@ def database(name: str, **changes: Any) -> dict[str, Any]:
         "apiVersion": API_VERSION,
         "kind": "Database",
         "metadata": {"name": name, "namespace": RELEASE_NAMESPACE},
-        "spec": _changed(spec, changes),
+        "spec": with_changes(spec, **changes),
     }
 
 
-def _changed(spec: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
-    spec = copy.deepcopy(spec)
-    for path, value in changes.items():
-        *parents, last = path.split("__")
-        node = spec
-        for key in parents:
-            node = node.setdefault(key, {})
-        if value is None:
-            node.pop(last, None)
-        else:
-            node[last] = value
-    return spec
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import re
 from typing import Any
 
@@ -12,6 +11,7 @@ from pydantic import ValidationError
 from domain.constants import Engine, SslMode
 from domain.specs import SHARD_CEL_RULES, SSLMODES, ConsumerSpec, DatabaseSpec, ShardSpec
 from domain.validation import format_validation_error, validation_problems
+from tests.vectors.objects import with_changes
 
 POSTGRES_SHARD: dict[str, Any] = {
     "maxDatabases": 200,
@@ -29,21 +29,6 @@ CLOUDBERRY_SHARD: dict[str, Any] = {
     "admin": {"secretRef": {"namespace": "dbprovider", "name": "cluster-demo-provisioner"}},
     "client": {"host": "cb.example.com", "port": 6432},
 }
-
-
-def with_changes(base: dict[str, Any], **changes: Any) -> dict[str, Any]:
-    """A deep copy of `base` with dotted paths set (value None deletes the key)."""
-    data = copy.deepcopy(base)
-    for path, value in changes.items():
-        *parents, last = path.split("__")
-        node = data
-        for key in parents:
-            node = node.setdefault(key, {})
-        if value is None:
-            node.pop(last, None)
-        else:
-            node[last] = value
-    return data
 
 
 def problems_of(model: type, data: dict[str, Any]) -> dict[str, str]:

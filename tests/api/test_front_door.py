@@ -1,0 +1,281 @@
+"""The API's front door under hostile clients (issue 14), over real TLS sockets on loopback.
+
+Each attack is bounded (a few dozen connections, stopped when the test's legitimate requests are
+done, and by itself after two minutes at most). The attackers connect from 127.0.0.2-127.0.0.9, the
+legitimate client from 127.0.0.1, so the per-address cap is exercised only where a test means it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import socket
+import ssl
+from collections.abc import Iterator
+
+import pytest
+import requests
+from prometheus_client import CollectorRegistry
+
+from harness.attacks import HostileClients
+from tests.api.support import ApiEnv, Consumer, Served, wait_for
+
+ATTACK_SOURCES = tuple(f"127.0.0.{n}" for n in range(2, 10))
+PROBE_TIMEOUT = 3  # a kubelet probe's timeout
+
+
+@pytest.fixture(scope="module")
+def consumer(env: ApiEnv) -> Consumer:
+    return env.ready_consumer()
+
+
+@pytest.fixture
+def hardened(env: ApiEnv) -> Iterator[str]:
+    """The real API on a second server with short deadlines, so that their effect shows in seconds."""
+    with Served(env.components.app, env, header_timeout=2, body_timeout=2, idle_timeout=2) as base:
+        yield base
+
+
+def legit_round(env: ApiEnv, base: str, consumer: Consumer) -> list[int]:
+    """What a probe and a consumer do: a new TLS connection per request, a probe's timeout."""
+    statuses = []
+    for path, token in (("/healthz", None), ("/readyz", None), ("/v1/databases", consumer.token)):
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        response = requests.get(base + path, headers=headers, verify=str(env.ca_file), timeout=PROBE_TIMEOUT)
+        statuses.append(response.status_code)
+    return statuses
+
+
+def answers(base: str, env: ApiEnv) -> bool:
+    try:
+        return requests.get(base + "/healthz", verify=str(env.ca_file), timeout=5).status_code == 200
+    except requests.exceptions.ConnectionError:
+        return False
+
+
+def port_of(base: str) -> int:
+    return int(base.rsplit(":", 1)[1])
+
+
+@pytest.mark.parametrize(
+    ("kind", "count"),
+    [("silent", 8), ("slow", 16), ("idle", 20)],
+    ids=["silent TCP sockets", "slow-header TLS connections", "idle TLS connections"],
+)
+def test_attack_does_not_stop_legitimate_requests(
+    env: ApiEnv, consumer: Consumer, hardened: str, kind: str, count: int
+) -> None:
+    """Every legitimate request succeeds meanwhile, and the deadline drops each attacking connection."""
+    with HostileClients(port_of(hardened), **{kind: count}, sources=ATTACK_SOURCES, byte_every=0.5) as attack:
+        wait_for(lambda: attack.opened >= count, timeout=30, what="the attack connections")
+        statuses: list[int] = []
+        while attack.dropped < count:  # until the server has dropped as many as were open
+            statuses += legit_round(env, hardened, consumer)
+            assert len(statuses) < 3 * 200, "the header deadline never dropped the attackers"
+    assert statuses and set(statuses) == {200}
+
+
+def test_all_attacks_at_once_against_the_served_api(env: ApiEnv, consumer: Consumer) -> None:
+    """The issue's attack on the API as started for the suite (default deadlines): probes stay answered."""
+    port = env.server.port
+    assert port is not None
+    with HostileClients(port, silent=8, slow=16, idle=20, sources=ATTACK_SOURCES) as attack:
+        wait_for(lambda: attack.opened >= 44, timeout=30, what="the attack connections")
+        statuses = [status for _ in range(10) for status in legit_round(env, env.base_url, consumer)]
+    assert statuses == [200] * 30
+
+
+def test_idle_keep_alive_connection_is_closed(env: ApiEnv, hardened: str) -> None:
+    with tls_connection(env, port_of(hardened)) as tls:
+        tls.sendall(b"GET /healthz HTTP/1.1\r\nHost: api\r\n\r\n")
+        first = tls.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200")
+        assert b"connection: close" not in first.lower()  # kept alive...
+        assert read_to_eof(tls) == b""  # ...until idle for idleTimeout
+
+
+def test_slow_body_is_dropped(env: ApiEnv, hardened: str) -> None:
+    with tls_connection(env, port_of(hardened)) as tls:
+        tls.sendall(b"PUT /v1/databases/slow HTTP/1.1\r\nHost: api\r\nContent-Length: 10\r\n\r\n12345")
+        assert read_to_eof(tls) == b""  # no answer: closed at the body deadline
+
+
+def test_connections_per_client_are_capped(env: ApiEnv, caplog: pytest.LogCaptureFixture) -> None:
+    registry = CollectorRegistry()
+    with Served(env.components.app, env, max_connections_per_client=4, registry=registry) as base:
+        port = port_of(base)
+        held = [socket.create_connection(("127.0.0.1", port), source_address=("127.0.0.2", 0)) for _ in range(4)]
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=10, source_address=("127.0.0.2", 0)) as extra:
+                assert extra.recv(1) == b""  # closed at once, before any TLS
+            # Another address is still served.
+            assert requests.get(base + "/healthz", verify=str(env.ca_file), timeout=PROBE_TIMEOUT).status_code == 200
+        finally:
+            for sock in held:
+                sock.close()
+    labels = {"limit": "maxConnectionsPerClient"}
+    assert registry.get_sample_value("dbprovider_api_connections_refused_total", labels) == 1
+    refusals = [r for r in caplog.records if r.name == "api.server" and r.levelno == logging.WARNING]
+    assert refusals and "maxConnectionsPerClient 4" in refusals[0].getMessage()
+    assert "127.0.0.2" in refusals[0].getMessage()
+
+
+def test_connections_are_capped_overall(env: ApiEnv, caplog: pytest.LogCaptureFixture) -> None:
+    with Served(env.components.app, env, max_connections=3) as base:
+        port = port_of(base)
+        held = [socket.create_connection(("127.0.0.1", port), source_address=(f"127.0.0.{n}", 0)) for n in (2, 3, 4)]
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as extra:
+                assert extra.recv(1) == b""
+        finally:
+            for sock in held:
+                sock.close()
+        # Slots are given back when connections close.
+        wait_for(lambda: answers(base, env), timeout=10, what="a freed slot")
+    assert any("maxConnections 3" in r.getMessage() for r in caplog.records if r.name == "api.server")
+
+
+# -- framing ----------------------------------------------------------------------------------------
+
+NEXT = b"GET /healthz HTTP/1.1\r\nHost: api\r\n\r\n"  # must never be answered after a refused request
+FRAMING_CASES = {
+    "TE on HTTP/1.0": b"POST /healthz HTTP/1.0\r\nTransfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n"
+    + b"%x\r\n" % len(NEXT)
+    + NEXT
+    + b"\r\n0\r\n\r\n",
+    "CL with TE": b"POST /healthz HTTP/1.1\r\nHost: api\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"0\r\n\r\n",
+    "duplicate CL": b"POST /healthz HTTP/1.1\r\nHost: api\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\nx",
+    "different CL": b"POST /healthz HTTP/1.1\r\nHost: api\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nxx",
+    "CL 1_0": b"POST /healthz HTTP/1.1\r\nHost: api\r\nContent-Length: 1_0\r\n\r\n0123456789",
+    "CL +2": b"POST /healthz HTTP/1.1\r\nHost: api\r\nContent-Length: +2\r\n\r\nxx",
+    "CL list": b"POST /healthz HTTP/1.1\r\nHost: api\r\nContent-Length: 1, 1\r\n\r\nx",
+    "TE not chunked": b"POST /healthz HTTP/1.1\r\nHost: api\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n",
+    "obs-fold": b"GET /healthz HTTP/1.1\r\nHost: api\r\nX-A: 1\r\n 2\r\n\r\n",
+    "space before colon": b"GET /healthz HTTP/1.1\r\nHost: api\r\nContent-Length : 0\r\n\r\n",
+    "bare LF": b"GET /healthz HTTP/1.1\nHost: api\r\n\r\n",
+    "no Host on 1.1": b"GET /healthz HTTP/1.1\r\nX-A: 1\r\n\r\n",
+    "bad chunk size": b"POST /healthz HTTP/1.1\r\nHost: api\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"0x2\r\nab\r\n0\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("payload", FRAMING_CASES.values(), ids=FRAMING_CASES.keys())
+def test_ambiguous_framing_gets_400_and_a_closed_connection(env: ApiEnv, payload: bytes) -> None:
+    with tls_connection(env, env.server.port) as tls:
+        tls.sendall(payload + NEXT)
+        answer = read_to_eof(tls)
+    assert status_lines(answer) == [b"HTTP/1.1 400 Bad Request"]
+    assert b"connection: close" in answer.lower()
+    assert answer.endswith(b"}")  # a JSON error body, then the server closed
+
+
+def test_oversized_header_block_gets_431_and_a_closed_connection(env: ApiEnv) -> None:
+    with tls_connection(env, env.server.port) as tls:
+        tls.sendall(b"GET /healthz HTTP/1.1\r\nHost: api\r\nX-Pad: " + b"a" * 20000 + b"\r\n\r\n")
+        answer = read_to_eof(tls)
+    assert status_lines(answer) == [b"HTTP/1.1 431 Request Header Fields Too Large"]
+
+
+def test_unread_body_closes_the_connection(env: ApiEnv) -> None:
+    """A GET with a body the app does not read: answered, then closed; the body is never a request."""
+    smuggled = b"GET /v1/databases HTTP/1.1\r\nHost: api\r\n\r\n"
+    chunked = b"%x\r\n" % len(smuggled) + smuggled + b"\r\n0\r\n\r\n"
+    with tls_connection(env, env.server.port) as tls:
+        tls.sendall(b"GET /healthz HTTP/1.1\r\nHost: api\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked + NEXT)
+        answer = read_to_eof(tls)
+    assert status_lines(answer) == [b"HTTP/1.1 200 OK"]
+    assert b"connection: close" in answer.lower()
+
+
+def test_keep_alive_and_pipelining_still_work(env: ApiEnv, consumer: Consumer) -> None:
+    auth = f"Authorization: Bearer {consumer.token}\r\n".encode()
+    with tls_connection(env, env.server.port) as tls:
+        tls.sendall(NEXT + b"GET /v1/databases HTTP/1.1\r\nHost: api\r\n" + auth + b"Connection: close\r\n\r\n")
+        answer = read_to_eof(tls)
+    assert status_lines(answer) == [b"HTTP/1.1 200 OK", b"HTTP/1.1 200 OK"]
+
+
+def test_chunked_body_reaches_the_app(env: ApiEnv, consumer: Consumer) -> None:
+    body = iter([b'{"sizeClass"', b': "small"}'])  # a generator: requests sends it chunked
+    response = env.call(
+        "PUT", "/v1/databases/chunked", consumer.token, data=body, headers={"Content-Type": "application/json"}
+    )
+    assert response.status_code == 201
+    assert response.json()["sizeClass"] == "small"
+
+
+# -- TLS ------------------------------------------------------------------------------------------------
+
+
+def client_context(env: ApiEnv, version: ssl.TLSVersion, ciphers: str | None = None) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(env.ca_file))
+    context.minimum_version = context.maximum_version = version
+    if ciphers:
+        context.set_ciphers(ciphers)
+    return context
+
+
+def handshake(env: ApiEnv, context: ssl.SSLContext) -> str | None:
+    """The negotiated cipher, or None if the server refused the handshake."""
+    with socket.create_connection(("127.0.0.1", env.server.port), timeout=10) as raw:
+        try:
+            with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+                cipher = tls.cipher()
+                return cipher[0] if cipher else None
+        except ssl.SSLError:
+            return None
+
+
+def test_tls_13_and_12_with_aead_are_served(env: ApiEnv) -> None:
+    assert handshake(env, client_context(env, ssl.TLSVersion.TLSv1_3)) is not None
+    cipher = handshake(env, client_context(env, ssl.TLSVersion.TLSv1_2))
+    assert cipher is not None and ("GCM" in cipher or "CHACHA20" in cipher)
+
+
+def test_cbc_suites_on_tls_12_are_refused(env: ApiEnv) -> None:
+    context = client_context(env, ssl.TLSVersion.TLSv1_2, "ECDHE+AES:!AESGCM:!AESCCM:@SECLEVEL=0")
+    offered = [c for c in context.get_ciphers() if c["protocol"] == "TLSv1.2"]
+    assert offered and not any(c["aead"] for c in offered)  # on 1.2 the client offers CBC suites only
+    assert handshake(env, context) is None
+
+
+@pytest.mark.filterwarnings("ignore:ssl.TLSVersion:DeprecationWarning")
+@pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1, ssl.TLSVersion.TLSv1_1])
+def test_tls_below_12_is_refused(env: ApiEnv, version: ssl.TLSVersion) -> None:
+    assert handshake(env, client_context(env, version, "ALL:@SECLEVEL=0")) is None
+
+
+# -- helpers -------------------------------------------------------------------------------------------
+
+
+class tls_connection:  # noqa: N801 - used like a function in `with`
+    """A verified TLS connection to `port` with a generous read timeout."""
+
+    def __init__(self, env: ApiEnv, port: int | None) -> None:
+        assert port is not None
+        context = ssl.create_default_context(cafile=str(env.ca_file))
+        self.raw = socket.create_connection(("127.0.0.1", port), timeout=20)
+        self.tls = context.wrap_socket(self.raw, server_hostname="127.0.0.1")
+
+    def __enter__(self) -> ssl.SSLSocket:
+        return self.tls
+
+    def __exit__(self, *exc: object) -> None:
+        self.tls.close()
+
+
+def read_to_eof(tls: ssl.SSLSocket) -> bytes:
+    """Everything until the server closes; a read timeout (20 s) means it did not, and fails."""
+    data = b""
+    try:
+        while chunk := tls.recv(65536):
+            data += chunk
+    except (ConnectionResetError, ssl.SSLEOFError):
+        pass
+    return data
+
+
+def status_lines(answer: bytes) -> list[bytes]:
+    """The status lines of the answers (an answer's body is followed at once by the next one)."""
+    return re.findall(rb"HTTP/1\.1 [0-9]{3} [A-Za-z ]+", answer)

@@ -1,0 +1,55 @@
+"""The install config's `api` block: the front door's deadlines and connection bounds (issue 14)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from api.server import front_door_options
+from domain.config import ConfigError, load_install_config
+
+MINIMAL = {"tls": {"secretName": "api-tls"}}
+
+
+def test_defaults_reach_the_server() -> None:
+    config = load_install_config(MINIMAL)
+    assert front_door_options(config.api) == {
+        "header_timeout": 10.0,
+        "body_timeout": 10.0,
+        "idle_timeout": 30.0,
+        "max_connections": 1000,
+        "max_connections_per_client": 100,
+    }
+
+
+def test_values_are_read_and_dumped_as_written() -> None:
+    api = {"headerTimeout": "5s", "bodyTimeout": "1m", "idleTimeout": "2m30s", "maxConnections": 50,
+           "maxConnectionsPerClient": 5}
+    config = load_install_config({**MINIMAL, "api": api})
+    assert front_door_options(config.api) == {
+        "header_timeout": 5.0,
+        "body_timeout": 60.0,
+        "idle_timeout": 150.0,
+        "max_connections": 50,
+        "max_connections_per_client": 5,
+    }
+    assert config.model_dump(by_alias=True, mode="json")["api"] == api  # what the rendered ConfigMap holds
+
+
+@pytest.mark.parametrize(
+    ("api", "path"),
+    [
+        ({"headerTimeout": "0"}, "api.headerTimeout"),
+        ({"headerTimeout": 10}, "api.headerTimeout"),
+        ({"bodyTimeout": "-1s"}, "api.bodyTimeout"),
+        ({"idleTimeout": "2h"}, "api.idleTimeout"),
+        ({"maxConnections": 0}, "api.maxConnections"),
+        ({"maxConnectionsPerClient": "10"}, "api.maxConnectionsPerClient"),
+        ({"headertimeout": "5s"}, "api.headertimeout"),
+    ],
+)
+def test_invalid_values_are_named(api: dict[str, Any], path: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_install_config({**MINIMAL, "api": api})
+    assert path in dict(refused.value.problems)
