@@ -78,7 +78,7 @@ def create_app(
     app.add_route(ROUTE_DATABASES, DatabaseCollection(config, store))
     app.add_route(ROUTE_DATABASE, Database(config, store, max_body_bytes))
     app.add_route(ROUTE_CREDENTIALS, DatabaseCredentials(store))
-    app.add_route(ROUTE_ROTATE, CredentialsRotation(config, store))
+    app.add_route(ROUTE_ROTATE, CredentialsRotation(config, store, max_body_bytes))
     app.add_route("/healthz", Health())
     app.add_route("/readyz", Readiness([store.ready, tokens.ready, *ready_checks]))
     yaml_bytes, json_bytes = load_openapi(openapi_path)

@@ -23,6 +23,7 @@ from domain.constants import (
 
 SIZE_CLASS_MAX_LENGTH = 63
 BODY_FIELDS = ("sizeClass", "engine")
+ROTATE_BODY_FIELDS = ("terminateSessions",)
 _JSON_TYPES = ("application/json",)
 
 
@@ -41,13 +42,10 @@ def _is_json_media_type(content_type: str | None) -> bool:
     return media_type in _JSON_TYPES or (media_type.startswith("application/") and media_type.endswith("+json"))
 
 
-def parse_create_body(raw: bytes, content_type: str | None, config: InstallConfig) -> CreateDatabase:
-    """Validate the PUT body: empty or a JSON object with optional `sizeClass` and `engine`, nothing else.
-
-    Raises InvalidBody / UnsupportedMediaType; the messages never echo the body.
-    """
+def _json_object(raw: bytes, content_type: str | None, fields: tuple[str, ...]) -> dict[str, Any]:
+    """A JSON object body with only `fields` ({} for an empty body); the messages never echo the body."""
     if not raw.strip():
-        return CreateDatabase()
+        return {}
     if not _is_json_media_type(content_type):
         raise UnsupportedMediaType()
     try:
@@ -56,8 +54,27 @@ def parse_create_body(raw: bytes, content_type: str | None, config: InstallConfi
         raise InvalidBody("the request body is not valid JSON") from None
     if not isinstance(data, dict):
         raise InvalidBody("the request body must be a JSON object")
-    if any(key not in BODY_FIELDS for key in data):
-        raise InvalidBody("unknown field in the request body (allowed: sizeClass, engine)")
+    if any(key not in fields for key in data):
+        raise InvalidBody(f"unknown field in the request body (allowed: {', '.join(fields)})")
+    return data
+
+
+def parse_rotate_body(raw: bytes, content_type: str | None) -> bool:
+    """The rotate body: empty or `{"terminateSessions": <bool>}`; True asks to end the old sessions."""
+    terminate = _json_object(raw, content_type, ROTATE_BODY_FIELDS).get("terminateSessions", False)
+    if not isinstance(terminate, bool):
+        raise InvalidBody("terminateSessions must be true or false")
+    return terminate
+
+
+def parse_create_body(raw: bytes, content_type: str | None, config: InstallConfig) -> CreateDatabase:
+    """Validate the PUT body: empty or a JSON object with optional `sizeClass` and `engine`, nothing else.
+
+    Raises InvalidBody / UnsupportedMediaType; the messages never echo the body.
+    """
+    data = _json_object(raw, content_type, BODY_FIELDS)
+    if not data:
+        return CreateDatabase()
     size_class = data.get("sizeClass", "")
     if not isinstance(size_class, str):
         raise InvalidBody("sizeClass must be a string")

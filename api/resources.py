@@ -8,7 +8,7 @@ from typing import Any
 import falcon
 
 from api.errors import PayloadTooLarge, Unavailable
-from api.models import database_view, parse_create_body
+from api.models import database_view, parse_create_body, parse_rotate_body
 from api.store import DatabaseStore
 from domain.config import InstallConfig
 
@@ -103,12 +103,14 @@ class DatabaseCredentials:
 class CredentialsRotation:
     """POST /v1/databases/{externalId}/credentials/rotate."""
 
-    def __init__(self, config: InstallConfig, store: DatabaseStore) -> None:
+    def __init__(self, config: InstallConfig, store: DatabaseStore, max_body_bytes: int) -> None:
         self.config = config
         self.store = store
+        self.max_body_bytes = max_body_bytes
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, externalId: str) -> None:  # noqa: N803
-        db = self.store.request_rotation(req.context.consumer, externalId)
+        end_sessions = parse_rotate_body(read_body(req, self.max_body_bytes), req.content_type)
+        db = self.store.request_rotation(req.context.consumer, externalId, end_sessions)
         resp.status = falcon.HTTP_202
         resp.media = database_view(db, self.config)
         resp.cache_control = [NO_STORE]

@@ -47,6 +47,7 @@ from domain.config import InstallConfig
 from domain.constants import (
     ANNOTATION_DELETE_REQUESTED_AT,
     ANNOTATION_PASSWORD_ID,
+    ANNOTATION_ROTATE_END_SESSIONS,
     ANNOTATION_ROTATE_REQUESTED_AT,
     API_VERSION,
     CREDENTIALS_KEYS,
@@ -235,26 +236,31 @@ class DatabaseStore:
     def request_deletion(self, consumer: str, external_id: str) -> Obj:
         """Set the delete annotation (with the request time) unless set; never deletes the object."""
 
-        def decide(db: Obj) -> str | None:
+        def decide(db: Obj) -> dict[str, str | None] | None:
             if ANNOTATION_DELETE_REQUESTED_AT in annotations(db):
                 return None
-            return format_timestamp(self.clock())
+            return {ANNOTATION_DELETE_REQUESTED_AT: format_timestamp(self.clock())}
 
-        return self._annotate(consumer, external_id, ANNOTATION_DELETE_REQUESTED_AT, decide)
+        return self._annotate(consumer, external_id, decide)
 
-    def request_rotation(self, consumer: str, external_id: str) -> Obj:
-        """Set the rotate annotation to the request time (a new value asks the reconciler for a new password)."""
+    def request_rotation(self, consumer: str, external_id: str, end_sessions: bool = False) -> Obj:
+        """Set the rotate annotation to the request time (a new value asks the reconciler for a new password).
 
-        def decide(db: Obj) -> str | None:
+        `end_sessions` also asks the reconciler to end the sessions opened with the old password,
+        by naming the same request time in the end-sessions annotation.
+        """
+
+        def decide(db: Obj) -> dict[str, str | None] | None:
             if not is_ready(db):
                 raise NotReady()
             moment = self.clock()
             value = format_timestamp(moment)
             if value == annotations(db).get(ANNOTATION_ROTATE_REQUESTED_AT):  # same microsecond: still new
                 value = format_timestamp(moment + timedelta(microseconds=1))
-            return value
+            end = value if end_sessions else None  # None removes a flag left by an earlier request
+            return {ANNOTATION_ROTATE_REQUESTED_AT: value, ANNOTATION_ROTATE_END_SESSIONS: end}
 
-        return self._annotate(consumer, external_id, ANNOTATION_ROTATE_REQUESTED_AT, decide)
+        return self._annotate(consumer, external_id, decide)
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -374,18 +380,20 @@ class DatabaseStore:
                 if not entries:
                     del self._pending[consumer]
 
-    def _annotate(self, consumer: str, external_id: str, key: str, decide: Callable[[Obj], str | None]) -> Obj:
-        """Set one annotation on the consumer's database from a fresh read; retried on write conflicts."""
+    def _annotate(
+        self, consumer: str, external_id: str, decide: Callable[[Obj], dict[str, str | None] | None]
+    ) -> Obj:
+        """Set (None: remove) annotations on the consumer's database from a fresh read; retried on write conflicts."""
         name = self._object_name(consumer, external_id)
         self._require_apiserver()
         for _ in range(ANNOTATE_ATTEMPTS):
             db = self._get_live(name)
             if db is None or not self._is_mine(db, consumer, external_id):
                 raise NotFound()
-            value = decide(db)
-            if value is None:
+            values = decide(db)
+            if values is None:
                 return db
-            patch = {"metadata": {"resourceVersion": metadata(db).get("resourceVersion"), "annotations": {key: value}}}
+            patch = {"metadata": {"resourceVersion": metadata(db).get("resourceVersion"), "annotations": values}}
             try:
                 return self.rest.patch(DATABASES, name, patch, self.namespace, timeout=self.write_timeout)
             except ApiException as exc:

@@ -19,6 +19,7 @@ from domain.config import (
 from domain.constants import (
     ANNOTATION_DELETE_REQUESTED_AT,
     ANNOTATION_RESTORE_TENANT,
+    ANNOTATION_ROTATE_END_SESSIONS,
     ANNOTATION_ROTATE_REQUESTED_AT,
     API_VERSION,
     FINALIZER_TENANT,
@@ -65,6 +66,7 @@ from domain.validation import format_validation_error, validation_problems
 __all__ = [
     "ANNOTATION_DELETE_REQUESTED_AT",
     "ANNOTATION_RESTORE_TENANT",
+    "ANNOTATION_ROTATE_END_SESSIONS",
     "ANNOTATION_ROTATE_REQUESTED_AT",
     "API_VERSION",
     "DEFAULT_IMAGE",

@@ -33,6 +33,9 @@ LABEL_SHARD = f"{GROUP}/shard"
 ANNOTATION_DELETE_REQUESTED_AT = f"{GROUP}/delete-requested-at"
 # Set (with the request time) by the API's rotate route: the reconciler sets a new password once per value.
 ANNOTATION_ROTATE_REQUESTED_AT = f"{GROUP}/rotate-requested-at"
+# Set by the rotate route with `terminateSessions: true` (value: the same request time): once that
+# rotation's password is set, the tenant's sessions (opened with the old password) are ended.
+ANNOTATION_ROTATE_END_SESSIONS = f"{GROUP}/rotate-end-sessions"
 # Held on every Database until its tenant is dropped (or it never got one).
 # Set by an operator when re-creating a Database whose object was lost (e.g. a held delete whose
 # finalizer was removed): "<shard>/<tenant name>" adopts that existing tenant instead of placing anew.
@@ -129,6 +132,7 @@ class DatabaseReason(enum.StrEnum):
     SET_LIMIT_FAILED = "SetLimitFailed"
     DISABLE_FAILED = "DisableFailed"
     DROP_FAILED = "DropFailed"
+    RESTORE_REFUSED = "RestoreRefused"
 
 
 class DriftReason(enum.StrEnum):

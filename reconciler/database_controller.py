@@ -25,6 +25,7 @@ from domain.config import InstallConfig, UnknownSizeClass
 from domain.constants import (
     ANNOTATION_DELETE_REQUESTED_AT,
     ANNOTATION_RESTORE_TENANT,
+    ANNOTATION_ROTATE_END_SESSIONS,
     ANNOTATION_ROTATE_REQUESTED_AT,
     FINALIZER_TENANT,
     DatabaseConditionType,
@@ -53,11 +54,13 @@ from reconciler.placement import PlacementIndex
 from reconciler.resources import DATABASES, database_shard
 from reconciler.runtime import ReconcileError, Result, TerminalError, ensure_active, set_condition, update_status
 from reconciler.runtime.status import get_condition, is_condition_true, remove_condition
-from reconciler.sql import errors as sql_errors
+from reconciler.sql import errors as sqlerrors
 from reconciler.sql.errors import SqlFailure
 from reconciler.sql.session import AdminSession
 from reconciler.sql.tenant import (
+    OwnerRecord,
     TenantSpec,
+    claim_tenant,
     disable_tenant,
     drop_tenant,
     enable_tenant,
@@ -73,7 +76,7 @@ NO_CAPACITY_RETRY = 300.0
 # capacity failure. A Shard turning Ready enqueues unplaced databases at once; this is the fallback.
 SHARDS_UNAVAILABLE_RETRY = 30.0
 # SQL failures that say more about the shard than about this database.
-SHARD_TROUBLE = frozenset({sql_errors.UNREACHABLE, sql_errors.CONNECTION_LOST, sql_errors.TIMEOUT})
+SHARD_TROUBLE = frozenset({sqlerrors.UNREACHABLE, sqlerrors.CONNECTION_LOST, sqlerrors.TIMEOUT})
 
 
 def _parse_time(value: str | None) -> datetime | None:
@@ -95,6 +98,12 @@ def _conditional(patch: dict[str, Any], obj: dict[str, Any]) -> dict[str, Any]:
 
 def _rfc3339(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _condition_reason(conditions: list[dict[str, Any]], type_: str) -> str | None:
+    """The reason of condition `type_` now: a value, not the dict that set_condition will change."""
+    condition = get_condition(conditions, type_)
+    return None if condition is None else condition.get("reason")
 
 
 @dataclass
@@ -200,11 +209,11 @@ class DatabaseController:
 
     def _set_ready(self, p: Pass, ready: bool, reason: str, message: str) -> bool:
         """Set the Ready condition; a new failure reason also becomes a Warning event."""
-        before = get_condition(p.conditions, DatabaseConditionType.READY)
+        # Read the old reason before set_condition mutates the condition dict in place.
+        before = _condition_reason(p.conditions, DatabaseConditionType.READY)
         changed = set_condition(p.conditions, DatabaseConditionType.READY, ready, reason, message, p.generation)
-        if changed and not ready and reason not in (DatabaseReason.PROVISIONING, DatabaseReason.DELETING):
-            if before is None or before.get("reason") != reason:
-                self.events.record(p.db, reason, f"{message} ({p.describe()})", warning=True)
+        if not ready and before != reason and reason not in (DatabaseReason.PROVISIONING, DatabaseReason.DELETING):
+            self.events.record(p.db, reason, f"{message} ({p.describe()})", warning=True)
         return changed
 
     def _fail(self, p: Pass, phase: str, reason: str, message: str, *, terminal: bool = False) -> None:
@@ -217,11 +226,24 @@ class DatabaseController:
             raise TerminalError(reason, message)
         raise ReconcileError(reason, message)
 
-    def _patch_metadata(self, p: Pass, patch: dict[str, Any]) -> None:
+    def _patch_metadata(self, p: Pass, patch: dict[str, Any]) -> bool:
+        """Patch metadata (finalizers); False when the object is gone already (404): nothing to do.
+
+        A stale cache (another replica finished the delete, or the watch event of the removal is
+        in flight) must not turn a finished delete into a reconcile error.
+        """
         ensure_active()
         body = {"metadata": {**patch, "resourceVersion": p.meta["resourceVersion"]}}
-        p.db = self.rest.patch(DATABASES, p.meta["name"], body, p.meta["namespace"])
+        try:
+            p.db = self.rest.patch(DATABASES, p.meta["name"], body, p.meta["namespace"])
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            self._written.pop(f"{p.meta['namespace']}/{p.meta['name']}", None)
+            log.info("database already gone", extra={"database": p.meta["name"]})
+            return False
         self._wrote(p.db)
+        return True
 
     # -- reconcile -------------------------------------------------------------------------------
 
@@ -241,7 +263,8 @@ class DatabaseController:
         if FINALIZER_TENANT not in finalizers:
             if k8s_deleting:
                 return None  # nothing of ours is left on it
-            self._patch_metadata(p, {"finalizers": [*finalizers, FINALIZER_TENANT]})
+            if not self._patch_metadata(p, {"finalizers": [*finalizers, FINALIZER_TENANT]}):
+                return None
             p.status = copy.deepcopy(p.db.get("status") or {})
         if k8s_deleting and not delete_requested:
             return self._hold(p)
@@ -327,11 +350,65 @@ class DatabaseController:
                 f"annotation {ANNOTATION_RESTORE_TENANT} must be <shard>/<tenant name>",
                 terminal=True,
             )
+        self._claim(p, shard, tenant)
         p.status.update(shard=shard, tenantName=tenant, phase=Phase.PROVISIONING)
         self._set_ready(p, False, DatabaseReason.PROVISIONING, "restoring an existing tenant, SQL pending")
         self._write_status(p)
         self.events.record(p.db, EventReason.CREATED, f"restored onto its existing tenant ({p.describe()})")
         return None
+
+    def _claim(self, p: Pass, shard_name: str, tenant: str) -> None:
+        """Adopt only a tenant of this consumer whose owning Database is gone (RestoreRefused otherwise).
+
+        Checked before anything is written: no other Database may name the tenant in its status,
+        and the role's ownership record must name this consumer and a Database that no longer
+        exists (read live, under the shard-side lock of `claim_tenant`).
+        """
+        uid = p.meta["uid"]
+
+        def holder(items: list[dict[str, Any]]) -> str | None:
+            for other in items:
+                named = ((other.get("status") or {}).get("shard"), (other.get("status") or {}).get("tenantName"))
+                if other["metadata"]["uid"] != uid and named == (shard_name, tenant):
+                    return str(other["metadata"]["name"])
+            return None
+
+        def live() -> list[dict[str, Any]]:
+            return self.rest.list(DATABASES, p.meta["namespace"]).get("items") or []
+
+        def released(record: OwnerRecord) -> bool:
+            items = live()
+            return holder(items) is None and all(o["metadata"]["uid"] != record.database_uid for o in items)
+
+        other = holder(live())
+        if other is not None:
+            self._refuse_restore(p, f"Database {other} owns tenant {shard_name}/{tenant}")
+        shard = self.shards.get(shard_name)
+        if shard is None:
+            self._fail(p, Phase.FAILED, DatabaseReason.SHARD_NOT_FOUND, f"shard {shard_name} not found")
+        session = self._session(p, shard, Phase.PROVISIONING, DatabaseReason.ADMIN_UNAVAILABLE)
+        try:
+            claim_tenant(session, tenant, self._owner(p), released)
+        except SqlFailure as failure:
+            if failure.error_class in (sqlerrors.RESTORE_REFUSED, sqlerrors.NAME_TAKEN):
+                self._refuse_restore(p, f"{failure}: {shard_name}/{tenant}")
+            self.sessions.drop(shard_name)
+            self.admin_endpoints.forget(shard_name)
+            self._fail(p, Phase.PROVISIONING, DatabaseReason.ADMIN_UNAVAILABLE, str(failure))
+
+    def _refuse_restore(self, p: Pass, message: str) -> None:
+        self._fail(
+            p,
+            Phase.FAILED,
+            DatabaseReason.RESTORE_REFUSED,
+            f"annotation {ANNOTATION_RESTORE_TENANT} refused, nothing was changed: {message}",
+            terminal=True,
+        )
+
+    @staticmethod
+    def _owner(p: Pass) -> OwnerRecord:
+        """The ownership record this Database writes into its tenant role's comment."""
+        return OwnerRecord(str(p.spec.get("consumer") or ""), str(p.meta["uid"]))
 
     @staticmethod
     def _client_endpoint(shard: dict[str, Any]) -> Endpoint:
@@ -452,7 +529,7 @@ class DatabaseController:
                 terminal=True,
             )
         session = self._session(p, shard, Phase.PROVISIONING, DatabaseReason.ADMIN_UNAVAILABLE)
-        tenant = TenantSpec(p.status["tenantName"], self._password(secret), limit)
+        tenant = TenantSpec(p.status["tenantName"], self._password(secret), limit, self._owner(p))
 
         pending = self._password_pending(p, secret)
 
@@ -516,9 +593,11 @@ class DatabaseController:
         if pending:
             session = self._session(p, shard, Phase.READY, DatabaseReason.ADMIN_UNAVAILABLE)
             tenant, password = p.status["tenantName"], self._password(secret)
+            annotations = p.meta.get("annotations") or {}
+            end_sessions = rotate_requested and annotations.get(ANNOTATION_ROTATE_END_SESSIONS) == rotation
 
             def rotate() -> None:
-                set_password(session, tenant, password)
+                set_password(session, tenant, password, end_sessions=end_sessions)
 
             self._sql(p, Phase.READY, DatabaseReason.ADMIN_UNAVAILABLE, rotate, shard_name)
             self._password_applied(p, secret)
@@ -549,31 +628,24 @@ class DatabaseController:
     def _set_drift(self, p: Pass) -> None:
         """ConnectionLimitDrift: the install config now resolves another limit (or no class at all)."""
         size_class = p.spec.get("sizeClass") or ""
+        applied = p.status.get("appliedConnectionLimit")
         try:
             wanted = self.config.resolve_connection_limit(size_class)
         except UnknownSizeClass:
-            set_condition(
-                p.conditions,
-                DatabaseConditionType.CONNECTION_LIMIT_DRIFT,
-                True,
-                DriftReason.UNKNOWN_SIZE_CLASS,
-                f"size class {size_class!r} is no longer configured",
-                p.generation,
-            )
-            return
-        applied = p.status.get("appliedConnectionLimit")
-        if applied is not None and wanted != applied:
-            set_condition(
-                p.conditions,
-                DatabaseConditionType.CONNECTION_LIMIT_DRIFT,
-                True,
-                DriftReason.CONFIG_CHANGED,
-                f"install config resolves connection limit {wanted}, the role has {applied}; change "
-                "spec.sizeClass to apply a new limit",
-                p.generation,
-            )
+            reason, message = DriftReason.UNKNOWN_SIZE_CLASS, f"size class {size_class!r} is no longer configured"
         else:
-            remove_condition(p.conditions, DatabaseConditionType.CONNECTION_LIMIT_DRIFT)
+            if applied is None or wanted == applied:
+                remove_condition(p.conditions, DatabaseConditionType.CONNECTION_LIMIT_DRIFT)
+                return
+            reason = DriftReason.CONFIG_CHANGED
+            message = (
+                f"install config resolves connection limit {wanted}, the role has {applied}; change "
+                "spec.sizeClass to apply a new limit"
+            )
+        before = _condition_reason(p.conditions, DatabaseConditionType.CONNECTION_LIMIT_DRIFT)
+        set_condition(p.conditions, DatabaseConditionType.CONNECTION_LIMIT_DRIFT, True, reason, message, p.generation)
+        if before != reason:  # the database stays Ready, but the operator should know once
+            self.events.record(p.db, reason, f"{message} ({p.describe()})", warning=True)
 
     # -- deletion --------------------------------------------------------------------------------
 
@@ -675,7 +747,8 @@ class DatabaseController:
             if exc.status != 404:
                 raise
         finalizers = [f for f in p.meta.get("finalizers") or [] if f != FINALIZER_TENANT]
-        self._patch_metadata(p, {"finalizers": finalizers})
+        if not self._patch_metadata(p, {"finalizers": finalizers}):
+            return None  # deleted meanwhile: the delete is done
         if not p.db["metadata"].get("deletionTimestamp"):
             try:
                 self.rest.delete(DATABASES, p.meta["name"], p.meta["namespace"])

@@ -30,6 +30,7 @@ NAME_TAKEN = "name_taken"
 OBJECT_IN_USE = "object_in_use"
 DEPENDENT_OBJECTS = "dependent_objects"
 CONFLICT = "conflict"
+RESTORE_REFUSED = "restore_refused"
 OTHER = "other"
 
 RETRYABLE: dict[str, bool] = {
@@ -49,6 +50,7 @@ RETRYABLE: dict[str, bool] = {
     OBJECT_IN_USE: True,
     DEPENDENT_OBJECTS: False,
     CONFLICT: True,
+    RESTORE_REFUSED: False,
     OTHER: False,
 }
 
@@ -59,7 +61,7 @@ class SqlFailure(Exception):
     """One failed shard operation, safe to show in a condition message, an event or a log line.
 
     `operation` is the operation's name ("create", "set limit", "rotate", "disable", "enable",
-    "drop", "check", "inspect"), `error_class` one of the tokens above, `retryable` whether a quick
+    "drop", "check", "inspect", "restore"), `error_class` one of the tokens above, `retryable` whether a quick
     retry may help, `sqlstate` the server's code when there was one, and `detail` an optional
     explanation written by this package (never driver text).
     """

@@ -9,14 +9,24 @@ Provisioning (`PROVISIONING_STEPS`, run by `ensure_tenant`), each step skipped w
 shows it done:
 
 1. role:       CREATE ROLE t LOGIN PASSWORD '<SCRAM verifier>' CONNECTION LIMIT n
+               COMMENT ON ROLE t IS '<ownership record>'   (same transaction)
 2. membership: GRANT t TO CURRENT_USER WITH SET TRUE, INHERIT FALSE   (16+)
                GRANT t TO CURRENT_USER                                 (before 16, NOINHERIT provisioner)
-3. database:   CREATE DATABASE t OWNER t ALLOW_CONNECTIONS false
+3. database:   CREATE DATABASE t OWNER t TEMPLATE template0 ALLOW_CONNECTIONS false
 4. open:       SET ROLE t; REVOKE ALL ON DATABASE t FROM PUBLIC; GRANT CONNECT ON DATABASE t TO t;
                ALTER DATABASE t ALLOW_CONNECTIONS true; RESET ROLE
 
 Passwords are sent only as SCRAM-SHA-256 verifiers computed here, so no statement (not even with
 log_statement=all) carries a plaintext password.
+
+The database is copied from `template0`: nobody can connect to it, so a tenant's session on
+`template1` cannot make CREATE DATABASE fail, and nothing a tenant planted in `template1` reaches
+another tenant's database.
+
+A tenant cannot block its own disable or drop: every statement a tenant session could hold up
+(a lock on its role or database row, a session in its database) runs after the tenant's sessions
+are ended, and is tried again (ending sessions again) when it meets `lock_timeout` or
+`object_in_use` (`SESSION_RETRIES`).
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import json
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -31,6 +42,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import psycopg
+from psycopg import errors as pgerrors
 from psycopg import sql
 
 from domain.naming import PG_IDENTIFIER_MAX_BYTES, PG_IDENTIFIER_RE
@@ -42,6 +54,10 @@ from reconciler.sql.session import OPERATION_TIMEOUT, Admin, run_operation
 SCRAM_ITERATIONS = 4096  # PostgreSQL's default scram_iterations
 SCRAM_SALT_BYTES = 16
 TERMINATE_WAIT_MS = 5000  # pg_terminate_backend(pid, timeout) waits for the backend to exit (14+)
+# Disable and drop: attempts of the whole close sequence when a tenant session blocks it (each
+# ends the tenant's sessions first); each attempt waits at most the session's lock_timeout.
+SESSION_RETRIES = 4
+TEMPLATE_DATABASE = "template0"
 
 # Operation names, as they appear in "<operation> failed: <class>".
 OP_CREATE = "create"
@@ -51,6 +67,7 @@ OP_DISABLE = "disable"
 OP_ENABLE = "enable"
 OP_DROP = "drop"
 OP_INSPECT = "inspect"
+OP_RESTORE = "restore"
 
 
 # -- desired and observed state ----------------------------------------------------------------
@@ -82,12 +99,49 @@ def validate_connection_limit(limit: object) -> int:
 
 
 @dataclass(frozen=True)
+class OwnerRecord:
+    """Which Database owns a tenant, kept in the role's COMMENT so a restore can check it.
+
+    The comment is JSON (`{"consumer": ..., "databaseUid": ...}`). Only a role with CREATEROLE (and,
+    from 16 on, ADMIN on the role) may change it, so the tenant cannot forge it; everybody on the
+    server can read it (`pg_shdescription`), like the role names.
+    """
+
+    consumer: str
+    database_uid: str
+
+    def __post_init__(self) -> None:
+        if not self.consumer or not self.database_uid:
+            raise ValueError("an ownership record names a consumer and a Database UID")
+
+    def comment(self) -> str:
+        return json.dumps({"consumer": self.consumer, "databaseUid": self.database_uid}, sort_keys=True)
+
+    @classmethod
+    def parse(cls, comment: str | None) -> OwnerRecord | None:
+        """The record in a role comment; None for no comment or one that is not ours."""
+        if not comment:
+            return None
+        try:
+            data = json.loads(comment)
+        except ValueError:
+            return None
+        if not isinstance(data, dict):
+            return None
+        consumer, uid = data.get("consumer"), data.get("databaseUid")
+        if not isinstance(consumer, str) or not isinstance(uid, str) or not consumer or not uid:
+            return None
+        return cls(consumer, uid)
+
+
+@dataclass(frozen=True)
 class TenantSpec:
-    """The desired tenant: `name` is both the role and the database name."""
+    """The desired tenant: `name` is both the role and the database name; `owner` goes into its comment."""
 
     name: str
     password: str = field(repr=False)
     connection_limit: int
+    owner: OwnerRecord | None = None
 
     def __post_init__(self) -> None:
         validate_tenant_name(self.name)
@@ -109,6 +163,7 @@ class TenantState:
     public_revoked: bool  # the database ACL has no entry for PUBLIC (not even the default one)
     tenant_can_connect: bool  # the ACL grants CONNECT to the tenant role explicitly
     role_oid: int | None = field(default=None, repr=False, compare=False)
+    owner: OwnerRecord | None = field(default=None, compare=False)  # the role's ownership record
 
     @property
     def absent(self) -> bool:
@@ -147,7 +202,8 @@ SELECT r.oid, coalesce(r.rolcanlogin, false), r.rolconnlimit,
                 AND NOT EXISTS (SELECT 1 FROM pg_catalog.aclexplode(d.datacl) a WHERE a.grantee = 0),
                 false),
        coalesce(EXISTS (SELECT 1 FROM pg_catalog.aclexplode(d.datacl) a
-                         WHERE a.grantee = r.oid AND a.privilege_type = 'CONNECT'), false)
+                         WHERE a.grantee = r.oid AND a.privilege_type = 'CONNECT'), false),
+       pg_catalog.shobj_description(r.oid, 'pg_authid')
   FROM (VALUES (%(name)s::text)) AS n(name)
   LEFT JOIN pg_catalog.pg_roles r ON r.rolname = n.name
   LEFT JOIN pg_catalog.pg_database d ON d.datname = n.name
@@ -158,7 +214,7 @@ def read_state(conn: psycopg.Connection, name: str) -> TenantState:
     """One catalog read (no bound, no classification: for use inside an operation)."""
     row = conn.execute(_STATE, {"name": name}).fetchone()
     assert row is not None
-    role_oid, can_login, limit, db_exists, owned, allow, public_revoked, tenant_connect = row
+    role_oid, can_login, limit, db_exists, owned, allow, public_revoked, tenant_connect, comment = row
     return TenantState(
         name=name,
         role_exists=role_oid is not None,
@@ -170,6 +226,7 @@ def read_state(conn: psycopg.Connection, name: str) -> TenantState:
         public_revoked=public_revoked,
         tenant_can_connect=tenant_connect,
         role_oid=role_oid,
+        owner=OwnerRecord.parse(comment),
     )
 
 
@@ -331,6 +388,8 @@ def ensure_role(conn: psycopg.Connection, spec: TenantSpec) -> bool:
     not even the password.
     """
     state = read_state(conn, spec.name)
+    if state.role_exists:
+        _ensure_owner(conn, spec, state)
     if not state.role_exists:
         statement = "CREATE ROLE {} LOGIN PASSWORD {} CONNECTION LIMIT {}"
     elif not (state.database_exists and state.allow_connections):
@@ -342,8 +401,27 @@ def ensure_role(conn: psycopg.Connection, spec: TenantSpec) -> bool:
         # enable_tenant change it deliberately.
         return True
     verifier = sql.Literal(scram_verifier(spec.password))
-    conn.execute(sql.SQL(statement).format(_ident(spec.name), verifier, sql.Literal(spec.connection_limit)))
+    role = sql.SQL(statement).format(_ident(spec.name), verifier, sql.Literal(spec.connection_limit))
+    if state.role_exists or spec.owner is None:
+        conn.execute(role)
+        return False
+    with conn.transaction():  # a new role never exists without its ownership record
+        conn.execute(role)
+        _comment(conn, spec.name, spec.owner)
     return False
+
+
+def _comment(conn: psycopg.Connection, name: str, owner: OwnerRecord) -> None:
+    conn.execute(sql.SQL("COMMENT ON ROLE {} IS {}").format(_ident(name), sql.Literal(owner.comment())))
+
+
+def _ensure_owner(conn: psycopg.Connection, spec: TenantSpec, state: TenantState) -> None:
+    """Write a missing ownership record (tenants made before records existed); refuse another owner's."""
+    if spec.owner is None or state.owner == spec.owner:
+        return
+    if state.owner is not None:
+        raise _refuse(errors.NAME_TAKEN, "the tenant role carries another Database's ownership record")
+    _comment(conn, spec.name, spec.owner)
 
 
 def ensure_membership(conn: psycopg.Connection, spec: TenantSpec) -> None:
@@ -361,9 +439,10 @@ def ensure_database(conn: psycopg.Connection, spec: TenantSpec) -> None:
         raise _refuse(errors.NOT_FOUND, "the tenant role does not exist")
     _check_owner(state)
     if not state.database_exists:
+        # template0 takes no connections: no tenant session can block the copy or plant objects in it.
         conn.execute(
-            sql.SQL("CREATE DATABASE {} OWNER {} ALLOW_CONNECTIONS false").format(
-                _ident(spec.name), _ident(spec.name)
+            sql.SQL("CREATE DATABASE {} OWNER {} TEMPLATE {} ALLOW_CONNECTIONS false").format(
+                _ident(spec.name), _ident(spec.name), _ident(TEMPLATE_DATABASE)
             )
         )
 
@@ -412,35 +491,106 @@ def set_connection_limit(admin: Admin, name: str, limit: int, *, timeout: float 
     run_operation(admin, OP_SET_LIMIT, _one_statement(statement), timeout=timeout)
 
 
-def set_password(admin: Admin, name: str, password: str, *, timeout: float = OPERATION_TIMEOUT) -> None:
-    """Exactly one `ALTER ROLE ... PASSWORD '<SCRAM verifier>'` (operation "rotate")."""
+def set_password(
+    admin: Admin, name: str, password: str, *, end_sessions: bool = False, timeout: float = OPERATION_TIMEOUT
+) -> None:
+    """Exactly one `ALTER ROLE ... PASSWORD '<SCRAM verifier>'` (operation "rotate").
+
+    Sessions opened with the old password survive it (PostgreSQL checks a password only at login);
+    `end_sessions` ends them afterwards, as the tenant, for a consumer rotating a leaked password.
+    """
     validate_tenant_name(name)
     statement = sql.SQL("ALTER ROLE {} PASSWORD {}").format(_ident(name), sql.Literal(scram_verifier(password)))
-    run_operation(admin, OP_ROTATE, _one_statement(statement), timeout=timeout)
+
+    def body(conn: psycopg.Connection) -> None:
+        conn.execute(statement)
+        if end_sessions:
+            state = read_state(conn, name)
+            if state.role_oid is not None and _has_sessions(conn, state.role_oid):
+                _ensure_membership(conn, name, state.role_oid)
+                _end_sessions(conn, name, state.role_oid)
+
+    run_operation(admin, OP_ROTATE, body, timeout=timeout)
+
+
+def _end_sessions(conn: psycopg.Connection, name: str, role_oid: int) -> None:
+    """End every session of the tenant, as the tenant (the only way the provisioner may)."""
+    if _has_sessions(conn, role_oid):
+        with _as_role(conn, name):
+            _terminate_sessions(conn, role_oid)
+
+
+def _close(conn: psycopg.Connection, name: str, state: TenantState) -> None:
+    """NOLOGIN, ALLOW_CONNECTIONS false, no session left. Needs SET on the role.
+
+    Sessions are ended before each statement a tenant session could hold up (an open transaction
+    that altered its own role or database keeps that catalog row locked), and again at the end
+    for any session that logged in meanwhile.
+    """
+    assert state.role_oid is not None
+    _end_sessions(conn, name, state.role_oid)
+    if state.can_login:
+        conn.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(_ident(name)))
+    if state.database_exists and state.allow_connections:
+        _end_sessions(conn, name, state.role_oid)
+        with _as_role(conn, name):
+            conn.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false").format(_ident(name)))
+    _end_sessions(conn, name, state.role_oid)
+
+
+def _despite_sessions(
+    conn: psycopg.Connection, name: str, steps: Callable[[psycopg.Connection, str, TenantState], None]
+) -> None:
+    """Run `steps` on a fresh catalog read; when a tenant session blocks them, run them again.
+
+    A blocked statement fails with lock_timeout (a lock held by a tenant transaction) or
+    object_in_use (a session still in the database); every attempt ends the tenant's sessions
+    before such statements, so a tenant cannot stop its own disable or drop.
+    """
+    for attempt in range(SESSION_RETRIES):
+        try:
+            steps(conn, name, read_state(conn, name))
+            return
+        except (pgerrors.LockNotAvailable, pgerrors.ObjectInUse):
+            if attempt + 1 >= SESSION_RETRIES:
+                raise
+
+
+def _disable_steps(conn: psycopg.Connection, name: str, state: TenantState) -> None:
+    _check_owner(state)
+    if not state.role_exists or state.role_oid is None:
+        return  # no role: nobody can log in as it (and it can own no database)
+    if state.disabled and not _has_sessions(conn, state.role_oid):
+        return
+    _ensure_membership(conn, name, state.role_oid)
+    _close(conn, name, state)
+
+
+def _drop_steps(conn: psycopg.Connection, name: str, state: TenantState) -> None:
+    _check_owner(state)
+    if not state.role_exists or state.role_oid is None:
+        return  # no role, hence no database of it either: already dropped
+    _disable_steps(conn, name, state)
+    with _as_role(conn, name):
+        if state.database_exists:
+            # Waits up to 5 s for the ended backends to exit, else object_in_use (tried again).
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(_ident(name)))
+        # What the tenant made in the admin database (objects where PUBLIC may create, default
+        # privileges anyone may set) would otherwise make DROP ROLE fail with dependent_objects.
+        conn.execute(sql.SQL("DROP OWNED BY {}").format(_ident(name)))
+    conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(_ident(name)))
 
 
 def disable_tenant(admin: Admin, name: str, *, timeout: float = OPERATION_TIMEOUT) -> None:
     """NOLOGIN, ALLOW_CONNECTIONS false, and end the tenant's sessions (operation "disable").
 
     Nothing is dropped; `enable_tenant` restores access with the same credentials. A tenant that
-    does not exist is already disabled.
+    does not exist is already disabled. Sessions of the tenant holding locks are ended first.
     """
     validate_tenant_name(name)
 
     def body(conn: psycopg.Connection) -> None:
-        state = read_state(conn, name)
-        _check_owner(state)
-        if not state.role_exists or state.role_oid is None:
-            return  # no role: nobody can log in as it (and it can own no database)
-        if state.can_login:
-            conn.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(_ident(name)))
-        close = state.database_exists and state.allow_connections
-        if close or _has_sessions(conn, state.role_oid):
-            _ensure_membership(conn, name, state.role_oid)
-            with _as_role(conn, name):
-                if close:
-                    conn.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false").format(_ident(name)))
-                _terminate_sessions(conn, state.role_oid)
+        _despite_sessions(conn, name, _disable_steps)
 
     run_operation(admin, OP_DISABLE, body, timeout=timeout)
 
@@ -472,24 +622,55 @@ def drop_tenant(admin: Admin, name: str, *, timeout: float = OPERATION_TIMEOUT) 
     validate_tenant_name(name)
 
     def body(conn: psycopg.Connection) -> None:
-        state = read_state(conn, name)
-        _check_owner(state)
-        if not state.role_exists or state.role_oid is None:
-            return  # no role, hence no database of it either: already dropped
-        if state.can_login:
-            conn.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(_ident(name)))
-        if state.database_exists or _has_sessions(conn, state.role_oid):
-            _ensure_membership(conn, name, state.role_oid)
-            with _as_role(conn, name):
-                if state.database_exists and state.allow_connections:
-                    conn.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false").format(_ident(name)))
-                _terminate_sessions(conn, state.role_oid)
-                if state.database_exists:
-                    # Waits up to 5 s for the terminated backends to exit, else object_in_use.
-                    conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(_ident(name)))
-        conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(_ident(name)))
+        _despite_sessions(conn, name, _drop_steps)
 
     run_operation(admin, OP_DROP, body, timeout=timeout)
+
+
+def claim_tenant(
+    admin: Admin,
+    name: str,
+    owner: OwnerRecord,
+    released: Callable[[OwnerRecord], bool],
+    *,
+    timeout: float = OPERATION_TIMEOUT,
+) -> None:
+    """Restore: make `owner` the owner of an existing tenant (operation "restore").
+
+    Allowed when the role's ownership record names `owner` already, or names the same consumer and
+    a Database that `released(record)` confirms is gone; then the record is rewritten to `owner`.
+    Otherwise `restore_refused`, and nothing on the shard changes. Restores of one tenant name
+    are serialized by a transaction-scoped advisory lock, so two cannot both win; call `released`
+    with a fresh (uncached) read, it runs under that lock.
+    """
+    validate_tenant_name(name)
+
+    def body(conn: psycopg.Connection) -> None:
+        with conn.transaction():
+            conn.execute(
+                "SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended(%(key)s, 0))",
+                {"key": f"dbprovider restore {name}"},
+            )
+            state = read_state(conn, name)
+            if not state.role_exists or not state.database_exists:
+                raise _restore_refused("there is no tenant role and database of this name on the shard")
+            _check_owner(state)
+            record = state.owner
+            if record == owner:
+                return  # claimed already (an earlier pass stopped before recording it)
+            if record is None:
+                raise _restore_refused("the tenant role carries no ownership record")
+            if record.consumer != owner.consumer:
+                raise _restore_refused("the tenant belongs to another consumer")
+            if not released(record):
+                raise _restore_refused("the Database that owns the tenant still exists")
+            _comment(conn, name, owner)
+
+    run_operation(admin, OP_RESTORE, body, timeout=timeout)
+
+
+def _restore_refused(detail: str) -> SqlFailure:
+    return SqlFailure(OP_RESTORE, errors.RESTORE_REFUSED, detail=detail)
 
 
 def tenant_state(admin: Admin, name: str, *, timeout: float = OPERATION_TIMEOUT) -> TenantState:

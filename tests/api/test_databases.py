@@ -14,6 +14,7 @@ from api.models import CreateDatabase
 from api.store import DatabaseStore
 from domain.constants import (
     ANNOTATION_DELETE_REQUESTED_AT,
+    ANNOTATION_ROTATE_END_SESSIONS,
     ANNOTATION_ROTATE_REQUESTED_AT,
     FINALIZER_TENANT,
     LABEL_CONSUMER,
@@ -371,6 +372,50 @@ def test_rotate(env: ApiEnv) -> None:
     # Being deleted: no rotation.
     assert env.call("DELETE", path("rot"), consumer.token).status_code == 202
     assert env.call("POST", path("rot", "/credentials/rotate"), consumer.token).status_code == 409
+
+
+def test_rotate_can_ask_to_end_the_old_sessions(env: ApiEnv) -> None:
+    consumer = env.ready_consumer()
+    assert env.call("PUT", path("rot-end"), consumer.token).status_code == 201
+    env.make_ready(consumer.name, "rot-end")
+
+    asked = env.call("POST", path("rot-end", "/credentials/rotate"), consumer.token, json={"terminateSessions": True})
+    assert asked.status_code == 202
+    notes = env.database(consumer.name, "rot-end")["metadata"]["annotations"]
+    requested = asked.json()["rotateRequestedAt"]
+    assert notes[ANNOTATION_ROTATE_END_SESSIONS] == notes[ANNOTATION_ROTATE_REQUESTED_AT] == requested
+
+    # A later rotation without the option leaves sessions alone: the flag goes with its request.
+    plain = env.call("POST", path("rot-end", "/credentials/rotate"), consumer.token, json={"terminateSessions": False})
+    assert plain.status_code == 202
+    notes = env.database(consumer.name, "rot-end")["metadata"]["annotations"]
+    assert ANNOTATION_ROTATE_END_SESSIONS not in notes
+    assert env.call("POST", path("rot-end", "/credentials/rotate"), consumer.token).status_code == 202  # no body
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "status", "error"),
+    [
+        (b'{"terminateSessions": "yes"}', "application/json", 400, "invalid_body"),
+        (b'{"terminate": true}', "application/json", 400, "invalid_body"),
+        (b"[true]", "application/json", 400, "invalid_body"),
+        (b"{not json", "application/json", 400, "invalid_body"),
+        (b'{"terminateSessions": true}', "text/plain", 415, "unsupported_media_type"),
+    ],
+)
+def test_rotate_refuses_bad_bodies_and_records_nothing(
+    env: ApiEnv, body: bytes, content_type: str, status: int, error: str
+) -> None:
+    consumer = env.ready_consumer()
+    assert env.call("PUT", path("rot-bad"), consumer.token).status_code == 201
+    env.make_ready(consumer.name, "rot-bad")
+
+    headers = {"Content-Type": content_type}
+    response = env.call("POST", path("rot-bad", "/credentials/rotate"), consumer.token, data=body, headers=headers)
+
+    assert (response.status_code, response.json()["error"]) == (status, error)
+    notes = env.database(consumer.name, "rot-bad")["metadata"].get("annotations") or {}
+    assert ANNOTATION_ROTATE_REQUESTED_AT not in notes
 
 
 def test_rotate_missing(env: ApiEnv) -> None:

@@ -151,3 +151,37 @@ def test_two_replicas_serve_the_consumer_flow_and_fail_over(stack: DevStack, kub
     assert '"level": "info"' in logs  # structured JSON logs were written
     for secret in (stack.token, token_hash, admin_password, credentials["password"]):
         assert secret not in logs
+
+
+def test_rotation_keeps_or_ends_the_sessions_of_the_old_password(stack: DevStack, tmp_path):
+    """Through the API of a real manager: sessions survive a rotation unless terminateSessions is asked."""
+    replica = Replica(stack, "replica-rot", tmp_path)
+    try:
+        replica.wait_ready()
+        assert replica.call("PUT", "/v1/databases/rotating").status_code == 201
+        _wait(lambda: replica.call("GET", "/v1/databases/rotating").json()["phase"] == "Ready", what="Ready")
+
+        def rotate(**body) -> dict:
+            asked = replica.call("POST", "/v1/databases/rotating/credentials/rotate", json=body or None)
+            assert asked.status_code == 202, asked.text
+            _wait(lambda: not replica.call("GET", "/v1/databases/rotating").json()["rotationPending"], what="rotated")
+            return replica.call("GET", "/v1/databases/rotating/credentials").json()
+
+        first = replica.call("GET", "/v1/databases/rotating/credentials").json()
+        with psycopg.connect(first["uri"]) as kept:
+            second = rotate()
+            assert kept.execute("SELECT current_user").fetchone()[0] == first["user"]  # survived the rotation
+            with psycopg.connect(second["uri"]) as ended:
+                third = rotate(terminateSessions=True)
+                for conn in (kept, ended):
+                    with pytest.raises(psycopg.OperationalError):
+                        conn.execute("SELECT 1")
+        with psycopg.connect(third["uri"]) as conn:
+            assert conn.execute("SELECT current_user").fetchone()[0] == third["user"]
+        assert replica.call("DELETE", "/v1/databases/rotating").status_code == 202
+        _wait(lambda: replica.call("GET", "/v1/databases/rotating").status_code == 404, what="rotating removed")
+    finally:
+        replica.stop(signal.SIGKILL)
+    logs = replica.log.read_text()
+    for credentials in (first, second, third):
+        assert credentials["password"] not in logs

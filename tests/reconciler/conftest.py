@@ -18,9 +18,10 @@ import pytest
 from kubernetes.client import ApiClient
 
 from domain.config import InstallConfig, load_install_config
-from domain.constants import ANNOTATION_DELETE_REQUESTED_AT, FINALIZER_TENANT
+from domain.constants import ANNOTATION_DELETE_REQUESTED_AT, ANNOTATION_RESTORE_TENANT, FINALIZER_TENANT
 from domain.naming import database_object_name
 from harness import KubeControlPlane, PostgresServer
+from harness.statement_log import LoggedStatement, parse_statement_log
 from informers import SECRETS, Rest
 from infra.render import render_manifests
 from reconciler.resources import DATABASES, SHARDS
@@ -171,6 +172,22 @@ class Fleet:
         self.databases.append(name)
         return name
 
+    def restore(self, name: str, consumer: str, external_id: str, shard: str, tenant: str) -> str:
+        """A Database re-created by an operator on an existing tenant (the restore-tenant annotation)."""
+        body = {
+            "apiVersion": "db.bnerd.com/v1alpha1",
+            "kind": "Database",
+            "metadata": {
+                "name": name,
+                "namespace": NAMESPACE,
+                "annotations": {ANNOTATION_RESTORE_TENANT: f"{shard}/{tenant}"},
+            },
+            "spec": {"consumer": consumer, "externalId": external_id},
+        }
+        self.rest.create(DATABASES, body, NAMESPACE)
+        self.databases.append(name)
+        return name
+
     def get_database(self, name: str) -> dict[str, Any] | None:
         try:
             return self.rest.get(DATABASES, name, NAMESPACE)
@@ -241,10 +258,16 @@ def logged_pg() -> Iterator[PostgresServer]:
         yield server
 
 
-def provisioner_statements(server: PostgresServer) -> list[str]:
-    """Every statement the provisioner role sent, in order."""
-    return [
-        line.split("statement: ", 1)[1]
-        for line in server.statement_log().splitlines()
-        if "user=provisioner" in line and "statement: " in line
-    ]
+def provisioner_statements(server: PostgresServer) -> list[LoggedStatement]:
+    """Every statement the provisioner role sent, in order: parameterized and multi-line ones too."""
+    return parse_statement_log(server.statement_log(), server.PROVISIONER)
+
+
+def is_shard_check(statement: LoggedStatement) -> bool:
+    """The Shard controller's periodic health check (it reads the server version and its own role)."""
+    return statement.keyword == "SELECT" and "current_setting('server_version_num')" in statement.text
+
+
+def tenant_sql(statements: list[LoggedStatement]) -> list[LoggedStatement]:
+    """What is left after the Shard controller's health checks: SQL about databases."""
+    return [s for s in statements if not is_shard_check(s)]

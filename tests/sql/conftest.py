@@ -12,7 +12,7 @@ import pytest
 
 from harness import PostgresServer
 from reconciler.sql.session import AdminEndpoint, AdminSession
-from reconciler.sql.tenant import TenantSpec
+from reconciler.sql.tenant import TenantSpec, ensure_tenant
 from tests.conftest import PG_FLAVORS, PostgresPool
 from tests.sql.helpers import admin_endpoint, drop_as_superuser, new_spec
 
@@ -44,6 +44,13 @@ def tenant(postgres: PostgresServer) -> Iterator[TenantSpec]:
     spec = new_spec()
     yield spec
     drop_as_superuser(postgres, spec.name)
+
+
+@pytest.fixture
+def provisioned(admin: AdminSession, tenant: TenantSpec) -> TenantSpec:
+    """`tenant`, provisioned."""
+    ensure_tenant(admin, tenant)
+    return tenant
 
 
 # -- a server that logs every statement --------------------------------------------------------

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import re
 import secrets
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import psycopg
 from psycopg import sql
 
 from harness import PostgresServer
+from harness.statement_log import LoggedStatement, parse_statement_log
 from reconciler.sql.session import AdminEndpoint, connect_admin
 from reconciler.sql.tenant import PROVISIONING_STEPS, TenantSpec
 
@@ -94,21 +93,6 @@ def login_role(server: PostgresServer, prefix: str, attributes: str = "LOGIN") -
             conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
 
 
-_ENTRY = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+ \S+ \[\d+\] user=(\S*) db=(\S*) (\w+):  (.*)$")
-_STATEMENT = re.compile(r"^(?:statement|execute [^:]+): (.*)$", re.S)
-
-
-@dataclass(frozen=True)
-class LoggedStatement:
-    user: str
-    text: str
-
-    @property
-    def keyword(self) -> str:
-        """The first word, upper case (SELECT, CREATE, ALTER, GRANT, SET, ...)."""
-        return self.text.split(None, 1)[0].upper() if self.text.strip() else ""
-
-
 class StatementLog:
     """Statements the server logged after this point (read from its log file)."""
 
@@ -120,20 +104,7 @@ class StatementLog:
         return self.server.statement_log()[self.offset :]
 
     def statements(self, user: str | None = None) -> list[LoggedStatement]:
-        entries: list[tuple[str, str, str]] = []
-        for line in self.text().splitlines():
-            match = _ENTRY.match(line)
-            if match:
-                entries.append((match.group(1), match.group(3), match.group(4)))
-            elif entries:
-                user_, level, text = entries[-1]
-                entries[-1] = (user_, level, text + "\n" + line)
-        found = []
-        for user_, level, text in entries:
-            statement = _STATEMENT.match(text) if level == "LOG" else None
-            if statement and (user is None or user_ == user):
-                found.append(LoggedStatement(user_, " ".join(statement.group(1).split())))
-        return found
+        return parse_statement_log(self.text(), user)
 
 
 def backend_pids(server: PostgresServer, application_name: str, waiting: bool = False) -> list[int]:
@@ -148,6 +119,15 @@ def terminate(server: PostgresServer, pids: list[int]) -> None:
     with server.superuser_connection() as conn:
         for pid in pids:
             conn.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))
+
+
+def is_alive(conn: psycopg.Connection) -> bool:
+    """Whether a client session still works (False once the server ended it)."""
+    try:
+        conn.execute("SELECT 1")
+    except psycopg.OperationalError:
+        return False
+    return True
 
 
 def can_connect(server: PostgresServer, user: str, password: str, dbname: str) -> bool:

@@ -25,12 +25,6 @@ from reconciler.sql.tenant import (
 from tests.sql.helpers import can_connect, catalog_counts, run_steps
 
 
-@pytest.fixture
-def provisioned(admin: AdminSession, tenant: TenantSpec) -> TenantSpec:
-    ensure_tenant(admin, tenant)
-    return tenant
-
-
 class TestConnectionLimit:
     def test_changes_the_limit_and_nothing_else(self, admin: AdminSession, provisioned: TenantSpec) -> None:
         before = tenant_state(admin, provisioned.name)

@@ -6,13 +6,16 @@ pin the order the seed prescribes, that re-runs only read, and that no password 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import pytest
 
 from harness import PostgresServer
 from reconciler.sql.session import AdminSession
 from reconciler.sql.tenant import (
+    OwnerRecord,
     TenantSpec,
     disable_tenant,
     drop_tenant,
@@ -20,6 +23,7 @@ from reconciler.sql.tenant import (
     ensure_tenant,
     set_connection_limit,
     set_password,
+    tenant_state,
 )
 from tests.sql.helpers import StatementLog, admin_endpoint, drop_as_superuser, new_spec, run_steps
 
@@ -48,21 +52,24 @@ def test_provisioning_sends_the_seed_sequence_in_order(
     logged_postgres: PostgresServer, logged_admin: AdminSession, logged_tenant: TenantSpec
 ) -> None:
     name = f'"{logged_tenant.name}"'  # sql.Identifier always quotes
+    owner = OwnerRecord("consumer-a", "0b5e3f52-0000-4000-8000-00000000000a")
     log = StatementLog(logged_postgres)
 
-    ensure_tenant(logged_admin, logged_tenant)
+    ensure_tenant(logged_admin, replace(logged_tenant, owner=owner))
 
     changes = _changes(log)
-    assert changes[0].startswith(f"CREATE ROLE {name} LOGIN PASSWORD 'SCRAM-SHA-256$4096:")
-    assert changes[0].endswith(f"' CONNECTION LIMIT {logged_tenant.connection_limit}")
+    assert changes[0] == "BEGIN"  # the role and its ownership record, together or not at all
+    assert changes[1].startswith(f"CREATE ROLE {name} LOGIN PASSWORD 'SCRAM-SHA-256$4096:")
+    assert changes[1].endswith(f"' CONNECTION LIMIT {logged_tenant.connection_limit}")
+    assert changes[2:4] == [f"COMMENT ON ROLE {name} IS '{owner.comment()}'", "COMMIT"]
     grant = (
         f"GRANT {name} TO CURRENT_USER WITH SET TRUE, INHERIT FALSE"
         if logged_postgres.major >= 16
         else f"GRANT {name} TO CURRENT_USER"
     )
-    assert changes[1:] == [
+    assert changes[4:] == [
         grant,
-        f"CREATE DATABASE {name} OWNER {name} ALLOW_CONNECTIONS false",
+        f"CREATE DATABASE {name} OWNER {name} TEMPLATE \"template0\" ALLOW_CONNECTIONS false",
         f"SET ROLE {name}",
         f"REVOKE ALL ON DATABASE {name} FROM PUBLIC",
         f"GRANT CONNECT ON DATABASE {name} TO {name}",
@@ -132,3 +139,29 @@ def test_no_password_ever_reaches_the_log(
     assert "SCRAM-SHA-256$4096:" in text  # the password statements were logged, hashed
     for password in (logged_tenant.password, rotated, crashed.password, logged_postgres.provisioner_password):
         assert password not in text
+
+
+def test_the_log_shows_parameterized_prepared_and_multi_line_statements(
+    logged_postgres: PostgresServer, logged_admin: AdminSession, logged_tenant: TenantSpec
+) -> None:
+    """A "no SQL ran" check is only as strong as its log reader: a catalog read is parameterized, so the
+    server logs it as `execute <unnamed>:` (or `execute <prepared name>:` once psycopg prepares it),
+    its tenant name in a DETAIL entry, and its text over several lines."""
+    ensure_tenant(logged_admin, logged_tenant)
+    log = StatementLog(logged_postgres)
+
+    for _ in range(7):  # psycopg prepares a query after its 5th execution on a session
+        tenant_state(logged_admin, logged_tenant.name)
+    with logged_postgres.provisioner_connection() as conn:
+        conn.execute("SELECT 1 AS first_line,\n       2 AS second_line")  # multi-line, no parameters
+
+    raw = log.text()
+    assert "execute <unnamed>: " in raw and "statement: " in raw
+    assert re.search(r"execute (?!<unnamed>)\S+: ", raw), "a prepared statement ran"
+    reads = [s for s in log.statements(PROVISIONER) if s.mentions(logged_tenant.name)]
+    assert len(reads) == 7
+    assert all(read.keyword == "SELECT" and read.parameters == f"$1 = '{logged_tenant.name}'" for read in reads)
+    assert all("LEFT JOIN pg_catalog.pg_database d ON d.datname = n.name" in read.text for read in reads)
+    assert [s.text for s in log.statements(PROVISIONER) if "first_line" in s.text] == [
+        "SELECT 1 AS first_line, 2 AS second_line"
+    ]

@@ -41,6 +41,7 @@ def test_group_and_keys() -> None:
                 "SetLimitFailed",
                 "DisableFailed",
                 "DropFailed",
+                "RestoreRefused",
             ],
         ),
         (
