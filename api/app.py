@@ -102,14 +102,17 @@ def build_api(
     *,
     registry: CollectorRegistry | None = None,
     ready_checks: Iterable[Callable[[], bool]] = (),
+    apiserver_reachable: Callable[[], bool] | None = None,
     **app_options: object,
 ) -> ApiComponents:
     """Register the API's informers, indexes and handlers on `informers` and build the app.
 
     Call before `informers.start()` (or the manager's start): the informers are Databases and Secrets in
     the release namespace and the cluster-scoped Consumers; writes go through `informers.rest`.
+    `apiserver_reachable` (recent apiserver contact) gates /readyz and makes writes answer 503 at
+    once while it is False.
     """
-    store = DatabaseStore.register(config, informers)
+    store = DatabaseStore.register(config, informers, reachable=apiserver_reachable)
     tokens = TokenIndex.register(informers, config.namespace)
     metrics = ApiMetrics(registry)
     app = create_app(config, store, tokens, metrics=metrics, ready_checks=ready_checks, **app_options)  # type: ignore[arg-type]

@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 import falcon
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from domain.config import UnknownSizeClass
@@ -146,6 +147,14 @@ def _handle_kube_error(req: falcon.Request, resp: falcon.Response, ex: ApiExcept
     _write(resp, falcon.HTTP_503, Unavailable.code, Unavailable.default_message)
 
 
+def _handle_transport_error(
+    req: falcon.Request, resp: falcon.Response, ex: urllib3.exceptions.HTTPError, params: dict[str, Any]
+) -> None:
+    # The apiserver did not answer in time or refused the connection: a prompt 503, not a 500.
+    log.error("kube-apiserver unreachable during %s %s: %s", req.method, req.uri_template, type(ex).__name__)
+    _write(resp, falcon.HTTP_503, Unavailable.code, "the Kubernetes API is unreachable; try again")
+
+
 def _handle_unexpected(req: falcon.Request, resp: falcon.Response, ex: Exception, params: dict[str, Any]) -> None:
     # The exception text may contain request data: log the type only (the traceback at debug level).
     log.error("unhandled %s during %s %s", type(ex).__name__, req.method, req.uri_template)
@@ -157,6 +166,7 @@ def register_error_handlers(app: falcon.App) -> None:
     """Map every exception to the JSON error body; Falcon picks the most specific handler by class."""
     app.add_error_handler(Exception, _handle_unexpected)
     app.add_error_handler(ApiException, _handle_kube_error)
+    app.add_error_handler(urllib3.exceptions.HTTPError, _handle_transport_error)
     app.add_error_handler(falcon.HTTPError, _handle_http_error)
     app.add_error_handler(ApiError, _handle_api_error)
     app.add_error_handler(InvalidExternalId, _handle_invalid_external_id)

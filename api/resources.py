@@ -135,7 +135,7 @@ class Readiness:
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         if not all(check() for check in self.checks):
-            raise Unavailable("not ready: the caches are not synced yet")
+            raise Unavailable("not ready: the caches are not synced yet or the Kubernetes API is unreachable")
         resp.media = {"status": "ok"}
 
 

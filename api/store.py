@@ -8,6 +8,11 @@ Reads come from the cache. A miss falls back to one GET (another replica may hav
 instant ago), so a 404 is authoritative. Writes (create, annotations) go to the apiserver; annotation
 writes carry the resourceVersion they were decided on and are retried on a conflict.
 
+Availability: writes need the apiserver. When `reachable()` (the replica's recent apiserver contact)
+says it is gone, a write answers 503 at once; otherwise each request is bounded by `write_timeout`,
+so a hung apiserver costs a client seconds, not minutes. A create whose answer timed out may still
+have been committed: PUT is idempotent, so the client's retry returns the object (200).
+
 Quota: `Consumer.spec.maxDatabases` bounds the consumer's databases that are not yet Deleted (Deleting
 ones count), counted from the cache through an index by consumer. Creates are serialized per consumer,
 and the creates of this replica that the cache does not show yet are counted too, so the count is exact
@@ -65,6 +70,9 @@ INDEX_NOT_DELETED_BY_CONSUMER = "api:consumer-not-deleted"
 PENDING_TTL_SECONDS = 300.0
 ANNOTATE_ATTEMPTS = 5
 PASSWORD_PENDING = "a new password is pending"  # a _read_credentials problem that is not a fault
+# (connect, read) seconds for the apiserver requests of a consumer request: well inside a client's
+# patience, so a hung apiserver becomes a prompt 503.
+WRITE_TIMEOUT: tuple[float, float] = (2.0, 5.0)
 
 Obj = dict[str, Any]
 Clock = Callable[[], datetime]
@@ -113,6 +121,8 @@ class DatabaseStore:
         *,
         clock: Clock = utcnow,
         pending_ttl: float = PENDING_TTL_SECONDS,
+        reachable: Callable[[], bool] | None = None,
+        write_timeout: tuple[float, float] = WRITE_TIMEOUT,
     ) -> None:
         self.config = config
         self.namespace = config.namespace
@@ -122,6 +132,8 @@ class DatabaseStore:
         self.rest = rest
         self.clock = clock
         self.pending_ttl = pending_ttl
+        self.reachable = reachable
+        self.write_timeout = write_timeout
         self._locks_guard = threading.Lock()
         self._create_locks: dict[str, threading.Lock] = {}
         self._pending_lock = threading.Lock()
@@ -143,7 +155,14 @@ class DatabaseStore:
         )
 
     def ready(self) -> bool:
-        return self.databases.has_synced() and self.consumers.has_synced() and self.secrets.has_synced()
+        """The caches are synced and the apiserver answers (else /readyz is 503)."""
+        synced = self.databases.has_synced() and self.consumers.has_synced() and self.secrets.has_synced()
+        return synced and (self.reachable is None or self.reachable())
+
+    def _require_apiserver(self) -> None:
+        """503 at once (no hung request) while this replica has lost touch with the apiserver."""
+        if self.reachable is not None and not self.reachable():
+            raise Unavailable("the Kubernetes API is unreachable; try again")
 
     # -- reads -----------------------------------------------------------------------------------
 
@@ -197,8 +216,11 @@ class DatabaseStore:
             if existing is not None:
                 return self._existing(existing, consumer, external_id), False
             self._check_quota(consumer)
+            self._require_apiserver()
             try:
-                created = self.rest.create(DATABASES, self._new_object(name, consumer, external_id, request))
+                created = self.rest.create(
+                    DATABASES, self._new_object(name, consumer, external_id, request), timeout=self.write_timeout
+                )
             except ApiException as exc:
                 if exc.status != 409:
                     raise
@@ -260,7 +282,7 @@ class DatabaseStore:
 
     def _get_live(self, name: str) -> Obj | None:
         try:
-            return self.rest.get(DATABASES, name, self.namespace)
+            return self.rest.get(DATABASES, name, self.namespace, timeout=self.write_timeout)
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -268,7 +290,7 @@ class DatabaseStore:
 
     def _get_live_secret(self, name: str) -> Obj | None:
         try:
-            return self.rest.get(SECRETS, name, self.namespace)
+            return self.rest.get(SECRETS, name, self.namespace, timeout=self.write_timeout)
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -363,6 +385,7 @@ class DatabaseStore:
     ) -> Obj:
         """Set (None: remove) annotations on the consumer's database from a fresh read; retried on write conflicts."""
         name = self._object_name(consumer, external_id)
+        self._require_apiserver()
         for _ in range(ANNOTATE_ATTEMPTS):
             db = self._get_live(name)
             if db is None or not self._is_mine(db, consumer, external_id):
@@ -372,7 +395,7 @@ class DatabaseStore:
                 return db
             patch = {"metadata": {"resourceVersion": metadata(db).get("resourceVersion"), "annotations": values}}
             try:
-                return self.rest.patch(DATABASES, name, patch, self.namespace)
+                return self.rest.patch(DATABASES, name, patch, self.namespace, timeout=self.write_timeout)
             except ApiException as exc:
                 if exc.status == 404:
                     raise NotFound() from None

@@ -27,6 +27,7 @@ from reconciler.fleet_metrics import FleetCollector
 from reconciler.resources import DATABASES, SHARDS
 from reconciler.runtime import ControllerManager, MetricsServer, start_metrics_server
 from reconciler.setup import register_controllers
+from reconciler.shard_controller import PING_INTERVAL
 
 log = logging.getLogger(__name__)
 CONNECTION_POOL_SIZE = 48  # one per watch plus the API's threads and the controllers' workers
@@ -49,19 +50,26 @@ class ManagerOptions:
     lease_duration: float = 15.0
     renew_deadline: float = 10.0
     retry_period: float = 2.0
-    shard_ping_interval: float = 60.0
+    shard_ping_interval: float = PING_INTERVAL
     max_backoff: float | None = None  # the retry backoff cap; None = the work queue's 5 minutes
 
 
-def kube_client(kubeconfig: str | None) -> ApiClient:
-    """In-cluster credentials, or a kubeconfig file (outside a cluster: dev and tests)."""
+def kube_client(kubeconfig: str | None, identity: str | None = None) -> ApiClient:
+    """In-cluster credentials, or a kubeconfig file (outside a cluster: dev and tests).
+
+    With `identity` the User-Agent is `dbprovider/<identity>`, so the apiserver's audit log tells
+    the replicas apart (which one wrote what, and when).
+    """
     configuration = kubernetes.client.Configuration()
     if kubeconfig:
         kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
     else:
         kubernetes.config.load_incluster_config(client_configuration=configuration)
     configuration.connection_pool_maxsize = CONNECTION_POOL_SIZE
-    return ApiClient(configuration)
+    client = ApiClient(configuration)
+    if identity:
+        client.user_agent = f"dbprovider/{identity}"
+    return client
 
 
 class Manager:
@@ -72,7 +80,7 @@ class Manager:
         # would carry a second, constant series per label set.
         prometheus_client.disable_created_metrics()
         self.options = options
-        self.client = kube_client(options.kubeconfig)
+        self.client = kube_client(options.kubeconfig, options.identity)
         self.controllers = ControllerManager(
             self.client,
             lease_namespace=options.namespace,
@@ -95,7 +103,9 @@ class Manager:
         informers = self.controllers.informers
         shards, databases = informers.informer(SHARDS), informers.informer(DATABASES, options.namespace)
         registry.register(FleetCollector(shards.list, databases.list))
-        self.api = build_api(options.config, informers, registry=registry)
+        self.api = build_api(
+            options.config, informers, registry=registry, apiserver_reachable=self.controllers.apiserver_reachable
+        )
         self.api_server = ApiServer(
             self.api.app,
             options.api_host,

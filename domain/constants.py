@@ -122,6 +122,7 @@ class DatabaseReason(enum.StrEnum):
     PROVISIONING = "Provisioning"
     PROVISIONED = "Provisioned"
     NO_CAPACITY = "NoCapacity"
+    SHARDS_UNAVAILABLE = "ShardsUnavailable"
     INVALID_SIZE_CLASS = "InvalidSizeClass"
     SHARD_NOT_FOUND = "ShardNotFound"
     ADMIN_UNAVAILABLE = "AdminUnavailable"

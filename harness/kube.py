@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -71,6 +72,7 @@ class KubeControlPlane:
         self._apiserver: subprocess.Popen | None = None
         self._clients: dict[tuple[str, tuple[str, ...]], CertFiles] = {}
         self.port = 0
+        self._etcd_ports: tuple[int, int] | None = None
         self.ca: CertificateAuthority | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -85,7 +87,7 @@ class KubeControlPlane:
         return self
 
     def _start_etcd(self, timeout: float) -> None:
-        client_port, peer_port = free_port(), free_port()
+        client_port, peer_port = self._etcd_ports = self._etcd_ports or (free_port(), free_port())
         self.etcd_url = f"http://127.0.0.1:{client_port}"
         self._etcd = spawn(
             [
@@ -155,6 +157,23 @@ class KubeControlPlane:
                     last = type(exc).__name__
                     time.sleep(0.25)
         raise TimeoutError(f"kube-apiserver not ready within {timeout:.0f}s ({last}); see {log}")
+
+    @property
+    def apiserver_pid(self) -> int | None:
+        """kube-apiserver's PID while it runs (fault tests pause it)."""
+        return self._apiserver.pid if self._apiserver is not None and self._apiserver.poll() is None else None
+
+    @property
+    def etcd_pid(self) -> int | None:
+        return self._etcd.pid if self._etcd is not None and self._etcd.poll() is None else None
+
+    def restart_etcd(self, timeout: float = 60.0, *, down_for: float = 0.0) -> None:
+        """SIGKILL etcd, wait `down_for` seconds, start it again on the same data directory and
+        ports (the apiserver reconnects by itself); returns once it listens again."""
+        stop(self._etcd, signal.SIGKILL, timeout=10)
+        self._etcd = None
+        time.sleep(down_for)
+        self._start_etcd(timeout)
 
     def close(self) -> None:
         # Throwaway state: a short grace period, then SIGKILL (a loaded apiserver may take long to drain).

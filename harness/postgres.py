@@ -111,13 +111,16 @@ class PostgresServer:
         log_statements: bool = False,
         tls_names: tuple[str, ...] = ("localhost",),
         tls_ips: tuple[str, ...] = ("127.0.0.1",),
+        settings: dict[str, str] | None = None,
     ) -> None:
-        """`tls_names`, `tls_ips`: the server certificate's names (tests of a wrong host name)."""
+        """`tls_names`, `tls_ips`: the server certificate's names (tests of a wrong host name);
+        `settings`: more server settings (`-c key=value`), e.g. for the fault suite's logs."""
         if flavor not in POSTGRES_FLAVORS:
             raise ValueError(f"unknown PostgreSQL flavor {flavor!r}; known: {', '.join(POSTGRES_FLAVORS)}")
         self.flavor = POSTGRES_FLAVORS[flavor]
         self.bin_dir = self.flavor.locate()
         self.log_statements = log_statements
+        self.extra_settings = dict(settings or {})
         self.user = _server_user()
         self.workdir = Path(tempfile.mkdtemp(prefix=f"dbprovider-pg{flavor}-"))
         self.workdir.chmod(0o755)
@@ -191,7 +194,7 @@ class PostgresServer:
         self._chown(self.cert_file, self.key_file)
 
     def _launch(self, timeout: float) -> None:
-        self.port = free_port()
+        self.port = self.port or free_port()  # a restart keeps the port clients know
         settings = {
             "ssl": "on",
             "ssl_cert_file": str(self.cert_file),
@@ -205,7 +208,9 @@ class PostgresServer:
             "max_connections": "200",
             "shared_buffers": "32MB",
             "log_statement": "all" if self.log_statements else "none",
-            "log_line_prefix": "%m [%p] user=%u db=%d ",
+            "log_line_prefix": "%m [%p] user=%u db=%d app=%a ",
+            "log_timezone": "UTC",
+            **self.extra_settings,
         }
         argv = [str(self.bin_dir / "postgres"), "-D", str(self.data_dir)]
         for key, value in settings.items():
@@ -260,6 +265,24 @@ class PostgresServer:
         """Stop the server abruptly (tests of unreachable shards); the data directory stays."""
         stop(self._proc, signal.SIGQUIT)
         self._proc = None
+
+    @property
+    def pid(self) -> int | None:
+        """The postmaster's PID while the server runs (fault tests signal it)."""
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+    def crash(self) -> None:
+        """SIGKILL the postmaster and every backend at once (a host or OOM kill); the data stays."""
+        stop(self._proc, signal.SIGKILL)
+        self._proc = None
+
+    def restart(self, timeout: float = 60.0) -> PostgresServer:
+        """Start again on the same data directory and port (after `kill`/`crash`): crash recovery
+        runs, and this returns once the server accepts connections."""
+        if self.pid is not None:
+            raise RuntimeError("the server is still running")
+        self._launch(timeout)
+        return self
 
     # -- access --------------------------------------------------------------------------------
 

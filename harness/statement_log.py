@@ -8,7 +8,7 @@ one of two shapes, and a reader that knows only the first misses most catalog re
   `DETAIL:  parameters: $1 = '...'` (`Parameters:` on newer servers) with the bound values.
 A statement over several lines continues on the next lines of the file (the server indents them
 with a tab); those lines belong to the entry above them. Entries are matched to the log line
-prefix that `harness.postgres` configures: `%m [%p] user=%u db=%d `.
+prefix that `harness.postgres` configures: `%m [%p] user=%u db=%d app=%a `.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_ENTRY = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+ \S+ \[(\d+)\] user=(\S*) db=(\S*) (\w+):  (.*)$")
+_ENTRY = re.compile(
+    r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+ \S+ \[(\d+)\] user=(\S*) db=(\S*) (?:app=\S* )?(\w+):  (.*)$"
+)
 _STATEMENT = re.compile(r"^(?:statement|execute [^:]+): (.*)$", re.S)
 _PARAMETERS = re.compile(r"^parameters: (.*)$", re.S | re.I)  # "Parameters:" on newer servers
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from kubernetes.client import ApiClient
@@ -84,10 +84,24 @@ class WatchStream:
 
 
 class Rest:
-    """Dict-in, dict-out Kubernetes requests on one `ApiClient` (thread-safe, like the client)."""
+    """Dict-in, dict-out Kubernetes requests on one `ApiClient` (thread-safe, like the client).
 
-    def __init__(self, api_client: ApiClient) -> None:
+    `fence`, when given, is called before every request that is not a GET and may raise to stop
+    it: the composition root passes the controllers a `Rest` fenced by leadership, so a replica
+    that does not hold the Lease sends no write. Reads (and watches) are never fenced.
+    `user_agent` replaces the client's User-Agent (the apiserver's audit log shows who wrote).
+    """
+
+    def __init__(
+        self, api_client: ApiClient, fence: Callable[[], None] | None = None, user_agent: str | None = None
+    ) -> None:
         self.api_client = api_client
+        self.fence = fence
+        self.user_agent = user_agent
+
+    def fenced(self, fence: Callable[[], None], user_agent: str | None = None) -> Rest:
+        """A `Rest` on the same client whose writes call `fence()` first."""
+        return Rest(self.api_client, fence, user_agent or self.user_agent)
 
     # -- raw -------------------------------------------------------------------------------------
 
@@ -111,6 +125,8 @@ class Rest:
             body=body,
             auth_settings=["BearerToken"],
         )
+        if self.user_agent is not None:
+            headers["User-Agent"] = self.user_agent
         return self.api_client.call_api(method, url, headers, body, None, _request_timeout=timeout)
 
     def request(
@@ -124,6 +140,8 @@ class Rest:
         timeout: Timeout = DEFAULT_TIMEOUT,
     ) -> dict[str, Any]:
         """Send one request and return the decoded JSON body; raise `ApiException` on non-2xx."""
+        if self.fence is not None and method != "GET":
+            self.fence()
         response = self._send(method, path, query, body, content_type, timeout)
         try:
             _raise_for_status(response)

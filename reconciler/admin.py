@@ -28,7 +28,7 @@ from domain.constants import SHARD_CA_FILE, SslMode
 from domain.specs import ShardSpec
 from informers import SECRETS, Rest
 from reconciler.credentials import secret_values
-from reconciler.sql.session import AdminEndpoint, AdminSession
+from reconciler.sql.session import APPLICATION_NAME, AdminEndpoint, AdminSession, Fence
 
 
 class AdminSecretInvalid(Exception):
@@ -170,11 +170,23 @@ class _Entry:
 
 
 class AdminSessions:
-    """One reusable AdminSession per (worker thread, shard), reopened when the endpoint changes."""
+    """One reusable AdminSession per (worker thread, shard), reopened when the endpoint changes.
 
-    def __init__(self, connect_timeout: float = 10.0) -> None:
+    `fence` (leadership, from the composition root) is checked before every statement of every
+    session handed out; `application_name` names this replica in the shards' logs and activity.
+    """
+
+    def __init__(
+        self,
+        connect_timeout: float = 10.0,
+        *,
+        fence: Fence | None = None,
+        application_name: str = APPLICATION_NAME,
+    ) -> None:
         self._local = threading.local()
         self._connect_timeout = connect_timeout
+        self.fence = fence
+        self.application_name = application_name
         self._all: list[AdminSession] = []  # every session of every thread, for close_all()
         self._lock = threading.Lock()
 
@@ -192,14 +204,17 @@ class AdminSessions:
             if entry is not None:
                 entry.session.close()
                 self._forget(entry.session)
-            entry = _Entry(
-                fingerprint,
-                AdminSession.for_endpoint(endpoint, connect_timeout=self._connect_timeout),
-            )
+            entry = _Entry(fingerprint, self.one_off(endpoint, self._connect_timeout))
             sessions[shard] = entry
             with self._lock:
                 self._all.append(entry.session)
         return entry.session
+
+    def one_off(self, endpoint: AdminEndpoint, connect_timeout: float) -> AdminSession:
+        """A new session of its own (fenced and named like the others); the caller closes it."""
+        return AdminSession.for_endpoint(
+            endpoint, application_name=self.application_name, connect_timeout=connect_timeout, fence=self.fence
+        )
 
     def close_all(self) -> None:
         """Close every session (the controllers have stopped): no connection outlives a leader term."""

@@ -72,6 +72,11 @@ from reconciler.sql.tenant import (
 log = logging.getLogger(__name__)
 
 NO_CAPACITY_RETRY = 300.0
+# No usable shard, but some are only not Ready (down, being checked): a transient wait, not a
+# capacity failure. A Shard turning Ready enqueues unplaced databases at once; this is the fallback.
+SHARDS_UNAVAILABLE_RETRY = 30.0
+# SQL failures that say more about the shard than about this database.
+SHARD_TROUBLE = frozenset({sqlerrors.UNREACHABLE, sqlerrors.CONNECTION_LOST, sqlerrors.TIMEOUT})
 
 
 def _parse_time(value: str | None) -> datetime | None:
@@ -82,6 +87,13 @@ def _parse_time(value: str | None) -> datetime | None:
     except ValueError:
         return None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _conditional(patch: dict[str, Any], obj: dict[str, Any]) -> dict[str, Any]:
+    """`patch` applied only to `obj` as read (409 otherwise): a write decided on a stale read, or
+    sent late by a replica that was paused mid-request and has lost its Lease since, changes nothing."""
+    metadata = {**patch.get("metadata", {}), "resourceVersion": obj["metadata"]["resourceVersion"]}
+    return {**patch, "metadata": metadata}
 
 
 def _rfc3339(moment: datetime) -> str:
@@ -150,6 +162,8 @@ class DatabaseController:
         self.admin_endpoints = AdminEndpointCache(rest, policy or AdminPolicy.from_config(config), admin_host_override)
         self._written: dict[str, str] = {}  # key -> resourceVersion of this replica's last write
         self.clock = clock
+        # Called with a shard's name when its SQL failed as if the shard were down (set by setup).
+        self.on_shard_trouble: Callable[[str], None] | None = None
         # Before any handler that enqueues Databases: a woken worker places with the event applied.
         self.placement = PlacementIndex(database_shard).watch(shards, databases)
 
@@ -293,6 +307,17 @@ class DatabaseController:
             return self._adopt(p, restore)
         engine = p.spec.get("engine") or "postgres"
         chosen = self.placement.choose(engine)
+        if chosen is None and (waiting := self.placement.not_ready(engine)):
+            p.status["phase"] = Phase.PROVISIONING
+            self._set_ready(
+                p,
+                False,
+                DatabaseReason.SHARDS_UNAVAILABLE,
+                f"no {engine} shard usable right now: {len(waiting)} not Ready ({', '.join(waiting[:3])}); "
+                "placed as soon as one is Ready",
+            )
+            self._write_status(p)
+            return Result(requeue_after=SHARDS_UNAVAILABLE_RETRY)
         if chosen is None:
             p.status["phase"] = Phase.FAILED
             self._set_ready(
@@ -427,6 +452,7 @@ class DatabaseController:
         patch = endpoint_patch(secret, endpoint)
         if patch is not None:
             ensure_active()
+            patch = _conditional(patch, secret)
             secret = self.rest.patch(SECRETS, secret["metadata"]["name"], patch, p.meta["namespace"])
         return secret
 
@@ -483,6 +509,8 @@ class DatabaseController:
         except SqlFailure as failure:
             self.sessions.drop(shard)
             self.admin_endpoints.forget(shard)  # the retry reads the admin Secret again
+            if failure.error_class in SHARD_TROUBLE and self.on_shard_trouble is not None:
+                self.on_shard_trouble(shard)  # let the Shard controller look now, not at its next ping
             self._fail(p, failure_phase, reason, str(failure))
 
     # -- provisioning ----------------------------------------------------------------------------
@@ -559,7 +587,7 @@ class DatabaseController:
 
         if rotate_requested and not pending:
             ensure_active()
-            patch = password_patch(new_password())
+            patch = _conditional(password_patch(new_password()), secret)
             secret = self.rest.patch(SECRETS, secret["metadata"]["name"], patch, p.meta["namespace"])
             pending = True
         if pending:

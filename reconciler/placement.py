@@ -88,6 +88,19 @@ class PlacementIndex:
             usable = self._usable.get(engine)
             return usable[0][1] if usable else None
 
+    def not_ready(self, engine: str) -> list[str]:
+        """Shards of `engine` that would be considered but are not Ready (sorted names).
+
+        Placement found nothing usable: with one of these the lack is transient (a shard is down
+        or being checked), not a lack of capacity.
+        """
+        with self._lock:
+            return sorted(
+                c.name
+                for c in self._candidates.values()
+                if c.engine == engine and c.accepting and not c.being_deleted and not c.ready
+            )
+
     def shard_event(self, event_type: str, old: Obj | None, new: Obj | None) -> None:
         with self._lock:
             if new is None:

@@ -30,8 +30,15 @@ from reconciler.resources import (
 )
 from reconciler.runtime import Controller, ControllerManager
 from reconciler.shard_controller import PING_INTERVAL, ShardController
+from reconciler.sql.session import APPLICATION_NAME
 
 DATABASE_WORKERS = 4
+SHARD_WORKERS = 4
+
+
+def replica_application_name(instance: str) -> str:
+    """`dbprovider/<replica>`: which replica sent a statement shows in the shard's activity and logs."""
+    return f"{APPLICATION_NAME}/{instance}"[:63]  # PostgreSQL keeps at most 63 bytes
 
 
 @dataclass
@@ -87,7 +94,11 @@ def register_controllers(
 ) -> Controllers:
     """`admin_host_override` and `shard_ca_file` exist for managers outside a pod (dev, tests)."""
     informers = manager.informers
-    rest = manager.rest
+    # Every write of the controllers (status, finalizers, Secrets, Events, counts) and every
+    # statement they send to a shard checks leadership first: a replica that lost (or may have
+    # lost) the Lease writes nothing. The informers and the API keep the unfenced client.
+    # Their User-Agent tells the controllers' writes from the API's in the apiserver's audit log.
+    rest = manager.rest.fenced(manager.fence, user_agent=f"{APPLICATION_NAME}-controllers/{instance}")
     shards = informers.informer(SHARDS)
     consumers = informers.informer(CONSUMERS)
     databases = informers.informer(DATABASES, namespace)
@@ -98,7 +109,7 @@ def register_controllers(
     clusters: Informer | None = None
     if config.engines.cloudberry.enabled:
         clusters = informers.informer(DATABASE_CLUSTERS)
-    sessions = AdminSessions()
+    sessions = AdminSessions(fence=manager.fence, application_name=replica_application_name(instance))
     policy = AdminPolicy.from_config(config, shard_ca_file)
     manager.after_controllers_stop(sessions.close_all)  # a lost Lease closes them too
 
@@ -112,7 +123,8 @@ def register_controllers(
         ping_interval=shard_ping_interval,
         policy=policy,
     )
-    shard_controller = Controller("shard", shard_logic.reconcile, workers=1)
+    # Several workers: each checks a different shard, so a dead shard's timeout delays no other.
+    shard_controller = Controller("shard", shard_logic.reconcile, workers=SHARD_WORKERS)
     shard_controller.watch(shards)
     databases.add_handler(_coalesced(shard_controller, database_shard), replay=False)
     if clusters is not None:
@@ -142,6 +154,7 @@ def register_controllers(
         policy=policy,
     )
     db_controller = Controller("database", db_logic.reconcile, workers=DATABASE_WORKERS)
+    db_logic.on_shard_trouble = shard_controller.enqueue  # a failed statement triggers a shard check
     db_controller.watch(databases)
 
     def credentials_owner(secret: dict[str, Any]) -> list[str]:

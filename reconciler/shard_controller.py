@@ -1,7 +1,12 @@
 """The Shard controller: is the shard's admin connection usable, and how many databases it holds.
 
-Pings every shard every 60 s and whenever the Shard or one of its Databases changes (Database
-changes at most every 10 s: a burst of placements must not ping once per database). The Ready
+Pings every Ready shard every 15 s (PING_INTERVAL) and a shard that is not Ready every 5 s
+(NOT_READY_RECHECK), so a failure is seen and a recovery taken up well within the guide's
+minute; also whenever the Shard or one of its Databases changes (a Ready shard at most every 10 s:
+a burst of placements must not ping once per database). Each ping opens a NEW admin connection
+with a short timeout and closes it: a reused session would keep answering while the postmaster
+accepts no new connections (stopped, out of slots), which no consumer could then use. Shards are
+checked concurrently (the controller's workers), so dead shards do not delay the others. The Ready
 condition's reason says what is wrong (Ok, AdminAuthFailed, AdminSecretInvalid, Unreachable,
 ClusterNotRunning, ProvisionerInherits/ProvisionerInvalid); messages carry a sanitized error class
 only. A shard that is not Ready gets no placements (reconciler.placement reads this condition).
@@ -29,8 +34,10 @@ from reconciler.sql.provisioner import WEAK_CREATEROLE_MESSAGE, dialect_problem,
 
 log = logging.getLogger(__name__)
 
-PING_INTERVAL = 60.0
-PING_TIMEOUT = 15.0
+PING_INTERVAL = 15.0
+NOT_READY_RECHECK = 5.0  # seconds between pings of a shard that is not Ready
+PING_TIMEOUT = 5.0  # one whole ping: connect, authenticate, read the catalog
+PING_CONNECT_TIMEOUT = 3.0
 # A burst of Database changes would ping the shard once per change; within this gap (and for an
 # unchanged Shard generation) the last result stands and only databaseCount is refreshed.
 MIN_PING_GAP = 10.0
@@ -71,7 +78,8 @@ class ShardController:
         self.admin_host_override = admin_host_override
         self.ping_interval = ping_interval
         self.min_ping_gap = min(MIN_PING_GAP, ping_interval)
-        self._last: dict[str, tuple[float, int | None, Health]] = {}  # shard -> (when, generation, result)
+        # shard -> (when, generation, result); workers touch distinct shards (one key, one worker)
+        self._last: dict[str, tuple[float, int | None, Health]] = {}
 
     # -- checks ----------------------------------------------------------------------------------
 
@@ -102,11 +110,10 @@ class ShardController:
             return Health(ShardReason.ADMIN_SECRET_INVALID, str(exc))
         except ApiException as exc:
             return Health(ShardReason.ADMIN_SECRET_INVALID, f"admin Secret not readable (HTTP {exc.status})")
-        session = self.sessions.get(name, endpoint)
         try:
-            info = inspect_provisioner(session, timeout=PING_TIMEOUT)
+            with self.sessions.one_off(endpoint, PING_CONNECT_TIMEOUT) as session:
+                info = inspect_provisioner(session, timeout=PING_TIMEOUT)
         except SqlFailure as failure:
-            self.sessions.drop(name)
             if is_auth_failure(failure):
                 return Health(ShardReason.ADMIN_AUTH_FAILED, f"admin login failed: {failure.error_class}")
             return Health(ShardReason.UNREACHABLE, str(failure))
@@ -122,7 +129,8 @@ class ShardController:
         return Health(ShardReason.OK, "admin connection healthy", version, info.weak_createrole)
 
     def _health(self, name: str, spec: ShardSpec, generation: int | None) -> Health:
-        """check(), but the SQL ping at most every min_ping_gap for an unchanged Shard.
+        """check(), but for an unchanged Shard the SQL ping of a Ready one at most every
+        min_ping_gap, of one that is not Ready at most every NOT_READY_RECHECK.
 
         The DatabaseCluster phase comes from the cache and is always current.
         """
@@ -131,7 +139,8 @@ class ShardController:
             self._last.pop(name, None)
             return Health(ShardReason.CLUSTER_NOT_RUNNING, problem)
         last = self._last.get(name)
-        if last is not None and last[1] == generation and time.monotonic() - last[0] < self.min_ping_gap:
+        gap = self.min_ping_gap if last is not None and last[2].ready else NOT_READY_RECHECK
+        if last is not None and last[1] == generation and time.monotonic() - last[0] < gap:
             return last[2]
         health = self.check(name, spec)
         self._last[name] = (time.monotonic(), generation, health)
@@ -185,4 +194,4 @@ class ShardController:
         status["observedGeneration"] = generation
         if update_status(self.rest, SHARDS, shard, status) is not None and not health.ready:
             log.warning("shard not ready", extra={"shard": name, "reason": str(health.reason)})
-        return Result(requeue_after=self.ping_interval)
+        return Result(requeue_after=self.ping_interval if health.ready else min(NOT_READY_RECHECK, self.ping_interval))

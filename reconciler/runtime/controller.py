@@ -14,6 +14,11 @@ The contract (controller-runtime's):
 - `stop()` hands out no further keys, lets in-flight reconciles finish, then returns. Code that
   writes calls `ensure_active()` before each write: it raises `ControllerStopping` in a worker
   whose controller is stopping or whose leader guard says we no longer lead.
+- A blip of leadership loses no key: while the guard says no (a renewal is late) the workers
+  hold their next key until it says yes again or the controller stops, and a reconcile cut short
+  by `ControllerStopping` in a controller that is still running is queued again. Keys dropped
+  because the controller stopped come back with the full resync of the next `start()`, and
+  `resync()` (the manager calls it when a late renewal resumes leading) enqueues every key.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from reconciler.runtime.metrics import OTHER_REASON, RuntimeMetrics
 from reconciler.runtime.workqueue import ExponentialBackoff, WorkQueue
 
 log = logging.getLogger(__name__)
+GUARD_POLL = 0.1  # seconds between looks at the leader guard while a worker holds a key
 
 
 @dataclass(frozen=True)
@@ -207,11 +213,23 @@ class Controller:
                 thread = threading.Thread(target=self._work, name=f"{self.name}-worker-{i}", daemon=True)
                 self._threads.append(thread)
                 thread.start()
+        self.resync()
+        log.info("controller %s started with %d workers", self.name, self.workers)
+
+    def resync(self) -> int:
+        """Enqueue the key of every object of the watched informers (level-based: a full pass).
+
+        Returns how many keys were enqueued (0 while the controller is not running).
+        """
+        if not self._running:
+            return 0
+        count = 0
         for informer, mapper in self._watches:
             for obj in informer.list():
                 for key in mapper(obj):
                     self._queue.add(key)
-        log.info("controller %s started with %d workers", self.name, self.workers)
+                    count += 1
+        return count
 
     def signal_stop(self) -> None:
         """Stop handing out keys and make `ensure_active()` raise; returns at once."""
@@ -242,11 +260,20 @@ class Controller:
                 if key is None:
                     return
                 try:
-                    self._process(queue, key)
+                    if self._wait_for_guard():
+                        self._process(queue, key)
                 finally:
                     queue.done(key)
         finally:
             _worker.controller = None
+
+    def _wait_for_guard(self) -> bool:
+        """Hold the key while the guard says no (a late renewal); False once the controller stops."""
+        while not self.active():
+            if not self._running or self._stopping.is_set():
+                return False
+            self._stopping.wait(GUARD_POLL)
+        return True
 
     def _process(self, queue: WorkQueue, key: str) -> None:
         assert self.metrics is not None
@@ -256,7 +283,12 @@ class Controller:
                 raise TypeError(f"reconcile returned {type(result).__name__}, expected Result or None")
         except Exception as exc:  # noqa: BLE001 - every failure is requeued or counted
             if _in_chain(exc, lambda e: isinstance(e, ControllerStopping)):
-                log.info("controller %s: reconcile of %s interrupted: no longer active", self.name, key)
+                if self._running and not self._stopping.is_set():
+                    # Only the guard said no (leadership blipped): the key must not be lost.
+                    queue.add(key)
+                    log.info("controller %s: reconcile of %s paused: not leading; queued again", self.name, key)
+                else:
+                    log.info("controller %s: reconcile of %s interrupted: stopping", self.name, key)
                 return
             if is_conflict(exc):
                 self.metrics.reconcile_conflicts.labels(controller=self.name).inc()

@@ -10,6 +10,10 @@ running after the lease is lost. Here:
   by the time left until the deadline, so a hung apiserver cannot keep us leading.
 - `is_leading()` is also time-based: it turns False as soon as the renew deadline has passed,
   even before the elector thread notices. Controllers consult it before every write.
+- A renewal that succeeds after the renew deadline had passed (the apiserver answered late, or
+  this process was paused) keeps the lease, which is safe (the write was conditional on the
+  resourceVersion we read, so nobody else held it meanwhile), but `is_leading()` said False for
+  a while: `on_resumed_leading` runs then, so the caller can redo what it skipped (a full resync).
 - Another replica takes a lease only after it has seen no change of it for leaseDurationSeconds
   (measured on its own clock, as client-go does, so clock skew does not matter); with
   lease_duration > renew_deadline the old leader has stopped before anyone else can start.
@@ -60,6 +64,7 @@ class LeaderElector:
         retry_period: float = 2.0,
         on_started_leading: Callable[[], None] | None = None,
         on_stopped_leading: Callable[[], None] | None = None,
+        on_resumed_leading: Callable[[], None] | None = None,
     ) -> None:
         if not lease_duration > renew_deadline > retry_period > 0:
             raise ValueError("need lease_duration > renew_deadline > retry_period > 0")
@@ -72,6 +77,11 @@ class LeaderElector:
         self.retry_period = retry_period
         self.on_started_leading = on_started_leading
         self.on_stopped_leading = on_stopped_leading
+        self.on_resumed_leading = on_resumed_leading
+        self.resumptions = 0  # late renewals that resumed leading (observability and tests)
+        # Monotonic time of the apiserver's last good answer to a lease request (every replica
+        # asks every retry_period, leading or not): the replica's "is the apiserver there?" signal.
+        self.last_contact = 0.0
 
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -160,6 +170,8 @@ class LeaderElector:
             deadline = self._last_renew + self.renew_deadline
             if self._attempt(deadline):
                 wait = self.retry_period
+                if time.monotonic() >= deadline:
+                    self._resumed(time.monotonic() - deadline)
                 continue
             if self._lease_taken_by_other():
                 log.warning("%r: the lease is held by %s now; stopping at once", self, self._holder())
@@ -169,6 +181,16 @@ class LeaderElector:
                 log.error("%r: no renewal for %.1fs (renew deadline); stopping at once", self, self.renew_deadline)
                 return
             wait = min(self.retry_period, remaining)  # the last try lands on the deadline
+
+    def _resumed(self, lapse: float) -> None:
+        """A late renewal: we lead again after `is_leading()` was False for up to `lapse` seconds."""
+        self.resumptions += 1
+        log.warning("%r: renewed %.1fs past the renew deadline; leading again", self, lapse)
+        if self.on_resumed_leading is not None:
+            try:
+                self.on_resumed_leading()
+            except Exception:  # noqa: BLE001 - the lease is ours either way
+                log.exception("%r: on_resumed_leading failed", self)
 
     def _stop_leading(self) -> None:
         self._leading = False
@@ -221,11 +243,13 @@ class LeaderElector:
         except ApiException as exc:
             if exc.status != 404:
                 raise
+            self.last_contact = time.monotonic()
             if self._held_by_other():
                 # Deleted while another replica held it: that replica may still be leading until
                 # its next renewal (which re-creates the Lease). Wait for its lease to run out.
                 return False
             return self._create(now, deadline, started)
+        self.last_contact = time.monotonic()
         spec = self._observe(lease)
         holder = spec.get("holderIdentity")
         if self._held_by_other():

@@ -14,16 +14,21 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from kubernetes.client import ApiClient
 
 from informers import Rest, SharedInformers
-from reconciler.runtime.controller import Controller
+from reconciler.runtime.controller import Controller, ControllerStopping, ensure_active
 from reconciler.runtime.leader import LeaderElector
 from reconciler.runtime.metrics import RuntimeMetrics
 
 log = logging.getLogger(__name__)
+# The apiserver counts as reachable while a lease request succeeded within this many retry
+# periods (at least MIN_CONTACT_WINDOW seconds): a slow answer or two is no outage.
+CONTACT_WINDOW_PERIODS = 3
+MIN_CONTACT_WINDOW = 5.0
 
 
 class ControllerManager:
@@ -66,6 +71,7 @@ class ControllerManager:
                 retry_period=retry_period,
                 on_started_leading=self._start_controllers,
                 on_stopped_leading=self._stop_controllers,
+                on_resumed_leading=self.resync,
             )
 
     def add_controller(self, controller: Controller) -> Controller:
@@ -88,6 +94,35 @@ class ControllerManager:
 
     def is_leading(self) -> bool:
         return self.elector.is_leading() if self.elector is not None else self._started
+
+    def apiserver_reachable(self) -> bool:
+        """Did the apiserver answer this replica's lease requests (every retry_period) lately?
+
+        The API's readiness and its writes follow it: while the apiserver is down or paused this
+        replica leaves the Service's endpoints and writes answer 503 at once instead of hanging.
+        Without leader election there is no such signal: always True.
+        """
+        if self.elector is None:
+            return True
+        window = max(CONTACT_WINDOW_PERIODS * self.elector.retry_period, MIN_CONTACT_WINDOW)
+        return time.monotonic() - self.elector.last_contact < window
+
+    def fence(self) -> None:
+        """Raise `ControllerStopping` unless this replica may write (SQL or apiserver) right now.
+
+        The check every write makes first, from any thread: the Lease is held and its renew
+        deadline has not passed (time-based, so a paused or partitioned replica fails it before
+        the elector notices), and in a controller worker, that controller is not stopping.
+        """
+        ensure_active()
+        if not self.is_leading():
+            raise ControllerStopping("this replica does not hold the Lease")
+
+    def resync(self) -> None:
+        """Enqueue every object of every running controller (after a late renewal resumed leading)."""
+        with self._lock:
+            counts = {controller.name: controller.resync() for controller in self.controllers}
+        log.info("resync after leading resumed", extra={"keys": counts})
 
     def start(self) -> None:
         """Start the informers, wait until they have synced (TimeoutError otherwise), then lead.

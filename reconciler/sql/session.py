@@ -9,6 +9,11 @@ instead of answering it), bound to the TLS channel when TLS is on (`channel_bind
 shard stops answering (a stopped or partitioned server never enforces its own statement_timeout),
 and retried on a new session after a connection loss (a Patroni or coordinator failover) when an
 `AdminSession` was given. Every failure leaves as a sanitized `SqlFailure`.
+
+Fencing: an `AdminSession` built with a `fence` calls it before each attempt of an operation and
+before every statement it sends (its connections' cursors check first), so a replica that lost
+its Lease sends nothing more, even in the middle of an operation. Whatever the fence raises
+passes through `run_operation` unchanged (it is not a SQL failure).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 
@@ -44,6 +49,22 @@ _RECONNECTABLE = frozenset({errors.CONNECTION_LOST, errors.UNREACHABLE, errors.R
 
 T = TypeVar("T")
 Connector = Callable[[float], psycopg.Connection]
+Fence = Callable[[], None]
+
+
+def _fenced_cursor(fence: Fence) -> type[psycopg.Cursor]:
+    """A cursor class that calls `fence()` before it sends anything (installed as cursor_factory)."""
+
+    class FencedCursor(psycopg.Cursor):
+        def execute(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+            fence()
+            return super().execute(*args, **kwargs)
+
+        def executemany(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+            fence()
+            return super().executemany(*args, **kwargs)
+
+    return FencedCursor
 
 
 @dataclass(frozen=True)
@@ -118,10 +139,14 @@ class AdminSession:
     other failure of that operation. Not thread-safe: one per worker.
     """
 
-    def __init__(self, connect: Connector, connect_timeout: float = CONNECT_TIMEOUT) -> None:
+    def __init__(
+        self, connect: Connector, connect_timeout: float = CONNECT_TIMEOUT, fence: Fence | None = None
+    ) -> None:
         self._connect = connect
         self._connect_timeout = connect_timeout
         self._conn: psycopg.Connection | None = None
+        self.fence = fence
+        self._cursor_factory = _fenced_cursor(fence) if fence is not None else None
         self.connects = 0  # sessions opened so far (observability and tests)
 
     @classmethod
@@ -133,6 +158,7 @@ class AdminSession:
         connect_timeout: float = CONNECT_TIMEOUT,
         statement_timeout: str = STATEMENT_TIMEOUT,
         lock_timeout: str = LOCK_TIMEOUT,
+        fence: Fence | None = None,
     ) -> AdminSession:
         def connect(timeout: float) -> psycopg.Connection:
             return connect_admin(
@@ -143,7 +169,7 @@ class AdminSession:
                 lock_timeout=lock_timeout,
             )
 
-        return cls(connect, connect_timeout)
+        return cls(connect, connect_timeout, fence)
 
     def connection(self, timeout: float | None = None) -> psycopg.Connection:
         """The open session, or a new one (connect timeout: the smaller of its own and `timeout`)."""
@@ -152,6 +178,8 @@ class AdminSession:
         self.discard()
         limit = self._connect_timeout if timeout is None else min(self._connect_timeout, timeout)
         self._conn = self._connect(limit)
+        if self._cursor_factory is not None:
+            self._conn.cursor_factory = self._cursor_factory
         self.connects += 1
         return self._conn
 
@@ -292,6 +320,8 @@ def _attempt(
     remaining = deadline - time.monotonic()
     if remaining <= 0:
         return SqlFailure(operation, errors.TIMEOUT)
+    if session is not None and session.fence is not None:
+        session.fence()  # not even a connection attempt from a replica that may not write
     try:
         conn = session.connection(remaining) if session is not None else admin
     except psycopg.Error as exc:  # classified, never re-raised with driver text

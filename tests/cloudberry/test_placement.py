@@ -16,6 +16,14 @@ def _unplaced_no_capacity(fleet: Fleet, name: str, engine: str) -> None:
     assert f"no accepting, ready {engine} shard" in condition(db, "Ready")["message"]
 
 
+def _unplaced_waiting(fleet: Fleet, name: str, engine: str) -> None:
+    """Only not-Ready shards: a transient wait (Provisioning/ShardsUnavailable), not NoCapacity."""
+    db = fleet.wait_reason(name, "Provisioning", "ShardsUnavailable")
+    assert not db["status"].get("shard")
+    assert not db["status"].get("tenantName")  # nothing was chosen, no SQL ran
+    assert f"no {engine} shard usable right now" in condition(db, "Ready")["message"]
+
+
 @pytest.mark.parametrize("phase", ["Pending", "Initializing", "Scaling", "CoordinatorFailover", "Recovering", "Failed"])
 def test_placement_pauses_while_not_running_and_resumes(pg15: PostgresServer, fleet: Fleet, start_manager, phase):
     cluster = fleet.cluster(phase)
@@ -24,7 +32,7 @@ def test_placement_pauses_while_not_running_and_resumes(pg15: PostgresServer, fl
     fleet.wait_shard(shard, "ClusterNotRunning", f"(phase {phase})")
 
     waiting = fleet.database("waiting")
-    _unplaced_no_capacity(fleet, waiting, "cloudberry")
+    _unplaced_waiting(fleet, waiting, "cloudberry")
 
     # Running again: the Shard turns Ready and the unplaced database is placed at once (not after 5 min).
     fleet.set_phase(cluster, RUNNING)
@@ -44,7 +52,7 @@ def test_scaling_stops_new_placements_only(pg15: PostgresServer, fleet: Fleet, s
     fleet.set_phase(cluster, "Scaling")
     fleet.wait_shard(shard, "ClusterNotRunning", "(phase Scaling)")
     during = fleet.database("during")
-    _unplaced_no_capacity(fleet, during, "cloudberry")
+    _unplaced_waiting(fleet, during, "cloudberry")
     still = fleet.get_database(before["metadata"]["name"])
     assert condition(still, "Ready") == condition(before, "Ready")  # untouched, not even re-stamped
 

@@ -39,7 +39,7 @@ def test_inherit_provisioner_is_refused_and_gets_no_placements(pg15: PostgresSer
         assert refused["status"]["serverVersion"].startswith("15.")
 
         waiting = fleet.database("refused")
-        db = fleet.wait_reason(waiting, "Failed", "NoCapacity")
+        db = fleet.wait_reason(waiting, "Provisioning", "ShardsUnavailable")  # waits for the shard
         assert not db["status"].get("shard") and not db["status"].get("tenantName")
         # Still refused at the next checks (every 2 s here), and still nothing placed.
         fleet.wait_shard(shard, "ProvisionerInherits")

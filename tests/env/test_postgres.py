@@ -72,3 +72,22 @@ def test_close_leaves_nothing_behind() -> None:
     assert not workdir.exists()
     with socket.socket() as sock:
         assert sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_a_crashed_server_restarts_on_its_data_and_accepts_sessions_when_start_returns() -> None:
+    """start()/restart() return only once a session opens (not when the port listens): crash
+    recovery refuses logins with "the database system is starting up" for a while."""
+    server = PostgresServer("18").start()
+    try:
+        port = server.port
+        with server.provisioner_connection() as conn:
+            conn.execute("CREATE DATABASE survives")
+        server.crash()
+        assert server.pid is None
+        server.restart()
+        assert server.port == port and server.pid is not None
+        with server.provisioner_connection() as conn:  # at once: no retry loop of our own
+            names = {row[0] for row in conn.execute("SELECT datname FROM pg_database")}
+        assert "survives" in names
+    finally:
+        server.close()

@@ -505,8 +505,9 @@ def test_shard_reports_provisioner_invalid_for_a_role_without_createdb(pg18, fle
         assert ready["status"] == "False"
         assert ready["message"] == "the provisioner role lacks CREATEDB"
         name = fleet.database("no-createdb-shard")
-        db = wait_reason(fleet, name, "NoCapacity")  # a shard that is not Ready gets no placement
-        assert not db["status"].get("shard")
+        # A shard that is not Ready gets no placement; the database waits (transient, not NoCapacity).
+        db = wait_reason(fleet, name, "ShardsUnavailable")
+        assert not db["status"].get("shard") and db["status"]["phase"] == "Provisioning"
 
 
 # -- a finished delete seen through a stale cache --------------------------------------------------

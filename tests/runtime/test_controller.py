@@ -302,3 +302,46 @@ def test_a_restarted_controller_reconciles_every_object_again(env: Harness) -> N
 
 def test_ensure_active_is_a_no_op_outside_workers() -> None:
     ensure_active()
+
+
+# -- leadership blips ----------------------------------------------------------------------------
+
+
+def test_a_leadership_blip_loses_no_key(env: Harness) -> None:
+    """While the guard says no (a late renewal) keys wait, and a reconcile it cut short runs again."""
+    leading = threading.Event()
+    leading.set()
+    done: list[str] = []
+    blipped = threading.Event()
+
+    def reconcile(key: str) -> Result:
+        if key.endswith("/first") and not blipped.is_set():
+            blipped.set()
+            leading.clear()  # the renew deadline passes in the middle of this reconcile
+        ensure_active()
+        done.append(key)
+        return Result()
+
+    controller = env.controller("blip", reconcile, workers=2)
+    controller.guard = leading.is_set
+    first = env.create("first")
+    controller.start()
+    assert blipped.wait(5)
+    second = env.create("second")  # arrives while not leading: held, not dropped
+    time.sleep(0.3)
+    assert done == [] and controller.running
+    leading.set()  # the late renewal succeeded
+    wait_for(lambda: sorted(done) == sorted([first, second]), what="both keys reconciled after the blip")
+    assert env.errors("blip", "Other") == 0
+
+
+def test_resync_enqueues_every_object_of_a_running_controller(env: Harness) -> None:
+    seen: list[str] = []
+    controller = env.controller("resync", lambda key: seen.append(key) or Result())
+    assert controller.resync() == 0  # not running: nothing to do
+    keys = {env.create(name) for name in ("p", "q")}
+    controller.start()
+    wait_for(lambda: set(seen) == keys)
+    seen.clear()
+    assert controller.resync() == 2
+    wait_for(lambda: sorted(seen) == sorted(keys), what="a full pass after resync")

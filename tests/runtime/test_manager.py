@@ -226,3 +226,38 @@ def test_max_backoff_caps_the_retry_delay_of_every_controller(admin_rest: Rest, 
         manager.stop()
     assert attempts[5] - attempts[0] < 15
     assert max(b - a for a, b in zip(attempts, attempts[1:], strict=False)) < 3
+
+
+def test_a_renewal_past_the_renew_deadline_keeps_the_lease_and_resyncs_every_key(
+    replicas: tuple[Replica, Replica], namespace: str
+) -> None:
+    """The process was paused past its renew deadline (simulated by ageing the last renewal): the
+    late renewal keeps the lease, the controllers keep running and every key is reconciled again."""
+    a, _ = replicas
+    a.manager.start()
+    elector = a.manager.elector
+    assert elector is not None
+    wait_for(lambda: a.manager.is_leading() and len(a.reconcile_times()) >= 3, what="A to lead")
+    reconciled_before = len(a.reconciles)
+    elector._last_renew -= RENEW + RETRY  # as after a pause: is_leading() turns False at once
+    assert not a.manager.is_leading()
+    with pytest.raises(Exception, match="does not hold the Lease"):
+        a.manager.fence()
+    wait_for(lambda: elector.resumptions == 1, timeout=RENEW, what="the late renewal")
+    assert a.manager.is_leading()
+    a.manager.fence()  # writes are allowed again
+    assert a.controller.running and a.after_stops == 0  # no stop: the lease was never lost
+    wait_for(lambda: len(a.reconciles) > reconciled_before + 3, what="the keys reconciled again")
+    assert {key for _, key in a.reconciles[reconciled_before:]} == {f"{namespace}/obj-{i}" for i in range(3)}
+
+
+def test_the_fenced_client_sends_no_write_without_the_lease(
+    replicas: tuple[Replica, Replica], admin_rest: Rest, namespace: str
+) -> None:
+    a, _ = replicas
+    fenced = admin_rest.fenced(a.manager.fence)  # an admin could write: only the fence stops it
+    with pytest.raises(Exception, match="does not hold the Lease"):  # not started: not leading
+        fenced.create(CONFIGMAPS, configmap("fenced-write", namespace))
+    assert fenced.list(CONFIGMAPS, namespace)["items"]  # reads are never fenced
+    names = {cm["metadata"]["name"] for cm in admin_rest.list(CONFIGMAPS, namespace)["items"]}
+    assert "fenced-write" not in names

@@ -31,6 +31,7 @@ def test_group_and_keys() -> None:
                 "Provisioning",
                 "Provisioned",
                 "NoCapacity",
+                "ShardsUnavailable",
                 "InvalidSizeClass",
                 "ShardNotFound",
                 "AdminUnavailable",

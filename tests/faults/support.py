@@ -1,0 +1,501 @@
+"""The fault suite's stack and its one invariant checker.
+
+`FaultStack` owns every process it starts: a kube-apiserver + etcd (with an audit log of every
+write), two PostgreSQL 18 shards (with a log of every statement) and `dbprovider manager`
+replicas (subprocesses, JSON logs). Tests inject a fault on those PIDs, undo it, and call
+`check_invariants`, which waits until every Database has reached the phase the test expects and
+then proves from the shards, the Secrets, the statement logs and the audit log that nothing was
+lost, orphaned or done twice, and that no replica wrote after it lost the Lease.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import requests
+from kubernetes.client.exceptions import ApiException
+
+from dbprovider.devstack import DevStack, free_port
+from domain.constants import ANNOTATION_ROTATE_REQUESTED_AT, LABEL_CONSUMER
+from harness import KubeControlPlane, PostgresServer
+from informers import LEASES, SECRETS, Rest
+from reconciler.resources import CONSUMERS, DATABASES, SHARDS
+from tests.generator.kubeapi import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+RELEASE = "faults"
+NAMESPACE = "faults-system"
+CONSUMER = "faults-consumer"
+LEASE = f"{RELEASE}-manager"
+SHARD_A, SHARD_B = "faults-pg-a", "faults-pg-b"
+SHARD_SECRETS_NAMESPACE = f"{NAMESPACE}-shards"  # where DevStack keeps the admin Secrets
+CONTROLLER_AGENT = "dbprovider-controllers/"  # + replica name: the controllers' writes (audit log)
+SQL_APP = "dbprovider/"  # + replica name: the application_name of every admin session
+WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
+# A statement already on the wire when a replica logs "stopped leading" (shutdown) lands a little later.
+IN_FLIGHT = 1.0
+
+AUDIT_POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+  - level: None
+    verbs: ["get", "list", "watch"]
+  - level: Metadata
+"""
+
+# One measured row per fault and quantity, printed at the end of the run (see conftest) and written
+# to $DBPROVIDER_FAULT_TIMINGS if set: docs/reliability.md quotes these numbers.
+TIMINGS: list[dict[str, Any]] = []
+
+
+def record(fault: str, what: str, seconds: float) -> None:
+    TIMINGS.append({"fault": fault, "what": what, "seconds": round(seconds, 1)})
+
+
+def timed(check: Callable[[], Any], timeout: float, what: str) -> float:
+    """Seconds until `check` holds (polled at most every 0.5 s)."""
+    start = time.monotonic()
+    wait_for(check, timeout, what)
+    return time.monotonic() - start
+
+
+# -- processes ---------------------------------------------------------------------------------
+
+
+class Replica:
+    """One `dbprovider manager` subprocess; its name is its Lease identity and application_name."""
+
+    def __init__(self, stack: DevStack, name: str, log_dir: Path) -> None:
+        self.name = name
+        self.api_port, self.metrics_port = free_port(), free_port()
+        self.log = log_dir / f"{name}.log"
+        self.ca = str(stack.ca_file)
+        self.token = stack.token
+        env = {**os.environ, **stack.manager_env(), "POD_NAME": name}
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(
+                stack.manager_argv(sys.executable, self.api_port, self.metrics_port),
+                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True,
+            )
+        self.paused = False
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def url(self, path: str) -> str:
+        return f"https://127.0.0.1:{self.api_port}{path}"
+
+    def call(self, method: str, path: str, timeout: float = 15, **kwargs: Any) -> requests.Response:
+        headers = {"Authorization": f"Bearer {self.token}"}
+        return requests.request(method, self.url(path), headers=headers, verify=self.ca, timeout=timeout, **kwargs)
+
+    def readyz(self) -> int:
+        try:
+            return requests.get(self.url("/readyz"), verify=self.ca, timeout=3).status_code
+        except requests.RequestException:
+            return 0
+
+    def wait_ready(self, timeout: float = 90) -> None:
+        def ready() -> bool:
+            assert self.proc.poll() is None, f"{self.name} exited: {self.log.read_text()[-3000:]}"
+            return self.readyz() == 200
+
+        wait_for(ready, timeout, f"{self.name} /readyz 200")
+
+    def pause(self) -> None:
+        os.kill(self.pid, signal.SIGSTOP)
+        self.paused = True
+
+    def resume(self) -> None:
+        os.kill(self.pid, signal.SIGCONT)
+        self.paused = False
+
+    def kill(self) -> None:
+        if self.paused:
+            self.resume()
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        """SIGTERM (the Lease is released), SIGKILL if it does not exit within 60 s."""
+        if self.paused:
+            self.resume()
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+
+    def events(self) -> Iterator[dict[str, Any]]:
+        """The JSON log lines (anything else, e.g. a Python warning, is skipped)."""
+        for line in self.log.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                try:
+                    yield json.loads(line)
+                except ValueError:
+                    continue
+
+
+# -- the stack ---------------------------------------------------------------------------------
+
+
+@dataclass
+class FaultStack:
+    root: Path
+    kube: KubeControlPlane = field(init=False)
+    shards: dict[str, PostgresServer] = field(default_factory=dict)
+    replicas: list[Replica] = field(default_factory=list)
+    # externalId -> "Ready" or "gone": what every Database of the consumer must reach
+    expected: dict[str, str] = field(default_factory=dict)
+    # problems an invariant check has reported already (they failed that fault's test)
+    reported: set[str] = field(default_factory=set)
+
+    def start(self) -> FaultStack:
+        kube_dir = self.root / "kube"
+        kube_dir.mkdir(parents=True)
+        policy = kube_dir / "audit-policy.yaml"
+        policy.write_text(AUDIT_POLICY)
+        self.audit_log = kube_dir / "audit.log"
+        self.kube = KubeControlPlane(
+            workdir=kube_dir,
+            extra_args=[
+                f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}", "--audit-log-mode=blocking",
+            ],
+        ).start()
+        # Every statement when it arrives, and a duration line once it completed: a statement cut
+        # off by a crash has none, so the DDL count sees what took effect. And durable commits, as
+        # on a real shard: the harness' synchronous_commit=off loses acknowledged commits to a
+        # SIGKILL (they wait in shared memory), which no production server would.
+        logged = {"log_min_duration_statement": "0", "synchronous_commit": "on"}
+        self.shards = {
+            SHARD_A: PostgresServer("18", log_statements=True, settings=logged).start(),
+            SHARD_B: PostgresServer("18", log_statements=True, settings=logged).start(),
+        }
+        self.dev = DevStack(
+            self.kube, self.shards[SHARD_A], self.root / "stack",
+            config_overrides={
+                "releaseName": RELEASE, "namespace": NAMESPACE, "tls": {"secretName": f"{RELEASE}-tls"},
+                "deletionProtection": {"enabled": False}, "softDelete": {"retention": "0"},
+                "shardSecrets": [
+                    {"namespace": SHARD_SECRETS_NAMESPACE, "name": f"{name}-provisioner"} for name in (SHARD_A, SHARD_B)
+                ],
+            },
+            consumer=CONSUMER, shard=SHARD_A,
+        ).install()
+        self._client = self.kube.admin_client()
+        self.rest = Rest(self._client)
+        self._second_shard()
+        self.rest.patch(CONSUMERS, CONSUMER, {"spec": {"maxDatabases": 500}})
+        return self
+
+    def _second_shard(self) -> None:
+        server = self.shards[SHARD_B]
+        secret = f"{SHARD_B}-provisioner"
+        self.rest.create(SECRETS, {
+            "apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret, "namespace": SHARD_SECRETS_NAMESPACE},
+            "data": {
+                "user": base64.b64encode(server.PROVISIONER.encode()).decode(),
+                "password": base64.b64encode(server.provisioner_password.encode()).decode(),
+            },
+        }, SHARD_SECRETS_NAMESPACE)
+        shard = self.rest.get(SHARDS, SHARD_A)
+        spec = json.loads(json.dumps(shard["spec"]))
+        spec["admin"].update(port=server.port, secretRef={"namespace": SHARD_SECRETS_NAMESPACE, "name": secret})
+        spec["admin"]["serviceName"] = f"{SHARD_B}-primary"
+        spec["client"]["port"] = server.port
+        spec["perconaCluster"] = {"namespace": NAMESPACE, "name": SHARD_B}
+        self.rest.create(SHARDS, {"apiVersion": shard["apiVersion"], "kind": "Shard", "metadata": {"name": SHARD_B},
+                                  "spec": spec})
+
+    def close(self) -> None:
+        for replica in self.replicas:
+            replica.kill()
+        for server in self.shards.values():
+            if server.pid is not None:
+                os.killpg(server.pid, signal.SIGCONT)
+            server.close()
+        self._client.close()
+        self.kube.close()
+
+    # -- replicas ----------------------------------------------------------------------------
+
+    def replica(self, name: str) -> Replica:
+        replica = Replica(self.dev, name, self.root)
+        self.replicas.append(replica)
+        replica.wait_ready()
+        return replica
+
+    def holder(self) -> str | None:
+        try:
+            return self.rest.get(LEASES, LEASE, NAMESPACE)["spec"].get("holderIdentity")
+        except ApiException:
+            return None
+
+    def leader(self, timeout: float = 60) -> str:
+        return wait_for(self.holder, timeout, "a Lease holder")
+
+    def leading_burst(self, name: str, count: int) -> tuple[Replica, list[str]]:
+        """Start replica `name`, wait until it leads, then create `count` databases through it."""
+        replica = self.replica(name)
+        assert self.leader() == name
+        return replica, self.burst(replica, name, count)
+
+    # -- consumer actions --------------------------------------------------------------------
+
+    def put(self, replica: Replica, external_id: str, expect: tuple[int, ...] = (200, 201)) -> requests.Response:
+        response = replica.call("PUT", f"/v1/databases/{external_id}", json={"sizeClass": "small"})
+        assert response.status_code in expect, f"PUT {external_id}: {response.status_code} {response.text}"
+        if response.status_code in (200, 201):
+            self.expected[external_id] = "Ready"
+        return response
+
+    def burst(self, replica: Replica, prefix: str, count: int) -> list[str]:
+        names = [f"{prefix}-{i}" for i in range(count)]
+        for name in names:
+            self.put(replica, name)
+        return names
+
+    def delete(self, replica: Replica, external_id: str) -> None:
+        response = replica.call("DELETE", f"/v1/databases/{external_id}")
+        assert response.status_code == 202, f"DELETE {external_id}: {response.status_code} {response.text}"
+        self.expected[external_id] = "gone"
+
+    # -- observation -------------------------------------------------------------------------
+
+    def databases(self) -> dict[str, dict[str, Any]]:
+        """The consumer's Database objects by externalId (live, from the apiserver)."""
+        items = self.rest.list(DATABASES, NAMESPACE, query=[("labelSelector", f"{LABEL_CONSUMER}={CONSUMER}")])
+        return {db["spec"]["externalId"]: db for db in items["items"]}
+
+    def phases(self, names: list[str]) -> Counter[str]:
+        dbs = self.databases()
+        return Counter((dbs.get(n) or {}).get("status", {}).get("phase") or "absent" for n in names)
+
+    def shard_ready(self, shard: str) -> bool:
+        conditions = (self.rest.get(SHARDS, shard).get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    def shard_reason(self, shard: str) -> str | None:
+        conditions = (self.rest.get(SHARDS, shard).get("status") or {}).get("conditions") or []
+        return next((c["reason"] for c in conditions if c["type"] == "Ready"), None)
+
+
+# -- the invariant checker ---------------------------------------------------------------------
+
+_TENANT_DDL = re.compile(r'(CREATE ROLE|CREATE DATABASE|DROP ROLE IF EXISTS|DROP DATABASE IF EXISTS) "([^"]+)"')
+_PG_LINE = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}) UTC \[(\d+)\] user=\S* db=\S* app=(\S*) "
+    r"LOG:  (?:(?:statement|execute [^:]*): (.*)|duration: .*)$"
+)
+
+
+@dataclass(frozen=True)
+class Write:
+    """One write a replica sent: an apiserver request or a SQL statement, with its wall-clock time."""
+
+    replica: str
+    when: datetime
+    what: str
+
+
+def _parse_iso(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def leading_intervals(replica: Replica) -> list[tuple[datetime, datetime | None]]:
+    """[started leading, stopped leading) of one replica, from its own log."""
+    intervals: list[tuple[datetime, datetime | None]] = []
+    for event in replica.events():
+        message = event.get("message", "")
+        if message.endswith(": started leading"):
+            intervals.append((_parse_iso(event["time"]), None))
+        elif message.endswith(": stopped leading") and intervals and intervals[-1][1] is None:
+            intervals[-1] = (intervals[-1][0], _parse_iso(event["time"]))
+    return intervals
+
+
+def audit_writes(stack: FaultStack) -> list[Write]:
+    """The controllers' apiserver writes that were applied (2xx; the Lease itself excluded)."""
+    writes = []
+    for line in stack.audit_log.read_text(errors="replace").splitlines():
+        entry = json.loads(line)
+        agent = entry.get("userAgent") or ""
+        resource = (entry.get("objectRef") or {}).get("resource")
+        applied = 200 <= ((entry.get("responseStatus") or {}).get("code") or 0) < 300  # a 409 changed nothing
+        if agent.startswith(CONTROLLER_AGENT) and entry.get("verb") in WRITE_VERBS and resource != "leases" and applied:
+            writes.append(Write(
+                agent[len(CONTROLLER_AGENT):],
+                _parse_iso(entry["requestReceivedTimestamp"]),
+                f"{entry['verb']} {resource}/{(entry.get('objectRef') or {}).get('name')}",
+            ))
+    return writes
+
+
+def statement_log(stack: FaultStack) -> list[tuple[datetime, str, str, str, bool]]:
+    """(time, application_name, statement, shard, completed) of every statement the shards received."""
+    rows: list[tuple[datetime, str, str, str, bool]] = []
+    for shard, server in stack.shards.items():
+        last: dict[str, int] = {}  # backend pid -> its last statement's row
+        for line in server.statement_log().splitlines():
+            match = _PG_LINE.match(line)
+            if not match:
+                continue
+            if match[4] is None:  # "duration: ...": that backend's last statement completed
+                if match[2] in last:
+                    index = last.pop(match[2])
+                    rows[index] = (*rows[index][:4], True)
+                continue
+            when = datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=UTC)
+            last[match[2]] = len(rows)
+            rows.append((when, match[3], match[4], shard, False))
+    return rows
+
+
+def sql_writes(stack: FaultStack) -> list[Write]:
+    return [
+        Write(app[len(SQL_APP):], when, statement[:80])
+        for when, app, statement, _, _ in statement_log(stack)
+        if app.startswith(SQL_APP)
+    ]
+
+
+def fencing_violations(stack: FaultStack) -> list[str]:
+    """Writes that broke the fence.
+
+    - No write (SQL or apiserver) by a replica after another replica started leading later than it
+      did: the Lease's safety, whatever was in flight.
+    - No SQL by a replica outside its own leading intervals. (The apiserver's receive time is no
+      proof for the apiserver writes: a paused apiserver receives a write sent while leading only
+      after it resumes. The shards are not paused while leadership changes here.)
+    """
+    intervals = {r.name: leading_intervals(r) for r in stack.replicas}
+    starts = sorted((start, name) for name, spans in intervals.items() for start, _ in spans)
+    problems = []
+    sql = sql_writes(stack)
+    for write in audit_writes(stack) + sql:
+        latest = max(((s, n) for s, n in starts if s <= write.when), default=None)
+        if latest is None or latest[1] != write.replica:
+            holder = latest[1] if latest else None
+            problems.append(f"{write.replica} at {write.when.isoformat()} ({write.what}); leader then: {holder}")
+    for write in sql:
+        inside = any(
+            start <= write.when and (stop is None or (write.when - stop).total_seconds() <= IN_FLIGHT)
+            for start, stop in intervals.get(write.replica, [])
+        )
+        if not inside:
+            problems.append(f"{write.replica} at {write.when.isoformat()} ({write.what}) while not leading")
+    return problems
+
+
+def _shard_catalog(server: PostgresServer) -> tuple[set[str], set[str]]:
+    """Tenant roles and databases on a shard (everything but the server's own)."""
+    with server.superuser_connection() as conn:
+        roles = {r[0] for r in conn.execute("SELECT rolname FROM pg_roles WHERE rolname !~ '^pg_'")}
+        dbs = {r[0] for r in conn.execute("SELECT datname FROM pg_database")}
+    return roles - {server.SUPERUSER, server.PROVISIONER}, dbs - {"postgres", "template0", "template1"}
+
+
+def _logs_in(stack: FaultStack, db: dict[str, Any]) -> str | None:
+    """None if the credentials Secret logs in to the database; else why not."""
+    try:
+        secret = stack.rest.get(SECRETS, f"{db['metadata']['name']}-credentials", NAMESPACE)
+    except ApiException as exc:
+        return f"Secret: HTTP {exc.status}"
+    values = {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
+    try:
+        with psycopg.connect(
+            host=values["host"], port=int(values["port"]), user=values["user"], password=values["password"],
+            dbname=values["database"], sslmode=values["sslmode"], connect_timeout=5,
+        ) as conn:
+            if conn.execute("SELECT current_user").fetchone()[0] != values["user"]:
+                return "logged in as someone else"
+    except psycopg.Error as exc:
+        return f"login failed: {type(exc).__name__}"
+    return None
+
+
+def check_invariants(stack: FaultStack, fault: str, timeout: float = 150) -> float:
+    """The one invariant check after every fault; returns the seconds until every Database reached
+    its expected phase (recorded as the fault's recovery time)."""
+
+    def converged() -> bool:
+        dbs = stack.databases()
+        for name, want in stack.expected.items():
+            db = dbs.get(name)
+            if want == "gone" and db is not None:
+                return False
+            if want == "Ready" and (db is None or (db.get("status") or {}).get("phase") != "Ready"):
+                return False
+            if want == "Ready":  # and no rotation pending: the Secret's password is the role's
+                rotate = (db["metadata"].get("annotations") or {}).get(ANNOTATION_ROTATE_REQUESTED_AT)
+                if rotate is not None and db["status"].get("rotationApplied") != rotate:
+                    return False
+        return True
+
+    start = time.monotonic()
+    try:
+        wait_for(converged, timeout, "every Database to reach its expected phase")
+    except AssertionError:
+        dbs = stack.databases()
+        stuck = {
+            n: ((dbs.get(n) or {}).get("status") or {}).get("phase") or "absent"
+            for n, want in stack.expected.items()
+            if (want == "Ready") != (((dbs.get(n) or {}).get("status") or {}).get("phase") == "Ready")
+        }
+        raise AssertionError(f"{fault}: not converged after {timeout:.0f}s: {stuck}") from None
+    elapsed = time.monotonic() - start
+    dbs = stack.databases()
+
+    # Every Ready database: its role and database on its shard, and its Secret logs in.
+    catalogs = {name: _shard_catalog(server) for name, server in stack.shards.items()}
+    for name, db in dbs.items():
+        status = db.get("status") or {}
+        if status.get("phase") != "Ready":
+            continue
+        roles, databases = catalogs[status["shard"]]
+        tenant = status["tenantName"]
+        assert tenant in roles and tenant in databases, f"{fault}: {name} Ready but {tenant} missing on its shard"
+        problem = _logs_in(stack, db)
+        assert problem is None, f"{fault}: {name} Ready but its Secret does not log in: {problem}"
+
+    # No role or database on a shard without an object (retention is 0 here: nothing is retained).
+    owned = {(db["status"].get("shard"), db["status"].get("tenantName")) for db in dbs.values() if db.get("status")}
+    for shard, (roles, databases) in catalogs.items():
+        orphans = {t for t in roles | databases if (shard, t) not in owned}
+        assert not orphans, f"{fault}: orphaned tenants on {shard}: {sorted(orphans)}"
+
+    # No tenant created or dropped twice (statements that completed: a crash may cut one off).
+    ddl: Counter[tuple[str, str, str]] = Counter()
+    for _, _, statement, shard, completed in statement_log(stack):
+        for match in _TENANT_DDL.finditer(statement if completed else ""):
+            ddl[(shard, match[1], match[2])] += 1
+    twice = {f"{verb} {tenant} on {shard}": n for (shard, verb, tenant), n in ddl.items() if n > 1}
+    twice = {k: n for k, n in twice.items() if k not in stack.reported}  # an earlier fault's, failed there
+    stack.reported.update(twice)
+    assert not twice, f"{fault}: tenant DDL ran more than once: {twice}"
+
+    # No SQL and no apiserver write from a replica that did not hold the Lease.
+    violations = [v for v in fencing_violations(stack) if v not in stack.reported]
+    stack.reported.update(violations)
+    assert not violations, f"{fault}: writes without the Lease: {violations[:10]}"
+    return elapsed

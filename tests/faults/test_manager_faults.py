@@ -1,0 +1,77 @@
+"""Manager faults: SIGKILL mid-burst and mid-drop, the leader paused past its Lease while a second
+replica takes over, and the only manager paused past its renew deadline."""
+
+from __future__ import annotations
+
+import time
+
+from tests.faults.support import FaultStack, check_invariants, leading_intervals, record, timed, wait_for
+
+LEASE_DURATION = 15.0  # the manager's default
+PAST_RENEW_DEADLINE = 12.0  # > renew deadline (10 s), < lease duration
+
+
+def test_manager_sigkill_mid_burst(owned: FaultStack) -> None:
+    fault = "manager SIGKILL mid-burst"
+    stack = owned
+    first, names = stack.leading_burst("burstkill-a", 15)
+    wait_for(lambda: stack.phases(names)["Ready"] >= 3, 60, "the burst under way")
+    first.kill()
+    killed = time.monotonic()
+    second = stack.replica("burstkill-b")
+    wait_for(lambda: stack.holder() == second.name, 60, "takeover")
+    record(fault, "new replica leads, after the kill", time.monotonic() - killed)
+    check_invariants(stack, fault)
+    record(fault, "every database Ready, after the kill", time.monotonic() - killed)
+
+
+def test_manager_sigkill_mid_drop(owned: FaultStack) -> None:
+    fault = "manager SIGKILL mid-drop"
+    stack = owned
+    first, names = stack.leading_burst("dropkill-a", 10)
+    wait_for(lambda: stack.phases(names)["Ready"] == len(names), 90, "the databases Ready")
+    for name in names:
+        stack.delete(first, name)
+    wait_for(lambda: stack.phases(names)["absent"] >= 2, 60, "the drops under way")
+    first.kill()
+    killed = time.monotonic()
+    stack.replica("dropkill-b")
+    check_invariants(stack, fault)
+    record(fault, "every drop done after the kill", time.monotonic() - killed)
+
+
+def test_leader_sigstop_past_lease_with_second_replica(owned: FaultStack) -> None:
+    fault = "leader SIGSTOP past the Lease, 2 replicas"
+    stack = owned
+    replicas = {r.name: r for r in (stack.replica("lstop-a"), stack.replica("lstop-b"))}
+    leader = replicas[stack.leader()]
+    follower = next(r for r in replicas.values() if r is not leader)
+    names = stack.burst(follower, "lstop", 8)
+    wait_for(lambda: stack.phases(names)["Ready"] == len(names), 90, "the databases Ready")
+    # Rotations in flight when the leader stops: a deposed leader must not set a password later.
+    for name in names:
+        assert follower.call("POST", f"/v1/databases/{name}/credentials/rotate").status_code == 202
+    leader.pause()
+    paused = time.monotonic()
+    try:
+        record(fault, "second replica leads after the pause",
+               timed(lambda: stack.holder() == follower.name, 60, "takeover"))
+        during = stack.burst(follower, "lstop-during", 6)
+        wait_for(lambda: stack.phases(during)["Ready"] == len(during), 90, "databases Ready under the new leader")
+        time.sleep(max(0.0, LEASE_DURATION + 5 - (time.monotonic() - paused)))  # the fault: well past the Lease
+    finally:
+        leader.resume()
+    wait_for(lambda: leading_intervals(leader)[-1][1] is not None, 30, "the old leader to notice it lost the Lease")
+    record(fault, "every database Ready, rotations applied", check_invariants(stack, fault))
+
+
+def test_manager_paused_alone_past_renew_deadline(owned: FaultStack) -> None:
+    fault = "only manager SIGSTOP 12 s"
+    stack = owned
+    replica, _ = stack.leading_burst("alone", 12)
+    replica.pause()
+    time.sleep(PAST_RENEW_DEADLINE)  # the fault itself: paused past the renew deadline
+    replica.resume()
+    resumed = time.monotonic()
+    record(fault, "every database Ready after the resume", check_invariants(stack, fault, timeout=90))
+    record(fault, "whole fault, resume to converged", time.monotonic() - resumed)
