@@ -91,14 +91,18 @@ class PlacementIndex:
     def not_ready(self, engine: str) -> list[str]:
         """Shards of `engine` that would be considered but are not Ready (sorted names).
 
-        Placement found nothing usable: with one of these the lack is transient (a shard is down
-        or being checked), not a lack of capacity.
+        Placement found nothing usable: with one of these the lack is transient (a shard with room
+        is down or being checked), not a lack of capacity. A full shard that is down offers nothing.
         """
         with self._lock:
             return sorted(
                 c.name
                 for c in self._candidates.values()
-                if c.engine == engine and c.accepting and not c.being_deleted and not c.ready
+                if c.engine == engine
+                and c.accepting
+                and not c.being_deleted
+                and not c.ready
+                and self._counts[c.name] < c.max_databases
             )
 
     def shard_event(self, event_type: str, old: Obj | None, new: Obj | None) -> None:

@@ -380,7 +380,10 @@ def _scraped_up(server: PrometheusServer) -> bool:
 
 
 def _down_shard(rest: Rest, stack: DevStack) -> None:
-    """A shard whose admin port has nothing listening: Ready=False, reason Unreachable."""
+    """A shard whose admin port has nothing listening: Ready=False, reason Unreachable.
+
+    It does not accept databases, so the overflow database below meets a real lack of capacity
+    (NoCapacity, Failed) rather than a shard that may come back (ShardsUnavailable)."""
     rest.create(
         SHARDS,
         {
@@ -389,6 +392,7 @@ def _down_shard(rest: Rest, stack: DevStack) -> None:
             "metadata": {"name": DOWN_SHARD},
             "spec": {
                 "maxDatabases": 100,
+                "accepting": False,
                 "perconaCluster": {"namespace": NAMESPACE, "name": DOWN_SHARD},
                 # The main shard's admin Secret (listed in shardSecrets) and TLS settings; only the port is wrong.
                 "admin": {
