@@ -234,7 +234,7 @@ def test_a_config_change_updates_exactly_the_changed_objects_in_place(
     clusters.db.ensure_namespace("pg-shard02")
     for command in (
         "pulumi config set --path 'dbprovider:sizeClasses.small.connectionLimit' 7",
-        "pulumi config set --path 'dbprovider:shardSecrets[1].namespace' pg-shard02",
+        "pulumi config set --path --plaintext 'dbprovider:shardSecrets[1].namespace' pg-shard02",
         "pulumi config set --path --plaintext 'dbprovider:shardSecrets[1].name' pg-shard02-pguser-provisioner",
     ):
         assert installed.shell(command).returncode == 0, command
