@@ -153,6 +153,8 @@ class ConnectionLimits:
                 ["limit"],
                 registry=registry,
             )
+            for limit in ("maxConnections", "maxConnectionsPerClient"):  # 0 from the start, so rate() sees them
+                self._refused.labels(limit)
 
     def admit(self, client: str) -> str | None:
         """Take a slot for `client`, or say which bound refuses it."""

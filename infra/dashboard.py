@@ -136,6 +136,17 @@ PANELS: tuple[_Panel, ...] = (
         ],
     ),
     (
+        "API connections: open, and refused by bound",
+        "short",
+        [
+            ("sum by (cluster) (dbprovider_api_connections_open{{{sel}}})", "{{{{cluster}}}} open"),
+            (
+                "sum by (cluster, limit) (rate(dbprovider_api_connections_refused_total{{{sel}}}[$__rate_interval]))",
+                "{{{{limit}}}} refused/s",
+            ),
+        ],
+    ),
+    (
         "API latency p95 by route",
         "s",
         [

@@ -347,10 +347,15 @@ def _drive_faults_and_check(
     # No `*_created` series from the manager.
     assert "_created" not in requests.get(f"http://{replica.target}/metrics", timeout=10).text
 
-    # Every dashboard panel's query returns data (template variables expanded).
+    # Every dashboard panel's query returns data (template variables expanded). Rate panels need a
+    # counter that grew between two scrapes, so API traffic goes on while the queries are polled.
+    def panel_has_data(query: str) -> bool:
+        replica.call("GET", "/v1/databases")
+        return _has_data(topologies.server, _expand(query), started, time.time())
+
     for title, queries in dashboard_panels(stack.config):
         for query in queries:
-            assert _has_data(topologies.server, _expand(query), started, time.time()), (title, query)
+            wait_for(lambda q=query: panel_has_data(q), timeout=30, what=f"data for panel {title!r}: {query}")
 
     # Clearing the causes clears the alerts.
     rest.patch(SHARDS, DOWN_SHARD, {"spec": {"admin": {"port": pg_port}}})
