@@ -67,7 +67,7 @@ from domain.credentials import (
 from domain.naming import credentials_secret_name, database_object_name, label_value, validate_external_id
 from domain.specs import DatabaseSpec, database_consumer_name, parse_consumer
 from domain.timefmt import format_micro_time
-from informers import Informer, Rest, SharedInformers
+from informers import Informer, Resource, Rest, SharedInformers
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +202,7 @@ class DatabaseStore:
         credentials, problem = self._read_credentials(secret, db)
         if problem is not None:  # the caches may lag writes of the reconciler: ask the apiserver once
             db = self._get_live(metadata(db)["name"]) or db
-            credentials, problem = self._read_credentials(self._get_live_secret(name), db)
+            credentials, problem = self._read_credentials(self._get_live(name, SECRETS), db)
         if problem == PASSWORD_PENDING:
             raise CredentialsUnavailable("a new password is being set; retry in a few seconds")
         if problem is not None or credentials is None:
@@ -288,17 +288,10 @@ class DatabaseStore:
         pending = self._pending_of(consumer).get(name)
         return pending.obj if pending is not None else None
 
-    def _get_live(self, name: str) -> Obj | None:
+    def _get_live(self, name: str, resource: Resource = DATABASES) -> Obj | None:
+        """The object from the apiserver now (a Database unless said otherwise); None if there is none."""
         try:
-            return self.rest.get(DATABASES, name, self.namespace, timeout=self.write_timeout)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-
-    def _get_live_secret(self, name: str) -> Obj | None:
-        try:
-            return self.rest.get(SECRETS, name, self.namespace, timeout=self.write_timeout)
+            return self.rest.get(resource, name, self.namespace, timeout=self.write_timeout)
         except ApiException as exc:
             if exc.status == 404:
                 return None
