@@ -6,6 +6,7 @@ import base64
 
 import pytest
 
+from domain.constants import API_VERSION, KIND_DATABASE
 from domain.credentials import (
     Endpoint,
     SecretState,
@@ -24,12 +25,9 @@ from domain.credentials import (
 )
 from domain.specs import ShardSpec
 
-DATABASE = {
-    "apiVersion": "db.bnerd.com/v1alpha1",
-    "kind": "Database",
-    "metadata": {"name": "orders.consumer-a", "namespace": "dbprovider", "uid": "uid-1"},
-    "spec": {"consumer": "consumer-a", "externalId": "orders"},
-}
+META = {"name": "orders.consumer-a", "namespace": "dbprovider", "uid": "uid-1"}
+SPEC = {"consumer": "consumer-a", "externalId": "orders"}
+DATABASE = {"apiVersion": API_VERSION, "kind": KIND_DATABASE, "metadata": META, "spec": SPEC}
 ENDPOINT = Endpoint("pg.example.com", 5432, "require")
 
 
