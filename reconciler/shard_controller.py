@@ -25,6 +25,8 @@ from pydantic import ValidationError
 
 from domain.constants import KELDON_PHASE_RUNNING, Engine, ShardConditionType, ShardReason
 from domain.specs import ShardSpec, parse_shard
+from domain.status import ShardStatus
+from domain.validation import dump_set_fields
 from informers import Informer, Rest
 from reconciler.admin import AdminPolicy, AdminSecretInvalid, AdminSessions, admin_endpoint
 from reconciler.resources import BY_SHARD, SHARDS
@@ -188,9 +190,12 @@ class ShardController:
                 WEAK_CREATEROLE_MESSAGE if health.weak_createrole else "CREATEROLE manages only its own roles",
                 generation,
             )
-            status["serverVersion"] = health.server_version
-        status["databaseCount"] = self.databases.count_by_index(BY_SHARD, name)
-        status["observedGeneration"] = generation
+        observed = ShardStatus(
+            observed_generation=generation,
+            database_count=self.databases.count_by_index(BY_SHARD, name),
+            server_version=health.server_version,  # None (not checked this time): the last one stays
+        )
+        status.update(dump_set_fields(observed))
         if update_status(self.rest, SHARDS, shard, status) is not None and not health.ready:
             log.warning("shard not ready", extra={"shard": name, "reason": str(health.reason)})
         return Result(requeue_after=self.ping_interval if health.ready else min(NOT_READY_RECHECK, self.ping_interval))
