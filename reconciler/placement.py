@@ -1,10 +1,9 @@
 """Capacity-aware placement: pick the shard a new Database goes to, from the informer caches alone.
 
 The rule: the usable shard (of the engine, accepting, Ready, not being deleted, below
-`maxDatabases`) with the fewest databases; ties go to the smallest name. A Shard whose spec does not
-validate is never a candidate. The count per shard is the
+`maxDatabases`) with the fewest databases; ties go to the smallest name. The count per shard is the
 number of Database objects placed there (Deleting ones included: they still hold a slot until
-they are dropped).
+they are dropped). A Shard whose spec does not validate is never a candidate.
 
 `PlacementIndex` keeps the usable shards of each engine ordered by (count, name), updated by the
 Shard and Database informers' events, so placing one database costs the same with 20 or 200

@@ -92,8 +92,9 @@ def _shard_inputs(shard: dict[str, Any] | None) -> tuple[Any, ...]:
     """
     if shard is None:
         return (None,)
+    spec = _typed_spec(shard)
     ready = get_condition(object_conditions(shard), READY)
-    return (_typed_spec(shard) or shard.get("spec"), None if ready is None else ready.get("status"))
+    return (shard.get("spec") if spec is None else spec, None if ready is None else ready.get("status"))
 
 
 def register_controllers(
