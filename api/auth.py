@@ -30,8 +30,9 @@ import falcon
 from pydantic import ValidationError
 
 from api.errors import Unauthorized, Unavailable
-from api.kube import CONSUMERS, SECRETS, metadata, secret_bytes
-from domain.specs import ConsumerSpec
+from api.kube import CONSUMERS, SECRETS, metadata
+from domain.credentials import secret_data_bytes
+from domain.specs import parse_consumer
 from domain.tokens import TokenHashes, hash_token, parse_token_hashes
 from informers import Informer, NamedInformers, SharedInformers, object_key
 from informers.informer import Handler
@@ -244,7 +245,7 @@ class TokenIndex:
 
     def _evaluate(self, name: str, consumer: dict[str, Any]) -> _Entry:
         try:
-            spec = ConsumerSpec.model_validate(consumer.get("spec") or {})
+            spec = parse_consumer(consumer)
         except ValidationError:
             return _Entry(AuthState.INVALID_SPEC, _NO_HASHES)
         if spec.disabled:
@@ -268,7 +269,7 @@ class TokenIndex:
         secret = self.secrets.get(ref.name)
         if secret is None:
             return _Entry(AuthState.SECRET_MISSING, _NO_HASHES)
-        raw = secret_bytes(secret, ref.key)
+        raw = secret_data_bytes(secret, ref.key)
         if raw is None:
             return _Entry(AuthState.KEY_MISSING, _NO_HASHES)
         hashes = parse_token_hashes(raw)

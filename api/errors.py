@@ -25,65 +25,80 @@ UNAUTHORIZED_BODY = json.dumps({"error": "unauthorized", "message": "authenticat
 
 
 class ApiError(Exception):
-    """An error with a fixed HTTP status and a stable machine-readable code."""
+    """An error with a fixed HTTP status and a stable machine-readable code.
+
+    Subclasses name theirs in the class statement: `class X(ApiError, status=..., code=..., message=...)`.
+    """
 
     status: str = falcon.HTTP_500
     code: str = "internal_error"
     default_message: str = "internal error"
+
+    def __init_subclass__(cls, *, status: str, code: str, message: str, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.status, cls.code, cls.default_message = status, code, message
 
     def __init__(self, message: str | None = None) -> None:
         self.message = message or self.default_message
         super().__init__(self.message)
 
 
-class InvalidBody(ApiError):
-    status, code, default_message = falcon.HTTP_400, "invalid_body", "the request body is invalid"
+class InvalidBody(ApiError, status=falcon.HTTP_400, code="invalid_body", message="the request body is invalid"):
+    """Not JSON, not an object, an unknown field or a wrong type; the message never echoes the body."""
 
 
-class Unauthorized(ApiError):
+class Unauthorized(ApiError, status=falcon.HTTP_401, code="unauthorized", message="authentication required"):
     """Every authentication failure; rendered as the same bare 401 whatever the cause."""
 
-    status, code, default_message = falcon.HTTP_401, "unauthorized", "authentication required"
+
+class NotFound(ApiError, status=falcon.HTTP_404, code="not_found", message="no such database"):
+    """No such database of this consumer (another consumer's database is exactly as absent)."""
 
 
-class NotFound(ApiError):
-    status, code, default_message = falcon.HTTP_404, "not_found", "no such database"
+class DatabaseDeleting(
+    ApiError, status=falcon.HTTP_409, code="database_deleting", message="the database is being deleted"
+):
+    """A PUT of a database whose deletion was requested: it is not brought back."""
 
 
-class DatabaseDeleting(ApiError):
-    status, code, default_message = falcon.HTTP_409, "database_deleting", "the database is being deleted"
+class NotReady(ApiError, status=falcon.HTTP_409, code="not_ready", message="the database is not ready"):
+    """Credentials or a rotation asked of a database that is not Ready (or on its way out)."""
 
 
-class NotReady(ApiError):
-    status, code, default_message = falcon.HTTP_409, "not_ready", "the database is not ready"
+class PayloadTooLarge(
+    ApiError, status=falcon.HTTP_413, code="payload_too_large", message="the request body is too large"
+):
+    """A body above the API's limit (also a chunked one)."""
 
 
-class PayloadTooLarge(ApiError):
-    status, code, default_message = falcon.HTTP_413, "payload_too_large", "the request body is too large"
+class UnsupportedMediaType(
+    ApiError,
+    status=falcon.HTTP_415,
+    code="unsupported_media_type",
+    message="the request body must be JSON (Content-Type: application/json)",
+):
+    """A non-empty body that is not declared as JSON."""
 
 
-class UnsupportedMediaType(ApiError):
-    status, code, default_message = (
-        falcon.HTTP_415,
-        "unsupported_media_type",
-        "the request body must be JSON (Content-Type: application/json)",
-    )
+class QuotaExceeded(
+    ApiError, status=falcon.HTTP_429, code="quota_exceeded", message="the consumer's database quota is exhausted"
+):
+    """A create beyond Consumer.spec.maxDatabases."""
 
 
-class QuotaExceeded(ApiError):
-    status, code, default_message = falcon.HTTP_429, "quota_exceeded", "the consumer's database quota is exhausted"
+class CredentialsUnavailable(
+    ApiError,
+    status=falcon.HTTP_503,
+    code="credentials_unavailable",
+    message="the credentials of this database are temporarily unavailable",
+):
+    """The credentials Secret is missing, not ours or inconsistent, or a new password is pending."""
 
 
-class CredentialsUnavailable(ApiError):
-    status, code, default_message = (
-        falcon.HTTP_503,
-        "credentials_unavailable",
-        "the credentials of this database are temporarily unavailable",
-    )
-
-
-class Unavailable(ApiError):
-    status, code, default_message = falcon.HTTP_503, "unavailable", "the service is temporarily unavailable"
+class Unavailable(
+    ApiError, status=falcon.HTTP_503, code="unavailable", message="the service is temporarily unavailable"
+):
+    """The apiserver is unreachable or the write cannot be done now; the client may retry."""
 
 
 # Codes and texts of Falcon's own errors (routing, methods, headers), in the same body format.

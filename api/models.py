@@ -6,22 +6,32 @@ The shapes are those of `api/openapi.yaml`; tests validate live responses agains
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+from pydantic import ValidationError
+
 from api.errors import InvalidBody, UnsupportedMediaType
-from api.kube import annotations, metadata, spec, status
+from api.kube import annotations, metadata, status
+from domain.conditions import READY, condition_reason
 from domain.config import InstallConfig, UnknownSizeClass
 from domain.constants import (
     ANNOTATION_DELETE_REQUESTED_AT,
     ANNOTATION_ROTATE_REQUESTED_AT,
-    DatabaseConditionType,
+    SIZE_CLASS_MAX_LENGTH,
     Engine,
     Phase,
 )
+from domain.specs import DatabaseSpec, parse_database
+from domain.status import DatabaseStatus
+from domain.timefmt import format_time
 
-SIZE_CLASS_MAX_LENGTH = 63
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+_NO_STATUS = DatabaseStatus()
 BODY_FIELDS = ("sizeClass", "engine")
 ROTATE_BODY_FIELDS = ("terminateSessions",)
 _JSON_TYPES = ("application/json",)
@@ -88,9 +98,31 @@ def parse_create_body(raw: bytes, content_type: str | None, config: InstallConfi
     return CreateDatabase(size_class=size_class, engine=Engine(engine))
 
 
-def is_delete_requested(obj: dict[str, Any]) -> bool:
+def database_spec(obj: Obj) -> DatabaseSpec | None:
+    """The typed spec of a Database object; None if it does not validate (such an object is no one's)."""
+    try:
+        return parse_database(obj)
+    except ValidationError:
+        log.warning("Database %s: spec does not validate; not shown", metadata(obj).get("name"))
+        return None
+
+
+def database_status(obj: Obj) -> DatabaseStatus:
+    """The typed status of a Database object; empty before the first reconcile (and if it does not validate:
+    then nothing is handed out, the database shows as Provisioning)."""
+    raw = status(obj)
+    if not raw:
+        return _NO_STATUS
+    try:
+        return DatabaseStatus.model_validate(raw)
+    except ValidationError:
+        log.warning("Database %s: status does not validate; shown as not reconciled", metadata(obj).get("name"))
+        return _NO_STATUS
+
+
+def is_delete_requested(obj: Obj, db_status: DatabaseStatus | None = None) -> bool:
     """Deleting, Deleted, the delete annotation or a Kubernetes deletion: the database is going away."""
-    phase = status(obj).get("phase")
+    phase = (database_status(obj) if db_status is None else db_status).phase
     return (
         phase in (Phase.DELETING, Phase.DELETED)
         or ANNOTATION_DELETE_REQUESTED_AT in annotations(obj)
@@ -98,42 +130,37 @@ def is_delete_requested(obj: dict[str, Any]) -> bool:
     )
 
 
-def is_ready(obj: dict[str, Any]) -> bool:
+def is_ready(obj: Obj, db_status: DatabaseStatus | None = None) -> bool:
     """Ready and not on its way out: credentials may be handed out and rotated."""
-    return status(obj).get("phase") == Phase.READY and not is_delete_requested(obj)
+    if db_status is None:
+        db_status = database_status(obj)
+    return db_status.phase == Phase.READY and not is_delete_requested(obj, db_status)
 
 
-def _ready_condition(obj: dict[str, Any]) -> dict[str, Any]:
-    for condition in status(obj).get("conditions") or ():
-        if isinstance(condition, dict) and condition.get("type") == DatabaseConditionType.READY:
-            return condition
-    return {}
-
-
-def database_view(obj: dict[str, Any], config: InstallConfig) -> dict[str, Any]:
+def database_view(obj: Obj, config: InstallConfig) -> dict[str, Any]:
     """The consumer's view of a Database object: state and settings, never secrets or shard internals."""
-    db_spec, db_status, notes = spec(obj), status(obj), annotations(obj)
-    size_class = db_spec.get("sizeClass") or ""
-    limit = db_status.get("appliedConnectionLimit")
-    if not isinstance(limit, int):
+    db_spec, db_status, notes = database_spec(obj), database_status(obj), annotations(obj)
+    if db_spec is None:  # the store never hands one out (not the consumer's); no view to make of it
+        raise ValueError("a Database whose spec does not validate has no view")
+    limit = db_status.applied_connection_limit
+    if limit is None:
         try:
-            limit = config.resolve_connection_limit(size_class)
+            limit = config.resolve_connection_limit(db_spec.size_class)
         except UnknownSizeClass:
             limit = None
     rotate_requested = notes.get(ANNOTATION_ROTATE_REQUESTED_AT)
-    reason = _ready_condition(obj).get("reason")
     return {
-        "externalId": db_spec.get("externalId"),
-        "phase": db_status.get("phase") or Phase.PROVISIONING.value,
-        "reason": reason if isinstance(reason, str) and reason else None,
-        "sizeClass": size_class,
+        "externalId": db_spec.external_id,
+        "phase": (db_status.phase or Phase.PROVISIONING).value,
+        "reason": condition_reason(db_status.conditions, READY),
+        "sizeClass": db_spec.size_class,
         "connectionLimit": limit,
-        "engine": db_spec.get("engine") or Engine.POSTGRES.value,
+        "engine": db_spec.engine.value,
         "createdAt": metadata(obj).get("creationTimestamp"),
         "deleteRequestedAt": notes.get(ANNOTATION_DELETE_REQUESTED_AT),
-        "dropAfter": db_status.get("dropAfter"),
+        "dropAfter": format_time(db_status.drop_after) if db_status.drop_after is not None else None,
         "rotateRequestedAt": rotate_requested,
-        "rotationPending": bool(rotate_requested) and db_status.get("rotationApplied") != rotate_requested,
+        "rotationPending": bool(rotate_requested) and db_status.rotation_applied != rotate_requested,
     }
 
 

@@ -63,30 +63,33 @@ class DatabaseCollection:
         resp.cache_control = [NO_STORE]
 
 
-class Database:
-    """PUT / GET / DELETE /v1/databases/{externalId}."""
+class _DatabaseAction:
+    """A route on one database that reads a bounded body and answers with the database's view."""
 
     def __init__(self, config: InstallConfig, store: DatabaseStore, max_body_bytes: int) -> None:
         self.config = config
         self.store = store
         self.max_body_bytes = max_body_bytes
 
+    def _answer(self, resp: falcon.Response, db: dict[str, Any], status: str = falcon.HTTP_200) -> None:
+        resp.status = status
+        resp.media = database_view(db, self.config)
+        resp.cache_control = [NO_STORE]
+
+
+class Database(_DatabaseAction):
+    """PUT / GET / DELETE /v1/databases/{externalId}."""
+
     def on_put(self, req: falcon.Request, resp: falcon.Response, externalId: str) -> None:  # noqa: N803
         request = parse_create_body(read_body(req, self.max_body_bytes), req.content_type, self.config)
         db, created = self.store.ensure(req.context.consumer, externalId, request)
-        resp.status = falcon.HTTP_201 if created else falcon.HTTP_200
-        resp.media = database_view(db, self.config)
-        resp.cache_control = [NO_STORE]
+        self._answer(resp, db, falcon.HTTP_201 if created else falcon.HTTP_200)
 
     def on_get(self, req: falcon.Request, resp: falcon.Response, externalId: str) -> None:  # noqa: N803
-        resp.media = database_view(self.store.get(req.context.consumer, externalId), self.config)
-        resp.cache_control = [NO_STORE]
+        self._answer(resp, self.store.get(req.context.consumer, externalId))
 
     def on_delete(self, req: falcon.Request, resp: falcon.Response, externalId: str) -> None:  # noqa: N803
-        db = self.store.request_deletion(req.context.consumer, externalId)
-        resp.status = falcon.HTTP_202
-        resp.media = database_view(db, self.config)
-        resp.cache_control = [NO_STORE]
+        self._answer(resp, self.store.request_deletion(req.context.consumer, externalId), falcon.HTTP_202)
 
 
 class DatabaseCredentials:
@@ -100,20 +103,13 @@ class DatabaseCredentials:
         resp.cache_control = [NO_STORE]
 
 
-class CredentialsRotation:
+class CredentialsRotation(_DatabaseAction):
     """POST /v1/databases/{externalId}/credentials/rotate."""
-
-    def __init__(self, config: InstallConfig, store: DatabaseStore, max_body_bytes: int) -> None:
-        self.config = config
-        self.store = store
-        self.max_body_bytes = max_body_bytes
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, externalId: str) -> None:  # noqa: N803
         end_sessions = parse_rotate_body(read_body(req, self.max_body_bytes), req.content_type)
         db = self.store.request_rotation(req.context.consumer, externalId, end_sessions)
-        resp.status = falcon.HTTP_202
-        resp.media = database_view(db, self.config)
-        resp.cache_control = [NO_STORE]
+        self._answer(resp, db, falcon.HTTP_202)
 
 
 class Health:

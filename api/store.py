@@ -41,16 +41,14 @@ from api.errors import (
     Unauthorized,
     Unavailable,
 )
-from api.kube import CONSUMERS, DATABASES, SECRETS, annotations, metadata, secret_bytes, spec, status
-from api.models import CreateDatabase, Credentials, is_delete_requested, is_ready
+from api.kube import CONSUMERS, DATABASES, SECRETS, annotations, metadata, status
+from api.models import CreateDatabase, Credentials, database_spec, database_status, is_delete_requested, is_ready
 from domain.config import InstallConfig
 from domain.constants import (
     ANNOTATION_DELETE_REQUESTED_AT,
-    ANNOTATION_PASSWORD_ID,
     ANNOTATION_ROTATE_END_SESSIONS,
     ANNOTATION_ROTATE_REQUESTED_AT,
     API_VERSION,
-    CREDENTIALS_KEYS,
     CREDENTIALS_SECRET_SELECTOR,
     FINALIZER_TENANT,
     KIND_DATABASE,
@@ -58,10 +56,18 @@ from domain.constants import (
     LABEL_EXTERNAL_ID,
     Phase,
 )
-from domain.hosts import InvalidHost, validate_client_host
+from domain.credentials import (
+    decode_secret_data,
+    endpoint_problem,
+    is_controlled_by,
+    missing_key,
+    names_tenant,
+    password_pending,
+)
 from domain.naming import credentials_secret_name, database_object_name, label_value, validate_external_id
-from domain.specs import SSLMODES, ConsumerSpec
-from informers import Informer, Rest, SharedInformers
+from domain.specs import DatabaseSpec, database_consumer_name, parse_consumer
+from domain.timefmt import format_micro_time
+from informers import Informer, Resource, Rest, SharedInformers
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +85,12 @@ Clock = Callable[[], datetime]
 
 
 def databases_by_consumer(db: Obj) -> list[str]:
-    """Index function: the owning consumer (from the spec: a label is not an identity)."""
-    consumer = spec(db).get("consumer")
-    return [consumer] if isinstance(consumer, str) and consumer else []
+    """Index function: the owning consumer (from the spec: a label is not an identity).
+
+    Index functions run on every event of every Database: they read the one field, not the whole model.
+    """
+    consumer = database_consumer_name(db)
+    return [consumer] if consumer is not None else []
 
 
 def not_deleted_databases_by_consumer(db: Obj) -> list[str]:
@@ -93,11 +102,6 @@ def not_deleted_databases_by_consumer(db: Obj) -> list[str]:
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
-
-
-def format_timestamp(moment: datetime) -> str:
-    """RFC 3339 in UTC with microseconds, e.g. 2026-11-30T08:15:00.123456Z."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 @dataclass
@@ -181,8 +185,12 @@ class DatabaseStore:
         found = {metadata(db).get("name"): db for db in self.databases.by_index(INDEX_BY_CONSUMER, consumer)}
         for name, pending in self._pending_of(consumer).items():
             found.setdefault(name, pending.obj)
-        mine = [db for db in found.values() if spec(db).get("consumer") == consumer]
-        return sorted(mine, key=lambda db: str(spec(db).get("externalId")))
+        mine = [
+            (db_spec.external_id, db)
+            for db in found.values()
+            if (db_spec := database_spec(db)) is not None and db_spec.consumer == consumer
+        ]
+        return [db for _, db in sorted(mine, key=lambda pair: pair[0])]
 
     def credentials(self, consumer: str, external_id: str) -> Credentials:
         """The connection details of a Ready database; NotReady before, CredentialsUnavailable if unusable."""
@@ -194,7 +202,7 @@ class DatabaseStore:
         credentials, problem = self._read_credentials(secret, db)
         if problem is not None:  # the caches may lag writes of the reconciler: ask the apiserver once
             db = self._get_live(metadata(db)["name"]) or db
-            credentials, problem = self._read_credentials(self._get_live_secret(name), db)
+            credentials, problem = self._read_credentials(self._get_live(name, SECRETS), db)
         if problem == PASSWORD_PENDING:
             raise CredentialsUnavailable("a new password is being set; retry in a few seconds")
         if problem is not None or credentials is None:
@@ -239,7 +247,7 @@ class DatabaseStore:
         def decide(db: Obj) -> dict[str, str | None] | None:
             if ANNOTATION_DELETE_REQUESTED_AT in annotations(db):
                 return None
-            return {ANNOTATION_DELETE_REQUESTED_AT: format_timestamp(self.clock())}
+            return {ANNOTATION_DELETE_REQUESTED_AT: format_micro_time(self.clock())}
 
         return self._annotate(consumer, external_id, decide)
 
@@ -254,9 +262,9 @@ class DatabaseStore:
             if not is_ready(db):
                 raise NotReady()
             moment = self.clock()
-            value = format_timestamp(moment)
+            value = format_micro_time(moment)
             if value == annotations(db).get(ANNOTATION_ROTATE_REQUESTED_AT):  # same microsecond: still new
-                value = format_timestamp(moment + timedelta(microseconds=1))
+                value = format_micro_time(moment + timedelta(microseconds=1))
             end = value if end_sessions else None  # None removes a flag left by an earlier request
             return {ANNOTATION_ROTATE_REQUESTED_AT: value, ANNOTATION_ROTATE_END_SESSIONS: end}
 
@@ -270,8 +278,8 @@ class DatabaseStore:
 
     @staticmethod
     def _is_mine(db: Obj, consumer: str, external_id: str) -> bool:
-        db_spec = spec(db)
-        return db_spec.get("consumer") == consumer and db_spec.get("externalId") == external_id
+        db_spec = database_spec(db)
+        return db_spec is not None and db_spec.consumer == consumer and db_spec.external_id == external_id
 
     def _cached(self, consumer: str, name: str) -> Obj | None:
         obj = self.databases.get(f"{self.namespace}/{name}")
@@ -280,17 +288,10 @@ class DatabaseStore:
         pending = self._pending_of(consumer).get(name)
         return pending.obj if pending is not None else None
 
-    def _get_live(self, name: str) -> Obj | None:
+    def _get_live(self, name: str, resource: Resource = DATABASES) -> Obj | None:
+        """The object from the apiserver now (a Database unless said otherwise); None if there is none."""
         try:
-            return self.rest.get(DATABASES, name, self.namespace, timeout=self.write_timeout)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-
-    def _get_live_secret(self, name: str) -> Obj | None:
-        try:
-            return self.rest.get(SECRETS, name, self.namespace, timeout=self.write_timeout)
+            return self.rest.get(resource, name, self.namespace, timeout=self.write_timeout)
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -317,12 +318,9 @@ class DatabaseStore:
                 # the controller does not need a write of its own to add it.
                 "finalizers": [FINALIZER_TENANT],
             },
-            "spec": {
-                "consumer": consumer,
-                "externalId": external_id,
-                "sizeClass": request.size_class,
-                "engine": request.engine.value,
-            },
+            "spec": DatabaseSpec(
+                consumer=consumer, external_id=external_id, size_class=request.size_class, engine=request.engine
+            ).model_dump(by_alias=True, mode="json"),
         }
 
     def _create_lock(self, consumer: str) -> threading.Lock:
@@ -337,7 +335,7 @@ class DatabaseStore:
         if obj is None:
             raise Unauthorized()
         try:
-            limit = ConsumerSpec.model_validate(obj.get("spec") or {}).max_databases
+            limit = parse_consumer(obj).max_databases
         except ValidationError:
             raise Unauthorized() from None
         if limit is None:
@@ -372,9 +370,9 @@ class DatabaseStore:
         obj = new if new is not None else old
         if obj is None:
             return
-        consumer, name = spec(obj).get("consumer"), metadata(obj).get("name")
+        consumer, name = database_consumer_name(obj), metadata(obj).get("name")
         with self._pending_lock:
-            entries = self._pending.get(consumer) if isinstance(consumer, str) else None
+            entries = self._pending.get(consumer) if consumer is not None else None
             if entries and name in entries:
                 del entries[name]
                 if not entries:
@@ -407,40 +405,24 @@ class DatabaseStore:
         """(credentials, None) if the Secret is present, owned by the Database and consistent; else a reason."""
         if secret is None:
             return None, "the credentials Secret is missing"
-        uid = metadata(db).get("uid")
-        owners = metadata(secret).get("ownerReferences") or []
-        if not uid or not any(
-            isinstance(ref, dict) and ref.get("uid") == uid and ref.get("controller") is True for ref in owners
-        ):
+        if not is_controlled_by(secret, metadata(db).get("uid")):
             return None, "the credentials Secret is not controlled by the Database"
-        values: dict[str, str] = {}
-        for key in CREDENTIALS_KEYS:
-            raw = secret_bytes(secret, key)
-            try:
-                text = raw.decode("utf-8") if raw is not None else ""
-            except UnicodeDecodeError:
-                text = ""
-            if not text:
-                return None, f"the credentials Secret lacks key {key}"
-            values[key] = text
-        pending_id = (metadata(secret).get("annotations") or {}).get(ANNOTATION_PASSWORD_ID)
-        if pending_id is not None and pending_id != status(db).get("passwordApplied"):
+        values = decode_secret_data(secret)
+        key = missing_key(values)
+        if key is not None:
+            return None, f"the credentials Secret lacks key {key}"
+        db_status = database_status(db)
+        if password_pending(secret, db_status.password_applied):
             return None, PASSWORD_PENDING  # not on the role yet: the old password still works
-        tenant = status(db).get("tenantName")
-        if tenant and (values["database"] != tenant or values["user"] != tenant):
+        tenant = db_status.tenant_name
+        if tenant and not names_tenant(values, tenant):
             return None, "the credentials Secret does not match the tenant"
-        try:
-            validate_client_host(values["host"])
-        except InvalidHost:
-            return None, "the host in the credentials Secret is not a valid client host"
-        port = values["port"]
-        if not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
-            return None, "the port in the credentials Secret is invalid"
-        if values["sslmode"] not in SSLMODES:
-            return None, "the sslmode in the credentials Secret is invalid"
+        problem = endpoint_problem(values)
+        if problem is not None:
+            return None, problem
         credentials = Credentials(
             host=values["host"],
-            port=int(port),
+            port=int(values["port"]),
             database=values["database"],
             user=values["user"],
             password=values["password"],

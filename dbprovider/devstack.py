@@ -9,7 +9,6 @@ manager needs: its install config and a kubeconfig with a real token of its Serv
 
 from __future__ import annotations
 
-import base64
 import secrets
 import socket
 from dataclasses import dataclass, field
@@ -19,7 +18,19 @@ from typing import Any
 from dbprovider.dev_values import DEV_CONFIG, dev_install_config, merge_values
 from dbprovider.kubeapply import Applier
 from domain.config import InstallConfig
-from domain.constants import KELDON_GROUP, KELDON_KIND_DATABASE_CLUSTER, KELDON_VERSION
+from domain.constants import (
+    API_VERSION,
+    CORE_API_VERSION,
+    KELDON_GROUP,
+    KELDON_KIND_DATABASE_CLUSTER,
+    KELDON_VERSION,
+    KIND_CONSUMER,
+    KIND_SECRET,
+    KIND_SHARD,
+    Engine,
+)
+from domain.credentials import encode_secret_value
+from domain.specs import DEFAULT_TOKEN_KEY
 from domain.tokens import hash_token
 from harness import KubeControlPlane, PostgresServer
 from harness.certs import CertificateAuthority
@@ -105,11 +116,11 @@ class DevStack:
         rest.create(
             SECRETS,
             {
-                "apiVersion": "v1",
-                "kind": "Secret",
+                "apiVersion": CORE_API_VERSION,
+                "kind": KIND_SECRET,
                 "type": type_,
                 "metadata": {"name": name, "namespace": namespace},
-                "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
+                "data": {k: encode_secret_value(v) for k, v in data.items()},
             },
             namespace,
         )
@@ -135,8 +146,8 @@ class DevStack:
         rest.create(
             SHARDS,
             {
-                "apiVersion": "db.bnerd.com/v1alpha1",
-                "kind": "Shard",
+                "apiVersion": API_VERSION,
+                "kind": KIND_SHARD,
                 "metadata": {"name": self.shard},
                 "spec": {
                     "maxDatabases": 100,
@@ -155,15 +166,15 @@ class DevStack:
 
     def _consumer(self, rest: Rest) -> None:
         token_secret = f"{self.consumer}-token"
-        self._secret(rest, token_secret, {"sha256": hash_token(self.token)})
+        self._secret(rest, token_secret, {DEFAULT_TOKEN_KEY: hash_token(self.token)})
         rest.create(
             CONSUMERS,
             {
-                "apiVersion": "db.bnerd.com/v1alpha1",
-                "kind": "Consumer",
+                "apiVersion": API_VERSION,
+                "kind": KIND_CONSUMER,
                 "metadata": {"name": self.consumer},
                 "spec": {
-                    "tokenSecretRef": {"namespace": self.namespace, "name": token_secret, "key": "sha256"},
+                    "tokenSecretRef": {"namespace": self.namespace, "name": token_secret, "key": DEFAULT_TOKEN_KEY},
                     "maxDatabases": 10,
                 },
             },
@@ -178,11 +189,11 @@ class DevStack:
             "spec": {"segments": {"count": 2}},
         }
         shard = {
-            "apiVersion": "db.bnerd.com/v1alpha1",
-            "kind": "Shard",
+            "apiVersion": API_VERSION,
+            "kind": KIND_SHARD,
             "metadata": {"name": name},
             "spec": {
-                "engine": "cloudberry",
+                "engine": Engine.CLOUDBERRY.value,
                 "maxDatabases": 20,
                 "keldonCluster": {"namespace": self.namespace, "name": name},
                 # The admin Service is the cluster's (named like it); dev connects to 127.0.0.1 instead.

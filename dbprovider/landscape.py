@@ -8,16 +8,12 @@ way the apiserver combines them (stringData wins) and rewritten in the form they
 
 from __future__ import annotations
 
-import base64
-import binascii
 from dataclasses import dataclass
 from typing import Any
 
-from domain.constants import API_VERSION, KIND_CONSUMER
-
-SECRET_API_VERSION = "v1"
-SECRET_KIND = "Secret"
-DEFAULT_TOKEN_KEY = "sha256"
+from domain.constants import API_VERSION, CORE_API_VERSION, KIND_CONSUMER, KIND_SECRET
+from domain.credentials import decode_secret_value, encode_secret_value
+from domain.specs import DEFAULT_TOKEN_KEY
 
 # File names `consumer new` writes into --out; the suffixes keep any two consumers' files apart.
 CONSUMER_FILE_SUFFIX = ".consumer.yaml"
@@ -25,7 +21,7 @@ TOKEN_SECRET_FILE_SUFFIX = ".token-secret.yaml"
 
 
 def is_secret(doc: Any) -> bool:
-    return isinstance(doc, dict) and doc.get("apiVersion") == SECRET_API_VERSION and doc.get("kind") == SECRET_KIND
+    return isinstance(doc, dict) and doc.get("apiVersion") == CORE_API_VERSION and doc.get("kind") == KIND_SECRET
 
 
 def token_secret_name(consumer: str) -> str:
@@ -43,8 +39,8 @@ def consumer_object(name: str, namespace: str, max_databases: int | None, key: s
 
 def hash_secret_object(name: str, namespace: str, hash_lines: list[str], key: str = DEFAULT_TOKEN_KEY) -> dict:
     return {
-        "apiVersion": SECRET_API_VERSION,
-        "kind": SECRET_KIND,
+        "apiVersion": CORE_API_VERSION,
+        "kind": KIND_SECRET,
         "metadata": {"name": name, "namespace": namespace},
         "type": "Opaque",
         "stringData": {key: join_lines(hash_lines)},
@@ -86,15 +82,15 @@ def decode_data_value(value: Any, key: str) -> bytes:
     """A value under `data`: base64, as the apiserver requires."""
     if not isinstance(value, str):
         raise SecretValueError(f"data.{key} must be a base64 string")
-    try:
-        return base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError):
-        raise SecretValueError(f"data.{key} is not valid base64") from None
+    decoded = decode_secret_value(value)
+    if decoded is None:
+        raise SecretValueError(f"data.{key} is not valid base64")
+    return decoded
 
 
 def write_secret_value(secret: dict[str, Any], key: str, text: str, section: str) -> None:
     """Set `key` in the section it was found in (base64 for data)."""
     if section == "data":
-        secret.setdefault("data", {})[key] = base64.b64encode(text.encode("utf-8")).decode("ascii")
+        secret.setdefault("data", {})[key] = encode_secret_value(text)
     else:
         secret.setdefault("stringData", {})[key] = text

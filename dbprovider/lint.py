@@ -34,7 +34,16 @@ from pydantic import BaseModel, ValidationError
 from dbprovider.clitools import EXIT_FINDINGS, EXIT_INVALID, EXIT_OK, UsageError
 from dbprovider.landscape import SecretValueError, decode_data_value, is_secret, read_secret_value
 from domain.config import ConfigError, InstallConfig, load_install_config
-from domain.constants import API_VERSION, GROUP, KIND_CONSUMER, KIND_DATABASE, KIND_SHARD, Engine
+from domain.constants import (
+    API_VERSION,
+    GROUP,
+    KIND_CONSUMER,
+    KIND_DATABASE,
+    KIND_SECRET,
+    KIND_SHARD,
+    KINDS,
+    Engine,
+)
 from domain.naming import InvalidName, validate_dns1123_label, validate_dns1123_subdomain, validate_secret_key
 from domain.specs import ConsumerSpec, DatabaseSpec, ShardSpec
 from domain.tokens import parse_token_hashes
@@ -67,7 +76,7 @@ _SPEC_MODELS: dict[str, type[BaseModel]] = {
     KIND_CONSUMER: ConsumerSpec,
     KIND_DATABASE: DatabaseSpec,
 }
-_SCHEMA_KEYS = {KIND_SHARD: "shard", KIND_CONSUMER: "consumer", KIND_DATABASE: "database"}
+_SCHEMA_KEYS = {names.kind: key for key, names in KINDS.items()}
 _TOP_LEVEL = {"apiVersion", "kind", "metadata", "spec", "status"}
 _VALUES_NAME_RE = r".*values\.ya?ml"
 _PATH_TOKEN_RE = re.compile(r"\[(\d+)\]|\['((?:[^'\\]|\\.)*)'\]|([^.\[\s]+)")
@@ -152,8 +161,8 @@ class Document:
 
     @property
     def label(self) -> str:
-        if self.kind == "Secret":
-            return f"Secret {self.namespace}/{self.name}" if self.namespace else f"Secret {self.name}"
+        if self.kind == KIND_SECRET:
+            return f"{KIND_SECRET} {self.namespace}/{self.name}" if self.namespace else f"{KIND_SECRET} {self.name}"
         return f"{self.kind} {self.name}" if self.kind else "install values"
 
 
@@ -330,7 +339,7 @@ class Linter:
         for doc in [d for d, _ in self.objects] + self.secrets:
             if not doc.name:
                 continue
-            key = (doc.kind, doc.namespace if doc.kind in ("Secret", KIND_DATABASE) else "", doc.name)
+            key = (doc.kind, doc.namespace if doc.kind in (KIND_SECRET, KIND_DATABASE) else "", doc.name)
             if key in seen:
                 first = seen[key]
                 message = f"is also defined at {first.file}:{first.line()}; only one of them would be applied"

@@ -26,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from domain.constants import SIZE_CLASS_MAX_LENGTH
 from domain.naming import DNS1035_LABEL_RE, DNS1123_SUBDOMAIN_RE, LABEL_VALUE_MAX_LENGTH, LABEL_VALUE_RE
 from domain.validation import ConfigModel, Namespace, ObjectName, SecretKey, validation_problems
 
@@ -45,7 +46,7 @@ _DURATION_UNITS = {
     "s": timedelta(seconds=1),
 }
 # A size class name: a label-value-like token, so it can be shown and labelled as is.
-SIZE_CLASS_RE = "^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+SIZE_CLASS_RE = f"^[A-Za-z0-9]([-A-Za-z0-9_.]{{0,{SIZE_CLASS_MAX_LENGTH - 2}}}[A-Za-z0-9])?$"
 _PROMQL_FORBIDDEN = ('"', "\\", "\n", "\r", "`")
 _LABEL_NAME_RE = "[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
 DEFAULT_SCRAPE_INTERVAL = timedelta(seconds=30)
@@ -151,8 +152,8 @@ def _check_release_name(value: str) -> str:
 def _check_size_class_name(value: str) -> str:
     if not re.fullmatch(SIZE_CLASS_RE, value):
         raise ValueError(
-            "size class names must be 1-63 letters, digits, '-', '_' or '.', starting and ending with a "
-            "letter or digit"
+            f"size class names must be 1-{SIZE_CLASS_MAX_LENGTH} letters, digits, '-', '_' or '.', starting and "
+            "ending with a letter or digit"
         )
     return value
 

@@ -7,6 +7,7 @@ so that a typo becomes an import error instead of a silently unmatched label or 
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 GROUP = "db.bnerd.com"
 VERSION = "v1alpha1"
@@ -22,6 +23,30 @@ PLURAL_DATABASES = "databases"
 SINGULAR_SHARD = "shard"
 SINGULAR_CONSUMER = "consumer"
 SINGULAR_DATABASE = "database"
+
+
+@dataclass(frozen=True)
+class KindNames:
+    """How one of our kinds is spelt: Kind, REST plural, singular (the CRD's `names`)."""
+
+    kind: str
+    plural: str
+    singular: str
+
+
+# Per kind key (the key the CRD template and the schema generator use): its names.
+KINDS: dict[str, KindNames] = {
+    SINGULAR_SHARD: KindNames(KIND_SHARD, PLURAL_SHARDS, SINGULAR_SHARD),
+    SINGULAR_CONSUMER: KindNames(KIND_CONSUMER, PLURAL_CONSUMERS, SINGULAR_CONSUMER),
+    SINGULAR_DATABASE: KindNames(KIND_DATABASE, PLURAL_DATABASES, SINGULAR_DATABASE),
+}
+
+# Core objects we write or read in manifests (the credentials Secret, the landscape's token Secrets).
+CORE_API_VERSION = "v1"
+KIND_SECRET = "Secret"
+
+# A size class name is a label-value-like name (Database.spec.sizeClass, the install's sizeClasses keys).
+SIZE_CLASS_MAX_LENGTH = 63
 
 # Labels put on every Database object (values pass through naming.label_value): used for selection only;
 # code must re-check spec.consumer / spec.externalId on the object it found, a label is not an identity.

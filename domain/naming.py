@@ -50,73 +50,71 @@ def _sha256_hex(text: str, length: int) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:length]
 
 
+def _matches(value: object, pattern: str, max_length: int) -> TypeGuard[str]:
+    """`value` is a string of at most `max_length` characters matching `pattern`."""
+    return isinstance(value, str) and len(value) <= max_length and re.fullmatch(pattern, value) is not None
+
+
+def _named(valid: bool, value: object, message: str) -> str:
+    """`value` if `valid`, else InvalidName(message): the message never echoes the value."""
+    if not valid:
+        raise InvalidName(message)
+    assert isinstance(value, str)
+    return value
+
+
 def is_dns1123_label(value: object) -> TypeGuard[str]:
     """True for a valid namespace / DNS label (1-63 lowercase alphanumerics and hyphens)."""
-    return (
-        isinstance(value, str)
-        and len(value) <= DNS1123_LABEL_MAX_LENGTH
-        and re.fullmatch(DNS1123_LABEL_RE, value) is not None
-    )
+    return _matches(value, DNS1123_LABEL_RE, DNS1123_LABEL_MAX_LENGTH)
 
 
 def is_dns1123_subdomain(value: object) -> TypeGuard[str]:
     """True for a valid Kubernetes object name (lowercase DNS subdomain of at most 253 characters)."""
-    return (
-        isinstance(value, str)
-        and len(value) <= DNS1123_SUBDOMAIN_MAX_LENGTH
-        and re.fullmatch(DNS1123_SUBDOMAIN_RE, value) is not None
-    )
+    return _matches(value, DNS1123_SUBDOMAIN_RE, DNS1123_SUBDOMAIN_MAX_LENGTH)
+
+
+def is_dns1035_label(value: object) -> TypeGuard[str]:
+    """True for a valid Service name (a DNS label starting with a letter)."""
+    return _matches(value, DNS1035_LABEL_RE, DNS1123_LABEL_MAX_LENGTH)
 
 
 def validate_dns1123_label(value: object) -> str:
     """Return a valid DNS label (e.g. a namespace) or raise InvalidName."""
-    if is_dns1123_label(value):
-        return value
-    raise InvalidName(
-        "must be a DNS label: at most 63 characters, lowercase letters, digits and '-', "
-        "starting and ending with a letter or digit"
+    return _named(
+        is_dns1123_label(value),
+        value,
+        f"must be a DNS label: at most {DNS1123_LABEL_MAX_LENGTH} characters, lowercase letters, digits and '-', "
+        "starting and ending with a letter or digit",
     )
 
 
 def validate_dns1123_subdomain(value: object) -> str:
     """Return a valid Kubernetes object name or raise InvalidName."""
-    if is_dns1123_subdomain(value):
-        return value
-    raise InvalidName(
-        "must be a DNS-1123 subdomain: at most 253 characters, lowercase letters, digits, '-' and '.', "
-        "each dot-separated part starting and ending with a letter or digit"
-    )
-
-
-def is_dns1035_label(value: object) -> TypeGuard[str]:
-    """True for a valid Service name (a DNS label starting with a letter)."""
-    return (
-        isinstance(value, str)
-        and len(value) <= DNS1123_LABEL_MAX_LENGTH
-        and re.fullmatch(DNS1035_LABEL_RE, value) is not None
+    return _named(
+        is_dns1123_subdomain(value),
+        value,
+        f"must be a DNS-1123 subdomain: at most {DNS1123_SUBDOMAIN_MAX_LENGTH} characters, lowercase letters, "
+        "digits, '-' and '.', each dot-separated part starting and ending with a letter or digit",
     )
 
 
 def validate_dns1035_label(value: object) -> str:
     """Return a valid Service name or raise InvalidName."""
-    if is_dns1035_label(value):
-        return value
-    raise InvalidName(
-        "must be a DNS-1035 label: at most 63 characters, lowercase letters, digits and '-', "
-        "starting with a letter and ending with a letter or digit"
+    return _named(
+        is_dns1035_label(value),
+        value,
+        f"must be a DNS-1035 label: at most {DNS1123_LABEL_MAX_LENGTH} characters, lowercase letters, digits and "
+        "'-', starting with a letter and ending with a letter or digit",
     )
 
 
 def validate_secret_key(value: object) -> str:
     """Return a valid Secret data key or raise InvalidName."""
-    if (
-        isinstance(value, str)
-        and len(value) <= SECRET_KEY_MAX_LENGTH
-        and value not in (".", "..")
-        and re.fullmatch(SECRET_KEY_RE, value)
-    ):
-        return value
-    raise InvalidName("must be a Secret key: at most 253 characters, letters, digits, '-', '_' and '.'")
+    return _named(
+        _matches(value, SECRET_KEY_RE, SECRET_KEY_MAX_LENGTH) and value not in (".", ".."),
+        value,
+        f"must be a Secret key: at most {SECRET_KEY_MAX_LENGTH} characters, letters, digits, '-', '_' and '.'",
+    )
 
 
 def is_valid_external_id(value: object) -> TypeGuard[str]:
@@ -162,11 +160,7 @@ def credentials_secret_name(db_name: str) -> str:
 
 def is_valid_label_value(value: object) -> TypeGuard[str]:
     """True if `value` is a valid Kubernetes label value (may be empty)."""
-    return (
-        isinstance(value, str)
-        and len(value) <= LABEL_VALUE_MAX_LENGTH
-        and re.fullmatch(LABEL_VALUE_RE, value) is not None
-    )
+    return _matches(value, LABEL_VALUE_RE, LABEL_VALUE_MAX_LENGTH)
 
 
 def label_value(value: str) -> str:

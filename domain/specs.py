@@ -7,12 +7,13 @@ exist twice by necessity, in Python (`_check_engine_refs`) and as CEL in the JSO
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr, model_validator
 from pydantic_core import PydanticCustomError
 
-from domain.constants import Engine, SslMode
+from domain.constants import SIZE_CLASS_MAX_LENGTH, Engine, SslMode
 from domain.validation import (
     ClientHost,
     ExternalId,
@@ -26,6 +27,7 @@ from domain.validation import (
 
 SSLMODES: tuple[str, ...] = tuple(mode.value for mode in SslMode)
 DEFAULT_PORT = 5432
+DEFAULT_TOKEN_KEY = "sha256"
 
 _IMMUTABLE = [{"rule": "self == oldSelf", "message": "is immutable"}]
 _ENGINE_EXPR = "(has(self.engine) ? self.engine : 'postgres')"
@@ -171,7 +173,7 @@ class TokenSecretRef(SpecModel):
 
     namespace: Namespace = Field(description="Must be the release namespace; elsewhere never authenticates.")
     name: ObjectName = Field(description="Secret name.")
-    key: SecretKey = Field(default="sha256", description="Key with one SHA-256 hex digest per line.")
+    key: SecretKey = Field(default=DEFAULT_TOKEN_KEY, description="Key with one SHA-256 hex digest per line.")
 
 
 class ConsumerSpec(SpecModel):
@@ -199,7 +201,7 @@ class DatabaseSpec(SpecModel):
     )
     size_class: StrictStr = Field(
         default="",
-        max_length=63,
+        max_length=SIZE_CLASS_MAX_LENGTH,
         description="Size class from the install config's sizeClasses; empty means connectionLimit.default.",
     )
     engine: Engine = Field(
@@ -207,3 +209,36 @@ class DatabaseSpec(SpecModel):
         description="Only shards of this engine are considered for placement.",
         json_schema_extra={"x-kubernetes-validations": _IMMUTABLE},
     )
+
+
+# -- reading objects -------------------------------------------------------------------------------
+
+
+def _spec(obj: Mapping[str, Any]) -> Any:
+    return obj.get("spec") or {}
+
+
+def parse_shard(obj: Mapping[str, Any]) -> ShardSpec:
+    """The typed spec of a Shard object as the apiserver returns it; pydantic.ValidationError if invalid."""
+    return ShardSpec.model_validate(_spec(obj))
+
+
+def parse_consumer(obj: Mapping[str, Any]) -> ConsumerSpec:
+    """The typed spec of a Consumer object; pydantic.ValidationError if invalid."""
+    return ConsumerSpec.model_validate(_spec(obj))
+
+
+def parse_database(obj: Mapping[str, Any]) -> DatabaseSpec:
+    """The typed spec of a Database object; pydantic.ValidationError if invalid."""
+    return DatabaseSpec.model_validate(_spec(obj))
+
+
+_CONSUMER_KEY = DatabaseSpec.model_fields["consumer"].alias or "consumer"
+
+
+def database_consumer_name(obj: Mapping[str, Any]) -> str | None:
+    """`spec.consumer` of a Database object without parsing the whole spec, for index functions and
+    event handlers that run on every event of every Database; None unless a non-empty string."""
+    spec = obj.get("spec")
+    consumer = spec.get(_CONSUMER_KEY) if isinstance(spec, Mapping) else None
+    return consumer if isinstance(consumer, str) and consumer else None

@@ -29,6 +29,9 @@ from domain.naming import (
     validate_secret_key,
 )
 
+# What both kinds of model share: immutable, camelCase on the wire, inputs never echoed in errors.
+_MODEL_CONFIG = ConfigDict(frozen=True, alias_generator=to_camel, populate_by_name=True, hide_input_in_errors=True)
+
 
 class SpecModel(BaseModel):
     """Base of the Kubernetes object specs: frozen, camelCase, unknown fields ignored.
@@ -37,74 +40,48 @@ class SpecModel(BaseModel):
     Inputs are hidden from error texts because specs may carry hostile strings.
     """
 
-    model_config = ConfigDict(
-        frozen=True,
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="ignore",
-        hide_input_in_errors=True,
-    )
+    model_config = _MODEL_CONFIG | ConfigDict(extra="ignore")
 
 
 class ConfigModel(BaseModel):
     """Base of the install config: frozen, camelCase, unknown keys refused (a typo must fail the render)."""
 
-    model_config = ConfigDict(
-        frozen=True,
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        hide_input_in_errors=True,
-    )
+    model_config = _MODEL_CONFIG | ConfigDict(extra="forbid")
+
+
+def dump_set_fields(model: BaseModel) -> dict[str, Any]:
+    """The fields given to `model` with a value (None is left out), camelCase and JSON-ready: what a
+    controller merges into the status it writes, so a field it does not set now is left as it is."""
+    return model.model_dump(by_alias=True, exclude_unset=True, exclude_none=True, mode="json")
+
+
+def _string_schema(max_length: int, pattern: str) -> WithJsonSchema:
+    """The CRD schema of a non-empty string field checked by a pattern (what its validator checks)."""
+    return WithJsonSchema({"type": "string", "minLength": 1, "maxLength": max_length, "pattern": pattern})
 
 
 Namespace = Annotated[
-    str,
-    AfterValidator(validate_dns1123_label),
-    WithJsonSchema(
-        {"type": "string", "minLength": 1, "maxLength": DNS1123_LABEL_MAX_LENGTH, "pattern": DNS1123_LABEL_RE}
-    ),
+    str, AfterValidator(validate_dns1123_label), _string_schema(DNS1123_LABEL_MAX_LENGTH, DNS1123_LABEL_RE)
 ]
 """A namespace (DNS-1123 label)."""
 
 ObjectName = Annotated[
     str,
     AfterValidator(validate_dns1123_subdomain),
-    WithJsonSchema(
-        {
-            "type": "string",
-            "minLength": 1,
-            "maxLength": DNS1123_SUBDOMAIN_MAX_LENGTH,
-            "pattern": DNS1123_SUBDOMAIN_RE,
-        }
-    ),
+    _string_schema(DNS1123_SUBDOMAIN_MAX_LENGTH, DNS1123_SUBDOMAIN_RE),
 ]
 """A Kubernetes object name (DNS-1123 subdomain)."""
 
 ServiceName = Annotated[
-    str,
-    AfterValidator(validate_dns1035_label),
-    WithJsonSchema(
-        {"type": "string", "minLength": 1, "maxLength": DNS1123_LABEL_MAX_LENGTH, "pattern": DNS1035_LABEL_RE}
-    ),
+    str, AfterValidator(validate_dns1035_label), _string_schema(DNS1123_LABEL_MAX_LENGTH, DNS1035_LABEL_RE)
 ]
 """A Service name (DNS-1035 label)."""
 
-SecretKey = Annotated[
-    str,
-    AfterValidator(validate_secret_key),
-    WithJsonSchema(
-        {"type": "string", "minLength": 1, "maxLength": SECRET_KEY_MAX_LENGTH, "pattern": SECRET_KEY_RE}
-    ),
-]
+SecretKey = Annotated[str, AfterValidator(validate_secret_key), _string_schema(SECRET_KEY_MAX_LENGTH, SECRET_KEY_RE)]
 """A key in a Secret's data."""
 
 ExternalId = Annotated[
-    str,
-    AfterValidator(validate_external_id),
-    WithJsonSchema(
-        {"type": "string", "minLength": 1, "maxLength": DNS1123_LABEL_MAX_LENGTH, "pattern": EXTERNAL_ID_RE}
-    ),
+    str, AfterValidator(validate_external_id), _string_schema(DNS1123_LABEL_MAX_LENGTH, EXTERNAL_ID_RE)
 ]
 """A consumer's id for a database (a DNS label, see domain.naming)."""
 

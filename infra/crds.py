@@ -14,15 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from domain.constants import (
-    GROUP,
-    KIND_CONSUMER,
-    KIND_DATABASE,
-    KIND_SHARD,
-    PLURAL_CONSUMERS,
-    PLURAL_DATABASES,
-    PLURAL_SHARDS,
-)
+from domain.constants import API_VERSION, KINDS, SINGULAR_CONSUMER, SINGULAR_DATABASE, SINGULAR_SHARD
 from domain.specs import ConsumerSpec, DatabaseSpec, ShardSpec
 from domain.status import ConsumerStatus, DatabaseStatus, ShardStatus
 
@@ -131,33 +123,28 @@ def structural_schema(model: type[BaseModel], *, keep_defaults: bool = True, des
     return _structural(resolved, model.__name__, keep_defaults=keep_defaults)
 
 
-# Per kind: (kind, plural, spec model, status model, description of the whole object).
-_KINDS: dict[str, tuple[str, str, type[BaseModel], type[BaseModel], str]] = {
-    "shard": (
-        KIND_SHARD,
-        PLURAL_SHARDS,
+# Per kind key (domain.constants.KINDS): (spec model, status model, description of the whole object).
+_MODELS: dict[str, tuple[type[BaseModel], type[BaseModel], str]] = {
+    SINGULAR_SHARD: (
         ShardSpec,
         ShardStatus,
         "A Shard is one database cluster (a Percona PostgreSQL cluster, or a Keldon Cloudberry cluster) the "
         "provider may place tenant databases into. Cluster-scoped; declared in the landscape repository.",
     ),
-    "consumer": (
-        KIND_CONSUMER,
-        PLURAL_CONSUMERS,
+    SINGULAR_CONSUMER: (
         ConsumerSpec,
         ConsumerStatus,
         "A Consumer is one calling cluster: it authenticates with a bearer token whose SHA-256 is stored in a "
         "Secret, and sees and acts on its own databases only. Cluster-scoped.",
     ),
-    "database": (
-        KIND_DATABASE,
-        PLURAL_DATABASES,
+    SINGULAR_DATABASE: (
         DatabaseSpec,
         DatabaseStatus,
         "A Database is one tenant database (a role and a database on a shard) requested by a consumer "
         "through the API. Lives in the release namespace; its credentials are in <name>-credentials.",
     ),
 }
+assert set(_MODELS) == set(KINDS)
 
 
 def _first_line(model: type[BaseModel]) -> str:
@@ -166,7 +153,8 @@ def _first_line(model: type[BaseModel]) -> str:
 
 def object_schema(key: str) -> dict[str, Any]:
     """The full openAPIV3Schema of one kind ("shard", "consumer", "database"): spec, status, envelope."""
-    kind, _plural, spec_model, status_model, description = _KINDS[key]
+    spec_model, status_model, description = _MODELS[key]
+    kind = KINDS[key].kind
     spec = structural_schema(spec_model, description=_first_line(spec_model))
     status = structural_schema(
         status_model, keep_defaults=False, description=f"{_first_line(status_model)} Written by the provider."
@@ -178,7 +166,7 @@ def object_schema(key: str) -> dict[str, Any]:
         "properties": {
             "apiVersion": {
                 "type": "string",
-                "description": f"APIVersion of this object: {GROUP}/v1alpha1.",
+                "description": f"APIVersion of this object: {API_VERSION}.",
             },
             "kind": {"type": "string", "description": f"Kind of this object: {kind}."},
             "metadata": {"type": "object"},  # the apiserver allows nothing else here
@@ -190,4 +178,4 @@ def object_schema(key: str) -> dict[str, Any]:
 
 def crd_schemas() -> dict[str, dict[str, Any]]:
     """openAPIV3Schema per kind key, as the CRD template consumes them."""
-    return {key: object_schema(key) for key in _KINDS}
+    return {key: object_schema(key) for key in _MODELS}

@@ -9,6 +9,8 @@ from __future__ import annotations
 import copy
 
 from domain.constants import Phase
+from domain.status import ConsumerStatus
+from domain.validation import dump_set_fields
 from informers import Informer, Rest
 from reconciler.resources import BY_CONSUMER, CONSUMERS
 from reconciler.runtime import Result, update_status
@@ -29,8 +31,7 @@ class ConsumerController:
             for db in self.databases.by_index(BY_CONSUMER, name)
             if (db.get("status") or {}).get("phase") != Phase.DELETED
         )
-        status = copy.deepcopy(consumer.get("status") or {})
-        status["databaseCount"] = count
-        status["observedGeneration"] = consumer["metadata"].get("generation")
+        observed = ConsumerStatus(database_count=count, observed_generation=consumer["metadata"].get("generation"))
+        status = {**copy.deepcopy(consumer.get("status") or {}), **dump_set_fields(observed)}
         update_status(self.rest, CONSUMERS, consumer, status)
         return None

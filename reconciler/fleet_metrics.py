@@ -10,13 +10,14 @@ from __future__ import annotations
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from datetime import datetime
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from domain.constants import ConditionStatus, DatabaseConditionType, Phase, ShardConditionType
+from domain.conditions import READY, condition_reason, is_condition_true, object_conditions
+from domain.constants import DatabaseConditionType, Phase, ShardConditionType
+from domain.timefmt import parse_time
 
 UNPLACED = "unplaced"
 NO_REASON = "Unknown"  # no Ready condition yet
@@ -24,24 +25,17 @@ Objects = Callable[[], Iterable[Mapping[str, Any]]]
 
 
 def _condition_true(obj: Mapping[str, Any], condition_type: str) -> bool:
-    for condition in (obj.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == condition_type:
-            return condition.get("status") == ConditionStatus.TRUE
-    return False
+    return is_condition_true(object_conditions(obj), condition_type)
 
 
 def _ready_reason(obj: Mapping[str, Any]) -> str:
-    for condition in (obj.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == DatabaseConditionType.READY:  # the same type name on a Shard
-            return str(condition.get("reason") or NO_REASON)
-    return NO_REASON
+    """The Ready condition's reason (the same type name on a Shard and a Database)."""
+    return condition_reason(object_conditions(obj), READY) or NO_REASON
 
 
 def _created_at(obj: Mapping[str, Any]) -> float | None:
-    stamp = obj.get("metadata", {}).get("creationTimestamp")
-    if not stamp:
-        return None
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    created = parse_time(obj.get("metadata", {}).get("creationTimestamp"))
+    return None if created is None else created.timestamp()
 
 
 class FleetCollector(Collector):

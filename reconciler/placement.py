@@ -3,7 +3,7 @@
 The rule: the usable shard (of the engine, accepting, Ready, not being deleted, below
 `maxDatabases`) with the fewest databases; ties go to the smallest name. The count per shard is the
 number of Database objects placed there (Deleting ones included: they still hold a slot until
-they are dropped).
+they are dropped). A Shard whose spec does not validate is never a candidate.
 
 `PlacementIndex` keeps the usable shards of each engine ordered by (count, name), updated by the
 Shard and Database informers' events, so placing one database costs the same with 20 or 200
@@ -18,9 +18,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
 from sortedcontainers import SortedList
 
-from domain.constants import ConditionStatus, Engine, ShardConditionType
+from domain.conditions import READY, is_condition_true, object_conditions
+from domain.specs import parse_shard
 from informers import Informer
 
 Obj = dict[str, Any]
@@ -39,17 +41,14 @@ class ShardCandidate:
 
     @classmethod
     def from_object(cls, shard: Mapping[str, Any]) -> ShardCandidate:
-        spec = shard.get("spec") or {}
-        conditions = (shard.get("status") or {}).get("conditions") or []
-        ready = any(
-            c.get("type") == ShardConditionType.READY and c.get("status") == ConditionStatus.TRUE for c in conditions
-        )
+        """The candidate of a Shard object; pydantic.ValidationError if its spec does not validate."""
+        spec = parse_shard(shard)
         return cls(
             name=shard["metadata"]["name"],
-            engine=spec.get("engine") or Engine.POSTGRES,
-            accepting=spec.get("accepting", True) is True,
-            ready=ready,
-            max_databases=int(spec.get("maxDatabases") or 0),
+            engine=spec.engine,
+            accepting=spec.accepting,
+            ready=is_condition_true(object_conditions(shard), READY),
+            max_databases=spec.max_databases,
             being_deleted=bool(shard["metadata"].get("deletionTimestamp")),
         )
 
@@ -112,7 +111,12 @@ class PlacementIndex:
                 self._candidates.pop(name, None)
             else:
                 name = new["metadata"]["name"]
-                self._candidates[name] = ShardCandidate.from_object(new)
+                try:
+                    self._candidates[name] = ShardCandidate.from_object(new)
+                except ValidationError:
+                    # Never placed on, and no transient lack either: the Shard controller reports it
+                    # (Ready False, "the Shard's spec is invalid") until the spec is fixed.
+                    self._candidates.pop(name, None)
             self._refresh(name)
 
     def database_event(self, event_type: str, old: Obj | None, new: Obj | None) -> None:

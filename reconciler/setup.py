@@ -10,8 +10,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
+from domain.conditions import READY, get_condition, object_conditions
 from domain.config import InstallConfig
 from domain.constants import CREDENTIALS_SECRET_SELECTOR, CREDENTIALS_SECRET_SUFFIX
+from domain.specs import ShardSpec, parse_shard
 from informers import SECRETS, Informer
 from informers.informer import Handler
 from reconciler.admin import AdminPolicy, AdminSessions
@@ -74,12 +78,23 @@ def _coalesced(controller: Controller, keys: Callable[[dict[str, Any]], list[str
     return handler
 
 
+def _typed_spec(shard: dict[str, Any]) -> ShardSpec | None:
+    try:
+        return parse_shard(shard)
+    except ValidationError:
+        return None
+
+
 def _shard_inputs(shard: dict[str, Any] | None) -> tuple[Any, ...]:
-    """What of a Shard the Database controller depends on: spec (client block...) and readiness."""
+    """What of a Shard the Database controller depends on: spec (client block...) and readiness.
+
+    A spec that does not validate counts as itself (raw), so fixing or breaking it wakes the databases too.
+    """
     if shard is None:
         return (None,)
-    ready = [c.get("status") for c in (shard.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"]
-    return (shard.get("spec"), ready)
+    spec = _typed_spec(shard)
+    ready = get_condition(object_conditions(shard), READY)
+    return (shard.get("spec") if spec is None else spec, None if ready is None else ready.get("status"))
 
 
 def register_controllers(
@@ -131,11 +146,13 @@ def register_controllers(
 
         def shards_of_cluster(cluster: dict[str, Any]) -> list[str]:
             meta = cluster["metadata"]
+            ref = (meta.get("namespace"), meta["name"])
             return [
                 s["metadata"]["name"]
                 for s in shards.list()
-                if ((s.get("spec") or {}).get("keldonCluster") or {})
-                == {"namespace": meta.get("namespace"), "name": meta["name"]}
+                if (spec := _typed_spec(s)) is not None
+                and spec.keldon_cluster is not None
+                and (spec.keldon_cluster.namespace, spec.keldon_cluster.name) == ref
             ]
 
         shard_controller.watch(clusters, shards_of_cluster)

@@ -24,9 +24,11 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from domain.constants import KELDON_PHASE_RUNNING, Engine, ShardConditionType, ShardReason
-from domain.specs import ShardSpec
+from domain.specs import ShardSpec, parse_shard
+from domain.status import ShardStatus
+from domain.validation import dump_set_fields
 from informers import Informer, Rest
-from reconciler.admin import AdminPolicy, AdminSecretInvalid, AdminSessions, admin_endpoint, parse_shard_spec
+from reconciler.admin import AdminPolicy, AdminSecretInvalid, AdminSessions, admin_endpoint
 from reconciler.resources import BY_SHARD, SHARDS
 from reconciler.runtime import Result, set_condition, update_status
 from reconciler.sql.errors import SqlFailure, is_auth_failure
@@ -41,6 +43,11 @@ PING_CONNECT_TIMEOUT = 3.0
 # A burst of Database changes would ping the shard once per change; within this gap (and for an
 # unchanged Shard generation) the last result stands and only databaseCount is refreshed.
 MIN_PING_GAP = 10.0
+# Conditions that single out one reason of a failed check: (type, that reason, message while it is False).
+FAILURE_CONDITIONS: tuple[tuple[ShardConditionType, ShardReason, str], ...] = (
+    (ShardConditionType.ADMIN_AUTH_FAILED, ShardReason.ADMIN_AUTH_FAILED, "admin credentials accepted or not checked"),
+    (ShardConditionType.UNREACHABLE, ShardReason.UNREACHABLE, "no connection problem seen"),
+)
 
 
 @dataclass(frozen=True)
@@ -156,30 +163,24 @@ class ShardController:
             return None
         generation = shard["metadata"].get("generation")
         try:
-            health = self._health(name, parse_shard_spec(shard), generation)
+            spec = parse_shard(shard)
         except ValidationError:
             health = Health(ShardReason.UNREACHABLE, "the Shard's spec is invalid")
+        else:
+            health = self._health(name, spec, generation)
         status = copy.deepcopy(shard.get("status") or {})
         conditions: list[dict[str, Any]] = status.setdefault("conditions", [])
         set_condition(conditions, ShardConditionType.READY, health.ready, health.reason, health.message, generation)
-        auth_failed = health.reason == ShardReason.ADMIN_AUTH_FAILED
-        set_condition(
-            conditions,
-            ShardConditionType.ADMIN_AUTH_FAILED,
-            auth_failed,
-            ShardReason.ADMIN_AUTH_FAILED if auth_failed else ShardReason.OK,
-            health.message if auth_failed else "admin credentials accepted or not checked",
-            generation,
-        )
-        unreachable = health.reason == ShardReason.UNREACHABLE
-        set_condition(
-            conditions,
-            ShardConditionType.UNREACHABLE,
-            unreachable,
-            ShardReason.UNREACHABLE if unreachable else ShardReason.OK,
-            health.message if unreachable else "no connection problem seen",
-            generation,
-        )
+        for type_, reason, message_when_fine in FAILURE_CONDITIONS:
+            failed = health.reason == reason
+            set_condition(
+                conditions,
+                type_,
+                failed,
+                reason if failed else ShardReason.OK,
+                health.message if failed else message_when_fine,
+                generation,
+            )
         if health.server_version is not None:
             set_condition(
                 conditions,
@@ -189,9 +190,12 @@ class ShardController:
                 WEAK_CREATEROLE_MESSAGE if health.weak_createrole else "CREATEROLE manages only its own roles",
                 generation,
             )
-            status["serverVersion"] = health.server_version
-        status["databaseCount"] = self.databases.count_by_index(BY_SHARD, name)
-        status["observedGeneration"] = generation
+        observed = ShardStatus(
+            observed_generation=generation,
+            database_count=self.databases.count_by_index(BY_SHARD, name),
+            server_version=health.server_version,  # None (not checked this time): the last one stays
+        )
+        status.update(dump_set_fields(observed))
         if update_status(self.rest, SHARDS, shard, status) is not None and not health.ready:
             log.warning("shard not ready", extra={"shard": name, "reason": str(health.reason)})
         return Result(requeue_after=self.ping_interval if health.ready else min(NOT_READY_RECHECK, self.ping_interval))

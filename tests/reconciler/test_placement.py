@@ -24,8 +24,11 @@ def shard(name: str, *, engine: str = "postgres", accepting: bool = True, ready:
     meta: dict[str, Any] = {"name": name, "resourceVersion": str(rv)}
     if deleting:
         meta["deletionTimestamp"] = "2026-11-30T00:00:00Z"
+    cluster = {"keldonCluster" if engine == "cloudberry" else "perconaCluster": {"namespace": "pg", "name": name}}
+    admin = {"serviceName": f"{name}-primary", "secretRef": {"namespace": "dbprovider", "name": f"{name}-admin"}}
     return {"metadata": meta,
-            "spec": {"engine": engine, "accepting": accepting, "maxDatabases": max_databases},
+            "spec": {"engine": engine, "accepting": accepting, "maxDatabases": max_databases, **cluster,
+                     "admin": admin, "client": {"host": f"{name}.example.com"}},
             "status": {"conditions": READY if ready else NOT_READY}}
 
 
@@ -65,6 +68,19 @@ def index_with(shards: list[dict[str, Any]], counts: dict[str, int]) -> Placemen
 )
 def test_choose(shards, counts, engine, expected) -> None:
     assert index_with(shards, counts).choose(engine) == expected
+
+
+def test_a_shard_whose_spec_does_not_validate_is_never_placed_on() -> None:
+    """As the Shard controller reports it (Ready False), placement leaves it out, also as a transient lack."""
+    broken = shard("a", ready=True)
+    del broken["spec"]["admin"]
+    index = index_with([broken, shard("b", ready=False)], {})
+    assert index.choose("postgres") is None
+    assert index.not_ready("postgres") == ["b"]
+    index.shard_event("MODIFIED", broken, shard("a", rv=2))  # fixed: a candidate again
+    assert index.choose("postgres") == "a"
+    index.shard_event("MODIFIED", shard("a", rv=2), broken)  # broken again: dropped
+    assert index.choose("postgres") is None
 
 
 def test_follows_shard_changes_and_deletion() -> None:

@@ -1,0 +1,235 @@
+"""The credentials Secret `<database-name>-credentials`: its format, and whether it is ours and usable.
+
+The Database controller writes the Secret and the API hands its values out; both read it through
+this module, so the format (keys, base64, owner, password id) is defined once. The Secret is the
+source of truth for the tenant's password: it is written before any SQL creates the role, so a crash
+between the two never loses a password. Pure functions; the callers do the API calls.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from domain.constants import (
+    ANNOTATION_PASSWORD_ID,
+    CORE_API_VERSION,
+    CREDENTIALS_KEYS,
+    KIND_SECRET,
+    LABEL_CONSUMER,
+    LABEL_EXTERNAL_ID,
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
+)
+from domain.hosts import is_valid_client_host
+from domain.naming import credentials_secret_name, label_value
+from domain.specs import SSLMODES, ShardSpec
+
+ENDPOINT_KEYS = ("host", "port", "sslmode")
+
+# -- Secret data (base64) --------------------------------------------------------------------------
+
+
+def decode_secret_value(raw: object) -> bytes | None:
+    """One value of a Secret's `data`: strict base64 as the apiserver writes it; None if not that."""
+    if not isinstance(raw, str):
+        return None
+    try:
+        return base64.b64decode(raw, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
+def encode_secret_value(text: str) -> str:
+    """A text as a value of a Secret's `data` (UTF-8, base64)."""
+    return base64.b64encode(text.encode("utf-8")).decode("ascii")
+
+
+def secret_data_bytes(secret: Mapping[str, Any], key: str) -> bytes | None:
+    """The decoded value of `key` in a Secret's data, or None if the key is missing or not base64."""
+    data = secret.get("data")
+    return decode_secret_value(data.get(key)) if isinstance(data, Mapping) else None
+
+
+def decode_secret_data(secret: Mapping[str, Any]) -> dict[str, str]:
+    """Every key of a Secret's data as text; a value that is not base64 UTF-8 reads as "" (unusable)."""
+    data = secret.get("data")
+    if not isinstance(data, Mapping):
+        return {}
+    values: dict[str, str] = {}
+    for key, raw in data.items():
+        decoded = decode_secret_value(raw)
+        try:
+            values[key] = decoded.decode("utf-8") if decoded is not None else ""
+        except UnicodeDecodeError:
+            values[key] = ""
+    return values
+
+
+secret_values = decode_secret_data  # the name the controllers know it by
+
+
+# -- passwords -------------------------------------------------------------------------------------
+
+
+def new_password() -> str:
+    """A random password for a tenant role (256 bits, URL-safe, no quoting trouble in URIs)."""
+    return secrets.token_urlsafe(32)
+
+
+def new_password_id() -> str:
+    """The id that goes with a new password (random, so it tells nothing about the password)."""
+    return secrets.token_hex(8)
+
+
+def password_id(secret: Mapping[str, Any]) -> str | None:
+    """The Secret's password id; None for a Secret written without one (nothing pending then)."""
+    return ((secret.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_PASSWORD_ID)
+
+
+def password_pending(secret: Mapping[str, Any], password_applied: str | None) -> bool:
+    """The Secret holds a password that may not be on the role yet (status.passwordApplied names another id)."""
+    current = password_id(secret)
+    return current is not None and current != password_applied
+
+
+def password_patch(password: str) -> dict[str, Any]:
+    """A merge patch putting a new password, with a new id, into the Secret (a rotation)."""
+    return {
+        "metadata": {"annotations": {ANNOTATION_PASSWORD_ID: new_password_id()}},
+        "data": {"password": encode_secret_value(password)},
+    }
+
+
+# -- ownership and consistency ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where consumers connect: the Shard's client block."""
+
+    host: str
+    port: int
+    sslmode: str
+
+    @classmethod
+    def of_shard(cls, spec: ShardSpec) -> Endpoint:
+        """The client endpoint a Shard hands to consumers (its spec's defaults included)."""
+        return cls(spec.client.host, spec.client.port, str(spec.client.sslmode))
+
+
+class SecretState(StrEnum):
+    MISSING = "missing"
+    OURS = "ours"
+    FOREIGN = "foreign"  # exists, not controlled by this Database: never overwritten
+    INCONSISTENT = "inconsistent"  # ours, but names or password do not match the tenant
+
+
+def is_controlled_by(secret: Mapping[str, Any], database_uid: str | None) -> bool:
+    """The Secret's controller ownerReference is the Database with this uid (anything else is not ours)."""
+    if not database_uid:
+        return False
+    owners = (secret.get("metadata") or {}).get("ownerReferences") or []
+    return any(
+        isinstance(ref, Mapping) and ref.get("uid") == database_uid and ref.get("controller") is True
+        for ref in owners
+    )
+
+
+def names_tenant(values: Mapping[str, str], tenant: str) -> bool:
+    """The decoded Secret names `tenant` as both database and user."""
+    return values.get("database") == tenant and values.get("user") == tenant
+
+
+def classify_secret(secret: Mapping[str, Any] | None, database_uid: str, tenant: str) -> SecretState:
+    """Is the existing Secret ours and consistent with the tenant name stored in status?"""
+    if secret is None:
+        return SecretState.MISSING
+    if not is_controlled_by(secret, database_uid):
+        return SecretState.FOREIGN
+    values = decode_secret_data(secret)
+    if not names_tenant(values, tenant) or not values.get("password"):
+        return SecretState.INCONSISTENT
+    return SecretState.OURS
+
+
+def missing_key(values: Mapping[str, str]) -> str | None:
+    """The first of the six credentials keys that is absent, empty or undecodable; None if all are there."""
+    return next((key for key in CREDENTIALS_KEYS if not values.get(key)), None)
+
+
+def endpoint_problem(values: Mapping[str, str]) -> str | None:
+    """What is wrong with the decoded host, port and sslmode for a consumer to connect; None if nothing."""
+    if not is_valid_client_host(values.get("host")):
+        return "the host in the credentials Secret is not a valid client host"
+    port = values.get("port") or ""
+    if not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+        return "the port in the credentials Secret is invalid"
+    if values.get("sslmode") not in SSLMODES:
+        return "the sslmode in the credentials Secret is invalid"
+    return None
+
+
+# -- writing ---------------------------------------------------------------------------------------
+
+
+def credentials_labels(database: Mapping[str, Any]) -> dict[str, str]:
+    """The labels that put a credentials Secret into the provider's (label-selected) Secrets cache."""
+    spec = database["spec"]
+    return {
+        LABEL_MANAGED_BY: MANAGED_BY,
+        LABEL_CONSUMER: label_value(spec["consumer"]),
+        LABEL_EXTERNAL_ID: label_value(spec["externalId"]),
+    }
+
+
+def build_secret(database: Mapping[str, Any], tenant: str, password: str, endpoint: Endpoint) -> dict[str, Any]:
+    """The full Secret for a Database, owned by it (controller reference, so it is listed as ours),
+    with a new password id: the password is pending until the id is in the Database's status."""
+    meta = database["metadata"]
+    values = {
+        "host": endpoint.host,
+        "port": str(endpoint.port),
+        "database": tenant,
+        "user": tenant,
+        "password": password,
+        "sslmode": endpoint.sslmode,
+    }
+    assert tuple(values) == CREDENTIALS_KEYS
+    return {
+        "apiVersion": CORE_API_VERSION,
+        "kind": KIND_SECRET,
+        "type": "Opaque",
+        "metadata": {
+            "name": credentials_secret_name(meta["name"]),
+            "namespace": meta["namespace"],
+            "annotations": {ANNOTATION_PASSWORD_ID: new_password_id()},
+            "labels": credentials_labels(database),
+            "ownerReferences": [
+                {
+                    "apiVersion": database["apiVersion"],
+                    "kind": database["kind"],
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "data": {key: encode_secret_value(value) for key, value in values.items()},
+    }
+
+
+def endpoint_patch(secret: Mapping[str, Any], endpoint: Endpoint) -> dict[str, Any] | None:
+    """A merge patch rewriting only host/port/sslmode, or None when they already match."""
+    current = decode_secret_data(secret)
+    wanted = {"host": endpoint.host, "port": str(endpoint.port), "sslmode": endpoint.sslmode}
+    changed = {k: v for k, v in wanted.items() if current.get(k) != v}
+    if not changed:
+        return None
+    return {"data": {k: encode_secret_value(v) for k, v in changed.items()}}
