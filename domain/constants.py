@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import enum
 
+from domain.settings import SETTINGS
+
 GROUP = "db.bnerd.com"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -83,9 +85,8 @@ class SslMode(enum.StrEnum):
     VERIFY_FULL = "verify-full"
 
 
-# Where the pod finds the install's shardTLS.caBundle (mounted by the Deployment template).
-SHARD_CA_DIR = "/etc/dbprovider/shard-ca"
-SHARD_CA_FILE = f"{SHARD_CA_DIR}/ca.crt"
+# Where the pod finds the install's shardTLS.caBundle (mounted by the Deployment template; see settings).
+SHARD_CA_FILE = SETTINGS.files.shard_ca_path
 
 
 class Phase(enum.StrEnum):
