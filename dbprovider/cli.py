@@ -96,14 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
             "Serves the consumer API over TLS on --api-port, runs the Shard/Database/Consumer controllers "
             "while this replica holds the Lease, and serves Prometheus metrics on --metrics-port. Stops "
             f"cleanly on SIGTERM. TLS files: {env.tls_cert} / {env.tls_key} (default "
-            f"{files.tls_cert_path} and {files.tls_key_path})."
+            f"{files.tls_cert} and {files.tls_key})."
         ),
     )
     manager.add_argument(
         "--config",
-        default=os.environ.get(env.config, files.config_path),
+        default=os.environ.get(env.config, files.config),
         metavar="FILE",
-        help=f"the install config (default ${env.config} or {files.config_path})",
+        help=f"the install config (default ${env.config} or {files.config})",
     )
     manager.add_argument(
         "--kubeconfig", default=os.environ.get("KUBECONFIG"), help="kubeconfig file (default: in-cluster)"

@@ -42,8 +42,8 @@ class ManagerOptions:
     api_port: int = SETTINGS.ports.api
     metrics_host: str = "0.0.0.0"  # noqa: S104
     metrics_port: int = SETTINGS.ports.metrics
-    tls_cert: str = SETTINGS.files.tls_cert_path
-    tls_key: str = SETTINGS.files.tls_key_path
+    tls_cert: str = SETTINGS.files.tls_cert
+    tls_key: str = SETTINGS.files.tls_key
     identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     admin_host_override: str | None = None
     api_threads: int = DEFAULT_THREADS

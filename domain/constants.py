@@ -86,7 +86,7 @@ class SslMode(enum.StrEnum):
 
 
 # Where the pod finds the install's shardTLS.caBundle (mounted by the Deployment template; see settings).
-SHARD_CA_FILE = SETTINGS.files.shard_ca_path
+SHARD_CA_FILE = SETTINGS.files.shard_ca
 
 
 class Phase(enum.StrEnum):

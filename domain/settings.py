@@ -9,7 +9,7 @@ layer read them from here. Tests shorten timings by passing other values to the 
 by changing this object (it is frozen).
 
     SETTINGS.ports.api / .metrics                   the manager's listening ports (container ports)
-    SETTINGS.files.config_path / .tls_cert_path     files of the one projected volume
+    SETTINGS.files.config / .tls_cert / .shard_ca    files of the one projected volume
     SETTINGS.env.config / .tls_cert / .tls_key      environment variables naming those files
     SETTINGS.probes.liveness / .readiness           the API's health paths (the Deployment's probes)
     SETTINGS.lease                                  Lease duration, renew deadline, retry period
@@ -60,38 +60,25 @@ class Ports:
     metrics: int = 8080  # plain-HTTP /metrics, scraped through the metrics Service
 
 
+_MOUNT = "/etc/dbprovider"
+
+
 @dataclass(frozen=True)
 class MountedFiles:
-    """Files the manager reads from its one projected volume (ConfigMap + TLS Secret + shard CA bundle).
+    """Files the manager reads from its one projected volume (ConfigMap + TLS Secret + shard CA bundle),
+    mounted at `dir`. One volume, so a renewed certificate or CA shows up without a restart."""
 
-    Names are relative to `dir`, as the volume's items give them; the *_path properties are what the
-    manager opens. One volume, so a renewed certificate or CA shows up without a restart.
-    """
+    dir: str = _MOUNT
+    config: str = f"{_MOUNT}/config.yaml"  # the install config with defaults resolved
+    tls_cert: str = f"{_MOUNT}/tls/tls.crt"  # the serving certificate from tls.secretName
+    tls_key: str = f"{_MOUNT}/tls/tls.key"
+    shard_ca: str = f"{_MOUNT}/shard-ca/ca.crt"  # shardTLS.caBundle: CAs for sslmode verify-ca / verify-full
 
-    dir: str = "/etc/dbprovider"
-    config: str = "config.yaml"  # the install config with defaults resolved (the ConfigMap's key too)
-    tls_cert: str = "tls/tls.crt"  # the serving certificate from tls.secretName (kubernetes.io/tls keys)
-    tls_key: str = "tls/tls.key"
-    shard_ca: str = "shard-ca/ca.crt"  # shardTLS.caBundle: CAs for sslmode verify-ca / verify-full
-
-    def path(self, name: str) -> str:
-        return f"{self.dir}/{name}"
-
-    @property
-    def config_path(self) -> str:
-        return self.path(self.config)
-
-    @property
-    def tls_cert_path(self) -> str:
-        return self.path(self.tls_cert)
-
-    @property
-    def tls_key_path(self) -> str:
-        return self.path(self.tls_key)
-
-    @property
-    def shard_ca_path(self) -> str:
-        return self.path(self.shard_ca)
+    def in_volume(self, path: str) -> str:
+        """`path` relative to the mount, as the volume's items (and the ConfigMap's key) name it."""
+        if not path.startswith(f"{self.dir}/"):
+            raise ValueError(f"{path} is not in {self.dir}")
+        return path.removeprefix(f"{self.dir}/")
 
 
 @dataclass(frozen=True)

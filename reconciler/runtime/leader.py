@@ -265,7 +265,8 @@ class LeaderElector:
             new_spec["leaseTransitions"] = (spec.get("leaseTransitions") or 0) + 1
         body = _lease_body(lease["metadata"], new_spec)
         timeout = self._timeout(deadline)
-        return self._write(lambda: self.rest.replace(LEASES, body, timeout=timeout), deadline, started, "lost the race")
+        replace_lease = lambda: self.rest.replace(LEASES, body, timeout=timeout)  # noqa: E731
+        return self._write(replace_lease, deadline, started, "lost the race for the lease")
 
     def _lease_seconds(self) -> int:
         return max(1, round(self.lease_duration))
@@ -277,7 +278,7 @@ class LeaderElector:
         except ApiException as exc:
             if exc.status != 409:
                 raise
-            log.info("%r: %s for the lease (409)", self, race)
+            log.info("%r: %s (409)", self, race)
             self._refresh_observation(self._timeout(deadline))
             return False
         self._observe(written)
@@ -301,8 +302,8 @@ class LeaderElector:
         }
         body = _lease_body({"name": self.name, "namespace": self.namespace}, spec)
         timeout = self._timeout(deadline)
-        create = lambda: self.rest.create(LEASES, body, self.namespace, timeout=timeout)  # noqa: E731
-        return self._write(create, deadline, started, "another replica created it first")
+        create_lease = lambda: self.rest.create(LEASES, body, self.namespace, timeout=timeout)  # noqa: E731
+        return self._write(create_lease, deadline, started, "another replica created the lease first")
 
     def _release(self) -> None:
         """Give the lease up (empty holder, 1 s duration) so another replica takes it at once."""

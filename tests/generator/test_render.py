@@ -24,7 +24,7 @@ from infra.render import (
     render_prometheus_rule,
 )
 
-API_PORT, METRICS_PORT, CONFIG_PATH = SETTINGS.ports.api, SETTINGS.ports.metrics, SETTINGS.files.config_path
+API_PORT, METRICS_PORT, CONFIG_PATH = SETTINGS.ports.api, SETTINGS.ports.metrics, SETTINGS.files.config
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VALUES: dict[str, Any] = {
     "releaseName": "dbp",

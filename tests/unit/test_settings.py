@@ -104,7 +104,7 @@ def test_the_image_matches_the_deployment() -> None:
     (expose,) = re.findall(r"^EXPOSE (.+)$", dockerfile, re.MULTILINE)
     assert sorted(int(p) for p in expose.split()) == sorted(p["containerPort"] for p in _container()["ports"])
     (cmd,) = re.findall(r"^CMD (.+)$", dockerfile, re.MULTILINE)
-    assert json.loads(cmd) == _container()["args"] == ["manager", "--config", SETTINGS.files.config_path]
+    assert json.loads(cmd) == _container()["args"] == ["manager", "--config", SETTINGS.files.config]
 
 
 def test_every_elector_campaigns_with_the_same_lease_timings() -> None:
