@@ -9,7 +9,7 @@ layer read them from here. Tests shorten timings by passing other values to the 
 by changing this object (it is frozen).
 
     SETTINGS.ports.api / .metrics                   the manager's listening ports (container ports)
-    SETTINGS.files.config / .tls_cert / .shard_ca    files of the one projected volume
+    SETTINGS.files.config / .tls_cert / .shard_ca   files of the one projected volume
     SETTINGS.env.config / .tls_cert / .tls_key      environment variables naming those files
     SETTINGS.probes.liveness / .readiness           the API's health paths (the Deployment's probes)
     SETTINGS.lease                                  Lease duration, renew deadline, retry period
