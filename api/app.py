@@ -33,6 +33,7 @@ from api.resources import (
 )
 from api.store import DatabaseStore
 from domain.config import InstallConfig
+from domain.settings import SETTINGS
 from informers import SharedInformers
 
 OPENAPI_PATH = Path(__file__).resolve().with_name("openapi.yaml")
@@ -79,8 +80,8 @@ def create_app(
     app.add_route(ROUTE_DATABASE, Database(config, store, max_body_bytes))
     app.add_route(ROUTE_CREDENTIALS, DatabaseCredentials(store))
     app.add_route(ROUTE_ROTATE, CredentialsRotation(config, store, max_body_bytes))
-    app.add_route("/healthz", Health())
-    app.add_route("/readyz", Readiness([store.ready, tokens.ready, *ready_checks]))
+    app.add_route(SETTINGS.probes.liveness, Health())  # the Deployment probes these paths
+    app.add_route(SETTINGS.probes.readiness, Readiness([store.ready, tokens.ready, *ready_checks]))
     yaml_bytes, json_bytes = load_openapi(openapi_path)
     document = OpenApiDocument(yaml_bytes, json_bytes)
     app.add_route("/openapi.json", document)

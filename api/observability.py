@@ -19,12 +19,14 @@ import time
 import falcon
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from domain.settings import SETTINGS
+
 access_log = logging.getLogger("api.access")
 
 UNMATCHED_ROUTE = "unmatched"
 KNOWN_METHODS = frozenset({"GET", "PUT", "POST", "DELETE", "HEAD", "OPTIONS", "PATCH"})
 # Probes (every few seconds) are logged at debug level only.
-QUIET_ROUTES = frozenset({"/healthz", "/readyz"})
+QUIET_ROUTES = frozenset({SETTINGS.probes.liveness, SETTINGS.probes.readiness})
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 

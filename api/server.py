@@ -47,6 +47,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from api.http1 import BadRequest, RequestHead, parse_chunk_size, parse_head
 from domain.config import ApiConfig
+from domain.settings import SETTINGS
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +55,13 @@ DEFAULT_THREADS = 16
 # The front door's guard; the app answers 413 from 16 KiB on (with metrics and a JSON body).
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
 DEFAULT_MAX_HEADER_BYTES = 16 * 1024
-DEFAULT_HEADER_TIMEOUT = 10.0
-DEFAULT_BODY_TIMEOUT = 10.0
-DEFAULT_IDLE_TIMEOUT = 30.0
-DEFAULT_MAX_CONNECTIONS = 1000
-DEFAULT_MAX_CONNECTIONS_PER_CLIENT = 100
+# Deadlines and connection bounds: the install config's `api` defaults (one place: domain/config.py).
+_API_DEFAULTS = ApiConfig()
+DEFAULT_HEADER_TIMEOUT = _API_DEFAULTS.header_timeout.total_seconds()
+DEFAULT_BODY_TIMEOUT = _API_DEFAULTS.body_timeout.total_seconds()
+DEFAULT_IDLE_TIMEOUT = _API_DEFAULTS.idle_timeout.total_seconds()
+DEFAULT_MAX_CONNECTIONS = _API_DEFAULTS.max_connections
+DEFAULT_MAX_CONNECTIONS_PER_CLIENT = _API_DEFAULTS.max_connections_per_client
 DEFAULT_SHUTDOWN_TIMEOUT = 10.0
 # TLS 1.2 suites: forward secrecy and AEAD only (TLS 1.3 suites are all AEAD).
 TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
@@ -244,7 +247,7 @@ class ApiServer:
         self,
         app: Callable[..., Any],
         host: str = "0.0.0.0",  # noqa: S104 - the Service routes to it
-        port: int = 8443,
+        port: int = SETTINGS.ports.api,
         cert_file: str | os.PathLike[str] | None = None,
         key_file: str | os.PathLike[str] | None = None,
         *,

@@ -461,11 +461,7 @@ def main(argv: list[str] | None = None) -> int:
               f"apiserver writes per database {total_writes / total:.2f} "
               f"({(total_writes - lease_writes) / total:.2f} without Lease renewals)")
     finally:
-        if watch is not None:
-            watch.stop()
-        if manager is not None:
-            manager.stop()
-        stack.close()
+        stack.close(watch, manager)
     return 0
 
 

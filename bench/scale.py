@@ -313,11 +313,7 @@ def main(argv: list[str] | None = None) -> int:
             Target(f"idle CPU {idle_cpu:.2f}% of one core", f"< {IDLE_CPU_LIMIT}%", idle_cpu < IDLE_CPU_LIMIT),
         ])
     finally:
-        if spy is not None:
-            spy.stop()
-        if manager is not None:
-            manager.stop()
-        stack.close()
+        stack.close(spy, manager)
     return 0
 
 

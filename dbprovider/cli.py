@@ -8,17 +8,22 @@ import sys
 from collections.abc import Sequence
 
 from dbprovider import consumer_cmd, lint
+from dbprovider.clitools import subcommand
+from domain.settings import SETTINGS
 
 
 def build_parser() -> argparse.ArgumentParser:
+    env, files = SETTINGS.env, SETTINGS.files
     parser = argparse.ArgumentParser(
         prog="dbprovider",
         description="Places tenant PostgreSQL databases on shards and hands credentials to consumers.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    dev = commands.add_parser(
+    dev = subcommand(
+        commands,
         "dev",
+        _run_dev,
         help="run the product locally on embedded defaults or your values (real kube-apiserver, etcd, PostgreSQL)",
         description=(
             "Starts a local kube-apiserver + etcd and a PostgreSQL shard on loopback, writes a kubeconfig "
@@ -42,10 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
             "with exit status 2, naming the key"
         ),
     )
-    dev.set_defaults(handler=_run_dev)
 
-    render = commands.add_parser(
+    render = subcommand(
+        commands,
         "render",
+        _run_render,
         help="write the install's Kubernetes manifests as YAML (for a GitOps landscape repo)",
         description=(
             "Renders the objects `pulumi up` would create from an install config file (the same keys as the "
@@ -80,36 +86,38 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument(
         "--output", "-o", default="-", metavar="FILE", help="where to write the YAML (default -, stdout)"
     )
-    render.set_defaults(handler=_run_render)
 
-    manager = commands.add_parser(
+    manager = subcommand(
+        commands,
         "manager",
+        _run_manager,
         help="run one replica: the consumer API (TLS), the leader-elected controllers and /metrics",
         description=(
             "Serves the consumer API over TLS on --api-port, runs the Shard/Database/Consumer controllers "
             "while this replica holds the Lease, and serves Prometheus metrics on --metrics-port. Stops "
-            "cleanly on SIGTERM. TLS files: DBPROVIDER_TLS_CERT / DBPROVIDER_TLS_KEY (default "
-            "/etc/dbprovider/tls/tls.crt and tls.key)."
+            f"cleanly on SIGTERM. TLS files: {env.tls_cert} / {env.tls_key} (default "
+            f"{files.tls_cert} and {files.tls_key})."
         ),
     )
     manager.add_argument(
         "--config",
-        default=os.environ.get("DBPROVIDER_CONFIG", "/etc/dbprovider/config.yaml"),
+        default=os.environ.get(env.config, files.config),
         metavar="FILE",
-        help="the install config (default $DBPROVIDER_CONFIG or /etc/dbprovider/config.yaml)",
+        help=f"the install config (default ${env.config} or {files.config})",
     )
     manager.add_argument(
         "--kubeconfig", default=os.environ.get("KUBECONFIG"), help="kubeconfig file (default: in-cluster)"
     )
-    manager.add_argument("--namespace", default=None, help="release namespace (default $POD_NAMESPACE or config)")
-    manager.add_argument("--api-port", type=int, default=8443)
-    manager.add_argument("--metrics-port", type=int, default=8080)
+    manager.add_argument(
+        "--namespace", default=None, help=f"release namespace (default ${env.pod_namespace} or config)"
+    )
+    manager.add_argument("--api-port", type=int, default=SETTINGS.ports.api)
+    manager.add_argument("--metrics-port", type=int, default=SETTINGS.ports.metrics)
     manager.add_argument(
         "--admin-host-override",
         default=os.environ.get("DBPROVIDER_ADMIN_HOST_OVERRIDE"),
         help="connect to every shard's admin port on this host instead of its Service (outside a cluster only)",
     )
-    manager.set_defaults(handler=_run_manager)
 
     consumer_cmd.add_parser(commands)
     lint.add_parser(commands)

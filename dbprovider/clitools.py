@@ -6,11 +6,13 @@ Exit statuses: 0 done, 1 the command ran and found problems (lint), 2 bad input 
 
 from __future__ import annotations
 
+import argparse
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 EXIT_OK = 0
 EXIT_FINDINGS = 1
@@ -21,6 +23,15 @@ TOKEN_TO_STDOUT = "-"
 
 class UsageError(ValueError):
     """Bad input: the command prints the message and exits with status 2, having written nothing."""
+
+
+def subcommand(
+    commands: Any, name: str, handler: Callable[[argparse.Namespace], int], *, help: str, description: str
+) -> argparse.ArgumentParser:
+    """A subcommand's parser (of `add_subparsers()`), whose `handler(args)` runs it and returns the exit status."""
+    parser: argparse.ArgumentParser = commands.add_parser(name, help=help, description=description)
+    parser.set_defaults(handler=handler)
+    return parser
 
 
 def write_atomically(path: Path, text: str, mode: int = 0o644) -> None:

@@ -25,6 +25,7 @@ from dbprovider.clitools import (
     TokenSink,
     UsageError,
     refuse_existing,
+    subcommand,
     write_atomically,
 )
 from dbprovider.landscape import (
@@ -74,8 +75,10 @@ def add_parser(commands: Any) -> None:
         "stdout. Required when stdout is not a terminal"
     )
 
-    new = actions.add_parser(
+    new = subcommand(
+        actions,
         "new",
+        run_new,
         help="a new consumer: a fresh token, its Consumer and hash Secret as YAML",
         description=(
             "Makes a 256-bit token, prints it once to the terminal, and writes NAME.consumer.yaml (the Consumer) "
@@ -97,10 +100,11 @@ def add_parser(commands: Any) -> None:
     new.add_argument("--out", default=".", metavar="DIR", help="directory for the two YAML files (default .)")
     new.add_argument("--key", default=DEFAULT_TOKEN_KEY, help=f"the Secret key (default {DEFAULT_TOKEN_KEY})")
     new.add_argument("--token-file", metavar="FILE", help=token_help)
-    new.set_defaults(handler=run_new)
 
-    rotate = actions.add_parser(
+    rotate = subcommand(
+        actions,
         "rotate",
+        run_rotate,
         help="add a new token's hash to a hash Secret file; --drop-old keeps only the newest line",
         description=(
             "Without --drop-old: makes a new token, prints it once and appends its SHA-256 as a line of the "
@@ -114,7 +118,6 @@ def add_parser(commands: Any) -> None:
     mode = rotate.add_mutually_exclusive_group()
     mode.add_argument("--drop-old", action="store_true", help="remove every line but the newest hash")
     mode.add_argument("--token-file", metavar="FILE", help=token_help)
-    rotate.set_defaults(handler=run_rotate)
 
 
 # -- consumer new -----------------------------------------------------------------------------------------

@@ -20,14 +20,14 @@ import prometheus_client
 from kubernetes.client import ApiClient
 
 from api import ApiServer, build_api
-from api.server import front_door_options
+from api.server import DEFAULT_THREADS, front_door_options
 from dbprovider.logs import configure_logging
 from domain.config import InstallConfig, load_install_config_file
+from domain.settings import SETTINGS
 from reconciler.fleet_metrics import FleetCollector
 from reconciler.resources import DATABASES, SHARDS
 from reconciler.runtime import ControllerManager, MetricsServer, start_metrics_server
 from reconciler.setup import register_controllers
-from reconciler.shard_controller import PING_INTERVAL
 
 log = logging.getLogger(__name__)
 CONNECTION_POOL_SIZE = 48  # one per watch plus the API's threads and the controllers' workers
@@ -39,19 +39,20 @@ class ManagerOptions:
     namespace: str
     kubeconfig: str | None = None
     api_host: str = "0.0.0.0"  # noqa: S104 - the Service routes to it
-    api_port: int = 8443
+    api_port: int = SETTINGS.ports.api
     metrics_host: str = "0.0.0.0"  # noqa: S104
-    metrics_port: int = 8080
-    tls_cert: str = "/etc/dbprovider/tls/tls.crt"
-    tls_key: str = "/etc/dbprovider/tls/tls.key"
+    metrics_port: int = SETTINGS.ports.metrics
+    tls_cert: str = SETTINGS.files.tls_cert
+    tls_key: str = SETTINGS.files.tls_key
     identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     admin_host_override: str | None = None
-    api_threads: int = 16
-    lease_duration: float = 15.0
-    renew_deadline: float = 10.0
-    retry_period: float = 2.0
-    shard_ping_interval: float = PING_INTERVAL
-    max_backoff: float | None = None  # the retry backoff cap; None = the work queue's 5 minutes
+    api_threads: int = DEFAULT_THREADS
+    # Tests shorten these (and the backoff cap, along with the alert rules' windows).
+    lease_duration: float = SETTINGS.lease.duration
+    renew_deadline: float = SETTINGS.lease.renew_deadline
+    retry_period: float = SETTINGS.lease.retry_period
+    shard_ping_interval: float = SETTINGS.shard_checks.ready_interval
+    max_backoff: float | None = None  # the retry backoff cap; None = SETTINGS.retry.reconcile's
 
 
 def kube_client(kubeconfig: str | None, identity: str | None = None) -> ApiClient:
@@ -166,15 +167,16 @@ def main_from_args(
 ) -> int:
     configure_logging()
     config = load_install_config_file(config_path)
+    env = SETTINGS.env
     options = ManagerOptions(
         config=config,
-        namespace=namespace or os.environ.get("POD_NAMESPACE") or config.namespace,
+        namespace=namespace or os.environ.get(env.pod_namespace) or config.namespace,
         kubeconfig=kubeconfig,
         api_port=api_port,
         metrics_port=metrics_port,
-        tls_cert=os.environ.get("DBPROVIDER_TLS_CERT", ManagerOptions.tls_cert),
-        tls_key=os.environ.get("DBPROVIDER_TLS_KEY", ManagerOptions.tls_key),
-        identity=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
+        tls_cert=os.environ.get(env.tls_cert, ManagerOptions.tls_cert),
+        tls_key=os.environ.get(env.tls_key, ManagerOptions.tls_key),
+        identity=os.environ.get(env.pod_name) or f"{socket.gethostname()}-{os.getpid()}",
         admin_host_override=admin_host_override,
     )
     if not Path(options.tls_cert).is_file():

@@ -9,6 +9,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from domain.settings import SETTINGS
+
 GROUP = "db.bnerd.com"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -108,9 +110,8 @@ class SslMode(enum.StrEnum):
     VERIFY_FULL = "verify-full"
 
 
-# Where the pod finds the install's shardTLS.caBundle (mounted by the Deployment template).
-SHARD_CA_DIR = "/etc/dbprovider/shard-ca"
-SHARD_CA_FILE = f"{SHARD_CA_DIR}/ca.crt"
+# Where the pod finds the install's shardTLS.caBundle (mounted by the Deployment template; see settings).
+SHARD_CA_FILE = SETTINGS.files.shard_ca
 
 
 class Phase(enum.StrEnum):

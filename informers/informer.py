@@ -27,6 +27,7 @@ from typing import Any
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
+from domain.settings import SETTINGS, Backoff
 from informers.resource import Resource, object_key
 from informers.rest import Rest, WatchStream
 
@@ -75,9 +76,9 @@ class Informer:
         field_selector: str | None = None,
         transform: Transform | None = strip_managed_fields,
         page_size: int = 500,
-        watch_timeout: tuple[int, int] = (300, 600),
-        backoff: tuple[float, float] = (1.0, 30.0),
-        request_timeout: tuple[float, float] = (10.0, 60.0),
+        watch_timeout: tuple[int, int] = SETTINGS.watch.watch_timeout,
+        backoff: Backoff = SETTINGS.watch.relist,
+        request_timeout: tuple[float, float] = SETTINGS.watch.request_timeout,
     ) -> None:
         self.rest = api_client if isinstance(api_client, Rest) else Rest(api_client)
         self.resource = resource
@@ -302,9 +303,8 @@ class Informer:
                 break
 
     def _delay(self, failures: int) -> float:
-        base, cap = self._backoff
-        delay = min(cap, base * (2 ** max(0, failures - 1)))
-        return delay * random.uniform(0.8, 1.0)
+        """The pause after `failures` consecutive failures (from 1): the backoff, jittered downwards."""
+        return self._backoff.delay(failures - 1) * random.uniform(1.0 - SETTINGS.watch.relist_jitter, 1.0)
 
     def _selector_query(self) -> list[tuple[str, str]]:
         query = []

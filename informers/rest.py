@@ -19,11 +19,12 @@ from typing import Any
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
+from domain.settings import SETTINGS
 from informers.resource import Resource
 
 Timeout = float | tuple[float, float] | None
 
-DEFAULT_TIMEOUT: tuple[float, float] = (10.0, 60.0)
+DEFAULT_TIMEOUT: tuple[float, float] = SETTINGS.watch.request_timeout
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"

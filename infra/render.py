@@ -36,24 +36,16 @@ from domain.constants import (
     PLURAL_CONSUMERS,
     PLURAL_DATABASES,
     PLURAL_SHARDS,
-    SHARD_CA_FILE,
     SINGULAR_CONSUMER,
     SINGULAR_DATABASE,
     SINGULAR_SHARD,
     VERSION,
 )
 from domain.naming import DNS1123_LABEL_RE, label_value
+from domain.settings import SETTINGS
 from infra.crds import crd_schemas
 
 TEMPLATES_DIR = Path(os.environ.get("DBPROVIDER_TEMPLATES") or Path(__file__).resolve().parent.parent / "templates")
-
-# Ports and paths the manager serves / reads (the manager's defaults must match).
-API_PORT = 8443
-METRICS_PORT = 8080
-CONFIG_DIR = "/etc/dbprovider"
-CONFIG_PATH = f"{CONFIG_DIR}/config.yaml"
-TLS_DIR = f"{CONFIG_DIR}/tls"
-RUN_AS_UID = 10001
 
 MANIFEST_TEMPLATES = (
     "crds.yaml.j2",
@@ -250,14 +242,12 @@ def _context(config: InstallConfig, time_scale: int = 1) -> dict[str, Any]:
         ],
         "schemas": crd_schemas(),
         "keldon": {"group": KELDON_GROUP, "plural": KELDON_PLURAL_DATABASE_CLUSTERS},
-        "ports": {"api": API_PORT, "metrics": METRICS_PORT},
-        "paths": {
-            "config": CONFIG_PATH,
-            "config_dir": CONFIG_DIR,
-            "tls_dir": TLS_DIR,
-            "shard_ca": SHARD_CA_FILE.removeprefix(f"{CONFIG_DIR}/"),
-        },
-        "uid": RUN_AS_UID,
+        # Ports, files, environment and probes the manager's defaults read too: one source, domain.settings.
+        "ports": SETTINGS.ports,
+        "files": SETTINGS.files,
+        "env": SETTINGS.env,
+        "probes": SETTINGS.probes,
+        "uid": SETTINGS.run_as_uid,
     }
 
 

@@ -24,6 +24,7 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from domain.constants import KELDON_PHASE_RUNNING, Engine, ShardConditionType, ShardReason
+from domain.settings import SETTINGS
 from domain.specs import ShardSpec, parse_shard
 from domain.status import ShardStatus
 from domain.validation import dump_set_fields
@@ -36,13 +37,14 @@ from reconciler.sql.provisioner import WEAK_CREATEROLE_MESSAGE, dialect_problem,
 
 log = logging.getLogger(__name__)
 
-PING_INTERVAL = 15.0
-NOT_READY_RECHECK = 5.0  # seconds between pings of a shard that is not Ready
-PING_TIMEOUT = 5.0  # one whole ping: connect, authenticate, read the catalog
-PING_CONNECT_TIMEOUT = 3.0
+# The check intervals and timeouts: SETTINGS.shard_checks says why each is what it is.
+PING_INTERVAL = SETTINGS.shard_checks.ready_interval
+NOT_READY_RECHECK = SETTINGS.shard_checks.not_ready_interval  # seconds between pings of a shard not Ready
+PING_TIMEOUT = SETTINGS.shard_checks.timeout  # one whole ping: connect, authenticate, read the catalog
+PING_CONNECT_TIMEOUT = SETTINGS.shard_checks.connect_timeout
 # A burst of Database changes would ping the shard once per change; within this gap (and for an
 # unchanged Shard generation) the last result stands and only databaseCount is refreshed.
-MIN_PING_GAP = 10.0
+MIN_PING_GAP = SETTINGS.shard_checks.min_gap
 # Conditions that single out one reason of a failed check: (type, that reason, message while it is False).
 FAILURE_CONDITIONS: tuple[tuple[ShardConditionType, ShardReason, str], ...] = (
     (ShardConditionType.ADMIN_AUTH_FAILED, ShardReason.ADMIN_AUTH_FAILED, "admin credentials accepted or not checked"),

@@ -31,12 +31,14 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
+from domain.settings import SETTINGS, LeaseTimings
 from informers import LEASES, Rest
 
 log = logging.getLogger(__name__)
@@ -59,15 +61,17 @@ class LeaderElector:
         name: str,
         *,
         identity: str | None = None,
-        lease_duration: float = 15.0,
-        renew_deadline: float = 10.0,
-        retry_period: float = 2.0,
+        lease_duration: float = SETTINGS.lease.duration,
+        renew_deadline: float = SETTINGS.lease.renew_deadline,
+        retry_period: float = SETTINGS.lease.retry_period,
         on_started_leading: Callable[[], None] | None = None,
         on_stopped_leading: Callable[[], None] | None = None,
         on_resumed_leading: Callable[[], None] | None = None,
     ) -> None:
-        if not lease_duration > renew_deadline > retry_period > 0:
-            raise ValueError("need lease_duration > renew_deadline > retry_period > 0")
+        # The other timings (jitter, request bounds) are SETTINGS'; LeaseTimings checks the three.
+        self.timings: LeaseTimings = replace(
+            SETTINGS.lease, duration=lease_duration, renew_deadline=renew_deadline, retry_period=retry_period
+        )
         self.rest = api_client if isinstance(api_client, Rest) else Rest(api_client)
         self.namespace = namespace
         self.name = name
@@ -131,7 +135,7 @@ class LeaderElector:
                 self._lead()
                 if self._stop.is_set():
                     break
-            self._stop.wait(self.retry_period * random.uniform(1.0, 1.2))
+            self._stop.wait(self.retry_period * random.uniform(1.0, 1.0 + self.timings.retry_jitter))
 
     def _attempt(self, deadline: float | None) -> bool:
         """One try to acquire or renew; False if someone else holds it or on an API error."""
@@ -222,7 +226,7 @@ class LeaderElector:
 
     def _timeout(self, deadline: float | None) -> tuple[float, float]:
         budget = self.renew_deadline if deadline is None else deadline - time.monotonic()
-        budget = max(0.2, min(budget, self.renew_deadline))
+        budget = max(self.timings.min_request_timeout, min(budget, self.renew_deadline))
         return (budget, budget)
 
     def _observe(self, lease: dict[str, Any]) -> dict[str, Any]:
@@ -255,24 +259,28 @@ class LeaderElector:
         if self._held_by_other():
             return False  # held by another replica and not expired
         new_spec = dict(spec)
-        new_spec.update(
-            holderIdentity=self.identity,
-            leaseDurationSeconds=max(1, round(self.lease_duration)),
-            renewTime=now,
-        )
+        new_spec.update(holderIdentity=self.identity, leaseDurationSeconds=self._lease_seconds(), renewTime=now)
         if holder != self.identity:
             new_spec["acquireTime"] = now
             new_spec["leaseTransitions"] = (spec.get("leaseTransitions") or 0) + 1
-        metadata = {k: v for k, v in lease["metadata"].items() if k != "managedFields"}
-        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata, "spec": new_spec}
+        body = _lease_body(lease["metadata"], new_spec)
+        timeout = self._timeout(deadline)
+        replace_lease = lambda: self.rest.replace(LEASES, body, timeout=timeout)  # noqa: E731
+        return self._write(replace_lease, deadline, started, "lost the race for the lease")
+
+    def _lease_seconds(self) -> int:
+        return max(1, round(self.lease_duration))
+
+    def _write(self, request: Callable[[], dict[str, Any]], deadline: float | None, started: float, race: str) -> bool:
+        """Send a write of the Lease; on 409 another replica wrote first: re-read it, we do not lead."""
         try:
-            written = self.rest.replace(LEASES, body, timeout=self._timeout(deadline))
+            written = request()
         except ApiException as exc:
-            if exc.status == 409:
-                log.info("%r: lost the race for the lease (409)", self)
-                self._refresh_observation(self._timeout(deadline))
-                return False
-            raise
+            if exc.status != 409:
+                raise
+            log.info("%r: %s (409)", self, race)
+            self._refresh_observation(self._timeout(deadline))
+            return False
         self._observe(written)
         self._last_renew = started
         return True
@@ -285,28 +293,17 @@ class LeaderElector:
             self._observed_spec = {"holderIdentity": "<unknown>"}
 
     def _create(self, now: str, deadline: float | None, started: float) -> bool:
-        body = {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {"name": self.name, "namespace": self.namespace},
-            "spec": {
-                "holderIdentity": self.identity,
-                "leaseDurationSeconds": max(1, round(self.lease_duration)),
-                "acquireTime": now,
-                "renewTime": now,
-                "leaseTransitions": 0,
-            },
+        spec = {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": self._lease_seconds(),
+            "acquireTime": now,
+            "renewTime": now,
+            "leaseTransitions": 0,
         }
-        try:
-            written = self.rest.create(LEASES, body, self.namespace, timeout=self._timeout(deadline))
-        except ApiException as exc:
-            if exc.status == 409:  # another replica created it first
-                self._refresh_observation(self._timeout(deadline))
-                return False
-            raise
-        self._observe(written)
-        self._last_renew = started
-        return True
+        body = _lease_body({"name": self.name, "namespace": self.namespace}, spec)
+        timeout = self._timeout(deadline)
+        create_lease = lambda: self.rest.create(LEASES, body, self.namespace, timeout=timeout)  # noqa: E731
+        return self._write(create_lease, deadline, started, "another replica created the lease first")
 
     def _release(self) -> None:
         """Give the lease up (empty holder, 1 s duration) so another replica takes it at once."""
@@ -315,17 +312,18 @@ class LeaderElector:
             return
         spec = dict(lease["spec"])
         spec.update(holderIdentity=None, leaseDurationSeconds=1, renewTime=_micro_time())
-        body = {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {k: v for k, v in lease["metadata"].items() if k != "managedFields"},
-            "spec": spec,
-        }
+        body = _lease_body(lease["metadata"], spec)
         try:
-            self.rest.replace(LEASES, body, timeout=(5.0, 5.0))
+            self.rest.replace(LEASES, body, timeout=(self.timings.release_timeout,) * 2)
             log.info("%r: released the lease", self)
         except Exception as exc:  # noqa: BLE001 - nothing left to do; the lease expires by itself
             log.warning("%r: could not release the lease (it expires by itself): %s", self, _short(exc))
+
+
+def _lease_body(metadata: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+    """A Lease to write: `metadata` (with the resourceVersion read, for a conditional PUT) and `spec`."""
+    metadata = {k: v for k, v in metadata.items() if k != "managedFields"}
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata, "spec": spec}
 
 
 def _short(exc: BaseException) -> str:

@@ -19,16 +19,13 @@ from collections.abc import Callable
 
 from kubernetes.client import ApiClient
 
+from domain.settings import SETTINGS
 from informers import Rest, SharedInformers
 from reconciler.runtime.controller import Controller, ControllerStopping, ensure_active
 from reconciler.runtime.leader import LeaderElector
 from reconciler.runtime.metrics import RuntimeMetrics
 
 log = logging.getLogger(__name__)
-# The apiserver counts as reachable while a lease request succeeded within this many retry
-# periods (at least MIN_CONTACT_WINDOW seconds): a slow answer or two is no outage.
-CONTACT_WINDOW_PERIODS = 3
-MIN_CONTACT_WINDOW = 5.0
 
 
 class ControllerManager:
@@ -40,19 +37,19 @@ class ControllerManager:
         lease_name: str = "dbprovider-manager",
         identity: str | None = None,
         leader_election: bool = True,
-        lease_duration: float = 15.0,
-        renew_deadline: float = 10.0,
-        retry_period: float = 2.0,
+        lease_duration: float = SETTINGS.lease.duration,
+        renew_deadline: float = SETTINGS.lease.renew_deadline,
+        retry_period: float = SETTINGS.lease.retry_period,
         informers: SharedInformers | None = None,
         metrics: RuntimeMetrics | None = None,
-        sync_timeout: float = 60.0,
+        sync_timeout: float = SETTINGS.retry.sync_timeout,
         max_backoff: float | None = None,
     ) -> None:
         self.rest = api_client if isinstance(api_client, Rest) else Rest(api_client)
         self.informers = informers if informers is not None else SharedInformers(self.rest)
         self.metrics = metrics if metrics is not None else RuntimeMetrics()
         self.sync_timeout = sync_timeout
-        # Caps every controller's retry backoff (default: the work queue's 5 minutes); tests shorten it
+        # Caps every controller's retry backoff (default: SETTINGS.retry.reconcile's 5 minutes); tests shorten it
         # along with the alert rules' windows.
         self.max_backoff = max_backoff
         self.controllers: list[Controller] = []
@@ -81,7 +78,8 @@ class ControllerManager:
         if controller.metrics is None:
             controller.metrics = self.metrics
         if self.max_backoff is not None:
-            controller.queue.rate_limiter.max_delay = max(self.max_backoff, controller.queue.rate_limiter.base)
+            limiter = controller.queue.rate_limiter
+            limiter.scheme = limiter.scheme.capped(self.max_backoff)
         if self.elector is not None:
             controller.guard = self.elector.is_leading
         self.controllers.append(controller)
@@ -104,7 +102,8 @@ class ControllerManager:
         """
         if self.elector is None:
             return True
-        window = max(CONTACT_WINDOW_PERIODS * self.elector.retry_period, MIN_CONTACT_WINDOW)
+        timings = self.elector.timings
+        window = max(timings.contact_periods * timings.retry_period, timings.min_contact_window)
         return time.monotonic() - self.elector.last_contact < window
 
     def fence(self) -> None:

@@ -4,8 +4,8 @@
 - A key being processed is never handed to a second worker; if it is added meanwhile, it is
   queued again when the worker calls `done(key)`.
 - `add_after(key, s)` delays (the earliest pending delay of a key wins); `add_rate_limited(key)`
-  delays by the key's exponential backoff (base 1 s, doubling, capped at 5 min) until
-  `forget(key)` resets it.
+  delays by the key's exponential backoff (SETTINGS.retry.reconcile: base 1 s, doubling, capped
+  at 5 min) until `forget(key)` resets it.
 - `shutdown()` makes `get()` return None at once (queued keys are dropped, in-flight ones finish).
 """
 
@@ -17,15 +17,18 @@ import threading
 import time
 from collections import deque
 
+from domain.settings import SETTINGS, Backoff
+
+_RECONCILE = SETTINGS.retry.reconcile
+
 
 class ExponentialBackoff:
-    """Per-key exponential backoff: base * 2**failures, capped at max_delay."""
+    """Per-key failure counts on one `Backoff` scheme: the n-th retry of a key waits scheme.delay(n)."""
 
-    def __init__(self, base: float = 1.0, max_delay: float = 300.0) -> None:
-        if base <= 0 or max_delay < base:
-            raise ValueError("need 0 < base <= max_delay")
-        self.base = base
-        self.max_delay = max_delay
+    def __init__(
+        self, base: float = _RECONCILE.base, max_delay: float = _RECONCILE.cap, factor: float = _RECONCILE.factor
+    ) -> None:
+        self.scheme = Backoff(base, factor, max_delay)  # replaceable (the manager caps it)
         self._failures: dict[str, int] = {}
         self._lock = threading.Lock()
 
@@ -34,9 +37,7 @@ class ExponentialBackoff:
         with self._lock:
             failures = self._failures.get(key, 0)
             self._failures[key] = failures + 1
-        if failures >= 64:  # 2**64 overflows nothing in Python, but keep the arithmetic small
-            return self.max_delay
-        return min(self.max_delay, self.base * (2**failures))
+        return self.scheme.delay(failures)
 
     def forget(self, key: str) -> None:
         with self._lock:

@@ -30,20 +30,22 @@ from typing import Any, TypeVar
 import psycopg
 
 from domain.constants import SslMode
+from domain.settings import SETTINGS
 from reconciler.sql import errors
 from reconciler.sql.errors import SqlFailure, classify
 
-OPERATION_TIMEOUT = 120.0  # seconds: one whole operation, reconnects and retries included
-STATEMENT_TIMEOUT = "60s"
-LOCK_TIMEOUT = "10s"
-CONNECT_TIMEOUT = 10  # seconds per connection attempt (libpq enforces at least 2)
+# The bounds of SQL work (SETTINGS.sql says why each is what it is).
+OPERATION_TIMEOUT = SETTINGS.sql.operation_timeout  # seconds: one whole operation, reconnects and retries included
+STATEMENT_TIMEOUT = SETTINGS.sql.statement_timeout
+LOCK_TIMEOUT = SETTINGS.sql.lock_timeout
+CONNECT_TIMEOUT = SETTINGS.sql.connect_timeout  # seconds per connection attempt (libpq enforces at least 2)
 APPLICATION_NAME = "dbprovider"
 REQUIRE_AUTH = "scram-sha-256"  # libpq 16+; psycopg[binary] bundles a newer libpq
 ADMIN_DATABASE = "postgres"
-# Connection losses inside one operation: this many retries, each on a new session, after these
-# pauses (the last one repeats). Always within the operation's deadline.
-RECONNECT_RETRIES = 3
-RECONNECT_BACKOFF = (0.2, 1.0, 2.0)
+# Connection losses inside one operation: this many retries, each on a new session, after the
+# backoff's pauses. Always within the operation's deadline.
+RECONNECT_RETRIES = SETTINGS.sql.reconnect_retries
+RECONNECT_BACKOFF = SETTINGS.sql.reconnect
 # Failures that a new session may cure (the old one is gone or the primary moved).
 _RECONNECTABLE = frozenset({errors.CONNECTION_LOST, errors.UNREACHABLE, errors.READ_ONLY})
 
@@ -277,7 +279,7 @@ def run_operation(
         failure = outcome
         if session is not None and failure.error_class in _RECONNECTABLE | {errors.TIMEOUT}:
             session.discard()
-        pause = RECONNECT_BACKOFF[min(attempt, len(RECONNECT_BACKOFF) - 1)]
+        pause = RECONNECT_BACKOFF.delay(attempt)
         if (
             session is None
             or failure.error_class not in _RECONNECTABLE

@@ -46,6 +46,7 @@ from psycopg import errors as pgerrors
 from psycopg import sql
 
 from domain.naming import PG_IDENTIFIER_MAX_BYTES, PG_IDENTIFIER_RE
+from domain.settings import SETTINGS
 from reconciler.sql import errors
 from reconciler.sql.errors import SqlFailure
 from reconciler.sql.provisioner import SET_OPTION_MAJOR
@@ -56,7 +57,7 @@ SCRAM_SALT_BYTES = 16
 TERMINATE_WAIT_MS = 5000  # pg_terminate_backend(pid, timeout) waits for the backend to exit (14+)
 # Disable and drop: attempts of the whole close sequence when a tenant session blocks it (each
 # ends the tenant's sessions first); each attempt waits at most the session's lock_timeout.
-SESSION_RETRIES = 4
+SESSION_RETRIES = SETTINGS.sql.blocked_attempts
 TEMPLATE_DATABASE = "template0"
 
 # Operation names, as they appear in "<operation> failed: <class>".

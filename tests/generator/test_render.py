@@ -15,10 +15,8 @@ import yaml
 from dbprovider.cli import main
 from domain.config import load_install_config
 from domain.constants import SHARD_CA_FILE
+from domain.settings import SETTINGS
 from infra.render import (
-    API_PORT,
-    CONFIG_PATH,
-    METRICS_PORT,
     WARNING_NO_CLUSTER,
     _environment,
     config_yaml,
@@ -26,6 +24,7 @@ from infra.render import (
     render_prometheus_rule,
 )
 
+API_PORT, METRICS_PORT, CONFIG_PATH = SETTINGS.ports.api, SETTINGS.ports.metrics, SETTINGS.files.config
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VALUES: dict[str, Any] = {
     "releaseName": "dbp",

@@ -10,6 +10,7 @@ import kubernetes.client
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from domain.settings import Backoff
 from harness import KubeControlPlane
 from informers import ADDED, CONFIGMAPS, DELETED, MODIFIED, Informer, Rest, SharedInformers
 from tests.runtime.support import WIDGETS, Recorder, configmap, unique, wait_for, widget
@@ -251,7 +252,7 @@ def test_errors_back_off_and_relist_until_permitted(
     admin_rest.create(CONFIGMAPS, configmap("visible", namespace))
     user = unique("rt-reader")
     with kube.client_as(user) as api:
-        informer = Informer(api, CONFIGMAPS, namespace, backoff=(0.05, 0.2))
+        informer = Informer(api, CONFIGMAPS, namespace, backoff=Backoff(0.05, cap=0.2))
         started.append(informer.start())
         wait_for(lambda: informer.stats["errors"] >= 2, what="repeated 403s")
         assert not informer.has_synced()

@@ -1,0 +1,202 @@
+"""The provider's built-in settings: one frozen object, `SETTINGS`, read by every place that needs them.
+
+These are the constants the install config (domain/config.py, the user's YAML) does NOT expose: the
+ports and files the rendered Deployment and the manager must agree on, the Lease timings, and every
+retry, backoff and check interval of the runtime. Each value is written here once; the manifests
+(infra/render.py passes them to templates/), the `dbprovider manager` defaults (cli.py, manager.py),
+the leader elector, the work queue, the informers, the Shard and Database controllers and the SQL
+layer read them from here. Tests shorten timings by passing other values to the constructors, never
+by changing this object (it is frozen).
+
+    SETTINGS.ports.api / .metrics                   the manager's listening ports (container ports)
+    SETTINGS.files.config / .tls_cert / .shard_ca   files of the one projected volume
+    SETTINGS.env.config / .tls_cert / .tls_key      environment variables naming those files
+    SETTINGS.probes.liveness / .readiness           the API's health paths (the Deployment's probes)
+    SETTINGS.lease                                  Lease duration, renew deadline, retry period
+    SETTINGS.retry                                  reconcile backoff, Database requeue intervals
+    SETTINGS.watch                                  informer relist backoff, watch and request timeouts
+    SETTINGS.shard_checks                           Shard ping intervals and timeouts
+    SETTINGS.sql                                    SQL operation bounds and reconnect backoff
+
+A `Backoff` (base, factor, cap) is the one exponential scheme: the work queue, the informers' relist
+and the SQL reconnects each hold one, with different numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential backoff: the pause before retry n (0 = the first) is base * factor**n, at most cap."""
+
+    base: float
+    factor: float = 2.0
+    cap: float = math.inf
+
+    def __post_init__(self) -> None:
+        if not (self.base > 0 and self.factor >= 1 and self.cap >= self.base):
+            raise ValueError("need base > 0, factor >= 1 and cap >= base")
+
+    def delay(self, retry: int) -> float:
+        """Seconds to wait before retry number `retry` (counted from 0)."""
+        try:
+            return min(self.cap, self.base * self.factor ** max(0, retry))
+        except OverflowError:  # far past the cap
+            return self.cap
+
+    def capped(self, cap: float) -> Backoff:
+        """The same scheme with another cap (never below the base): tests shorten the long waits."""
+        return replace(self, cap=max(cap, self.base))
+
+
+@dataclass(frozen=True)
+class Ports:
+    """Ports the manager listens on; the Deployment's containerPorts and the metrics Service use them."""
+
+    api: int = 8443  # HTTPS consumer API and /healthz, /readyz; unprivileged (the pod runs as non-root)
+    metrics: int = 8080  # plain-HTTP /metrics, scraped through the metrics Service
+
+
+_MOUNT = "/etc/dbprovider"
+
+
+@dataclass(frozen=True)
+class MountedFiles:
+    """Files the manager reads from its one projected volume (ConfigMap + TLS Secret + shard CA bundle),
+    mounted at `dir`. One volume, so a renewed certificate or CA shows up without a restart."""
+
+    dir: str = _MOUNT
+    config: str = f"{_MOUNT}/config.yaml"  # the install config with defaults resolved
+    tls_cert: str = f"{_MOUNT}/tls/tls.crt"  # the serving certificate from tls.secretName
+    tls_key: str = f"{_MOUNT}/tls/tls.key"
+    shard_ca: str = f"{_MOUNT}/shard-ca/ca.crt"  # shardTLS.caBundle: CAs for sslmode verify-ca / verify-full
+
+    def in_volume(self, path: str) -> str:
+        """`path` relative to the mount, as the volume's items (and the ConfigMap's key) name it."""
+        if not path.startswith(f"{self.dir}/"):
+            raise ValueError(f"{path} is not in {self.dir}")
+        return path.removeprefix(f"{self.dir}/")
+
+
+@dataclass(frozen=True)
+class EnvNames:
+    """Environment variables the Deployment sets and `dbprovider manager` reads."""
+
+    config: str = "DBPROVIDER_CONFIG"
+    tls_cert: str = "DBPROVIDER_TLS_CERT"
+    tls_key: str = "DBPROVIDER_TLS_KEY"
+    pod_name: str = "POD_NAME"  # the replica's identity in the Lease and the User-Agent
+    pod_namespace: str = "POD_NAMESPACE"  # where the Lease lives
+
+
+@dataclass(frozen=True)
+class Probes:
+    """Health paths the API serves and the Deployment probes (both on the API port, over HTTPS)."""
+
+    liveness: str = "/healthz"  # 200 while the process serves requests
+    readiness: str = "/readyz"  # 200 once the caches synced and the apiserver answers
+
+
+@dataclass(frozen=True)
+class LeaseTimings:
+    """Leader election on the `<release>-manager` Lease, with client-go's defaults.
+
+    A leader that has not renewed for `renew_deadline` stops at once; another replica takes over only
+    after seeing no change for `duration`, so with duration > renew_deadline two never lead together.
+    Every replica asks every `retry_period` (jittered by up to `retry_jitter` of it, so replicas that
+    started together do not ask together).
+    """
+
+    duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+    retry_jitter: float = 0.2
+    # No request gets less time than this, even just before the renew deadline (a zero timeout would
+    # fail without asking); the release on shutdown gets `release_timeout`.
+    min_request_timeout: float = 0.2
+    release_timeout: float = 5.0
+    # The apiserver counts as reachable while a lease request succeeded within this many retry periods
+    # (and at least `min_contact_window` seconds): a slow answer or two is no outage.
+    contact_periods: int = 3
+    min_contact_window: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not self.duration > self.renew_deadline > self.retry_period > 0:
+            raise ValueError("need lease_duration > renew_deadline > retry_period > 0")
+
+
+@dataclass(frozen=True)
+class RetryTimings:
+    """How controllers retry: the per-key backoff of a failed reconcile and fixed requeue intervals."""
+
+    # client-go's default rate limiter: 1 s doubling, at most 5 min (the alerts' `for:` windows assume it).
+    reconcile: Backoff = Backoff(base=1.0, factor=2.0, cap=300.0)
+    # No ready shard with room: capacity comes from a human adding a shard, so look again rarely.
+    no_capacity: float = 300.0
+    # Shards exist but none is Ready: shard checks run every few seconds, so look again soon.
+    shards_unavailable: float = 30.0
+    # Cache sync on start: an apiserver that cannot list within this fails the start loudly.
+    sync_timeout: float = 60.0
+
+
+@dataclass(frozen=True)
+class WatchTimings:
+    """The informers' list+watch against the apiserver."""
+
+    # After a failed list/watch: 1 s doubling to 30 s, times a random 0.8-1.0 (relists spread out).
+    relist: Backoff = Backoff(base=1.0, factor=2.0, cap=30.0)
+    relist_jitter: float = 0.2
+    # Server-side watch timeout, random in this range (client-go's 5-10 min) so watches do not end together.
+    watch_timeout: tuple[int, int] = (300, 600)
+    # (connect, read) seconds of an ordinary apiserver request.
+    request_timeout: tuple[float, float] = (10.0, 60.0)
+
+
+@dataclass(frozen=True)
+class ShardChecks:
+    """The Shard controller's pings: a failure is seen, and a recovery taken up, well within a minute."""
+
+    ready_interval: float = 15.0  # a Ready shard is pinged this often
+    not_ready_interval: float = 5.0  # a shard that is not Ready, more often
+    # Within this gap (and for an unchanged generation) a burst of Database changes reuses the last result.
+    min_gap: float = 10.0
+    timeout: float = 5.0  # one whole ping: connect, authenticate, read the catalog
+    connect_timeout: float = 3.0
+
+
+@dataclass(frozen=True)
+class SqlTimings:
+    """Bounds of the admin sessions' SQL work on a shard."""
+
+    operation_timeout: float = 120.0  # one whole operation, reconnects and retries included
+    statement_timeout: str = "60s"  # the server-side bound of one statement (a PostgreSQL setting)
+    lock_timeout: str = "10s"  # a tenant's lock cannot stall DDL longer (then the step is retried)
+    connect_timeout: float = 10.0  # per connection attempt (libpq enforces at least 2)
+    # A lost connection (failover) is retried this often on a new session, after 0.2 s, 1 s, then 2 s.
+    reconnect_retries: int = 3
+    reconnect: Backoff = Backoff(base=0.2, factor=5.0, cap=2.0)
+    # Disable and drop: attempts of the whole close sequence when a tenant session blocks it (each
+    # ends the tenant's sessions first and waits at most lock_timeout).
+    blocked_attempts: int = 4
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything above, as one value (see the module docstring)."""
+
+    ports: Ports = field(default_factory=Ports)
+    files: MountedFiles = field(default_factory=MountedFiles)
+    env: EnvNames = field(default_factory=EnvNames)
+    probes: Probes = field(default_factory=Probes)
+    run_as_uid: int = 10001  # the image's USER (Dockerfile); the Deployment's runAsUser/runAsGroup/fsGroup
+    lease: LeaseTimings = field(default_factory=LeaseTimings)
+    retry: RetryTimings = field(default_factory=RetryTimings)
+    watch: WatchTimings = field(default_factory=WatchTimings)
+    shard_checks: ShardChecks = field(default_factory=ShardChecks)
+    sql: SqlTimings = field(default_factory=SqlTimings)
+
+
+SETTINGS = Settings()
