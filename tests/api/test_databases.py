@@ -22,7 +22,8 @@ from domain.constants import (
 )
 from domain.naming import database_object_name, label_value
 from informers import Informer
-from tests.api.support import NAMESPACE, ApiEnv, wait_for
+from tests.api.support import NAMESPACE, ApiEnv
+from tests.support.common import wait_for
 
 RFC3339_MICROS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
 

@@ -21,7 +21,8 @@ from domain.tokens import hash_token
 from harness import KubeControlPlane
 from infra.render import config_yaml
 from tests.cli.conftest import DBPROVIDER, read_docs, run, run_on_terminal
-from tests.generator.kubeapi import KubeApi, wait_for
+from tests.support.common import wait_for
+from tests.support.kubeapi import KubeApi
 from tests.vectors.objects import NAMESPACE
 
 TOKEN_RE = re.compile(r"^[0-9a-f]{64}$", re.MULTILINE)

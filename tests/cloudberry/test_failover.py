@@ -15,8 +15,8 @@ from harness import PostgresServer
 from reconciler.fleet_metrics import FleetCollector
 from reconciler.resources import DATABASES, SHARDS
 from tests.cloudberry.conftest import NAMESPACE, RUNNING, Fleet, condition, tenant_connection
-from tests.generator.kubeapi import wait_for
-from tests.in_process_manager import InProcessManager
+from tests.support.common import wait_for
+from tests.support.in_process_manager import InProcessManager
 
 
 def _phases_seen(manager: InProcessManager) -> list[str | None]:
@@ -144,8 +144,8 @@ def test_scaling_keeps_databases_ready_and_working_and_retries_their_sql(
     db = fleet.wait_database(
         name,
         lambda d: condition(d, "Ready")["status"] == "True" and d["status"].get("rotationApplied") == requested,
-        "the rotation to be applied",
         timeout=30,
+        what="the rotation to be applied",
     )
     assert condition(db, "Ready")["reason"] == "Provisioned"
     new = fleet.credentials(name)

@@ -34,7 +34,7 @@ from domain.constants import ANNOTATION_ROTATE_REQUESTED_AT, LABEL_CONSUMER
 from harness import KubeControlPlane, PostgresServer
 from informers import LEASES, SECRETS, Rest
 from reconciler.resources import CONSUMERS, DATABASES, SHARDS
-from tests.generator.kubeapi import wait_for
+from tests.support.common import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 RELEASE = "faults"

@@ -21,7 +21,8 @@ from tests.generator.conftest import (
     SHARD_NS_B,
     Installed,
 )
-from tests.generator.kubeapi import TABLE_ACCEPT, KubeApi, wait_for
+from tests.support.common import wait_for
+from tests.support.kubeapi import TABLE_ACCEPT, KubeApi
 from tests.vectors.hosts import HOST_VECTORS
 from tests.vectors.objects import with_changes
 

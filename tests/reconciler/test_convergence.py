@@ -14,7 +14,6 @@ from reconciler.credentials import Endpoint, build_secret, new_password
 from reconciler.resources import DATABASES, SHARDS
 from reconciler.sql.session import AdminEndpoint, AdminSession
 from reconciler.sql.tenant import PROVISIONING_STEPS, TenantSpec, read_state
-from tests.generator.kubeapi import wait_for
 from tests.reconciler.conftest import (
     NAMESPACE,
     condition,
@@ -23,6 +22,7 @@ from tests.reconciler.conftest import (
     secret_data,
     tenant_sql,
 )
+from tests.support.common import wait_for
 
 
 @pytest.mark.parametrize("steps_done", range(len(PROVISIONING_STEPS) + 1))

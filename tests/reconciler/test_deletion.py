@@ -9,35 +9,18 @@ import psycopg
 import pytest
 
 from domain.constants import ANNOTATION_DELETE_REQUESTED_AT, ANNOTATION_PASSWORD_ID, ANNOTATION_ROTATE_REQUESTED_AT
-from harness import PostgresServer
 from informers import SECRETS
 from reconciler.resources import DATABASES, SHARDS
-from tests.generator.kubeapi import wait_for
 from tests.reconciler.conftest import (
     NAMESPACE,
-    condition,
     install_config,
     provisioner_statements,
     secret_data,
     tenant_sql,
+    wait_events,
 )
-
-
-def _tenant_exists(server: PostgresServer, tenant: str) -> tuple[bool, bool]:
-    with server.superuser_connection() as su:
-        role = su.execute("SELECT count(*) FROM pg_roles WHERE rolname = %s", (tenant,)).fetchone()[0]
-        db = su.execute("SELECT count(*) FROM pg_database WHERE datname = %s", (tenant,)).fetchone()[0]
-    return bool(role), bool(db)
-
-
-def _events(admin_rest, name: str) -> set[str]:
-    items = admin_rest.request("GET", f"/api/v1/namespaces/{NAMESPACE}/events")["items"]
-    return {e["reason"] for e in items if e["involvedObject"]["name"] == name}
-
-
-def wait_events(admin_rest, name: str, reasons: set[str]) -> None:
-    """Events are sent in the background, right after the reconcile that records them."""
-    wait_for(lambda: reasons <= _events(admin_rest, name), what=f"events {sorted(reasons)} on {name}")
+from tests.support.common import condition, wait_for
+from tests.support.postgres import tenant_exists
 
 
 def test_retention_zero_disables_drops_and_removes_everything(postgres, fleet, start_manager, admin_rest):
@@ -47,7 +30,7 @@ def test_retention_zero_disables_drops_and_removes_everything(postgres, fleet, s
     tenant = fleet.wait_phase(name, "Ready")["status"]["tenantName"]
     fleet.request_delete(name)
     wait_for(lambda: fleet.get_database(name) is None, timeout=60, what=f"{name} removed")
-    assert _tenant_exists(postgres, tenant) == (False, False)
+    assert tenant_exists(postgres, tenant) == (False, False)
     with pytest.raises(kubernetes.client.exceptions.ApiException) as missing:
         admin_rest.get(SECRETS, f"{name}-credentials", NAMESPACE)
     assert missing.value.status == 404
@@ -74,7 +57,7 @@ def test_retention_window_disables_then_recovery_restores_the_same_credentials(
         session.execute("SELECT 1")
     with pytest.raises(psycopg.OperationalError):
         postgres.connect(creds["user"], creds["password"], creds["database"])
-    assert _tenant_exists(postgres, tenant) == (True, True)
+    assert tenant_exists(postgres, tenant) == (True, True)
     first_drop_after = db["status"]["dropAfter"]
 
     # Recovery: remove the annotation before the drop.
@@ -107,12 +90,12 @@ def test_kubernetes_delete_without_annotation_is_held_without_sql(logged_pg, fle
     time.sleep(1)
     statements = provisioner_statements(logged_pg)[before:]
     assert tenant_sql(statements) == [], statements  # not even a catalog read of the tenant
-    assert _tenant_exists(logged_pg, tenant) == (True, True)
+    assert tenant_exists(logged_pg, tenant) == (True, True)
 
     # Adding the delete annotation lets the soft delete proceed (retention 0 here).
     fleet.request_delete(name)
     wait_for(lambda: fleet.get_database(name) is None, timeout=60, what="held database released")
-    assert _tenant_exists(logged_pg, tenant) == (False, False)
+    assert tenant_exists(logged_pg, tenant) == (False, False)
 
 
 def password_id_of(admin_rest, name: str) -> str:
@@ -230,12 +213,12 @@ def test_short_retention_drops_after_the_window_even_across_a_restart(postgres_p
     tenant = fleet.wait_phase(name, "Ready")["status"]["tenantName"]
     fleet.request_delete(name)
     db = fleet.wait_database(name, lambda d: (c := condition(d, "TenantDisabled")) and c["status"] == "True")
-    assert _tenant_exists(pg, tenant) == (True, True)  # disabled, not dropped: the window is open
+    assert tenant_exists(pg, tenant) == (True, True)  # disabled, not dropped: the window is open
     # The leader goes away between disable and drop; the next one picks up where it stopped.
     manager.stop()
     start_manager(config)
     wait_for(lambda: fleet.get_database(name) is None, timeout=60, what="dropped after the window")
-    assert _tenant_exists(pg, tenant) == (False, False)
+    assert tenant_exists(pg, tenant) == (False, False)
     assert db["status"]["dropAfter"]
 
 
@@ -244,7 +227,7 @@ def test_emptied_drained_shard_may_be_deleted_under_deletion_protection(
 ):
     """With deletion protection on, the policy refuses the delete until the last database is gone."""
     from infra.render import render_manifests
-    from tests.generator.kubeapi import KubeApi
+    from tests.support.kubeapi import KubeApi
 
     policy_objects = [
         m

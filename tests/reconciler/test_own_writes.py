@@ -13,8 +13,8 @@ from informers import SECRETS, Informer, Rest
 from reconciler.database_controller import DatabaseController
 from reconciler.events import EventRecorder
 from reconciler.resources import DATABASES, SHARDS
-from tests.generator.kubeapi import wait_for
 from tests.reconciler.conftest import NAMESPACE, install_config, provisioner_statements
+from tests.support.common import wait_for
 
 
 def test_a_pass_on_a_lagging_cache_runs_no_sql_and_writes_nothing(logged_pg, fleet, provider_client, admin_rest):

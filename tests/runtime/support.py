@@ -1,15 +1,11 @@
-"""Helpers for the runtime suite: polling, names, a small CRD of our own."""
+"""Helpers for the runtime suite: a small CRD of our own, objects, an event recorder."""
 
 from __future__ import annotations
 
-import secrets
-import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from informers import Resource, Rest
-
-T = TypeVar("T")
+from tests.support.common import wait_for
 
 GROUP = "runtime-test.dbprovider.example"
 WIDGETS = Resource(GROUP, "v1", "widgets")
@@ -43,22 +39,6 @@ CRD = {
     },
 }
 CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
-
-
-def wait_for(condition: Callable[[], T], timeout: float = 10.0, interval: float = 0.02, what: str = "") -> T:
-    """Poll `condition` until it returns something truthy (returned); fail after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
-        time.sleep(interval)
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{secrets.token_hex(3)}"
 
 
 def ensure_crd(rest: Rest) -> None:

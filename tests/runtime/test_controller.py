@@ -24,7 +24,8 @@ from reconciler.runtime import (
     WorkQueue,
     ensure_active,
 )
-from tests.runtime.support import configmap, wait_for
+from tests.runtime.support import configmap
+from tests.support.common import wait_for
 
 FAST = (0.05, 0.4)  # backoff base and cap for tests (production: 1 s and 5 min)
 

@@ -19,7 +19,7 @@ import pytest
 from harness import KubeControlPlane
 from informers import LEASES, Rest
 from reconciler.runtime import LeaderElector
-from tests.runtime.support import unique, wait_for
+from tests.support.common import unique, wait_for
 
 LEASE, RENEW, RETRY = 2.0, 1.5, 0.25
 REPO = Path(__file__).resolve().parents[2]

@@ -14,7 +14,8 @@ import pytest
 from harness import KubeControlPlane
 from informers import CONFIGMAPS, LEASES, Resource, Rest
 from reconciler.runtime import Controller, ControllerManager, Result
-from tests.runtime.support import configmap, unique, wait_for
+from tests.runtime.support import configmap
+from tests.support.common import unique, wait_for
 
 LEASE, RENEW, RETRY = 2.0, 1.5, 0.25
 

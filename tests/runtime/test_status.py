@@ -23,7 +23,8 @@ from reconciler.runtime import (
     update_status,
 )
 from reconciler.runtime.status import replace_status
-from tests.runtime.support import WIDGETS, wait_for, widget
+from tests.runtime.support import WIDGETS, widget
+from tests.support.common import wait_for
 
 # -- conditions (pure) -------------------------------------------------------------------------------
 

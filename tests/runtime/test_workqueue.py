@@ -8,7 +8,7 @@ import time
 import pytest
 
 from reconciler.runtime import ExponentialBackoff, WorkQueue
-from tests.runtime.support import wait_for
+from tests.support.common import wait_for
 
 # -- dedup and exclusivity ---------------------------------------------------------------------------
 

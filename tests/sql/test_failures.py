@@ -30,12 +30,11 @@ from reconciler.sql.tenant import (
 from tests.sql.helpers import (
     admin_endpoint,
     backend_pids,
-    catalog_counts,
-    login_role,
     run_steps,
     terminate,
-    wait_for,
 )
+from tests.support.common import wait_for
+from tests.support.postgres import catalog_counts, login_role
 
 # -- classification of real driver errors -------------------------------------------------------
 

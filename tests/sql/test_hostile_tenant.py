@@ -21,7 +21,8 @@ from reconciler.sql.tenant import (
     set_password,
     tenant_state,
 )
-from tests.sql.helpers import can_connect, catalog_counts, drop_as_superuser, is_alive, new_spec
+from tests.sql.helpers import can_connect, new_spec
+from tests.support.postgres import catalog_counts, drop_as_superuser, is_alive
 
 
 @pytest.fixture

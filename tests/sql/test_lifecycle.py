@@ -22,7 +22,8 @@ from reconciler.sql.tenant import (
     set_password,
     tenant_state,
 )
-from tests.sql.helpers import can_connect, catalog_counts, run_steps
+from tests.sql.helpers import can_connect, run_steps
+from tests.support.postgres import catalog_counts
 
 
 class TestConnectionLimit:

@@ -25,7 +25,8 @@ from reconciler.sql.tenant import (
     set_password,
     tenant_state,
 )
-from tests.sql.helpers import StatementLog, admin_endpoint, drop_as_superuser, new_spec, run_steps
+from tests.sql.helpers import StatementLog, admin_endpoint, new_spec, run_steps
+from tests.support.postgres import drop_as_superuser
 
 PROVISIONER = PostgresServer.PROVISIONER
 
