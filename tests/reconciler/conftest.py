@@ -76,3 +76,14 @@ def is_shard_check(statement: LoggedStatement) -> bool:
 def tenant_sql(statements: list[LoggedStatement]) -> list[LoggedStatement]:
     """What is left after the Shard controller's health checks: SQL about databases."""
     return [s for s in statements if not is_shard_check(s)]
+
+
+def wait_for_later_shard_check(server: PostgresServer) -> None:
+    """Wait until the Shard controller's health check (every 2 s) is logged once more from now on:
+    everything the provisioner sent before now is in the statement log by then."""
+    seen = sum(map(is_shard_check, provisioner_statements(server)))
+    wait_for(
+        lambda: sum(map(is_shard_check, provisioner_statements(server))) > seen,
+        timeout=15,
+        what="a later shard health check in the statement log",
+    )

@@ -18,6 +18,7 @@ from tests.reconciler.conftest import (
     secret_data,
     tenant_sql,
     wait_events,
+    wait_for_later_shard_check,
 )
 from tests.support.common import condition, wait_for
 from tests.support.postgres import tenant_exists
@@ -70,7 +71,8 @@ def test_retention_window_disables_then_recovery_restores_the_same_credentials(
     with postgres.connect(creds["user"], creds["password"], creds["database"]) as conn:
         assert conn.execute("SELECT 1").fetchone()[0] == 1
 
-    # Asking again restarts the retention window.
+    # Asking again restarts the retention window. Not a wait for "nothing": the stamps have whole
+    # seconds, so the second request must fall in a later second to move dropAfter.
     time.sleep(1.1)
     fleet.request_delete(name)
     db = fleet.wait_database(name, lambda d: d["status"].get("phase") == "Deleting" and d["status"].get("dropAfter"))
@@ -87,7 +89,9 @@ def test_kubernetes_delete_without_annotation_is_held_without_sql(logged_pg, fle
     db = fleet.wait_database(name, lambda d: (c := condition(d, "DeletionHeld")) and c["status"] == "True")
     assert db["metadata"]["deletionTimestamp"]
     wait_events(admin_rest, name, {"DeletionHeld"})
-    time.sleep(1)
+    # The held pass ended before its Event went out: a Shard health check logged after that shows
+    # the statement log has caught up past the pass.
+    wait_for_later_shard_check(logged_pg)
     statements = provisioner_statements(logged_pg)[before:]
     assert tenant_sql(statements) == [], statements  # not even a catalog read of the tenant
     assert tenant_exists(logged_pg, tenant) == (True, True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from informers import Resource, Rest
+from reconciler.runtime import LeaderElector
 from tests.support.common import wait_for
 
 GROUP = "runtime-test.dbprovider.example"
@@ -108,3 +109,26 @@ class Recorder:
     def snapshot(self) -> list[tuple[str, str, str | None]]:
         with self._lock:
             return list(self.events)
+
+
+def follower_sees_renewals(
+    leader: LeaderElector, follower: LeaderElector, renewals: int, *, old_uid: str | None = None, timeout: float = 30
+) -> None:
+    """Wait until `follower` has read `renewals` renewals of the Lease by `leader`, checking at every
+    poll that the leader leads and the follower does not.
+
+    The positive signal that the follower was trying all along (it reads the Lease on every
+    attempt) and left a live lease alone. With `old_uid`, only renewals of a Lease created again
+    after that one count.
+    """
+    seen: set[str] = set()
+
+    def enough() -> bool:
+        assert (leader.is_leading(), follower.is_leading()) == (True, False)
+        lease = follower._lease or {}  # the Lease as the follower last read it
+        spec = lease.get("spec") or {}
+        if spec.get("holderIdentity") == leader.identity and lease["metadata"]["uid"] != old_uid:
+            seen.add(spec["renewTime"])
+        return len(seen) >= renewals
+
+    wait_for(enough, timeout, f"{follower.identity} to see {renewals} renewals by {leader.identity}")
