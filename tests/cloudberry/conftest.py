@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -123,6 +123,17 @@ class Fleet(BaseFleet):
             "client": {"host": f"{cluster}.analytics.example.com", "port": 5432, "sslmode": "require"},
         }
         return self.create_shard(name or self.name("cb"), spec, server)
+
+    def serving_shard(
+        self, server: PostgresServer, start_manager: Callable[[], InProcessManager]
+    ) -> tuple[str, str, InProcessManager]:
+        """A Running cluster with a cloudberry Shard on `server`, the manager started and the Shard Ok:
+        (cluster, shard, manager)."""
+        cluster = self.cluster(RUNNING)
+        shard = self.cloudberry_shard(server, cluster)
+        manager = start_manager()
+        self.wait_shard(shard, "Ok")
+        return cluster, shard, manager
 
     def create_shard(self, name: str, spec: dict[str, Any], server: PostgresServer) -> str:
         self.servers.add(server)

@@ -42,10 +42,7 @@ def test_placement_pauses_while_not_running_and_resumes(pg15: PostgresServer, fl
 
 def test_scaling_stops_new_placements_only(pg15: PostgresServer, fleet: Fleet, start_manager):
     """Keldon scaling (Running -> Scaling -> Running): new databases wait, existing ones stay Ready."""
-    cluster = fleet.cluster(RUNNING)
-    shard = fleet.cloudberry_shard(pg15, cluster)
-    start_manager()
-    fleet.wait_shard(shard, "Ok")
+    cluster, shard, _ = fleet.serving_shard(pg15, start_manager)
     before = fleet.wait_ready(fleet.database("before"))
 
     fleet.scale(cluster, 4)

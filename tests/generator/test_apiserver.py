@@ -23,6 +23,7 @@ from tests.generator.conftest import (
 )
 from tests.support.common import wait_for
 from tests.support.kubeapi import TABLE_ACCEPT, KubeApi
+from tests.vectors import objects as vectors
 from tests.vectors.hosts import HOST_VECTORS
 from tests.vectors.objects import with_changes
 
@@ -32,30 +33,14 @@ SA_GROUPS = ["system:serviceaccounts", f"system:serviceaccounts:{RELEASE_NAMESPA
 
 
 def shard(name: str, **changes: Any) -> dict[str, Any]:
-    """A valid postgres Shard (the seed's example), with `a__b=value` changes (None deletes the key)."""
-    spec: dict[str, Any] = {
-        "maxDatabases": 200,
-        "perconaCluster": {"namespace": "databases", "name": "pg-shard01"},
-        "admin": {
-            "serviceName": "pg-shard01-primary",
-            "secretRef": {"namespace": SHARD_NS_A, "name": "pg-a-provisioner"},
-        },
-        "client": {"host": "192.0.2.200"},
-    }
-    spec = with_changes(spec, **changes)
-    return {"apiVersion": API_VERSION, "kind": "Shard", "metadata": {"name": name}, "spec": spec}
+    """A valid postgres Shard (the seed's example) whose admin Secret is listed, with `a__b=value` changes."""
+    listed = {"namespace": SHARD_NS_A, "name": "pg-a-provisioner"}
+    return vectors.shard(name, **{"admin__secretRef": listed, **changes})
 
 
 def cloudberry_shard(name: str, **changes: Any) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "engine": "cloudberry",
-        "maxDatabases": 20,
-        "keldonCluster": {"namespace": "analytics", "name": "cluster-demo"},
-        "admin": {"secretRef": {"namespace": RELEASE_NAMESPACE, "name": "local-provisioner"}},
-        "client": {"host": "cb.example.com", "port": 6432},
-    }
-    spec = with_changes(spec, **changes)
-    return {"apiVersion": API_VERSION, "kind": "Shard", "metadata": {"name": name}, "spec": spec}
+    listed = {"namespace": RELEASE_NAMESPACE, "name": "local-provisioner"}
+    return vectors.shard(name, vectors.CLOUDBERRY_SPEC, **{"admin__secretRef": listed, **changes})
 
 
 def consumer(name: str, **changes: Any) -> dict[str, Any]:

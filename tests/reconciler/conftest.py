@@ -8,13 +8,19 @@ Shard and Database a test creates is removed when the test ends.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import pytest
+from kubernetes.client import ApiClient
 
 from domain.constants import ANNOTATION_DELETE_REQUESTED_AT, FINALIZER_TENANT
 from harness import PostgresServer
 from harness.statement_log import LoggedStatement, parse_statement_log
-from informers import SECRETS, Rest
+from informers import SECRETS, Informer, Rest
+from reconciler.database_controller import DatabaseController
+from reconciler.events import EventRecorder
+from reconciler.resources import DATABASES, SHARDS
 from tests.support.common import condition, decoded, wait_for
 from tests.support.fleet import Fleet as BaseFleet
 from tests.support.install import Release, release_fixtures
@@ -87,3 +93,46 @@ def wait_for_later_shard_check(server: PostgresServer) -> None:
         timeout=15,
         what="a later shard health check in the statement log",
     )
+
+
+@dataclass
+class ControllerParts:
+    """What one Database controller works with, started by the test itself (not by a manager), so
+    the test decides what the caches see."""
+
+    rest: Rest
+    shards: Informer
+    databases: Informer
+    secrets: Informer
+    events: EventRecorder
+
+    def controller(self) -> DatabaseController:
+        return DatabaseController(
+            self.rest,
+            install_config(),
+            NAMESPACE,
+            self.databases,
+            self.shards,
+            self.secrets,
+            self.events,
+            admin_host_override="127.0.0.1",
+        )
+
+
+@contextmanager
+def controller_parts(client: ApiClient) -> Iterator[ControllerParts]:
+    """Informers (Shards, Databases, Secrets) and an EventRecorder as `client`; all stopped afterwards."""
+    rest = Rest(client)
+    parts = ControllerParts(
+        rest,
+        Informer(rest, SHARDS).start(),
+        Informer(rest, DATABASES, NAMESPACE).start(),
+        Informer(rest, SECRETS, NAMESPACE).start(),
+        EventRecorder(rest, "test"),
+    )
+    try:
+        yield parts
+    finally:
+        parts.events.close()
+        for informer in (parts.shards, parts.databases, parts.secrets):
+            informer.stop()

@@ -25,15 +25,14 @@ from psycopg import sql
 from domain.constants import ANNOTATION_DELETE_REQUESTED_AT, ANNOTATION_ROTATE_REQUESTED_AT, FINALIZER_TENANT
 from domain.naming import tenant_name
 from harness import PostgresServer
-from informers import SECRETS, Informer, Rest
-from reconciler.database_controller import DatabaseController
-from reconciler.events import EventRecorder
+from informers import SECRETS, Rest
 from reconciler.resources import DATABASES, SHARDS
 from tests.reconciler.conftest import (
     NAMESPACE,
     SHARD_SECRETS_NAMESPACE,
     Fleet,
     condition,
+    controller_parts,
     install_config,
     provisioner_statements,
     secret_data,
@@ -520,22 +519,13 @@ def test_finishing_a_delete_that_another_replica_finished_is_no_error(fleet, pro
     status = {"shard": "rectest-elsewhere", "tenantName": "t_elsewhere", "phase": "Deleted", "conditions": [dropped]}
     admin_rest.patch(DATABASES, name, {"status": status}, NAMESPACE, subresource="status")
 
-    rest = Rest(provider_client)
-    shards = Informer(rest, SHARDS).start()
-    databases = Informer(rest, DATABASES, NAMESPACE).start()
-    secrets = Informer(rest, SECRETS, NAMESPACE).start()
-    events = EventRecorder(rest, "test")
-    try:
+    with controller_parts(provider_client) as parts:
+        databases = parts.databases
         wait_for(lambda: (databases.get(key) or {}).get("status", {}).get("phase") == "Deleted", what="cached")
         databases.stop()  # the removal below never reaches this cache
         admin_rest.patch(DATABASES, name, {"metadata": {"finalizers": None}}, NAMESPACE)
         admin_rest.delete(DATABASES, name, NAMESPACE)
         wait_for(lambda: fleet.get_database(name) is None, what="the database removed")
-        controller = DatabaseController(rest, install_config(), NAMESPACE, databases, shards, secrets, events,
-                                        admin_host_override="127.0.0.1")
+        controller = parts.controller()
 
         assert controller.reconcile(key) is None  # no exception: no error counted, no retry
-    finally:
-        events.close()
-        for informer in (shards, databases, secrets):
-            informer.stop()

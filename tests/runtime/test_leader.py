@@ -69,16 +69,24 @@ def _elector(rest: Rest, namespace: str, name: str, identity: str, timeline: Tim
     )
 
 
-def test_only_one_leads_and_a_graceful_stop_hands_over_well_within_the_lease_duration(
-    admin_rest: Rest, namespace: str, electors: list[LeaderElector]
-) -> None:
+def _leader_and_follower(
+    rest: Rest, namespace: str, electors: list[LeaderElector]
+) -> tuple[Timeline, LeaderElector, LeaderElector]:
+    """replica-a, leading the Lease "lock", and replica-b, started after it: (timeline, a, b)."""
     timeline = Timeline()
-    a = _elector(admin_rest, namespace, "lock", "replica-a", timeline)
-    b = _elector(admin_rest, namespace, "lock", "replica-b", timeline)
+    a = _elector(rest, namespace, "lock", "replica-a", timeline)
+    b = _elector(rest, namespace, "lock", "replica-b", timeline)
     electors.extend([a, b])
     a.start()
     assert a.wait_until_leading(10)
     b.start()
+    return timeline, a, b
+
+
+def test_only_one_leads_and_a_graceful_stop_hands_over_well_within_the_lease_duration(
+    admin_rest: Rest, namespace: str, electors: list[LeaderElector]
+) -> None:
+    timeline, a, b = _leader_and_follower(admin_rest, namespace, electors)
     # Across several renewals, exactly one leads.
     follower_sees_renewals(a, b, 4)
     lease = admin_rest.get(LEASES, "lock", namespace)
@@ -172,13 +180,7 @@ def test_a_deleted_lease_is_recreated_by_its_leader_and_the_follower_does_not_ju
 ) -> None:
     """Seeing the Lease gone, a follower that saw it held waits for that lease to run out (the
     leader may still be leading until its next renewal); the leader re-creates it meanwhile."""
-    timeline = Timeline()
-    a = _elector(admin_rest, namespace, "lock", "replica-a", timeline)
-    b = _elector(admin_rest, namespace, "lock", "replica-b", timeline)
-    electors.extend([a, b])
-    a.start()
-    assert a.wait_until_leading(10)
-    b.start()
+    timeline, a, b = _leader_and_follower(admin_rest, namespace, electors)
     wait_for(lambda: b._observed_spec is not None, what="the follower to see the lease")
     old_uid = admin_rest.get(LEASES, "lock", namespace)["metadata"]["uid"]
     admin_rest.delete(LEASES, "lock", namespace)
