@@ -33,6 +33,17 @@ def path(external_id: str, suffix: str = "") -> str:
     return f"/v1/databases/{external_id}{suffix}"
 
 
+def blind_store(env: ApiEnv) -> DatabaseStore:
+    """The store of a second replica whose cache has not seen the object yet: an informer never started."""
+    return DatabaseStore(
+        env.config,
+        Informer(env.admin, DATABASES, NAMESPACE),
+        env.components.store.consumers,
+        env.components.store.secrets,
+        env.admin,
+    )
+
+
 def answers(env: ApiEnv, consumer: Consumer, *calls: tuple[str, str, int]) -> requests.Response:
     """Make each (method, external ID, expected status) call in turn; the last response."""
     for method, external_id, status in calls:
@@ -175,14 +186,7 @@ def test_put_racing_an_existing_object_returns_it(env: ApiEnv) -> None:
     """AlreadyExists from the apiserver (another replica created it) gives the existing object, not 201."""
     consumer = env.ready_consumer()
     assert env.call("PUT", path("raced"), consumer.token, json={"sizeClass": "large"}).status_code == 201
-    # A second replica whose cache has not seen the object yet: an informer that was never started.
-    blind = DatabaseStore(
-        env.config,
-        Informer(env.admin, DATABASES, NAMESPACE),
-        env.components.store.consumers,
-        env.components.store.secrets,
-        env.admin,
-    )
+    blind = blind_store(env)
     db, created = blind.ensure(consumer.name, "raced", CreateDatabase(size_class="small"))
     assert created is False
     assert db["spec"]["sizeClass"] == "large"
@@ -302,13 +306,7 @@ def test_get_reports_status(env: ApiEnv) -> None:
 def test_get_falls_back_to_the_apiserver(env: ApiEnv) -> None:
     """An object another replica just created is found even before this replica's cache shows it."""
     consumer = env.ready_consumer()
-    blind = DatabaseStore(
-        env.config,
-        Informer(env.admin, DATABASES, NAMESPACE),
-        env.components.store.consumers,
-        env.components.store.secrets,
-        env.admin,
-    )
+    blind = blind_store(env)
     db, created = blind.ensure(consumer.name, "elsewhere", CreateDatabase())
     assert created
     assert blind.get(consumer.name, "elsewhere")["metadata"]["uid"] == db["metadata"]["uid"]

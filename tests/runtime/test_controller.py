@@ -280,15 +280,22 @@ def test_stop_finishes_in_flight_reconciles_then_returns_and_runs_nothing_new(en
     controller.start()
     assert entered.wait(5)
     stopped = threading.Event()
-    stopper = threading.Thread(target=lambda: (controller.stop(), stopped.set()))
+    at_return: list[str] = []  # what the in-flight reconcile had done when stop() returned
+
+    def stop() -> None:
+        controller.stop()
+        at_return.extend(outcomes)
+        stopped.set()
+
+    stopper = threading.Thread(target=stop)
     stopper.start()
     wait_for(lambda: not controller.active())
     ensure_active()  # the guard is per worker: outside one (the API, this test) writes go on while it stops
-    assert not stopped.wait(0.2), "stop() must wait for the in-flight reconcile"
     env.create("after-stop")
     release.set()
     assert stopped.wait(5)
     stopper.join()
+    assert at_return == ["refused"], "stop() must wait for the in-flight reconcile"
     assert outcomes == ["refused"]
     assert keys_seen == [f"{env.namespace}/slow"]
     assert env.errors("stopping", "Other") == 0
