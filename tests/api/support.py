@@ -17,7 +17,6 @@ import secrets
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,7 @@ from domain.constants import (
 from domain.naming import credentials_secret_name, database_object_name, label_value
 from harness.certs import CertificateAuthority
 from informers import Rest, SharedInformers
-from tests.support.common import b64, unique, wait_for
+from tests.support.common import b64, now_stamp, unique, wait_for
 from tests.support.install import release_config
 from tests.support.kubeapi import KubeApi, apply_all
 
@@ -193,7 +192,7 @@ class ApiEnv:
         return self.admin.patch(DATABASES, name, {"status": status}, NAMESPACE, subresource="status")
 
     def make_ready(self, consumer: str, external_id: str, tenant: str = "t_tenant_0123456789") -> dict[str, Any]:
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = now_stamp()
         db = self.set_status(
             consumer,
             external_id,

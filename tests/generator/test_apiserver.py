@@ -21,7 +21,7 @@ from tests.generator.conftest import (
     SHARD_NS_B,
     Installed,
 )
-from tests.support.common import wait_for
+from tests.support.common import now_stamp, wait_for
 from tests.support.kubeapi import TABLE_ACCEPT, KubeApi
 from tests.vectors import objects as vectors
 from tests.vectors.hosts import HOST_VECTORS
@@ -342,7 +342,7 @@ def test_printer_columns_show_what_the_seed_promises(installed: Installed, clean
     for obj in (sh, co, db):
         assert api.create(obj).status == 201
         cleanup(obj)
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = now_stamp()
     ready = {"type": "Ready", "status": "True", "reason": "Ok", "message": "", "lastTransitionTime": now}
     assert api.merge_patch(sh, {"status": {"databaseCount": 12, "conditions": [ready]}}, "status").status == 200
     assert api.merge_patch(co, {"status": {"databaseCount": 3}}, "status").status == 200

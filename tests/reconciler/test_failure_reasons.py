@@ -11,7 +11,6 @@ where the pre-16 dialect runs other statements (membership grants on create and 
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,7 +37,7 @@ from tests.reconciler.conftest import (
     secret_data,
     tenant_sql,
 )
-from tests.support.common import b64, wait_for
+from tests.support.common import b64, now_stamp, wait_for
 from tests.support.postgres import PG_FLAVORS, PostgresPool, drop_as_superuser, login_role, tenant_exists
 
 DIALECT_FLAVORS = [f for f in ("18", "15") if f in PG_FLAVORS]
@@ -507,7 +506,7 @@ def test_finishing_a_delete_that_another_replica_finished_is_no_error(fleet, pro
     seen yet: removing the finalizer gets 404, which means done, not a reconcile error."""
     name = fleet.database("finished-elsewhere")
     key = f"{NAMESPACE}/{name}"
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    stamp = now_stamp()
     admin_rest.patch(
         DATABASES,
         name,

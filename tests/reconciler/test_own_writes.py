@@ -7,16 +7,14 @@ apiserver and PostgreSQL 18 with its statement log.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 from reconciler.resources import SHARDS
 from tests.reconciler.conftest import NAMESPACE, controller_parts, provisioner_statements
-from tests.support.common import wait_for
+from tests.support.common import now_stamp, wait_for
 
 
 def test_a_pass_on_a_lagging_cache_runs_no_sql_and_writes_nothing(logged_pg, fleet, provider_client, admin_rest):
     shard = fleet.shard(logged_pg)
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = now_stamp()
     ready = {"type": "Ready", "status": "True", "reason": "Ok", "message": "test", "lastTransitionTime": now}
     admin_rest.patch(SHARDS, shard, {"status": {"conditions": [ready]}}, subresource="status")
     name = fleet.database("lagging")

@@ -48,6 +48,11 @@ def b64(value: str | bytes) -> str:
     return base64.b64encode(raw).decode()
 
 
+def now_stamp() -> str:
+    """The current time as the provider writes timestamps (RFC 3339, whole seconds, UTC)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
 def decoded(secret: dict[str, Any]) -> dict[str, str]:
     """A Secret's `data`, decoded."""
     return {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}

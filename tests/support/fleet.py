@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +19,7 @@ from harness import PostgresServer
 from informers import SECRETS, Resource, Rest
 from reconciler.resources import DATABASES, SHARDS
 from tests.support.admin_secrets import AdminSecrets
-from tests.support.common import condition, decoded, wait_for
+from tests.support.common import condition, decoded, now_stamp, wait_for
 from tests.support.install import Release
 
 
@@ -39,11 +38,6 @@ def gone(rest: Rest, resource: Resource, name: str, namespace: str | None = None
     except ApiException as exc:
         return exc.status == 404
     return False
-
-
-def now_stamp() -> str:
-    """The current time as the request annotations carry it (RFC 3339, seconds, UTC)."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 class Fleet:
