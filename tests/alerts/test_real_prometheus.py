@@ -39,8 +39,7 @@ from informers import SECRETS, Rest
 from infra.dashboard import dashboard_panels
 from infra.render import render_prometheus_rule, rule_groups
 from reconciler.resources import DATABASES, SHARDS
-from tests.generator.kubeapi import wait_for
-from tests.k8s_objects import b64
+from tests.support.common import b64, wait_for
 
 TIME_SCALE = 60
 CLUSTER = "eu-1"

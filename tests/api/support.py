@@ -12,16 +12,13 @@ that none of them ever reaches the logs.
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import itertools
 import secrets
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import requests
 from prometheus_client import CollectorRegistry
@@ -42,29 +39,16 @@ from domain.constants import (
 from domain.naming import credentials_secret_name, database_object_name, label_value
 from harness.certs import CertificateAuthority
 from informers import Rest, SharedInformers
-from tests.generator.kubeapi import wait_for
-
-T = TypeVar("T")
+from tests.support.common import b64, now_stamp, unique, wait_for
+from tests.support.install import release_config
+from tests.support.kubeapi import KubeApi, apply_all
 
 RELEASE = "apitest"
 NAMESPACE = "apitest-system"
 OTHER_NAMESPACE = "apitest-elsewhere"
 
-CONFIG: dict[str, Any] = {
-    "releaseName": RELEASE,
-    "namespace": NAMESPACE,
-    "tls": {"secretName": "apitest-tls"},
-    "sizeClasses": {"small": {"connectionLimit": 5}, "large": {"connectionLimit": 50}},
-    "connectionLimit": {"default": 10},
-    # No admission policy: it would apply to every Shard on the shared apiserver.
-    "deletionProtection": {"enabled": False},
-}
-
-_names = itertools.count(1)
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{next(_names)}-{secrets.token_hex(3)}"
+# No shardSecrets: the API suite runs no controllers.
+CONFIG = release_config(RELEASE, NAMESPACE)
 
 
 def new_token() -> str:
@@ -74,11 +58,6 @@ def new_token() -> str:
 
 def sha256_hex(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
-
-
-def b64(value: str | bytes) -> str:
-    raw = value.encode() if isinstance(value, str) else value
-    return base64.b64encode(raw).decode()
 
 
 @dataclass
@@ -213,7 +192,7 @@ class ApiEnv:
         return self.admin.patch(DATABASES, name, {"status": status}, NAMESPACE, subresource="status")
 
     def make_ready(self, consumer: str, external_id: str, tenant: str = "t_tenant_0123456789") -> dict[str, Any]:
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = now_stamp()
         db = self.set_status(
             consumer,
             external_id,
@@ -328,7 +307,6 @@ class Served:
 def start_env(kube: Any, workdir: Path) -> ApiEnv:
     """Install the CRDs and RBAC, start informers as the provider's ServiceAccount, serve the API over TLS."""
     from infra.render import render_manifests
-    from tests.generator.kubeapi import KubeApi, apply_all
 
     config = load_install_config(CONFIG)
     for namespace in (NAMESPACE, OTHER_NAMESPACE):
@@ -357,15 +335,7 @@ def start_env(kube: Any, workdir: Path) -> ApiEnv:
     cert = ca.issue_server("apitest-server")
     server = ApiServer(components.app, "127.0.0.1", 0, cert.cert_file, cert.key_file, threads=16).start()
     env = ApiEnv(
-        config=config,
-        admin=Rest(admin_client),
-        informers=informers,
-        components=components,
-        registry=registry,
-        server=server,
-        ca_file=ca.ca_file,
-        cert_file=cert.cert_file,
-        key_file=cert.key_file,
+        config, Rest(admin_client), informers, components, registry, server, ca.ca_file, cert.cert_file, cert.key_file
     )
     env.wait_status("GET", "/readyz", None, 200)
     return env

@@ -9,7 +9,8 @@ import requests
 
 from api.auth import AuthState
 from api.kube import CONSUMERS, SECRETS
-from tests.api.support import NAMESPACE, OTHER_NAMESPACE, ApiEnv, new_token, sha256_hex, wait_for
+from tests.api.support import NAMESPACE, OTHER_NAMESPACE, ApiEnv, new_token, sha256_hex
+from tests.support.common import wait_for
 
 LIST = "/v1/databases"
 

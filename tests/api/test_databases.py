@@ -8,6 +8,7 @@ import threading
 from datetime import UTC, datetime
 
 import pytest
+import requests
 
 from api.kube import DATABASES
 from api.models import CreateDatabase
@@ -22,13 +23,33 @@ from domain.constants import (
 )
 from domain.naming import database_object_name, label_value
 from informers import Informer
-from tests.api.support import NAMESPACE, ApiEnv, wait_for
+from tests.api.support import NAMESPACE, ApiEnv, Consumer
+from tests.support.common import wait_for
 
 RFC3339_MICROS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
 
 
 def path(external_id: str, suffix: str = "") -> str:
     return f"/v1/databases/{external_id}{suffix}"
+
+
+def blind_store(env: ApiEnv) -> DatabaseStore:
+    """The store of a second replica whose cache has not seen the object yet: an informer never started."""
+    return DatabaseStore(
+        env.config,
+        Informer(env.admin, DATABASES, NAMESPACE),
+        env.components.store.consumers,
+        env.components.store.secrets,
+        env.admin,
+    )
+
+
+def answers(env: ApiEnv, consumer: Consumer, *calls: tuple[str, str, int]) -> requests.Response:
+    """Make each (method, external ID, expected status) call in turn; the last response."""
+    for method, external_id, status in calls:
+        response = env.call(method, path(external_id), consumer.token)
+        assert response.status_code == status, f"{method} {external_id}: {response.status_code} {response.text}"
+    return response
 
 
 # -- PUT ------------------------------------------------------------------------------------------
@@ -151,13 +172,10 @@ def test_put_body_too_large(env: ApiEnv) -> None:
 
 def test_put_on_deleting_database(env: ApiEnv) -> None:
     consumer = env.ready_consumer()
-    assert env.call("PUT", path("doomed"), consumer.token).status_code == 201
-    assert env.call("DELETE", path("doomed"), consumer.token).status_code == 202
-    response = env.call("PUT", path("doomed"), consumer.token)
-    assert response.status_code == 409
+    response = answers(env, consumer, ("PUT", "doomed", 201), ("DELETE", "doomed", 202), ("PUT", "doomed", 409))
     assert response.json()["error"] == "database_deleting"
     # Also when only the phase says so (e.g. a delete request seen by the reconciler on another replica).
-    assert env.call("PUT", path("phased"), consumer.token).status_code == 201
+    answers(env, consumer, ("PUT", "phased", 201))
     env.set_status(consumer.name, "phased", {"phase": "Deleting"})
     wait_for(
         lambda: env.call("PUT", path("phased"), consumer.token).status_code == 409, what="409 for a Deleting database"
@@ -168,14 +186,7 @@ def test_put_racing_an_existing_object_returns_it(env: ApiEnv) -> None:
     """AlreadyExists from the apiserver (another replica created it) gives the existing object, not 201."""
     consumer = env.ready_consumer()
     assert env.call("PUT", path("raced"), consumer.token, json={"sizeClass": "large"}).status_code == 201
-    # A second replica whose cache has not seen the object yet: an informer that was never started.
-    blind = DatabaseStore(
-        env.config,
-        Informer(env.admin, DATABASES, NAMESPACE),
-        env.components.store.consumers,
-        env.components.store.secrets,
-        env.admin,
-    )
+    blind = blind_store(env)
     db, created = blind.ensure(consumer.name, "raced", CreateDatabase(size_class="small"))
     assert created is False
     assert db["spec"]["sizeClass"] == "large"
@@ -187,21 +198,16 @@ def test_put_racing_an_existing_object_returns_it(env: ApiEnv) -> None:
 
 def test_quota_counts_databases_not_yet_deleted(env: ApiEnv) -> None:
     consumer = env.ready_consumer(max_databases=2)
-    assert env.call("PUT", path("q1"), consumer.token).status_code == 201
-    assert env.call("PUT", path("q2"), consumer.token).status_code == 201
-    refused = env.call("PUT", path("q3"), consumer.token)
-    assert refused.status_code == 429
+    refused = answers(env, consumer, ("PUT", "q1", 201), ("PUT", "q2", 201), ("PUT", "q3", 429))
     assert refused.json()["error"] == "quota_exceeded"
-    # Existing databases stay reachable with PUT (200) at the limit.
-    assert env.call("PUT", path("q1"), consumer.token).status_code == 200
-    # A Deleting database still counts ...
-    assert env.call("DELETE", path("q1"), consumer.token).status_code == 202
+    # Existing databases stay reachable with PUT (200) at the limit; a Deleting database still counts ...
+    answers(env, consumer, ("PUT", "q1", 200), ("DELETE", "q1", 202))
     env.set_status(consumer.name, "q1", {"phase": "Deleting"})
-    assert env.call("PUT", path("q3"), consumer.token).status_code == 429
+    answers(env, consumer, ("PUT", "q3", 429))
     # ... a Deleted one does not.
     env.set_status(consumer.name, "q1", {"phase": "Deleted"})
     wait_for(lambda: env.call("PUT", path("q3"), consumer.token).status_code == 201, what="a slot after Deleted")
-    assert env.call("PUT", path("q4"), consumer.token).status_code == 429
+    answers(env, consumer, ("PUT", "q4", 429))
     # Raising the quota takes effect without a restart.
     env.patch_consumer(consumer.name, {"maxDatabases": 3})
     wait_for(lambda: env.call("PUT", path("q4"), consumer.token).status_code == 201, what="a raised quota")
@@ -300,13 +306,7 @@ def test_get_reports_status(env: ApiEnv) -> None:
 def test_get_falls_back_to_the_apiserver(env: ApiEnv) -> None:
     """An object another replica just created is found even before this replica's cache shows it."""
     consumer = env.ready_consumer()
-    blind = DatabaseStore(
-        env.config,
-        Informer(env.admin, DATABASES, NAMESPACE),
-        env.components.store.consumers,
-        env.components.store.secrets,
-        env.admin,
-    )
+    blind = blind_store(env)
     db, created = blind.ensure(consumer.name, "elsewhere", CreateDatabase())
     assert created
     assert blind.get(consumer.name, "elsewhere")["metadata"]["uid"] == db["metadata"]["uid"]

@@ -18,7 +18,8 @@ import requests
 from prometheus_client import CollectorRegistry
 
 from harness.attacks import HostileClients
-from tests.api.support import ApiEnv, Consumer, Served, wait_for
+from tests.api.support import ApiEnv, Consumer, Served
+from tests.support.common import wait_for
 
 ATTACK_SOURCES = tuple(f"127.0.0.{n}" for n in range(2, 10))
 PROBE_TIMEOUT = 3  # a kubelet probe's timeout

@@ -19,7 +19,8 @@ from prometheus_client import CollectorRegistry
 from api import ApiServer, create_app
 from api.app import OPENAPI_PATH
 from harness.certs import CertificateAuthority
-from tests.api.support import ApiEnv, Served, wait_for
+from tests.api.support import ApiEnv, Served
+from tests.support.common import wait_for
 
 
 def sample(registry: CollectorRegistry, name: str, labels: dict[str, str]) -> float | None:

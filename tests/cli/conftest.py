@@ -22,7 +22,7 @@ import yaml
 
 from domain.config import load_install_config
 from infra.render import render_manifests
-from tests.generator.kubeapi import KubeApi, apply_all
+from tests.support.kubeapi import KubeApi, apply_all
 from tests.vectors.objects import NAMESPACE
 
 DBPROVIDER = Path(sys.executable).parent / "dbprovider"

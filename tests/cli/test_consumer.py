@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli.conftest import read_docs, run, run_on_terminal, write_yaml
+from tests.support.common import b64
 
 TOKEN_RE = re.compile(r"^[0-9a-f]{64}$", re.MULTILINE)
 
@@ -189,7 +190,7 @@ def test_rotate_keeps_base64_data_as_base64_and_the_other_documents(tmp_path: Pa
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": {"name": "team-a-token", "namespace": "databases"},
-        "data": {"sha256": base64.b64encode(f"{first}\n".encode()).decode()},
+        "data": {"sha256": b64(f"{first}\n")},
     }
     secret_file = write_yaml(tmp_path / "team-a.yaml", other, secret)
     result = run("consumer", "rotate", "--secret-file", str(secret_file), "--token-file", "-", cwd=tmp_path)

@@ -16,9 +16,9 @@ import pytest
 import requests
 
 from tests.cli.conftest import DBPROVIDER, read_docs, run, write_yaml
-from tests.env.test_dev_command import _read_env_file, _wait_ready_line
-from tests.generator.kubeapi import KubeApi, wait_for
-from tests.k8s_objects import condition
+from tests.support.common import condition, wait_for
+from tests.support.dev_command import read_env_file, wait_ready_line
+from tests.support.kubeapi import KubeApi
 
 
 @pytest.mark.parametrize(
@@ -69,12 +69,12 @@ def test_dev_with_cloudberry_values_lets_a_shard_follow_its_database_cluster(tmp
         cwd=tmp_path,
     )
     try:
-        text = _wait_ready_line(proc, 240)
+        text = wait_ready_line(proc, 240)
         assert "dbprovider dev: ready" in text, text
         example = state / "cloudberry-example.yaml"
         assert f"kubectl apply -f {example}" in text
         assert "dropped after 0s" in text  # the user's retention, not dev's 2 minutes
-        env = _read_env_file(state / "env")
+        env = read_env_file(state / "env")
 
         with kubernetes.config.new_client_from_config(config_file=env["KUBECONFIG"]) as client:
             api = KubeApi(client)

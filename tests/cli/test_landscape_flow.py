@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,9 +18,11 @@ import requests
 from dbprovider.devstack import DevStack, free_port
 from domain.tokens import hash_token
 from harness import KubeControlPlane
+from harness.process import stop as stop_process
 from infra.render import config_yaml
 from tests.cli.conftest import DBPROVIDER, read_docs, run, run_on_terminal
-from tests.generator.kubeapi import KubeApi, wait_for
+from tests.support.common import wait_for
+from tests.support.kubeapi import KubeApi
 from tests.vectors.objects import NAMESPACE
 
 TOKEN_RE = re.compile(r"^[0-9a-f]{64}$", re.MULTILINE)
@@ -57,7 +58,9 @@ class Manager:
         env = {**os.environ, **stack.manager_env(), "POD_NAME": "clitest-manager"}
         self.log = log
         with open(log, "wb") as out:
-            self.proc = subprocess.Popen([str(DBPROVIDER), *argv[3:]], stdout=out, stderr=subprocess.STDOUT, env=env)
+            self.proc = subprocess.Popen(  # a process group of its own, for harness.process.stop
+                [str(DBPROVIDER), *argv[3:]], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
         self.ca = str(stack.ca_file)
 
     def call(self, method: str, path: str, token: str) -> requests.Response:
@@ -87,13 +90,7 @@ class Manager:
         )
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, timeout=60)
 
 
 def apply_file(api: KubeApi, path: Path) -> None:

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.cli.conftest import VALUES, read_docs, run, write_yaml
-from tests.generator.kubeapi import KubeApi
+from tests.support.kubeapi import KubeApi
 from tests.vectors.objects import NAMESPACE, consumer, shard
 
 LINE_RE = re.compile(

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.cli.conftest import VALUES, run, write_yaml
-from tests.generator.kubeapi import KubeApi
+from tests.support.kubeapi import KubeApi
 from tests.vectors.objects import OBJECT_VECTORS
 
 SCHEMA_ERROR_RE = re.compile(r"^(?P<file>[^:]+):\d+: error: .* \[schema\]$")

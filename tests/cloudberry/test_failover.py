@@ -15,8 +15,8 @@ from harness import PostgresServer
 from reconciler.fleet_metrics import FleetCollector
 from reconciler.resources import DATABASES, SHARDS
 from tests.cloudberry.conftest import NAMESPACE, RUNNING, Fleet, condition, tenant_connection
-from tests.generator.kubeapi import wait_for
-from tests.in_process_manager import InProcessManager
+from tests.support.common import wait_for
+from tests.support.in_process_manager import InProcessManager
 
 
 def _phases_seen(manager: InProcessManager) -> list[str | None]:
@@ -74,10 +74,7 @@ def _role_exists(server: PostgresServer, role: str) -> bool:
 def test_provisioning_during_coordinator_failover_is_retried_and_completes(
     pg15: PostgresServer, fleet: Fleet, start_manager
 ):
-    cluster = fleet.cluster(RUNNING)
-    shard = fleet.cloudberry_shard(pg15, cluster)
-    manager = start_manager()
-    fleet.wait_shard(shard, "Ok")
+    cluster, shard, manager = fleet.serving_shard(pg15, start_manager)
     phases = _phases_seen(manager)
 
     with pg_database_locked(pg15):
@@ -111,10 +108,7 @@ def test_provisioning_during_coordinator_failover_is_retried_and_completes(
 def test_scaling_keeps_databases_ready_and_working_and_retries_their_sql(
     pg15: PostgresServer, fleet: Fleet, start_manager
 ):
-    cluster = fleet.cluster(RUNNING)
-    shard = fleet.cloudberry_shard(pg15, cluster)
-    start_manager()
-    fleet.wait_shard(shard, "Ok")
+    cluster, shard, _ = fleet.serving_shard(pg15, start_manager)
     name = fleet.database("scaled")
     before = fleet.wait_ready(name)
     old = fleet.credentials(name)
@@ -144,8 +138,8 @@ def test_scaling_keeps_databases_ready_and_working_and_retries_their_sql(
     db = fleet.wait_database(
         name,
         lambda d: condition(d, "Ready")["status"] == "True" and d["status"].get("rotationApplied") == requested,
-        "the rotation to be applied",
         timeout=30,
+        what="the rotation to be applied",
     )
     assert condition(db, "Ready")["reason"] == "Provisioned"
     new = fleet.credentials(name)

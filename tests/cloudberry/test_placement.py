@@ -6,7 +6,7 @@ import pytest
 
 from harness import PostgresServer
 from tests.cloudberry.conftest import RUNNING, Fleet, condition
-from tests.generator.kubeapi import wait_for
+from tests.support.common import wait_for
 
 
 def _unplaced_no_capacity(fleet: Fleet, name: str, engine: str) -> None:
@@ -42,10 +42,7 @@ def test_placement_pauses_while_not_running_and_resumes(pg15: PostgresServer, fl
 
 def test_scaling_stops_new_placements_only(pg15: PostgresServer, fleet: Fleet, start_manager):
     """Keldon scaling (Running -> Scaling -> Running): new databases wait, existing ones stay Ready."""
-    cluster = fleet.cluster(RUNNING)
-    shard = fleet.cloudberry_shard(pg15, cluster)
-    start_manager()
-    fleet.wait_shard(shard, "Ok")
+    cluster, shard, _ = fleet.serving_shard(pg15, start_manager)
     before = fleet.wait_ready(fleet.database("before"))
 
     fleet.scale(cluster, 4)
@@ -64,7 +61,7 @@ def test_scaling_stops_new_placements_only(pg15: PostgresServer, fleet: Fleet, s
 def test_engines_never_mix(pg15: PostgresServer, fleet: Fleet, start_manager):
     """Each database goes to a shard of its engine even where the other shard has fewer databases."""
     # Same server behind both shards: only the Shard objects decide. The postgres shard sorts first.
-    postgres = fleet.postgres_shard(pg15, name=f"cbtest-a-pg-{fleet.suffix}")
+    postgres = fleet.shard(pg15, name=f"cbtest-a-pg-{fleet.suffix}")
     cluster = fleet.cluster(RUNNING)
     cloudberry = fleet.cloudberry_shard(pg15, cluster, name=f"cbtest-b-cb-{fleet.suffix}")
     start_manager()
@@ -94,7 +91,7 @@ def test_engines_never_mix(pg15: PostgresServer, fleet: Fleet, start_manager):
 
 
 def test_cloudberry_database_with_only_postgres_shards_is_no_capacity(pg15, fleet: Fleet, start_manager):
-    postgres = fleet.postgres_shard(pg15)
+    postgres = fleet.shard(pg15)
     start_manager()
     fleet.wait_shard(postgres, "Ok")
     _unplaced_no_capacity(fleet, fleet.database("analytics"), "cloudberry")

@@ -63,10 +63,7 @@ def public_role(pg15: PostgresServer) -> Iterator[tuple[str, str]]:
 
 
 def test_isolation_holds_on_the_pre16_dialect(pg15: PostgresServer, fleet: Fleet, start_manager, public_role):
-    cluster = fleet.cluster(RUNNING)
-    shard = fleet.cloudberry_shard(pg15, cluster)
-    start_manager()
-    fleet.wait_shard(shard, "Ok")
+    cluster, _, _ = fleet.serving_shard(pg15, start_manager)
     name = fleet.database("isolated")
     db = fleet.wait_ready(name)
     tenant = db["status"]["tenantName"]

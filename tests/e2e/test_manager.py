@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from domain.tokens import hash_token
 from harness import KubeControlPlane, PostgresServer
 from informers import LEASES, Rest
 from reconciler.resources import CONSUMERS, SHARDS
+from tests.support.common import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -49,16 +49,17 @@ class Replica:
         return requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).text
 
     def wait_ready(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def ready() -> bool:
             assert self.proc.poll() is None, self.log.read_text()
             try:
-                if requests.get(self.url("/readyz"), verify=self.ca, timeout=2).status_code == 200:
-                    return
+                return requests.get(self.url("/readyz"), verify=self.ca, timeout=2).status_code == 200
             except requests.RequestException:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"{self.name} not ready: {self.log.read_text()[-2000:]}")
+                return False
+
+        try:
+            wait_for(ready, timeout, f"{self.name} to be ready")
+        except AssertionError as exc:
+            raise AssertionError(f"{self.name} not ready: {self.log.read_text()[-2000:]}") from exc
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
         if self.proc.poll() is None:
@@ -84,16 +85,6 @@ def stack(kube: KubeControlPlane, postgres_pool, tmp_path_factory) -> Iterator[D
         rest.delete(CONSUMERS, created.consumer)
 
 
-def _wait(check, timeout: float = 60, what: str = ""):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _holder(kube: KubeControlPlane) -> str | None:
     with kube.admin_client() as client:
         try:
@@ -109,15 +100,15 @@ def test_two_replicas_serve_the_consumer_flow_and_fail_over(stack: DevStack, kub
     try:
         a.wait_ready()
         b.wait_ready()
-        leader_name = _wait(lambda: _holder(kube), what="a lease holder")
+        leader_name = wait_for(lambda: _holder(kube), timeout=60, what="a lease holder")
         leader = replicas[leader_name]
         follower = b if leader is a else a
 
         # PUT on the follower: every replica serves the API, the leader reconciles.
         created = follower.call("PUT", "/v1/databases/orders", json={"sizeClass": "small"})
         assert created.status_code == 201, created.text
-        view = _wait(lambda: (r := leader.call("GET", "/v1/databases/orders").json())["phase"] == "Ready" and r,
-                     what="orders Ready")
+        view = wait_for(lambda: (r := leader.call("GET", "/v1/databases/orders").json())["phase"] == "Ready" and r,
+                 timeout=60, what="orders Ready")
         assert view["sizeClass"] == "small"
         credentials = follower.call("GET", "/v1/databases/orders/credentials").json()
         with psycopg.connect(credentials["uri"]) as conn:
@@ -132,16 +123,18 @@ def test_two_replicas_serve_the_consumer_flow_and_fail_over(stack: DevStack, kub
 
         # The leader dies without a goodbye: the follower takes the Lease and reconciles.
         leader.stop(signal.SIGKILL)
-        _wait(lambda: _holder(kube) == follower.name, timeout=60, what="failover")
+        wait_for(lambda: _holder(kube) == follower.name, timeout=60, what="failover")
         assert follower.call("PUT", "/v1/databases/billing").status_code == 201
-        _wait(lambda: follower.call("GET", "/v1/databases/billing").json()["phase"] == "Ready", what="billing Ready")
+        wait_for(lambda: follower.call("GET", "/v1/databases/billing").json()["phase"] == "Ready",
+                 timeout=60, what="billing Ready")
 
         # Soft delete through the API (retention 0 here): the database disappears.
         assert follower.call("DELETE", "/v1/databases/orders").status_code == 202
-        _wait(lambda: follower.call("GET", "/v1/databases/orders").status_code == 404, what="orders removed")
+        wait_for(lambda: follower.call("GET", "/v1/databases/orders").status_code == 404,
+                 timeout=60, what="orders removed")
 
         assert follower.stop() == 0
-        assert _wait(lambda: _holder(kube) in (None, ""), timeout=10, what="lease released on SIGTERM")
+        assert wait_for(lambda: _holder(kube) in (None, ""), timeout=10, what="lease released on SIGTERM")
     finally:
         for replica in replicas.values():
             replica.stop(signal.SIGKILL)
@@ -160,12 +153,14 @@ def test_rotation_keeps_or_ends_the_sessions_of_the_old_password(stack: DevStack
     try:
         replica.wait_ready()
         assert replica.call("PUT", "/v1/databases/rotating").status_code == 201
-        _wait(lambda: replica.call("GET", "/v1/databases/rotating").json()["phase"] == "Ready", what="Ready")
+        wait_for(lambda: replica.call("GET", "/v1/databases/rotating").json()["phase"] == "Ready",
+                 timeout=60, what="Ready")
 
         def rotate(**body) -> dict:
             asked = replica.call("POST", "/v1/databases/rotating/credentials/rotate", json=body or None)
             assert asked.status_code == 202, asked.text
-            _wait(lambda: not replica.call("GET", "/v1/databases/rotating").json()["rotationPending"], what="rotated")
+            wait_for(lambda: not replica.call("GET", "/v1/databases/rotating").json()["rotationPending"],
+                     timeout=60, what="rotated")
             return replica.call("GET", "/v1/databases/rotating/credentials").json()
 
         first = replica.call("GET", "/v1/databases/rotating/credentials").json()
@@ -180,7 +175,8 @@ def test_rotation_keeps_or_ends_the_sessions_of_the_old_password(stack: DevStack
         with psycopg.connect(third["uri"]) as conn:
             assert conn.execute("SELECT current_user").fetchone()[0] == third["user"]
         assert replica.call("DELETE", "/v1/databases/rotating").status_code == 202
-        _wait(lambda: replica.call("GET", "/v1/databases/rotating").status_code == 404, what="rotating removed")
+        wait_for(lambda: replica.call("GET", "/v1/databases/rotating").status_code == 404,
+                 timeout=60, what="rotating removed")
     finally:
         replica.stop(signal.SIGKILL)
     logs = replica.log.read_text()

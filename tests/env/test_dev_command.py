@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import functools
 import os
-import shlex
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import kubernetes
@@ -17,27 +15,8 @@ import psutil
 import psycopg
 import requests
 
-
-def _read_env_file(path: Path) -> dict[str, str]:
-    values = {}
-    for line in path.read_text().splitlines():
-        key, _, value = line.removeprefix("export ").partition("=")
-        values[key] = shlex.split(value)[0]
-    return values
-
-
-def _wait_ready_line(proc: subprocess.Popen, timeout: float) -> str:
-    output = []
-    deadline = time.monotonic() + timeout
-    assert proc.stdout is not None
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        output.append(line)
-        if "Ctrl-C stops everything" in line:
-            break
-    return "".join(output)
+from tests.support.common import wait_for
+from tests.support.dev_command import read_env_file, wait_ready_line
 
 
 def test_dev_runs_the_consumer_flow_and_stops_cleanly(tmp_path: Path) -> None:
@@ -50,11 +29,11 @@ def test_dev_runs_the_consumer_flow_and_stops_cleanly(tmp_path: Path) -> None:
         cwd=Path(__file__).resolve().parents[2],
     )
     try:
-        text = _wait_ready_line(proc, 180)
+        text = wait_ready_line(proc, 180)
         assert "dbprovider dev: ready" in text, text
         env_file = state / "env"
         assert env_file.stat().st_mode & 0o777 == 0o600
-        env = _read_env_file(env_file)
+        env = read_env_file(env_file)
         assert set(env) == {"KUBECONFIG", "DBPROVIDER_API_URL", "DBPROVIDER_CA_FILE", "DBPROVIDER_TOKEN"}
         assert "curl" in text and env["DBPROVIDER_TOKEN"] in text  # the walkthrough prints the token
 
@@ -65,13 +44,9 @@ def test_dev_runs_the_consumer_flow_and_stops_cleanly(tmp_path: Path) -> None:
         base = f"{env['DBPROVIDER_API_URL']}/v1/databases"
         created = session.put(f"{base}/orders", json={"sizeClass": "small"}, timeout=10)
         assert created.status_code == 201, created.text
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            view = session.get(f"{base}/orders", timeout=10).json()
-            if view.get("phase") == "Ready":
-                break
-            time.sleep(0.3)
-        assert view.get("phase") == "Ready", view
+        wait_for(
+            lambda: session.get(f"{base}/orders", timeout=10).json().get("phase") == "Ready", 60, "orders to be Ready"
+        )
         credentials = session.get(f"{base}/orders/credentials", timeout=10).json()
         with psycopg.connect(credentials["uri"]) as conn:
             assert conn.execute("SELECT current_user").fetchone()[0] == credentials["user"]
@@ -79,13 +54,13 @@ def test_dev_runs_the_consumer_flow_and_stops_cleanly(tmp_path: Path) -> None:
         api = kubernetes.config.new_client_from_config(config_file=env["KUBECONFIG"])
         with api:
             objects = kubernetes.client.CustomObjectsApi(api)
-            deadline = time.monotonic() + 30  # the count is written a second after the change
-            while time.monotonic() < deadline:
+
+            def database_count() -> int | None:
                 shard = objects.list_cluster_custom_object("db.bnerd.com", "v1alpha1", "shards")["items"][0]
-                if shard["status"].get("databaseCount") == 1:
-                    break
-                time.sleep(0.3)
-        assert shard["status"].get("databaseCount") == 1
+                return shard["status"].get("databaseCount")
+
+            # The count is written a second after the change.
+            wait_for(lambda: database_count() == 1, 30, "the shard to count the database")
         assert session.delete(f"{base}/orders", timeout=10).status_code == 202
 
         children = psutil.Process(proc.pid).children(recursive=True)

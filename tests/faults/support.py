@@ -10,7 +10,6 @@ lost, orphaned or done twice, and that no replica wrote after it lost the Lease.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
@@ -34,7 +33,7 @@ from domain.constants import ANNOTATION_ROTATE_REQUESTED_AT, LABEL_CONSUMER
 from harness import KubeControlPlane, PostgresServer
 from informers import LEASES, SECRETS, Rest
 from reconciler.resources import CONSUMERS, DATABASES, SHARDS
-from tests.generator.kubeapi import wait_for
+from tests.support.common import b64, decoded, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 RELEASE = "faults"
@@ -214,8 +213,8 @@ class FaultStack:
         self.rest.create(SECRETS, {
             "apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret, "namespace": SHARD_SECRETS_NAMESPACE},
             "data": {
-                "user": base64.b64encode(server.PROVISIONER.encode()).decode(),
-                "password": base64.b64encode(server.provisioner_password.encode()).decode(),
+                "user": b64(server.PROVISIONER),
+                "password": b64(server.provisioner_password),
             },
         }, SHARD_SECRETS_NAMESPACE)
         shard = self.rest.get(SHARDS, SHARD_A)
@@ -421,7 +420,7 @@ def _logs_in(stack: FaultStack, db: dict[str, Any]) -> str | None:
         secret = stack.rest.get(SECRETS, f"{db['metadata']['name']}-credentials", NAMESPACE)
     except ApiException as exc:
         return f"Secret: HTTP {exc.status}"
-    values = {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
+    values = decoded(secret)
     try:
         with psycopg.connect(
             host=values["host"], port=int(values["port"]), user=values["user"], password=values["password"],

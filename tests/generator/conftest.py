@@ -18,7 +18,7 @@ import yaml
 from domain.config import InstallConfig, load_install_config
 from harness.prometheus_operator import crd_paths
 from infra.render import render_manifests, render_prometheus_rule
-from tests.generator.kubeapi import KubeApi, apply_all
+from tests.support.kubeapi import KubeApi, apply_all
 
 RELEASE_NAMESPACE = "gentest-system"
 SHARD_NS_A = "gentest-shards-a"

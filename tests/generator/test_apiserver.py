@@ -21,7 +21,9 @@ from tests.generator.conftest import (
     SHARD_NS_B,
     Installed,
 )
-from tests.generator.kubeapi import TABLE_ACCEPT, KubeApi, wait_for
+from tests.support.common import now_stamp, wait_for
+from tests.support.kubeapi import TABLE_ACCEPT, KubeApi
+from tests.vectors import objects as vectors
 from tests.vectors.hosts import HOST_VECTORS
 from tests.vectors.objects import with_changes
 
@@ -31,30 +33,14 @@ SA_GROUPS = ["system:serviceaccounts", f"system:serviceaccounts:{RELEASE_NAMESPA
 
 
 def shard(name: str, **changes: Any) -> dict[str, Any]:
-    """A valid postgres Shard (the seed's example), with `a__b=value` changes (None deletes the key)."""
-    spec: dict[str, Any] = {
-        "maxDatabases": 200,
-        "perconaCluster": {"namespace": "databases", "name": "pg-shard01"},
-        "admin": {
-            "serviceName": "pg-shard01-primary",
-            "secretRef": {"namespace": SHARD_NS_A, "name": "pg-a-provisioner"},
-        },
-        "client": {"host": "192.0.2.200"},
-    }
-    spec = with_changes(spec, **changes)
-    return {"apiVersion": API_VERSION, "kind": "Shard", "metadata": {"name": name}, "spec": spec}
+    """A valid postgres Shard (the seed's example) whose admin Secret is listed, with `a__b=value` changes."""
+    listed = {"namespace": SHARD_NS_A, "name": "pg-a-provisioner"}
+    return vectors.shard(name, **{"admin__secretRef": listed, **changes})
 
 
 def cloudberry_shard(name: str, **changes: Any) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "engine": "cloudberry",
-        "maxDatabases": 20,
-        "keldonCluster": {"namespace": "analytics", "name": "cluster-demo"},
-        "admin": {"secretRef": {"namespace": RELEASE_NAMESPACE, "name": "local-provisioner"}},
-        "client": {"host": "cb.example.com", "port": 6432},
-    }
-    spec = with_changes(spec, **changes)
-    return {"apiVersion": API_VERSION, "kind": "Shard", "metadata": {"name": name}, "spec": spec}
+    listed = {"namespace": RELEASE_NAMESPACE, "name": "local-provisioner"}
+    return vectors.shard(name, vectors.CLOUDBERRY_SPEC, **{"admin__secretRef": listed, **changes})
 
 
 def consumer(name: str, **changes: Any) -> dict[str, Any]:
@@ -356,7 +342,7 @@ def test_printer_columns_show_what_the_seed_promises(installed: Installed, clean
     for obj in (sh, co, db):
         assert api.create(obj).status == 201
         cleanup(obj)
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = now_stamp()
     ready = {"type": "Ready", "status": "True", "reason": "Ok", "message": "", "lastTransitionTime": now}
     assert api.merge_patch(sh, {"status": {"databaseCount": 12, "conditions": [ready]}}, "status").status == 200
     assert api.merge_patch(co, {"status": {"databaseCount": 3}}, "status").status == 200

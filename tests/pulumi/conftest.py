@@ -20,7 +20,7 @@ import yaml
 
 from harness import KubeControlPlane
 from harness.pulumi import REPO_ROOT, PulumiWorkspace, prometheus_operator_crds
-from tests.generator.kubeapi import KubeApi, apply_all
+from tests.support.kubeapi import KubeApi, apply_all
 
 STACK = "eu-1"  # the stack name of the documented commands
 DB_CONTEXT = "db-eu-1"  # the kubeconfig context the documented `kubernetes:context` names

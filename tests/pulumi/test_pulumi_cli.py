@@ -21,8 +21,8 @@ import yaml
 from domain.constants import API_VERSION
 from harness.pulumi import REPO_ROOT, PulumiWorkspace, output
 from infra.render import object_key
-from tests.generator.kubeapi import KubeApi
 from tests.pulumi.conftest import STACK, Clusters
+from tests.support.kubeapi import KubeApi
 
 # What the test-only wrapper program adds (tests/pulumi/program/__main__.py), and nothing else.
 NODELESS = {"pulumi.com/deletionPropagationPolicy": "background"}

@@ -12,8 +12,8 @@ import pytest
 
 from informers import SECRETS, Rest
 from reconciler.admin import AdminEndpointCache, AdminPolicy, AdminSecretInvalid, parse_shard_spec
-from tests.k8s_objects import b64
 from tests.reconciler.conftest import NAMESPACE
+from tests.support.common import b64
 
 
 class Clock:

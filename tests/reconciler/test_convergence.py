@@ -3,8 +3,6 @@ a client-block change rewrites Secrets without SQL; size classes, drift and resi
 
 from __future__ import annotations
 
-import base64
-
 import pytest
 
 from domain.naming import tenant_name
@@ -14,7 +12,6 @@ from reconciler.credentials import Endpoint, build_secret, new_password
 from reconciler.resources import DATABASES, SHARDS
 from reconciler.sql.session import AdminEndpoint, AdminSession
 from reconciler.sql.tenant import PROVISIONING_STEPS, TenantSpec, read_state
-from tests.generator.kubeapi import wait_for
 from tests.reconciler.conftest import (
     NAMESPACE,
     condition,
@@ -23,6 +20,7 @@ from tests.reconciler.conftest import (
     secret_data,
     tenant_sql,
 )
+from tests.support.common import b64, wait_for
 
 
 @pytest.mark.parametrize("steps_done", range(len(PROVISIONING_STEPS) + 1))
@@ -141,7 +139,7 @@ def test_password_never_in_status_or_events(postgres_pool, fleet, start_manager,
     events = wait_for(our_events, what="the Created and Ready events")  # recorded just after the status
     assert password not in str(db)
     assert password not in str(events)
-    assert base64.b64encode(password.encode()).decode() not in str(events)
+    assert b64(password) not in str(events)
     reasons = {e["reason"] for e in events["items"] if e["involvedObject"]["name"] == name}
     assert {"Created", "Ready"} <= reasons
     messages = [e["message"] for e in events["items"] if e["involvedObject"]["name"] == name]

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import base64
-
 from reconciler.credentials import Endpoint, SecretState, build_secret, classify_secret, endpoint_patch, secret_values
+from tests.support.common import b64
 
 DATABASE = {
     "apiVersion": "db.bnerd.com/v1alpha1",
@@ -48,7 +47,7 @@ def test_endpoint_patch_touches_only_changed_endpoint_keys() -> None:
     patch = endpoint_patch(secret, Endpoint("10.0.0.7", 5432, "verify-full"))
     assert patch == {
         "data": {
-            "host": base64.b64encode(b"10.0.0.7").decode(),
-            "sslmode": base64.b64encode(b"verify-full").decode(),
+            "host": b64("10.0.0.7"),
+            "sslmode": b64("verify-full"),
         }
     }

@@ -9,35 +9,19 @@ import psycopg
 import pytest
 
 from domain.constants import ANNOTATION_DELETE_REQUESTED_AT, ANNOTATION_PASSWORD_ID, ANNOTATION_ROTATE_REQUESTED_AT
-from harness import PostgresServer
 from informers import SECRETS
 from reconciler.resources import DATABASES, SHARDS
-from tests.generator.kubeapi import wait_for
 from tests.reconciler.conftest import (
     NAMESPACE,
-    condition,
     install_config,
     provisioner_statements,
     secret_data,
     tenant_sql,
+    wait_events,
+    wait_for_later_shard_check,
 )
-
-
-def _tenant_exists(server: PostgresServer, tenant: str) -> tuple[bool, bool]:
-    with server.superuser_connection() as su:
-        role = su.execute("SELECT count(*) FROM pg_roles WHERE rolname = %s", (tenant,)).fetchone()[0]
-        db = su.execute("SELECT count(*) FROM pg_database WHERE datname = %s", (tenant,)).fetchone()[0]
-    return bool(role), bool(db)
-
-
-def _events(admin_rest, name: str) -> set[str]:
-    items = admin_rest.request("GET", f"/api/v1/namespaces/{NAMESPACE}/events")["items"]
-    return {e["reason"] for e in items if e["involvedObject"]["name"] == name}
-
-
-def wait_events(admin_rest, name: str, reasons: set[str]) -> None:
-    """Events are sent in the background, right after the reconcile that records them."""
-    wait_for(lambda: reasons <= _events(admin_rest, name), what=f"events {sorted(reasons)} on {name}")
+from tests.support.common import condition, wait_for
+from tests.support.postgres import tenant_exists
 
 
 def test_retention_zero_disables_drops_and_removes_everything(postgres, fleet, start_manager, admin_rest):
@@ -47,7 +31,7 @@ def test_retention_zero_disables_drops_and_removes_everything(postgres, fleet, s
     tenant = fleet.wait_phase(name, "Ready")["status"]["tenantName"]
     fleet.request_delete(name)
     wait_for(lambda: fleet.get_database(name) is None, timeout=60, what=f"{name} removed")
-    assert _tenant_exists(postgres, tenant) == (False, False)
+    assert tenant_exists(postgres, tenant) == (False, False)
     with pytest.raises(kubernetes.client.exceptions.ApiException) as missing:
         admin_rest.get(SECRETS, f"{name}-credentials", NAMESPACE)
     assert missing.value.status == 404
@@ -74,7 +58,7 @@ def test_retention_window_disables_then_recovery_restores_the_same_credentials(
         session.execute("SELECT 1")
     with pytest.raises(psycopg.OperationalError):
         postgres.connect(creds["user"], creds["password"], creds["database"])
-    assert _tenant_exists(postgres, tenant) == (True, True)
+    assert tenant_exists(postgres, tenant) == (True, True)
     first_drop_after = db["status"]["dropAfter"]
 
     # Recovery: remove the annotation before the drop.
@@ -87,7 +71,8 @@ def test_retention_window_disables_then_recovery_restores_the_same_credentials(
     with postgres.connect(creds["user"], creds["password"], creds["database"]) as conn:
         assert conn.execute("SELECT 1").fetchone()[0] == 1
 
-    # Asking again restarts the retention window.
+    # Asking again restarts the retention window. Not a wait for "nothing": the stamps have whole
+    # seconds, so the second request must fall in a later second to move dropAfter.
     time.sleep(1.1)
     fleet.request_delete(name)
     db = fleet.wait_database(name, lambda d: d["status"].get("phase") == "Deleting" and d["status"].get("dropAfter"))
@@ -104,15 +89,17 @@ def test_kubernetes_delete_without_annotation_is_held_without_sql(logged_pg, fle
     db = fleet.wait_database(name, lambda d: (c := condition(d, "DeletionHeld")) and c["status"] == "True")
     assert db["metadata"]["deletionTimestamp"]
     wait_events(admin_rest, name, {"DeletionHeld"})
-    time.sleep(1)
+    # The held pass ended before its Event went out: a Shard health check logged after that shows
+    # the statement log has caught up past the pass.
+    wait_for_later_shard_check(logged_pg)
     statements = provisioner_statements(logged_pg)[before:]
     assert tenant_sql(statements) == [], statements  # not even a catalog read of the tenant
-    assert _tenant_exists(logged_pg, tenant) == (True, True)
+    assert tenant_exists(logged_pg, tenant) == (True, True)
 
     # Adding the delete annotation lets the soft delete proceed (retention 0 here).
     fleet.request_delete(name)
     wait_for(lambda: fleet.get_database(name) is None, timeout=60, what="held database released")
-    assert _tenant_exists(logged_pg, tenant) == (False, False)
+    assert tenant_exists(logged_pg, tenant) == (False, False)
 
 
 def password_id_of(admin_rest, name: str) -> str:
@@ -230,12 +217,12 @@ def test_short_retention_drops_after_the_window_even_across_a_restart(postgres_p
     tenant = fleet.wait_phase(name, "Ready")["status"]["tenantName"]
     fleet.request_delete(name)
     db = fleet.wait_database(name, lambda d: (c := condition(d, "TenantDisabled")) and c["status"] == "True")
-    assert _tenant_exists(pg, tenant) == (True, True)  # disabled, not dropped: the window is open
+    assert tenant_exists(pg, tenant) == (True, True)  # disabled, not dropped: the window is open
     # The leader goes away between disable and drop; the next one picks up where it stopped.
     manager.stop()
     start_manager(config)
     wait_for(lambda: fleet.get_database(name) is None, timeout=60, what="dropped after the window")
-    assert _tenant_exists(pg, tenant) == (False, False)
+    assert tenant_exists(pg, tenant) == (False, False)
     assert db["status"]["dropAfter"]
 
 
@@ -244,7 +231,7 @@ def test_emptied_drained_shard_may_be_deleted_under_deletion_protection(
 ):
     """With deletion protection on, the policy refuses the delete until the last database is gone."""
     from infra.render import render_manifests
-    from tests.generator.kubeapi import KubeApi
+    from tests.support.kubeapi import KubeApi
 
     policy_objects = [
         m

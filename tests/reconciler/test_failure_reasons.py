@@ -11,7 +11,6 @@ where the pre-16 dialect runs other statements (membership grants on create and 
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,24 +24,21 @@ from psycopg import sql
 from domain.constants import ANNOTATION_DELETE_REQUESTED_AT, ANNOTATION_ROTATE_REQUESTED_AT, FINALIZER_TENANT
 from domain.naming import tenant_name
 from harness import PostgresServer
-from informers import SECRETS, Informer, Rest
-from reconciler.database_controller import DatabaseController
-from reconciler.events import EventRecorder
+from informers import SECRETS, Rest
 from reconciler.resources import DATABASES, SHARDS
-from tests.conftest import PG_FLAVORS, PostgresPool
-from tests.generator.kubeapi import wait_for
-from tests.k8s_objects import b64
 from tests.reconciler.conftest import (
     NAMESPACE,
     SHARD_SECRETS_NAMESPACE,
     Fleet,
     condition,
+    controller_parts,
     install_config,
     provisioner_statements,
     secret_data,
     tenant_sql,
 )
-from tests.sql.helpers import drop_as_superuser, login_role
+from tests.support.common import b64, now_stamp, wait_for
+from tests.support.postgres import PG_FLAVORS, PostgresPool, drop_as_superuser, login_role, tenant_exists
 
 DIALECT_FLAVORS = [f for f in ("18", "15") if f in PG_FLAVORS]
 KEEP = "rectest.example.com/keep"  # another party's finalizer: keeps a finished Database readable
@@ -140,14 +136,6 @@ def password_of(admin_rest: Rest, name: str) -> str:
     return secret_data(admin_rest, f"{name}-credentials")["password"]
 
 
-def catalog(server: PostgresServer, tenant: str) -> tuple[bool, bool]:
-    """(role exists, database exists) as the superuser sees it."""
-    with server.superuser_connection() as su:
-        role = su.execute("SELECT count(*) FROM pg_roles WHERE rolname = %s", (tenant,)).fetchone()[0]
-        db = su.execute("SELECT count(*) FROM pg_database WHERE datname = %s", (tenant,)).fetchone()[0]
-    return bool(role), bool(db)
-
-
 def keep_object(admin_rest: Rest, name: str) -> None:
     """Add another party's finalizer, so the object (and its status) stays after the provider is done."""
     db = admin_rest.get(DATABASES, name, NAMESPACE)
@@ -233,7 +221,7 @@ def test_ensure_failed_when_a_foreign_role_has_the_tenant_name(pg18, fleet, star
     assert_warning(admin_rest, db, ready, password_of(admin_rest, name), pg18.provisioner_password)
     with pg18.superuser_connection() as su:
         row = su.execute("SELECT rolconnlimit FROM pg_roles WHERE rolname = %s", (tenant,)).fetchone()
-    assert row == (1,) and catalog(pg18, tenant) == (True, False)  # the foreign role is untouched
+    assert row == (1,) and tenant_exists(pg18, tenant) == (True, False)  # the foreign role is untouched
 
 
 # -- credentials -----------------------------------------------------------------------------------
@@ -260,7 +248,7 @@ def test_credentials_secret_conflict_when_a_foreign_secret_has_the_name(
     assert_warning(admin_rest, db, ready, "someone-elses-password")
     after = admin_rest.get(SECRETS, f"{name}-credentials", NAMESPACE)
     assert after["metadata"]["resourceVersion"] == created["metadata"]["resourceVersion"]  # never overwritten
-    assert catalog(pg18, db["status"]["tenantName"]) == (False, False)  # no SQL without its own Secret
+    assert tenant_exists(pg18, db["status"]["tenantName"]) == (False, False)  # no SQL without its own Secret
 
 
 def test_credentials_secret_conflict_when_the_secret_no_longer_matches(pg18, fleet, start_manager, admin_rest, tenants):
@@ -432,7 +420,7 @@ def test_disable_failed_while_an_open_transaction_holds_the_role(pg18, fleet, st
     assert condition(db, "Ready")["reason"] == "Deleting"
     with pytest.raises(psycopg.OperationalError):
         pg18.connect(tenant, password, tenant)
-    assert catalog(pg18, tenant) == (True, True)
+    assert tenant_exists(pg18, tenant) == (True, True)
 
 
 def test_drop_failed_while_a_session_holds_the_database_then_tenant_dropped(
@@ -457,7 +445,7 @@ def test_drop_failed_while_a_session_holds_the_database_then_tenant_dropped(
         assert condition(db, "TenantDropped") is None
         assert_warning(admin_rest, db, ready, password, dialect_pg.provisioner_password)
         assert manager.errors("database", "DropFailed") >= 1
-        assert catalog(dialect_pg, tenant) == (True, True)
+        assert tenant_exists(dialect_pg, tenant) == (True, True)
         assert FINALIZER_TENANT in db["metadata"]["finalizers"]  # held until the drop is done
     finally:
         dba.close()
@@ -465,7 +453,7 @@ def test_drop_failed_while_a_session_holds_the_database_then_tenant_dropped(
     # The session ends: the retry drops database and role.
     db = fleet.wait_database(name, lambda d: (condition(d, "TenantDropped") or {}).get("status") == "True", 90)
     assert db["status"]["phase"] == "Deleted"
-    assert catalog(dialect_pg, tenant) == (False, False)
+    assert tenant_exists(dialect_pg, tenant) == (False, False)
     dropped = event_about(admin_rest, db, "Dropped")
     assert dropped["type"] == "Normal"
     # Then the provider lets go: its finalizer removed, the object deleted (only KEEP still holds it).
@@ -518,7 +506,7 @@ def test_finishing_a_delete_that_another_replica_finished_is_no_error(fleet, pro
     seen yet: removing the finalizer gets 404, which means done, not a reconcile error."""
     name = fleet.database("finished-elsewhere")
     key = f"{NAMESPACE}/{name}"
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    stamp = now_stamp()
     admin_rest.patch(
         DATABASES,
         name,
@@ -530,22 +518,13 @@ def test_finishing_a_delete_that_another_replica_finished_is_no_error(fleet, pro
     status = {"shard": "rectest-elsewhere", "tenantName": "t_elsewhere", "phase": "Deleted", "conditions": [dropped]}
     admin_rest.patch(DATABASES, name, {"status": status}, NAMESPACE, subresource="status")
 
-    rest = Rest(provider_client)
-    shards = Informer(rest, SHARDS).start()
-    databases = Informer(rest, DATABASES, NAMESPACE).start()
-    secrets = Informer(rest, SECRETS, NAMESPACE).start()
-    events = EventRecorder(rest, "test")
-    try:
+    with controller_parts(provider_client) as parts:
+        databases = parts.databases
         wait_for(lambda: (databases.get(key) or {}).get("status", {}).get("phase") == "Deleted", what="cached")
         databases.stop()  # the removal below never reaches this cache
         admin_rest.patch(DATABASES, name, {"metadata": {"finalizers": None}}, NAMESPACE)
         admin_rest.delete(DATABASES, name, NAMESPACE)
         wait_for(lambda: fleet.get_database(name) is None, what="the database removed")
-        controller = DatabaseController(rest, install_config(), NAMESPACE, databases, shards, secrets, events,
-                                        admin_host_override="127.0.0.1")
+        controller = parts.controller()
 
         assert controller.reconcile(key) is None  # no exception: no error counted, no retry
-    finally:
-        events.close()
-        for informer in (shards, databases, secrets):
-            informer.stop()

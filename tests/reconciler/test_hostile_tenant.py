@@ -16,10 +16,9 @@ from domain.constants import ANNOTATION_ROTATE_END_SESSIONS, ANNOTATION_ROTATE_R
 from harness import PostgresServer
 from informers import SECRETS
 from reconciler.resources import DATABASES
-from tests.generator.kubeapi import wait_for
-from tests.reconciler.conftest import NAMESPACE, condition, install_config, provisioner_statements, secret_data
-from tests.reconciler.test_deletion import _tenant_exists, wait_events
-from tests.sql.helpers import is_alive
+from tests.reconciler.conftest import NAMESPACE, install_config, provisioner_statements, secret_data, wait_events
+from tests.support.common import condition, wait_for
+from tests.support.postgres import is_alive, tenant_exists
 
 
 def _creds(admin_rest, name: str) -> dict[str, str]:
@@ -84,7 +83,7 @@ def test_a_tenant_holding_locks_cannot_stop_its_disable_or_drop(postgres, fleet,
         assert db["status"]["phase"] == "Deleting"
         assert not is_alive(held)
     wait_for(lambda: fleet.get_database(name) is None, timeout=60, what=f"{name} dropped and removed")
-    assert _tenant_exists(postgres, tenant) == (False, False)
+    assert tenant_exists(postgres, tenant) == (False, False)
     wait_events(admin_rest, name, {"Disabled", "Dropped"})
     assert manager.errors("database", "DisableFailed") == 0
     assert manager.errors("database", "DropFailed") == 0
@@ -144,7 +143,7 @@ def test_restore_refuses_another_consumers_tenant(logged_pg, fleet, start_manage
     # Deleting the refused Database drops nothing.
     fleet.request_delete(thief)
     wait_for(lambda: fleet.get_database(thief) is None, what="refused Database removed")
-    assert _tenant_exists(logged_pg, status["tenantName"]) == (True, True)
+    assert tenant_exists(logged_pg, status["tenantName"]) == (True, True)
 
 
 def test_restore_is_refused_while_the_owning_database_is_held(postgres, fleet, start_manager, admin_rest):

@@ -7,34 +7,24 @@ apiserver and PostgreSQL 18 with its statement log.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
-from informers import SECRETS, Informer, Rest
-from reconciler.database_controller import DatabaseController
-from reconciler.events import EventRecorder
-from reconciler.resources import DATABASES, SHARDS
-from tests.generator.kubeapi import wait_for
-from tests.reconciler.conftest import NAMESPACE, install_config, provisioner_statements
+from reconciler.resources import SHARDS
+from tests.reconciler.conftest import NAMESPACE, controller_parts, provisioner_statements
+from tests.support.common import now_stamp, wait_for
 
 
 def test_a_pass_on_a_lagging_cache_runs_no_sql_and_writes_nothing(logged_pg, fleet, provider_client, admin_rest):
     shard = fleet.shard(logged_pg)
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = now_stamp()
     ready = {"type": "Ready", "status": "True", "reason": "Ok", "message": "test", "lastTransitionTime": now}
     admin_rest.patch(SHARDS, shard, {"status": {"conditions": [ready]}}, subresource="status")
     name = fleet.database("lagging")
     key = f"{NAMESPACE}/{name}"
 
-    rest = Rest(provider_client)
-    shards = Informer(rest, SHARDS).start()
-    databases = Informer(rest, DATABASES, NAMESPACE).start()
-    secrets = Informer(rest, SECRETS, NAMESPACE).start()
-    events = EventRecorder(rest, "test")
-    try:
+    with controller_parts(provider_client) as parts:
+        shards, databases, secrets = parts.shards, parts.databases, parts.secrets
         wait_for(lambda: (shards.get(shard) or {}).get("status", {}).get("conditions"), what="the Ready shard cached")
         wait_for(lambda: databases.get(key), what="the database cached")
-        controller = DatabaseController(rest, install_config(), NAMESPACE, databases, shards, secrets, events,
-                                        admin_host_override="127.0.0.1")
+        controller = parts.controller()
         databases.stop()  # from here on, the cache shows the database as created, never the writes
 
         assert controller.reconcile(key) is None  # places, writes the Secret, provisions: Ready
@@ -51,7 +41,3 @@ def test_a_pass_on_a_lagging_cache_runs_no_sql_and_writes_nothing(logged_pg, fle
         after = fleet.get_database(name)
         assert after["metadata"]["resourceVersion"] == ready_db["metadata"]["resourceVersion"]  # nothing written
         assert after["status"]["shard"] == shard
-    finally:
-        events.close()
-        for informer in (shards, databases, secrets):
-            informer.stop()

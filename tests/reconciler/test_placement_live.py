@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import Counter
 
 from reconciler.resources import SHARDS
-from tests.generator.kubeapi import wait_for
 from tests.reconciler.conftest import condition
+from tests.support.common import wait_for
 
 
 def _wait_ready(fleet, *names: str) -> None:

@@ -19,10 +19,9 @@ from api.auth import AuthState
 from harness import PostgresServer
 from informers import SECRETS, Rest
 from reconciler.resources import CONSUMERS
-from tests.generator.kubeapi import wait_for
-from tests.in_process_manager import InProcessManager
-from tests.k8s_objects import b64, condition
 from tests.reconciler.conftest import BASE_CONFIG, NAMESPACE, install_config
+from tests.support.common import b64, condition, wait_for
+from tests.support.in_process_manager import InProcessManager
 
 
 class Objects:

@@ -15,9 +15,9 @@ import pytest
 
 from harness import PostgresServer
 from informers import SECRETS, Rest
-from tests.hostile_postgres import CLEARTEXT, MD5, HostilePostgres
-from tests.k8s_objects import b64, condition
 from tests.reconciler.conftest import BASE_CONFIG, NAMESPACE, SHARD_SECRETS_NAMESPACE, install_config
+from tests.reconciler.hostile_postgres import CLEARTEXT, MD5, HostilePostgres
+from tests.support.common import b64, condition
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import pytest
 
 from harness import PostgresServer
 from harness.certs import CertificateAuthority
-from tests.k8s_objects import condition
+from tests.support.common import condition
 
 TLS_FAILED = "check failed: tls_failed"
 

@@ -22,7 +22,7 @@ def _ready(fleet, name: str, reason: str, timeout: float = 30):
         ready = condition(shard, "Ready")
         return ready is not None and ready["reason"] == reason
 
-    from tests.generator.kubeapi import wait_for
+    from tests.support.common import wait_for
 
     return wait_for(lambda: (s := fleet.get_shard(name)) and check(s) and s, timeout=timeout, what=f"{name} {reason}")
 
@@ -106,6 +106,6 @@ def test_database_count_follows_placements(pg16, fleet, start_manager):
     dbs = [fleet.database(f"count-{i}") for i in range(3)]
     for db in dbs:
         fleet.wait_phase(db, "Ready")
-    from tests.generator.kubeapi import wait_for
+    from tests.support.common import wait_for
 
     wait_for(lambda: fleet.get_shard(name)["status"].get("databaseCount") == 3, what="databaseCount 3")

@@ -8,7 +8,8 @@ import pytest
 
 from harness import KubeControlPlane
 from informers import Rest
-from tests.runtime.support import ensure_crd, unique
+from tests.runtime.support import ensure_crd
+from tests.support.common import unique
 
 
 @pytest.fixture(scope="session")

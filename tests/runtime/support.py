@@ -1,15 +1,12 @@
-"""Helpers for the runtime suite: polling, names, a small CRD of our own."""
+"""Helpers for the runtime suite: a small CRD of our own, objects, an event recorder."""
 
 from __future__ import annotations
 
-import secrets
-import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from informers import Resource, Rest
-
-T = TypeVar("T")
+from reconciler.runtime import LeaderElector
+from tests.support.common import wait_for
 
 GROUP = "runtime-test.dbprovider.example"
 WIDGETS = Resource(GROUP, "v1", "widgets")
@@ -43,22 +40,6 @@ CRD = {
     },
 }
 CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
-
-
-def wait_for(condition: Callable[[], T], timeout: float = 10.0, interval: float = 0.02, what: str = "") -> T:
-    """Poll `condition` until it returns something truthy (returned); fail after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
-        time.sleep(interval)
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{secrets.token_hex(3)}"
 
 
 def ensure_crd(rest: Rest) -> None:
@@ -128,3 +109,26 @@ class Recorder:
     def snapshot(self) -> list[tuple[str, str, str | None]]:
         with self._lock:
             return list(self.events)
+
+
+def follower_sees_renewals(
+    leader: LeaderElector, follower: LeaderElector, renewals: int, *, old_uid: str | None = None, timeout: float = 30
+) -> None:
+    """Wait until `follower` has read `renewals` renewals of the Lease by `leader`, checking at every
+    poll that the leader leads and the follower does not.
+
+    The positive signal that the follower was trying all along (it reads the Lease on every
+    attempt) and left a live lease alone. With `old_uid`, only renewals of a Lease created again
+    after that one count.
+    """
+    seen: set[str] = set()
+
+    def enough() -> bool:
+        assert (leader.is_leading(), follower.is_leading()) == (True, False)
+        lease = follower._lease or {}  # the Lease as the follower last read it
+        spec = lease.get("spec") or {}
+        if spec.get("holderIdentity") == leader.identity and lease["metadata"]["uid"] != old_uid:
+            seen.add(spec["renewTime"])
+        return len(seen) >= renewals
+
+    wait_for(enough, timeout, f"{follower.identity} to see {renewals} renewals by {leader.identity}")

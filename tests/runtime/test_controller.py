@@ -24,7 +24,8 @@ from reconciler.runtime import (
     WorkQueue,
     ensure_active,
 )
-from tests.runtime.support import configmap, wait_for
+from tests.runtime.support import configmap
+from tests.support.common import wait_for
 
 FAST = (0.05, 0.4)  # backoff base and cap for tests (production: 1 s and 5 min)
 
@@ -65,6 +66,12 @@ class Harness:
             "dbprovider_reconcile_conflicts_total", {"controller": controller}
         )
         return value or 0.0
+
+    @staticmethod
+    def busy(controller: Controller) -> bool:
+        """Whether a key is queued, waiting for its backoff or being reconciled."""
+        queue = controller.queue
+        return bool(len(queue) or queue.pending() or queue.processing())
 
     def close(self) -> None:
         for controller in self.controllers:
@@ -113,7 +120,8 @@ def test_failures_back_off_exponentially_and_are_counted_by_reason(
     assert env.errors("failing", reason) == 3
     assert env.conflicts("failing") == 0
     assert controller.queue.num_requeues(key) == 0  # success forgot the backoff
-    time.sleep(0.3)  # nothing is pending: no further attempts
+    # Nothing queued, delayed or in flight: no further attempt can come (no event will either).
+    wait_for(lambda: not env.busy(controller), what="the queue to be idle")
     assert len(attempts) == 4
 
 
@@ -224,9 +232,7 @@ def test_one_key_is_never_reconciled_twice_at_once_while_keys_run_in_parallel(en
     for i in range(5):
         env.rest.patch(CONFIGMAPS, "hot", {"data": {"v": str(i + 1)}}, env.namespace)
         controller.enqueue(keys[0])
-    wait_for(
-        lambda: runs[keys[0]] >= 2 and controller.queue.processing() == 0 and len(controller.queue) == 0, timeout=10
-    )
+    wait_for(lambda: runs[keys[0]] >= 2 and not env.busy(controller), timeout=10)
 
     assert all(peak == 1 for peak in peak_per_key.values()), dict(peak_per_key)
     assert peak_total >= 3  # different keys did run side by side
@@ -274,14 +280,22 @@ def test_stop_finishes_in_flight_reconciles_then_returns_and_runs_nothing_new(en
     controller.start()
     assert entered.wait(5)
     stopped = threading.Event()
-    stopper = threading.Thread(target=lambda: (controller.stop(), stopped.set()))
+    at_return: list[str] = []  # what the in-flight reconcile had done when stop() returned
+
+    def stop() -> None:
+        controller.stop()
+        at_return.extend(outcomes)
+        stopped.set()
+
+    stopper = threading.Thread(target=stop)
     stopper.start()
     wait_for(lambda: not controller.active())
-    assert not stopped.wait(0.2), "stop() must wait for the in-flight reconcile"
+    ensure_active()  # the guard is per worker: outside one (the API, this test) writes go on while it stops
     env.create("after-stop")
     release.set()
     assert stopped.wait(5)
     stopper.join()
+    assert at_return == ["refused"], "stop() must wait for the in-flight reconcile"
     assert outcomes == ["refused"]
     assert keys_seen == [f"{env.namespace}/slow"]
     assert env.errors("stopping", "Other") == 0
@@ -298,10 +312,6 @@ def test_a_restarted_controller_reconciles_every_object_again(env: Harness) -> N
     seen.clear()
     controller.start()
     wait_for(lambda: set(seen) == keys | {f"{env.namespace}/while-stopped"})
-
-
-def test_ensure_active_is_a_no_op_outside_workers() -> None:
-    ensure_active()
 
 
 # -- leadership blips ----------------------------------------------------------------------------
@@ -328,7 +338,8 @@ def test_a_leadership_blip_loses_no_key(env: Harness) -> None:
     controller.start()
     assert blipped.wait(5)
     second = env.create("second")  # arrives while not leading: held, not dropped
-    time.sleep(0.3)
+    # Both workers hold a key (the cut-short one again, and the new one), waiting for the guard.
+    wait_for(lambda: controller.queue.processing() == 2, what="both keys held by the workers")
     assert done == [] and controller.running
     leading.set()  # the late renewal succeeded
     wait_for(lambda: sorted(done) == sorted([first, second]), what="both keys reconciled after the blip")

@@ -13,7 +13,8 @@ from kubernetes.client.exceptions import ApiException
 from domain.settings import Backoff
 from harness import KubeControlPlane
 from informers import ADDED, CONFIGMAPS, DELETED, MODIFIED, Informer, Rest, SharedInformers
-from tests.runtime.support import WIDGETS, Recorder, configmap, unique, wait_for, widget
+from tests.runtime.support import WIDGETS, Recorder, configmap, widget
+from tests.support.common import unique, wait_for
 
 
 def _server_state(rest: Rest, namespace: str) -> dict[str, str]:

@@ -19,7 +19,8 @@ import pytest
 from harness import KubeControlPlane
 from informers import LEASES, Rest
 from reconciler.runtime import LeaderElector
-from tests.runtime.support import unique, wait_for
+from tests.runtime.support import follower_sees_renewals
+from tests.support.common import unique, wait_for
 
 LEASE, RENEW, RETRY = 2.0, 1.5, 0.25
 REPO = Path(__file__).resolve().parents[2]
@@ -68,21 +69,26 @@ def _elector(rest: Rest, namespace: str, name: str, identity: str, timeline: Tim
     )
 
 
-def test_only_one_leads_and_a_graceful_stop_hands_over_well_within_the_lease_duration(
-    admin_rest: Rest, namespace: str, electors: list[LeaderElector]
-) -> None:
+def _leader_and_follower(
+    rest: Rest, namespace: str, electors: list[LeaderElector]
+) -> tuple[Timeline, LeaderElector, LeaderElector]:
+    """replica-a, leading the Lease "lock", and replica-b, started after it: (timeline, a, b)."""
     timeline = Timeline()
-    a = _elector(admin_rest, namespace, "lock", "replica-a", timeline)
-    b = _elector(admin_rest, namespace, "lock", "replica-b", timeline)
+    a = _elector(rest, namespace, "lock", "replica-a", timeline)
+    b = _elector(rest, namespace, "lock", "replica-b", timeline)
     electors.extend([a, b])
     a.start()
     assert a.wait_until_leading(10)
     b.start()
-    # Across several renew periods, exactly one leads.
-    deadline = time.monotonic() + 3 * RETRY * 4
-    while time.monotonic() < deadline:
-        assert (a.is_leading(), b.is_leading()) == (True, False)
-        time.sleep(RETRY / 2)
+    return timeline, a, b
+
+
+def test_only_one_leads_and_a_graceful_stop_hands_over_well_within_the_lease_duration(
+    admin_rest: Rest, namespace: str, electors: list[LeaderElector]
+) -> None:
+    timeline, a, b = _leader_and_follower(admin_rest, namespace, electors)
+    # Across several renewals, exactly one leads.
+    follower_sees_renewals(a, b, 4)
     lease = admin_rest.get(LEASES, "lock", namespace)
     assert lease["spec"]["holderIdentity"] == "replica-a"
     assert lease["spec"]["leaseDurationSeconds"] == 2
@@ -174,21 +180,14 @@ def test_a_deleted_lease_is_recreated_by_its_leader_and_the_follower_does_not_ju
 ) -> None:
     """Seeing the Lease gone, a follower that saw it held waits for that lease to run out (the
     leader may still be leading until its next renewal); the leader re-creates it meanwhile."""
-    timeline = Timeline()
-    a = _elector(admin_rest, namespace, "lock", "replica-a", timeline)
-    b = _elector(admin_rest, namespace, "lock", "replica-b", timeline)
-    electors.extend([a, b])
-    a.start()
-    assert a.wait_until_leading(10)
-    b.start()
+    timeline, a, b = _leader_and_follower(admin_rest, namespace, electors)
     wait_for(lambda: b._observed_spec is not None, what="the follower to see the lease")
+    old_uid = admin_rest.get(LEASES, "lock", namespace)["metadata"]["uid"]
     admin_rest.delete(LEASES, "lock", namespace)
     wait_for(lambda: _holder(admin_rest, namespace) is not None, timeout=LEASE + 2, what="a new lease")
     assert _holder(admin_rest, namespace) == "replica-a"
-    deadline = time.monotonic() + LEASE + 2 * RETRY  # past the point where b could have taken over
-    while time.monotonic() < deadline:
-        assert a.is_leading() and not b.is_leading()
-        time.sleep(RETRY / 2)
+    # Once b has read the new Lease renewed by a, its wait starts again: it can no longer jump in.
+    follower_sees_renewals(a, b, 3, old_uid=old_uid)
     assert timeline.of("replica-b", "start") == [] and timeline.of("replica-a", "stop") == []
 
 

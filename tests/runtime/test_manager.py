@@ -14,7 +14,8 @@ import pytest
 from harness import KubeControlPlane
 from informers import CONFIGMAPS, LEASES, Resource, Rest
 from reconciler.runtime import Controller, ControllerManager, Result
-from tests.runtime.support import configmap, unique, wait_for
+from tests.runtime.support import configmap, follower_sees_renewals
+from tests.support.common import unique, wait_for
 
 LEASE, RENEW, RETRY = 2.0, 1.5, 0.25
 
@@ -108,8 +109,8 @@ def test_both_replicas_sync_their_informers_but_only_the_leader_reconciles(
     wait_for(lambda: len(a.reconcile_times()) >= 3, what="the leader to reconcile")
     b.manager.start()
     assert b.configmaps.has_synced() and len(b.configmaps) == 3  # the API on B reads these
-    time.sleep(3 * RETRY)  # several renew periods: B must stay idle the whole time
-    assert a.manager.is_leading() and not b.manager.is_leading()
+    assert a.manager.elector is not None and b.manager.elector is not None
+    follower_sees_renewals(a.manager.elector, b.manager.elector, 3)  # B tried, saw A's live lease, stayed idle
     assert b.reconcile_times() == [] and not b.controller.running
     keys = {key for _, key in a.reconciles}
     assert keys == {f"{namespace}/obj-{i}" for i in range(3)}
@@ -139,7 +140,9 @@ def test_a_leader_that_cannot_renew_stops_reconciling_before_the_other_starts(
     a_last = max(a.reconcile_times())
     assert a_last <= a_stopped_at  # nothing reconciled by A once it stopped
     assert a_last < min(b.reconcile_times())  # and never both at once
-    time.sleep(4 * 0.05)
+    # B's requeues (every 0.05 s) mark the time passing: several of them, and still nothing from A.
+    later = len(b.reconcile_times()) + 4
+    wait_for(lambda: len(b.reconcile_times()) >= later, what="B to reconcile on")
     assert max(a.reconcile_times()) == a_last
     assert a.configmaps.has_synced()  # A's informers (and its API) keep serving
     assert b.after_stops == 0

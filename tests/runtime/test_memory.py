@@ -14,7 +14,8 @@ from pathlib import Path
 
 from harness import KubeControlPlane
 from informers import Rest
-from tests.runtime.support import GROUP, WIDGETS, unique
+from tests.runtime.support import GROUP, WIDGETS
+from tests.support.common import unique
 
 COUNT = 10_000
 REPO = Path(__file__).resolve().parents[2]

@@ -15,7 +15,8 @@ from reconciler.runtime import (
     WorkQueue,
     start_metrics_server,
 )
-from tests.runtime.support import configmap, wait_for
+from tests.runtime.support import configmap
+from tests.support.common import wait_for
 
 
 def _scrape(port: int) -> str:

@@ -10,27 +10,17 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from informers import Rest
-from reconciler.runtime import (
-    Controller,
-    Result,
-    RuntimeMetrics,
-    get_condition,
-    is_condition_true,
-    merge_patch,
-    patch_status,
-    remove_condition,
-    set_condition,
-    update_status,
-)
+from reconciler import runtime
 from reconciler.runtime.status import replace_status
-from tests.runtime.support import WIDGETS, wait_for, widget
+from tests.runtime.support import WIDGETS, widget
+from tests.support.common import wait_for
 
 # -- conditions (pure) -------------------------------------------------------------------------------
 
 
 def test_set_condition_adds_a_new_condition() -> None:
     conditions: list[dict] = []
-    assert set_condition(conditions, "Ready", False, "Provisioning", "placed", 3, now="T1")
+    assert runtime.set_condition(conditions, "Ready", False, "Provisioning", "placed", 3, now="T1")
     assert conditions == [
         {
             "type": "Ready",
@@ -45,32 +35,32 @@ def test_set_condition_adds_a_new_condition() -> None:
 
 def test_set_condition_keeps_the_transition_time_unless_the_status_changes() -> None:
     conditions: list[dict] = []
-    set_condition(conditions, "Ready", "False", "Provisioning", "placed", 1, now="T1")
-    assert set_condition(conditions, "Ready", "False", "AdminUnavailable", "timeout", 2, now="T2")
-    assert get_condition(conditions, "Ready")["lastTransitionTime"] == "T1"
-    assert get_condition(conditions, "Ready")["reason"] == "AdminUnavailable"
-    assert get_condition(conditions, "Ready")["observedGeneration"] == 2
-    assert set_condition(conditions, "Ready", True, "Provisioned", "", 2, now="T3")
-    assert get_condition(conditions, "Ready")["lastTransitionTime"] == "T3"
-    assert is_condition_true(conditions, "Ready")
+    runtime.set_condition(conditions, "Ready", "False", "Provisioning", "placed", 1, now="T1")
+    assert runtime.set_condition(conditions, "Ready", "False", "AdminUnavailable", "timeout", 2, now="T2")
+    assert runtime.get_condition(conditions, "Ready")["lastTransitionTime"] == "T1"
+    assert runtime.get_condition(conditions, "Ready")["reason"] == "AdminUnavailable"
+    assert runtime.get_condition(conditions, "Ready")["observedGeneration"] == 2
+    assert runtime.set_condition(conditions, "Ready", True, "Provisioned", "", 2, now="T3")
+    assert runtime.get_condition(conditions, "Ready")["lastTransitionTime"] == "T3"
+    assert runtime.is_condition_true(conditions, "Ready")
 
 
 def test_set_condition_reports_no_change_when_nothing_changed() -> None:
     conditions: list[dict] = []
-    set_condition(conditions, "Ready", True, "Ok", "", 4, now="T1")
+    runtime.set_condition(conditions, "Ready", True, "Ok", "", 4, now="T1")
     before = copy.deepcopy(conditions)
-    assert not set_condition(conditions, "Ready", "True", "Ok", "", 4, now="T9")
+    assert not runtime.set_condition(conditions, "Ready", "True", "Ok", "", 4, now="T9")
     assert conditions == before
 
 
 def test_set_condition_rejects_an_invalid_status_and_remove_condition_removes() -> None:
     conditions: list[dict] = []
     with pytest.raises(ValueError):
-        set_condition(conditions, "Ready", "yes", "Ok", "", 1)
-    set_condition(conditions, "Unreachable", True, "Unreachable", "dns", 1)
-    assert remove_condition(conditions, "Unreachable") and conditions == []
-    assert not remove_condition(conditions, "Unreachable")
-    assert not is_condition_true(None, "Ready") and get_condition(None, "Ready") is None
+        runtime.set_condition(conditions, "Ready", "yes", "Ok", "", 1)
+    runtime.set_condition(conditions, "Unreachable", True, "Unreachable", "dns", 1)
+    assert runtime.remove_condition(conditions, "Unreachable") and conditions == []
+    assert not runtime.remove_condition(conditions, "Unreachable")
+    assert not runtime.is_condition_true(None, "Ready") and runtime.get_condition(None, "Ready") is None
 
 
 @pytest.mark.parametrize(
@@ -86,7 +76,7 @@ def test_set_condition_rejects_an_invalid_status_and_remove_condition_removes() 
     ids=["equal", "scalar", "removed", "nested", "list-whole", "new-object"],
 )
 def test_merge_patch_is_the_minimal_rfc7386_difference(old: dict, new: dict, patch: dict) -> None:
-    assert merge_patch(old, new) == patch
+    assert runtime.merge_patch(old, new) == patch
 
 
 # -- writing through the status subresource ------------------------------------------------------------
@@ -100,32 +90,32 @@ def created(admin_rest: Rest, namespace: str, widgets_crd: None) -> dict:
 def _desired(obj: dict, ready: bool, reason: str) -> dict:
     status = copy.deepcopy(obj.get("status") or {})
     conditions = status.setdefault("conditions", [])
-    set_condition(conditions, "Ready", ready, reason, "", obj["metadata"]["generation"])
+    runtime.set_condition(conditions, "Ready", ready, reason, "", obj["metadata"]["generation"])
     status["phase"] = "Ready" if ready else "Provisioning"
     return status
 
 
 def test_update_status_writes_the_difference_and_nothing_when_unchanged(admin_rest: Rest, created: dict) -> None:
-    written = update_status(admin_rest, WIDGETS, created, _desired(created, False, "Provisioning"))
+    written = runtime.update_status(admin_rest, WIDGETS, created, _desired(created, False, "Provisioning"))
     assert written is not None and written["status"]["phase"] == "Provisioning"
     assert written["spec"] == {"size": "small"}
     rv = written["metadata"]["resourceVersion"]
 
-    assert update_status(admin_rest, WIDGETS, written, _desired(written, False, "Provisioning")) is None
+    assert runtime.update_status(admin_rest, WIDGETS, written, _desired(written, False, "Provisioning")) is None
     assert admin_rest.get(WIDGETS, "w", created["metadata"]["namespace"])["metadata"]["resourceVersion"] == rv
 
-    ready = update_status(admin_rest, WIDGETS, written, _desired(written, True, "Provisioned"))
-    assert ready is not None and is_condition_true(ready["status"]["conditions"], "Ready")
+    ready = runtime.update_status(admin_rest, WIDGETS, written, _desired(written, True, "Provisioned"))
+    assert ready is not None and runtime.is_condition_true(ready["status"]["conditions"], "Ready")
 
 
 def test_a_status_write_from_a_stale_read_is_a_conflict(admin_rest: Rest, created: dict) -> None:
     namespace = created["metadata"]["namespace"]
     admin_rest.patch(WIDGETS, "w", {"status": {"note": "someone else"}}, namespace, subresource="status")
     with pytest.raises(ApiException) as caught:
-        update_status(admin_rest, WIDGETS, created, _desired(created, True, "Provisioned"))
+        runtime.update_status(admin_rest, WIDGETS, created, _desired(created, True, "Provisioned"))
     assert caught.value.status == 409
     # Unconditional writes are possible on purpose (fields nobody else writes).
-    patch_status(admin_rest, WIDGETS, "w", {"phase": "Ready"}, namespace=namespace, resource_version=None)
+    runtime.patch_status(admin_rest, WIDGETS, "w", {"phase": "Ready"}, namespace=namespace, resource_version=None)
     assert admin_rest.get(WIDGETS, "w", namespace)["status"] == {"note": "someone else", "phase": "Ready"}
 
 
@@ -141,13 +131,13 @@ def test_a_stopping_controller_does_not_write_status(admin_rest: Rest, created: 
     namespace = created["metadata"]["namespace"]
     entered, release = threading.Event(), threading.Event()
 
-    def reconcile(key: str) -> Result:
+    def reconcile(key: str) -> runtime.Result:
         entered.set()
         release.wait(10)
-        update_status(admin_rest, WIDGETS, created, {"phase": "Ready"})
-        return Result()
+        runtime.update_status(admin_rest, WIDGETS, created, {"phase": "Ready"})
+        return runtime.Result()
 
-    controller = Controller("status-writer", reconcile, metrics=RuntimeMetrics())
+    controller = runtime.Controller("status-writer", reconcile, metrics=runtime.RuntimeMetrics())
     controller.start()
     controller.enqueue(f"{namespace}/w")
     assert entered.wait(5)

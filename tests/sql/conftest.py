@@ -13,8 +13,8 @@ import pytest
 from harness import PostgresServer
 from reconciler.sql.session import AdminEndpoint, AdminSession
 from reconciler.sql.tenant import TenantSpec, ensure_tenant
-from tests.conftest import PG_FLAVORS, PostgresPool
-from tests.sql.helpers import admin_endpoint, drop_as_superuser, new_spec
+from tests.sql.helpers import admin_endpoint, new_spec
+from tests.support.postgres import PG_FLAVORS, PostgresPool, drop_as_superuser
 
 
 @pytest.fixture
@@ -56,28 +56,14 @@ def provisioned(admin: AdminSession, tenant: TenantSpec) -> TenantSpec:
 # -- a server that logs every statement --------------------------------------------------------
 
 
-class _LoggedServers:
-    def __init__(self) -> None:
-        self.servers: dict[int, PostgresServer] = {}
-
-    def get(self, major: int) -> PostgresServer:
-        if major not in self.servers:
-            self.servers[major] = PostgresServer(str(major), log_statements=True).start()
-        return self.servers[major]
-
-    def close(self) -> None:
-        for server in self.servers.values():
-            server.close()
-
-
 @pytest.fixture(scope="session")
-def _logged_servers() -> Iterator[_LoggedServers]:
-    servers = _LoggedServers()
+def _logged_servers() -> Iterator[PostgresPool]:
+    servers = PostgresPool(log_statements=True)
     yield servers
     servers.close()
 
 
 @pytest.fixture
-def logged_postgres(postgres: PostgresServer, _logged_servers: _LoggedServers) -> PostgresServer:
+def logged_postgres(postgres: PostgresServer, _logged_servers: PostgresPool) -> PostgresServer:
     """A second server of the same major as `postgres`, started with log_statement=all."""
-    return _logged_servers.get(postgres.major)
+    return _logged_servers.get(str(postgres.major))

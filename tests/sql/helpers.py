@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import secrets
-import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 
 import psycopg
-from psycopg import sql
 
 from harness import PostgresServer
 from harness.statement_log import LoggedStatement, parse_statement_log
@@ -34,63 +30,11 @@ def new_spec(connection_limit: int = 5) -> TenantSpec:
     return TenantSpec(f"t_sql_{uuid.uuid4().hex[:12]}", secrets.token_urlsafe(24), connection_limit)
 
 
-def drop_as_superuser(server: PostgresServer, *names: str) -> None:
-    """Remove tenants (roles and databases of these names) whatever state a test left them in."""
-    with server.superuser_connection() as conn:
-        for name in names:
-            conn.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s OR datname = %s",
-                (name, name),
-            )
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-            conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
-
-
 def run_steps(server: PostgresServer, spec: TenantSpec, count: int) -> None:
     """Run the first `count` provisioning steps, as an attempt that crashed after step `count` would."""
     with connect_admin(admin_endpoint(server)) as conn:
         for step in PROVISIONING_STEPS[:count]:
             step(conn, spec)
-
-
-def catalog_counts(server: PostgresServer, name: str) -> tuple[int, int]:
-    """How many roles and databases of this name exist (read as superuser)."""
-    with server.superuser_connection() as conn:
-        roles = conn.execute("SELECT count(*) FROM pg_roles WHERE rolname = %s", (name,)).fetchone()[0]
-        dbs = conn.execute("SELECT count(*) FROM pg_database WHERE datname = %s", (name,)).fetchone()[0]
-    return roles, dbs
-
-
-def wait_for(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.02) -> object:
-    """Poll until `predicate()` is truthy; return its value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(interval)
-
-
-@contextmanager
-def login_role(server: PostgresServer, prefix: str, attributes: str = "LOGIN") -> Iterator[tuple[str, str]]:
-    """A throwaway role created by the superuser; yields (name, password)."""
-    name, password = f"{prefix}_{uuid.uuid4().hex[:10]}", secrets.token_urlsafe(18)
-    with server.superuser_connection() as conn:
-        conn.execute(
-            sql.SQL("CREATE ROLE {} " + attributes + " PASSWORD {}").format(
-                sql.Identifier(name), sql.Literal(password)
-            )
-        )
-    try:
-        yield name, password
-    finally:
-        with server.superuser_connection() as conn:
-            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,))
-            # Tenants a throwaway provisioner created are the test's to drop; its grants go with it.
-            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
-            conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
 
 
 class StatementLog:
@@ -119,15 +63,6 @@ def terminate(server: PostgresServer, pids: list[int]) -> None:
     with server.superuser_connection() as conn:
         for pid in pids:
             conn.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))
-
-
-def is_alive(conn: psycopg.Connection) -> bool:
-    """Whether a client session still works (False once the server ended it)."""
-    try:
-        conn.execute("SELECT 1")
-    except psycopg.OperationalError:
-        return False
-    return True
 
 
 def can_connect(server: PostgresServer, user: str, password: str, dbname: str) -> bool:

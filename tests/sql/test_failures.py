@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -30,12 +31,11 @@ from reconciler.sql.tenant import (
 from tests.sql.helpers import (
     admin_endpoint,
     backend_pids,
-    catalog_counts,
-    login_role,
     run_steps,
     terminate,
-    wait_for,
 )
+from tests.support.common import wait_for
+from tests.support.postgres import catalog_counts, login_role
 
 # -- classification of real driver errors -------------------------------------------------------
 
@@ -308,10 +308,21 @@ def test_scram_verifier_is_what_postgres_computes_itself(postgres: PostgresServe
     assert scram_verifier(password, salt=salt, iterations=int(iterations)) == stored
 
 
+def _watchdogs_of(conn: psycopg.Connection) -> list[threading.Timer]:
+    """The live timers that would cut this connection (reconciler.sql.session's watchdogs)."""
+    return [
+        thread
+        for thread in threading.enumerate()
+        if isinstance(thread, threading.Timer)
+        and getattr(getattr(thread.function, "__self__", None), "_conn", None) is conn
+    ]
+
+
 def test_the_bound_does_not_outlive_the_operation(admin: AdminSession, tenant: TenantSpec) -> None:
     """After a quick operation its watchdog is disarmed: it never cuts the session later."""
     tenant_state(admin, tenant.name, timeout=0.3)
     conn = admin.connection()
-    time.sleep(0.4)  # past the operation's deadline: nothing to poll for, the point is that nothing happens
+    # The watchdog is a Timer on this connection; cancelled, its thread ends at once (not at the deadline).
+    wait_for(lambda: not _watchdogs_of(conn), what="the operation's watchdog to be gone")
     assert conn.execute("SELECT 1").fetchone() == (1,)
     assert admin.connection() is conn

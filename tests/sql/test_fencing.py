@@ -10,7 +10,7 @@ from psycopg import sql
 from harness import PostgresServer
 from reconciler.sql.session import AdminEndpoint, AdminSession, run_operation
 from reconciler.sql.tenant import TenantSpec, ensure_tenant
-from tests.sql.helpers import catalog_counts
+from tests.support.postgres import catalog_counts
 
 
 class Deposed(Exception):

@@ -21,7 +21,8 @@ from reconciler.sql.tenant import (
     set_password,
     tenant_state,
 )
-from tests.sql.helpers import can_connect, catalog_counts, drop_as_superuser, is_alive, new_spec
+from tests.sql.helpers import can_connect, new_spec
+from tests.support.postgres import catalog_counts, drop_as_superuser, is_alive
 
 
 @pytest.fixture
@@ -139,28 +140,36 @@ def test_the_held_locks_really_block_the_statements_of_disable(
         assert _statement_blocks(postgres, statement)
 
 
+def _disabled(postgres: PostgresServer, admin: AdminSession, tenant: TenantSpec) -> None:
+    state = tenant_state(admin, tenant.name)
+    assert state.disabled and state.database_exists
+    assert not can_connect(postgres, tenant.name, tenant.password, tenant.name)
+    assert not can_connect(postgres, tenant.name, tenant.password, "postgres")
+
+
+def _dropped(postgres: PostgresServer, admin: AdminSession, tenant: TenantSpec) -> None:
+    assert catalog_counts(postgres, tenant.name) == (0, 0)
+
+
 @pytest.mark.parametrize("holder", sorted(HOLDERS))
 class TestLocksHeldByTheTenant:
-    def test_disable_ends_the_holder_and_completes(
-        self, postgres: PostgresServer, admin: AdminSession, provisioned: TenantSpec, holder: str
+    @pytest.mark.parametrize(
+        ("operation", "outcome"), [(disable_tenant, _disabled), (drop_tenant, _dropped)], ids=["disable", "drop"]
+    )
+    def test_the_operation_ends_the_holder_and_completes(
+        self,
+        postgres: PostgresServer,
+        admin: AdminSession,
+        provisioned: TenantSpec,
+        holder: str,
+        operation: Callable[[AdminSession, str], None],
+        outcome: Callable[[PostgresServer, AdminSession, TenantSpec], None],
     ) -> None:
         with _holding(postgres, provisioned, holder) as held:
-            disable_tenant(admin, provisioned.name)
+            operation(admin, provisioned.name)
 
             assert not is_alive(held)
-        state = tenant_state(admin, provisioned.name)
-        assert state.disabled and state.database_exists
-        assert not can_connect(postgres, provisioned.name, provisioned.password, provisioned.name)
-        assert not can_connect(postgres, provisioned.name, provisioned.password, "postgres")
-
-    def test_drop_ends_the_holder_and_completes(
-        self, postgres: PostgresServer, admin: AdminSession, provisioned: TenantSpec, holder: str
-    ) -> None:
-        with _holding(postgres, provisioned, holder) as held:
-            drop_tenant(admin, provisioned.name)
-
-            assert not is_alive(held)
-        assert catalog_counts(postgres, provisioned.name) == (0, 0)
+        outcome(postgres, admin, provisioned)
 
 
 # -- rotation ---------------------------------------------------------------------------------------

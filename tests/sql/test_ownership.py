@@ -12,7 +12,8 @@ from harness import PostgresServer
 from reconciler.sql.errors import SqlFailure
 from reconciler.sql.session import AdminSession
 from reconciler.sql.tenant import OwnerRecord, TenantSpec, claim_tenant, ensure_tenant, tenant_state
-from tests.sql.helpers import StatementLog, admin_endpoint, can_connect, drop_as_superuser
+from tests.sql.helpers import StatementLog, admin_endpoint, can_connect
+from tests.support.postgres import drop_as_superuser
 
 OWNER = OwnerRecord("consumer-a", "6f1b3c1e-0000-4000-8000-000000000001")
 SUCCESSOR = OwnerRecord("consumer-a", "6f1b3c1e-0000-4000-8000-000000000002")

@@ -10,7 +10,8 @@ from reconciler.sql.errors import SqlFailure
 from reconciler.sql.provisioner import dialect_problem, inspect_provisioner
 from reconciler.sql.session import AdminSession
 from reconciler.sql.tenant import TenantSpec, ensure_tenant, tenant_state
-from tests.sql.helpers import admin_endpoint, drop_as_superuser, login_role, new_spec
+from tests.sql.helpers import admin_endpoint, new_spec
+from tests.support.postgres import drop_as_superuser, login_role
 
 
 def test_the_seed_provisioner_is_accepted(postgres: PostgresServer, admin: AdminSession) -> None:

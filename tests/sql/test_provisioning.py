@@ -13,12 +13,10 @@ from reconciler.sql.tenant import PROVISIONING_STEPS, TenantSpec, ensure_tenant,
 from tests.sql.helpers import (
     admin_endpoint,
     can_connect,
-    catalog_counts,
-    drop_as_superuser,
-    login_role,
     new_spec,
     run_steps,
 )
+from tests.support.postgres import catalog_counts, drop_as_superuser, login_role
 
 
 def _acl(server: PostgresServer, name: str) -> tuple[bool, str | None]:

@@ -13,19 +13,11 @@ from dataclasses import replace
 import pytest
 
 from harness import PostgresServer
+from reconciler.sql import tenant as tenant_ops
 from reconciler.sql.session import AdminSession
-from reconciler.sql.tenant import (
-    OwnerRecord,
-    TenantSpec,
-    disable_tenant,
-    drop_tenant,
-    enable_tenant,
-    ensure_tenant,
-    set_connection_limit,
-    set_password,
-    tenant_state,
-)
-from tests.sql.helpers import StatementLog, admin_endpoint, drop_as_superuser, new_spec, run_steps
+from reconciler.sql.tenant import TenantSpec
+from tests.sql.helpers import StatementLog, admin_endpoint, new_spec, run_steps
+from tests.support.postgres import drop_as_superuser
 
 PROVISIONER = PostgresServer.PROVISIONER
 
@@ -52,10 +44,10 @@ def test_provisioning_sends_the_seed_sequence_in_order(
     logged_postgres: PostgresServer, logged_admin: AdminSession, logged_tenant: TenantSpec
 ) -> None:
     name = f'"{logged_tenant.name}"'  # sql.Identifier always quotes
-    owner = OwnerRecord("consumer-a", "0b5e3f52-0000-4000-8000-00000000000a")
+    owner = tenant_ops.OwnerRecord("consumer-a", "0b5e3f52-0000-4000-8000-00000000000a")
     log = StatementLog(logged_postgres)
 
-    ensure_tenant(logged_admin, replace(logged_tenant, owner=owner))
+    tenant_ops.ensure_tenant(logged_admin, replace(logged_tenant, owner=owner))
 
     changes = _changes(log)
     assert changes[0] == "BEGIN"  # the role and its ownership record, together or not at all
@@ -81,10 +73,10 @@ def test_provisioning_sends_the_seed_sequence_in_order(
 def test_ensure_on_a_provisioned_tenant_only_reads_the_catalog(
     logged_postgres: PostgresServer, logged_admin: AdminSession, logged_tenant: TenantSpec
 ) -> None:
-    ensure_tenant(logged_admin, logged_tenant)
+    tenant_ops.ensure_tenant(logged_admin, logged_tenant)
     log = StatementLog(logged_postgres)
 
-    ensure_tenant(logged_admin, logged_tenant)
+    tenant_ops.ensure_tenant(logged_admin, logged_tenant)
 
     statements = log.statements(PROVISIONER)
     assert statements, "the log records the provisioner's statements"
@@ -95,10 +87,16 @@ def test_ensure_on_a_provisioned_tenant_only_reads_the_catalog(
 @pytest.mark.parametrize(
     ("operation", "expected"),
     [
-        pytest.param(lambda admin, name: set_connection_limit(admin, name, 9), "ALTER ROLE {} CONNECTION LIMIT 9",
-                     id="set_connection_limit"),
-        pytest.param(lambda admin, name: set_password(admin, name, "a-new-password-1"), "ALTER ROLE {} PASSWORD '",
-                     id="set_password"),
+        pytest.param(
+            lambda admin, name: tenant_ops.set_connection_limit(admin, name, 9),
+            "ALTER ROLE {} CONNECTION LIMIT 9",
+            id="set_connection_limit",
+        ),
+        pytest.param(
+            lambda admin, name: tenant_ops.set_password(admin, name, "a-new-password-1"),
+            "ALTER ROLE {} PASSWORD '",
+            id="set_password",
+        ),
     ],
 )
 def test_limit_and_password_changes_are_exactly_one_statement(
@@ -108,7 +106,7 @@ def test_limit_and_password_changes_are_exactly_one_statement(
     operation: Callable[[AdminSession, str], None],
     expected: str,
 ) -> None:
-    ensure_tenant(logged_admin, logged_tenant)
+    tenant_ops.ensure_tenant(logged_admin, logged_tenant)
     log = StatementLog(logged_postgres)
 
     operation(logged_admin, logged_tenant.name)
@@ -127,14 +125,14 @@ def test_no_password_ever_reaches_the_log(
     log = StatementLog(logged_postgres)
 
     run_steps(logged_postgres, crashed, 1)  # an attempt that created the role, then crashed
-    ensure_tenant(logged_admin, logged_tenant)  # ALTER ROLE ... PASSWORD to match the spec
-    set_password(logged_admin, logged_tenant.name, rotated)
-    disable_tenant(logged_admin, logged_tenant.name)
-    enable_tenant(logged_admin, logged_tenant.name)
+    tenant_ops.ensure_tenant(logged_admin, logged_tenant)  # ALTER ROLE ... PASSWORD to match the spec
+    tenant_ops.set_password(logged_admin, logged_tenant.name, rotated)
+    tenant_ops.disable_tenant(logged_admin, logged_tenant.name)
+    tenant_ops.enable_tenant(logged_admin, logged_tenant.name)
     with logged_postgres.connect(logged_tenant.name, rotated, logged_tenant.name):
         pass
 
-    drop_tenant(logged_admin, logged_tenant.name)
+    tenant_ops.drop_tenant(logged_admin, logged_tenant.name)
     text = log.text()
     assert "SCRAM-SHA-256$4096:" in text  # the password statements were logged, hashed
     for password in (logged_tenant.password, rotated, crashed.password, logged_postgres.provisioner_password):
@@ -147,11 +145,11 @@ def test_the_log_shows_parameterized_prepared_and_multi_line_statements(
     """A "no SQL ran" check is only as strong as its log reader: a catalog read is parameterized, so the
     server logs it as `execute <unnamed>:` (or `execute <prepared name>:` once psycopg prepares it),
     its tenant name in a DETAIL entry, and its text over several lines."""
-    ensure_tenant(logged_admin, logged_tenant)
+    tenant_ops.ensure_tenant(logged_admin, logged_tenant)
     log = StatementLog(logged_postgres)
 
     for _ in range(7):  # psycopg prepares a query after its 5th execution on a session
-        tenant_state(logged_admin, logged_tenant.name)
+        tenant_ops.tenant_state(logged_admin, logged_tenant.name)
     with logged_postgres.provisioner_connection() as conn:
         conn.execute("SELECT 1 AS first_line,\n       2 AS second_line")  # multi-line, no parameters
 

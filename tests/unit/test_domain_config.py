@@ -9,26 +9,18 @@ from typing import Any
 
 import pytest
 
-from domain.config import (
-    ConfigError,
-    InstallConfig,
-    UnknownSizeClass,
-    format_duration,
-    load_install_config,
-    load_install_config_file,
-    parse_duration,
-)
+from domain import config as dc
 
 MINIMAL: dict[str, Any] = {"tls": {"secretName": "dbprovider-tls"}}
 
 
-def load(**overrides: Any) -> InstallConfig:
-    return load_install_config({**MINIMAL, **overrides})
+def load(**overrides: Any) -> dc.InstallConfig:
+    return dc.load_install_config({**MINIMAL, **overrides})
 
 
 def problems(data: Any) -> dict[str, str]:
-    with pytest.raises(ConfigError) as excinfo:
-        load_install_config(data)
+    with pytest.raises(dc.ConfigError) as excinfo:
+        dc.load_install_config(data)
     return dict(excinfo.value.problems)
 
 
@@ -53,7 +45,7 @@ def test_defaults() -> None:
 
 
 def test_full_config_parses() -> None:
-    config = load_install_config(
+    config = dc.load_install_config(
         {
             "releaseName": "db-provider",
             "namespace": "databases",
@@ -113,7 +105,7 @@ def test_dump_round_trip_uses_camel_case_and_duration_strings() -> None:
     assert dumped["softDelete"] == {"retention": "1d12h"}
     assert dumped["tls"] == {"secretName": "dbprovider-tls"}
     assert dumped["deletionProtection"]["breakGlassGroups"] == ["system:masters"]
-    assert load_install_config(dumped) == config
+    assert dc.load_install_config(dumped) == config
 
 
 @pytest.mark.parametrize(
@@ -185,8 +177,8 @@ def test_dump_round_trip_uses_camel_case_and_duration_strings() -> None:
 def test_invalid_keys_are_named(overrides: dict[str, Any], path: str) -> None:
     found = problems({**MINIMAL, **overrides})
     assert path in found, found
-    with pytest.raises(ConfigError, match=re.escape(f"{path}: ")):
-        load_install_config({**MINIMAL, **overrides})
+    with pytest.raises(dc.ConfigError, match=re.escape(f"{path}: ")):
+        dc.load_install_config({**MINIMAL, **overrides})
 
 
 def test_tls_secret_name_is_required() -> None:
@@ -195,8 +187,8 @@ def test_tls_secret_name_is_required() -> None:
 
 
 def test_every_offending_key_is_named_in_one_error() -> None:
-    with pytest.raises(ConfigError) as excinfo:
-        load_install_config(
+    with pytest.raises(dc.ConfigError) as excinfo:
+        dc.load_install_config(
             {
                 "tls": {"secretName": ""},
                 "replicas": 0,
@@ -224,8 +216,8 @@ def test_prometheus_rule_text_refuses_quote_backslash_newline(key: str, value: s
     """They go into PromQL strings, and the job selector into a Go template's raw string (backticks)."""
     found = problems({**MINIMAL, "prometheusRule": {key: value}})
     assert found == {f"prometheusRule.{key}": "must not contain '\"', '\\', '`' or a newline"}
-    with pytest.raises(ConfigError) as excinfo:
-        load_install_config({**MINIMAL, "prometheusRule": {key: value}})
+    with pytest.raises(dc.ConfigError) as excinfo:
+        dc.load_install_config({**MINIMAL, "prometheusRule": {key: value}})
     assert f"prometheusRule.{key}: must not contain '\"', '\\', '`' or a newline" in str(excinfo.value)
 
 
@@ -252,7 +244,7 @@ def test_prometheus_rule_text_accepts_other_values(value: str) -> None:
     ],
 )
 def test_retention_parsing(value: object, expected: timedelta) -> None:
-    assert parse_duration(value) == expected
+    assert dc.parse_duration(value) == expected
     assert load(softDelete={"retention": value}).soft_delete.retention == expected
 
 
@@ -287,7 +279,7 @@ def test_retention_parsing(value: object, expected: timedelta) -> None:
 )
 def test_retention_garbage_is_refused(value: object) -> None:
     with pytest.raises(ValueError):
-        parse_duration(value)
+        dc.parse_duration(value)
     assert "softDelete.retention" in problems({**MINIMAL, "softDelete": {"retention": value}})
 
 
@@ -302,8 +294,8 @@ def test_retention_garbage_is_refused(value: object) -> None:
     ],
 )
 def test_format_duration_round_trips(value: timedelta, text: str) -> None:
-    assert format_duration(value) == text
-    assert parse_duration(text) == value
+    assert dc.format_duration(value) == text
+    assert dc.parse_duration(text) == value
 
 
 # --- size classes ----------------------------------------------------------------------------------------
@@ -325,16 +317,16 @@ SIZED = {
     [("", 15), (None, 15), ("small", 5), ("xl_2", 200), ("unlimited", -1), ("none", 0)],
 )
 def test_resolve_connection_limit(size_class: str | None, limit: int) -> None:
-    assert load_install_config(SIZED).resolve_connection_limit(size_class) == limit
+    assert dc.load_install_config(SIZED).resolve_connection_limit(size_class) == limit
 
 
 @pytest.mark.parametrize("size_class", ["medium", "Small", "small ", " small", "SMALL", "a;b", "ü"])
 def test_unknown_size_class_is_its_own_error(size_class: str) -> None:
-    config = load_install_config(SIZED)
-    with pytest.raises(UnknownSizeClass) as excinfo:
+    config = dc.load_install_config(SIZED)
+    with pytest.raises(dc.UnknownSizeClass) as excinfo:
         config.resolve_connection_limit(size_class)
     assert excinfo.value.size_class == size_class
-    assert not isinstance(excinfo.value, ConfigError | ValueError)
+    assert not isinstance(excinfo.value, dc.ConfigError | ValueError)
     if size_class in ("a;b", "ü", "small ", " small"):
         assert size_class not in str(excinfo.value)
     else:
@@ -343,14 +335,14 @@ def test_unknown_size_class_is_its_own_error(size_class: str) -> None:
 
 def test_default_connection_limit_without_size_classes() -> None:
     assert load().resolve_connection_limit("") == 10
-    with pytest.raises(UnknownSizeClass):
+    with pytest.raises(dc.UnknownSizeClass):
         load().resolve_connection_limit("small")
 
 
 @pytest.mark.parametrize("data", [[], "tls: x", 5, ["tls"]])
 def test_non_mapping_config_is_refused(data: Any) -> None:
-    with pytest.raises(ConfigError, match="must be a mapping"):
-        load_install_config(data)
+    with pytest.raises(dc.ConfigError, match="must be a mapping"):
+        dc.load_install_config(data)
 
 
 # --- YAML file -------------------------------------------------------------------------------------------
@@ -362,7 +354,7 @@ def test_load_yaml_file(tmp_path: Path) -> None:
         "tls:\n  secretName: api-tls\nsoftDelete:\n  retention: 0\n"
         "prometheusRule:\n  enabled: true\n  cluster: eu-1\n"
     )
-    config = load_install_config_file(path)
+    config = dc.load_install_config_file(path)
     assert config.soft_delete.retention == timedelta(0)
     assert config.prometheus_rule.cluster == "eu-1"
     assert config.effective_job_selector() == "dbprovider-metrics"
@@ -384,18 +376,19 @@ def test_load_yaml_file(tmp_path: Path) -> None:
 def test_load_yaml_file_errors(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "values.yaml"
     path.write_text(text)
-    with pytest.raises(ConfigError, match=re.escape(message)):
-        load_install_config_file(path)
+    with pytest.raises(dc.ConfigError, match=re.escape(message)):
+        dc.load_install_config_file(path)
 
 
 def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="cannot read"):
-        load_install_config_file(tmp_path / "nope.yaml")
+    with pytest.raises(dc.ConfigError, match="cannot read"):
+        dc.load_install_config_file(tmp_path / "nope.yaml")
 
 
 @pytest.mark.parametrize("source", ["configMap", "secret"])
 def test_shard_ca_bundle_from_a_config_map_or_a_secret(source: str) -> None:
-    config = load_install_config({**MINIMAL, "shardTLS": {"caBundle": {source: {"name": "shard-ca", "key": "ca.pem"}}}})
+    ca_bundle = {source: {"name": "shard-ca", "key": "ca.pem"}}
+    config = dc.load_install_config({**MINIMAL, "shardTLS": {"caBundle": ca_bundle}})
     bundle = config.shard_tls.ca_bundle
     assert bundle is not None
     ref = bundle.config_map if source == "configMap" else bundle.secret
@@ -404,4 +397,4 @@ def test_shard_ca_bundle_from_a_config_map_or_a_secret(source: str) -> None:
         "name": "shard-ca",
         "key": "ca.pem",
     }
-    assert load_install_config(MINIMAL).shard_tls.ca_bundle is None
+    assert dc.load_install_config(MINIMAL).shard_tls.ca_bundle is None

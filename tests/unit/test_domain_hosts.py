@@ -6,16 +6,7 @@ import re
 
 import pytest
 
-from domain.hosts import (
-    HOST_MAX_LENGTH,
-    HOSTNAME_RE,
-    IPV4_RE,
-    NUMERIC_NAME_RE,
-    InvalidHost,
-    cel_host_rule,
-    is_valid_client_host,
-    validate_client_host,
-)
+from domain import hosts
 from tests.vectors.hosts import HOST_VECTORS
 
 VALID = [(h, why) for h, ok, why in HOST_VECTORS if ok]
@@ -25,24 +16,24 @@ SAFE_TO_ECHO = re.compile("[A-Za-z0-9.-]{1,253}")
 
 
 def test_vector_table_is_large_unique_and_covers_both_sides() -> None:
-    hosts = [h for h, _, _ in HOST_VECTORS]
+    names = [h for h, _, _ in HOST_VECTORS]
     assert len(HOST_VECTORS) >= 60
-    assert len(hosts) == len(set(hosts)), "duplicate vectors"
+    assert len(names) == len(set(names)), "duplicate vectors"
     assert len(VALID) >= 20 and len(INVALID) >= 40
     assert all(isinstance(h, str) and isinstance(ok, bool) and why for h, ok, why in HOST_VECTORS)
 
 
 @pytest.mark.parametrize(("host", "why"), VALID, ids=[w for _, w in VALID])
 def test_valid_hosts_are_accepted(host: str, why: str) -> None:
-    assert is_valid_client_host(host), why
-    assert validate_client_host(host) == host
+    assert hosts.is_valid_client_host(host), why
+    assert hosts.validate_client_host(host) == host
 
 
 @pytest.mark.parametrize(("host", "why"), INVALID, ids=[w for _, w in INVALID])
 def test_invalid_hosts_are_refused_with_a_safe_message(host: str, why: str) -> None:
-    assert not is_valid_client_host(host), why
-    with pytest.raises(InvalidHost) as excinfo:
-        validate_client_host(host)
+    assert not hosts.is_valid_client_host(host), why
+    with pytest.raises(hosts.InvalidHost) as excinfo:
+        hosts.validate_client_host(host)
     message = str(excinfo.value)
     assert message.startswith("invalid client host")
     # Never a control character, a shell metacharacter or non-ASCII text in the message.
@@ -54,14 +45,14 @@ def test_invalid_hosts_are_refused_with_a_safe_message(host: str, why: str) -> N
 
 
 def test_invalid_host_is_a_value_error() -> None:
-    assert issubclass(InvalidHost, ValueError)
+    assert issubclass(hosts.InvalidHost, ValueError)
 
 
 @pytest.mark.parametrize("value", [None, 1, b"example.com", ["a"]])
 def test_non_strings_are_refused(value: object) -> None:
-    assert not is_valid_client_host(value)
-    with pytest.raises(InvalidHost, match="must be a string"):
-        validate_client_host(value)
+    assert not hosts.is_valid_client_host(value)
+    with pytest.raises(hosts.InvalidHost, match="must be a string"):
+        hosts.validate_client_host(value)
 
 
 @pytest.mark.parametrize(
@@ -83,11 +74,11 @@ def test_non_strings_are_refused(value: object) -> None:
     ],
 )
 def test_messages_say_what_is_wrong(host: str, reason: str) -> None:
-    with pytest.raises(InvalidHost, match=re.escape(reason)):
-        validate_client_host(host)
+    with pytest.raises(hosts.InvalidHost, match=re.escape(reason)):
+        hosts.validate_client_host(host)
 
 
-@pytest.mark.parametrize("pattern", [HOSTNAME_RE, IPV4_RE, NUMERIC_NAME_RE])
+@pytest.mark.parametrize("pattern", [hosts.HOSTNAME_RE, hosts.IPV4_RE, hosts.NUMERIC_NAME_RE])
 def test_patterns_stay_in_the_re2_and_cel_safe_subset(pattern: str) -> None:
     assert pattern.startswith("^") and pattern.endswith("$")
     assert "\\" not in pattern and "'" not in pattern and '"' not in pattern
@@ -96,20 +87,20 @@ def test_patterns_stay_in_the_re2_and_cel_safe_subset(pattern: str) -> None:
 
 
 def test_cel_rule_is_built_from_the_constants() -> None:
-    rule = cel_host_rule()
+    rule = hosts.cel_host_rule()
     assert rule == (
-        f"self.size() <= {HOST_MAX_LENGTH} && (self.matches('{IPV4_RE}') || "
-        f"(self.matches('{HOSTNAME_RE}') && !self.matches('{NUMERIC_NAME_RE}')))"
+        f"self.size() <= {hosts.HOST_MAX_LENGTH} && (self.matches('{hosts.IPV4_RE}') || "
+        f"(self.matches('{hosts.HOSTNAME_RE}') && !self.matches('{hosts.NUMERIC_NAME_RE}')))"
     )
-    assert cel_host_rule("self.client.host").count("self.client.host.") == 4
-    assert HOST_MAX_LENGTH == 253
+    assert hosts.cel_host_rule("self.client.host").count("self.client.host.") == 4
+    assert hosts.HOST_MAX_LENGTH == 253
 
 
 def _cel_rule_in_python(host: str) -> bool:
     """The CEL expression evaluated literally in Python (CEL `matches` is an unanchored search)."""
-    return len(host) <= HOST_MAX_LENGTH and (
-        re.search(IPV4_RE, host) is not None
-        or (re.search(HOSTNAME_RE, host) is not None and re.search(NUMERIC_NAME_RE, host) is None)
+    return len(host) <= hosts.HOST_MAX_LENGTH and (
+        re.search(hosts.IPV4_RE, host) is not None
+        or (re.search(hosts.HOSTNAME_RE, host) is not None and re.search(hosts.NUMERIC_NAME_RE, host) is None)
     )
 
 

@@ -11,24 +11,10 @@ from pydantic import ValidationError
 from domain.constants import Engine, SslMode
 from domain.specs import SHARD_CEL_RULES, SSLMODES, ConsumerSpec, DatabaseSpec, ShardSpec
 from domain.validation import format_validation_error, validation_problems
-from tests.vectors.objects import with_changes
+from tests.vectors.objects import CLOUDBERRY_SPEC, SHARD_SPEC, with_changes
 
-POSTGRES_SHARD: dict[str, Any] = {
-    "maxDatabases": 200,
-    "perconaCluster": {"namespace": "databases", "name": "pg-shard01"},
-    "admin": {
-        "serviceName": "pg-shard01-primary",
-        "secretRef": {"namespace": "databases", "name": "pg-shard01-pguser-provisioner"},
-    },
-    "client": {"host": "192.0.2.200"},
-}
-CLOUDBERRY_SHARD: dict[str, Any] = {
-    "engine": "cloudberry",
-    "maxDatabases": 20,
-    "keldonCluster": {"namespace": "analytics", "name": "cluster-demo"},
-    "admin": {"secretRef": {"namespace": "dbprovider", "name": "cluster-demo-provisioner"}},
-    "client": {"host": "cb.example.com", "port": 6432},
-}
+POSTGRES_SHARD = SHARD_SPEC
+CLOUDBERRY_SHARD = CLOUDBERRY_SPEC
 
 
 def problems_of(model: type, data: dict[str, Any]) -> dict[str, str]:

@@ -19,7 +19,7 @@ from tests.vectors.hosts import HOST_VECTORS
 NAMESPACE = "clitest-system"
 API_VERSION = "db.bnerd.com/v1alpha1"
 
-_SHARD_SPEC: dict[str, Any] = {
+SHARD_SPEC: dict[str, Any] = {
     "maxDatabases": 200,
     "perconaCluster": {"namespace": "databases", "name": "pg-shard01"},
     "admin": {
@@ -28,7 +28,7 @@ _SHARD_SPEC: dict[str, Any] = {
     },
     "client": {"host": "192.0.2.200"},
 }
-_CLOUDBERRY_SPEC: dict[str, Any] = {
+CLOUDBERRY_SPEC: dict[str, Any] = {
     "engine": "cloudberry",
     "maxDatabases": 20,
     "keldonCluster": {"namespace": "analytics", "name": "cluster-demo"},
@@ -57,7 +57,9 @@ def with_changes(base: dict[str, Any], **changes: Any) -> dict[str, Any]:
     return data
 
 
-def shard(name: str = "vec-shard", base: dict[str, Any] = _SHARD_SPEC, **changes: Any) -> dict[str, Any]:
+def shard(name: str = "vec-shard", base: dict[str, Any] = SHARD_SPEC, **changes: Any) -> dict[str, Any]:
+    """A valid postgres Shard (the seed's example; `base=CLOUDBERRY_SPEC` for a cloudberry one), with
+    `a__b=value` changes (None deletes the key)."""
     spec = with_changes(base, **changes)
     return {"apiVersion": API_VERSION, "kind": "Shard", "metadata": {"name": name}, "spec": spec}
 
@@ -90,7 +92,7 @@ OBJECT_VECTORS: list[tuple[dict[str, Any], bool, str]] = [
     (shard("a" * 254), False, "name of 254 characters"),
     (shard("a" * 253), True, "name of 253 characters"),
     # --- Shards: fields and the CEL rules ---
-    (shard(base=_CLOUDBERRY_SPEC), True, "a cloudberry shard without an admin Service"),
+    (shard(base=CLOUDBERRY_SPEC), True, "a cloudberry shard without an admin Service"),
     (shard(maxDatabases=0), False, "maxDatabases below 1"),
     (shard(maxDatabases=-3), False, "negative maxDatabases"),
     (shard(maxDatabases="5"), False, "maxDatabases as a string"),
@@ -101,9 +103,9 @@ OBJECT_VECTORS: list[tuple[dict[str, Any], bool, str]] = [
     (shard(keldonCluster={"namespace": "a", "name": "b"}), False, "postgres shard with a keldonCluster"),
     (shard(perconaCluster=None), False, "postgres shard without perconaCluster"),
     (shard(admin__serviceName=None), False, "postgres shard without an admin Service"),
-    (shard(base=_CLOUDBERRY_SPEC, keldonCluster=None), False, "cloudberry shard without keldonCluster"),
+    (shard(base=CLOUDBERRY_SPEC, keldonCluster=None), False, "cloudberry shard without keldonCluster"),
     (
-        shard(base=_CLOUDBERRY_SPEC, perconaCluster={"namespace": "a", "name": "b"}),
+        shard(base=CLOUDBERRY_SPEC, perconaCluster={"namespace": "a", "name": "b"}),
         False,
         "cloudberry shard with a perconaCluster",
     ),

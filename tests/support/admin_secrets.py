@@ -12,7 +12,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from informers import SECRETS, Rest
-from tests.k8s_objects import b64
+from tests.support.common import b64
 
 SLOTS = 12
 
@@ -41,7 +41,7 @@ class AdminSecrets:
         if name is not None:
             return name
         if not self._free:
-            raise RuntimeError(f"a test used more than {SLOTS} admin Secrets; raise tests.admin_secrets.SLOTS")
+            raise RuntimeError(f"a test used more than {SLOTS} admin Secrets; raise tests.support.admin_secrets.SLOTS")
         name = self._free.pop(0)
         body: dict[str, Any] = {
             "apiVersion": "v1",

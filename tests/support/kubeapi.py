@@ -13,14 +13,14 @@ created CRDs are found).
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
+
+from tests.support.common import wait_for
 
 FIELD_MANAGER = "dbprovider"
 TABLE_ACCEPT = "application/json;as=Table;v=v1;g=meta.k8s.io"
@@ -136,20 +136,6 @@ class KubeApi:
     def delete(self, obj: dict[str, Any], *, dry_run: bool = False) -> Response:
         query = {"dryRun": "All"} if dry_run else None
         return self.request("DELETE", self.object_path(obj), query=query)
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    """Poll `check` until it returns something truthy; fail with `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    delay = 0.05
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.5)
 
 
 def crd_established(api: KubeApi, name: str) -> bool:

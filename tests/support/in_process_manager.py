@@ -14,7 +14,7 @@ from domain.config import InstallConfig
 from harness.postgres import shard_ca
 from reconciler.runtime import ControllerManager
 from reconciler.setup import Controllers, register_controllers
-from tests.generator.kubeapi import wait_for
+from tests.support.common import wait_for
 
 
 class InProcessManager:
