@@ -30,6 +30,7 @@ from domain.constants import (
     Engine,
 )
 from domain.credentials import encode_secret_value
+from domain.settings import SETTINGS
 from domain.specs import DEFAULT_TOKEN_KEY
 from domain.tokens import hash_token
 from harness import KubeControlPlane, PostgresServer
@@ -227,7 +228,7 @@ class DevStack:
         ]
 
     def manager_env(self) -> dict[str, str]:
-        return {"DBPROVIDER_TLS_CERT": str(self.tls_cert), "DBPROVIDER_TLS_KEY": str(self.tls_key)}
+        return {SETTINGS.env.tls_cert: str(self.tls_cert), SETTINGS.env.tls_key: str(self.tls_key)}
 
     def env(self) -> dict[str, str]:
         """What a shell needs to drive the stack (the env file of `dbprovider dev`)."""

@@ -25,6 +25,7 @@ from kubernetes.client.exceptions import ApiException
 from domain.config import InstallConfig
 from domain.constants import SHARD_CA_FILE, SslMode
 from domain.credentials import secret_values
+from domain.settings import SETTINGS
 from domain.specs import ShardSpec, parse_shard
 from informers import SECRETS, Rest
 from reconciler.sql.session import APPLICATION_NAME, AdminEndpoint, AdminSession, Fence
@@ -177,7 +178,7 @@ class AdminSessions:
 
     def __init__(
         self,
-        connect_timeout: float = 10.0,
+        connect_timeout: float = SETTINGS.sql.connect_timeout,
         *,
         fence: Fence | None = None,
         application_name: str = APPLICATION_NAME,

@@ -14,6 +14,7 @@ from domain.constants import (
     PLURAL_SHARDS,
     VERSION,
 )
+from domain.specs import database_consumer_name
 from informers import Resource
 
 SHARDS = Resource(GROUP, VERSION, PLURAL_SHARDS)
@@ -32,5 +33,5 @@ def database_shard(db: dict[str, Any]) -> list[str]:
 
 
 def database_consumer(db: dict[str, Any]) -> list[str]:
-    consumer = (db.get("spec") or {}).get("consumer")
+    consumer = database_consumer_name(db)
     return [consumer] if consumer else []

@@ -39,6 +39,7 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 from domain.settings import SETTINGS, LeaseTimings
+from domain.timefmt import format_micro_time
 from informers import LEASES, Rest
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ def default_identity() -> str:
 
 
 def _micro_time() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return format_micro_time(datetime.now(UTC))
 
 
 class LeaderElector:
