@@ -26,7 +26,7 @@ from domain.constants import ANNOTATION_DELETE_REQUESTED_AT, ANNOTATION_ROTATE_R
 from domain.naming import tenant_name
 from harness import PostgresServer
 from informers import SECRETS, Informer, Rest
-from reconciler.database_controller import DatabaseController
+from reconciler.database import DatabaseController
 from reconciler.events import EventRecorder
 from reconciler.resources import DATABASES, SHARDS
 from tests.conftest import PG_FLAVORS, PostgresPool

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from informers import SECRETS, Informer, Rest
-from reconciler.database_controller import DatabaseController
+from reconciler.database import DatabaseController
 from reconciler.events import EventRecorder
 from reconciler.resources import DATABASES, SHARDS
 from tests.generator.kubeapi import wait_for
