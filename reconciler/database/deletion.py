@@ -4,6 +4,7 @@ delete (disable now, drop after the retention), and recovery (the annotation rem
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -36,24 +37,17 @@ def _parse_time(value: str | None) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
+@dataclass
 class Deletion:
-    def __init__(
-        self,
-        config: InstallConfig,
-        shards: Informer,
-        sql: ShardSql,
-        writes: DatabaseWrites,
-        report: Reporter,
-        finalizers: Finalizers,
-        clock: Callable[[], datetime],
-    ) -> None:
-        self.config = config
-        self.shards = shards
-        self.sql = sql
-        self.writes = writes
-        self.report = report
-        self.finalizers = finalizers
-        self.clock = clock
+    """Hold, soft delete and recovery: the paths of a Database that is or was being deleted."""
+
+    config: InstallConfig
+    shards: Informer
+    sql: ShardSql
+    writes: DatabaseWrites
+    report: Reporter
+    finalizers: Finalizers
+    clock: Callable[[], datetime]
 
     def hold(self, p: Pass) -> Result | None:
         """Deleted in Kubernetes without a delete request: keep everything, run no SQL, say so."""

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from kubernetes.client.exceptions import ApiException
 
@@ -21,11 +22,13 @@ def finalizers(p: Pass) -> list[str]:
     return list(p.meta.get("finalizers") or [])
 
 
+@dataclass
 class Finalizers:
-    def __init__(self, rest: Rest, writes: DatabaseWrites, secrets: CredentialsSecrets) -> None:
-        self.rest = rest
-        self.writes = writes
-        self.secrets = secrets
+    """Adds the tenant finalizer first, removes it last."""
+
+    rest: Rest
+    writes: DatabaseWrites
+    secrets: CredentialsSecrets
 
     def add(self, p: Pass) -> bool:
         """Add the tenant finalizer; False when the object is gone already."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from domain.config import InstallConfig, UnknownSizeClass
@@ -49,24 +50,17 @@ def check_size_class(config: InstallConfig, p: Pass, report: Reporter) -> int:
         )
 
 
+@dataclass
 class Placer:
-    def __init__(
-        self,
-        config: InstallConfig,
-        placement: PlacementIndex,
-        rest: Rest,
-        shards: Informer,
-        writes: DatabaseWrites,
-        report: Reporter,
-        sql: ShardSql,
-    ) -> None:
-        self.config = config
-        self.placement = placement
-        self.rest = rest
-        self.shards = shards
-        self.writes = writes
-        self.report = report
-        self.sql = sql
+    """Placement and restore-tenant adoption of an unplaced Database."""
+
+    config: InstallConfig
+    placement: PlacementIndex
+    rest: Rest
+    shards: Informer
+    writes: DatabaseWrites
+    report: Reporter
+    sql: ShardSql
 
     def place(self, p: Pass) -> Result | None:
         """Choose the shard and the tenant name and persist both before any SQL."""

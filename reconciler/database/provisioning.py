@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from domain.config import InstallConfig
@@ -20,12 +21,14 @@ from reconciler.sql.tenant import TenantSpec, ensure_tenant, set_password
 log = logging.getLogger(__name__)
 
 
+@dataclass
 class Provisioner:
-    def __init__(self, config: InstallConfig, sql: ShardSql, writes: DatabaseWrites, report: Reporter) -> None:
-        self.config = config
-        self.sql = sql
-        self.writes = writes
-        self.report = report
+    """A placed database that is not Ready yet: ensure_tenant, then phase Ready."""
+
+    config: InstallConfig
+    sql: ShardSql
+    writes: DatabaseWrites
+    report: Reporter
 
     def provision(self, p: Pass, shard: dict[str, Any], secret: dict[str, Any]) -> None:
         limit = check_size_class(self.config, p, self.report)

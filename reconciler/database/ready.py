@@ -79,22 +79,16 @@ def set_drift(config: InstallConfig, p: Pass, report: Reporter) -> None:
         report.event(p, reason, message, warning=True)
 
 
+@dataclass
 class ReadyPath:
-    def __init__(
-        self,
-        config: InstallConfig,
-        rest: Rest,
-        secrets: credentials.CredentialsSecrets,
-        sql: ShardSql,
-        writes: DatabaseWrites,
-        report: Reporter,
-    ) -> None:
-        self.config = config
-        self.rest = rest
-        self.secrets = secrets
-        self.sql = sql
-        self.writes = writes
-        self.report = report
+    """A Ready database: rotation, resize and drift; the resync fast path writes and runs nothing."""
+
+    config: InstallConfig
+    rest: Rest
+    secrets: credentials.CredentialsSecrets
+    sql: ShardSql
+    writes: DatabaseWrites
+    report: Reporter
 
     def converge(self, p: Pass, shard: dict[str, Any], secret: dict[str, Any]) -> None:
         work = ReadyWork.of(p, secret)

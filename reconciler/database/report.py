@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import NoReturn
 
 from domain.constants import DatabaseConditionType, DatabaseReason, Phase
@@ -14,10 +15,12 @@ from reconciler.runtime import ReconcileError, TerminalError
 log = logging.getLogger(__name__)
 
 
+@dataclass
 class Reporter:
-    def __init__(self, writes: DatabaseWrites, events: EventRecorder) -> None:
-        self.writes = writes
-        self.events = events
+    """Status conditions, Events and failures of a pass (every failure path goes through `fail`)."""
+
+    writes: DatabaseWrites
+    events: EventRecorder
 
     def event(self, p: Pass, reason: str, what: str, *, warning: bool = False) -> None:
         """An Event about the database: `what` and who (consumer, externalId, shard)."""

@@ -3,6 +3,7 @@ endpoint keys kept equal to the Shard's client block, never overwritten when it 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -50,11 +51,13 @@ def password_applied(p: Pass, secret: Secret) -> None:
         p.update(password_applied=current)
 
 
+@dataclass
 class CredentialsSecrets:
-    def __init__(self, rest: Rest, secrets: Informer, report: Reporter) -> None:
-        self.rest = rest
-        self.secrets = secrets
-        self.report = report
+    """Reads (from the label-selected cache, or live), creates, labels and deletes credentials Secrets."""
+
+    rest: Rest
+    secrets: Informer
+    report: Reporter
 
     def ensure(self, p: Pass, endpoint: Endpoint) -> Secret:
         """The credentials Secret: created before the role exists; endpoint keys follow the shard."""

@@ -16,6 +16,7 @@ runs the operation, and turns a `SqlFailure` into a recorded failure with its sa
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from kubernetes.client.exceptions import ApiException
@@ -71,13 +72,15 @@ def client_endpoint(spec: ShardSpec) -> Endpoint:
     return Endpoint(spec.client.host, spec.client.port, spec.client.sslmode.value)
 
 
+@dataclass
 class ShardSql:
-    def __init__(self, sessions: AdminSessions, admin_endpoints: AdminEndpointCache, report: Reporter) -> None:
-        self.sessions = sessions
-        self.admin_endpoints = admin_endpoints
-        self.report = report
-        # Called with a shard's name when its SQL failed as if the shard were down (set by setup).
-        self.on_shard_trouble: Callable[[str], None] | None = None
+    """Admin sessions and SQL runs for the parts; the one place a SqlFailure becomes a reconcile failure."""
+
+    sessions: AdminSessions
+    admin_endpoints: AdminEndpointCache
+    report: Reporter
+    # Called with a shard's name when its SQL failed as if the shard were down (set by setup).
+    on_shard_trouble: Callable[[str], None] | None = None
 
     def session(self, p: Pass, shard: dict[str, Any], phase: Phase, reason: str) -> AdminSession:
         """An admin session for the placed shard, or a recorded failure (retried with backoff)."""

@@ -9,6 +9,7 @@ the resourceVersion each pass wrote and read the object live until the cache has
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -28,10 +29,12 @@ def conditional(patch: dict[str, Any], obj: dict[str, Any]) -> dict[str, Any]:
     return {**patch, "metadata": metadata}
 
 
+@dataclass
 class DatabaseWrites:
-    def __init__(self, rest: Rest) -> None:
-        self.rest = rest
-        self._written: dict[str, str] = {}  # key -> resourceVersion of this replica's last write
+    """Status and metadata writes, remembering each resourceVersion written (see `caught_up`)."""
+
+    rest: Rest
+    _written: dict[str, str] = field(default_factory=dict)  # key -> resourceVersion of our last write
 
     def status(self, p: Pass) -> None:
         """Write the pass's status if it differs from the stored one (else nothing at all)."""
