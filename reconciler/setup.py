@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from domain.config import InstallConfig
-from domain.constants import CREDENTIALS_SECRET_SELECTOR, CREDENTIALS_SECRET_SUFFIX
+from domain.constants import CREDENTIALS_SECRET_SELECTOR, CREDENTIALS_SECRET_SUFFIX, ShardConditionType
 from informers import SECRETS, Informer
 from informers.informer import Handler
 from reconciler.admin import AdminPolicy, AdminSessions
@@ -78,7 +78,8 @@ def _shard_inputs(shard: dict[str, Any] | None) -> tuple[Any, ...]:
     """What of a Shard the Database controller depends on: spec (client block...) and readiness."""
     if shard is None:
         return (None,)
-    ready = [c.get("status") for c in (shard.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"]
+    conditions = (shard.get("status") or {}).get("conditions") or []
+    ready = [c.get("status") for c in conditions if c.get("type") == ShardConditionType.READY]
     return (shard.get("spec"), ready)
 
 
