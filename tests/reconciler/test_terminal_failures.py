@@ -27,6 +27,8 @@ from tests.reconciler.conftest import NAMESPACE, Fleet, condition, is_shard_chec
 from tests.reconciler.test_failure_reasons import foreign_database, retry_now, tenant_of, wait_reason
 from tests.sql.helpers import drop_as_superuser
 
+NOW = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
 
 def database_queue(manager: InProcessManager) -> WorkQueue:
     (controller,) = [c for c in manager.manager.controllers if c.name == "database"]
@@ -70,6 +72,10 @@ def test_a_terminal_failure_waits_for_a_change_then_converges(
     logged_pg, fleet, start_manager, admin_rest, cause: Callable, message: str, fix_trigger: str
 ):
     shard = fleet.shard(logged_pg)
+    # Ready before the manager starts: the first pass places at once (no ShardsUnavailable requeue,
+    # whose 30 s would hide the terminal failure's own requeue).
+    ready = {"type": "Ready", "status": "True", "reason": "Ok", "message": "test", "lastTransitionTime": NOW}
+    admin_rest.patch(SHARDS, shard, {"status": {"conditions": [ready]}}, subresource="status")
     name = fleet.database(f"terminal-{fix_trigger}")
     tenant = tenant_of(admin_rest, name)
     try:
