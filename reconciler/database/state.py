@@ -97,6 +97,9 @@ class Pass:
 
     def update(self, **fields: Any) -> None:
         """Set status fields by their Python names (None removes a field from the stored status)."""
+        unknown = fields.keys() - DatabaseStatus.model_fields.keys()
+        if unknown:  # model_copy would keep a misspelt key, and the apiserver would prune it silently
+            raise TypeError(f"DatabaseStatus has no field {', '.join(sorted(unknown))}")
         self.status = self.status.model_copy(update=fields)
 
     def condition(self, type_: str) -> Condition | None:
