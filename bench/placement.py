@@ -4,12 +4,12 @@
                               [--live-placements 50] [--live-rounds 10] [--profile]
 
 1. In-process, what placing one database costs the Database controller apart from its writes:
-   `PlacementIndex.choose` (what `DatabaseController._place` calls), plus the index update that the
+   `PlacementIndex.choose` (what reconciler/database/placement.py `Placer.place` calls), plus the index update that the
    placement's own status change causes when the Database informer delivers it (the count of the
    chosen shard goes up by one). The index follows real `informers.Informer`s (filled by a stub list,
    no apiserver) holding the shards and `--databases` Databases spread over them. 20 and 200
    shards side by side, interleaved, `--iterations` placements per round.
-2. On the real apiserver (skip with `--live-placements 0`): the whole `_place` step (the same
+2. On the real apiserver (skip with `--live-placements 0`): the whole `Placer.place` step (the same
    choice plus its status write; its Event is queued and sent in the background) for fresh
    Database objects, with a controller whose shard informer sees 20 Shards and one that sees 200
    (label selectors), interleaved.
@@ -146,13 +146,13 @@ class Placer:
 
 
 def live_benchmark(placements: int, rounds: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """The whole `_place` step (choice, status write, queued Event) with 20 vs 200 Shards."""
+    """The whole `Placer.place` step (choice, status write, queued Event) with 20 vs 200 Shards."""
     from datetime import UTC, datetime
 
     from dbprovider.devstack import DevStack
     from domain.config import load_install_config
     from informers import SECRETS
-    from reconciler.database_controller import DatabaseController, Pass
+    from reconciler.database import DatabaseController, Pass
     from reconciler.events import EventRecorder
 
     stack = Stack("placement")
@@ -210,8 +210,8 @@ def live_benchmark(placements: int, rounds: int) -> tuple[dict[str, list[float]]
                 name = f"place-{next(pending):04d}.{dev.consumer}"
                 db = databases.get(f"{dev.namespace}/{name}")
                 assert db is not None
-                p = Pass(db, copy.deepcopy(db.get("status") or {}))
-                assert controller._place(p) is None and p.status["shard"].startswith(label)  # noqa: SLF001
+                p = Pass.read(db)
+                assert controller.placer.place(p) is None and (p.status.shard or "").startswith(label)
 
             return once
 

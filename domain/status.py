@@ -12,10 +12,11 @@ generation the rest of the status describes.
 
 from __future__ import annotations
 
-from datetime import datetime
+from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Annotated
 
-from pydantic import Field, StrictInt, StrictStr
+from pydantic import Field, PlainSerializer, StrictInt, StrictStr
 
 from domain.constants import ConditionStatus, Phase
 from domain.validation import ObjectName, SpecModel
@@ -29,6 +30,17 @@ CONDITION_MESSAGE_MAX_LENGTH = 32768
 
 Generation = Annotated[StrictInt, Field(ge=0)]
 
+STATUS_TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+
+def _status_time(moment: datetime) -> str:
+    """UTC, whole seconds, `Z`: the one format status timestamps are stored in, so re-dumping an
+    unchanged status gives back exactly what is stored (and a pass that changes nothing writes nothing)."""
+    return moment.astimezone(UTC).strftime(STATUS_TIME_FORMAT)
+
+
+StatusTime = Annotated[datetime, PlainSerializer(_status_time, return_type=str, when_used="json")]
+
 
 class Condition(SpecModel):
     """One observation about the object (the shape of metav1.Condition)."""
@@ -40,7 +52,7 @@ class Condition(SpecModel):
     observed_generation: Generation | None = Field(
         default=None, description="The metadata.generation this condition was computed for."
     )
-    last_transition_time: datetime = Field(description="When the status last changed (not when it was last checked).")
+    last_transition_time: StatusTime = Field(description="When the status last changed (not when it was last checked).")
     reason: Annotated[StrictStr, Field(min_length=1, max_length=1024, pattern=CONDITION_REASON_RE)] = Field(
         description="Machine-readable CamelCase reason, e.g. Ok, Unreachable, NoCapacity, Provisioned."
     )
@@ -116,7 +128,7 @@ class DatabaseStatus(SpecModel):
         description="CONNECTION LIMIT set on the tenant role (-1 = unlimited); compared with the install "
         "config to report ConnectionLimitDrift.",
     )
-    drop_after: datetime | None = Field(
+    drop_after: StatusTime | None = Field(
         default=None,
         description="While Deleting: the earliest time the tenant is dropped (delete request + "
         "softDelete.retention). Removing the delete annotation before then recovers the database.",
@@ -132,3 +144,66 @@ class DatabaseStatus(SpecModel):
         description="The value of the rotate-requested-at annotation whose new password is in effect; a "
         "different annotation value asks the reconciler for a new password.",
     )
+
+
+# -- typed conditions ------------------------------------------------------------------------------
+# The models are frozen: these return a new tuple (and whether anything changed) instead of mutating.
+
+
+def find_condition(conditions: Sequence[Condition], type_: str) -> Condition | None:
+    """Condition `type_`, or None."""
+    return next((c for c in conditions if c.type == type_), None)
+
+
+def condition_is_true(conditions: Sequence[Condition], type_: str) -> bool:
+    found = find_condition(conditions, type_)
+    return found is not None and found.status == ConditionStatus.TRUE
+
+
+def with_condition(
+    conditions: Sequence[Condition],
+    type_: str,
+    status: bool | ConditionStatus,
+    reason: str,
+    message: str,
+    observed_generation: int | None,
+    *,
+    now: datetime,
+) -> tuple[tuple[Condition, ...], bool]:
+    """`conditions` with `type_` set (in its place, or appended), and whether anything changed.
+
+    lastTransitionTime changes only when the status changes (or the condition is new); reason,
+    message and observedGeneration (when given) are updated without touching it.
+    """
+    if isinstance(status, bool):
+        status = ConditionStatus.TRUE if status else ConditionStatus.FALSE
+    current = find_condition(conditions, type_)
+    if current is None:
+        new = Condition(
+            type=type_,
+            status=status,
+            reason=reason,
+            message=message,
+            last_transition_time=now,
+            **({} if observed_generation is None else {"observed_generation": observed_generation}),
+        )
+        return (*conditions, new), True
+    update: dict[str, object] = {}
+    if current.status != status:
+        update.update(status=status, last_transition_time=now)
+    if current.reason != reason:
+        update["reason"] = reason
+    if current.message != message:
+        update["message"] = message
+    if observed_generation is not None and current.observed_generation != observed_generation:
+        update["observed_generation"] = observed_generation
+    if not update:
+        return tuple(conditions), False
+    changed = Condition.model_validate({**current.model_dump(exclude_unset=True), **update})
+    return tuple(changed if c is current else c for c in conditions), True
+
+
+def without_condition(conditions: Sequence[Condition], type_: str) -> tuple[tuple[Condition, ...], bool]:
+    """`conditions` without `type_`, and whether it was there."""
+    kept = tuple(c for c in conditions if c.type != type_)
+    return kept, len(kept) != len(conditions)

@@ -20,7 +20,7 @@ from informers import SECRETS, Informer
 from informers.informer import Handler
 from reconciler.admin import AdminPolicy, AdminSessions
 from reconciler.consumer_controller import ConsumerController
-from reconciler.database_controller import DatabaseController
+from reconciler.database import DatabaseController
 from reconciler.events import EventRecorder
 from reconciler.resources import (
     BY_CONSUMER,

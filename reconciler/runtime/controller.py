@@ -4,8 +4,10 @@ The contract (controller-runtime's):
 - `reconcile(key)` reads the current state (from informers), converges, and returns `Result()`
   (or None). `Result(requeue_after=s)` asks for another pass in s seconds: success only.
 - Raising = failure: the key is retried with per-key exponential backoff (1 s .. 5 min) and
-  counted in `dbprovider_reconcile_errors_total{controller, reason}` (reason from
-  `ReconcileError.reason`, else "Other"). `TerminalError` is counted but not retried.
+  counted in `dbprovider_reconcile_errors_total{controller, reason, retryable="true"}` (reason
+  from `ReconcileError.reason`, else "Other"). `TerminalError` is counted with
+  `retryable="false"` and not retried with backoff: the next event of the object brings it back,
+  or its `requeue_after` (a slow fixed requeue, if the raiser gives one).
 - An HTTP 409 (an `ApiException` with status 409 anywhere in the exception's cause chain) is a
   write conflict: retried with backoff and counted in `dbprovider_reconcile_conflicts_total`, not
   as an error.
@@ -32,7 +34,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from informers import Informer, object_key
-from reconciler.runtime.metrics import OTHER_REASON, RuntimeMetrics
+from reconciler.runtime.metrics import OTHER_REASON, RuntimeMetrics, retryable_label
 from reconciler.runtime.workqueue import ExponentialBackoff, WorkQueue
 
 log = logging.getLogger(__name__)
@@ -56,7 +58,15 @@ class ReconcileError(Exception):
 
 
 class TerminalError(ReconcileError):
-    """A failure retrying cannot fix: counted as an error, not requeued (a new event will bring it back)."""
+    """A failure retrying cannot fix: counted as an error, not retried with backoff.
+
+    A new event of the object brings it back; `requeue_after` (seconds) adds one slow requeue, for
+    causes fixed outside the objects the controller watches (a DBA drops a foreign database).
+    """
+
+    def __init__(self, reason: str, message: str = "", *, requeue_after: float | None = None) -> None:
+        super().__init__(reason, message)
+        self.requeue_after = requeue_after
 
 
 class ControllerStopping(Exception):
@@ -296,10 +306,15 @@ class Controller:
                 log.info("controller %s: write conflict on %s, retry in %.0fs", self.name, key, delay)
                 return
             reason = exc.reason if isinstance(exc, ReconcileError) else OTHER_REASON
-            self.metrics.reconcile_errors.labels(controller=self.name, reason=reason).inc()
+            terminal = isinstance(exc, TerminalError)
+            self.metrics.reconcile_errors.labels(
+                controller=self.name, reason=reason, retryable=retryable_label(not terminal)
+            ).inc()
             if isinstance(exc, TerminalError):
                 queue.forget(key)
                 log.error("controller %s: %s failed for good (%s): %s", self.name, key, reason, describe_error(exc))
+                if exc.requeue_after is not None:
+                    queue.add_after(key, exc.requeue_after)
                 return
             delay = queue.add_rate_limited(key)
             log.warning(

@@ -14,13 +14,19 @@ from prometheus_client import CollectorRegistry, Counter, start_http_server
 OTHER_REASON = "Other"
 
 
+def retryable_label(retryable: bool) -> str:
+    """The `retryable` label value: "true" (retried with backoff) or "false" (a TerminalError)."""
+    return "true" if retryable else "false"
+
+
 class RuntimeMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.reconcile_errors = Counter(
             "dbprovider_reconcile_errors_total",
-            "Failed reconciles (reason = the condition reason of a ReconcileError, else Other).",
-            ["controller", "reason"],
+            "Failed reconciles (reason = the condition reason of a ReconcileError, else Other; "
+            "retryable = false for a TerminalError, not retried with backoff).",
+            ["controller", "reason", "retryable"],
             registry=self.registry,
         )
         self.reconcile_conflicts = Counter(
@@ -33,7 +39,10 @@ class RuntimeMetrics:
     def init_controller(self, controller: str) -> None:
         """Export zero-valued series for a controller so rate() and alerts see it from the start."""
         self.reconcile_conflicts.labels(controller=controller)
-        self.reconcile_errors.labels(controller=controller, reason=OTHER_REASON)
+        for retryable in (True, False):
+            self.reconcile_errors.labels(
+                controller=controller, reason=OTHER_REASON, retryable=retryable_label(retryable)
+            )
 
 
 class MetricsServer:

@@ -177,6 +177,12 @@ class WorkQueue:
         with self._cond:
             return len(self._waiting)
 
+    def due_in(self, key: str) -> float | None:
+        """Seconds until a delayed key is due (None: not delayed): tells a backoff from a slow requeue."""
+        with self._cond:
+            ready = self._waiting.get(key)
+            return None if ready is None else ready - self._clock()
+
     def processing(self) -> int:
         with self._cond:
             return len(self._processing)

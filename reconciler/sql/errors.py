@@ -13,7 +13,9 @@ import psycopg
 from psycopg import errors as pgerrors
 
 # The error classes, each with whether retrying soon may help (True: a transient fault of the
-# shard or the network; False: needs a change of configuration, credentials or data first).
+# shard or the network; False: needs a change of configuration, credentials or data first). The
+# Database controller retries the True ones with backoff and raises the False ones as terminal
+# (reconciler/database/shard_sql.py).
 TIMEOUT = "timeout"
 LOCK_TIMEOUT = "lock_timeout"
 AUTH_FAILED = "auth_failed"
@@ -51,7 +53,7 @@ RETRYABLE: dict[str, bool] = {
     DEPENDENT_OBJECTS: False,
     CONFLICT: True,
     RESTORE_REFUSED: False,
-    OTHER: False,
+    OTHER: False,  # unknown; the Database controller retries it with backoff anyway (it may be transient)
 }
 
 AUTH_SQLSTATES = frozenset({"28P01", "28000"})

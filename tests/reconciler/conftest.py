@@ -18,7 +18,7 @@ from domain.constants import ANNOTATION_DELETE_REQUESTED_AT, FINALIZER_TENANT
 from harness import PostgresServer
 from harness.statement_log import LoggedStatement, parse_statement_log
 from informers import SECRETS, Informer, Rest
-from reconciler.database_controller import DatabaseController
+from reconciler.database import DatabaseController
 from reconciler.events import EventRecorder
 from reconciler.resources import DATABASES, SHARDS
 from tests.support.common import condition, decoded, wait_for

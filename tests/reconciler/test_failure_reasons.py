@@ -11,7 +11,6 @@ where the pre-16 dialect runs other statements (membership grants on create and 
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -22,14 +21,13 @@ import pytest
 from psycopg import sql
 
 from domain.constants import ANNOTATION_DELETE_REQUESTED_AT, ANNOTATION_ROTATE_REQUESTED_AT, FINALIZER_TENANT
-from domain.naming import tenant_name
 from harness import PostgresServer
 from informers import SECRETS, Rest
 from reconciler.resources import DATABASES, SHARDS
+from tests.reconciler.causes import foreign_database, retry_now, tenant_of, wait_reason
 from tests.reconciler.conftest import (
     NAMESPACE,
     SHARD_SECRETS_NAMESPACE,
-    Fleet,
     condition,
     controller_parts,
     install_config,
@@ -84,14 +82,6 @@ def tenants() -> Iterator[list[tuple[PostgresServer, str]]]:
 # -- what the operator sees ------------------------------------------------------------------------
 
 
-def wait_reason(fleet: Fleet, name: str, reason: str, type_: str = "Ready", timeout: float = 60) -> dict[str, Any]:
-    def has_reason(db: dict[str, Any]) -> bool:
-        found = condition(db, type_)
-        return found is not None and found.get("reason") == reason
-
-    return fleet.wait_database(name, has_reason, timeout, f"{name}: {type_} reason {reason}")
-
-
 def event_about(admin_rest: Rest, db: dict[str, Any], reason: str, timeout: float = 30) -> dict[str, Any]:
     """The Event of `reason` about this Database object (Events are sent in the background)."""
     uid = db["metadata"]["uid"]
@@ -126,12 +116,6 @@ def assert_warning(
     return event
 
 
-def tenant_of(admin_rest: Rest, name: str) -> str:
-    """The tenant name the manager will choose (it is derived from the object's UID)."""
-    db = admin_rest.get(DATABASES, name, NAMESPACE)
-    return tenant_name(db["spec"]["externalId"], db["metadata"]["uid"])
-
-
 def password_of(admin_rest: Rest, name: str) -> str:
     return secret_data(admin_rest, f"{name}-credentials")["password"]
 
@@ -159,21 +143,6 @@ def role_locked(server: PostgresServer, role: str) -> Iterator[None]:
 # -- create ----------------------------------------------------------------------------------------
 
 
-@contextmanager
-def foreign_database(server: PostgresServer, name: str) -> Iterator[str]:
-    """A database of that name owned by another role (left by an operator or a restore); yields its owner."""
-    owner = f"squatter_{uuid.uuid4().hex[:8]}"
-    with server.superuser_connection() as su:
-        su.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(owner)))
-        su.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(name), sql.Identifier(owner)))
-    try:
-        yield owner
-    finally:
-        with server.superuser_connection() as su:
-            su.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
-            su.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(owner)))
-
-
 def test_ensure_failed_when_a_foreign_database_has_the_tenant_name(
     dialect_pg, fleet, start_manager, admin_rest, tenants
 ):
@@ -197,7 +166,9 @@ def test_ensure_failed_when_a_foreign_database_has_the_tenant_name(
             ).fetchone()
         assert row == (owner,)  # neither taken over nor dropped
 
-    # The operator removes the foreign database: a retry (with backoff) finishes the tenant.
+    # The operator removes the foreign database. name_taken is terminal (no retry with backoff): the
+    # next change of the Database (here an annotation), of its Shard, or the 5-minute requeue finishes it.
+    retry_now(admin_rest, name)
     fleet.wait_phase(name, "Ready", timeout=90)
     creds = secret_data(admin_rest, f"{name}-credentials")
     with dialect_pg.connect(creds["user"], creds["password"], creds["database"]) as conn:

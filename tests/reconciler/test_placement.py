@@ -2,7 +2,7 @@
 
 The index is fed the informers' events (ADDED/MODIFIED/DELETED with old and new objects) the way
 `Informer` delivers them; its wiring to real informers on the apiserver is covered by the
-reconciler suite (test_database_controller: spread, skips, NoCapacity).
+reconciler suite (spread, skips, NoCapacity).
 """
 
 from __future__ import annotations

@@ -55,11 +55,15 @@ class Harness:
         wait_for(lambda: self.informer.get(key), what=f"the informer to see {key}")
         return key
 
-    def errors(self, controller: str, reason: str) -> float:
-        value = self.metrics.registry.get_sample_value(
-            "dbprovider_reconcile_errors_total", {"controller": controller, "reason": reason}
+    def errors(self, controller: str, reason: str, retryable: str | None = None) -> float:
+        """dbprovider_reconcile_errors_total{controller, reason}, of one `retryable` value or both."""
+        return sum(
+            self.metrics.registry.get_sample_value(
+                "dbprovider_reconcile_errors_total", {"controller": controller, "reason": reason, "retryable": value}
+            )
+            or 0.0
+            for value in ((retryable,) if retryable else ("true", "false"))
         )
-        return value or 0.0
 
     def conflicts(self, controller: str) -> float:
         value = self.metrics.registry.get_sample_value(
@@ -137,9 +141,33 @@ def test_terminal_errors_are_counted_but_not_retried(env: Harness) -> None:
     controller.start()
     wait_for(lambda: env.errors("terminal", "InvalidSizeClass") == 1)
     assert controller.queue.pending() == 0 and controller.queue.num_requeues(key) == 0
+    assert env.errors("terminal", "InvalidSizeClass", retryable="false") == 1  # the label tells it apart
     # A new change brings it back (level-based: events are hints).
     env.rest.patch(CONFIGMAPS, "bad", {"data": {"v": "1"}}, env.namespace)
     wait_for(lambda: len(attempts) == 2)
+
+
+def test_a_terminal_error_may_ask_for_one_slow_requeue_instead_of_backoff(env: Harness) -> None:
+    """TerminalError(requeue_after=s): counted as retryable="false", no backoff, the key due in s."""
+    attempts: list[str] = []
+    failure = ReconcileError("AdminUnavailable", "connection refused")
+
+    def reconcile(key: str) -> Result:
+        attempts.append(key)
+        if len(attempts) == 1:
+            raise failure  # retryable: backoff, counted with retryable="true"
+        raise TerminalError("EnsureFailed", "create failed: name_taken", requeue_after=300)
+
+    key = env.create("slow")
+    controller = env.controller("slow", reconcile)
+    controller.start()
+    wait_for(lambda: env.errors("slow", "EnsureFailed") == 1)
+    assert env.errors("slow", "AdminUnavailable", retryable="true") == 1
+    assert env.errors("slow", "EnsureFailed", retryable="false") == 1
+    due = wait_for(lambda: controller.queue.due_in(key), what="the slow requeue")
+    assert 290 < due <= 300  # one requeue in five minutes, not the next backoff step (0.1 s)
+    assert controller.queue.num_requeues(key) == 0  # the backoff was forgotten
+    assert len(attempts) == 2
 
 
 def test_a_write_conflict_is_requeued_and_counted_as_conflict_not_error(env: Harness) -> None:

@@ -49,8 +49,10 @@ def test_metrics_endpoint_serves_both_counters_and_stop_frees_the_port(admin_res
         wait_for(lambda: len(attempts) == 3, timeout=10)
         body = _scrape(server.port)
         assert 'dbprovider_reconcile_conflicts_total{controller="database"} 1.0' in body
-        assert 'dbprovider_reconcile_errors_total{controller="database",reason="AdminUnavailable"} 1.0' in body
-        assert 'dbprovider_reconcile_errors_total{controller="database",reason="Other"} 0.0' in body
+        errors = 'dbprovider_reconcile_errors_total{controller="database",reason='
+        assert errors + '"AdminUnavailable",retryable="true"} 1.0' in body
+        assert errors + '"Other",retryable="true"} 0.0' in body
+        assert errors + '"Other",retryable="false"} 0.0' in body
         assert "# TYPE dbprovider_reconcile_errors_total counter" in body
     finally:
         controller.stop()

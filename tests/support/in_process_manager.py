@@ -56,9 +56,13 @@ class InProcessManager:
         self.manager.stop(timeout=30)
         self.controllers.close()
 
-    def errors(self, controller: str, reason: str) -> float:
-        """dbprovider_reconcile_errors_total{controller, reason}: how often a key was retried for it."""
-        value = self.manager.metrics.registry.get_sample_value(
-            "dbprovider_reconcile_errors_total", {"controller": controller, "reason": reason}
+    def errors(self, controller: str, reason: str, retryable: str | None = None) -> float:
+        """dbprovider_reconcile_errors_total{controller, reason}: how often a key failed for it
+        (`retryable` "true": retried with backoff, "false": terminal; None: both)."""
+        return sum(
+            self.manager.metrics.registry.get_sample_value(
+                "dbprovider_reconcile_errors_total", {"controller": controller, "reason": reason, "retryable": value}
+            )
+            or 0.0
+            for value in ((retryable,) if retryable else ("true", "false"))
         )
-        return value or 0.0

@@ -1,0 +1,142 @@
+"""The Database controller: a reconcile is a column of guard clauses (CloudNativePG's order).
+
+  fetch -> finalizer (finalizers.py) -> held: a Kubernetes delete without the delete annotation,
+  no SQL at all (deletion.py) -> soft delete or recovery (deletion.py) -> placement, persisted
+  before any SQL (placement.py) -> shard -> credentials Secret, written before the role: the
+  source of the password (secret.py) -> Ready path: no SQL unless the database's own inputs
+  changed (ready.py) -> provisioning (provisioning.py).
+
+Each step reads and changes the typed `Pass` (state.py). SQL runs through `ShardSql` (shard_sql.py):
+a failure goes into status with its sanitized class and is retried with backoff
+(`ReconcileError`), or, when retrying cannot help, raised as `TerminalError`; driver errors never
+escape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from pydantic import ValidationError
+
+from domain.config import InstallConfig
+from domain.constants import (
+    ANNOTATION_DELETE_REQUESTED_AT,
+    FINALIZER_TENANT,
+    DatabaseConditionType,
+    DatabaseReason,
+    Phase,
+)
+from domain.validation import format_validation_error
+from informers import Informer, Rest
+from reconciler.admin import AdminEndpointCache, AdminPolicy, AdminSessions
+from reconciler.database.deletion import Deletion
+from reconciler.database.finalizers import Finalizers, finalizers
+from reconciler.database.placement import Placer
+from reconciler.database.provisioning import Provisioner
+from reconciler.database.ready import ReadyPath
+from reconciler.database.report import Reporter
+from reconciler.database.secret import CredentialsSecrets
+from reconciler.database.shard_sql import ShardSql, client_endpoint, shard_spec
+from reconciler.database.state import Pass
+from reconciler.database.writes import DatabaseWrites
+from reconciler.events import EventRecorder
+from reconciler.placement import PlacementIndex
+from reconciler.resources import database_shard
+from reconciler.runtime import Result, TerminalError
+
+INVALID_OBJECT = "InvalidObject"
+
+
+class DatabaseController:
+    def __init__(
+        self,
+        rest: Rest,
+        config: InstallConfig,
+        namespace: str,
+        databases: Informer,
+        shards: Informer,
+        secrets: Informer,
+        events: EventRecorder,
+        sessions: AdminSessions | None = None,
+        admin_host_override: str | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        policy: AdminPolicy | None = None,
+    ) -> None:
+        self.namespace = namespace
+        self.databases = databases
+        self.shards = shards
+        self.sessions = sessions or AdminSessions()
+        admin_endpoints = AdminEndpointCache(rest, policy or AdminPolicy.from_config(config), admin_host_override)
+        # Before any handler that enqueues Databases: a woken worker places with the event applied.
+        self.placement = PlacementIndex(database_shard).watch(shards, databases)
+
+        self.writes = DatabaseWrites(rest)
+        self.report = Reporter(self.writes, events)
+        self.sql = ShardSql(self.sessions, admin_endpoints, self.report)
+        self.secrets = CredentialsSecrets(rest, secrets, self.report)
+        self.finalizers = Finalizers(rest, self.writes, self.secrets)
+        self.placer = Placer(config, self.placement, rest, shards, self.writes, self.report, self.sql)
+        self.deletion = Deletion(config, shards, self.sql, self.writes, self.report, self.finalizers, clock)
+        self.ready = ReadyPath(config, rest, self.secrets, self.sql, self.writes, self.report)
+        self.provisioner = Provisioner(config, self.sql, self.writes, self.report)
+
+    @property
+    def on_shard_trouble(self) -> Callable[[str], None] | None:
+        """Called with a shard's name when its SQL failed as if the shard were down (set by setup)."""
+        return self.sql.on_shard_trouble
+
+    @on_shard_trouble.setter
+    def on_shard_trouble(self, callback: Callable[[str], None] | None) -> None:
+        self.sql.on_shard_trouble = callback
+
+    def reconcile(self, key: str) -> Result | None:
+        cached = self.databases.get(key)
+        if cached is None:
+            self.writes.forget(key)
+            return None
+        db = self.writes.caught_up(key, cached)
+        if db is None:
+            return None
+        try:
+            p = Pass.read(db)
+        except ValidationError as exc:  # the CRD schema is generated from the same models: a bug
+            raise TerminalError(INVALID_OBJECT, format_validation_error(exc)) from None
+        k8s_deleting = bool(p.meta.get("deletionTimestamp"))
+        delete_requested = ANNOTATION_DELETE_REQUESTED_AT in p.annotations
+
+        if FINALIZER_TENANT not in finalizers(p):
+            if k8s_deleting:
+                return None  # nothing of ours is left on it
+            if not self.finalizers.add(p):
+                return None
+        if k8s_deleting and not delete_requested:
+            return self.deletion.hold(p)
+        p.remove_condition(DatabaseConditionType.DELETION_HELD)  # the hold is over
+        if delete_requested or p.is_true(DatabaseConditionType.TENANT_DROPPED):
+            return self.deletion.soft_delete(p)  # once dropped, never recovered or provisioned anew
+        if p.status.phase in (Phase.DELETING, Phase.DELETED) or p.status.drop_after is not None:
+            self.deletion.recover(p)
+
+        if not p.status.shard:
+            result = self.placer.place(p)
+            if result is not None:
+                return result
+        shard = self.shards.get(p.shard)
+        if shard is None:
+            self.report.fail(p, Phase.FAILED, DatabaseReason.SHARD_NOT_FOUND, f"shard {p.shard} not found")
+        spec = shard_spec(shard)
+        if spec is None:
+            self.report.fail(
+                p,
+                p.status.phase or Phase.PROVISIONING,
+                DatabaseReason.ADMIN_UNAVAILABLE,
+                f"shard {p.shard} has an invalid spec; retrying",
+            )
+        secret = self.secrets.ensure(p, client_endpoint(spec))
+
+        if p.status.phase == Phase.READY:
+            self.ready.converge(p, shard, secret)
+        else:
+            self.provisioner.provision(p, shard, secret)
+        return None

@@ -1,0 +1,160 @@
+"""Deletion: the hold (a Kubernetes delete without the delete annotation: no SQL at all), the soft
+delete (disable now, drop after the retention), and recovery (the annotation removed before the drop)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from domain.config import InstallConfig
+from domain.constants import (
+    ANNOTATION_DELETE_REQUESTED_AT,
+    DatabaseConditionType,
+    DatabaseReason,
+    EventReason,
+    Phase,
+)
+from informers import Informer
+from reconciler.database.finalizers import Finalizers
+from reconciler.database.report import Reporter
+from reconciler.database.shard_sql import ShardSql
+from reconciler.database.state import Pass
+from reconciler.database.writes import DatabaseWrites
+from reconciler.runtime import Result
+from reconciler.sql.session import AdminSession
+from reconciler.sql.tenant import disable_tenant, drop_tenant, enable_tenant
+
+
+def _parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+@dataclass
+class Deletion:
+    """Hold, soft delete and recovery: the paths of a Database that is or was being deleted."""
+
+    config: InstallConfig
+    shards: Informer
+    sql: ShardSql
+    writes: DatabaseWrites
+    report: Reporter
+    finalizers: Finalizers
+    clock: Callable[[], datetime]
+
+    def hold(self, p: Pass) -> Result | None:
+        """Deleted in Kubernetes without a delete request: keep everything, run no SQL, say so."""
+        changed = p.set_condition(
+            DatabaseConditionType.DELETION_HELD,
+            True,
+            "DeletionHeld",
+            f"deleted without the {ANNOTATION_DELETE_REQUESTED_AT} annotation: held by the finalizer, "
+            "nothing is dropped; set the annotation to soft-delete or see the docs to restore",
+        )
+        if changed:
+            self.writes.status(p)
+            self.report.event(p, EventReason.DELETION_HELD, "deletion held, no delete annotation", warning=True)
+        return None
+
+    def _placed_shard(self, p: Pass, phase: Phase, message: str) -> dict[str, Any]:
+        shard = self.shards.get(p.shard)
+        if shard is None:
+            self.report.fail(p, phase, DatabaseReason.SHARD_NOT_FOUND, message)
+        return shard
+
+    def soft_delete(self, p: Pass) -> Result | None:
+        """Disable the tenant now, drop it once dropAfter has passed, then finish the delete."""
+        if not p.status.shard or p.status.phase == Phase.DELETED or p.is_true(DatabaseConditionType.TENANT_DROPPED):
+            self.finalizers.finish_delete(p)
+            return None
+        if p.status.phase != Phase.DELETING or p.status.drop_after is None:
+            requested = _parse_time(p.annotations.get(ANNOTATION_DELETE_REQUESTED_AT))
+            p.update(phase=Phase.DELETING, drop_after=(requested or self.clock()) + self.config.soft_delete.retention)
+            self.report.ready(p, False, DatabaseReason.DELETING, "soft delete in progress")
+            self.writes.status(p)
+            self.report.event(p, EventReason.DELETE_REQUESTED, "delete requested")
+        shard = self._placed_shard(
+            p,
+            Phase.DELETING,
+            f"shard {p.shard} not found: the tenant can be neither disabled nor dropped",
+        )
+        tenant = p.tenant
+        if not p.is_true(DatabaseConditionType.TENANT_DISABLED):
+            self._step(
+                p,
+                shard,
+                DatabaseReason.DISABLE_FAILED,
+                lambda session: disable_tenant(session, tenant),
+                DatabaseConditionType.TENANT_DISABLED,
+                "Disabled",
+                "login and connections disabled, sessions ended; remove the delete annotation to recover",
+                "soft delete in progress",
+            )
+            self.report.event(p, EventReason.DISABLED, "tenant disabled")
+        assert p.status.drop_after is not None
+        wait = (p.status.drop_after - self.clock()).total_seconds()
+        if wait > 0:
+            return Result(requeue_after=wait)
+        self._step(
+            p,
+            shard,
+            DatabaseReason.DROP_FAILED,
+            lambda session: drop_tenant(session, tenant),
+            DatabaseConditionType.TENANT_DROPPED,
+            "Dropped",
+            "database and role dropped",
+            "tenant dropped",
+            phase=Phase.DELETED,
+        )
+        self.report.event(p, EventReason.DROPPED, "tenant dropped")
+        self.finalizers.finish_delete(p)
+        return None
+
+    def _step(
+        self,
+        p: Pass,
+        shard: dict[str, Any],
+        reason: str,
+        operation: Callable[[AdminSession], object],
+        condition: str,
+        condition_reason: str,
+        condition_message: str,
+        ready_message: str,
+        *,
+        phase: Phase = Phase.DELETING,
+    ) -> None:
+        """One SQL step of the soft delete, then its condition (and Ready: Deleting) in one status write."""
+        self.sql.run(p, shard, Phase.DELETING, reason, operation)
+        p.set_condition(condition, True, condition_reason, condition_message)
+        p.update(phase=phase)
+        self.report.ready(p, False, DatabaseReason.DELETING, ready_message)
+        self.writes.status(p)
+
+    def recover(self, p: Pass) -> None:
+        """The delete annotation was removed before the drop: re-enable the same tenant."""
+        if p.status.phase == Phase.DELETED:
+            return
+        if p.is_true(DatabaseConditionType.TENANT_DISABLED):
+            shard = self._placed_shard(p, Phase.DELETING, f"shard {p.shard} not found")
+            tenant = p.tenant
+            self.sql.run(
+                p,
+                shard,
+                Phase.DELETING,
+                DatabaseReason.ADMIN_UNAVAILABLE,
+                lambda session: enable_tenant(session, tenant),
+            )
+        p.remove_condition(DatabaseConditionType.TENANT_DISABLED)
+        p.update(
+            drop_after=None,
+            phase=Phase.READY if p.status.applied_connection_limit is not None else Phase.PROVISIONING,
+        )
+        self.writes.status(p)
+        self.report.event(p, EventReason.READY, "recovered from soft delete")

@@ -1,0 +1,137 @@
+"""Running one SQL operation on the placed shard: the admin session, and what a failure means.
+
+Every SQL step of the controller goes through `ShardSql.run`: it gets the shard's admin session
+(or fails with the step's reason while the shard is not Ready or its admin Secret is unusable),
+runs the operation, and turns a `SqlFailure` into a recorded failure with its sanitized class:
+
+- retryable (`SqlFailure.retryable`, see reconciler.sql.errors.RETRYABLE): `ReconcileError`,
+  retried with backoff (timeouts, a lost connection, a lock held, an unreachable shard);
+- terminal (name_taken, insufficient_privilege, invalid_provisioner, not_found, dependent_objects):
+  `TerminalError`, counted with `retryable="false"` and not retried with backoff. A person has to
+  fix something first; the pass runs again on the next change of the Database, of its Shard
+  (readiness or spec) or of its credentials Secret, and at the latest after `TERMINAL_RETRY`.
+
+Retried with backoff although RETRYABLE says False (`RETRIED_ANYWAY`): `other` (an unknown cause
+may well be transient), and the admin connection's own refusals (auth_failed,
+insecure_auth_refused, tls_failed). Those are the Shard's problem, reported by the Shard
+controller (AdminAuthFailed / Unreachable, checked at once via `on_shard_trouble`), and the first
+retry reads the admin Secret again: after a provisioner password rotation the Database workers may
+hold the old password for up to 10 s (AdminEndpointCache), which must cost one retry, not 5 minutes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
+
+from domain.constants import Phase, ShardConditionType
+from domain.specs import ShardSpec
+from reconciler.admin import AdminEndpointCache, AdminSecretInvalid, AdminSessions, parse_shard_spec
+from reconciler.credentials import Endpoint
+from reconciler.database.report import Reporter
+from reconciler.database.state import Pass
+from reconciler.runtime.status import is_condition_true
+from reconciler.sql import errors as sqlerrors
+from reconciler.sql.errors import SqlFailure
+from reconciler.sql.session import AdminSession
+
+# A fixed cause of a terminal failure is picked up within this time even without any event (a DBA
+# drops a foreign database); like NoCapacity's retry, and what keeps DBProviderReconcileErrors firing.
+TERMINAL_RETRY = 300.0
+# Retried with backoff although RETRYABLE says False (see the module docstring).
+RETRIED_ANYWAY = frozenset(
+    {sqlerrors.OTHER, sqlerrors.AUTH_FAILED, sqlerrors.INSECURE_AUTH_REFUSED, sqlerrors.TLS_FAILED}
+)
+# SQL failures that say more about the shard than about this database: the Shard controller looks
+# now (not at its next ping), and a changed readiness enqueues the shard's databases again.
+SHARD_TROUBLE = frozenset(
+    {
+        sqlerrors.UNREACHABLE,
+        sqlerrors.CONNECTION_LOST,
+        sqlerrors.TIMEOUT,
+        sqlerrors.AUTH_FAILED,
+        sqlerrors.INSECURE_AUTH_REFUSED,
+        sqlerrors.TLS_FAILED,
+    }
+)
+
+Operation = Callable[[AdminSession], object]
+
+
+def is_terminal(failure: SqlFailure) -> bool:
+    """True when retrying soon cannot help (see the module docstring)."""
+    return not failure.retryable and failure.error_class not in RETRIED_ANYWAY
+
+
+def shard_spec(shard: dict[str, Any]) -> ShardSpec | None:
+    """The Shard's typed spec, or None when it does not parse (the Shard controller reports that)."""
+    try:
+        return parse_shard_spec(shard)
+    except ValidationError:
+        return None
+
+
+def client_endpoint(spec: ShardSpec) -> Endpoint:
+    """What consumers are told to connect to (the Shard's client block, defaults from the model)."""
+    return Endpoint(spec.client.host, spec.client.port, spec.client.sslmode.value)
+
+
+@dataclass
+class ShardSql:
+    """Admin sessions and SQL runs for the parts; the one place a SqlFailure becomes a reconcile failure."""
+
+    sessions: AdminSessions
+    admin_endpoints: AdminEndpointCache
+    report: Reporter
+    # Called with a shard's name when its SQL failed as if the shard were down (set by setup).
+    on_shard_trouble: Callable[[str], None] | None = None
+
+    def session(self, p: Pass, shard: dict[str, Any], phase: Phase, reason: str) -> AdminSession:
+        """An admin session for the placed shard, or a recorded failure (retried with backoff)."""
+        name = shard["metadata"]["name"]
+        if not is_condition_true((shard.get("status") or {}).get("conditions"), ShardConditionType.READY):
+            self.report.fail(p, phase, reason, f"shard {name} is not Ready; retrying")
+        spec = shard_spec(shard)
+        if spec is None:
+            self.report.fail(p, phase, reason, f"shard {name} has an invalid spec; retrying")
+        try:
+            endpoint = self.admin_endpoints.get(name, spec)
+        except (AdminSecretInvalid, ApiException) as exc:
+            detail = str(exc) if isinstance(exc, AdminSecretInvalid) else f"HTTP {exc.status}"
+            self.report.fail(p, phase, reason, f"no usable admin connection to shard {name}: {detail}")
+        return self.sessions.get(name, endpoint)
+
+    def run(
+        self,
+        p: Pass,
+        shard: dict[str, Any],
+        phase: Phase,
+        reason: str,
+        operation: Operation,
+        *,
+        session_reason: str | None = None,
+    ) -> None:
+        """Run `operation` on the shard's admin session; a failure is recorded with `reason` and raised.
+
+        `session_reason` is the reason when no session can be had (default: `reason`).
+        """
+        session = self.session(p, shard, phase, session_reason or reason)
+        try:
+            operation(session)
+        except SqlFailure as failure:
+            self.failed(p, shard["metadata"]["name"], phase, reason, failure)
+
+    def failed(self, p: Pass, shard: str, phase: Phase, reason: str, failure: SqlFailure) -> NoReturn:
+        """Forget the shard's session and admin Secret (the retry reads them again), then fail."""
+        self.sessions.drop(shard)
+        self.admin_endpoints.forget(shard)
+        if failure.error_class in SHARD_TROUBLE and self.on_shard_trouble is not None:
+            self.on_shard_trouble(shard)  # let the Shard controller look now, not at its next ping
+        terminal = is_terminal(failure)
+        self.report.fail(
+            p, phase, reason, str(failure), terminal=terminal, requeue_after=TERMINAL_RETRY if terminal else None
+        )

@@ -1,0 +1,142 @@
+"""`Pass`: one reconcile's working state, the typed spec and the status being built.
+
+The spec and status are parsed once (domain.specs.DatabaseSpec, domain.status.DatabaseStatus) when
+the pass reads the object, the parts change typed fields, and `status_body()` dumps them once for
+the status patch. The dump keeps only the keys that were stored or set by this pass (no default
+values appear out of nowhere) and timestamps in the stored format, so the dump of an unchanged
+status equals what is stored and `update_status` writes nothing.
+
+Status keys the model does not know are dropped by the parse: that is safe because the Database
+status has one writer (this controller) and the CRD's status schema is generated from the same
+model, so the apiserver prunes any other key anyway.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from domain.specs import DatabaseSpec
+from domain.status import (
+    Condition,
+    DatabaseStatus,
+    condition_is_true,
+    find_condition,
+    with_condition,
+    without_condition,
+)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC).replace(microsecond=0)
+
+
+@dataclass
+class Pass:
+    """The object as last read or written (metadata, for writes), its spec, and the status being built."""
+
+    db: dict[str, Any]
+    spec: DatabaseSpec
+    status: DatabaseStatus
+
+    @classmethod
+    def read(cls, db: dict[str, Any]) -> Pass:
+        """Parse spec and status (pydantic ValidationError if the object does not fit the models)."""
+        return cls(db, DatabaseSpec.model_validate(db.get("spec") or {}), _parse_status(db))
+
+    def load(self, db: dict[str, Any]) -> None:
+        """Continue from `db` (as just written or read live): the status being built starts over from it."""
+        self.db = db
+        self.spec = DatabaseSpec.model_validate(db.get("spec") or {})
+        self.status = _parse_status(db)
+
+    # -- metadata ------------------------------------------------------------------------------------
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self.db["metadata"]
+
+    @property
+    def name(self) -> str:
+        return str(self.meta["name"])
+
+    @property
+    def namespace(self) -> str:
+        return str(self.meta["namespace"])
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def uid(self) -> str:
+        return str(self.meta["uid"])
+
+    @property
+    def generation(self) -> int | None:
+        return self.meta.get("generation")
+
+    @property
+    def annotations(self) -> dict[str, str]:
+        return self.meta.get("annotations") or {}
+
+    @property
+    def tenant(self) -> str:
+        """The tenant name; set with the placement, before any step that needs it runs."""
+        assert self.status.tenant_name is not None
+        return self.status.tenant_name
+
+    @property
+    def shard(self) -> str:
+        """The shard placed on; set with the placement, before any step that needs it runs."""
+        assert self.status.shard is not None
+        return self.status.shard
+
+    # -- status --------------------------------------------------------------------------------------
+
+    def update(self, **fields: Any) -> None:
+        """Set status fields by their Python names (None removes a field from the stored status)."""
+        unknown = fields.keys() - DatabaseStatus.model_fields.keys()
+        if unknown:  # model_copy would keep a misspelt key, and the apiserver would prune it silently
+            raise TypeError(f"DatabaseStatus has no field {', '.join(sorted(unknown))}")
+        self.status = self.status.model_copy(update=fields)
+
+    def condition(self, type_: str) -> Condition | None:
+        return find_condition(self.status.conditions, type_)
+
+    def is_true(self, type_: str) -> bool:
+        return condition_is_true(self.status.conditions, type_)
+
+    def reason(self, type_: str) -> str | None:
+        found = self.condition(type_)
+        return None if found is None else found.reason
+
+    def set_condition(self, type_: str, status: bool, reason: str, message: str) -> bool:
+        """Set condition `type_` for this generation; True if anything changed."""
+        conditions, changed = with_condition(
+            self.status.conditions, type_, status, reason, message, self.generation, now=_now()
+        )
+        if changed:
+            self.update(conditions=conditions)
+        return changed
+
+    def remove_condition(self, type_: str) -> bool:
+        conditions, changed = without_condition(self.status.conditions, type_)
+        if changed:
+            self.update(conditions=conditions)
+        return changed
+
+    def status_body(self) -> dict[str, Any]:
+        """The status as the apiserver stores it: camelCase, only stored or set keys, stored time format."""
+        return self.status.model_dump(by_alias=True, exclude_none=True, exclude_unset=True, mode="json")
+
+    def describe(self) -> str:
+        """consumer, externalId and shard: what events and logs say about a database."""
+        return (
+            f"consumer={self.spec.consumer} externalId={self.spec.external_id} shard={self.status.shard or 'unplaced'}"
+        )
+
+
+def _parse_status(db: dict[str, Any]) -> DatabaseStatus:
+    return DatabaseStatus.model_validate(db.get("status") or {})

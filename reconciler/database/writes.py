@@ -1,0 +1,91 @@
+"""The controller's own writes to Database objects, and reading past a cache that lags them.
+
+The events of a pass's own writes wake the key again, and the cache may not show the last write
+yet (its watch event is in flight): a pass on it would redo recorded work (the SQL of a database
+that is Ready already) and fail on a conflict. So, like controller-runtime's expectations, remember
+the resourceVersion each pass wrote and read the object live until the cache has caught up with it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from informers import Rest
+from reconciler.database.state import Pass
+from reconciler.resources import DATABASES
+from reconciler.runtime import ensure_active, update_status
+
+log = logging.getLogger(__name__)
+
+
+def conditional(patch: dict[str, Any], obj: dict[str, Any]) -> dict[str, Any]:
+    """`patch` applied only to `obj` as read (409 otherwise): a write decided on a stale read, or
+    sent late by a replica that was paused mid-request and has lost its Lease since, changes nothing."""
+    metadata = {**patch.get("metadata", {}), "resourceVersion": obj["metadata"]["resourceVersion"]}
+    return {**patch, "metadata": metadata}
+
+
+@dataclass
+class DatabaseWrites:
+    """Status and metadata writes, remembering each resourceVersion written (see `caught_up`)."""
+
+    rest: Rest
+    _written: dict[str, str] = field(default_factory=dict)  # key -> resourceVersion of our last write
+
+    def status(self, p: Pass) -> None:
+        """Write the pass's status if it differs from the stored one (else nothing at all)."""
+        updated = update_status(self.rest, DATABASES, p.db, p.status_body())
+        if updated is not None:
+            p.load(updated)
+            self._wrote(updated)
+
+    def metadata(self, p: Pass, patch: dict[str, Any]) -> bool:
+        """Patch metadata (finalizers); False when the object is gone already (404): nothing to do.
+
+        A stale cache (another replica finished the delete, or the watch event of the removal is
+        in flight) must not turn a finished delete into a reconcile error.
+        """
+        ensure_active()
+        body = {"metadata": {**patch, "resourceVersion": p.meta["resourceVersion"]}}
+        try:
+            patched = self.rest.patch(DATABASES, p.name, body, p.namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            self.forget(p.key)
+            log.info("database already gone", extra={"database": p.name})
+            return False
+        p.db = patched
+        self._wrote(patched)
+        return True
+
+    def forget(self, key: str) -> None:
+        self._written.pop(key, None)
+
+    def _wrote(self, db: dict[str, Any]) -> None:
+        meta = db["metadata"]
+        self._written[f"{meta['namespace']}/{meta['name']}"] = meta["resourceVersion"]
+
+    def caught_up(self, key: str, cached: dict[str, Any]) -> dict[str, Any] | None:
+        """The object to reconcile: the cached one, or the live one while the cache lags our own write."""
+        written = self._written.get(key)
+        if written is None:
+            return cached
+        if cached["metadata"].get("resourceVersion") == written:
+            del self._written[key]
+            return cached
+        namespace, _, name = key.partition("/")
+        try:
+            live = self.rest.get(DATABASES, name, namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            self.forget(key)
+            return None
+        if live["metadata"].get("resourceVersion") != written:
+            self.forget(key)  # written again since (by someone else): the live object rules
+        return live
