@@ -241,9 +241,9 @@ def create_consumers(rest: Any, namespace: str, label: str, count: int, prefix: 
 def create_ready_database(rest: Any, stack: Stack, external_id: str) -> None:
     from bench.scale import ready_status
     from domain.constants import API_VERSION, FINALIZER_TENANT, KIND_DATABASE
+    from domain.credentials import Endpoint, build_secret, new_password, password_id
     from domain.naming import database_object_name, tenant_name
     from informers import SECRETS
-    from reconciler.credentials import Endpoint, build_secret, new_password, password_id
     from reconciler.resources import DATABASES
 
     dev, pg = stack.dev, stack.postgres

@@ -48,8 +48,8 @@ from bench.common import (
     table,
     wait_for,
 )
+from domain.credentials import new_password
 from informers import Informer
-from reconciler.credentials import new_password
 from reconciler.resources import CONSUMERS, DATABASES, SHARDS
 from reconciler.sql.session import AdminEndpoint, AdminSession
 from reconciler.sql.tenant import TenantSpec, ensure_tenant, set_password

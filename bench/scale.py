@@ -54,9 +54,9 @@ from domain.constants import (
     DatabaseReason,
     Phase,
 )
+from domain.credentials import Endpoint, build_secret, new_password, password_id
 from domain.naming import database_object_name, label_value, tenant_name
 from informers import SECRETS, Rest
-from reconciler.credentials import Endpoint, build_secret, new_password, password_id
 from reconciler.resources import DATABASES, SHARDS
 
 RSS_LIMIT_MB = 400

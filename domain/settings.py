@@ -138,6 +138,9 @@ class RetryTimings:
     no_capacity: float = 300.0
     # Shards exist but none is Ready: shard checks run every few seconds, so look again soon.
     shards_unavailable: float = 30.0
+    # A terminal SQL failure (a foreign object holds the name, a missing privilege): a human fixes it,
+    # and any change of the Database or its Shard retries at once; this slow look keeps the alert alive.
+    terminal: float = 300.0
     # Cache sync on start: an apiserver that cannot list within this fails the start loudly.
     sync_timeout: float = 60.0
 

@@ -13,12 +13,13 @@ generation the rest of the status describes.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated
 
 from pydantic import Field, PlainSerializer, StrictInt, StrictStr
 
-from domain.constants import ConditionStatus, Phase
+from domain.constants import SIZE_CLASS_MAX_LENGTH, ConditionStatus, Phase
+from domain.timefmt import format_time
 from domain.validation import ObjectName, SpecModel
 
 # metav1.Condition's own limits, so generic tooling (kubectl wait, kstatus) reads our conditions.
@@ -30,16 +31,9 @@ CONDITION_MESSAGE_MAX_LENGTH = 32768
 
 Generation = Annotated[StrictInt, Field(ge=0)]
 
-STATUS_TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
-
-
-def _status_time(moment: datetime) -> str:
-    """UTC, whole seconds, `Z`: the one format status timestamps are stored in, so re-dumping an
-    unchanged status gives back exactly what is stored (and a pass that changes nothing writes nothing)."""
-    return moment.astimezone(UTC).strftime(STATUS_TIME_FORMAT)
-
-
-StatusTime = Annotated[datetime, PlainSerializer(_status_time, return_type=str, when_used="json")]
+# UTC, whole seconds, `Z` (domain.timefmt): the one format status timestamps are stored in, so re-dumping
+# an unchanged status gives back exactly what is stored (and a pass that changes nothing writes nothing).
+StatusTime = Annotated[datetime, PlainSerializer(format_time, return_type=str, when_used="json")]
 
 
 class Condition(SpecModel):
@@ -119,7 +113,7 @@ class DatabaseStatus(SpecModel):
         description="Name of the role and of the database on the shard; chosen once, before any SQL, and "
         "never changed.",
     )
-    applied_size_class: Annotated[StrictStr, Field(max_length=63)] | None = Field(
+    applied_size_class: Annotated[StrictStr, Field(max_length=SIZE_CLASS_MAX_LENGTH)] | None = Field(
         default=None,
         description="The spec.sizeClass whose connection limit is applied (empty: connectionLimit.default).",
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from domain.config import InstallConfig
@@ -16,6 +16,7 @@ from domain.constants import (
     EventReason,
     Phase,
 )
+from domain.timefmt import parse_time
 from informers import Informer
 from reconciler.database.finalizers import Finalizers
 from reconciler.database.report import Reporter
@@ -25,16 +26,6 @@ from reconciler.database.writes import DatabaseWrites
 from reconciler.runtime import Result
 from reconciler.sql.session import AdminSession
 from reconciler.sql.tenant import disable_tenant, drop_tenant, enable_tenant
-
-
-def _parse_time(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 @dataclass
@@ -75,7 +66,7 @@ class Deletion:
             self.finalizers.finish_delete(p)
             return None
         if p.status.phase != Phase.DELETING or p.status.drop_after is None:
-            requested = _parse_time(p.annotations.get(ANNOTATION_DELETE_REQUESTED_AT))
+            requested = parse_time(p.annotations.get(ANNOTATION_DELETE_REQUESTED_AT))
             p.update(phase=Phase.DELETING, drop_after=(requested or self.clock()) + self.config.soft_delete.retention)
             self.report.ready(p, False, DatabaseReason.DELETING, "soft delete in progress")
             self.writes.status(p)

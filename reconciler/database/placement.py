@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 from domain.config import InstallConfig, UnknownSizeClass
 from domain.constants import ANNOTATION_RESTORE_TENANT, DatabaseReason, EventReason, Phase
 from domain.naming import PG_IDENTIFIER_RE, tenant_name
+from domain.settings import SETTINGS
 from informers import Informer, Rest
 from reconciler.database.report import Reporter
 from reconciler.database.shard_sql import ShardSql
@@ -25,10 +26,10 @@ from reconciler.sql.tenant import OwnerRecord, claim_tenant
 
 log = logging.getLogger(__name__)
 
-NO_CAPACITY_RETRY = 300.0
+NO_CAPACITY_RETRY = SETTINGS.retry.no_capacity
 # No usable shard, but some are only not Ready (down, being checked): a transient wait, not a
 # capacity failure. A Shard turning Ready enqueues unplaced databases at once; this is the fallback.
-SHARDS_UNAVAILABLE_RETRY = 30.0
+SHARDS_UNAVAILABLE_RETRY = SETTINGS.retry.shards_unavailable
 
 
 def owner(p: Pass) -> OwnerRecord:

@@ -17,8 +17,8 @@ from domain.constants import (
     DriftReason,
     Phase,
 )
+from domain.credentials import new_password, password_patch
 from informers import SECRETS, Rest
-from reconciler.credentials import new_password, password_patch
 from reconciler.database import secret as credentials
 from reconciler.database.report import Reporter
 from reconciler.database.shard_sql import ShardSql

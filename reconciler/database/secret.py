@@ -9,9 +9,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from domain.constants import DatabaseReason, Phase
-from domain.naming import credentials_secret_name
-from informers import SECRETS, Informer, Rest
-from reconciler.credentials import (
+from domain.credentials import (
     Endpoint,
     SecretState,
     build_secret,
@@ -22,6 +20,8 @@ from reconciler.credentials import (
     password_id,
     secret_values,
 )
+from domain.naming import credentials_secret_name
+from informers import SECRETS, Informer, Rest
 from reconciler.database.report import Reporter
 from reconciler.database.state import Pass
 from reconciler.database.writes import conditional

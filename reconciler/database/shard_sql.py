@@ -28,20 +28,21 @@ from typing import Any, NoReturn
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
+from domain.conditions import is_condition_true
 from domain.constants import Phase, ShardConditionType
-from domain.specs import ShardSpec
-from reconciler.admin import AdminEndpointCache, AdminSecretInvalid, AdminSessions, parse_shard_spec
-from reconciler.credentials import Endpoint
+from domain.credentials import Endpoint
+from domain.settings import SETTINGS
+from domain.specs import ShardSpec, parse_shard
+from reconciler.admin import AdminEndpointCache, AdminSecretInvalid, AdminSessions
 from reconciler.database.report import Reporter
 from reconciler.database.state import Pass
-from reconciler.runtime.status import is_condition_true
 from reconciler.sql import errors as sqlerrors
 from reconciler.sql.errors import SqlFailure
 from reconciler.sql.session import AdminSession
 
 # A fixed cause of a terminal failure is picked up within this time even without any event (a DBA
 # drops a foreign database); like NoCapacity's retry, and what keeps DBProviderReconcileErrors firing.
-TERMINAL_RETRY = 300.0
+TERMINAL_RETRY = SETTINGS.retry.terminal
 # Retried with backoff although RETRYABLE says False (see the module docstring).
 RETRIED_ANYWAY = frozenset(
     {sqlerrors.OTHER, sqlerrors.AUTH_FAILED, sqlerrors.INSECURE_AUTH_REFUSED, sqlerrors.TLS_FAILED}
@@ -70,14 +71,14 @@ def is_terminal(failure: SqlFailure) -> bool:
 def shard_spec(shard: dict[str, Any]) -> ShardSpec | None:
     """The Shard's typed spec, or None when it does not parse (the Shard controller reports that)."""
     try:
-        return parse_shard_spec(shard)
+        return parse_shard(shard)
     except ValidationError:
         return None
 
 
 def client_endpoint(spec: ShardSpec) -> Endpoint:
     """What consumers are told to connect to (the Shard's client block, defaults from the model)."""
-    return Endpoint(spec.client.host, spec.client.port, spec.client.sslmode.value)
+    return Endpoint.of_shard(spec)
 
 
 @dataclass

@@ -2,6 +2,7 @@
 workers, leader election, status helpers, metrics and the manager. Knows no concrete controller.
 """
 
+from domain.conditions import get_condition, is_condition_true
 from reconciler.runtime.controller import (
     Controller,
     ControllerStopping,
@@ -15,8 +16,6 @@ from reconciler.runtime.leader import LeaderElector
 from reconciler.runtime.manager import ControllerManager
 from reconciler.runtime.metrics import MetricsServer, RuntimeMetrics, start_metrics_server
 from reconciler.runtime.status import (
-    get_condition,
-    is_condition_true,
     merge_patch,
     patch_status,
     remove_condition,

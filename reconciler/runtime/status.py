@@ -18,6 +18,8 @@ import copy
 from datetime import UTC, datetime
 from typing import Any
 
+from domain.conditions import get_condition
+from domain.timefmt import format_time
 from informers import Resource, Rest
 from reconciler.runtime.controller import ensure_active
 
@@ -25,7 +27,7 @@ TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
 
 
 def now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return format_time(datetime.now(UTC))
 
 
 # -- conditions ------------------------------------------------------------------------------------
@@ -37,18 +39,6 @@ def _status_string(status: str | bool) -> str:
     if status not in (TRUE, FALSE, UNKNOWN):
         raise ValueError(f"condition status must be True, False or Unknown, not {status!r}")
     return status
-
-
-def get_condition(conditions: list[dict[str, Any]] | None, type_: str) -> dict[str, Any] | None:
-    for condition in conditions or ():
-        if condition.get("type") == type_:
-            return condition
-    return None
-
-
-def is_condition_true(conditions: list[dict[str, Any]] | None, type_: str) -> bool:
-    condition = get_condition(conditions, type_)
-    return condition is not None and condition.get("status") == TRUE
 
 
 def set_condition(

@@ -10,8 +10,9 @@ import uuid
 
 import pytest
 
+from domain.specs import parse_shard
 from informers import SECRETS, Rest
-from reconciler.admin import AdminEndpointCache, AdminPolicy, AdminSecretInvalid, parse_shard_spec
+from reconciler.admin import AdminEndpointCache, AdminPolicy, AdminSecretInvalid
 from tests.reconciler.conftest import NAMESPACE
 from tests.support.common import b64
 
@@ -36,7 +37,7 @@ def listed(*names: str) -> AdminPolicy:
 
 
 def shard_spec(secret: str, port: int = 5432):
-    return parse_shard_spec({"spec": {
+    return parse_shard({"spec": {
         "maxDatabases": 10,
         "perconaCluster": {"namespace": "databases", "name": "pg"},
         "admin": {"serviceName": "pg-primary", "port": port, "secretRef": {"namespace": NAMESPACE, "name": secret}},

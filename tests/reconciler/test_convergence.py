@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from domain.credentials import Endpoint, build_secret, new_password
 from domain.naming import tenant_name
 from harness import PostgresServer
 from informers import SECRETS
-from reconciler.credentials import Endpoint, build_secret, new_password
 from reconciler.resources import DATABASES, SHARDS
 from reconciler.sql.session import AdminEndpoint, AdminSession
 from reconciler.sql.tenant import PROVISIONING_STEPS, TenantSpec, read_state

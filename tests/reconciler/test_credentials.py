@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from reconciler.credentials import Endpoint, SecretState, build_secret, classify_secret, endpoint_patch, secret_values
+from domain.credentials import Endpoint, SecretState, build_secret, classify_secret, endpoint_patch, secret_values
 from tests.support.common import b64
 
 DATABASE = {
