@@ -4,19 +4,17 @@ Every SQL step of the controller goes through `ShardSql.run`: it gets the shard'
 (or fails with the step's reason while the shard is not Ready or its admin Secret is unusable),
 runs the operation, and turns a `SqlFailure` into a recorded failure with its sanitized class:
 
-- retryable (`SqlFailure.retryable`, see reconciler.sql.errors.RETRYABLE): `ReconcileError`,
-  retried with backoff (timeouts, a lost connection, a lock held, an unreachable shard);
+- retryable (`SqlFailure.retryable`, classified once in reconciler.sql.errors.RETRYABLE):
+  `ReconcileError`, retried with backoff (timeouts, a lost connection, a lock held, an unreachable
+  shard, the admin connection refused, an unknown cause);
 - terminal (name_taken, insufficient_privilege, invalid_provisioner, not_found, dependent_objects):
   `TerminalError`, counted with `retryable="false"` and not retried with backoff. A person has to
   fix something first; the pass runs again on the next change of the Database, of its Shard
   (readiness or spec) or of its credentials Secret, and at the latest after `TERMINAL_RETRY`.
 
-Retried with backoff although RETRYABLE says False (`RETRIED_ANYWAY`): `other` (an unknown cause
-may well be transient), and the admin connection's own refusals (auth_failed,
-insecure_auth_refused, tls_failed). Those are the Shard's problem, reported by the Shard
-controller (AdminAuthFailed / Unreachable, checked at once via `on_shard_trouble`), and the first
-retry reads the admin Secret again: after a provisioner password rotation the Database workers may
-hold the old password for up to 10 s (AdminEndpointCache), which must cost one retry, not 5 minutes.
+The admin connection's own refusals (auth_failed, insecure_auth_refused, tls_failed) are retryable
+in that table: they are the Shard's problem, reported by the Shard controller (AdminAuthFailed /
+Unreachable, checked at once via `on_shard_trouble`), and the first retry reads the admin Secret again.
 """
 
 from __future__ import annotations
@@ -43,10 +41,6 @@ from reconciler.sql.session import AdminSession
 # A fixed cause of a terminal failure is picked up within this time even without any event (a DBA
 # drops a foreign database); like NoCapacity's retry, and what keeps DBProviderReconcileErrors firing.
 TERMINAL_RETRY = SETTINGS.retry.terminal
-# Retried with backoff although RETRYABLE says False (see the module docstring).
-RETRIED_ANYWAY = frozenset(
-    {sqlerrors.OTHER, sqlerrors.AUTH_FAILED, sqlerrors.INSECURE_AUTH_REFUSED, sqlerrors.TLS_FAILED}
-)
 # SQL failures that say more about the shard than about this database: the Shard controller looks
 # now (not at its next ping), and a changed readiness enqueues the shard's databases again.
 SHARD_TROUBLE = frozenset(
@@ -64,8 +58,8 @@ Operation = Callable[[AdminSession], object]
 
 
 def is_terminal(failure: SqlFailure) -> bool:
-    """True when retrying soon cannot help (see the module docstring)."""
-    return not failure.retryable and failure.error_class not in RETRIED_ANYWAY
+    """True when retrying soon cannot help (reconciler.sql.errors.RETRYABLE says which)."""
+    return not failure.retryable
 
 
 def shard_spec(shard: dict[str, Any]) -> ShardSpec | None:

@@ -13,7 +13,9 @@ import psycopg
 from psycopg import errors as pgerrors
 
 # The error classes, each with whether retrying soon may help (True: a transient fault of the
-# shard or the network; False: needs a change of configuration, credentials or data first). The
+# shard or the network; False: needs a change of configuration, credentials or data first). This is
+# the one classification: the Database controller retries the True ones with backoff and records the
+# False ones as terminal (TerminalError, `retryable="false"`), picked up again by the next change. The
 # Database controller retries the True ones with backoff and raises the False ones as terminal
 # (reconciler/database/shard_sql.py).
 TIMEOUT = "timeout"
@@ -38,11 +40,15 @@ OTHER = "other"
 RETRYABLE: dict[str, bool] = {
     TIMEOUT: True,
     LOCK_TIMEOUT: True,
-    AUTH_FAILED: False,
-    INSECURE_AUTH_REFUSED: False,
+    # The admin connection's own refusals are retryable: they are the Shard's problem (the Shard
+    # controller reports AdminAuthFailed/Unreachable and is asked to check at once), and the retry
+    # reads the admin Secret again. After a provisioner password rotation a worker may hold the old
+    # password for up to 10 s (AdminEndpointCache): that must cost one retry, not a terminal wait.
+    AUTH_FAILED: True,
+    INSECURE_AUTH_REFUSED: True,
     CONNECTION_LOST: True,
     UNREACHABLE: True,
-    TLS_FAILED: False,
+    TLS_FAILED: True,
     TOO_MANY_CONNECTIONS: True,
     READ_ONLY: True,
     INSUFFICIENT_PRIVILEGE: False,
@@ -53,7 +59,7 @@ RETRYABLE: dict[str, bool] = {
     DEPENDENT_OBJECTS: False,
     CONFLICT: True,
     RESTORE_REFUSED: False,
-    OTHER: False,  # unknown; the Database controller retries it with backoff anyway (it may be transient)
+    OTHER: True,  # an unknown cause may well be transient: never give up on it silently
 }
 
 AUTH_SQLSTATES = frozenset({"28P01", "28000"})
@@ -79,7 +85,7 @@ class SqlFailure(Exception):
     ) -> None:
         self.operation = operation
         self.error_class = error_class
-        self.retryable = RETRYABLE.get(error_class, False) if retryable is None else retryable
+        self.retryable = RETRYABLE.get(error_class, True) if retryable is None else retryable
         self.sqlstate = sqlstate
         self.detail = detail
         super().__init__(str(self))

@@ -94,9 +94,9 @@ def _closed(server: PostgresServer) -> None:
 
 
 CAUSES: list[tuple[Callable[[PostgresServer], None], str, bool]] = [
-    (_wrong_password, "auth_failed", False),
-    (_unknown_role, "auth_failed", False),
-    (_nologin_role, "auth_failed", False),
+    (_wrong_password, "auth_failed", True),
+    (_unknown_role, "auth_failed", True),
+    (_nologin_role, "auth_failed", True),
     (_nothing_listening, "unreachable", True),
     (_missing_database, "not_found", False),
     (_statement_timeout, "timeout", True),
