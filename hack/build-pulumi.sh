@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Builds the real Pulumi CLI, its Python language host and the Kubernetes provider that
 # tests/pulumi runs `pulumi up` with, from the Go module proxy only (versions pinned in the wrapper
-# modules under hack/pulumi/), and fetches the Prometheus Operator's CRDs from its Go module.
+# modules under hack/pulumi/), and fetches the Prometheus Operator's CRDs from its Go module: the one
+# place they are fetched (harness/prometheus_operator.py runs `--crds`; tests/generator and tests/pulumi
+# apply them).
 # Binaries are cached under $DBPROVIDER_CACHE/pulumi/<cli version>-<hash of the wrapper modules>,
 # the CRDs under $DBPROVIDER_CACHE/prometheus-operator/<version>, so a second run is instant.
 # A cold build is ~30 min of CPU, so it runs under `nice`.
 # Prints the directory holding the binaries on its last line; `--dir` prints it without building,
-# `--crd-dir` prints the CRD directory without fetching.
+# `--crds` fetches the CRDs only (when missing) and prints their directory.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 mods="$here/pulumi"
@@ -32,7 +34,8 @@ digest=$(cat "$mods"/*/go.mod "$mods"/*/go.sum | sha256sum | cut -c1-12)
 out="$cache/pulumi/$cli_version-$digest"
 case "${1:-}" in
   --dir) echo "$out"; exit 0 ;;
-  --crd-dir) echo "$crd_dir"; exit 0 ;;
+  --crds | "") ;;
+  *) echo "build-pulumi: unknown argument $1 (--dir, --crds or none)" >&2; exit 2 ;;
 esac
 
 moddir() { awk -F'"' '$2 == "Dir" {print $4}'; }
@@ -42,19 +45,31 @@ niceness=${DBPROVIDER_NICE:-10}
 run() { nice -n $(( niceness > $(nice) ? niceness - $(nice) : 0 )) "$@"; }
 export CGO_ENABLED=0
 
-if [ ! -s "$crd_dir/monitoring.coreos.com_servicemonitors.yaml" ] \
-  || [ ! -s "$crd_dir/monitoring.coreos.com_prometheusrules.yaml" ]; then
-  echo "build-pulumi: fetching the Prometheus Operator $promop_version CRDs" >&2
-  empty=$(mktemp -d)
-  src=$(cd "$empty" && GOWORK=off go mod download -json "$promop_module@$promop_version" | moddir)
-  rmdir "$empty"
-  [ -d "$src/example/prometheus-operator-crd" ] || { echo "build-pulumi: no CRDs in $src" >&2; exit 1; }
-  mkdir -p "$crd_dir.tmp.$$"
-  cp "$src"/example/prometheus-operator-crd/*.yaml "$crd_dir.tmp.$$/"
-  chmod -R u+w "$crd_dir.tmp.$$"
-  rm -rf "$crd_dir"
-  mv "$crd_dir.tmp.$$" "$crd_dir"
+crds_fetched() {
+  [ -s "$crd_dir/monitoring.coreos.com_servicemonitors.yaml" ] \
+    && [ -s "$crd_dir/monitoring.coreos.com_prometheusrules.yaml" ]
+}
+if ! crds_fetched; then
+  # One fetch at a time per version, so parallel test processes never see a half-copied directory.
+  mkdir -p "$cache/prometheus-operator"
+  exec 8>"$crd_dir.lock"
+  flock 8
+  if ! crds_fetched; then
+    echo "build-pulumi: fetching the Prometheus Operator $promop_version CRDs" >&2
+    empty=$(mktemp -d)
+    src=$(cd "$empty" && GOWORK=off go mod download -json "$promop_module@$promop_version" | moddir)
+    rmdir "$empty"
+    [ -d "$src/example/prometheus-operator-crd" ] || { echo "build-pulumi: no CRDs in $src" >&2; exit 1; }
+    rm -rf "$crd_dir.tmp.$$"
+    mkdir -p "$crd_dir.tmp.$$"
+    cp "$src"/example/prometheus-operator-crd/*.yaml "$crd_dir.tmp.$$/"
+    chmod -R u+w "$crd_dir.tmp.$$"
+    rm -rf "$crd_dir"
+    mv "$crd_dir.tmp.$$" "$crd_dir"
+  fi
+  exec 8>&-
 fi
+if [ "${1:-}" = --crds ]; then echo "$crd_dir"; exit 0; fi
 
 built() {
   [ -x "$out/pulumi" ] && [ -x "$out/pulumi-language-python" ] \

@@ -1,52 +1,44 @@
-"""The real Prometheus Operator CRDs (ServiceMonitor, PrometheusRule), from the operator's Go module.
+"""The real Prometheus Operator CRDs (ServiceMonitor, PrometheusRule), so tests apply the operator's own schemas.
 
-`crd_paths()` runs `go mod download -json` once per process (the Go module proxy, or the module cache
-when it has the version) and returns the two CRD files of `example/prometheus-operator-crd/`, so tests
-apply the operator's own schemas to the real apiserver instead of a copy kept here.
+hack/build-pulumi.sh is the one place they are fetched and their version pinned: it copies
+`example/prometheus-operator-crd/` of the operator's Go module into
+$DBPROVIDER_CACHE/prometheus-operator/<version>, once per version (hack/setup.sh runs it). `crd_paths()`
+runs it with `--crds`, which returns at once from that cache and fetches only on a machine where setup
+has not run yet, so tests/generator and tests/pulumi read the very same files.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
 import subprocess
 from functools import lru_cache
 from pathlib import Path
 
-MODULE = "github.com/prometheus-operator/prometheus-operator"
-VERSION = "v0.85.0"
-CRD_DIR = "example/prometheus-operator-crd"
+BUILD_SCRIPT = Path(__file__).resolve().parent.parent / "hack" / "build-pulumi.sh"
 CRD_FILES = ("monitoring.coreos.com_servicemonitors.yaml", "monitoring.coreos.com_prometheusrules.yaml")
 
 
 class OperatorCrdsUnavailable(RuntimeError):
-    """`go` is missing or the module could not be downloaded."""
+    """hack/build-pulumi.sh could not fetch the CRDs (no `go`, no Go module proxy)."""
 
 
 @lru_cache(maxsize=1)
-def module_dir() -> Path:
-    go = shutil.which("go") or ("/usr/local/go/bin/go" if Path("/usr/local/go/bin/go").exists() else None)
-    if go is None:
-        raise OperatorCrdsUnavailable("go not found: it is needed to fetch the Prometheus Operator CRDs")
+def crd_dir() -> Path:
+    """The cached CRD directory, fetched first if missing."""
     result = subprocess.run(
-        [go, "mod", "download", "-json", f"{MODULE}@{VERSION}"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
+        ["bash", str(BUILD_SCRIPT), "--crds"], capture_output=True, text=True, timeout=600, check=False
     )
-    try:
-        info = json.loads(result.stdout)
-    except json.JSONDecodeError:
-        info = {}
-    if result.returncode != 0 or not info.get("Dir"):
-        detail = info.get("Error") or result.stderr
-        raise OperatorCrdsUnavailable(f"go mod download {MODULE}@{VERSION} failed: {detail}")
-    return Path(info["Dir"])
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines:
+        raise OperatorCrdsUnavailable(
+            f"bash {BUILD_SCRIPT} --crds exited {result.returncode}: {result.stderr.strip()}"
+        )
+    return Path(lines[-1])
 
 
 def crd_paths() -> tuple[Path, Path]:
-    """(servicemonitors CRD, prometheusrules CRD) of Prometheus Operator v0.85.0."""
-    base = module_dir() / CRD_DIR
-    servicemonitors, prometheusrules = (base / name for name in CRD_FILES)
+    """(servicemonitors CRD, prometheusrules CRD) of the pinned Prometheus Operator release."""
+    servicemonitors, prometheusrules = (crd_dir() / name for name in CRD_FILES)
+    missing = [str(path) for path in (servicemonitors, prometheusrules) if not path.is_file()]
+    if missing:
+        raise OperatorCrdsUnavailable(f"{', '.join(missing)} not found after bash {BUILD_SCRIPT} --crds")
     return servicemonitors, prometheusrules

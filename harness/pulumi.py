@@ -1,9 +1,10 @@
 """The real Pulumi CLI, its Python language host and the Kubernetes provider, run as a platform engineer would.
 
 hack/build-pulumi.sh builds the binaries from the Go module proxy (pinned in hack/pulumi/*/go.mod) and
-fetches the Prometheus Operator's CRDs; hack/setup.sh runs it. Each `PulumiWorkspace` is isolated: its own
-PULUMI_HOME, a file:// state backend, HOME (for `~/.kube/...` in documented commands) and KUBECONFIG, and
-no PULUMI_* variable of the caller leaks in. Plugins are never downloaded: the binaries on PATH are used.
+fetches the Prometheus Operator's CRDs (read through harness.prometheus_operator); hack/setup.sh runs it.
+Each `PulumiWorkspace` is isolated: its own PULUMI_HOME, a file:// state backend, HOME (for `~/.kube/...`
+in documented commands) and KUBECONFIG, and no PULUMI_* variable of the caller leaks in. Plugins are never
+downloaded: the binaries on PATH are used.
 """
 
 from __future__ import annotations
@@ -21,28 +22,16 @@ TEST_PASSPHRASE = "dbprovider-test-stack"
 
 
 class MissingPulumiError(RuntimeError):
-    """The Pulumi binaries or the Prometheus Operator CRDs have not been built or fetched yet."""
-
-
-def _build_script(flag: str) -> Path:
-    out = subprocess.run(["bash", str(BUILD_SCRIPT), flag], check=True, capture_output=True, text=True)
-    return Path(out.stdout.strip().splitlines()[-1])
+    """The Pulumi binaries have not been built yet."""
 
 
 def binaries_dir() -> Path:
     """Where hack/build-pulumi.sh puts the binaries (DBPROVIDER_PULUMI_BIN overrides)."""
     override = os.environ.get("DBPROVIDER_PULUMI_BIN")
-    return Path(override) if override else _build_script("--dir")
-
-
-def prometheus_operator_crds() -> list[Path]:
-    """The Prometheus Operator's own CRD files for ServiceMonitor and PrometheusRule."""
-    directory = _build_script("--crd-dir")
-    files = [directory / f"monitoring.coreos.com_{plural}.yaml" for plural in ("servicemonitors", "prometheusrules")]
-    missing = [str(f) for f in files if not f.is_file()]
-    if missing:
-        raise MissingPulumiError(f"{', '.join(missing)} not found: run `bash hack/setup.sh` (hack/build-pulumi.sh)")
-    return files
+    if override:
+        return Path(override)
+    out = subprocess.run(["bash", str(BUILD_SCRIPT), "--dir"], check=True, capture_output=True, text=True)
+    return Path(out.stdout.strip().splitlines()[-1])
 
 
 class PulumiWorkspace:

@@ -26,8 +26,11 @@ provider = DbProvider(
         config=stack.install,
         prometheus_kubeconfig=stack.prometheus_kubeconfig,
         prometheus_namespace=stack.prometheus_namespace,
+        dashboard_configmap=stack.dashboard_configmap,
     ),
 )
 pulumi.export("namespace", stack.install.namespace)
 pulumi.export("apiService", f"{stack.install.release_name}.{stack.install.namespace}.svc")
 pulumi.export("prometheusRuleYaml", provider.prometheus_rule_yaml)
+# The dashboard for any Grafana (`pulumi stack output dashboardJson`), as `dbprovider render --only dashboard`.
+pulumi.export("dashboardJson", provider.dashboard_json)

@@ -5,8 +5,10 @@ pulumi_kubernetes resource of its kind with server-side apply (the provider defa
 every other object depends on them; they are retained on `pulumi destroy`, since deleting a CRD deletes
 every object of its kind. The PrometheusRule goes to the central Prometheus' cluster through a
 second Kubernetes provider when a kubeconfig for it is given; otherwise its YAML is exported as the output
-`prometheus_rule_yaml`, for that Prometheus' own repository. Nothing is created inside `apply()`, so a
-preview shows exactly what `up` does.
+`prometheus_rule_yaml`, for that Prometheus' own repository. The Grafana dashboard is always the output
+`dashboard_json`; with `dashboard_configmap` its ConfigMap for a Grafana sidecar is created in the DB cluster
+too. Both come from infra.dashboard, as `dbprovider render --only dashboard [--format configmap]` does.
+Nothing is created inside `apply()`, so a preview shows exactly what `up` does.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from domain.config import InstallConfig
+from infra.dashboard import dashboard_configmap, dashboard_json
 from infra.render import (
     dump_yaml,
     install_warnings,
@@ -39,11 +42,14 @@ class DbProviderArgs:
     prometheus_kubeconfig: kubeconfig (contents or path) of the central Prometheus' cluster; when set
         and prometheusRule.enabled, the PrometheusRule is created there.
     prometheus_namespace: namespace of the PrometheusRule in that cluster (default: the release namespace).
+    dashboard_configmap: also create the dashboard's ConfigMap (label grafana_dashboard: "1") in the DB
+        cluster, in `dashboard.namespace` (default: the release namespace).
     """
 
     config: InstallConfig
     prometheus_kubeconfig: pulumi.Input[str] | None = None
     prometheus_namespace: str | None = None
+    dashboard_configmap: bool = False
 
 
 # kind -> pulumi_kubernetes class of every object the templates produce.
@@ -127,18 +133,24 @@ def required_namespaces(
 
 
 class DbProvider(pulumi.ComponentResource):
-    """The provider in one DB cluster: CRDs, admission policy, RBAC, Deployment, Services, monitoring."""
+    """The provider in one DB cluster: CRDs, admission policy, RBAC, Deployment, Services, monitoring, dashboard."""
 
     objects: dict[tuple[str, str, str, str], pulumi.CustomResource]
     crds: list[pulumi.CustomResource]
     prometheus_provider: k8s.Provider | None
     prometheus_rule: pulumi.CustomResource | None
     prometheus_rule_yaml: str | None
+    dashboard_json: str
 
     def __init__(self, name: str, args: DbProviderArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__(TYPE_TOKEN, name, None, opts)
         config = args.config
         manifests = render_manifests(config)
+        self.dashboard_json = dashboard_json(config)
+        if args.dashboard_configmap:
+            # The very object `dbprovider render --only dashboard --format configmap` writes; its namespace
+            # (dashboard.namespace) must exist like every other.
+            manifests.append(dashboard_configmap(config))
         # Nothing is created before every namespace written into is known to exist (see required_namespaces).
         namespaces = required_namespaces(self, "", manifests, None)
         self.objects = {}
@@ -189,6 +201,7 @@ class DbProvider(pulumi.ComponentResource):
                 "namespace": config.namespace,
                 "crds": [o["metadata"]["name"] for o in manifests if o["kind"] == KIND_CRD],
                 "prometheusRuleYaml": self.prometheus_rule_yaml,
+                "dashboardJson": self.dashboard_json,
             }
         )
 

@@ -6,12 +6,15 @@
     pulumi config set --path --plaintext 'dbprovider:shardSecrets[0].name' pg-shard01-pguser-provisioner
 
 Every top-level key of the install config (domain.config.InstallConfig, camelCase) is one stack config
-key; nested keys are structured config. Two keys exist only for Pulumi:
+key; nested keys are structured config. Three keys exist only for Pulumi:
 
     dbprovider:prometheusKubeconfig  kubeconfig (contents or path; set it --secret) of the cluster that runs
                                      the central Prometheus; the PrometheusRule is created there.
     dbprovider:prometheusNamespace   namespace of the PrometheusRule in that cluster (default: the release
                                      namespace).
+    dbprovider:dashboardConfigMap    true: also create the dashboard's ConfigMap for a Grafana sidecar in the
+                                     DB cluster, the object `dbprovider render --only dashboard --format
+                                     configmap` writes (default false: the dashboard is a stack output only).
 
 An unknown `dbprovider:` key or an invalid value stops the program with a message naming the key.
 """
@@ -29,7 +32,8 @@ from domain.naming import is_dns1123_label
 CONFIG_NAMESPACE = "dbprovider"
 KEY_PROMETHEUS_KUBECONFIG = "prometheusKubeconfig"
 KEY_PROMETHEUS_NAMESPACE = "prometheusNamespace"
-PULUMI_ONLY_KEYS = (KEY_PROMETHEUS_KUBECONFIG, KEY_PROMETHEUS_NAMESPACE)
+KEY_DASHBOARD_CONFIGMAP = "dashboardConfigMap"
+PULUMI_ONLY_KEYS = (KEY_PROMETHEUS_KUBECONFIG, KEY_PROMETHEUS_NAMESPACE, KEY_DASHBOARD_CONFIGMAP)
 
 
 def install_config_keys() -> dict[str, bool]:
@@ -45,6 +49,7 @@ class StackConfig:
     install: InstallConfig
     prometheus_kubeconfig: pulumi.Input[str] | None = None
     prometheus_namespace: str | None = None
+    dashboard_configmap: bool = False
 
 
 class StackConfigError(pulumi.RunError):
@@ -96,9 +101,19 @@ def load_stack_config(cfg: pulumi.Config | None = None) -> StackConfig:
     namespace = cfg.get(KEY_PROMETHEUS_NAMESPACE)
     if namespace is not None and not is_dns1123_label(namespace):
         problems.append((KEY_PROMETHEUS_NAMESPACE, "must be a namespace name (a DNS label)"))
+    dashboard_configmap = False
+    try:
+        dashboard_configmap = bool(cfg.get_bool(KEY_DASHBOARD_CONFIGMAP))
+    except pulumi.ConfigTypeError:
+        problems.append((KEY_DASHBOARD_CONFIGMAP, "must be true or false"))
     if problems or install is None:
         raise StackConfigError(tuple(problems))
     kubeconfig: pulumi.Input[str] | None = None
     if cfg.get(KEY_PROMETHEUS_KUBECONFIG) is not None:
         kubeconfig = cfg.get_secret(KEY_PROMETHEUS_KUBECONFIG)
-    return StackConfig(install=install, prometheus_kubeconfig=kubeconfig, prometheus_namespace=namespace)
+    return StackConfig(
+        install=install,
+        prometheus_kubeconfig=kubeconfig,
+        prometheus_namespace=namespace,
+        dashboard_configmap=dashboard_configmap,
+    )

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import copy
+import io
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from dbprovider.render import EXIT_OK, FORMAT_CONFIGMAP, ONLY_DASHBOARD, run_render
 from domain.config import load_install_config
 from infra.component import TYPE_TOKEN
+from infra.config import PULUMI_ONLY_KEYS
 from infra.render import WARNING_NO_CLUSTER, dump_yaml, object_key, render_manifests, render_prometheus_rule
 from tests.generator.pulumi_mocks import REPO_ROOT, ProgramRun, Registration, run_program
 
@@ -33,6 +37,21 @@ def config(**changes: Any) -> dict[str, Any]:
     data = copy.deepcopy(BASE)
     data.update(changes)
     return data
+
+
+def install_values(values: dict[str, Any]) -> dict[str, Any]:
+    """The stack config without the Pulumi-only keys: what `dbprovider render --config` reads."""
+    return {k: v for k, v in values.items() if k not in PULUMI_ONLY_KEYS}
+
+
+def rendered_dashboard(values: dict[str, Any], tmp_path: Path, fmt: str | None = None) -> str:
+    """What `dbprovider render --only dashboard [--format ...]` writes for the same install config."""
+    config_file = tmp_path / "values.yaml"
+    config_file.write_text(yaml.safe_dump(install_values(values)))
+    out = tmp_path / "dashboard.out"
+    status = run_render(str(config_file), only=ONLY_DASHBOARD, output=str(out), stderr=io.StringIO(), fmt=fmt)
+    assert status == EXIT_OK
+    return out.read_text()
 
 
 def normalized(value: Any) -> Any:
@@ -215,12 +234,50 @@ def test_optional_objects_follow_the_config() -> None:
 def test_pulumi_registers_exactly_the_rendered_objects(preview: bool) -> None:
     values = config(prometheusKubeconfig=PROMETHEUS_KUBECONFIG)
     run = run_program(values, preview=preview)
-    install = load_install_config({k: v for k, v in values.items() if k != "prometheusKubeconfig"})
+    install = load_install_config(install_values(values))
     rendered = {object_key(o): o for o in render_manifests(install) + [render_prometheus_rule(install)]}
     registered = registered_objects(run)
     assert set(registered) == set(rendered)
     for key, obj in rendered.items():
         assert normalized(registered[key].inputs) == obj, key
+
+
+# --- the dashboard -------------------------------------------------------------------------------------
+
+
+def test_the_dashboard_json_is_a_stack_output_equal_to_the_render(tmp_path: Path) -> None:
+    values = config()
+    run = run_program(values)
+    expected = rendered_dashboard(values, tmp_path)
+    assert run.outputs[component(run).urn]["dashboardJson"] == expected  # the stack output: tests/pulumi
+    # without dashboardConfigMap nothing is created for it
+    assert not [r for r in run.kubernetes_objects() if r.inputs["metadata"]["name"] == "dbprovider-dashboard"]
+
+
+@pytest.mark.parametrize("preview", [True, False], ids=["preview", "up"])
+def test_with_dashboard_configmap_the_rendered_configmap_is_created_in_the_db_cluster(
+    tmp_path: Path, preview: bool
+) -> None:
+    values = config(
+        dashboardConfigMap=True,
+        dashboard={"namespace": "monitoring", "labels": {"team": "db"}},
+        prometheusKubeconfig=PROMETHEUS_KUBECONFIG,
+    )
+    run = run_program(values, preview=preview)
+    (configmap,) = yaml.safe_load_all(rendered_dashboard(values, tmp_path, FORMAT_CONFIGMAP))
+    assert configmap["metadata"]["namespace"] == "monitoring"
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    install = load_install_config(install_values(values))
+    rendered = {object_key(o) for o in render_manifests(install) + [render_prometheus_rule(install)]}
+    registered = registered_objects(run)
+    assert set(registered) == rendered | {object_key(configmap)}
+    reg = registered[object_key(configmap)]
+    assert normalized(reg.inputs) == configmap
+    assert reg.typ == "kubernetes:core/v1:ConfigMap" and reg.name == "monitoring/dbprovider-dashboard"
+    assert reg.provider == ""  # the DB cluster's (default) provider, not the central Prometheus' one
+    reads = {urn.rsplit("::", 1)[1] for urn in reg.dependencies if ":core/v1:Namespace::" in urn}
+    assert reads == {"must-exist/databases", "must-exist/monitoring", "must-exist/pg-a", "must-exist/pg-b"}
+    assert run.outputs[component(run).urn]["dashboardJson"] == configmap["data"]["dbprovider.json"]
 
 
 # --- warnings and errors -------------------------------------------------------------------------------
@@ -245,6 +302,7 @@ def test_warning_when_the_rule_has_no_cluster() -> None:
         (config(replicas=0), "dbprovider:replicas:"),
         (config(shardSecrets=[{"namespace": "Bad_NS", "name": "x"}]), "dbprovider:shardSecrets[0].namespace:"),
         (config(prometheusNamespace="Not A Namespace"), "dbprovider:prometheusNamespace:"),
+        (config(dashboardConfigMap="yes"), "dbprovider:dashboardConfigMap: must be true or false"),
     ],
 )
 def test_invalid_stack_config_fails_naming_the_key(values: dict[str, Any], expected: str) -> None:

@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from harness import KubeControlPlane
-from harness.pulumi import REPO_ROOT, PulumiWorkspace, prometheus_operator_crds
+from harness.prometheus_operator import crd_paths
+from harness.pulumi import REPO_ROOT, PulumiWorkspace
 from tests.support.kubeapi import KubeApi, apply_all
 
 STACK = "eu-1"  # the stack name of the documented commands
@@ -38,7 +39,7 @@ class Clusters:
 @pytest.fixture(scope="module")
 def clusters() -> Iterator[Clusters]:
     """The DB cluster and the central Prometheus' cluster, both with the Prometheus Operator's real CRDs."""
-    crds = [yaml.safe_load(path.read_text()) for path in prometheus_operator_crds()]
+    crds = [yaml.safe_load(path.read_text()) for path in crd_paths()]
     with KubeControlPlane() as db, KubeControlPlane() as prometheus:
         with db.admin_client() as db_client, prometheus.admin_client() as prometheus_client:
             found = Clusters(db, prometheus, KubeApi(db_client), KubeApi(prometheus_client))

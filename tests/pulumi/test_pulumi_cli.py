@@ -20,6 +20,7 @@ import yaml
 
 from domain.constants import API_VERSION
 from harness.pulumi import REPO_ROOT, PulumiWorkspace, output
+from infra.config import KEY_DASHBOARD_CONFIGMAP, PULUMI_ONLY_KEYS
 from infra.render import object_key
 from tests.pulumi.conftest import STACK, Clusters
 from tests.support.kubeapi import KubeApi
@@ -28,7 +29,6 @@ from tests.support.kubeapi import KubeApi
 NODELESS = {"pulumi.com/deletionPropagationPolicy": "background"}
 SKIP_AWAIT = {"pulumi.com/skipAwait": "true"}
 AWAITED_KINDS = {"Deployment", "Service"}
-PULUMI_ONLY_KEYS = {"prometheusKubeconfig", "prometheusNamespace"}
 Key = tuple[str, str, str, str]
 
 
@@ -47,6 +47,14 @@ def install_doc_commands() -> list[str]:
     text = (REPO_ROOT / "docs" / "install.md").read_text()
     section = text.split("## With Pulumi", 1)[1]
     block = section.split("```sh\n", 1)[1].split("```", 1)[0]
+    return [line.strip() for line in block.splitlines() if line.strip()]
+
+
+def install_doc_dashboard_commands() -> list[str]:
+    """The `sh` block of docs/install.md's Pulumi section that asks for the dashboard's ConfigMap."""
+    section = (REPO_ROOT / "docs" / "install.md").read_text().split("## With Pulumi", 1)[1].split("\n## ", 1)[0]
+    blocks = [block.split("```", 1)[0] for block in section.split("```sh\n")[1:]]
+    (block,) = [b for b in blocks if f"dbprovider:{KEY_DASHBOARD_CONFIGMAP}" in b]
     return [line.strip() for line in block.splitlines() if line.strip()]
 
 
@@ -75,15 +83,29 @@ def install_values(workspace: PulumiWorkspace) -> dict[str, Any]:
     return values
 
 
-def render(workspace: PulumiWorkspace, tmp_path: Path, *only: str) -> list[dict[str, Any]]:
-    """`dbprovider render` (the console script) of the stack's config."""
+def render_text(workspace: PulumiWorkspace, tmp_path: Path, *args: str) -> str:
+    """What `dbprovider render` (the console script) writes for the stack's config."""
     config = tmp_path / "values.yaml"
     config.write_text(yaml.safe_dump(install_values(workspace)))
-    command = [str(Path(sys.executable).parent / "dbprovider"), "render", "--config", str(config)]
-    if only:
-        command += ["--only", *only]
-    result = subprocess.run(command, capture_output=True, text=True, check=True, timeout=120)
-    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    command = [str(Path(sys.executable).parent / "dbprovider"), "render", "--config", str(config), *args]
+    return subprocess.run(command, capture_output=True, text=True, check=True, timeout=120).stdout
+
+
+def render(workspace: PulumiWorkspace, tmp_path: Path, *only: str) -> list[dict[str, Any]]:
+    """`dbprovider render [--only ...]` of the stack's config, parsed."""
+    text = render_text(workspace, tmp_path, *(["--only", *only] if only else []))
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def render_dashboard_configmap(workspace: PulumiWorkspace, tmp_path: Path) -> dict[str, Any]:
+    """`dbprovider render --only dashboard --format configmap`: the object dashboardConfigMap asks Pulumi for."""
+    (configmap,) = render(workspace, tmp_path, "dashboard", "--format", "configmap")
+    return configmap
+
+
+def render_db_cluster(workspace: PulumiWorkspace, tmp_path: Path) -> list[dict[str, Any]]:
+    """Every object the installed stack (with dbprovider:dashboardConfigMap) owns in the DB cluster."""
+    return render(workspace, tmp_path) + [render_dashboard_configmap(workspace, tmp_path)]
 
 
 # --- live objects -----------------------------------------------------------------------------------------
@@ -193,10 +215,13 @@ def test_without_its_namespaces_the_install_fails_early_naming_them(
 
 @pytest.fixture(scope="module")
 def installed(configured: PulumiWorkspace, clusters: Clusters) -> PulumiWorkspace:
-    """The namespaces the docs ask for, then `pulumi up --yes`."""
+    """The namespaces the docs ask for, the documented dashboardConfigMap line, then `pulumi up --yes`."""
     for name in ("databases", "pg-shard01"):
         clusters.db.ensure_namespace(name)
     clusters.prometheus.ensure_namespace("databases")  # the rule's namespace there: prometheusNamespace unset
+    for command in install_doc_dashboard_commands():
+        result = configured.shell(command)
+        assert result.returncode == 0, f"documented command failed: {command}\n{output(result)}"
     configured.ok("up", "--yes", "--skip-preview")
     return configured
 
@@ -204,10 +229,26 @@ def installed(configured: PulumiWorkspace, clusters: Clusters) -> PulumiWorkspac
 def test_up_creates_every_rendered_object_as_rendered(
     installed: PulumiWorkspace, clusters: Clusters, tmp_path: Path
 ) -> None:
-    rendered = render(installed, tmp_path)
+    rendered = render_db_cluster(installed, tmp_path)
     kinds = {o["kind"] for o in rendered}
     assert {"CustomResourceDefinition", "Deployment", "ServiceMonitor", "ValidatingAdmissionPolicy"} <= kinds
     assert_live_equals_render(clusters.db_api, rendered)
+
+
+def test_the_dashboard_is_live_for_the_grafana_sidecar_and_a_stack_output(
+    installed: PulumiWorkspace, clusters: Clusters, tmp_path: Path
+) -> None:
+    """The ConfigMap equals `render --only dashboard --format configmap`, the output `render --only dashboard`."""
+    configmap = render_dashboard_configmap(installed, tmp_path)
+    found = live(clusters.db_api, configmap)
+    assert found is not None, "no dashboard ConfigMap in the DB cluster"
+    assert found["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert found["data"] == configmap["data"]
+    name = configmap["metadata"]["name"]
+    assert [c for c in items(clusters.prometheus_api, "v1", "ConfigMap") if c["metadata"]["name"] == name] == []
+    dashboard = render_text(installed, tmp_path, "--only", "dashboard")
+    assert json.loads(installed.ok("stack", "output", "dashboardJson", "--json")) == dashboard
+    assert json.loads(dashboard)["uid"] == "dbprovider"
 
 
 def test_the_prometheus_rule_lands_in_the_central_cluster_only(
@@ -230,7 +271,7 @@ def test_preview_right_after_up_expects_no_changes(installed: PulumiWorkspace, f
 def test_a_config_change_updates_exactly_the_changed_objects_in_place(
     installed: PulumiWorkspace, clusters: Clusters, tmp_path: Path
 ) -> None:
-    before = render(installed, tmp_path)
+    before = render_db_cluster(installed, tmp_path)
     clusters.db.ensure_namespace("pg-shard02")
     for command in (
         "pulumi config set --path 'dbprovider:sizeClasses.small.connectionLimit' 7",
@@ -238,12 +279,13 @@ def test_a_config_change_updates_exactly_the_changed_objects_in_place(
         "pulumi config set --path --plaintext 'dbprovider:shardSecrets[1].name' pg-shard02-pguser-provisioner",
     ):
         assert installed.shell(command).returncode == 0, command
-    after = render(installed, tmp_path)
+    after = render_db_cluster(installed, tmp_path)
     old = {object_key(o): o for o in before}
     changed = {object_key(o) for o in after if object_key(o) in old and old[object_key(o)] != o}
     added = {object_key(o) for o in after if object_key(o) not in old}
     assert ("v1", "ConfigMap", "databases", "dbprovider-config") in changed
     assert ("apps/v1", "Deployment", "databases", "dbprovider") in changed
+    assert ("v1", "ConfigMap", "databases", "dbprovider-dashboard") in old.keys() - changed  # not rewritten
     assert {(k[1], k[2]) for k in added} == {("Role", "pg-shard02"), ("RoleBinding", "pg-shard02")}
     assert {object_key(o) for o in after} >= set(old), "the change removes no object"
 
@@ -277,7 +319,7 @@ BAD_CONFIG = [
 def test_a_bad_config_fails_naming_the_key_and_changes_nothing(
     installed: PulumiWorkspace, clusters: Clusters, tmp_path: Path, command: str, message: str
 ) -> None:
-    rendered = render(installed, tmp_path)
+    rendered = render_db_cluster(installed, tmp_path)
     (rule,) = render(installed, tmp_path, "prometheusrule")
     before = versions(clusters.db_api, rendered), versions(clusters.prometheus_api, [rule])
     stack_file = installed.project_dir / f"Pulumi.{STACK}.yaml"
@@ -296,7 +338,8 @@ def test_a_bad_config_fails_naming_the_key_and_changes_nothing(
 def test_destroy_keeps_the_crds_and_every_shard_consumer_and_database(
     installed: PulumiWorkspace, clusters: Clusters, tmp_path: Path
 ) -> None:
-    rendered = render(installed, tmp_path)
+    rendered = render_db_cluster(installed, tmp_path)
+    assert rendered[-1]["metadata"]["name"] == "dbprovider-dashboard"
     (rule,) = render(installed, tmp_path, "prometheusrule")
     held = [
         {
