@@ -351,21 +351,41 @@ def audit_writes(stack: FaultStack) -> list[Write]:
 
 
 def statement_log(stack: FaultStack) -> list[tuple[datetime, str, str, str, bool]]:
-    """(time, application_name, statement, shard, completed) of every statement the shards received."""
+    """(time, application_name, statement, shard, completed) of every statement the shards received.
+
+    `completed`: the statement finished and took effect. Inside an explicit transaction (BEGIN ...
+    COMMIT, as psycopg's `conn.transaction()` sends them) a finished statement takes effect only with
+    the COMMIT: a crash before it rolls the statement back, and the retry running it again is no
+    second execution.
+    """
     rows: list[tuple[datetime, str, str, str, bool]] = []
     for shard, server in stack.shards.items():
         last: dict[str, int] = {}  # backend pid -> its last statement's row
+        open_tx: dict[str, list[int]] = {}  # backend pid -> finished statements of its open transaction
         for line in server.statement_log().splitlines():
             match = _PG_LINE.match(line)
             if not match:
                 continue
+            pid = match[2]
             if match[4] is None:  # "duration: ...": that backend's last statement completed
-                if match[2] in last:
-                    index = last.pop(match[2])
-                    rows[index] = (*rows[index][:4], True)
+                if pid not in last:
+                    continue
+                index = last.pop(pid)
+                verb = rows[index][2].strip().rstrip(";").upper()
+                if verb in ("BEGIN", "START TRANSACTION"):
+                    open_tx[pid] = []
+                elif verb in ("COMMIT", "END"):
+                    for done in open_tx.pop(pid, []):
+                        rows[done] = (*rows[done][:4], True)
+                elif verb == "ROLLBACK":
+                    open_tx.pop(pid, None)
+                elif pid in open_tx:
+                    open_tx[pid].append(index)
+                    continue
+                rows[index] = (*rows[index][:4], True)
                 continue
             when = datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=UTC)
-            last[match[2]] = len(rows)
+            last[pid] = len(rows)
             rows.append((when, match[3], match[4], shard, False))
     return rows
 
