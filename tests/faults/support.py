@@ -350,21 +350,40 @@ def audit_writes(stack: FaultStack) -> list[Write]:
 
 
 def statement_log(stack: FaultStack) -> list[tuple[datetime, str, str, str, bool]]:
-    """(time, application_name, statement, shard, completed) of every statement the shards received."""
+    """(time, application_name, statement, shard, completed) of every statement the shards received.
+
+    Completed means it took effect: a statement inside BEGIN ... COMMIT counts once that COMMIT
+    completed. A replica killed (or fenced) after CREATE ROLE but before its COMMIT leaves a role
+    that was rolled back, and the next leader creating it again is no second creation.
+    """
     rows: list[tuple[datetime, str, str, str, bool]] = []
     for shard, server in stack.shards.items():
         last: dict[str, int] = {}  # backend pid -> its last statement's row
+        open_tx: dict[str, list[int]] = {}  # backend pid -> completed rows of its open transaction
         for line in server.statement_log().splitlines():
             match = _PG_LINE.match(line)
             if not match:
                 continue
+            pid = match[2]
             if match[4] is None:  # "duration: ...": that backend's last statement completed
-                if match[2] in last:
-                    index = last.pop(match[2])
-                    rows[index] = (*rows[index][:4], True)
+                if pid in last:
+                    index = last.pop(pid)
+                    verb = rows[index][2].strip().upper()
+                    if verb == "BEGIN":
+                        open_tx[pid] = []
+                    elif verb == "COMMIT":
+                        done = [*open_tx.pop(pid, []), index]
+                        for row in done:
+                            rows[row] = (*rows[row][:4], True)
+                    elif verb == "ROLLBACK":
+                        open_tx.pop(pid, None)
+                    elif pid in open_tx:
+                        open_tx[pid].append(index)
+                    else:
+                        rows[index] = (*rows[index][:4], True)
                 continue
             when = datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=UTC)
-            last[match[2]] = len(rows)
+            last[pid] = len(rows)
             rows.append((when, match[3], match[4], shard, False))
     return rows
 
@@ -482,7 +501,8 @@ def check_invariants(stack: FaultStack, fault: str, timeout: float = 150) -> flo
         orphans = {t for t in roles | databases if (shard, t) not in owned}
         assert not orphans, f"{fault}: orphaned tenants on {shard}: {sorted(orphans)}"
 
-    # No tenant created or dropped twice (statements that completed: a crash may cut one off).
+    # No tenant created or dropped twice (statements that took effect: a crash may cut one off, or
+    # end its transaction before the COMMIT).
     ddl: Counter[tuple[str, str, str]] = Counter()
     for _, _, statement, shard, completed in statement_log(stack):
         for match in _TENANT_DDL.finditer(statement if completed else ""):
