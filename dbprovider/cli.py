@@ -119,6 +119,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="connect to every shard's admin port on this host instead of its Service (outside a cluster only)",
     )
 
+    manager.add_argument(
+        "--shard-ca-file",
+        default=os.environ.get(env.shard_ca),
+        metavar="PATH",
+        help=(
+            "PEM CA certificates that verify shard servers under sslmode verify-ca/verify-full, for a manager "
+            f"outside a pod (default ${env.shard_ca}; in a pod, {files.shard_ca}, mounted from shardTLS.caBundle)"
+        ),
+    )
+
     consumer_cmd.add_parser(commands)
     lint.add_parser(commands)
     return parser
@@ -128,7 +138,13 @@ def _run_manager(args: argparse.Namespace) -> int:
     from dbprovider.manager import main_from_args
 
     return main_from_args(
-        args.config, args.kubeconfig, args.namespace, args.api_port, args.metrics_port, args.admin_host_override
+        args.config,
+        args.kubeconfig,
+        args.namespace,
+        args.api_port,
+        args.metrics_port,
+        args.admin_host_override,
+        args.shard_ca_file,
     )
 
 

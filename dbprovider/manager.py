@@ -46,6 +46,8 @@ class ManagerOptions:
     tls_key: str = SETTINGS.files.tls_key
     identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     admin_host_override: str | None = None
+    # The shard CA bundle outside a pod (--shard-ca-file); None: the mounted one if shardTLS.caBundle is set.
+    shard_ca_file: str | None = None
     api_threads: int = DEFAULT_THREADS
     # Tests shorten these (and the backoff cap, along with the alert rules' windows).
     lease_duration: float = SETTINGS.lease.duration
@@ -98,6 +100,7 @@ class Manager:
             options.namespace,
             instance=options.identity,
             admin_host_override=options.admin_host_override,
+            shard_ca_file=options.shard_ca_file,
             shard_ping_interval=options.shard_ping_interval,
         )
         registry = self.controllers.metrics.registry
@@ -157,6 +160,17 @@ def run_manager(options: ManagerOptions, stop: threading.Event | None = None) ->
     return 0
 
 
+def shard_ca_problem(path: str) -> str | None:
+    """Why `path` cannot be the shard CA bundle (missing, unreadable, no PEM certificate), or None."""
+    try:
+        text = Path(path).read_text(encoding="ascii", errors="replace")
+    except OSError as exc:
+        return f"cannot read the file ({type(exc).__name__})"
+    if "-----BEGIN CERTIFICATE-----" not in text:
+        return "the file holds no PEM certificate"
+    return None
+
+
 def main_from_args(
     config_path: str,
     kubeconfig: str | None,
@@ -164,6 +178,7 @@ def main_from_args(
     api_port: int,
     metrics_port: int,
     admin_host_override: str | None,
+    shard_ca_file: str | None = None,
 ) -> int:
     configure_logging()
     config = load_install_config_file(config_path)
@@ -178,8 +193,13 @@ def main_from_args(
         tls_key=os.environ.get(env.tls_key, ManagerOptions.tls_key),
         identity=os.environ.get(env.pod_name) or f"{socket.gethostname()}-{os.getpid()}",
         admin_host_override=admin_host_override,
+        shard_ca_file=shard_ca_file,
     )
     if not Path(options.tls_cert).is_file():
         log.error("TLS certificate not found", extra={"path": options.tls_cert})
+        return 2
+    if shard_ca_file is not None and (problem := shard_ca_problem(shard_ca_file)) is not None:
+        # At startup, not as every verify-ca/-full shard turning Unreachable (tls_failed) later.
+        log.error(f"--shard-ca-file ({SETTINGS.env.shard_ca}): {problem}", extra={"path": shard_ca_file})
         return 2
     return run_manager(options)

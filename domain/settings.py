@@ -11,6 +11,7 @@ by changing this object (it is frozen).
     SETTINGS.ports.api / .metrics                   the manager's listening ports (container ports)
     SETTINGS.files.config / .tls_cert / .shard_ca   files of the one projected volume
     SETTINGS.env.config / .tls_cert / .tls_key      environment variables naming those files
+    SETTINGS.env.shard_ca                           (and --shard-ca-file) the shard CA bundle outside a pod
     SETTINGS.probes.liveness / .readiness           the API's health paths (the Deployment's probes)
     SETTINGS.lease                                  Lease duration, renew deadline, retry period
     SETTINGS.retry                                  reconcile backoff, Database requeue intervals
@@ -88,6 +89,7 @@ class EnvNames:
     config: str = "DBPROVIDER_CONFIG"
     tls_cert: str = "DBPROVIDER_TLS_CERT"
     tls_key: str = "DBPROVIDER_TLS_KEY"
+    shard_ca: str = "DBPROVIDER_SHARD_CA_FILE"  # outside a pod: the shard CA bundle (--shard-ca-file)
     pod_name: str = "POD_NAME"  # the replica's identity in the Lease and the User-Agent
     pod_namespace: str = "POD_NAMESPACE"  # where the Lease lives
 

@@ -8,6 +8,11 @@ authentication over TCP (the harness itself uses the Unix socket as superuser), 
 `provisioner` role created as the seed describes: LOGIN CREATEDB CREATEROLE, not superuser. Before
 PostgreSQL 16 the provisioner is also NOINHERIT, which the pre-16 SQL dialect relies on.
 
+Commits are fast, not durable (`synchronous_commit=off`): an acknowledged commit may still wait in
+shared memory, and a SIGKILL loses it, which no production server would. A server that a test
+kills or crashes is started with `durable=True` (`synchronous_commit=on`); `kill()` and `crash()`
+refuse any other, so a fault test never reports a loss the harness made up.
+
 TLS is on (`ssl=on`, clients may still choose sslmode disable): the server certificate is issued
 for 127.0.0.1 and `tls_names` by one CA per test process (`shard_ca()`, file `ca_file`), so the
 provider's sslmodes require, verify-ca and verify-full can all be exercised.
@@ -112,15 +117,20 @@ class PostgresServer:
         tls_names: tuple[str, ...] = ("localhost",),
         tls_ips: tuple[str, ...] = ("127.0.0.1",),
         settings: dict[str, str] | None = None,
+        durable: bool = False,
     ) -> None:
         """`tls_names`, `tls_ips`: the server certificate's names (tests of a wrong host name);
-        `settings`: more server settings (`-c key=value`), e.g. for the fault suite's logs."""
+        `settings`: more server settings (`-c key=value`), e.g. for the fault suite's logs;
+        `durable`: acknowledged commits survive `kill()`/`crash()` (only such servers may be killed)."""
         if flavor not in POSTGRES_FLAVORS:
             raise ValueError(f"unknown PostgreSQL flavor {flavor!r}; known: {', '.join(POSTGRES_FLAVORS)}")
         self.flavor = POSTGRES_FLAVORS[flavor]
         self.bin_dir = self.flavor.locate()
         self.log_statements = log_statements
+        self.durable = durable
         self.extra_settings = dict(settings or {})
+        if durable and self.extra_settings.get("synchronous_commit", "on") != "on":
+            raise ValueError("a durable server needs synchronous_commit=on")
         self.user = _server_user()
         self.workdir = Path(tempfile.mkdtemp(prefix=f"dbprovider-pg{flavor}-"))
         self.workdir.chmod(0o755)
@@ -203,7 +213,7 @@ class PostgresServer:
             "port": str(self.port),
             "unix_socket_directories": str(self.socket_dir),
             "fsync": "off",
-            "synchronous_commit": "off",
+            "synchronous_commit": "on" if self.durable else "off",  # see the module docstring
             "full_page_writes": "off",
             "max_connections": "200",
             "shared_buffers": "32MB",
@@ -263,7 +273,8 @@ class PostgresServer:
 
     def kill(self) -> None:
         """Stop the server abruptly (tests of unreachable shards); the data directory stays."""
-        stop(self._proc, signal.SIGQUIT)
+        self._require_durable("kill")
+        stop(self._proc, signal.SIGQUIT)  # immediate shutdown: WAL still in shared memory is lost
         self._proc = None
 
     @property
@@ -273,8 +284,17 @@ class PostgresServer:
 
     def crash(self) -> None:
         """SIGKILL the postmaster and every backend at once (a host or OOM kill); the data stays."""
+        self._require_durable("crash")
         stop(self._proc, signal.SIGKILL)
         self._proc = None
+
+    def _require_durable(self, what: str) -> None:
+        """Refuse to kill a server whose acknowledged commits a kill would lose (synchronous_commit=off)."""
+        if not self.durable:
+            raise RuntimeError(
+                f"{what}() on a server started without durable=True: its acknowledged commits would be lost; "
+                "start it with PostgresServer(..., durable=True)"
+            )
 
     def restart(self, timeout: float = 60.0) -> PostgresServer:
         """Start again on the same data directory and port (after `kill`/`crash`): crash recovery

@@ -76,7 +76,7 @@ def set_drift(config: InstallConfig, p: Pass, report: Reporter) -> None:
     before = p.reason(DatabaseConditionType.CONNECTION_LIMIT_DRIFT)
     p.set_condition(DatabaseConditionType.CONNECTION_LIMIT_DRIFT, True, reason, message)
     if before != reason:  # the database stays Ready, but the operator should know once
-        report.event(p, reason, message, warning=True)
+        report.change_event(p, reason, message, warning=True)
 
 
 @dataclass

@@ -23,15 +23,26 @@ class Reporter:
     events: EventRecorder
 
     def event(self, p: Pass, reason: str, what: str, *, warning: bool = False) -> None:
-        """An Event about the database: `what` and who (consumer, externalId, shard)."""
+        """An Event about the database, now: `what` and who (consumer, externalId, shard).
+
+        For a change already written (Created after the placement's status write, ...); an Event
+        about a change still to be written goes through `change_event`.
+        """
         self.events.record(p.db, reason, f"{what} ({p.describe()})", warning=warning)
 
+    def change_event(self, p: Pass, reason: str, what: str, *, warning: bool = False) -> None:
+        """An Event about a status change of this pass: sent once the status write recording it
+        succeeded, dropped if it fails (the next pass sees the old status and decides it again)."""
+        describe = p.describe()  # who, as the pass saw it when deciding
+        p.after_write(lambda: self.events.record(p.db, reason, f"{what} ({describe})", warning=warning))
+
     def ready(self, p: Pass, ready: bool, reason: str, message: str) -> bool:
-        """Set the Ready condition; a new failure reason also becomes a Warning event."""
+        """Set the Ready condition; a new failure reason also becomes a Warning event (sent after the
+        status write that records it)."""
         before = p.reason(DatabaseConditionType.READY)
         changed = p.set_condition(DatabaseConditionType.READY, ready, reason, message)
         if not ready and before != reason and reason not in (DatabaseReason.PROVISIONING, DatabaseReason.DELETING):
-            self.event(p, reason, message, warning=True)
+            self.change_event(p, reason, message, warning=True)
         return changed
 
     def fail(

@@ -6,6 +6,11 @@ the status patch. The dump keeps only the keys that were stored or set by this p
 values appear out of nowhere) and timestamps in the stored format, so the dump of an unchanged
 status equals what is stored and `update_status` writes nothing.
 
+Events about a status change the pass makes (a new failure reason, drift) wait in the pass until
+the status write that records the change succeeded (`after_write`, sent by `DatabaseWrites.status`):
+a write that fails (409: another writer came first) drops them, and the next pass, which sees the
+old status again, decides them anew, so one change becomes one Event, not one per attempt.
+
 Status keys the model does not know are dropped by the parse: that is safe because the Database
 status has one writer (this controller) and the CRD's status schema is generated from the same
 model, so the apiserver prunes any other key anyway.
@@ -13,7 +18,8 @@ model, so the apiserver prunes any other key anyway.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -39,6 +45,7 @@ class Pass:
     db: dict[str, Any]
     spec: DatabaseSpec
     status: DatabaseStatus
+    _after_write: list[Callable[[], None]] = field(default_factory=list, repr=False)
 
     @classmethod
     def read(cls, db: dict[str, Any]) -> Pass:
@@ -50,6 +57,15 @@ class Pass:
         self.db = db
         self.spec = DatabaseSpec.model_validate(db.get("spec") or {})
         self.status = _parse_status(db)
+
+    def after_write(self, send: Callable[[], None]) -> None:
+        """Run `send` (an Event) once the next status write of this pass succeeded; never if it fails."""
+        self._after_write.append(send)
+
+    def take_after_write(self) -> list[Callable[[], None]]:
+        """What waits for the status write, handed over once (the writer runs it after success)."""
+        waiting, self._after_write = self._after_write, []
+        return waiting
 
     # -- metadata ------------------------------------------------------------------------------------
 

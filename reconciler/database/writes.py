@@ -37,11 +37,15 @@ class DatabaseWrites:
     _written: dict[str, str] = field(default_factory=dict)  # key -> resourceVersion of our last write
 
     def status(self, p: Pass) -> None:
-        """Write the pass's status if it differs from the stored one (else nothing at all)."""
+        """Write the pass's status if it differs from the stored one (else nothing at all), then send
+        the Events that waited for it; a failed write raises and they are never sent (see state.py)."""
         updated = update_status(self.rest, DATABASES, p.db, p.status_body())
+        waiting = p.take_after_write()
         if updated is not None:
             p.load(updated)
             self._wrote(updated)
+        for send in waiting:
+            send()
 
     def metadata(self, p: Pass, patch: dict[str, Any]) -> bool:
         """Patch metadata (finalizers); False when the object is gone already (404): nothing to do.

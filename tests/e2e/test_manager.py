@@ -15,24 +15,28 @@ import pytest
 import requests
 
 from dbprovider.devstack import DevStack, free_port
+from domain.settings import SETTINGS
 from domain.tokens import hash_token
 from harness import KubeControlPlane, PostgresServer
+from harness.certs import CertificateAuthority
 from informers import LEASES, Rest
 from reconciler.resources import CONSUMERS, SHARDS
-from tests.support.common import wait_for
+from tests.support.common import condition, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 class Replica:
-    def __init__(self, stack: DevStack, name: str, log_dir: Path) -> None:
+    def __init__(
+        self, stack: DevStack, name: str, log_dir: Path, args: tuple[str, ...] = (), env: dict[str, str] | None = None
+    ) -> None:
         self.name = name
         self.api_port, self.metrics_port = free_port(), free_port()
         self.log = log_dir / f"{name}.log"
-        env = {**os.environ, **stack.manager_env(), "POD_NAME": name}
+        env = {**os.environ, **stack.manager_env(), "POD_NAME": name, **(env or {})}
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
-                stack.manager_argv(sys.executable, self.api_port, self.metrics_port),
+                [*stack.manager_argv(sys.executable, self.api_port, self.metrics_port), *args],
                 stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO,
             )
         self.ca = str(stack.ca_file)
@@ -182,3 +186,75 @@ def test_rotation_keeps_or_ends_the_sessions_of_the_old_password(stack: DevStack
     logs = replica.log.read_text()
     for credentials in (first, second, third):
         assert credentials["password"] not in logs
+
+
+# -- the shard CA bundle of a manager outside a pod (--shard-ca-file) -----------------------------
+
+
+@pytest.fixture
+def verified_shard(stack: DevStack, kube: KubeControlPlane) -> Iterator[str]:
+    """A second Shard on the stack's server whose admin connection is verify-full (name: 127.0.0.1,
+    through --admin-host-override): without a CA bundle the system trust store refuses the harness CA."""
+    name = "e2etest-verified"
+    admin = {
+        "serviceName": f"{name}-primary",
+        "port": stack.postgres.port,
+        "sslmode": "verify-full",
+        "secretRef": {"namespace": stack.shard_secrets_namespace, "name": stack.admin_secret},
+    }
+    spec = {
+        "maxDatabases": 10,
+        "accepting": False,  # the consumer tests above place nothing here
+        "perconaCluster": {"namespace": stack.namespace, "name": name},
+        "admin": admin,
+        "client": {"host": "127.0.0.1", "port": stack.postgres.port, "sslmode": "require"},
+    }
+    body = {"apiVersion": "db.bnerd.com/v1alpha1", "kind": "Shard", "metadata": {"name": name}, "spec": spec}
+    with kube.admin_client() as client:
+        Rest(client).create(SHARDS, body)
+    yield name
+    with kube.admin_client() as client:
+        Rest(client).delete(SHARDS, name)
+
+
+def _shard_ready(kube: KubeControlPlane, name: str) -> dict | None:
+    with kube.admin_client() as client:
+        return condition(Rest(client).get(SHARDS, name), "Ready")
+
+
+def test_a_manager_process_verifies_shards_with_its_shard_ca_file(
+    stack: DevStack, kube: KubeControlPlane, verified_shard: str, tmp_path: Path
+):
+    right = Replica(stack, "replica-ca", tmp_path, ("--shard-ca-file", str(stack.postgres.ca_file)))
+    try:
+        right.wait_ready()
+        ready = wait_for(lambda: (c := _shard_ready(kube, verified_shard)) and c["reason"] == "Ok" and c,
+                         timeout=90, what="the verify-full shard Ok")
+        assert ready["status"] == "True"
+    finally:
+        assert right.stop() == 0  # SIGTERM releases the Lease for the next replica
+
+    # The environment variable names the file too; a CA that signed nothing of the server's fails
+    # verification, reported with the sanitized class only.
+    other_ca = CertificateAuthority(tmp_path / "other-ca", "other").ca_file
+    wrong = Replica(stack, "replica-wrong-ca", tmp_path, env={SETTINGS.env.shard_ca: str(other_ca)})
+    try:
+        wrong.wait_ready()
+        ready = wait_for(lambda: (c := _shard_ready(kube, verified_shard)) and c["reason"] == "Unreachable" and c,
+                         timeout=90, what="the verify-full shard Unreachable")
+        assert (ready["status"], ready["message"]) == ("False", "check failed: tls_failed")
+    finally:
+        assert wrong.stop() == 0
+
+
+@pytest.mark.parametrize("content", [None, "not a certificate\n"], ids=["missing", "no-pem"])
+def test_a_bad_shard_ca_file_stops_the_manager_at_startup(stack: DevStack, tmp_path: Path, content: str | None):
+    path = tmp_path / "ca.crt"
+    if content is not None:
+        path.write_text(content)
+    replica = Replica(stack, "replica-bad-ca", tmp_path, ("--shard-ca-file", str(path)))
+    try:
+        assert replica.proc.wait(timeout=60) == 2
+    finally:
+        replica.stop(signal.SIGKILL)
+    assert "--shard-ca-file (DBPROVIDER_SHARD_CA_FILE)" in replica.log.read_text()

@@ -77,7 +77,7 @@ def test_close_leaves_nothing_behind() -> None:
 def test_a_crashed_server_restarts_on_its_data_and_accepts_sessions_when_start_returns() -> None:
     """start()/restart() return only once a session opens (not when the port listens): crash
     recovery refuses logins with "the database system is starting up" for a while."""
-    server = PostgresServer("18").start()
+    server = PostgresServer("18", durable=True).start()
     try:
         port = server.port
         with server.provisioner_connection() as conn:
@@ -91,3 +91,27 @@ def test_a_crashed_server_restarts_on_its_data_and_accepts_sessions_when_start_r
         assert "survives" in names
     finally:
         server.close()
+
+
+def test_only_a_durable_server_may_be_killed_and_it_commits_durably() -> None:
+    """synchronous_commit=off (fast) would lose acknowledged commits to a kill: killing such a
+    server is refused, and a durable one (what every killing suite starts) commits synchronously."""
+    with PostgresServer("18") as fast:
+        with fast.superuser_connection() as conn:
+            assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "off"
+        for kill in (fast.kill, fast.crash):
+            with pytest.raises(RuntimeError, match="durable=True"):
+                kill()
+        assert fast.pid is not None  # refused before any signal
+    with PostgresServer("18", durable=True) as durable:
+        with durable.superuser_connection() as conn:
+            assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "on"
+            conn.execute("CREATE TABLE acknowledged (v int)")
+            conn.execute("INSERT INTO acknowledged VALUES (1)")
+        durable.crash()
+        durable.restart()
+        with durable.superuser_connection() as conn:
+            assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "on"  # a restart keeps it
+            assert conn.execute("SELECT v FROM acknowledged").fetchall() == [(1,)]
+    with pytest.raises(ValueError, match="synchronous_commit=on"):
+        PostgresServer("18", settings={"synchronous_commit": "off"}, durable=True)

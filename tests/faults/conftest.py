@@ -20,6 +20,10 @@ from tests.faults.support import TIMINGS, FaultStack
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultStack]:
     created = FaultStack(tmp_path_factory.mktemp("faults")).start()
     try:
+        # The suite kills its shards: acknowledged commits must survive that, as on a real shard.
+        for server in created.shards.values():
+            with server.superuser_connection() as conn:
+                assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "on"
         yield created
     finally:
         created.close()

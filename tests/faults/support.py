@@ -183,12 +183,11 @@ class FaultStack:
         ).start()
         # Every statement when it arrives, and a duration line once it completed: a statement cut
         # off by a crash has none, so the DDL count sees what took effect. And durable commits, as
-        # on a real shard: the harness' synchronous_commit=off loses acknowledged commits to a
-        # SIGKILL (they wait in shared memory), which no production server would.
-        logged = {"log_min_duration_statement": "0", "synchronous_commit": "on"}
+        # on a real shard (durable=True: synchronous_commit=on, see harness.postgres).
+        logged = {"log_min_duration_statement": "0"}
         self.shards = {
-            SHARD_A: PostgresServer("18", log_statements=True, settings=logged).start(),
-            SHARD_B: PostgresServer("18", log_statements=True, settings=logged).start(),
+            SHARD_A: PostgresServer("18", log_statements=True, settings=logged, durable=True).start(),
+            SHARD_B: PostgresServer("18", log_statements=True, settings=logged, durable=True).start(),
         }
         self.dev = DevStack(
             self.kube, self.shards[SHARD_A], self.root / "stack",
@@ -503,7 +502,8 @@ def check_invariants(stack: FaultStack, fault: str, timeout: float = 150) -> flo
         orphans = {t for t in roles | databases if (shard, t) not in owned}
         assert not orphans, f"{fault}: orphaned tenants on {shard}: {sorted(orphans)}"
 
-    # No tenant created or dropped twice (statements that completed: a crash may cut one off).
+    # No tenant created or dropped twice (statements that took effect: a crash may cut one off, or
+    # end its transaction before the COMMIT).
     ddl: Counter[tuple[str, str, str]] = Counter()
     for _, _, statement, shard, completed in statement_log(stack):
         for match in _TENANT_DDL.finditer(statement if completed else ""):

@@ -11,10 +11,15 @@ import socket
 
 import pytest
 from kubernetes.client import ApiClient, Configuration
+from kubernetes.client.exceptions import ApiException
 
 from informers import Rest
+from reconciler.database.state import Pass
 from reconciler.events import EventRecorder
-from tests.reconciler.conftest import NAMESPACE
+from reconciler.resources import DATABASES
+from reconciler.runtime import TerminalError
+from tests.reconciler.conftest import NAMESPACE, condition, controller_parts
+from tests.support.common import wait_for
 
 
 def subject(name: str, namespace: str = NAMESPACE) -> dict:
@@ -86,6 +91,44 @@ def test_a_full_queue_drops_instead_of_blocking_the_reconcile(caplog) -> None:
     finally:
         blackhole.close()  # the stuck request fails now; the sender moves on
         recorder.close(10)
+
+
+def test_a_status_write_lost_to_a_conflict_sends_no_event(fleet, provider_client, admin_rest) -> None:
+    """Another writer changes the Database between the pass's decision (a new failure reason: a
+    Warning) and its status write, which gets 409. That pass sends nothing; the next one, seeing
+    the old status again, decides the same change anew and sends it once it is written: one Event."""
+    name = fleet.database("event-conflict", size_class="no-such-class")  # InvalidSizeClass: terminal
+    key = f"{NAMESPACE}/{name}"
+    with controller_parts(provider_client) as parts:
+        wait_for(lambda: parts.databases.get(key), what="the database cached")
+        controller = parts.controller()
+        write_status = controller.writes.status
+        conflicts: list[int] = []
+
+        def another_writer_first(p: Pass) -> None:
+            if not conflicts:  # once: the first status write loses the race
+                admin_rest.patch(DATABASES, name, {"metadata": {"labels": {"touched": "yes"}}}, NAMESPACE)
+            try:
+                write_status(p)
+            except ApiException as exc:
+                conflicts.append(exc.status)
+                raise
+            conflicts.append(200)
+
+        controller.writes.status = another_writer_first  # type: ignore[method-assign]
+        with pytest.raises(ApiException):
+            controller.reconcile(key)
+        assert conflicts == [409]
+        assert parts.events.flush(30)
+        assert events_about(admin_rest, name) == []  # the old code had sent InvalidSizeClass here
+
+        with pytest.raises(TerminalError):
+            controller.reconcile(key)
+        assert conflicts == [409, 200]
+        assert condition(fleet.get_database(name), "Ready")["reason"] == "InvalidSizeClass"
+        assert parts.events.flush(30)
+        sent = [e for e in events_about(admin_rest, name) if e["reason"] == "InvalidSizeClass"]
+        assert [(e["type"], e["count"]) for e in sent] == [("Warning", 1)]
 
 
 @pytest.fixture(autouse=True)

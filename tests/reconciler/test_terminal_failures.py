@@ -125,7 +125,7 @@ def converges_after_a_change(
 
 
 def test_a_shard_that_is_down_is_retried_with_backoff_until_it_is_back(fleet, start_manager, admin_rest):
-    with PostgresServer("18") as server:
+    with PostgresServer("18", durable=True) as server:  # killed below
         fleet.shard(server)
         manager = start_manager()
         name = fleet.database("shard-down")
