@@ -21,7 +21,7 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 from harness.certs import CertFiles, CertificateAuthority, make_rsa_keypair
-from harness.process import free_port, spawn, stop, wait_for_port
+from harness.process import built_dir, free_port, spawn, stop, wait_for_port
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-kube.sh"
@@ -34,11 +34,7 @@ class MissingBinaryError(RuntimeError):
 
 def binaries_dir() -> Path:
     """Where hack/build-kube.sh puts the binaries for the pinned version (DBPROVIDER_KUBE_BIN overrides)."""
-    override = os.environ.get("DBPROVIDER_KUBE_BIN")
-    if override:
-        return Path(override)
-    out = subprocess.run(["bash", str(BUILD_SCRIPT), "--dir"], check=True, capture_output=True, text=True)
-    return Path(out.stdout.strip().splitlines()[-1])
+    return built_dir(BUILD_SCRIPT, "DBPROVIDER_KUBE_BIN")
 
 
 def pinned_kube_version() -> str:

@@ -14,6 +14,16 @@ _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL("libc.so.6", use_errno=True)
 
 
+def built_dir(build_script: Path, override_env: str) -> Path:
+    """The cache folder a hack/build-*.sh script puts its pinned binaries in (`<script> --dir`), or
+    the folder the environment variable `override_env` names."""
+    override = os.environ.get(override_env)
+    if override:
+        return Path(override)
+    out = subprocess.run(["bash", str(build_script), "--dir"], check=True, capture_output=True, text=True)
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now (the kernel picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from harness.process import built_dir
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-pulumi.sh"
 BINARIES = ("pulumi", "pulumi-language-python", "pulumi-language-python-exec", "pulumi-resource-kubernetes")
@@ -27,11 +29,7 @@ class MissingPulumiError(RuntimeError):
 
 def binaries_dir() -> Path:
     """Where hack/build-pulumi.sh puts the binaries (DBPROVIDER_PULUMI_BIN overrides)."""
-    override = os.environ.get("DBPROVIDER_PULUMI_BIN")
-    if override:
-        return Path(override)
-    out = subprocess.run(["bash", str(BUILD_SCRIPT), "--dir"], check=True, capture_output=True, text=True)
-    return Path(out.stdout.strip().splitlines()[-1])
+    return built_dir(BUILD_SCRIPT, "DBPROVIDER_PULUMI_BIN")
 
 
 class PulumiWorkspace:
