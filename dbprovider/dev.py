@@ -30,6 +30,8 @@ from dbprovider.manager import Manager, ManagerOptions
 from domain.config import ConfigError, format_duration
 from harness import KubeControlPlane, MissingBinaryError, PostgresServer
 
+DEV_READY_TIMEOUT = 60.0
+
 
 def _write_env_file(path: Path, values: dict[str, str]) -> None:
     """A shell-sourceable file; 0600 because it carries the consumer's token."""
@@ -131,6 +133,11 @@ def run_dev(postgres_flavor: str, state_dir: str, values_file: str | None = None
             admin_host_override="127.0.0.1",
         )
         manager = Manager(options).start()
+        # "ready" promises that the walkthrough works now: before the caches synced and the elector's
+        # first Lease request answered, a PUT would get 503 (the apiserver counts as unreachable).
+        if not manager.wait_ready(DEV_READY_TIMEOUT):
+            print(f"dbprovider dev: the manager did not become ready within {DEV_READY_TIMEOUT:.0f}s", file=sys.stderr)
+            return 1
         _write_env_file(env_file, stack.env())
         print(_walkthrough(stack, env_file), flush=True)
         stopping.wait()

@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -133,6 +134,19 @@ class Manager:
             extra={"api_port": self.api_server.port, "metrics_port": self.metrics_server.port},
         )
         return self
+
+    def ready(self) -> bool:
+        """What /readyz answers: the API's caches are synced and the apiserver answered lately."""
+        return self.api.store.ready() and self.api.tokens.ready()
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait until `ready()` (True) or `timeout` seconds passed (False)."""
+        deadline = time.monotonic() + timeout
+        while not self.ready():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
 
     def stop(self) -> None:
         """API first (no new requests), then controllers and the Lease, then informers and metrics."""
