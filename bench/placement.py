@@ -152,7 +152,7 @@ def live_benchmark(placements: int, rounds: int) -> tuple[dict[str, list[float]]
     from dbprovider.devstack import DevStack
     from domain.config import load_install_config
     from informers import SECRETS
-    from reconciler.database import DatabaseController, Pass
+    from reconciler.database import Database, DatabaseController
     from reconciler.events import EventRecorder
 
     stack = Stack("placement")
@@ -210,8 +210,8 @@ def live_benchmark(placements: int, rounds: int) -> tuple[dict[str, list[float]]
                 name = f"place-{next(pending):04d}.{dev.consumer}"
                 db = databases.get(f"{dev.namespace}/{name}")
                 assert db is not None
-                p = Pass.read(db)
-                assert controller.placer.place(p) is None and (p.status.shard or "").startswith(label)
+                database = Database.read(db)
+                assert controller.placer.place(database) is None and (database.status.shard or "").startswith(label)
 
             return once
 

@@ -6,7 +6,7 @@
   source of the password (secret.py) -> Ready path: no SQL unless the database's own inputs
   changed (ready.py) -> provisioning (provisioning.py).
 
-Each step reads and changes the typed `Pass` (state.py). SQL runs through `ShardSql` (shard_sql.py):
+Each step reads and changes the typed `Database` (state.py). SQL runs through `ShardSql` (shard_sql.py):
 a failure goes into status with its sanitized class and is retried with backoff
 (`ReconcileError`), or, when retrying cannot help, raised as `TerminalError`; driver errors never
 escape.
@@ -38,7 +38,7 @@ from reconciler.database.ready import ReadyPath
 from reconciler.database.report import Reporter
 from reconciler.database.secret import CredentialsSecrets
 from reconciler.database.shard_sql import ShardSql, client_endpoint, shard_spec
-from reconciler.database.state import Pass
+from reconciler.database.state import Database
 from reconciler.database.writes import DatabaseWrites
 from reconciler.events import EventRecorder
 from reconciler.placement import PlacementIndex
@@ -99,44 +99,46 @@ class DatabaseController:
         if db is None:
             return None
         try:
-            p = Pass.read(db)
+            database = Database.read(db)
         except ValidationError as exc:  # the CRD schema is generated from the same models: a bug
             raise TerminalError(INVALID_OBJECT, format_validation_error(exc)) from None
-        k8s_deleting = bool(p.meta.get("deletionTimestamp"))
-        delete_requested = ANNOTATION_DELETE_REQUESTED_AT in p.annotations
+        k8s_deleting = bool(database.meta.get("deletionTimestamp"))
+        delete_requested = ANNOTATION_DELETE_REQUESTED_AT in database.annotations
 
-        if FINALIZER_TENANT not in finalizers(p):
+        if FINALIZER_TENANT not in finalizers(database):
             if k8s_deleting:
                 return None  # nothing of ours is left on it
-            if not self.finalizers.add(p):
+            if not self.finalizers.add(database):
                 return None
         if k8s_deleting and not delete_requested:
-            return self.deletion.hold(p)
-        p.remove_condition(DatabaseConditionType.DELETION_HELD)  # the hold is over
-        if delete_requested or p.is_true(DatabaseConditionType.TENANT_DROPPED):
-            return self.deletion.soft_delete(p)  # once dropped, never recovered or provisioned anew
-        if p.status.phase in (Phase.DELETING, Phase.DELETED) or p.status.drop_after is not None:
-            self.deletion.recover(p)
+            return self.deletion.hold(database)
+        database.remove_condition(DatabaseConditionType.DELETION_HELD)  # the hold is over
+        if delete_requested or database.is_true(DatabaseConditionType.TENANT_DROPPED):
+            return self.deletion.soft_delete(database)  # once dropped, never recovered or provisioned anew
+        if database.status.phase in (Phase.DELETING, Phase.DELETED) or database.status.drop_after is not None:
+            self.deletion.recover(database)
 
-        if not p.status.shard:
-            result = self.placer.place(p)
+        if not database.status.shard:
+            result = self.placer.place(database)
             if result is not None:
                 return result
-        shard = self.shards.get(p.shard)
+        shard = self.shards.get(database.shard)
         if shard is None:
-            self.report.fail(p, Phase.FAILED, DatabaseReason.SHARD_NOT_FOUND, f"shard {p.shard} not found")
+            raise self.report.failure(
+                database, Phase.FAILED, DatabaseReason.SHARD_NOT_FOUND, f"shard {database.shard} not found"
+            )
         spec = shard_spec(shard)
         if spec is None:
-            self.report.fail(
-                p,
-                p.status.phase or Phase.PROVISIONING,
+            raise self.report.failure(
+                database,
+                database.status.phase or Phase.PROVISIONING,
                 DatabaseReason.ADMIN_UNAVAILABLE,
-                f"shard {p.shard} has an invalid spec; retrying",
+                f"shard {database.shard} has an invalid spec; retrying",
             )
-        secret = self.secrets.ensure(p, client_endpoint(spec))
+        secret = self.secrets.ensure(database, client_endpoint(spec))
 
-        if p.status.phase == Phase.READY:
-            self.ready.converge(p, shard, secret)
+        if database.status.phase == Phase.READY:
+            self.ready.converge(database, shard, secret)
         else:
-            self.provisioner.provision(p, shard, secret)
+            self.provisioner.provision(database, shard, secret)
         return None

@@ -21,7 +21,7 @@ from informers import Informer
 from reconciler.database.finalizers import Finalizers
 from reconciler.database.report import Reporter
 from reconciler.database.shard_sql import ShardSql
-from reconciler.database.state import Pass
+from reconciler.database.state import Database
 from reconciler.database.writes import DatabaseWrites
 from reconciler.runtime import Result
 from reconciler.sql.session import AdminSession
@@ -40,9 +40,9 @@ class Deletion:
     finalizers: Finalizers
     clock: Callable[[], datetime]
 
-    def hold(self, p: Pass) -> Result | None:
+    def hold(self, database: Database) -> Result | None:
         """Deleted in Kubernetes without a delete request: keep everything, run no SQL, say so."""
-        changed = p.set_condition(
+        changed = database.set_condition(
             DatabaseConditionType.DELETION_HELD,
             True,
             "DeletionHeld",
@@ -50,36 +50,42 @@ class Deletion:
             "nothing is dropped; set the annotation to soft-delete or see the docs to restore",
         )
         if changed:
-            self.writes.status(p)
-            self.report.event(p, EventReason.DELETION_HELD, "deletion held, no delete annotation", warning=True)
+            self.writes.status(database)
+            self.report.event(database, EventReason.DELETION_HELD, "deletion held, no delete annotation", warning=True)
         return None
 
-    def _placed_shard(self, p: Pass, phase: Phase, message: str) -> dict[str, Any]:
-        shard = self.shards.get(p.shard)
+    def _placed_shard(self, database: Database, phase: Phase, message: str) -> dict[str, Any]:
+        shard = self.shards.get(database.shard)
         if shard is None:
-            self.report.fail(p, phase, DatabaseReason.SHARD_NOT_FOUND, message)
+            raise self.report.failure(database, phase, DatabaseReason.SHARD_NOT_FOUND, message)
         return shard
 
-    def soft_delete(self, p: Pass) -> Result | None:
+    def soft_delete(self, database: Database) -> Result | None:
         """Disable the tenant now, drop it once dropAfter has passed, then finish the delete."""
-        if not p.status.shard or p.status.phase == Phase.DELETED or p.is_true(DatabaseConditionType.TENANT_DROPPED):
-            self.finalizers.finish_delete(p)
+        if (
+            not database.status.shard
+            or database.status.phase == Phase.DELETED
+            or database.is_true(DatabaseConditionType.TENANT_DROPPED)
+        ):
+            self.finalizers.finish_delete(database)
             return None
-        if p.status.phase != Phase.DELETING or p.status.drop_after is None:
-            requested = parse_time(p.annotations.get(ANNOTATION_DELETE_REQUESTED_AT))
-            p.update(phase=Phase.DELETING, drop_after=(requested or self.clock()) + self.config.soft_delete.retention)
-            self.report.ready(p, False, DatabaseReason.DELETING, "soft delete in progress")
-            self.writes.status(p)
-            self.report.event(p, EventReason.DELETE_REQUESTED, "delete requested")
+        if database.status.phase != Phase.DELETING or database.status.drop_after is None:
+            requested = parse_time(database.annotations.get(ANNOTATION_DELETE_REQUESTED_AT))
+            database.update(
+                phase=Phase.DELETING, drop_after=(requested or self.clock()) + self.config.soft_delete.retention
+            )
+            self.report.ready(database, False, DatabaseReason.DELETING, "soft delete in progress")
+            self.writes.status(database)
+            self.report.event(database, EventReason.DELETE_REQUESTED, "delete requested")
         shard = self._placed_shard(
-            p,
+            database,
             Phase.DELETING,
-            f"shard {p.shard} not found: the tenant can be neither disabled nor dropped",
+            f"shard {database.shard} not found: the tenant can be neither disabled nor dropped",
         )
-        tenant = p.tenant
-        if not p.is_true(DatabaseConditionType.TENANT_DISABLED):
+        tenant = database.tenant
+        if not database.is_true(DatabaseConditionType.TENANT_DISABLED):
             self._step(
-                p,
+                database,
                 shard,
                 DatabaseReason.DISABLE_FAILED,
                 lambda session: disable_tenant(session, tenant),
@@ -88,13 +94,13 @@ class Deletion:
                 "login and connections disabled, sessions ended; remove the delete annotation to recover",
                 "soft delete in progress",
             )
-            self.report.event(p, EventReason.DISABLED, "tenant disabled")
-        assert p.status.drop_after is not None
-        wait = (p.status.drop_after - self.clock()).total_seconds()
+            self.report.event(database, EventReason.DISABLED, "tenant disabled")
+        assert database.status.drop_after is not None
+        wait = (database.status.drop_after - self.clock()).total_seconds()
         if wait > 0:
             return Result(requeue_after=wait)
         self._step(
-            p,
+            database,
             shard,
             DatabaseReason.DROP_FAILED,
             lambda session: drop_tenant(session, tenant),
@@ -104,13 +110,13 @@ class Deletion:
             "tenant dropped",
             phase=Phase.DELETED,
         )
-        self.report.event(p, EventReason.DROPPED, "tenant dropped")
-        self.finalizers.finish_delete(p)
+        self.report.event(database, EventReason.DROPPED, "tenant dropped")
+        self.finalizers.finish_delete(database)
         return None
 
     def _step(
         self,
-        p: Pass,
+        database: Database,
         shard: dict[str, Any],
         reason: str,
         operation: Callable[[AdminSession], object],
@@ -122,30 +128,30 @@ class Deletion:
         phase: Phase = Phase.DELETING,
     ) -> None:
         """One SQL step of the soft delete, then its condition (and Ready: Deleting) in one status write."""
-        self.sql.run(p, shard, Phase.DELETING, reason, operation)
-        p.set_condition(condition, True, condition_reason, condition_message)
-        p.update(phase=phase)
-        self.report.ready(p, False, DatabaseReason.DELETING, ready_message)
-        self.writes.status(p)
+        self.sql.run(database, shard, Phase.DELETING, reason, operation)
+        database.set_condition(condition, True, condition_reason, condition_message)
+        database.update(phase=phase)
+        self.report.ready(database, False, DatabaseReason.DELETING, ready_message)
+        self.writes.status(database)
 
-    def recover(self, p: Pass) -> None:
+    def recover(self, database: Database) -> None:
         """The delete annotation was removed before the drop: re-enable the same tenant."""
-        if p.status.phase == Phase.DELETED:
+        if database.status.phase == Phase.DELETED:
             return
-        if p.is_true(DatabaseConditionType.TENANT_DISABLED):
-            shard = self._placed_shard(p, Phase.DELETING, f"shard {p.shard} not found")
-            tenant = p.tenant
+        if database.is_true(DatabaseConditionType.TENANT_DISABLED):
+            shard = self._placed_shard(database, Phase.DELETING, f"shard {database.shard} not found")
+            tenant = database.tenant
             self.sql.run(
-                p,
+                database,
                 shard,
                 Phase.DELETING,
                 DatabaseReason.ADMIN_UNAVAILABLE,
                 lambda session: enable_tenant(session, tenant),
             )
-        p.remove_condition(DatabaseConditionType.TENANT_DISABLED)
-        p.update(
+        database.remove_condition(DatabaseConditionType.TENANT_DISABLED)
+        database.update(
             drop_after=None,
-            phase=Phase.READY if p.status.applied_connection_limit is not None else Phase.PROVISIONING,
+            phase=Phase.READY if database.status.applied_connection_limit is not None else Phase.PROVISIONING,
         )
-        self.writes.status(p)
-        self.report.event(p, EventReason.READY, "recovered from soft delete")
+        self.writes.status(database)
+        self.report.event(database, EventReason.READY, "recovered from soft delete")

@@ -11,15 +11,15 @@ from kubernetes.client.exceptions import ApiException
 from domain.constants import FINALIZER_TENANT
 from informers import Rest
 from reconciler.database.secret import CredentialsSecrets
-from reconciler.database.state import Pass
+from reconciler.database.state import Database
 from reconciler.database.writes import DatabaseWrites
 from reconciler.resources import DATABASES
 
 log = logging.getLogger(__name__)
 
 
-def finalizers(p: Pass) -> list[str]:
-    return list(p.meta.get("finalizers") or [])
+def finalizers(database: Database) -> list[str]:
+    return list(database.meta.get("finalizers") or [])
 
 
 @dataclass
@@ -30,22 +30,24 @@ class Finalizers:
     writes: DatabaseWrites
     secrets: CredentialsSecrets
 
-    def add(self, p: Pass) -> bool:
+    def add(self, database: Database) -> bool:
         """Add the tenant finalizer; False when the object is gone already."""
-        if not self.writes.metadata(p, {"finalizers": [*finalizers(p), FINALIZER_TENANT]}):
+        if not self.writes.metadata(database, {"finalizers": [*finalizers(database), FINALIZER_TENANT]}):
             return False
-        p.load(p.db)
+        database.load(database.db)
         return True
 
-    def finish_delete(self, p: Pass) -> None:
+    def finish_delete(self, database: Database) -> None:
         """Remove the credentials Secret and the object itself (no garbage collector is relied on)."""
-        self.secrets.delete(p)
-        if not self.writes.metadata(p, {"finalizers": [f for f in finalizers(p) if f != FINALIZER_TENANT]}):
+        self.secrets.delete(database)
+        if not self.writes.metadata(
+            database, {"finalizers": [f for f in finalizers(database) if f != FINALIZER_TENANT]}
+        ):
             return  # deleted meanwhile: the delete is done
-        if not p.meta.get("deletionTimestamp"):
+        if not database.meta.get("deletionTimestamp"):
             try:
-                self.rest.delete(DATABASES, p.name, p.namespace)
+                self.rest.delete(DATABASES, database.name, database.namespace)
             except ApiException as exc:
                 if exc.status != 404:
                     raise
-        log.info("database deleted", extra={"database": p.name})
+        log.info("database deleted", extra={"database": database.name})

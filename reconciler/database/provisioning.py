@@ -13,7 +13,7 @@ from reconciler.database.placement import check_size_class, owner
 from reconciler.database.ready import set_drift
 from reconciler.database.report import Reporter
 from reconciler.database.shard_sql import ShardSql
-from reconciler.database.state import Pass
+from reconciler.database.state import Database
 from reconciler.database.writes import DatabaseWrites
 from reconciler.sql.session import AdminSession
 from reconciler.sql.tenant import TenantSpec, ensure_tenant, set_password
@@ -30,10 +30,10 @@ class Provisioner:
     writes: DatabaseWrites
     report: Reporter
 
-    def provision(self, p: Pass, shard: dict[str, Any], secret: dict[str, Any]) -> None:
-        limit = check_size_class(self.config, p, self.report)
-        tenant = TenantSpec(p.tenant, credentials.password(secret), limit, owner(p))
-        pending = credentials.password_pending(p, secret)
+    def provision(self, database: Database, shard: dict[str, Any], secret: dict[str, Any]) -> None:
+        limit = check_size_class(self.config, database, self.report)
+        tenant = TenantSpec(database.tenant, credentials.password(secret), limit, owner(database))
+        pending = credentials.password_pending(database, secret)
 
         def ensure(session: AdminSession) -> None:
             # A finished tenant keeps its old password through ensure_tenant: set the pending one.
@@ -41,25 +41,25 @@ class Provisioner:
                 set_password(session, tenant.name, tenant.password)
 
         self.sql.run(
-            p,
+            database,
             shard,
             Phase.PROVISIONING,
             DatabaseReason.ENSURE_FAILED,
             ensure,
             session_reason=DatabaseReason.ADMIN_UNAVAILABLE,
         )
-        credentials.password_applied(p, secret)
-        p.update(
+        credentials.password_applied(database, secret)
+        database.update(
             phase=Phase.READY,
-            applied_size_class=p.spec.size_class,
+            applied_size_class=database.spec.size_class,
             applied_connection_limit=limit,
-            observed_generation=p.generation,
+            observed_generation=database.generation,
         )
-        rotation = p.annotations.get(ANNOTATION_ROTATE_REQUESTED_AT)
+        rotation = database.annotations.get(ANNOTATION_ROTATE_REQUESTED_AT)
         if rotation is not None:
-            p.update(rotation_applied=rotation)
-        self.report.ready(p, True, DatabaseReason.PROVISIONED, "tenant exists on the shard")
-        set_drift(self.config, p, self.report)
-        self.writes.status(p)
-        self.report.event(p, EventReason.READY, "ready")
-        log.info("database ready", extra={"database": p.name, "shard": shard["metadata"]["name"]})
+            database.update(rotation_applied=rotation)
+        self.report.ready(database, True, DatabaseReason.PROVISIONED, "tenant exists on the shard")
+        set_drift(self.config, database, self.report)
+        self.writes.status(database)
+        self.report.event(database, EventReason.READY, "ready")
+        log.info("database ready", extra={"database": database.name, "shard": shard["metadata"]["name"]})

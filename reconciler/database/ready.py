@@ -22,7 +22,7 @@ from informers import SECRETS, Rest
 from reconciler.database import secret as credentials
 from reconciler.database.report import Reporter
 from reconciler.database.shard_sql import ShardSql
-from reconciler.database.state import Pass
+from reconciler.database.state import Database
 from reconciler.database.writes import DatabaseWrites, conditional
 from reconciler.resources import DATABASES
 from reconciler.runtime import ensure_active
@@ -42,13 +42,13 @@ class ReadyWork:
     resize: bool
 
     @classmethod
-    def of(cls, p: Pass, secret: dict[str, Any]) -> ReadyWork:
-        rotation = p.annotations.get(ANNOTATION_ROTATE_REQUESTED_AT)
+    def of(cls, database: Database, secret: dict[str, Any]) -> ReadyWork:
+        rotation = database.annotations.get(ANNOTATION_ROTATE_REQUESTED_AT)
         return cls(
-            pending=credentials.password_pending(p, secret),
+            pending=credentials.password_pending(database, secret),
             rotation=rotation,
-            rotate_requested=rotation is not None and rotation != p.status.rotation_applied,
-            resize=p.spec.size_class != (p.status.applied_size_class or ""),
+            rotate_requested=rotation is not None and rotation != database.status.rotation_applied,
+            resize=database.spec.size_class != (database.status.applied_size_class or ""),
         )
 
     @property
@@ -56,27 +56,27 @@ class ReadyWork:
         return self.pending or self.rotate_requested or self.resize
 
 
-def set_drift(config: InstallConfig, p: Pass, report: Reporter) -> None:
+def set_drift(config: InstallConfig, database: Database, report: Reporter) -> None:
     """ConnectionLimitDrift: the install config now resolves another limit (or no class at all)."""
-    size_class = p.spec.size_class
-    applied = p.status.applied_connection_limit
+    size_class = database.spec.size_class
+    applied = database.status.applied_connection_limit
     try:
         wanted = config.resolve_connection_limit(size_class)
     except UnknownSizeClass:
         reason, message = DriftReason.UNKNOWN_SIZE_CLASS, f"size class {size_class!r} is no longer configured"
     else:
         if applied is None or wanted == applied:
-            p.remove_condition(DatabaseConditionType.CONNECTION_LIMIT_DRIFT)
+            database.remove_condition(DatabaseConditionType.CONNECTION_LIMIT_DRIFT)
             return
         reason = DriftReason.CONFIG_CHANGED
         message = (
             f"install config resolves connection limit {wanted}, the role has {applied}; change "
             "spec.sizeClass to apply a new limit"
         )
-    before = p.reason(DatabaseConditionType.CONNECTION_LIMIT_DRIFT)
-    p.set_condition(DatabaseConditionType.CONNECTION_LIMIT_DRIFT, True, reason, message)
+    before = database.reason(DatabaseConditionType.CONNECTION_LIMIT_DRIFT)
+    database.set_condition(DatabaseConditionType.CONNECTION_LIMIT_DRIFT, True, reason, message)
     if before != reason:  # the database stays Ready, but the operator should know once
-        report.change_event(p, reason, message, warning=True)
+        report.change_event(database, reason, message, warning=True)
 
 
 @dataclass
@@ -90,53 +90,55 @@ class ReadyPath:
     writes: DatabaseWrites
     report: Reporter
 
-    def converge(self, p: Pass, shard: dict[str, Any], secret: dict[str, Any]) -> None:
-        work = ReadyWork.of(p, secret)
+    def converge(self, database: Database, shard: dict[str, Any], secret: dict[str, Any]) -> None:
+        work = ReadyWork.of(database, secret)
         if work.any:
             # Re-read both from the apiserver before SQL that must run once: the caches may not show
             # this replica's own last writes yet (another watch stream), and acting on them could
             # rotate a password or alter a limit a second time.
-            p.load(self.rest.get(DATABASES, p.name, p.namespace))
-            secret = self.secrets.reread(p, secret)
-            work = ReadyWork.of(p, secret)
+            database.load(self.rest.get(DATABASES, database.name, database.namespace))
+            secret = self.secrets.reread(database, secret)
+            work = ReadyWork.of(database, secret)
         if work.rotate_requested and not work.pending:
             ensure_active()
             patch = conditional(password_patch(new_password()), secret)
-            secret = self.rest.patch(SECRETS, secret["metadata"]["name"], patch, p.namespace)
+            secret = self.rest.patch(SECRETS, secret["metadata"]["name"], patch, database.namespace)
         if work.pending or work.rotate_requested:
-            self._rotate(p, shard, secret, work)
+            self._rotate(database, shard, secret, work)
         if work.resize:
-            self._resize(p, shard)
-        p.update(observed_generation=p.generation)
-        self.report.ready(p, True, DatabaseReason.PROVISIONED, "tenant exists on the shard")
-        set_drift(self.config, p, self.report)
-        self.writes.status(p)
+            self._resize(database, shard)
+        database.update(observed_generation=database.generation)
+        self.report.ready(database, True, DatabaseReason.PROVISIONED, "tenant exists on the shard")
+        set_drift(self.config, database, self.report)
+        self.writes.status(database)
 
-    def _rotate(self, p: Pass, shard: dict[str, Any], secret: dict[str, Any], work: ReadyWork) -> None:
+    def _rotate(self, database: Database, shard: dict[str, Any], secret: dict[str, Any], work: ReadyWork) -> None:
         """Set the Secret's (new) password on the role; end its sessions if the request says so."""
-        tenant, password = p.tenant, credentials.password(secret)
-        end_sessions = work.rotate_requested and p.annotations.get(ANNOTATION_ROTATE_END_SESSIONS) == work.rotation
+        tenant, password = database.tenant, credentials.password(secret)
+        end_sessions = (
+            work.rotate_requested and database.annotations.get(ANNOTATION_ROTATE_END_SESSIONS) == work.rotation
+        )
 
         def rotate(session: AdminSession) -> None:
             set_password(session, tenant, password, end_sessions=end_sessions)
 
-        self.sql.run(p, shard, Phase.READY, DatabaseReason.ADMIN_UNAVAILABLE, rotate)
-        credentials.password_applied(p, secret)
+        self.sql.run(database, shard, Phase.READY, DatabaseReason.ADMIN_UNAVAILABLE, rotate)
+        credentials.password_applied(database, secret)
         if work.rotation is not None:
-            p.update(rotation_applied=work.rotation)
-        log.info("credentials rotated", extra={"database": p.name, "shard": shard["metadata"]["name"]})
+            database.update(rotation_applied=work.rotation)
+        log.info("credentials rotated", extra={"database": database.name, "shard": shard["metadata"]["name"]})
 
-    def _resize(self, p: Pass, shard: dict[str, Any]) -> None:
+    def _resize(self, database: Database, shard: dict[str, Any]) -> None:
         """Apply the new size class's connection limit (an unknown class is reported as drift)."""
         try:
-            limit = self.config.resolve_connection_limit(p.spec.size_class)
+            limit = self.config.resolve_connection_limit(database.spec.size_class)
         except UnknownSizeClass:
             return  # reported as drift (UnknownSizeClass); nothing to apply
-        if limit != p.status.applied_connection_limit:
-            tenant = p.tenant
+        if limit != database.status.applied_connection_limit:
+            tenant = database.tenant
 
             def resize(session: AdminSession) -> None:
                 set_connection_limit(session, tenant, limit)
 
-            self.sql.run(p, shard, Phase.READY, DatabaseReason.SET_LIMIT_FAILED, resize)
-        p.update(applied_size_class=p.spec.size_class, applied_connection_limit=limit)
+            self.sql.run(database, shard, Phase.READY, DatabaseReason.SET_LIMIT_FAILED, resize)
+        database.update(applied_size_class=database.spec.size_class, applied_connection_limit=limit)

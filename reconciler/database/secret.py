@@ -23,32 +23,32 @@ from domain.credentials import (
 from domain.naming import credentials_secret_name
 from informers import SECRETS, Informer, Rest
 from reconciler.database.report import Reporter
-from reconciler.database.state import Pass
+from reconciler.database.state import Database
 from reconciler.database.writes import conditional
 from reconciler.runtime import ensure_active
 
 Secret = dict[str, Any]
 
 
-def secret_name(p: Pass) -> str:
-    return credentials_secret_name(p.name)
+def secret_name(database: Database) -> str:
+    return credentials_secret_name(database.name)
 
 
 def password(secret: Secret) -> str:
     return secret_values(secret)["password"]
 
 
-def password_pending(p: Pass, secret: Secret) -> bool:
+def password_pending(database: Database, secret: Secret) -> bool:
     """The Secret holds a password that may not be set on the role yet."""
     current = password_id(secret)
-    return current is not None and current != p.status.password_applied
+    return current is not None and current != database.status.password_applied
 
 
-def password_applied(p: Pass, secret: Secret) -> None:
+def password_applied(database: Database, secret: Secret) -> None:
     """Record (with the next status write) that the Secret's password is the role's."""
     current = password_id(secret)
     if current is not None:
-        p.update(password_applied=current)
+        database.update(password_applied=current)
 
 
 @dataclass
@@ -59,65 +59,67 @@ class CredentialsSecrets:
     secrets: Informer
     report: Reporter
 
-    def ensure(self, p: Pass, endpoint: Endpoint) -> Secret:
+    def ensure(self, database: Database, endpoint: Endpoint) -> Secret:
         """The credentials Secret: created before the role exists; endpoint keys follow the shard."""
-        tenant = p.tenant
-        secret = self.secrets.get(f"{p.namespace}/{secret_name(p)}")
-        state = classify_secret(secret, p.uid, tenant)
+        tenant = database.tenant
+        secret = self.secrets.get(f"{database.namespace}/{secret_name(database)}")
+        state = classify_secret(secret, database.uid, tenant)
         if state is SecretState.MISSING:
             # Its new password (a new id) is pending until status.passwordApplied names it: the role
             # may exist already (the Secret was deleted, an existing tenant is adopted, or a crash hit
             # between the SQL and the status write), and ensure_tenant leaves a finished tenant's
             # password alone.
-            body = build_secret(p.db, tenant, new_password(), endpoint)
+            body = build_secret(database.db, tenant, new_password(), endpoint)
             ensure_active()
             try:
-                return self.rest.create(SECRETS, body, p.namespace)
+                return self.rest.create(SECRETS, body, database.namespace)
             except ApiException as exc:
                 if exc.status != 409:
                     raise
-            secret, state = self._uncached(p, tenant)
+            secret, state = self._uncached(database, tenant)
         if state is not SecretState.OURS:
             what = "is not owned by this Database" if state is SecretState.FOREIGN else "is inconsistent"
-            self.report.fail(
-                p,
-                p.status.phase or Phase.PROVISIONING,
+            raise self.report.failure(
+                database,
+                database.status.phase or Phase.PROVISIONING,
                 DatabaseReason.CREDENTIALS_SECRET_CONFLICT,
-                f"Secret {secret_name(p)} {what}; it is never overwritten",
+                f"Secret {secret_name(database)} {what}; it is never overwritten",
             )
         assert secret is not None
         patch = endpoint_patch(secret, endpoint)
         if patch is not None:
             ensure_active()
-            secret = self.rest.patch(SECRETS, secret["metadata"]["name"], conditional(patch, secret), p.namespace)
+            secret = self.rest.patch(
+                SECRETS, secret["metadata"]["name"], conditional(patch, secret), database.namespace
+            )
         return secret
 
-    def _uncached(self, p: Pass, tenant: str) -> tuple[Secret, SecretState]:
+    def _uncached(self, database: Database, tenant: str) -> tuple[Secret, SecretState]:
         """The Secret of that name that the label-selected cache does not hold (or not yet).
 
         One written before its labels were the cache's selector (or stripped of them) is ours
         again once labelled; anyone else's stays untouched and is reported as a conflict.
         """
-        secret = self.rest.get(SECRETS, secret_name(p), p.namespace)
-        state = classify_secret(secret, p.uid, tenant)
-        labels = credentials_labels(p.db)
+        secret = self.rest.get(SECRETS, secret_name(database), database.namespace)
+        state = classify_secret(secret, database.uid, tenant)
+        labels = credentials_labels(database.db)
         if state is SecretState.OURS and any(
             (secret["metadata"].get("labels") or {}).get(k) != v for k, v in labels.items()
         ):
             ensure_active()
             patch = {"metadata": {"labels": labels, "resourceVersion": secret["metadata"]["resourceVersion"]}}
-            secret = self.rest.patch(SECRETS, secret["metadata"]["name"], patch, p.namespace)
+            secret = self.rest.patch(SECRETS, secret["metadata"]["name"], patch, database.namespace)
         return secret, state
 
-    def reread(self, p: Pass, secret: Secret) -> Secret:
+    def reread(self, database: Database, secret: Secret) -> Secret:
         """The Secret from the apiserver (before SQL that must run once: the cache may lag our writes)."""
-        return self.rest.get(SECRETS, secret["metadata"]["name"], p.namespace)
+        return self.rest.get(SECRETS, secret["metadata"]["name"], database.namespace)
 
-    def delete(self, p: Pass) -> None:
+    def delete(self, database: Database) -> None:
         """Remove the Secret (no garbage collector is relied on); gone already is fine."""
         ensure_active()
         try:
-            self.rest.delete(SECRETS, secret_name(p), p.namespace)
+            self.rest.delete(SECRETS, secret_name(database), database.namespace)
         except ApiException as exc:
             if exc.status != 404:
                 raise

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
@@ -33,7 +33,8 @@ from domain.settings import SETTINGS
 from domain.specs import ShardSpec, parse_shard
 from reconciler.admin import AdminEndpointCache, AdminSecretInvalid, AdminSessions
 from reconciler.database.report import Reporter
-from reconciler.database.state import Pass
+from reconciler.database.state import Database
+from reconciler.runtime import ReconcileError
 from reconciler.sql import errors as sqlerrors
 from reconciler.sql.errors import SqlFailure
 from reconciler.sql.session import AdminSession
@@ -85,24 +86,26 @@ class ShardSql:
     # Called with a shard's name when its SQL failed as if the shard were down (set by setup).
     on_shard_trouble: Callable[[str], None] | None = None
 
-    def session(self, p: Pass, shard: dict[str, Any], phase: Phase, reason: str) -> AdminSession:
+    def session(self, database: Database, shard: dict[str, Any], phase: Phase, reason: str) -> AdminSession:
         """An admin session for the placed shard, or a recorded failure (retried with backoff)."""
         name = shard["metadata"]["name"]
         if not is_condition_true((shard.get("status") or {}).get("conditions"), ShardConditionType.READY):
-            self.report.fail(p, phase, reason, f"shard {name} is not Ready; retrying")
+            raise self.report.failure(database, phase, reason, f"shard {name} is not Ready; retrying")
         spec = shard_spec(shard)
         if spec is None:
-            self.report.fail(p, phase, reason, f"shard {name} has an invalid spec; retrying")
+            raise self.report.failure(database, phase, reason, f"shard {name} has an invalid spec; retrying")
         try:
             endpoint = self.admin_endpoints.get(name, spec)
         except (AdminSecretInvalid, ApiException) as exc:
             detail = str(exc) if isinstance(exc, AdminSecretInvalid) else f"HTTP {exc.status}"
-            self.report.fail(p, phase, reason, f"no usable admin connection to shard {name}: {detail}")
+            raise self.report.failure(
+                database, phase, reason, f"no usable admin connection to shard {name}: {detail}"
+            ) from None
         return self.sessions.get(name, endpoint)
 
     def run(
         self,
-        p: Pass,
+        database: Database,
         shard: dict[str, Any],
         phase: Phase,
         reason: str,
@@ -114,19 +117,19 @@ class ShardSql:
 
         `session_reason` is the reason when no session can be had (default: `reason`).
         """
-        session = self.session(p, shard, phase, session_reason or reason)
+        session = self.session(database, shard, phase, session_reason or reason)
         try:
             operation(session)
         except SqlFailure as failure:
-            self.failed(p, shard["metadata"]["name"], phase, reason, failure)
+            raise self.failed(database, shard["metadata"]["name"], phase, reason, failure) from None
 
-    def failed(self, p: Pass, shard: str, phase: Phase, reason: str, failure: SqlFailure) -> NoReturn:
-        """Forget the shard's session and admin Secret (the retry reads them again), then fail."""
+    def failed(self, database: Database, shard: str, phase: Phase, reason: str, failure: SqlFailure) -> ReconcileError:
+        """Forget the shard's session and admin Secret (the retry reads them again); the failure to raise."""
         self.sessions.drop(shard)
         self.admin_endpoints.forget(shard)
         if failure.error_class in SHARD_TROUBLE and self.on_shard_trouble is not None:
             self.on_shard_trouble(shard)  # let the Shard controller look now, not at its next ping
         terminal = is_terminal(failure)
-        self.report.fail(
-            p, phase, reason, str(failure), terminal=terminal, requeue_after=TERMINAL_RETRY if terminal else None
+        return self.report.failure(
+            database, phase, reason, str(failure), terminal=terminal, requeue_after=TERMINAL_RETRY if terminal else None
         )

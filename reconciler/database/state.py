@@ -1,4 +1,4 @@
-"""`Pass`: one reconcile's working state, the typed spec and the status being built.
+"""`Database`: one reconcile's working state, the typed spec and the status being built.
 
 The spec and status are parsed once (domain.specs.DatabaseSpec, domain.status.DatabaseStatus) when
 the pass reads the object, the parts change typed fields, and `status_body()` dumps them once for
@@ -39,7 +39,7 @@ def _now() -> datetime:
 
 
 @dataclass
-class Pass:
+class Database:
     """The object as last read or written (metadata, for writes), its spec, and the status being built."""
 
     db: dict[str, Any]
@@ -48,7 +48,7 @@ class Pass:
     _after_write: list[Callable[[], None]] = field(default_factory=list, repr=False)
 
     @classmethod
-    def read(cls, db: dict[str, Any]) -> Pass:
+    def read(cls, db: dict[str, Any]) -> Database:
         """Parse spec and status (pydantic ValidationError if the object does not fit the models)."""
         return cls(db, DatabaseSpec.model_validate(db.get("spec") or {}), _parse_status(db))
 

@@ -15,7 +15,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from informers import Rest
-from reconciler.database.state import Pass
+from reconciler.database.state import Database
 from reconciler.resources import DATABASES
 from reconciler.runtime import ensure_active, update_status
 
@@ -36,34 +36,34 @@ class DatabaseWrites:
     rest: Rest
     _written: dict[str, str] = field(default_factory=dict)  # key -> resourceVersion of our last write
 
-    def status(self, p: Pass) -> None:
+    def status(self, database: Database) -> None:
         """Write the pass's status if it differs from the stored one (else nothing at all), then send
         the Events that waited for it; a failed write raises and they are never sent (see state.py)."""
-        updated = update_status(self.rest, DATABASES, p.db, p.status_body())
-        waiting = p.take_after_write()
+        updated = update_status(self.rest, DATABASES, database.db, database.status_body())
+        waiting = database.take_after_write()
         if updated is not None:
-            p.load(updated)
+            database.load(updated)
             self._wrote(updated)
         for send in waiting:
             send()
 
-    def metadata(self, p: Pass, patch: dict[str, Any]) -> bool:
+    def metadata(self, database: Database, patch: dict[str, Any]) -> bool:
         """Patch metadata (finalizers); False when the object is gone already (404): nothing to do.
 
         A stale cache (another replica finished the delete, or the watch event of the removal is
         in flight) must not turn a finished delete into a reconcile error.
         """
         ensure_active()
-        body = {"metadata": {**patch, "resourceVersion": p.meta["resourceVersion"]}}
+        body = {"metadata": {**patch, "resourceVersion": database.meta["resourceVersion"]}}
         try:
-            patched = self.rest.patch(DATABASES, p.name, body, p.namespace)
+            patched = self.rest.patch(DATABASES, database.name, body, database.namespace)
         except ApiException as exc:
             if exc.status != 404:
                 raise
-            self.forget(p.key)
-            log.info("database already gone", extra={"database": p.name})
+            self.forget(database.key)
+            log.info("database already gone", extra={"database": database.name})
             return False
-        p.db = patched
+        database.db = patched
         self._wrote(patched)
         return True
 

@@ -14,7 +14,7 @@ from kubernetes.client import ApiClient, Configuration
 from kubernetes.client.exceptions import ApiException
 
 from informers import Rest
-from reconciler.database.state import Pass
+from reconciler.database.state import Database
 from reconciler.events import EventRecorder
 from reconciler.resources import DATABASES
 from reconciler.runtime import TerminalError
@@ -105,11 +105,11 @@ def test_a_status_write_lost_to_a_conflict_sends_no_event(fleet, provider_client
         write_status = controller.writes.status
         conflicts: list[int] = []
 
-        def another_writer_first(p: Pass) -> None:
+        def another_writer_first(database: Database) -> None:
             if not conflicts:  # once: the first status write loses the race
                 admin_rest.patch(DATABASES, name, {"metadata": {"labels": {"touched": "yes"}}}, NAMESPACE)
             try:
-                write_status(p)
+                write_status(database)
             except ApiException as exc:
                 conflicts.append(exc.status)
                 raise
