@@ -56,6 +56,7 @@ class ManagerOptions:
     retry_period: float = SETTINGS.lease.retry_period
     shard_ping_interval: float = SETTINGS.shard_checks.ready_interval
     max_backoff: float | None = None  # the retry backoff cap; None = SETTINGS.retry.reconcile's
+    quota_reservation_timeout: float = SETTINGS.quota.reservation_timeout
 
 
 def kube_client(kubeconfig: str | None, identity: str | None = None) -> ApiClient:
@@ -109,7 +110,11 @@ class Manager:
         shards, databases = informers.informer(SHARDS), informers.informer(DATABASES, options.namespace)
         registry.register(FleetCollector(shards.list, databases.list))
         self.api = build_api(
-            options.config, informers, registry=registry, apiserver_reachable=self.controllers.apiserver_reachable
+            options.config,
+            informers,
+            registry=registry,
+            apiserver_reachable=self.controllers.apiserver_reachable,
+            quota_options={"reservation_timeout": options.quota_reservation_timeout},
         )
         self.api_server = ApiServer(
             self.api.app,
@@ -193,6 +198,7 @@ def main_from_args(
     metrics_port: int,
     admin_host_override: str | None,
     shard_ca_file: str | None = None,
+    quota_reservation_timeout: float = SETTINGS.quota.reservation_timeout,
 ) -> int:
     configure_logging()
     config = load_install_config_file(config_path)
@@ -208,6 +214,7 @@ def main_from_args(
         identity=os.environ.get(env.pod_name) or f"{socket.gethostname()}-{os.getpid()}",
         admin_host_override=admin_host_override,
         shard_ca_file=shard_ca_file,
+        quota_reservation_timeout=quota_reservation_timeout,
     )
     if not Path(options.tls_cert).is_file():
         log.error("TLS certificate not found", extra={"path": options.tls_cert})

@@ -60,9 +60,7 @@ class AdminSecretRef(SpecModel):
     """Where the provisioner credentials live; read by name only (RBAC is scoped to shardSecrets)."""
 
     namespace: Namespace = Field(description="The release namespace, or a namespace listed in shardSecrets.")
-    name: ObjectName = Field(
-        description="Secret name; must be listed in shardSecrets outside the release namespace."
-    )
+    name: ObjectName = Field(description="Secret name; must be listed in shardSecrets outside the release namespace.")
     user_key: SecretKey = Field(default="user", description="Key holding the role name.")
     password_key: SecretKey = Field(default="password", description="Key holding the password.")
 
@@ -242,3 +240,13 @@ def database_consumer_name(obj: Mapping[str, Any]) -> str | None:
     spec = obj.get("spec")
     consumer = spec.get(_CONSUMER_KEY) if isinstance(spec, Mapping) else None
     return consumer if isinstance(consumer, str) and consumer else None
+
+
+_EXTERNAL_ID_KEY = DatabaseSpec.model_fields["external_id"].alias or "externalId"
+
+
+def database_external_id(obj: Mapping[str, Any]) -> str | None:
+    """`spec.externalId` of a Database object without parsing the whole spec (as `database_consumer_name`)."""
+    spec = obj.get("spec")
+    external_id = spec.get(_EXTERNAL_ID_KEY) if isinstance(spec, Mapping) else None
+    return external_id if isinstance(external_id, str) and external_id else None

@@ -3,18 +3,14 @@ leader election with failover, metrics, and logs that never carry a token, hash 
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
-import requests
 
-from dbprovider.devstack import DevStack, free_port
+from dbprovider.devstack import DevStack
 from domain.settings import SETTINGS
 from domain.tokens import hash_token
 from harness import KubeControlPlane, PostgresServer
@@ -22,53 +18,7 @@ from harness.certs import CertificateAuthority
 from informers import LEASES, Rest
 from reconciler.resources import CONSUMERS, SHARDS
 from tests.support.common import condition, wait_for
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-class Replica:
-    def __init__(
-        self, stack: DevStack, name: str, log_dir: Path, args: tuple[str, ...] = (), env: dict[str, str] | None = None
-    ) -> None:
-        self.name = name
-        self.api_port, self.metrics_port = free_port(), free_port()
-        self.log = log_dir / f"{name}.log"
-        env = {**os.environ, **stack.manager_env(), "POD_NAME": name, **(env or {})}
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(
-                [*stack.manager_argv(sys.executable, self.api_port, self.metrics_port), *args],
-                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO,
-            )
-        self.ca = str(stack.ca_file)
-        self.token = stack.token
-
-    def url(self, path: str) -> str:
-        return f"https://127.0.0.1:{self.api_port}{path}"
-
-    def call(self, method: str, path: str, **kwargs) -> requests.Response:
-        headers = {"Authorization": f"Bearer {self.token}"}
-        return requests.request(method, self.url(path), headers=headers, verify=self.ca, timeout=10, **kwargs)
-
-    def metrics(self) -> str:
-        return requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).text
-
-    def wait_ready(self, timeout: float = 60) -> None:
-        def ready() -> bool:
-            assert self.proc.poll() is None, self.log.read_text()
-            try:
-                return requests.get(self.url("/readyz"), verify=self.ca, timeout=2).status_code == 200
-            except requests.RequestException:
-                return False
-
-        try:
-            wait_for(ready, timeout, f"{self.name} to be ready")
-        except AssertionError as exc:
-            raise AssertionError(f"{self.name} not ready: {self.log.read_text()[-2000:]}") from exc
-
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        return self.proc.wait(timeout=60)
+from tests.support.replica import ManagerReplica
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +49,7 @@ def _holder(kube: KubeControlPlane) -> str | None:
 
 
 def test_two_replicas_serve_the_consumer_flow_and_fail_over(stack: DevStack, kube: KubeControlPlane, tmp_path):
-    a, b = Replica(stack, "replica-a", tmp_path), Replica(stack, "replica-b", tmp_path)
+    a, b = ManagerReplica(stack, "replica-a", tmp_path), ManagerReplica(stack, "replica-b", tmp_path)
     replicas = {"replica-a": a, "replica-b": b}
     try:
         a.wait_ready()
@@ -153,7 +103,7 @@ def test_two_replicas_serve_the_consumer_flow_and_fail_over(stack: DevStack, kub
 
 def test_rotation_keeps_or_ends_the_sessions_of_the_old_password(stack: DevStack, tmp_path):
     """Through the API of a real manager: sessions survive a rotation unless terminateSessions is asked."""
-    replica = Replica(stack, "replica-rot", tmp_path)
+    replica = ManagerReplica(stack, "replica-rot", tmp_path)
     try:
         replica.wait_ready()
         assert replica.call("PUT", "/v1/databases/rotating").status_code == 201
@@ -225,7 +175,7 @@ def _shard_ready(kube: KubeControlPlane, name: str) -> dict | None:
 def test_a_manager_process_verifies_shards_with_its_shard_ca_file(
     stack: DevStack, kube: KubeControlPlane, verified_shard: str, tmp_path: Path
 ):
-    right = Replica(stack, "replica-ca", tmp_path, ("--shard-ca-file", str(stack.postgres.ca_file)))
+    right = ManagerReplica(stack, "replica-ca", tmp_path, ("--shard-ca-file", str(stack.postgres.ca_file)))
     try:
         right.wait_ready()
         ready = wait_for(lambda: (c := _shard_ready(kube, verified_shard)) and c["reason"] == "Ok" and c,
@@ -237,7 +187,7 @@ def test_a_manager_process_verifies_shards_with_its_shard_ca_file(
     # The environment variable names the file too; a CA that signed nothing of the server's fails
     # verification, reported with the sanitized class only.
     other_ca = CertificateAuthority(tmp_path / "other-ca", "other").ca_file
-    wrong = Replica(stack, "replica-wrong-ca", tmp_path, env={SETTINGS.env.shard_ca: str(other_ca)})
+    wrong = ManagerReplica(stack, "replica-wrong-ca", tmp_path, env={SETTINGS.env.shard_ca: str(other_ca)})
     try:
         wrong.wait_ready()
         ready = wait_for(lambda: (c := _shard_ready(kube, verified_shard)) and c["reason"] == "Unreachable" and c,
@@ -252,7 +202,7 @@ def test_a_bad_shard_ca_file_stops_the_manager_at_startup(stack: DevStack, tmp_p
     path = tmp_path / "ca.crt"
     if content is not None:
         path.write_text(content)
-    replica = Replica(stack, "replica-bad-ca", tmp_path, ("--shard-ca-file", str(path)))
+    replica = ManagerReplica(stack, "replica-bad-ca", tmp_path, ("--shard-ca-file", str(path)))
     try:
         assert replica.proc.wait(timeout=60) == 2
     finally:
