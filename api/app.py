@@ -117,7 +117,8 @@ def build_api(
     a shorter `reservation_timeout` in tests.
     """
     store = DatabaseStore.register(config, informers, reachable=apiserver_reachable, quota_options=quota_options)
-    tokens = TokenIndex.register(informers, config.namespace)
+    admin_secrets = config.shard_secrets_by_namespace().get(config.namespace, ())
+    tokens = TokenIndex.register(informers, config.namespace, admin_secrets)
     metrics = ApiMetrics(registry)
     app = create_app(config, store, tokens, metrics=metrics, ready_checks=ready_checks, **app_options)  # type: ignore[arg-type]
     return ApiComponents(app=app, store=store, tokens=tokens, metrics=metrics)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import Field, StrictBool, StrictInt, StrictStr, model_validator
+from pydantic import Field, StrictBool, StrictInt, StrictStr, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
 from domain.constants import SIZE_CLASS_MAX_LENGTH, Engine, SslMode
@@ -224,6 +224,19 @@ def parse_shard(obj: Mapping[str, Any]) -> ShardSpec:
 def parse_consumer(obj: Mapping[str, Any]) -> ConsumerSpec:
     """The typed spec of a Consumer object; pydantic.ValidationError if invalid."""
     return ConsumerSpec.model_validate(_spec(obj))
+
+
+_TOKEN_SECRET_REF_KEY = ConsumerSpec.model_fields["token_secret_ref"].alias or "tokenSecretRef"
+
+
+def parse_token_secret_ref(obj: Mapping[str, Any]) -> TokenSecretRef | None:
+    """A Consumer's tokenSecretRef even when another field of its spec is invalid; None if the ref is."""
+    spec = _spec(obj)
+    raw = spec.get(_TOKEN_SECRET_REF_KEY) if isinstance(spec, Mapping) else None
+    try:
+        return TokenSecretRef.model_validate(raw)
+    except ValidationError:
+        return None
 
 
 def parse_database(obj: Mapping[str, Any]) -> DatabaseSpec:

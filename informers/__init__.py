@@ -4,7 +4,7 @@ Depends on nothing of ours (not `api`, not `reconciler`, not `harness`).
 """
 
 from informers.informer import ADDED, DELETED, MODIFIED, Informer, strip_managed_fields
-from informers.named import NamedInformers
+from informers.named import NamedObjects
 from informers.resource import CONFIGMAPS, EVENTS, LEASES, SECRETS, Resource, object_key, split_key
 from informers.rest import MERGE_PATCH, Rest, WatchStream
 from informers.shared import SharedInformers
@@ -18,7 +18,7 @@ __all__ = [
     "LEASES",
     "MERGE_PATCH",
     "MODIFIED",
-    "NamedInformers",
+    "NamedObjects",
     "Resource",
     "Rest",
     "SECRETS",

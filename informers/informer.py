@@ -13,6 +13,9 @@ Behaviour, in the order a reader needs it:
   object twice nor miss a deletion across reconnects.
 - Stored objects are shared, read-only dicts (no copies: 10,000 Databases must fit in memory).
   `metadata.managedFields` is dropped before storing (pass `transform` to drop more).
+- `metadata_only` lists and watches PartialObjectMetadata (the apiserver sends no spec, status or
+  data) and keeps only each object's name, namespace, uid and resourceVersion: annotations are
+  dropped too, since `kubectl apply` copies a whole Secret, data included, into one.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from kubernetes.client.exceptions import ApiException
 
 from domain.settings import SETTINGS, Backoff
 from informers.resource import Resource, object_key
-from informers.rest import Rest, WatchStream
+from informers.rest import METADATA_ACCEPT, METADATA_LIST_ACCEPT, Rest, WatchStream
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +50,15 @@ def strip_managed_fields(obj: Obj) -> Obj:
     """The default transform: drop `metadata.managedFields` (often the biggest part of an object)."""
     obj.get("metadata", {}).pop("managedFields", None)
     return obj
+
+
+_IDENTITY = ("name", "namespace", "uid", "resourceVersion")
+
+
+def keep_identity(obj: Obj) -> Obj:
+    """The transform of a metadata-only informer: the object's identity and version, nothing else."""
+    metadata = obj.get("metadata") or {}
+    return {"metadata": {k: metadata[k] for k in _IDENTITY if k in metadata}}
 
 
 def _resource_version(obj: Obj) -> str | None:
@@ -74,6 +86,7 @@ class Informer:
         *,
         label_selector: str | None = None,
         field_selector: str | None = None,
+        metadata_only: bool = False,
         transform: Transform | None = strip_managed_fields,
         page_size: int = 500,
         watch_timeout: tuple[int, int] = SETTINGS.watch.watch_timeout,
@@ -85,7 +98,9 @@ class Informer:
         self.namespace = namespace
         self.label_selector = label_selector
         self.field_selector = field_selector
-        self._transform = transform
+        self.metadata_only = metadata_only
+        self._transform = keep_identity if metadata_only else transform
+        self._accept = (METADATA_LIST_ACCEPT, METADATA_ACCEPT) if metadata_only else (None, None)
         self._page_size = page_size
         self._watch_timeout = watch_timeout
         self._backoff = backoff
@@ -110,7 +125,8 @@ class Informer:
 
     def __repr__(self) -> str:
         where = f" in {self.namespace}" if self.namespace else ""
-        return f"<Informer {self.resource}{where}>"
+        what = " (metadata)" if self.metadata_only else ""
+        return f"<Informer {self.resource}{what}{where}>"
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -324,7 +340,9 @@ class Informer:
             if continue_token:
                 query.append(("continue", continue_token))
             try:
-                page = self.rest.request("GET", path, query=query, timeout=self._request_timeout)
+                page = self.rest.request(
+                    "GET", path, query=query, timeout=self._request_timeout, accept=self._accept[0]
+                )
             except ApiException as exc:
                 if exc.status == 410:  # the continue token expired: start over
                     raise GoneError("list continue token expired") from exc
@@ -399,6 +417,7 @@ class Informer:
                 self.resource.collection_path(self.namespace),
                 query=query,
                 timeout=(connect_timeout, server_timeout + 30),
+                accept=self._accept[1],
             )
         except ApiException as exc:
             if exc.status == 410:

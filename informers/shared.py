@@ -9,12 +9,16 @@ from typing import Any
 from kubernetes.client import ApiClient
 
 from informers.informer import Informer
+from informers.named import NamedObjects
 from informers.resource import Resource
 from informers.rest import Rest
 
+_Key = tuple[Resource, str | None, str | None, str | None, bool]
+
 
 class SharedInformers:
-    """Registry of informers keyed by (resource, namespace, selectors).
+    """Registry of informers keyed by (resource, namespace, selectors, metadata only), and of the
+    by-name caches (`named`) built on them.
 
     `informer(...)` returns the existing informer for that key or creates it (and starts it if the
     registry is already started). Register indexes and handlers on the returned informer.
@@ -23,7 +27,8 @@ class SharedInformers:
     def __init__(self, api_client: ApiClient | Rest, **informer_options: Any) -> None:
         self.rest = api_client if isinstance(api_client, Rest) else Rest(api_client)
         self._options = informer_options
-        self._informers: dict[tuple[Resource, str | None, str | None, str | None], Informer] = {}
+        self._informers: dict[_Key, Informer] = {}
+        self._named: dict[tuple[Resource, str, str | None], NamedObjects] = {}
         self._lock = threading.Lock()
         self._started = False
         self._stopped = False
@@ -35,8 +40,9 @@ class SharedInformers:
         *,
         label_selector: str | None = None,
         field_selector: str | None = None,
+        metadata_only: bool = False,
     ) -> Informer:
-        key = (resource, namespace, label_selector, field_selector)
+        key = (resource, namespace, label_selector, field_selector, metadata_only)
         with self._lock:
             if self._stopped:
                 raise RuntimeError("SharedInformers is stopped")
@@ -48,12 +54,30 @@ class SharedInformers:
                     namespace,
                     label_selector=label_selector,
                     field_selector=field_selector,
+                    metadata_only=metadata_only,
                     **self._options,
                 )
                 self._informers[key] = informer
                 if self._started:
                     informer.start()
             return informer
+
+    def named(self, resource: Resource, namespace: str, label_selector: str | None = None) -> NamedObjects:
+        """The one cache of named objects of `namespace` (see NamedObjects), started and stopped with the
+        informers. `label_selector` narrows the metadata watch it is built on."""
+        index = self.informer(resource, namespace, label_selector=label_selector, metadata_only=True)
+        with self._lock:
+            key = (resource, namespace, label_selector)
+            named = self._named.get(key)
+            if named is None:
+                named = self._named[key] = NamedObjects(self.rest, index)
+                if self._started and not self._stopped:
+                    named.start()
+            return named
+
+    def all_named(self) -> list[NamedObjects]:
+        with self._lock:
+            return list(self._named.values())
 
     @property
     def stopped(self) -> bool:
@@ -75,11 +99,16 @@ class SharedInformers:
         with self._lock:
             self._started = True
             informers = list(self._informers.values())
+            named = list(self._named.values())
         for informer in informers:
             informer.start()
+        for cache in named:
+            cache.start()
 
     def has_synced(self) -> bool:
-        return all(informer.has_synced() for informer in self.all())
+        return all(informer.has_synced() for informer in self.all()) and all(
+            cache.has_synced() for cache in self.all_named()
+        )
 
     def wait_for_sync(self, timeout: float | None = None) -> bool:
         """Wait until every registered informer has listed once; False on timeout."""
@@ -97,7 +126,12 @@ class SharedInformers:
         with self._lock:
             self._stopped = True
             informers = list(self._informers.values())
+            named = list(self._named.values())
+        for cache in named:
+            cache.signal_stop()
         for informer in informers:
             informer.signal_stop()  # signal all first, then wait for each
         for informer in informers:
             informer.stop(timeout)
+        for cache in named:
+            cache.stop(timeout)
