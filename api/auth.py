@@ -155,14 +155,28 @@ class TokenIndex:
         return True
 
     def rebuild(self) -> None:
-        """Re-evaluate every consumer from the caches (the index is a pure function of them)."""
+        """Re-evaluate every consumer from the caches (the index is a pure function of them).
+
+        The first build logs every consumer that cannot authenticate, and a count: states seen before
+        it (while the Secrets are still being read) are not logged."""
         with self._lock:
             names = set(self._entries) | {metadata(c).get("name") for c in self.consumers.list()}
             for name in names:
                 if name:
                     self._recompute(name)
+            if not self._built:
+                self._built = True
+                refused = {n: e.state for n, e in self._entries.items() if e.state is not AuthState.OK}
+                for name, state in sorted(refused.items()):
+                    if state is not AuthState.FOREIGN_NAMESPACE:  # that one has its own warning
+                        level = logging.INFO if state is AuthState.DISABLED else logging.WARNING
+                        log.log(level, "consumer %s: authentication state: %s", name, state.value)
+                log.info(
+                    "token index built: %d consumers, %d of them can authenticate",
+                    len(self._entries),
+                    len(self._entries) - len(refused),
+                )
             self._log_conflicts()
-            self._built = True
 
     # -- lookups ---------------------------------------------------------------------------------
 
@@ -232,7 +246,8 @@ class TokenIndex:
         self._entries[name] = entry
         for digest in entry.listed:
             self._set_owner(digest, name, True)
-        if (previous is None or previous.state is not entry.state) and entry.state is not AuthState.FOREIGN_NAMESPACE:
+        changed = previous is None or previous.state is not entry.state
+        if self._built and changed and entry.state is not AuthState.FOREIGN_NAMESPACE:
             level = logging.INFO if entry.state in (AuthState.OK, AuthState.DISABLED) else logging.WARNING
             log.log(level, "consumer %s: authentication state: %s", name, entry.state.value)
 
@@ -248,9 +263,12 @@ class TokenIndex:
             del self._owners[digest]
 
     def _log_conflicts(self) -> None:
-        """Log each set of consumers with a common hash once when it appears and once when it is gone."""
+        """Log each set of consumers with a common hash once when it appears and once when it is gone
+        (from the first build on)."""
         current = {names for names, count in self._conflicts.items() if count > 0}
         self._conflicts = Counter({names: self._conflicts[names] for names in current})
+        if not self._built:
+            return
         for names in sorted(current - self._conflicts_logged, key=sorted):
             states = ", ".join(f"{n} ({self._entries[n].state.value})" for n in sorted(names))
             log.warning(
