@@ -163,7 +163,7 @@ class QuotaLedgers:
     def _decide_batch(self, consumer: str, batch: list[_Request]) -> None:
         try:
             decision, reserved_at = self._write(consumer, [r.external_id for r in batch])
-        except BaseException as exc:  # every request of the batch gets the same answer
+        except Exception as exc:  # noqa: BLE001 - every request of the batch gets the same answer
             for request in batch:
                 request.error, request.decided = exc, True
             return
@@ -189,7 +189,10 @@ class QuotaLedgers:
     def _write(self, consumer: str, requested: list[str]) -> tuple[Decision, datetime]:
         """One compare-and-swap of the consumer's ledger deciding `requested`, retried on conflicts."""
         limit = self.limit_of(consumer)
+        deadline = time.monotonic() + self.create_deadline  # the waiting requests' patience, not only attempts
         for _ in range(self.write_attempts):
+            if time.monotonic() > deadline:
+                break
             ledger = QuotaLedger.parse(consumer, self._get(consumer))
             cached = self.cached_of(consumer)
             now = self.clock()
@@ -212,6 +215,9 @@ class QuotaLedgers:
             except ApiException as exc:
                 if exc.status in (404, 409):  # another replica wrote (or removed) it in between: read again
                     continue
+                if exc.status in (413, 422):
+                    log.error("consumer %s: the quota ledger %s cannot grow (HTTP %s): ConfigMaps hold at most "
+                              "1 MiB, about 10,000 databases", consumer, quota_ledger_name(consumer), exc.status)
                 raise
             if decision.prune:
                 log.info(
