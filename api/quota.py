@@ -1,14 +1,19 @@
-"""The API's side of the exact quota: a slot is reserved in the consumer's ledger before each create.
+"""The API's side of the exact quota: a create first takes a free slot in the consumer's ledger.
 
-The rule and the ledger are domain/quota.py's. Here: reading and writing the ledger ConfigMap with a
-compare-and-swap on its resourceVersion, and batching. Per consumer and replica one thread at a time
-writes the ledger; the requests that arrive while it writes are decided together in the next write
-(group commit), so a burst of one consumer costs a few ledger writes instead of one per request,
-the creates themselves run in parallel, and different consumers never wait for each other.
+The rule and the ledger are domain/quota.py's. Here: reading and writing the ledger ConfigMap. A
+claim is one JSON patch that tests the slot is free and fills it, so the requests of all replicas
+take slots in parallel, each with one apiserver request; a replica starts looking for free slots at
+its own random position, so replicas rarely reach for the same one (a claim that loses reads the
+ledger again and takes another). Restructuring the slots (first use, a changed maxDatabases, freeing
+slots of databases that are gone, adopting databases made without the API) is a compare-and-swap
+on the ConfigMap's resourceVersion. Each replica keeps the ledger as its last request returned it.
 
     reservation = ledgers.reserve(consumer, external_id)   # QuotaExceeded (429), Unavailable (503)
     ... create the Database ...
     ledgers.release(reservation)                            # only if the apiserver refused the create
+
+A consumer without maxDatabases has no ledger: nothing is reserved. When it gets a quota, its first
+create builds the ledger from the databases the replica's cache shows.
 """
 
 from __future__ import annotations
@@ -28,19 +33,22 @@ from api.kube import DATABASES, metadata
 from domain.constants import LABEL_CONSUMER
 from domain.naming import label_value, quota_ledger_name
 from domain.quota import (
-    Decision,
+    Holder,
     QuotaLedger,
+    choose_free,
+    claim_patch,
     counts_against_quota,
-    decide,
-    ledger_patch,
-    new_ledger_object,
+    ledger_object,
+    random_start,
     release_patch,
-    stale_keys,
+    restructure,
+    restructure_patch,
+    stale_holders,
 )
 from domain.settings import SETTINGS
 from domain.specs import database_consumer_name, database_external_id
 from informers import CONFIGMAPS, Rest
-from informers.rest import JSON_PATCH
+from informers.rest import JSON_PATCH, MERGE_PATCH
 
 log = logging.getLogger(__name__)
 
@@ -50,27 +58,23 @@ LIST_PAGE = 500
 
 @dataclass(frozen=True)
 class Reservation:
-    """A slot granted to one create. `reserved_at` is None when the database was counted already (a
-    second PUT of it): then there is nothing of ours to give back."""
+    """A slot taken for one create. `slot` is None when nothing was taken: the database holds a slot
+    already (a second PUT of it), or the consumer has no quota."""
 
     consumer: str
     external_id: str
-    reserved_at: datetime | None
-    written: float  # time.monotonic() of the ledger write that granted it
+    slot: str | None
+    holder: Holder | None
+    taken: float  # time.monotonic() when the slot was taken
 
 
 @dataclass
-class _Request:
-    external_id: str
-    decided: bool = False
-    reservation: Reservation | None = None
-    error: BaseException | None = None
+class _Ledger:
+    """What a replica knows of one consumer's ledger."""
 
-
-@dataclass
-class _ConsumerQueue:
-    writer: threading.Lock = field(default_factory=threading.Lock)  # one ledger writer per consumer
-    pending: list[_Request] = field(default_factory=list)  # guarded by QuotaLedgers._guard
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    view: QuotaLedger | None = None  # as the last request returned it
+    claiming: set[str] = field(default_factory=set)  # slots this replica's requests are claiming now
 
 
 class QuotaLedgers:
@@ -103,46 +107,70 @@ class QuotaLedgers:
         self.create_deadline = create_deadline
         self.write_attempts = write_attempts
         self.write_timeout = write_timeout
+        self.start = random_start()  # where this replica looks for free slots first
         self._guard = threading.Lock()
-        self._queues: dict[str, _ConsumerQueue] = {}
+        self._ledgers: dict[str, _Ledger] = {}
 
     # -- reserving -------------------------------------------------------------------------------
 
     def reserve(self, consumer: str, external_id: str) -> Reservation:
         """A slot for `external_id`, or QuotaExceeded; Unavailable if the ledger cannot be written now."""
-        request = _Request(external_id)
-        with self._guard:
-            queue = self._queues.setdefault(consumer, _ConsumerQueue())
-            queue.pending.append(request)
-        with queue.writer:
-            if not request.decided:  # nobody took it into a write yet: this thread writes for everyone waiting
-                with self._guard:
-                    batch, queue.pending = queue.pending, []
-                self._decide_batch(consumer, batch)
-        if request.error is not None:
-            raise request.error
-        assert request.reservation is not None
-        return request.reservation
+        limit = self.limit_of(consumer)
+        if limit is None:
+            return Reservation(consumer, external_id, None, None, time.monotonic())
+        state = self._ledger(consumer)
+        deadline = time.monotonic() + self.create_deadline
+        for _ in range(self.write_attempts):
+            if time.monotonic() > deadline:
+                break
+            ledger, fresh = state.view, False
+            if ledger is None:
+                ledger, fresh = self._read(consumer, state), True
+            if external_id in ledger.held():  # counted already: a second PUT of the same database
+                return Reservation(consumer, external_id, None, None, time.monotonic())
+            if self._restructure(consumer, ledger, limit, state):
+                continue
+            with state.lock:
+                slot = choose_free(ledger, state.claiming, self.start)
+                if slot is not None:
+                    state.claiming.add(slot)
+            if slot is None:
+                if not fresh:  # an old view: a slot may have been freed since
+                    state.view = None
+                    continue
+                log.info("consumer %s: quota of %d databases reached", consumer, limit)
+                raise QuotaExceeded(f"the quota of {limit} databases is reached; delete one or ask for a higher quota")
+            holder = Holder(external_id, self.clock())
+            try:
+                self._remember(consumer, state, self._patch(consumer, claim_patch(slot, holder), JSON_PATCH))
+            except ApiException as exc:
+                if exc.status not in (404, 409, 422):  # 422: the slot was taken (or removed) meanwhile
+                    raise
+                state.view = None
+                continue
+            finally:
+                with state.lock:
+                    state.claiming.discard(slot)
+            return Reservation(consumer, external_id, slot, holder, time.monotonic())
+        raise Unavailable("too many concurrent creates for this consumer; try again")
 
     def check_deadline(self, reservation: Reservation) -> None:
         """Unavailable (and the slot given back) if the create would be sent too late after the reservation."""
-        if time.monotonic() - reservation.written <= self.create_deadline:
+        if time.monotonic() - reservation.taken <= self.create_deadline:
             return
         self.release(reservation)
         raise Unavailable("the request took too long; try again")
 
     def release(self, reservation: Reservation) -> None:
         """Give a slot back after the apiserver refused its create (best effort: the timeout frees it too)."""
-        if reservation.reserved_at is None:
+        if reservation.slot is None or reservation.holder is None:
             return
-        name = quota_ledger_name(reservation.consumer)
-        patch = release_patch(reservation.external_id, reservation.reserved_at)
+        state = self._ledger(reservation.consumer)
         try:
-            self.rest.patch(
-                CONFIGMAPS, name, patch, self.namespace, content_type=JSON_PATCH, timeout=self.write_timeout
-            )
+            patch = release_patch(reservation.slot, reservation.holder)
+            self._remember(reservation.consumer, state, self._patch(reservation.consumer, patch, JSON_PATCH))
         except ApiException as exc:
-            if exc.status not in (404, 422):  # 422: the test op failed, the slot is no longer ours
+            if exc.status not in (404, 422):  # 422: the test failed, the slot is no longer ours
                 log.warning(
                     "consumer %s: could not give back the quota slot of %s (HTTP %s); it is freed within %.0f s",
                     reservation.consumer,
@@ -158,92 +186,76 @@ class QuotaLedgers:
                 type(exc).__name__,
             )
 
-    # -- the ledger write ------------------------------------------------------------------------
+    # -- the ledger ------------------------------------------------------------------------------
 
-    def _decide_batch(self, consumer: str, batch: list[_Request]) -> None:
+    def _ledger(self, consumer: str) -> _Ledger:
+        with self._guard:
+            return self._ledgers.setdefault(consumer, _Ledger())
+
+    def _read(self, consumer: str, state: _Ledger) -> QuotaLedger:
         try:
-            decision, reserved_at = self._write(consumer, [r.external_id for r in batch])
-        except Exception as exc:  # noqa: BLE001 - every request of the batch gets the same answer
-            for request in batch:
-                request.error, request.decided = exc, True
-            return
-        written = time.monotonic()
-        reserved: set[str] = set()
-        for request in batch:
-            if request.external_id in decision.granted:
-                ours = request.external_id in decision.reserve and request.external_id not in reserved
-                reserved.add(request.external_id)
-                at = reserved_at if ours else None
-                request.reservation = Reservation(consumer, request.external_id, at, written)
-            else:
-                request.error = QuotaExceeded()
-            request.decided = True
-        if decision.refused:
-            log.info(
-                "consumer %s: quota reached (%d counted); refused %d create(s)",
-                consumer,
-                decision.counted,
-                len(decision.refused),
-            )
-
-    def _write(self, consumer: str, requested: list[str]) -> tuple[Decision, datetime]:
-        """One compare-and-swap of the consumer's ledger deciding `requested`, retried on conflicts."""
-        limit = self.limit_of(consumer)
-        deadline = time.monotonic() + self.create_deadline  # the waiting requests' patience, not only attempts
-        for _ in range(self.write_attempts):
-            if time.monotonic() > deadline:
-                break
-            ledger = QuotaLedger.parse(consumer, self._get(consumer))
-            cached = self.cached_of(consumer)
-            now = self.clock()
-            prune, check = stale_keys(ledger, cached, now, self.reservation_timeout)
-            if check:
-                prune |= self._gone(consumer, check)
-            counted = [key for key, db in cached.items() if counts_against_quota(db)]
-            decision = decide(ledger, counted, prune, requested, limit)
-            if not decision.reserve and not decision.prune:
-                return decision, now
-            try:
-                if ledger.resource_version is None:
-                    body = new_ledger_object(self.namespace, consumer, decision.reserve, now)
-                    self.rest.create(CONFIGMAPS, body, self.namespace, timeout=self.write_timeout)
-                else:
-                    patch = ledger_patch(ledger, decision, now)
-                    self.rest.patch(
-                        CONFIGMAPS, quota_ledger_name(consumer), patch, self.namespace, timeout=self.write_timeout
-                    )
-            except ApiException as exc:
-                if exc.status in (404, 409):  # another replica wrote (or removed) it in between: read again
-                    continue
-                if exc.status in (413, 422):
-                    log.error("consumer %s: the quota ledger %s cannot grow (HTTP %s): ConfigMaps hold at most "
-                              "1 MiB, about 10,000 databases", consumer, quota_ledger_name(consumer), exc.status)
-                raise
-            if decision.prune:
-                log.info(
-                    "consumer %s: freed %d quota slot(s) of databases that are gone", consumer, len(decision.prune)
-                )
-            return decision, now
-        raise Unavailable("too many concurrent creates for this consumer; try again")
-
-    def _get(self, consumer: str) -> Obj | None:
-        try:
-            return self.rest.get(CONFIGMAPS, quota_ledger_name(consumer), self.namespace, timeout=self.write_timeout)
+            obj = self.rest.get(CONFIGMAPS, quota_ledger_name(consumer), self.namespace, timeout=self.write_timeout)
         except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+            if exc.status != 404:
+                raise
+            obj = None
+        ledger = QuotaLedger.parse(consumer, obj)
+        state.view = ledger
+        return ledger
 
-    def _gone(self, consumer: str, keys: Iterable[str]) -> set[str]:
-        """The `keys` whose database the apiserver has not (or has as Deleted): one paged LIST."""
+    def _remember(self, consumer: str, state: _Ledger, obj: Obj) -> None:
+        """Keep the ledger a write returned, unless a newer one is known already."""
+        ledger = QuotaLedger.parse(consumer, obj)
+        with state.lock:
+            known = state.view
+            if known is None or _newer(ledger.resource_version, known.resource_version):
+                state.view = ledger
+
+    def _patch(self, consumer: str, patch: Any, content_type: str) -> Obj:
+        return self.rest.patch(
+            CONFIGMAPS, quota_ledger_name(consumer), patch, self.namespace, content_type=content_type,
+            timeout=self.write_timeout,
+        )
+
+    def _restructure(self, consumer: str, ledger: QuotaLedger, limit: int, state: _Ledger) -> bool:
+        """Change the slots if they must (see domain/quota.py); True if the ledger was written or must be
+        read again (then the caller starts over)."""
+        cached = self.cached_of(consumer)
+        now = self.clock()
+        gone, check = stale_holders(ledger, cached, now, self.reservation_timeout)
+        if check:
+            gone |= self._gone(consumer, check)
+        counted = [key for key, db in cached.items() if counts_against_quota(db)]
+        data = restructure(ledger, counted, gone, limit, now)
+        if data is None:
+            return False
+        try:
+            if not ledger.exists:
+                body = ledger_object(self.namespace, consumer, data)
+                written = self.rest.create(CONFIGMAPS, body, self.namespace, timeout=self.write_timeout)
+            else:
+                written = self._patch(consumer, restructure_patch(ledger, data), MERGE_PATCH)
+        except ApiException as exc:
+            state.view = None  # someone else wrote (or removed) it in between: read again
+            if exc.status in (404, 409):
+                return True
+            if exc.status in (413, 422):
+                log.error("consumer %s: the quota ledger %s cannot grow (HTTP %s): ConfigMaps hold at most "
+                          "1 MiB, about 10,000 databases", consumer, quota_ledger_name(consumer), exc.status)
+            raise
+        self._remember(consumer, state, written)
+        if gone:
+            log.info("consumer %s: freed %d quota slot(s) of databases that are gone", consumer, len(gone))
+        return True
+
+    def _gone(self, consumer: str, external_ids: Iterable[str]) -> set[str]:
+        """The `external_ids` whose database the apiserver has not (or has as Deleted): one paged LIST."""
         alive: set[str] = set()
         query = [("labelSelector", f"{LABEL_CONSUMER}={label_value(consumer)}"), ("limit", str(LIST_PAGE))]
         token = None
         while True:
             page = self.rest.list(
-                DATABASES,
-                self.namespace,
-                query=query + ([("continue", token)] if token else []),
+                DATABASES, self.namespace, query=query + ([("continue", token)] if token else []),
                 timeout=self.write_timeout,
             )
             for db in page.get("items") or ():
@@ -253,4 +265,11 @@ class QuotaLedgers:
             token = metadata(page).get("continue")
             if not token:
                 break
-        return set(keys) - alive
+        return set(external_ids) - alive
+
+
+def _newer(candidate: str | None, known: str | None) -> bool:
+    """Whether resourceVersion `candidate` is newer than `known` (etcd revisions; unknown: take it)."""
+    if candidate is None or known is None or not candidate.isdigit() or not known.isdigit():
+        return True
+    return int(candidate) > int(known)

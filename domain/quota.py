@@ -1,30 +1,32 @@
-"""The quota rule, written once, and the per-consumer ledger that makes it exact across replicas.
+"""The quota rule, written once, and the per-consumer ledger of slots that makes it exact across replicas.
 
 The rule: a consumer's databases that are not yet Deleted count against `Consumer.spec.maxDatabases`
 (Deleting ones count). The Consumer controller's `status.databaseCount`, the API's 429 and the
-ledger's pruning all ask `counts_against_quota`.
+ledger all ask `counts_against_quota`.
 
-The ledger: a ConfigMap per consumer in the release namespace (`quota_ledger_name`), one data key per
-database the API has counted for that consumer (its externalId), the value the time the slot was
-reserved. A replica adds a key with a compare-and-swap on the ConfigMap's resourceVersion *before*
-it creates the Database, and only while fewer than maxDatabases are counted, so concurrent creates on
-any number of replicas never exceed the quota; only the creates of one consumer contend.
+The ledger: a ConfigMap per consumer in the release namespace (`quota_ledger_name`) with as many slots
+as the consumer may have databases: data keys "0", "1", ..., each empty (free) or holding one counted
+database, "<externalId> <time reserved>". Before a replica creates a Database it takes a free slot
+with a JSON patch that tests the slot is still empty and fills it (`claim_patch`): the apiserver
+applies it atomically, so two replicas never take the same slot, and since there are no more slots
+than maxDatabases, concurrent creates on any number of replicas never exceed it. Claims of different
+slots do not conflict, so replicas do not wait for each other (and different consumers never do).
 
-What is counted when a replica decides: the ledger's keys together with the consumer's databases the
-replica's own cache shows not yet Deleted (so a database made without the API, or before the ledger
-existed, counts as well). A key leaves the ledger when
-- its database is Deleted (the cache shows phase Deleted: a terminal phase, so no replica needs to
-  agree), or
-- it is older than the reservation timeout and the apiserver has no such database (a replica died
-  between reserving and creating, or its create failed without an answer), or
-- the create was refused by the apiserver (the replica that reserved removes it at once).
-Pruning happens in the write of the next reservation of that consumer; nothing else writes the
-ledger, so a consumer that creates nothing leaves its ledger untouched (and it counts nothing the
-cache would not count too).
+Changing the set of slots is rarer and done with a compare-and-swap on the whole ConfigMap's
+resourceVersion (`restructure`): the first create of a consumer, a changed maxDatabases, a database
+the cache shows that holds no slot (made without the API, or before the ledger existed: it is
+adopted), and freeing slots:
+- a database the cache shows Deleted frees its slot (a terminal phase, so no replica needs to agree);
+- a slot older than the reservation timeout whose database the apiserver does not have is freed (a
+  replica died between claiming and creating, or its create failed without an answer);
+- a create the apiserver refused frees its slot at once (`release_patch`, by the replica that took it).
+There are max(maxDatabases, databases counted) slots: lowering the quota below what is counted keeps
+every counted database's slot and leaves no free one.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -35,6 +37,8 @@ from domain.naming import label_value, quota_ledger_name
 from domain.timefmt import format_micro_time, parse_time
 
 Obj = Mapping[str, Any]
+FREE = ""
+_EPOCH = datetime.fromtimestamp(0, UTC)
 
 
 def counts_against_quota(db: Obj) -> bool:
@@ -44,110 +48,163 @@ def counts_against_quota(db: Obj) -> bool:
 
 
 @dataclass(frozen=True)
+class Holder:
+    """The database holding a slot, and when the slot was taken."""
+
+    external_id: str
+    reserved_at: datetime
+
+    def value(self) -> str:
+        return f"{self.external_id} {format_micro_time(self.reserved_at)}"
+
+    @classmethod
+    def parse(cls, value: str) -> Holder | None:
+        """None for a free slot; a value that is not ours counts as held since the epoch (checked, not
+        dropped blindly)."""
+        if not value:
+            return None
+        external_id, _, stamp = value.partition(" ")
+        return cls(external_id, parse_time(stamp) or _EPOCH)
+
+
+@dataclass(frozen=True)
 class QuotaLedger:
-    """One consumer's ledger as read from the apiserver: externalId -> reservation time."""
+    """One consumer's ledger as read from the apiserver: slot key -> holder (None: free)."""
 
     consumer: str
-    entries: Mapping[str, datetime] = field(default_factory=dict)
+    slots: Mapping[str, Holder | None] = field(default_factory=dict)
     resource_version: str | None = None  # None: the ConfigMap does not exist yet
 
     @classmethod
     def parse(cls, consumer: str, obj: Obj | None) -> QuotaLedger:
-        """The ledger in ConfigMap `obj` (None: no ConfigMap yet). A value that is not a time counts
-        as reserved at the epoch: it still counts, and the first check against the apiserver decides."""
         if obj is None:
             return cls(consumer)
         data = obj.get("data") or {}
-        epoch = datetime.fromtimestamp(0, UTC)
-        entries = {str(key): parse_time(value) or epoch for key, value in data.items()}
-        return cls(consumer, entries, (obj.get("metadata") or {}).get("resourceVersion"))
+        slots = {str(key): Holder.parse(str(value or "")) for key, value in data.items()}
+        return cls(consumer, slots, (obj.get("metadata") or {}).get("resourceVersion"))
+
+    @property
+    def exists(self) -> bool:
+        return self.resource_version is not None
+
+    def held(self) -> dict[str, tuple[str, Holder]]:
+        """externalId -> (slot key, holder) of every held slot."""
+        return {h.external_id: (key, h) for key, h in self.slots.items() if h is not None}
+
+    def free(self) -> list[str]:
+        return sorted((key for key, h in self.slots.items() if h is None), key=_slot_order)
 
 
-@dataclass(frozen=True)
-class Decision:
-    """What one compare-and-swap of the ledger does for a batch of requested externalIds."""
-
-    granted: frozenset[str]  # may be created: counted now (newly reserved, or counted already)
-    refused: frozenset[str]  # over the quota: 429
-    reserve: frozenset[str]  # keys to add
-    prune: frozenset[str]  # keys to remove
-    counted: int  # databases counted after the write
+def _slot_order(key: str) -> tuple[int, str]:
+    return (int(key), key) if key.isdigit() else (1 << 62, key)
 
 
-def stale_keys(
+# -- restructuring (compare-and-swap on the resourceVersion) ---------------------------------------
+
+
+def stale_holders(
     ledger: QuotaLedger, cached: Mapping[str, Obj], now: datetime, timeout: timedelta
 ) -> tuple[set[str], set[str]]:
-    """(keys to prune now, keys to check against the apiserver) of `ledger`.
+    """(externalIds whose slot is freed now, externalIds to check against the apiserver).
 
-    `cached` holds the consumer's databases in this replica's cache by externalId. A key whose
-    database the cache shows Deleted goes; a key the cache does not show and that is older than
-    `timeout` is checked (its create may have failed, or its database may be gone); younger ones stay.
+    `cached` holds the consumer's databases in this replica's cache by externalId. A holder the cache
+    shows Deleted is freed; one the cache does not show and that is older than `timeout` is checked (its
+    create may have failed, or its database may be gone); younger ones stay.
     """
-    prune, check = set(), set()
-    for key, reserved_at in ledger.entries.items():
-        db = cached.get(key)
+    free, check = set(), set()
+    for external_id, (_, holder) in ledger.held().items():
+        db = cached.get(external_id)
         if db is not None:
             if not counts_against_quota(db):
-                prune.add(key)
-        elif now - reserved_at >= timeout:
-            check.add(key)
-    return prune, check
+                free.add(external_id)
+        elif now - holder.reserved_at >= timeout:
+            check.add(external_id)
+    return free, check
 
 
-def decide(
-    ledger: QuotaLedger,
-    counted_in_cache: Iterable[str],
-    prune: Iterable[str],
-    requested: Iterable[str],
-    limit: int | None,
-) -> Decision:
-    """Grant `requested` externalIds in order while fewer than `limit` databases are counted.
+def restructure(
+    ledger: QuotaLedger, counted_in_cache: Iterable[str], gone: Iterable[str], limit: int, now: datetime
+) -> dict[str, str] | None:
+    """The ledger's new data when its slots must change, else None.
 
-    Counted: the ledger's keys (less `prune`) and the externalIds of the consumer's databases the cache
-    shows not yet Deleted. A requested externalId that is counted already is granted without a new key
-    (a second PUT of the same database). `limit` None: no quota, everything is granted (the ledger is
-    still written, so that a quota set later counts these databases at once).
+    Frees the slots of `gone` externalIds, adopts the databases `counted_in_cache` that hold no slot, and
+    keeps max(limit, counted) slots: held slots keep their keys (a claim in flight on a free one fails
+    its test and retries), free ones are added or removed at the end.
     """
-    pruned = frozenset(prune) & frozenset(ledger.entries)
-    used = (set(ledger.entries) - pruned) | set(counted_in_cache)
-    granted, refused, reserve = set(), set(), set()
-    for key in requested:
-        if key in used:
-            granted.add(key)
-        elif limit is None or len(used) < limit:
-            used.add(key)
-            granted.add(key)
-            reserve.add(key)
-        else:
-            refused.add(key)
-    return Decision(frozenset(granted), frozenset(refused), frozenset(reserve), pruned, len(used))
+    held = {ext: pair for ext, pair in ledger.held().items() if ext not in set(gone)}
+    adopt = sorted(set(counted_in_cache) - set(held))
+    size = max(limit, len(held) + len(adopt))
+    unchanged = not adopt and len(held) == len(ledger.held()) and len(ledger.slots) == size
+    if ledger.exists and unchanged:
+        return None
+    data = {key: holder.value() for key, holder in held.values()}
+    numbers = (str(n) for n in range(1 << 30) if str(n) not in data)
+    for external_id in adopt:
+        data[next(numbers)] = Holder(external_id, now).value()
+    while len(data) < size:
+        data[next(numbers)] = FREE
+    return data
+
+
+def ledger_object(namespace: str, consumer: str, data: Mapping[str, str]) -> dict[str, Any]:
+    """The ConfigMap of a consumer's first reservation."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": quota_ledger_name(consumer), "namespace": namespace, "labels": ledger_labels(consumer)},
+        "data": dict(data),
+    }
+
+
+def restructure_patch(ledger: QuotaLedger, data: Mapping[str, str]) -> dict[str, Any]:
+    """A merge patch from `ledger` to `data`, conditional on the resourceVersion it was read at."""
+    changes: dict[str, str | None] = {key: None for key in ledger.slots if key not in data}
+    changes.update({key: value for key, value in data.items() if _value(ledger, key) != value})
+    return {"metadata": {"resourceVersion": ledger.resource_version}, "data": changes}
+
+
+def _value(ledger: QuotaLedger, key: str) -> str | None:
+    if key not in ledger.slots:
+        return None
+    holder = ledger.slots[key]
+    return holder.value() if holder is not None else FREE
 
 
 def ledger_labels(consumer: str) -> dict[str, str]:
     return {LABEL_MANAGED_BY: MANAGED_BY, LABEL_CONSUMER: label_value(consumer)}
 
 
-def new_ledger_object(namespace: str, consumer: str, reserve: Iterable[str], now: datetime) -> dict[str, Any]:
-    """The ConfigMap of a consumer's first reservation."""
-    stamp = format_micro_time(now)
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": quota_ledger_name(consumer), "namespace": namespace, "labels": ledger_labels(consumer)},
-        "data": {key: stamp for key in sorted(reserve)},
-    }
+# -- claiming and releasing one slot (test-and-set, no resourceVersion) -----------------------------
 
 
-def ledger_patch(ledger: QuotaLedger, decision: Decision, now: datetime) -> dict[str, Any]:
-    """A merge patch applying `decision`, conditional on the resourceVersion the ledger was read at
-    (the apiserver answers 409 if another replica wrote in between)."""
-    stamp = format_micro_time(now)
-    data: dict[str, str | None] = {key: None for key in decision.prune}
-    data.update({key: stamp for key in decision.reserve})
-    return {"metadata": {"resourceVersion": ledger.resource_version}, "data": data}
+def choose_free(ledger: QuotaLedger, taken: Iterable[str], start: float) -> str | None:
+    """A free slot not in `taken`, the first at or after position `start` (0..1) of the free ones, so
+    that replicas starting at different positions rarely pick the same slot."""
+    candidates = [key for key in ledger.free() if key not in set(taken)]
+    if not candidates:
+        return None
+    return candidates[int(start * len(candidates)) % len(candidates)]
 
 
-def release_patch(key: str, reserved_at: datetime) -> list[dict[str, Any]]:
-    """A JSON patch removing one reservation, only if it is still the one this replica made."""
-    path = "/data/" + key.replace("~", "~0").replace("/", "~1")
-    return [{"op": "test", "path": path, "value": format_micro_time(reserved_at)}, {"op": "remove", "path": path}]
+def random_start() -> float:
+    return random.random()  # noqa: S311 - spreading replicas over the slots, not security
+
+
+def _path(key: str) -> str:
+    return "/data/" + key.replace("~", "~0").replace("/", "~1")
+
+
+def claim_patch(key: str, holder: Holder) -> list[dict[str, Any]]:
+    """A JSON patch taking slot `key` for `holder`, only if it is still free."""
+    return [
+        {"op": "test", "path": _path(key), "value": FREE},
+        {"op": "replace", "path": _path(key), "value": holder.value()},
+    ]
+
+
+def release_patch(key: str, holder: Holder) -> list[dict[str, Any]]:
+    """A JSON patch freeing slot `key`, only if `holder` still holds it."""
+    return [
+        {"op": "test", "path": _path(key), "value": holder.value()},
+        {"op": "replace", "path": _path(key), "value": FREE},
+    ]

@@ -16,6 +16,7 @@ import requests
 
 from dbprovider.devstack import DevStack
 from domain.naming import quota_ledger_name
+from domain.quota import QuotaLedger
 from harness import KubeControlPlane, PostgresServer
 from informers import CONFIGMAPS, Rest
 from reconciler.resources import CONSUMERS, DATABASES, SHARDS
@@ -84,8 +85,10 @@ def databases_of(admin: Rest, consumer: str) -> list[str]:
     return sorted(db["spec"]["externalId"] for db in items if db["spec"]["consumer"] == consumer)
 
 
-def ledger_keys(admin: Rest, consumer: str) -> set[str]:
-    return set(admin.get(CONFIGMAPS, quota_ledger_name(consumer), NAMESPACE).get("data") or {})
+def counted(admin: Rest, consumer: str) -> set[str]:
+    """The externalIds holding a slot in the consumer's quota ledger."""
+    ledger = QuotaLedger.parse(consumer, admin.get(CONFIGMAPS, quota_ledger_name(consumer), NAMESPACE))
+    return set(ledger.held())
 
 
 def burst(replicas: list[ManagerReplica], token: str, count: int) -> Counter[int]:
@@ -120,7 +123,7 @@ def test_concurrent_puts_on_several_replicas_create_exactly_the_quota(
     assert statuses == {201: MAX_DATABASES, 429: PUTS - MAX_DATABASES}
     created = databases_of(admin, consumer)
     assert len(created) == MAX_DATABASES
-    assert ledger_keys(admin, consumer) == set(created)
+    assert counted(admin, consumer) == set(created)
     # Every replica now refuses one more, whatever its cache shows.
     for replica in serving:
         assert replica.call("PUT", "/v1/databases/one-more", token).status_code == 429
@@ -134,7 +137,7 @@ def test_a_create_the_apiserver_refuses_gives_its_slot_back_at_once(
     assert a.call("PUT", "/v1/databases/first", token).status_code == 201
     with RefusingWebhook(kube, tmp_path, NAMESPACE, "refused", hold=False):
         assert b.call("PUT", "/v1/databases/refused", token).status_code == 503
-    assert ledger_keys(admin, consumer) == {"first"}
+    assert counted(admin, consumer) == {"first"}
     assert a.call("PUT", "/v1/databases/second", token).status_code == 201
     assert b.call("PUT", "/v1/databases/third", token).status_code == 429
     assert databases_of(admin, consumer) == ["first", "second"]
@@ -155,7 +158,7 @@ def test_a_replica_killed_with_its_create_in_flight_holds_one_slot_until_the_tim
             put.start()
             webhook.wait_received()  # the slot is reserved and the create waits at the apiserver
             reserved = time.monotonic()
-            assert ledger_keys(admin, consumer) == {"one", "two", "doomed"}
+            assert counted(admin, consumer) == {"one", "two", "doomed"}
             victim.stop(signal.SIGKILL)
             webhook.release()  # the create is refused: no database, and no replica left to give the slot back
         # The slot still counts while it may belong to a create in flight ...
@@ -168,7 +171,7 @@ def test_a_replica_killed_with_its_create_in_flight_holds_one_slot_until_the_tim
         assert RESERVATION_TIMEOUT - 1 <= held <= RESERVATION_TIMEOUT + 30
         assert survivor.call("PUT", "/v1/databases/four", token).status_code == 429
         assert databases_of(admin, consumer) == ["one", "three", "two"]
-        assert ledger_keys(admin, consumer) == {"one", "two", "three"}
+        assert counted(admin, consumer) == {"one", "two", "three"}
     finally:
         victim.stop(signal.SIGKILL)
 

@@ -1,4 +1,4 @@
-"""The quota rule and the ledger's decisions (domain/quota.py): pure functions, no server."""
+"""The quota rule and the ledger's slots (domain/quota.py): pure functions, no server."""
 
 from __future__ import annotations
 
@@ -7,7 +7,18 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from domain.naming import DNS1123_SUBDOMAIN_MAX_LENGTH, is_dns1123_subdomain, quota_ledger_name
-from domain.quota import QuotaLedger, counts_against_quota, decide, ledger_patch, release_patch, stale_keys
+from domain.quota import (
+    FREE,
+    Holder,
+    QuotaLedger,
+    choose_free,
+    claim_patch,
+    counts_against_quota,
+    release_patch,
+    restructure,
+    restructure_patch,
+    stale_holders,
+)
 
 NOW = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
 TIMEOUT = timedelta(seconds=120)
@@ -25,55 +36,74 @@ def test_databases_not_yet_deleted_count(phase: str | None, counts: bool) -> Non
     assert counts_against_quota(db(phase)) is counts
 
 
-def ledger(**ages: float) -> QuotaLedger:
-    return QuotaLedger("c", {key: NOW - timedelta(seconds=age) for key, age in ages.items()}, "41")
+def ledger(*holders: tuple[str, float] | None) -> QuotaLedger:
+    """Slots "0", "1", ... in order: (externalId, age in seconds) or None (free)."""
+    slots = {
+        str(n): None if h is None else Holder(h[0], NOW - timedelta(seconds=h[1])) for n, h in enumerate(holders)
+    }
+    return QuotaLedger("c", slots, "41")
 
 
-def test_grants_in_order_until_the_limit_counting_ledger_and_cache_once() -> None:
-    decision = decide(ledger(a=1, b=1), counted_in_cache={"b", "c"}, prune=(), requested=["x", "y", "z"], limit=5)
-    assert decision.granted == {"x", "y"} and decision.refused == {"z"}
-    assert decision.reserve == {"x", "y"} and decision.counted == 5
+def test_a_new_ledger_has_one_slot_per_allowed_database_and_adopts_what_the_cache_counts() -> None:
+    data = restructure(QuotaLedger("c"), counted_in_cache=["old"], gone=(), limit=3, now=NOW)
+    assert data is not None and len(data) == 3
+    assert sorted(v for v in data.values()) == ["", "", f"old {NOW:%Y-%m-%dT%H:%M:%S}.000000Z"]
 
 
-def test_a_counted_database_is_granted_again_without_a_new_slot() -> None:
-    decision = decide(ledger(a=1), counted_in_cache=(), prune=(), requested=["a", "a", "b"], limit=1)
-    assert decision.granted == {"a"} and decision.refused == {"b"} and decision.reserve == frozenset()
+def test_nothing_to_change_writes_nothing() -> None:
+    assert restructure(ledger(("a", 1), None), counted_in_cache=["a"], gone=(), limit=2, now=NOW) is None
 
 
-def test_pruned_slots_are_free_and_no_limit_grants_everything() -> None:
-    decision = decide(ledger(a=1, b=1), counted_in_cache=(), prune={"a", "unknown"}, requested=["x"], limit=2)
-    assert decision.granted == {"x"} and decision.prune == {"a"}
-    unlimited = decide(ledger(a=1), counted_in_cache=(), prune=(), requested=["x", "y"], limit=None)
-    assert unlimited.granted == {"x", "y"} and unlimited.reserve == {"x", "y"}
+def test_gone_databases_free_their_slots_and_the_size_follows_the_limit() -> None:
+    book = ledger(("a", 1), ("b", 1), None)
+    data = restructure(book, counted_in_cache=["a"], gone={"b"}, limit=4, now=NOW)
+    assert data is not None
+    assert [k for k, v in data.items() if v.startswith("a ")] == ["0"]  # a held slot keeps its key
+    assert len(data) == 4 and sum(1 for v in data.values() if v == FREE) == 3
+    patch = restructure_patch(book, data)
+    assert patch["metadata"] == {"resourceVersion": "41"}
+    assert patch["data"]["1"] == FREE and "0" not in patch["data"]
 
 
-def test_stale_keys_prune_deleted_and_check_old_ones_the_cache_lacks() -> None:
+def test_a_lowered_limit_keeps_every_counted_database_and_no_free_slot() -> None:
+    data = restructure(ledger(("a", 1), ("b", 1), ("c", 1), None, None), counted_in_cache=(), gone=(), limit=2,
+                       now=NOW)
+    assert data is not None and len(data) == 3 and FREE not in data.values()
+
+
+def test_stale_holders_free_deleted_ones_and_check_old_ones_the_cache_lacks() -> None:
     cached = {"ready": db("Ready"), "deleting": db("Deleting"), "deleted": db("Deleted")}
-    book = ledger(ready=999, deleting=999, deleted=1, young=119, old=120)
-    prune, check = stale_keys(book, cached, NOW, TIMEOUT)
-    assert prune == {"deleted"}
-    assert check == {"old"}  # a young reservation may still be on its way to the apiserver
+    book = ledger(("ready", 999), ("deleting", 999), ("deleted", 1), ("young", 119), ("old", 120))
+    free, check = stale_holders(book, cached, NOW, TIMEOUT)
+    assert free == {"deleted"}
+    assert check == {"old"}  # a young slot may belong to a create still on its way
 
 
-def test_parse_reads_times_and_keeps_an_unreadable_one_counted() -> None:
-    parsed = QuotaLedger.parse(
-        "c", {"metadata": {"resourceVersion": "7"}, "data": {"a": "2026-12-02T09:59:00.000000Z", "b": "garbage"}}
-    )
-    assert parsed.resource_version == "7"
-    assert parsed.entries["a"] == NOW - timedelta(minutes=1)
-    assert set(stale_keys(parsed, {}, NOW, TIMEOUT)[1]) == {"b"}  # old: checked, not dropped blindly
-    assert QuotaLedger.parse("c", None).resource_version is None
+def test_an_unreadable_holder_counts_and_is_checked() -> None:
+    parsed = QuotaLedger.parse("c", {"metadata": {"resourceVersion": "7"}, "data": {"0": "garbage", "1": ""}})
+    assert parsed.free() == ["1"] and set(parsed.held()) == {"garbage"}
+    assert stale_holders(parsed, {}, NOW, TIMEOUT)[1] == {"garbage"}
+    assert not QuotaLedger.parse("c", None).exists
 
 
-def test_patches_are_conditional() -> None:
-    book = ledger(a=1, b=1)
-    decision = decide(book, (), prune={"a"}, requested=["x"], limit=None)
-    patch = ledger_patch(book, decision, NOW)
-    assert patch == {"metadata": {"resourceVersion": "41"}, "data": {"a": None, "x": "2026-12-02T10:00:00.000000Z"}}
-    assert release_patch("x", NOW) == [
-        {"op": "test", "path": "/data/x", "value": "2026-12-02T10:00:00.000000Z"},
-        {"op": "remove", "path": "/data/x"},
+def test_free_slots_are_chosen_from_a_replica_s_own_position_and_never_twice() -> None:
+    book = ledger(None, ("a", 1), None, None, None)
+    assert choose_free(book, taken=(), start=0.0) == "0"
+    assert choose_free(book, taken=(), start=0.99) == "4"
+    assert choose_free(book, taken={"0", "2", "3", "4"}, start=0.0) is None
+
+
+def test_claims_and_releases_test_the_slot_first() -> None:
+    holder = Holder("x", NOW)
+    assert claim_patch("7", holder) == [
+        {"op": "test", "path": "/data/7", "value": ""},
+        {"op": "replace", "path": "/data/7", "value": "x 2026-12-02T10:00:00.000000Z"},
     ]
+    assert release_patch("7", holder) == [
+        {"op": "test", "path": "/data/7", "value": "x 2026-12-02T10:00:00.000000Z"},
+        {"op": "replace", "path": "/data/7", "value": ""},
+    ]
+    assert Holder.parse(holder.value()) == holder
 
 
 @pytest.mark.parametrize("consumer", ["team-a", "a.b.c", "x" * 240, "y" * 253, "a-" * 120 + "b"])
