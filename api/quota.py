@@ -1,18 +1,21 @@
 """The API's side of the exact quota: a create first takes a free slot in the consumer's ledger.
 
-The rule and the ledger are domain/quota.py's. Here: reading and writing the ledger ConfigMap. A
-claim is one JSON patch that tests the slot is free and fills it, so the requests of all replicas
-take slots in parallel, each with one apiserver request; a replica starts looking for free slots at
-its own random position, so replicas rarely reach for the same one (a claim that loses reads the
-ledger again and takes another). Restructuring the slots (first use, a changed maxDatabases, freeing
-slots of databases that are gone, adopting databases made without the API) is a compare-and-swap
-on the ConfigMap's resourceVersion. Each replica keeps the ledger as its last request returned it.
+The rule and the ledger are domain/quota.py's. Here: reading and writing the ledger ConfigMap, and
+batching. Per consumer and replica one thread at a time writes; the requests that arrive while it
+writes are decided together in its next write (group commit), which takes a free slot for each of
+them with one JSON patch that tests the slots are free. Replicas look for free slots from their own
+random position, so their claims rarely meet; a claim that loses one slot reads the ledger again and
+takes others. So a burst of one consumer costs a few writes per replica, the replicas do not wait for
+each other, and different consumers never do. Restructuring the slots (first use, a changed
+maxDatabases, freeing slots of databases that are gone, adopting databases made without the API) is a
+compare-and-swap on the ConfigMap's resourceVersion. Each replica keeps the ledger as its last request
+returned it, and reads it again only after a claim lost or before refusing.
 
     reservation = ledgers.reserve(consumer, external_id)   # QuotaExceeded (429), Unavailable (503)
     ... create the Database ...
     ledgers.release(reservation)                            # only if the apiserver refused the create
 
-A consumer without maxDatabases has no ledger: nothing is reserved. When it gets a quota, its first
+A consumer without maxDatabases has no ledger: nothing is reserved. When it gets a quota, its next
 create builds the ledger from the databases the replica's cache shows.
 """
 
@@ -54,6 +57,11 @@ log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 LIST_PAGE = 500
+# Ledger writes of one consumer in flight at once per replica: while one batch is written the next one
+# can be, on other slots, so a request waits for at most one write before its own (more would only add
+# the apiserver's own conflicts on the one object).
+WRITERS_PER_CONSUMER = 2
+DECISION_TIMEOUT = 60.0  # a safety net: every write gives up within the create deadline
 
 
 @dataclass(frozen=True)
@@ -69,12 +77,22 @@ class Reservation:
 
 
 @dataclass
-class _Ledger:
-    """What a replica knows of one consumer's ledger."""
+class _Request:
+    external_id: str
+    decided: threading.Event = field(default_factory=threading.Event)
+    reservation: Reservation | None = None
+    error: BaseException | None = None
 
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    view: QuotaLedger | None = None  # as the last request returned it
-    claiming: set[str] = field(default_factory=set)  # slots this replica's requests are claiming now
+
+@dataclass
+class _Ledger:
+    """What a replica knows of one consumer's ledger, and the requests waiting to be written."""
+
+    writers: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(WRITERS_PER_CONSUMER))
+    pending: list[_Request] = field(default_factory=list)  # guarded by QuotaLedgers._guard
+    changed: threading.Condition = field(default_factory=threading.Condition)  # guards the two below
+    view: QuotaLedger | None = None  # as the last request returned it (None: read it)
+    claiming: set[str] = field(default_factory=set)  # slots this replica's writes in flight are claiming
 
 
 class QuotaLedgers:
@@ -115,44 +133,101 @@ class QuotaLedgers:
 
     def reserve(self, consumer: str, external_id: str) -> Reservation:
         """A slot for `external_id`, or QuotaExceeded; Unavailable if the ledger cannot be written now."""
+        request = _Request(external_id)
+        with self._guard:
+            state = self._ledgers.setdefault(consumer, _Ledger())
+            state.pending.append(request)
+        with state.writers:
+            with self._guard:  # still waiting to be written: this thread writes for everyone waiting
+                mine = any(r is request for r in state.pending)
+                batch, state.pending = (state.pending, []) if mine else ([], state.pending)
+            if batch:
+                self._decide(consumer, state, batch)
+        # At once, unless another writer took it into its write: then until that write is done.
+        if not request.decided.wait(DECISION_TIMEOUT):
+            raise Unavailable("the quota could not be checked in time; try again")
+        if request.error is not None:
+            raise request.error
+        assert request.reservation is not None
+        return request.reservation
+
+    def _decide(self, consumer: str, state: _Ledger, batch: list[_Request]) -> None:
+        """Take slots for `batch` (in arrival order) and give each request its answer."""
+        try:
+            granted, refused = self._claim(consumer, state, [r.external_id for r in batch])
+        except Exception as exc:  # noqa: BLE001 - every request of the batch gets the same answer
+            for request in batch:
+                request.error = exc
+                request.decided.set()
+            return
+        taken = time.monotonic()
+        for request in batch:
+            slot, holder = granted.get(request.external_id, (None, None))
+            if request.external_id in refused:
+                request.error = QuotaExceeded(f"the quota of {refused[request.external_id]} databases is reached; "
+                                              "delete one or ask for a higher quota")
+            else:
+                request.reservation = Reservation(consumer, request.external_id, slot, holder, taken)
+                granted.pop(request.external_id, None)  # a second request for it takes no slot of its own
+            request.decided.set()
+
+    def _claim(
+        self, consumer: str, state: _Ledger, requested: list[str]
+    ) -> tuple[dict[str, tuple[str, Holder]], dict[str, int]]:
+        """(externalId -> slot taken for it, externalId -> the limit it was refused at); an externalId that
+        holds a slot already, or a consumer without a quota, gets neither (granted without a slot)."""
         limit = self.limit_of(consumer)
         if limit is None:
-            return Reservation(consumer, external_id, None, None, time.monotonic())
-        state = self._ledger(consumer)
-        deadline = time.monotonic() + self.create_deadline
+            return {}, {}
+        deadline = time.monotonic() + self.create_deadline  # the waiting requests' patience, not only attempts
         for _ in range(self.write_attempts):
             if time.monotonic() > deadline:
                 break
             ledger, fresh = state.view, False
             if ledger is None:
                 ledger, fresh = self._read(consumer, state), True
-            if external_id in ledger.held():  # counted already: a second PUT of the same database
-                return Reservation(consumer, external_id, None, None, time.monotonic())
             if self._restructure(consumer, ledger, limit, state):
                 continue
-            with state.lock:
-                slot = choose_free(ledger, state.claiming, self.start)
-                if slot is not None:
-                    state.claiming.add(slot)
-            if slot is None:
-                if not fresh:  # an old view: a slot may have been freed since
-                    state.view = None
-                    continue
-                log.info("consumer %s: quota of %d databases reached", consumer, limit)
-                raise QuotaExceeded(f"the quota of {limit} databases is reached; delete one or ask for a higher quota")
-            holder = Holder(external_id, self.clock())
+            held = ledger.held()
+            new = list(dict.fromkeys(ext for ext in requested if ext not in held))
+            with state.changed:
+                slots = [s for s in choose_free(ledger, len(new) + len(state.claiming), self.start)
+                         if s not in state.claiming][: len(new)]
+                others = bool(state.claiming)
+                state.claiming.update(slots)
+            if len(slots) < len(new) and (not fresh or others):
+                # Too few free slots in this view: read it again, or let the other write in flight end (its
+                # claims may fail and free slots) before refusing anyone.
+                self._release_claiming(state, slots, wait=others)
+                state.view = None
+                continue
+            now = self.clock()
+            claims = {slot: Holder(ext, now) for slot, ext in zip(slots, new, strict=False)}
             try:
-                self._remember(consumer, state, self._patch(consumer, claim_patch(slot, holder), JSON_PATCH))
+                if claims:
+                    self._remember(consumer, state, self._patch(consumer, claim_patch(claims), JSON_PATCH))
             except ApiException as exc:
-                if exc.status not in (404, 409, 422):  # 422: the slot was taken (or removed) meanwhile
+                if exc.status not in (404, 409, 422):  # 422: a slot was taken (or removed) meanwhile
                     raise
                 state.view = None
                 continue
             finally:
-                with state.lock:
-                    state.claiming.discard(slot)
-            return Reservation(consumer, external_id, slot, holder, time.monotonic())
+                self._release_claiming(state, slots)
+            refused = {ext: limit for ext in new[len(slots):]}
+            if refused:
+                log.info("consumer %s: quota of %d databases reached; refused %d create(s)", consumer, limit,
+                         len(refused))
+            return {h.external_id: (slot, h) for slot, h in claims.items()}, refused
         raise Unavailable("too many concurrent creates for this consumer; try again")
+
+    @staticmethod
+    def _release_claiming(state: _Ledger, slots: Iterable[str], wait: bool = False) -> None:
+        """Forget our claims in flight; with `wait`, first wait (briefly) for another write to end."""
+        with state.changed:
+            state.claiming.difference_update(slots)
+            state.changed.notify_all()
+            if wait:
+                state.changed.wait(0.5)
 
     def check_deadline(self, reservation: Reservation) -> None:
         """Unavailable (and the slot given back) if the create would be sent too late after the reservation."""
@@ -165,7 +240,8 @@ class QuotaLedgers:
         """Give a slot back after the apiserver refused its create (best effort: the timeout frees it too)."""
         if reservation.slot is None or reservation.holder is None:
             return
-        state = self._ledger(reservation.consumer)
+        with self._guard:
+            state = self._ledgers.setdefault(reservation.consumer, _Ledger())
         try:
             patch = release_patch(reservation.slot, reservation.holder)
             self._remember(reservation.consumer, state, self._patch(reservation.consumer, patch, JSON_PATCH))
@@ -188,10 +264,6 @@ class QuotaLedgers:
 
     # -- the ledger ------------------------------------------------------------------------------
 
-    def _ledger(self, consumer: str) -> _Ledger:
-        with self._guard:
-            return self._ledgers.setdefault(consumer, _Ledger())
-
     def _read(self, consumer: str, state: _Ledger) -> QuotaLedger:
         try:
             obj = self.rest.get(CONFIGMAPS, quota_ledger_name(consumer), self.namespace, timeout=self.write_timeout)
@@ -206,7 +278,7 @@ class QuotaLedgers:
     def _remember(self, consumer: str, state: _Ledger, obj: Obj) -> None:
         """Keep the ledger a write returned, unless a newer one is known already."""
         ledger = QuotaLedger.parse(consumer, obj)
-        with state.lock:
+        with state.changed:
             known = state.view
             if known is None or _newer(ledger.resource_version, known.resource_version):
                 state.view = ledger

@@ -7,10 +7,11 @@ ledger all ask `counts_against_quota`.
 The ledger: a ConfigMap per consumer in the release namespace (`quota_ledger_name`) with as many slots
 as the consumer may have databases: data keys "0", "1", ..., each empty (free) or holding one counted
 database, "<externalId> <time reserved>". Before a replica creates a Database it takes a free slot
-with a JSON patch that tests the slot is still empty and fills it (`claim_patch`): the apiserver
-applies it atomically, so two replicas never take the same slot, and since there are no more slots
-than maxDatabases, concurrent creates on any number of replicas never exceed it. Claims of different
-slots do not conflict, so replicas do not wait for each other (and different consumers never do).
+with a JSON patch that tests the slot is still empty and fills it (`claim_patch`, several slots at
+once for the requests that arrived together): the apiserver applies it atomically, so two replicas
+never take the same slot, and since there are no more slots than maxDatabases, concurrent creates on
+any number of replicas never exceed it. Claims of different slots do not conflict, so replicas do not
+wait for each other's reads (and different consumers never wait for each other at all).
 
 Changing the set of slots is rarer and done with a compare-and-swap on the whole ConfigMap's
 resourceVersion (`restructure`): the first create of a consumer, a changed maxDatabases, a database
@@ -177,13 +178,14 @@ def ledger_labels(consumer: str) -> dict[str, str]:
 # -- claiming and releasing one slot (test-and-set, no resourceVersion) -----------------------------
 
 
-def choose_free(ledger: QuotaLedger, taken: Iterable[str], start: float) -> str | None:
-    """A free slot not in `taken`, the first at or after position `start` (0..1) of the free ones, so
-    that replicas starting at different positions rarely pick the same slot."""
-    candidates = [key for key in ledger.free() if key not in set(taken)]
-    if not candidates:
-        return None
-    return candidates[int(start * len(candidates)) % len(candidates)]
+def choose_free(ledger: QuotaLedger, count: int, start: float) -> list[str]:
+    """Up to `count` free slots, taken in order from position `start` (0..1) of the free ones, wrapping
+    around: replicas starting at different positions rarely reach for the same slot."""
+    candidates = ledger.free()
+    if not candidates or count <= 0:
+        return []
+    first = int(start * len(candidates)) % len(candidates)
+    return (candidates[first:] + candidates[:first])[:count]
 
 
 def random_start() -> float:
@@ -194,12 +196,13 @@ def _path(key: str) -> str:
     return "/data/" + key.replace("~", "~0").replace("/", "~1")
 
 
-def claim_patch(key: str, holder: Holder) -> list[dict[str, Any]]:
-    """A JSON patch taking slot `key` for `holder`, only if it is still free."""
-    return [
-        {"op": "test", "path": _path(key), "value": FREE},
-        {"op": "replace", "path": _path(key), "value": holder.value()},
-    ]
+def claim_patch(claims: Mapping[str, Holder]) -> list[dict[str, Any]]:
+    """A JSON patch taking each slot for its holder, all or none: only if every one is still free."""
+    patch: list[dict[str, Any]] = []
+    for key, holder in claims.items():
+        patch.append({"op": "test", "path": _path(key), "value": FREE})
+        patch.append({"op": "replace", "path": _path(key), "value": holder.value()})
+    return patch
 
 
 def release_patch(key: str, holder: Holder) -> list[dict[str, Any]]:

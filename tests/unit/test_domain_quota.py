@@ -86,18 +86,21 @@ def test_an_unreadable_holder_counts_and_is_checked() -> None:
     assert not QuotaLedger.parse("c", None).exists
 
 
-def test_free_slots_are_chosen_from_a_replica_s_own_position_and_never_twice() -> None:
+def test_free_slots_are_chosen_from_a_replica_s_own_position_wrapping_around() -> None:
     book = ledger(None, ("a", 1), None, None, None)
-    assert choose_free(book, taken=(), start=0.0) == "0"
-    assert choose_free(book, taken=(), start=0.99) == "4"
-    assert choose_free(book, taken={"0", "2", "3", "4"}, start=0.0) is None
+    assert choose_free(book, 2, start=0.0) == ["0", "2"]
+    assert choose_free(book, 3, start=0.99) == ["4", "0", "2"]
+    assert choose_free(book, 9, start=0.5) == ["3", "4", "0", "2"]
+    assert choose_free(ledger(("a", 1)), 1, start=0.0) == []
 
 
 def test_claims_and_releases_test_the_slot_first() -> None:
     holder = Holder("x", NOW)
-    assert claim_patch("7", holder) == [
+    assert claim_patch({"7": holder, "9": Holder("y", NOW)}) == [
         {"op": "test", "path": "/data/7", "value": ""},
         {"op": "replace", "path": "/data/7", "value": "x 2026-12-02T10:00:00.000000Z"},
+        {"op": "test", "path": "/data/9", "value": ""},
+        {"op": "replace", "path": "/data/9", "value": "y 2026-12-02T10:00:00.000000Z"},
     ]
     assert release_patch("7", holder) == [
         {"op": "test", "path": "/data/7", "value": "x 2026-12-02T10:00:00.000000Z"},
