@@ -17,6 +17,7 @@ from harness import KubeControlPlane, PostgresServer
 from harness.certs import CertificateAuthority
 from informers import LEASES, Rest
 from reconciler.resources import CONSUMERS, SHARDS
+from tests.e2e.conftest import install_stack
 from tests.support.common import condition, wait_for
 from tests.support.replica import ManagerReplica
 
@@ -24,14 +25,7 @@ from tests.support.replica import ManagerReplica
 @pytest.fixture(scope="module")
 def stack(kube: KubeControlPlane, postgres_pool, tmp_path_factory) -> Iterator[DevStack]:
     postgres: PostgresServer = postgres_pool.get("18")
-    created = DevStack(
-        kube, postgres, tmp_path_factory.mktemp("e2e"),
-        config_overrides={
-            "releaseName": "e2etest", "namespace": "e2etest-system", "tls": {"secretName": "e2etest-tls"},
-            "deletionProtection": {"enabled": False}, "softDelete": {"retention": "0"},
-        },
-        consumer="e2etest-consumer", shard="e2etest-pg",
-    ).install()
+    created = install_stack(kube, postgres, tmp_path_factory.mktemp("e2e"), "e2etest", softDelete={"retention": "0"})
     yield created
     with kube.admin_client() as client:
         rest = Rest(client)

@@ -20,6 +20,7 @@ from domain.quota import QuotaLedger
 from harness import KubeControlPlane, PostgresServer
 from informers import CONFIGMAPS, Rest
 from reconciler.resources import CONSUMERS, DATABASES, SHARDS
+from tests.e2e.conftest import install_stack
 from tests.support.admission_webhook import RefusingWebhook
 from tests.support.common import unique, wait_for
 from tests.support.replica import ManagerReplica
@@ -33,24 +34,12 @@ MAX_DATABASES = 5
 @pytest.fixture(scope="module")
 def stack(kube: KubeControlPlane, postgres_pool, tmp_path_factory) -> Iterator[DevStack]:
     postgres: PostgresServer = postgres_pool.get("18")
-    created = DevStack(
-        kube, postgres, tmp_path_factory.mktemp("quota"),
-        config_overrides={
-            "releaseName": "quotatest", "namespace": NAMESPACE, "tls": {"secretName": "quotatest-tls"},
-            "deletionProtection": {"enabled": False}, "softDelete": {"retention": "0"},
-        },
-        consumer="quotatest-consumer", shard="quotatest-pg",
-    ).install()
+    created = install_stack(kube, postgres, tmp_path_factory.mktemp("quota"), "quotatest",
+                            softDelete={"retention": "0"})
     with kube.admin_client() as client:  # the burst's databases need no shard: placement is not under test
         Rest(client).patch(SHARDS, created.shard, {"spec": {"accepting": False}})
     yield created
     created.unregister()
-
-
-@pytest.fixture(scope="module")
-def admin(kube: KubeControlPlane) -> Iterator[Rest]:
-    with kube.admin_client() as client:
-        yield Rest(client)
 
 
 def start(stack: DevStack, name: str, log_dir: Path) -> ManagerReplica:

@@ -22,6 +22,7 @@ from domain.tokens import hash_token
 from harness import KubeControlPlane, PostgresServer
 from informers import SECRETS, Resource, Rest
 from reconciler.resources import CONSUMERS
+from tests.e2e.conftest import install_stack
 from tests.support.common import b64, unique, wait_for
 from tests.support.replica import ManagerReplica
 
@@ -37,22 +38,9 @@ PROPAGATION_BOUND = 5.0
 def stack(kube: KubeControlPlane, postgres_pool, tmp_path_factory) -> Iterator[DevStack]:
     postgres: PostgresServer = postgres_pool.get("18")
     kube.ensure_namespace(ELSEWHERE)
-    created = DevStack(
-        kube, postgres, tmp_path_factory.mktemp("tokens"),
-        config_overrides={
-            "releaseName": RELEASE, "namespace": NAMESPACE, "tls": {"secretName": f"{RELEASE}-tls"},
-            "deletionProtection": {"enabled": False},
-        },
-        consumer=f"{RELEASE}-consumer", shard=f"{RELEASE}-pg",
-    ).install()
+    created = install_stack(kube, postgres, tmp_path_factory.mktemp("tokens"), RELEASE)
     yield created
     created.unregister()
-
-
-@pytest.fixture(scope="module")
-def admin(kube: KubeControlPlane) -> Iterator[Rest]:
-    with kube.admin_client() as client:
-        yield Rest(client)
 
 
 @pytest.fixture(scope="module")
