@@ -179,12 +179,14 @@ def ledger_labels(consumer: str) -> dict[str, str]:
 
 
 def choose_free(ledger: QuotaLedger, count: int, start: float) -> list[str]:
-    """Up to `count` free slots, taken in order from position `start` (0..1) of the free ones, wrapping
-    around: replicas starting at different positions rarely reach for the same slot."""
+    """Up to `count` free slots, in order from the slot at position `start` (0..1) of all the slots,
+    wrapping around: replicas starting at different positions fill different parts of the ledger and
+    rarely reach for the same slot."""
     candidates = ledger.free()
     if not candidates or count <= 0:
         return []
-    first = int(start * len(candidates)) % len(candidates)
+    pivot = int(start * len(ledger.slots))
+    first = next((i for i, key in enumerate(candidates) if _slot_order(key)[0] >= pivot), 0)
     return (candidates[first:] + candidates[:first])[:count]
 
 

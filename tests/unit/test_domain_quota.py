@@ -90,7 +90,8 @@ def test_free_slots_are_chosen_from_a_replica_s_own_position_wrapping_around() -
     book = ledger(None, ("a", 1), None, None, None)
     assert choose_free(book, 2, start=0.0) == ["0", "2"]
     assert choose_free(book, 3, start=0.99) == ["4", "0", "2"]
-    assert choose_free(book, 9, start=0.5) == ["3", "4", "0", "2"]
+    assert choose_free(book, 9, start=0.5) == ["2", "3", "4", "0"]  # from slot 2 of 5, wrapping
+    assert choose_free(book, 1, start=0.2) == ["2"]  # slot 1 is held: the next free one
     assert choose_free(ledger(("a", 1)), 1, start=0.0) == []
 
 
