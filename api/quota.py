@@ -188,9 +188,12 @@ class QuotaLedgers:
                 ledger, fresh = self._read(consumer, state), True
             if self._restructure(consumer, ledger, limit, state):
                 continue
-            held = ledger.held()
-            new = list(dict.fromkeys(ext for ext in requested if ext not in held))
             with state.changed:
+                # The view as it is now (another write of ours may have returned since the loop began): a
+                # write updates the view before it forgets its claims, so a slot is either claimed or held.
+                ledger = state.view if state.view is not None else ledger
+                held = ledger.held()
+                new = list(dict.fromkeys(ext for ext in requested if ext not in held))
                 slots = [s for s in choose_free(ledger, len(new) + len(state.claiming), self.start)
                          if s not in state.claiming][: len(new)]
                 others = bool(state.claiming)
