@@ -3,8 +3,9 @@
 The rule and the ledger are domain/quota.py's. Here: reading and writing the ledger ConfigMap, and
 batching. Per consumer and replica one thread at a time writes; the requests that arrive while it
 writes are decided together in its next write (group commit), which takes a free slot for each of
-them with one JSON patch that tests the slots are free. Replicas look for free slots from their own
-random position, so their claims rarely meet; a claim that loses one slot reads the ledger again and
+them with one JSON patch that tests the slots are free. Each replica fills the ledger from its own
+random position and, when it runs into taken slots, continues in the middle of the longest free run,
+so the claims of different replicas rarely meet; a claim that loses one slot reads the ledger again and
 takes others. So a burst of one consumer costs a few writes per replica, the replicas do not wait for
 each other, and different consumers never do. Restructuring the slots (first use, a changed
 maxDatabases, freeing slots of databases that are gone, adopting databases made without the API) is a
@@ -42,7 +43,7 @@ from domain.quota import (
     claim_patch,
     counts_against_quota,
     ledger_object,
-    random_start,
+    random_cursor,
     release_patch,
     restructure,
     restructure_patch,
@@ -93,6 +94,7 @@ class _Ledger:
     changed: threading.Condition = field(default_factory=threading.Condition)  # guards the two below
     view: QuotaLedger | None = None  # as the last request returned it (None: read it)
     claiming: set[str] = field(default_factory=set)  # slots this replica's writes in flight are claiming
+    cursor: int = field(default_factory=random_cursor)  # where this replica takes the next free slot
 
 
 class QuotaLedgers:
@@ -125,7 +127,6 @@ class QuotaLedgers:
         self.create_deadline = create_deadline
         self.write_attempts = write_attempts
         self.write_timeout = write_timeout
-        self.start = random_start()  # where this replica looks for free slots first
         self._guard = threading.Lock()
         self._ledgers: dict[str, _Ledger] = {}
 
@@ -194,8 +195,7 @@ class QuotaLedgers:
                 ledger = state.view if state.view is not None else ledger
                 held = ledger.held()
                 new = list(dict.fromkeys(ext for ext in requested if ext not in held))
-                slots = [s for s in choose_free(ledger, len(new) + len(state.claiming), self.start)
-                         if s not in state.claiming][: len(new)]
+                slots, state.cursor = choose_free(ledger, len(new), state.cursor, state.claiming)
                 others = bool(state.claiming)
                 state.claiming.update(slots)
             if len(slots) < len(new) and (not fresh or others):

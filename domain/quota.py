@@ -178,20 +178,47 @@ def ledger_labels(consumer: str) -> dict[str, str]:
 # -- claiming and releasing one slot (test-and-set, no resourceVersion) -----------------------------
 
 
-def choose_free(ledger: QuotaLedger, count: int, start: float) -> list[str]:
-    """Up to `count` free slots, in order from the slot at position `start` (0..1) of all the slots,
-    wrapping around: replicas starting at different positions fill different parts of the ledger and
-    rarely reach for the same slot."""
-    candidates = ledger.free()
-    if not candidates or count <= 0:
-        return []
-    pivot = int(start * len(ledger.slots))
-    first = next((i for i, key in enumerate(candidates) if _slot_order(key)[0] >= pivot), 0)
-    return (candidates[first:] + candidates[:first])[:count]
+def choose_free(ledger: QuotaLedger, count: int, cursor: int, taken: Iterable[str] = ()) -> tuple[list[str], int]:
+    """Up to `count` free slots not in `taken`, and where to continue next time.
+
+    A replica fills the ledger in order from its own cursor (slot positions in key order). When it runs
+    into a slot that is not free, it jumps to the middle of the longest run of free slots: other
+    replicas fill their own runs from their beginnings, so claims of different replicas rarely meet
+    until the ledger is nearly full (a meeting costs the loser one more read and write).
+    """
+    keys = sorted(ledger.slots, key=_slot_order)
+    excluded = set(taken)
+    free = [ledger.slots[key] is None and key not in excluded for key in keys]
+    chosen: list[str] = []
+    position = cursor % len(keys) if keys else 0
+    while len(chosen) < count and any(free):
+        if free[position]:
+            chosen.append(keys[position])
+            free[position] = False
+            position = (position + 1) % len(keys)
+            continue
+        start, length = _longest_run(free)
+        position = start + length // 2
+    return chosen, position
 
 
-def random_start() -> float:
-    return random.random()  # noqa: S311 - spreading replicas over the slots, not security
+def _longest_run(flags: list[bool]) -> tuple[int, int]:
+    """(start, length) of the longest run of True in `flags` (a non-empty one exists)."""
+    best, start, current = (0, 0), 0, 0
+    for index, flag in enumerate(flags):
+        if flag:
+            if current == 0:
+                start = index
+            current += 1
+            if current > best[1]:
+                best = (start, current)
+        else:
+            current = 0
+    return best
+
+
+def random_cursor() -> int:
+    return random.randrange(1 << 20)  # noqa: S311 - spreading replicas over the slots, not security
 
 
 def _path(key: str) -> str:

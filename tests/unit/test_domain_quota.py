@@ -86,13 +86,13 @@ def test_an_unreadable_holder_counts_and_is_checked() -> None:
     assert not QuotaLedger.parse("c", None).exists
 
 
-def test_free_slots_are_chosen_from_a_replica_s_own_position_wrapping_around() -> None:
-    book = ledger(None, ("a", 1), None, None, None)
-    assert choose_free(book, 2, start=0.0) == ["0", "2"]
-    assert choose_free(book, 3, start=0.99) == ["4", "0", "2"]
-    assert choose_free(book, 9, start=0.5) == ["2", "3", "4", "0"]  # from slot 2 of 5, wrapping
-    assert choose_free(book, 1, start=0.2) == ["2"]  # slot 1 is held: the next free one
-    assert choose_free(ledger(("a", 1)), 1, start=0.0) == []
+def test_a_replica_fills_from_its_cursor_and_jumps_into_the_longest_free_run() -> None:
+    book = ledger(None, ("a", 1), None, None, None, None, ("b", 1), None)
+    assert choose_free(book, 2, cursor=2) == (["2", "3"], 4)
+    # From slot 0: one free, then a held slot: on in the middle of the longest free run (2..5).
+    assert choose_free(book, 3, cursor=0) == (["0", "4", "5"], 6)
+    assert choose_free(book, 9, cursor=0, taken={"3"}) == (["0", "5", "2", "4", "7"], 0)
+    assert choose_free(ledger(("a", 1)), 1, cursor=0) == ([], 0)
 
 
 def test_claims_and_releases_test_the_slot_first() -> None:
