@@ -24,7 +24,7 @@ import argparse
 import statistics
 import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable
 
 import requests
@@ -96,6 +96,23 @@ def ledger_requests(stack: Stack) -> Counter[str]:
     return found
 
 
+def write_latency(stack: Stack) -> dict[str, float]:
+    """Sum and count of the apiserver's own request durations for the burst's writes (Database POST,
+    ledger PATCH), from apiserver_request_duration_seconds: "<what> sum" and "<what> count"."""
+    found: dict[str, float] = defaultdict(float)
+    wanted = {("POST", "databases"): "Database POST", ("PATCH", "configmaps"): "ledger PATCH"}
+    for line in stack.apiserver_metrics().splitlines():
+        for suffix in ("_sum", "_count"):
+            if not line.startswith(f"apiserver_request_duration_seconds{suffix}{{"):
+                continue
+            verb = line.split('verb="', 1)[1].split('"', 1)[0]
+            resource = line.split('resource="', 1)[1].split('"', 1)[0] if 'resource="' in line else ""
+            what = wanted.get((verb, resource))
+            if what is not None:
+                found[f"{what} {suffix[1:]}"] += float(line.rsplit(" ", 1)[1])
+    return found
+
+
 def count_databases(rest: Rest, namespace: str, consumer: str) -> int:
     items = rest.list(DATABASES, namespace)["items"]
     return sum(1 for db in items if db["spec"]["consumer"] == consumer)
@@ -141,15 +158,19 @@ def main(argv: list[str] | None = None) -> int:
             token = dev.add_consumer(rest, consumer, args.max_databases)
             wait_for(lambda t=token: all(_status(m, "GET", "/v1/databases", t) == 200 for m in managers),
                      60, f"{consumer} on every replica", 0.1)
-            before = ledger_requests(stack)
+            before, latency_before = ledger_requests(stack), write_latency(stack)
             log(f"p{n}: {args.puts} PUTs")
             calls = [request(managers[i % len(managers)], "PUT", f"/v1/databases/burst-{i}", token)
                      for i in range(args.puts)]
             statuses, latencies = concurrent(calls)
             ledger = counter_delta(ledger_requests(stack), before)
+            latency = write_latency(stack)
+            mean_ms = {what: 1000 * (latency[f"{what} sum"] - latency_before[f"{what} sum"])
+                       / max(1, latency[f"{what} count"] - latency_before[f"{what} count"])
+                       for what in ("Database POST", "ledger PATCH")}
             rounds.append((f"p{n}", statuses, latencies))
             bursts.append({"statuses": statuses, "created": count_databases(rest, dev.namespace, consumer),
-                           "ledger": ledger})
+                           "ledger": ledger, "latency": mean_ms})
             log(f"g{n + 1}")
             rounds.append((f"g{n + 1}", *get_round()))
 
@@ -162,6 +183,10 @@ def main(argv: list[str] | None = None) -> int:
             (f"p{n}", burst["created"], ", ".join(f"{k}: {v}" for k, v in sorted(burst["ledger"].items())))
             for n, burst in enumerate(bursts)
         ], ("burst", "databases created", "ledger requests"))
+        table("the apiserver's own time per write during the burst (mean, apiserver_request_duration_seconds)", [
+            (f"p{n}", f"{burst['latency']['Database POST']:.0f} ms", f"{burst['latency']['ledger PATCH']:.0f} ms")
+            for n, burst in enumerate(bursts)
+        ], ("burst", "Database POST", "ledger PATCH"))
 
         ratios = []
         for n in range(args.bursts):
