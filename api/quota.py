@@ -1,8 +1,8 @@
 """The API's side of the exact quota: a create first takes a free slot in the consumer's ledger.
 
 The rule and the ledger are domain/quota.py's. Here: reading and writing the ledger ConfigMap, and
-batching. Per consumer and replica one thread at a time writes; the requests that arrive while it
-writes are decided together in its next write (group commit), which takes a free slot for each of
+batching. Per consumer and replica at most two writes are in flight; the requests that arrive
+meanwhile are decided together in the next write (group commit), which takes a free slot for each of
 them with one JSON patch that tests the slots are free. Each replica fills the ledger from its own
 random position and, when it runs into taken slots, continues in the middle of the longest free run,
 so the claims of different replicas rarely meet; a claim that loses one slot reads the ledger again and
