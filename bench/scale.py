@@ -33,6 +33,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -326,6 +327,8 @@ def token_change(rest: Rest, stack: Stack, manager: ManagerProcess, consumer: st
     added = time_until(lambda: authenticated(manager, new) == 200, 60)
     write([new])
     removed = time_until(lambda: authenticated(manager, old) == 401, 60)
+    write([old])  # as it was, for the next run
+    time_until(lambda: authenticated(manager, old) == 200, 60)
     return {"a hash added -> the new token authenticates": added, "a hash removed -> the old token is refused": removed}
 
 
@@ -337,6 +340,110 @@ def statements(log_file: Path, offset: int) -> Counter[str]:
     return Counter(s.keyword for s in parse_statement_log(text, user="provisioner"))
 
 
+@dataclass
+class Fleet:
+    """What the setup made: the stack, an admin client, the consumers and their tokens."""
+
+    stack: Stack
+    rest: Rest
+    count: int
+    tokens: dict[str, str]
+
+    @property
+    def consumers(self) -> list[str]:
+        return sorted(self.tokens)
+
+
+def measure_start(fleet: Fleet, run: int, args: argparse.Namespace) -> list[Target]:
+    """Start a manager on the fleet, measure it as the module docstring says, stop it; the run's targets."""
+    stack, rest, count = fleet.stack, fleet.rest, fleet.count
+    assert stack.postgres is not None
+    first_consumer = fleet.consumers[0]
+    log_offset = stack.postgres.log_file.stat().st_size
+    writes_before = stack.apiserver_writes()
+    watches_before = watches(stack)
+    manager: ManagerProcess | None = ManagerProcess(stack, f"scale-manager-{run}")
+    assert manager is not None
+    first = FirstAnswer(manager, fleet.tokens[first_consumer])
+    try:
+        sampler, milestones = wait_caught_up(manager, rest, count)
+        caught_up = milestones["caught_up"]
+        rss_caught_up = sampler.samples[-1][2]
+        writes_start = counter_delta(stack.apiserver_writes(), writes_before)
+        watches_manager = delta(watches(stack), watches_before)
+        wait_for(lambda: first.seconds is not None, 120, "the first authenticated answer", 0.2)
+        log(f"run {run}: caught up after {caught_up:.1f} s; adding {args.extra_consumers} Consumers")
+
+        extra = create_consumers(rest, stack, args.extra_consumers, args.threads, prefix=f"scale-extra{run}")
+        for token in extra.values():
+            wait_for(lambda t=token: authenticated(manager, t) == 200, 120, "the extra consumers", 0.1)
+        watches_more = delta(watches(stack), watches_before)
+        consumers_before = len(fleet.tokens)
+        fleet.tokens.update(extra)
+        changes = token_change(rest, stack, manager, first_consumer, fleet.tokens[first_consumer])
+
+        log(f"run {run}: idle window of {args.idle_seconds:.0f} s")
+        idle_before = sampler.sample()
+        writes_idle_before = stack.apiserver_writes()
+        time.sleep(args.idle_seconds)
+        idle_after = sampler.sample()
+        writes_idle = counter_delta(stack.apiserver_writes(), writes_idle_before)
+        idle_cpu = 100 * (idle_after[1] - idle_before[1]) / (idle_after[0] - idle_before[0])
+        found = statements(stack.postgres.log_file, log_offset)
+        sql_changes = sum(n for k, n in found.items() if k in CHANGES)
+    finally:
+        first.stop()
+        manager.stop()
+
+    milestones["first authenticated answer"] = first.seconds or 0.0
+    print(f"\n######## run {run}: {machine_line()}")
+    table("manager start", [(k, f"{v:.1f} s") for k, v in sorted(milestones.items(), key=lambda kv: kv[1])
+                            if k not in ("ready", "leading", "counted", "caught_up")],
+          ("milestone", "since the process started"))
+    table("resources", [
+        ("RSS when caught up", f"{rss_caught_up / 2**20:.0f} MB"),
+        ("RSS peak (sampled every 0.25 s)", f"{sampler.peak_rss / 2**20:.0f} MB"),
+        (f"RSS after the idle {args.idle_seconds:.0f} s", f"{idle_after[2] / 2**20:.0f} MB"),
+        ("CPU from start to caught up", f"{sampler.cpu_at(caught_up):.1f} CPU-s"),
+        (f"idle CPU over {idle_after[0] - idle_before[0]:.0f} s", f"{idle_cpu:.2f}% of one core"),
+    ], ("what", "value"))
+    table("watches the apiserver holds for the manager (gauges after - before its start)",
+          [(k, watches_manager.get(k, 0), watches_more.get(k, 0))
+           for k in sorted(set(watches_manager) | set(watches_more))] or [("none", 0, 0)],
+          ("gauge", f"with {consumers_before} consumers", f"+ {args.extra_consumers} more"))
+    table("token Secret changes on the manager", [(k, f"{v:.3f} s") for k, v in changes.items()],
+          ("change", "until it applies"))
+    table("apiserver writes by the start (until caught up)",
+          [(k, v) for k, v in writes_start.most_common()] or [("none", 0)], ("resource verb", "requests"))
+    table(f"apiserver writes in the idle {args.idle_seconds:.0f} s",
+          [(k, v) for k, v in writes_idle.most_common()] or [("none", 0)], ("resource verb", "requests"))
+    table("provisioner statements on the server, manager start to the end of the idle window",
+          [(k, n, "change" if k in CHANGES else "catalog read (Shard pings)") for k, n in found.most_common()]
+          or [("none", 0, "")], ("keyword", "count", "kind"))
+
+    secret_watches = watches_manager.get("WATCH secrets", 0)
+    total_watches = sum(v for k, v in watches_manager.items() if k.startswith("WATCH "))
+    more_watches = sum(v for k, v in watches_more.items() if k.startswith("WATCH "))
+    slowest_change = max(changes.values())
+    first_answer = milestones["first authenticated answer"]
+    return [
+        Target(f"run {run}: manager RSS peak {sampler.peak_rss / 2**20:.0f} MB", f"< {RSS_LIMIT_MB} MB",
+               sampler.peak_rss / 2**20 < RSS_LIMIT_MB),
+        Target(f"run {run}: start to caught up {caught_up:.1f} s", f"< {CAUGHT_UP_LIMIT_S} s",
+               caught_up < CAUGHT_UP_LIMIT_S),
+        Target(f"run {run}: SQL changes for Ready databases {sql_changes} (catalog reads {found.get('SELECT', 0)})",
+               "== 0, with the Shard pings' reads seen", sql_changes == 0 and found.get("SELECT", 0) > 0),
+        Target(f"run {run}: idle CPU {idle_cpu:.2f}% of one core", f"< {IDLE_CPU_LIMIT}%", idle_cpu < IDLE_CPU_LIMIT),
+        Target(f"run {run}: open watches of the manager {total_watches} (Secrets {secret_watches}) with "
+               f"{consumers_before} consumers, {more_watches} with {args.extra_consumers} more",
+               "the same: independent of the consumer count", more_watches == total_watches),
+        Target(f"run {run}: token Secret change applied in {slowest_change:.3f} s (slowest of add, remove)",
+               f"<= {TOKEN_CHANGE_LIMIT_S:.0f} s", slowest_change <= TOKEN_CHANGE_LIMIT_S),
+        Target(f"run {run}: first authenticated answer {first_answer:.1f} s after start",
+               f"< {CAUGHT_UP_LIMIT_S} s", first_answer < CAUGHT_UP_LIMIT_S),
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--count", type=int, default=10_000, help="Database objects (default 10,000)")
@@ -346,6 +453,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="Consumers added once caught up, to show the watches do not grow (default 100)")
     parser.add_argument("--threads", type=int, default=16, help="threads creating the objects (default 16)")
     parser.add_argument("--idle-seconds", type=float, default=60.0, help="idle CPU window (default 60)")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="manager starts measured on the same objects, one after the other (default 1)")
     parser.add_argument("--profile", action="store_true",
                         help="then start a second manager with py-spy attached and profile its start")
     parser.add_argument("--profile-dir", type=Path, default=Path("bench/profiles"))
@@ -360,7 +469,6 @@ def main(argv: list[str] | None = None) -> int:
                                                            "--max-mutating-requests-inflight=400"])
     manager: ManagerProcess | None = None
     spy: PySpy | None = None
-    first: FirstAnswer | None = None
     try:
         stack.start()
         assert stack.dev is not None and stack.postgres is not None
@@ -369,82 +477,26 @@ def main(argv: list[str] | None = None) -> int:
         shards = create_shards(rest, stack, args.shards, -(-count // args.shards))
         log(f"creating {args.consumers} Consumers with their token Secrets")
         tokens = create_consumers(rest, stack, args.consumers, args.threads)
-        consumers = sorted(tokens)
         log(f"creating {count} Databases (+ status, + Secret) with {args.threads} threads")
-        setup_seconds = create_databases(rest, stack, shards, consumers, count, args.threads)
+        setup_seconds = create_databases(rest, stack, shards, sorted(tokens), count, args.threads)
         setup_total = time.monotonic() - setup_started
         log(f"created in {setup_seconds:.0f} s")
-
-        log_offset = stack.postgres.log_file.stat().st_size
-        writes_before = stack.apiserver_writes()
-        watches_before = watches(stack)
-        manager = ManagerProcess(stack, "scale-manager")
-        first = FirstAnswer(manager, tokens[consumers[0]])
-        sampler, milestones = wait_caught_up(manager, rest, count)
-        caught_up = milestones["caught_up"]
-        rss_caught_up = sampler.samples[-1][2]
-        writes_start = counter_delta(stack.apiserver_writes(), writes_before)
-        watches_manager = delta(watches(stack), watches_before)
-        wait_for(lambda: first.seconds is not None, 120, "the first authenticated answer", 0.2)
-        first.stop()
-        log(f"caught up after {caught_up:.1f} s; adding {args.extra_consumers} Consumers")
-
-        extra = create_consumers(rest, stack, args.extra_consumers, args.threads, prefix="scale-extra")
-        last_extra = sorted(extra)[-1] if extra else None
-        if last_extra is not None:
-            wait_for(lambda: authenticated(manager, extra[last_extra]) == 200, 120, "the extra consumers", 0.1)
-        watches_more = delta(watches(stack), watches_before)
-        changes = token_change(rest, stack, manager, consumers[0], tokens[consumers[0]])
-        sampler.sample()
-
-        log(f"idle window of {args.idle_seconds:.0f} s")
-        idle_before = sampler.sample()
-        writes_idle_before = stack.apiserver_writes()
-        time.sleep(args.idle_seconds)
-        idle_after = sampler.sample()
-        writes_idle = counter_delta(stack.apiserver_writes(), writes_idle_before)
-        idle_cpu = 100 * (idle_after[1] - idle_before[1]) / (idle_after[0] - idle_before[0])
-        rss_end = idle_after[2]
-        found = statements(stack.postgres.log_file, log_offset)
-        sql_changes = sum(n for k, n in found.items() if k in CHANGES)
-        manager.stop()
-        manager = None
-
-        milestones["first authenticated answer"] = first.seconds or 0.0
-        table("manager start", [(k, f"{v:.1f} s") for k, v in sorted(milestones.items(), key=lambda kv: kv[1])
-                                if k not in ("ready", "leading", "counted", "caught_up")],
-              ("milestone", "since the process started"))
-        table("resources", [
-            ("RSS when caught up", f"{rss_caught_up / 2**20:.0f} MB"),
-            ("RSS peak (sampled every 0.25 s)", f"{sampler.peak_rss / 2**20:.0f} MB"),
-            (f"RSS after the idle {args.idle_seconds:.0f} s", f"{rss_end / 2**20:.0f} MB"),
-            ("CPU from start to caught up", f"{sampler.cpu_at(caught_up):.1f} CPU-s"),
-            (f"idle CPU over {idle_after[0] - idle_before[0]:.0f} s", f"{idle_cpu:.2f}% of one core"),
-        ], ("what", "value"))
-        table("watches the apiserver holds for the manager (gauges after - before its start)",
-              [(k, watches_manager.get(k, 0), watches_more.get(k, 0))
-               for k in sorted(set(watches_manager) | set(watches_more))] or [("none", 0, 0)],
-              ("gauge", f"with {args.consumers} consumers", f"+ {args.extra_consumers} more"))
-        table("token Secret changes on the manager", [(k, f"{v:.3f} s") for k, v in changes.items()],
-              ("change", "until it applies"))
-        table("apiserver writes by the start (until caught up)",
-              [(k, v) for k, v in writes_start.most_common()] or [("none", 0)], ("resource verb", "requests"))
-        table(f"apiserver writes in the idle {args.idle_seconds:.0f} s",
-              [(k, v) for k, v in writes_idle.most_common()] or [("none", 0)], ("resource verb", "requests"))
-        table("provisioner statements on the server, manager start to the end of the idle window",
-              [(k, n, "change" if k in CHANGES else "catalog read (Shard pings)") for k, n in found.most_common()]
-              or [("none", 0, "")], ("keyword", "count", "kind"))
+        sizes = stack_sizes(stack)
+        fleet = Fleet(stack, rest, count, tokens)
+        targets: list[Target] = []
+        for run in range(1, args.runs + 1):
+            targets += measure_start(fleet, run, args)
 
         if args.profile:
             args.profile_dir.mkdir(parents=True, exist_ok=True)
-            log("profiling a second start with py-spy")
+            log("profiling a further start with py-spy")
             manager = ManagerProcess(stack, "scale-manager-profiled")
             spy = PySpy(manager.pid, args.profile_dir / "scale-start.pyspy.txt", rate=50)
             spy.start()
             _, profiled = wait_caught_up(manager, rest, count)
             spy.stop()
-            print(f"\n== py-spy, second manager start (caught up after {profiled['caught_up']:.1f} s "
-                  "with the profiler attached; not the measured start)")
+            print(f"\n== py-spy, a further manager start (caught up after {profiled['caught_up']:.1f} s "
+                  "with the profiler attached; not a measured start)")
             print(summarize_collapsed(spy.out))
             manager.stop()
             manager = None
@@ -452,31 +504,27 @@ def main(argv: list[str] | None = None) -> int:
         objects = count * 3 + args.consumers * 2 + args.shards
         print(f"\nsetup: {args.shards} Shards, {args.consumers} Consumers + token Secrets, {count} Databases + "
               f"status + Secrets ({objects} writes) in {setup_total:.0f} s; the Databases alone "
-              f"{setup_seconds:.0f} s ({3 * count / setup_seconds:.0f} writes/s)")
-        secret_watches = watches_manager.get("WATCH secrets", 0)
-        total_watches = sum(v for k, v in watches_manager.items() if k.startswith("WATCH "))
-        more_watches = sum(v for k, v in watches_more.items() if k.startswith("WATCH "))
-        slowest_change = max(changes.values())
-        report_targets([
-            Target(f"manager RSS peak {sampler.peak_rss / 2**20:.0f} MB", f"< {RSS_LIMIT_MB} MB",
-                   sampler.peak_rss / 2**20 < RSS_LIMIT_MB),
-            Target(f"start to caught up {caught_up:.1f} s", f"< {CAUGHT_UP_LIMIT_S} s", caught_up < CAUGHT_UP_LIMIT_S),
-            Target(f"SQL changes for Ready databases {sql_changes} (catalog reads {found.get('SELECT', 0)})",
-                   "== 0, with the Shard pings' reads seen", sql_changes == 0 and found.get("SELECT", 0) > 0),
-            Target(f"idle CPU {idle_cpu:.2f}% of one core", f"< {IDLE_CPU_LIMIT}%", idle_cpu < IDLE_CPU_LIMIT),
-            Target(f"open watches of the manager {total_watches} (Secrets {secret_watches}) with {args.consumers} "
-                   f"consumers, {more_watches} with {args.extra_consumers} more",
-                   "the same: independent of the consumer count", more_watches == total_watches),
-            Target(f"token Secret change applied in {slowest_change:.3f} s (slowest of add, remove)",
-                   f"<= {TOKEN_CHANGE_LIMIT_S:.0f} s", slowest_change <= TOKEN_CHANGE_LIMIT_S),
-            Target(f"first authenticated answer {milestones['first authenticated answer']:.1f} s after start",
-                   f"< {CAUGHT_UP_LIMIT_S} s", milestones["first authenticated answer"] < CAUGHT_UP_LIMIT_S),
-        ])
+              f"{setup_seconds:.0f} s ({3 * count / setup_seconds:.0f} writes/s); then {sizes}")
+        report_targets(targets)
     finally:
-        if first is not None:
-            first.stop()
         stack.close(spy, manager)
     return 0
+
+
+def stack_sizes(stack: Stack) -> str:
+    """etcd's database on disk and the control plane's memory, after the setup (where limits would bite)."""
+    assert stack.kube is not None
+    etcd_bytes = sum(f.stat().st_size for f in (stack.kube.workdir / "etcd").rglob("*") if f.is_file())
+    rss = {}
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            name = proc.name()
+            if name.startswith("kube-apiserver") or name == "etcd":
+                rss[name] = rss.get(name, 0) + proc.memory_info().rss
+        except psutil.Error:
+            continue
+    memory = ", ".join(f"{name} RSS {value / 2**20:.0f} MB" for name, value in sorted(rss.items()))
+    return f"etcd data {etcd_bytes / 2**20:.0f} MB on disk, {memory}"
 
 
 if __name__ == "__main__":

@@ -144,7 +144,8 @@ class RetryTimings:
     # A terminal SQL failure (a foreign object holds the name, a missing privilege): a human fixes it,
     # and any change of the Database or its Shard retries at once; this slow look keeps the alert alive.
     terminal: float = 300.0
-    # Cache sync on start: an apiserver that cannot list within this fails the start loudly.
+    # Cache sync on start: a list that gets no page from the apiserver for this long fails the start
+    # loudly (a list of 100,000 objects may take longer in all, page by page).
     sync_timeout: float = 60.0
 
 

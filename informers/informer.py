@@ -24,6 +24,7 @@ import json
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -114,6 +115,7 @@ class Informer:
         self._handlers: list[Handler] = []
 
         self._synced = threading.Event()
+        self.progressed = time.monotonic()  # when the last LIST page arrived (or the informer was made)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._stream: WatchStream | None = None
@@ -347,6 +349,7 @@ class Informer:
                 if exc.status == 410:  # the continue token expired: start over
                     raise GoneError("list continue token expired") from exc
                 raise
+            self.progressed = time.monotonic()
             kind = (page.get("kind") or "").removesuffix("List")
             with self._lock:
                 current = self._items

@@ -119,6 +119,19 @@ class SharedInformers:
                 return False
         return True
 
+    def wait_until_synced(self, stall_timeout: float) -> bool:
+        """Wait until every informer has listed once; False as soon as one that has not received no
+        LIST page for `stall_timeout` seconds. A large list (100,000 objects) may take longer than that
+        in all, but as long as its pages keep coming it is not stuck."""
+        while True:
+            waiting = self.unsynced()
+            if not waiting:
+                return True
+            now = time.monotonic()
+            if any(now - informer.progressed > stall_timeout for informer in waiting):
+                return False
+            waiting[0].wait_for_sync(min(0.2, stall_timeout))
+
     def unsynced(self) -> list[Informer]:
         return [informer for informer in self.all() if not informer.has_synced()]
 

@@ -359,3 +359,21 @@ def test_stop_returns_promptly_from_an_idle_watch(admin_rest: Rest, namespace: s
     informer.stop(timeout=5)
     assert time.monotonic() - started < 2
     assert informer._thread is not None and not informer._thread.is_alive()
+
+
+def test_a_long_list_that_keeps_making_progress_is_waited_for(admin_rest: Rest, namespace: str) -> None:
+    """The start waits for a big list as long as its pages keep coming (a fleet of 100,000 objects lists
+    longer than the stall timeout in all), and gives up only on a list that makes no progress."""
+    import time
+
+    for n in range(120):
+        admin_rest.create(CONFIGMAPS, configmap(f"page-{n}", namespace))
+    shared = SharedInformers(admin_rest, page_size=1)  # 120 pages: longer in all than the stall timeout
+    try:
+        shared.informer(CONFIGMAPS, namespace)
+        started = time.monotonic()
+        shared.start()
+        assert shared.wait_until_synced(stall_timeout=0.3)
+        assert time.monotonic() - started > 0.3
+    finally:
+        shared.stop()
