@@ -135,6 +135,7 @@ class Informer:
     def start(self) -> Informer:
         if self._thread is not None:
             return self
+        self.progressed = time.monotonic()  # registered long before the start is not stalled
         self._thread = threading.Thread(target=self._run, name=f"informer-{self.resource.plural}", daemon=True)
         self._thread.start()
         return self
