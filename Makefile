@@ -13,6 +13,7 @@ test: setup
 lint: setup
 	.venv/bin/ruff check .
 	.venv/bin/lint-imports
+	.venv/bin/mypy
 
 # The fault-injection suite alone (also part of `make test`): kills, pauses and restarts real
 # processes, checks the invariants after each fault and prints the measured recovery times.

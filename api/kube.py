@@ -10,7 +10,7 @@ from informers import SECRETS, Resource
 CONSUMERS = Resource(GROUP, VERSION, PLURAL_CONSUMERS)
 DATABASES = Resource(GROUP, VERSION, PLURAL_DATABASES)
 
-__all__ = ["CONSUMERS", "DATABASES", "SECRETS", "annotations", "metadata", "spec", "status"]
+__all__ = ["CONSUMERS", "DATABASES", "SECRETS", "metadata", "object_annotations", "spec", "status"]
 
 Obj = dict[str, Any]
 
@@ -29,7 +29,7 @@ def status(obj: Obj) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def annotations(obj: Obj) -> dict[str, str]:
+def object_annotations(obj: Obj) -> dict[str, str]:
     value = metadata(obj).get("annotations")
     return value if isinstance(value, dict) else {}
 

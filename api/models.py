@@ -14,7 +14,7 @@ from urllib.parse import quote
 from pydantic import ValidationError
 
 from api.errors import InvalidBody, UnsupportedMediaType
-from api.kube import annotations, metadata, status
+from api.kube import metadata, object_annotations, status
 from domain.conditions import READY, condition_reason
 from domain.config import InstallConfig, UnknownSizeClass
 from domain.constants import (
@@ -125,7 +125,7 @@ def is_delete_requested(obj: Obj, db_status: DatabaseStatus | None = None) -> bo
     phase = (database_status(obj) if db_status is None else db_status).phase
     return (
         phase in (Phase.DELETING, Phase.DELETED)
-        or ANNOTATION_DELETE_REQUESTED_AT in annotations(obj)
+        or ANNOTATION_DELETE_REQUESTED_AT in object_annotations(obj)
         or bool(metadata(obj).get("deletionTimestamp"))
     )
 
@@ -139,7 +139,7 @@ def is_ready(obj: Obj, db_status: DatabaseStatus | None = None) -> bool:
 
 def database_view(obj: Obj, config: InstallConfig) -> dict[str, Any]:
     """The consumer's view of a Database object: state and settings, never secrets or shard internals."""
-    db_spec, db_status, notes = database_spec(obj), database_status(obj), annotations(obj)
+    db_spec, db_status, notes = database_spec(obj), database_status(obj), object_annotations(obj)
     if db_spec is None:  # the store never hands one out (not the consumer's); no view to make of it
         raise ValueError("a Database whose spec does not validate has no view")
     limit = db_status.applied_connection_limit

@@ -27,7 +27,7 @@ def read_body(req: falcon.Request, limit: int) -> bytes:
         if req.content_length <= DRAIN_FACTOR * limit:
             _drain(req, DRAIN_FACTOR * limit)
         raise too_large
-    raw = _body_stream(req).read(limit + 1)
+    raw: bytes = _body_stream(req).read(limit + 1)
     if len(raw) > limit:
         _drain(req, DRAIN_FACTOR * limit)
         raise too_large

@@ -41,7 +41,7 @@ from api.errors import (
     Unauthorized,
     Unavailable,
 )
-from api.kube import CONSUMERS, DATABASES, SECRETS, annotations, metadata, status
+from api.kube import CONSUMERS, DATABASES, SECRETS, metadata, object_annotations, status
 from api.models import CreateDatabase, Credentials, database_spec, database_status, is_delete_requested, is_ready
 from domain.config import InstallConfig
 from domain.constants import (
@@ -245,7 +245,7 @@ class DatabaseStore:
         """Set the delete annotation (with the request time) unless set; never deletes the object."""
 
         def decide(db: Obj) -> dict[str, str | None] | None:
-            if ANNOTATION_DELETE_REQUESTED_AT in annotations(db):
+            if ANNOTATION_DELETE_REQUESTED_AT in object_annotations(db):
                 return None
             return {ANNOTATION_DELETE_REQUESTED_AT: format_micro_time(self.clock())}
 
@@ -263,7 +263,7 @@ class DatabaseStore:
                 raise NotReady()
             moment = self.clock()
             value = format_micro_time(moment)
-            if value == annotations(db).get(ANNOTATION_ROTATE_REQUESTED_AT):  # same microsecond: still new
+            if value == object_annotations(db).get(ANNOTATION_ROTATE_REQUESTED_AT):  # same microsecond: still new
                 value = format_micro_time(moment + timedelta(microseconds=1))
             end = value if end_sessions else None  # None removes a flag left by an earlier request
             return {ANNOTATION_ROTATE_REQUESTED_AT: value, ANNOTATION_ROTATE_END_SESSIONS: end}
@@ -371,8 +371,10 @@ class DatabaseStore:
         if obj is None:
             return
         consumer, name = database_consumer_name(obj), metadata(obj).get("name")
+        if consumer is None:
+            return
         with self._pending_lock:
-            entries = self._pending.get(consumer) if consumer is not None else None
+            entries = self._pending.get(consumer)
             if entries and name in entries:
                 del entries[name]
                 if not entries:

@@ -28,7 +28,9 @@ def token_secret_name(consumer: str) -> str:
     return f"{consumer}-token"
 
 
-def consumer_object(name: str, namespace: str, max_databases: int | None, key: str = DEFAULT_TOKEN_KEY) -> dict:
+def consumer_object(
+    name: str, namespace: str, max_databases: int | None, key: str = DEFAULT_TOKEN_KEY
+) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "tokenSecretRef": {"namespace": namespace, "name": token_secret_name(name), "key": key},
     }
@@ -37,7 +39,9 @@ def consumer_object(name: str, namespace: str, max_databases: int | None, key: s
     return {"apiVersion": API_VERSION, "kind": KIND_CONSUMER, "metadata": {"name": name}, "spec": spec}
 
 
-def hash_secret_object(name: str, namespace: str, hash_lines: list[str], key: str = DEFAULT_TOKEN_KEY) -> dict:
+def hash_secret_object(
+    name: str, namespace: str, hash_lines: list[str], key: str = DEFAULT_TOKEN_KEY
+) -> dict[str, Any]:
     return {
         "apiVersion": CORE_API_VERSION,
         "kind": KIND_SECRET,

@@ -28,10 +28,13 @@ def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now (the kernel picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
-def wait_for_port(port: int, timeout: float, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
+def wait_for_port(
+    port: int, timeout: float, proc: subprocess.Popen[bytes] | None = None, log: Path | None = None
+) -> None:
     """Poll until something listens on 127.0.0.1:port; fail early if the process died."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -58,7 +61,7 @@ def spawn(
     death_signal: int = signal.SIGTERM,
     user: str | None = None,
     env: dict[str, str] | None = None,
-) -> subprocess.Popen:
+) -> subprocess.Popen[bytes]:
     """Start argv with output to `log`; the kernel signals it if this process dies, so no leftovers."""
 
     def _die_with_parent() -> None:
@@ -80,7 +83,7 @@ def spawn(
         out.close()
 
 
-def stop(proc: subprocess.Popen | None, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
+def stop(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
     """Signal the process group, wait, then kill whatever is left."""
     if proc is None or proc.poll() is not None:
         return

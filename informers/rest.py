@@ -165,7 +165,7 @@ class Rest:
 
     def get(
         self, resource: Resource, name: str, namespace: str | None = None, *, timeout: Timeout = DEFAULT_TIMEOUT
-    ) -> dict:
+    ) -> dict[str, Any]:
         return self.request("GET", resource.object_path(name, namespace), timeout=timeout)
 
     def list(
@@ -175,18 +175,28 @@ class Rest:
         *,
         query: Query | None = None,
         timeout: Timeout = DEFAULT_TIMEOUT,
-    ) -> dict:
+    ) -> dict[str, Any]:
         return self.request("GET", resource.collection_path(namespace), query=query, timeout=timeout)
 
     def create(
-        self, resource: Resource, body: dict, namespace: str | None = None, *, timeout: Timeout = DEFAULT_TIMEOUT
-    ) -> dict:
+        self,
+        resource: Resource,
+        body: dict[str, Any],
+        namespace: str | None = None,
+        *,
+        timeout: Timeout = DEFAULT_TIMEOUT,
+    ) -> dict[str, Any]:
         namespace = namespace or body.get("metadata", {}).get("namespace")
         return self.request("POST", resource.collection_path(namespace), body=body, timeout=timeout)
 
     def replace(
-        self, resource: Resource, body: dict, *, subresource: str | None = None, timeout: Timeout = DEFAULT_TIMEOUT
-    ) -> dict:
+        self,
+        resource: Resource,
+        body: dict[str, Any],
+        *,
+        subresource: str | None = None,
+        timeout: Timeout = DEFAULT_TIMEOUT,
+    ) -> dict[str, Any]:
         """PUT the whole object; its `metadata.resourceVersion` makes it conditional (409 if stale)."""
         metadata = body["metadata"]
         path = resource.object_path(metadata["name"], metadata.get("namespace"), subresource)
@@ -203,7 +213,7 @@ class Rest:
         content_type: str = MERGE_PATCH,
         query: Query | None = None,
         timeout: Timeout = DEFAULT_TIMEOUT,
-    ) -> dict:
+    ) -> dict[str, Any]:
         path = resource.object_path(name, namespace, subresource)
         return self.request("PATCH", path, body=patch, content_type=content_type, query=query, timeout=timeout)
 
@@ -215,7 +225,7 @@ class Rest:
         *,
         resource_version: str | None = None,
         timeout: Timeout = DEFAULT_TIMEOUT,
-    ) -> dict:
+    ) -> dict[str, Any]:
         body = None
         if resource_version is not None:
             body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"resourceVersion": resource_version}}

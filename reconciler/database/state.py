@@ -71,7 +71,8 @@ class Database:
 
     @property
     def meta(self) -> dict[str, Any]:
-        return self.db["metadata"]
+        meta: dict[str, Any] = self.db["metadata"]
+        return meta
 
     @property
     def name(self) -> str:

@@ -182,7 +182,7 @@ class Controller:
         """
         mapper = keys or _own_key
 
-        def handler(event_type: str, old: dict | None, new: dict | None) -> None:
+        def handler(event_type: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
             if not self._running:
                 return
             for obj in (old, new):
