@@ -96,7 +96,7 @@ _SHARD_CA: CertificateAuthority | None = None
 
 def shard_ca() -> CertificateAuthority:
     """The CA of every harness server's certificate in this process (one file for a CA bundle)."""
-    global _SHARD_CA
+    global _SHARD_CA  # noqa: PLW0603 - one CA per process, made on first use
     if _SHARD_CA is None:
         directory = Path(tempfile.mkdtemp(prefix="dbprovider-shard-ca-"))
         atexit.register(shutil.rmtree, directory, True)

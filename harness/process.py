@@ -67,7 +67,7 @@ def spawn(
     def _die_with_parent() -> None:
         _libc.prctl(_PR_SET_PDEATHSIG, death_signal)
 
-    out = open(log, "ab")  # noqa: SIM115 - handed to the child, closed below
+    out = open(log, "ab")  # handed to the child, closed below
     try:
         return subprocess.Popen(
             argv,

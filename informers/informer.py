@@ -226,7 +226,7 @@ class Informer:
     def _index_values(self, name: str, fn: IndexFunc, obj: Obj) -> set[str]:
         try:
             return {v for v in fn(obj) if v is not None}
-        except Exception:  # noqa: BLE001 - a broken index function must not kill the informer
+        except Exception:  # a broken index function must not kill the informer
             log.exception("index %r failed on %s %s", name, self.resource, object_key(obj))
             return set()
 
@@ -266,7 +266,7 @@ class Informer:
     def _call(self, handler: Handler, event_type: str, old: Obj | None, new: Obj | None) -> None:
         try:
             handler(event_type, old, new)
-        except Exception:  # noqa: BLE001 - one broken handler must not stop the others
+        except Exception:  # one broken handler must not stop the others
             log.exception("event handler %r failed for %s", handler, self.resource)
 
     def _dispatch(self, events: builtins.list[tuple[str, Obj | None, Obj | None]]) -> None:

@@ -43,7 +43,7 @@ def _status_string(status: str | bool) -> str:
 
 def set_condition(
     conditions: list[dict[str, Any]],
-    type: str,  # noqa: A002 - the Kubernetes field name
+    type: str,  # the Kubernetes field name
     status: str | bool,
     reason: str,
     message: str,
@@ -86,7 +86,7 @@ def set_condition(
     return changed
 
 
-def remove_condition(conditions: list[dict[str, Any]], type: str) -> bool:  # noqa: A002
+def remove_condition(conditions: list[dict[str, Any]], type: str) -> bool:
     """Remove condition `type` (in place); True if it was there."""
     for i, condition in enumerate(conditions):
         if condition.get("type") == type:
