@@ -1,5 +1,5 @@
 # The two commands of the README. Both set the machine up first (hack/setup.sh, idempotent).
-.PHONY: setup dev test lint faults
+.PHONY: setup dev test test-fast lint faults
 
 setup:
 	bash hack/setup.sh
@@ -9,6 +9,11 @@ dev: setup
 
 test: setup
 	.venv/bin/python -m pytest
+
+# The inner loop: every test that needs no server (no apiserver, PostgreSQL, Prometheus or Pulumi), on both
+# cores. A test that starts a server without being marked `server` fails here (tests/conftest.py says how).
+test-fast: setup
+	DBPROVIDER_TEST_NO_SERVERS=1 .venv/bin/python -m pytest -m "not server" -n 2
 
 lint: setup
 	.venv/bin/ruff check .

@@ -11,6 +11,10 @@ import time
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
+# Set by `make test-fast` (and inherited by every child process it starts, such as a `dbprovider dev`
+# under test): the inner loop runs only tests that need no server, and one that starts one anyway fails
+# loudly here instead of quietly making the fast tier slow.
+NO_SERVERS_ENV = "DBPROVIDER_TEST_NO_SERVERS"
 _libc = ctypes.CDLL("libc.so.6", use_errno=True)
 
 
@@ -63,6 +67,12 @@ def spawn(
     env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start argv with output to `log`; the kernel signals it if this process dies, so no leftovers."""
+    if os.environ.get(NO_SERVERS_ENV):
+        raise RuntimeError(
+            f"{Path(argv[0]).name} started in a run without servers ({NO_SERVERS_ENV} is set, as `make test-fast` "
+            "does): mark the test `server` (pytest.mark.server), or use a server fixture (kube, postgres), "
+            "which marks it"
+        )
 
     def _die_with_parent() -> None:
         _libc.prctl(_PR_SET_PDEATHSIG, death_signal)

@@ -2,6 +2,11 @@
 
 The helpers and the fixtures the suites share live in tests/support; DBPROVIDER_PG_FLAVORS (see
 tests/support/postgres.py) selects the PostgreSQL majors the `postgres` fixture runs over.
+
+Tiers: a test that uses a fixture starting a server (SERVER_FIXTURES, directly or through another
+fixture) is marked `server` here; a test that starts one itself carries `pytest.mark.server`.
+`make test-fast` runs the rest (`-m "not server"`) with harness.process.NO_SERVERS_ENV set, so a test
+that starts a server without the mark fails there instead of slowing the inner loop.
 """
 
 from __future__ import annotations
@@ -12,6 +17,15 @@ import pytest
 
 from harness import KubeControlPlane, PostgresServer
 from tests.support.postgres import PG_FLAVORS, PostgresPool
+
+# Fixtures that start a kube-apiserver, PostgreSQL, or both (the suites' own ones included).
+SERVER_FIXTURES = frozenset({"kube", "postgres_pool", "logged_pg", "clusters", "stack", "compacting_kube"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.server)
 
 
 @pytest.fixture(scope="session")
