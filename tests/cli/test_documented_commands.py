@@ -4,7 +4,7 @@ breaks a test instead of a reader.
 A block is run when the line before it (blank lines apart) is `<!-- runnable -->`: a fenced ```sh block or
 an indented one. A ```yaml block after `<!-- runnable file -->` whose first line is `# <path>` is written to
 that path first. Each document runs in a scratch directory of its own, its blocks in order (a later line
-may use what an earlier one wrote), each line with bash on a terminal, as a user types it (the token
+may use what an earlier one wrote), each line with bash, stdout on a terminal as a user has it (the token
 commands print on a terminal only), with the installed `dbprovider` first on PATH. Every line must exit 0.
 
 Not run here: `dbprovider dev` (it starts servers; tests/env/test_dev_command.py runs it) and `pulumi`
@@ -14,16 +14,14 @@ Not run here: `dbprovider dev` (it starts servers; tests/env/test_dev_command.py
 from __future__ import annotations
 
 import os
-import pty
 import re
-import select
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.cli.conftest import Result, run_argv_on_terminal
 
 REPO = Path(__file__).resolve().parents[2]
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -78,28 +76,10 @@ def command_lines(block: Block) -> list[str]:
     return [line for line in lines if line and not line.startswith("#") and not line.startswith(NOT_RUN_HERE)]
 
 
-def run_on_terminal(line: str, cwd: Path) -> tuple[int, str]:
-    """`bash -c line` with stdin, stdout and stderr on a pseudo-terminal; (exit status, what it showed)."""
-    main, child = pty.openpty()
+def run_line(line: str, cwd: Path) -> Result:
+    """`bash -c line` with stdout on a pseudo-terminal, the installed `dbprovider` first on PATH."""
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    proc = subprocess.Popen(["bash", "-c", line], cwd=cwd, stdin=child, stdout=child, stderr=child, env=env)
-    os.close(child)
-    shown: list[bytes] = []
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([main], [], [], 1.0)
-        if ready:
-            try:
-                data = os.read(main, 4096)
-            except OSError:  # EIO: the child closed the terminal
-                break
-            if not data:
-                break
-            shown.append(data)
-        elif proc.poll() is not None:
-            break
-    os.close(main)
-    return proc.wait(timeout=30), b"".join(shown).decode(errors="replace")
+    return run_argv_on_terminal(["bash", "-c", line], cwd, env)
 
 
 def install_values() -> str:
@@ -140,8 +120,10 @@ def test_the_documented_commands_run_as_written(document: Path, tmp_path: Path) 
         for line in command_lines(block):
             for target in _redirect_targets(line):  # the reader's repository has its folders
                 (tmp_path / target).parent.mkdir(parents=True, exist_ok=True)
-            status, shown = run_on_terminal(line, tmp_path)
-            assert status == 0, f"{document.name}:{block.line}: `{line}` exited {status}:\n{shown}"
+            result = run_line(line, tmp_path)
+            assert result.returncode == 0, (
+                f"{document.name}:{block.line}: `{line}` exited {result.returncode}:\n{result.stdout}{result.stderr}"
+            )
             ran += 1
     assert ran, f"{document.name} marks blocks runnable but none has a line to run"
 
