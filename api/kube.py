@@ -4,11 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from domain.constants import GROUP, PLURAL_CONSUMERS, PLURAL_DATABASES, VERSION
-from informers import SECRETS, Resource
-
-CONSUMERS = Resource(GROUP, VERSION, PLURAL_CONSUMERS)
-DATABASES = Resource(GROUP, VERSION, PLURAL_DATABASES)
+from domain.resources import CONSUMERS, DATABASES
+from informers import SECRETS
 
 __all__ = ["CONSUMERS", "DATABASES", "SECRETS", "metadata", "object_annotations", "spec", "status"]
 

@@ -65,13 +65,14 @@ from domain.credentials import (
     password_pending,
 )
 from domain.naming import credentials_secret_name, database_object_name, label_value, validate_external_id
+from domain.resources import BY_CONSUMER, database_consumer
 from domain.specs import DatabaseSpec, database_consumer_name, parse_consumer
 from domain.timefmt import format_micro_time
 from informers import Informer, Resource, Rest, SharedInformers
 
 log = logging.getLogger(__name__)
 
-INDEX_BY_CONSUMER = "api:consumer"
+INDEX_BY_CONSUMER = BY_CONSUMER  # the index the Consumer controller reads too (one index on the shared informer)
 INDEX_NOT_DELETED_BY_CONSUMER = "api:consumer-not-deleted"
 PENDING_TTL_SECONDS = 300.0
 ANNOTATE_ATTEMPTS = 5
@@ -84,13 +85,7 @@ Obj = dict[str, Any]
 Clock = Callable[[], datetime]
 
 
-def databases_by_consumer(db: Obj) -> list[str]:
-    """Index function: the owning consumer (from the spec: a label is not an identity).
-
-    Index functions run on every event of every Database: they read the one field, not the whole model.
-    """
-    consumer = database_consumer_name(db)
-    return [consumer] if consumer is not None else []
+databases_by_consumer = database_consumer  # domain.resources: the index function, written once
 
 
 def not_deleted_databases_by_consumer(db: Obj) -> list[str]:
