@@ -36,3 +36,12 @@ def test_the_error_class_table_is_the_classification_the_controller_acts_on() ->
         f"not in the code {sorted(documented.keys() - RETRYABLE.keys())}, "
         f"retryable differs for {differs}"
     )
+
+
+def test_the_controller_example_compiles_and_imports_what_exists() -> None:
+    """docs/runtime.md's "Writing a controller" example: valid Python whose every import resolves."""
+    section = _section((DOCS / "runtime.md").read_text(), "Writing a controller")
+    example = section.split("```python\n", 1)[1].split("```", 1)[0]
+    compile(example, "runtime.md example", "exec")
+    imports = "\n".join(line for line in example.splitlines() if line.startswith(("from ", "import ")))
+    exec(compile(imports, "runtime.md example imports", "exec"), {})  # our own docs: their imports only
