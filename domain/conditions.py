@@ -6,12 +6,13 @@ Read with `find_condition`, `condition_is_true` and `condition_reason`; change w
 with the status). The controllers, the fleet metrics and the API ask these questions here, so a condition
 type or status is never matched by a literal of its own.
 
-Deprecated, for code that still reads raw objects until it parses them (domain.objects): `get_condition`,
-`is_condition_true` and `object_conditions` also take condition dicts as the apiserver returns them
-(`condition_reason` takes both). They remain for reconciler/placement.py, reconciler/setup.py,
-reconciler/fleet_metrics.py and reconciler/database/shard_sql.py, which other branches are rewriting this
-round; reconciler.runtime.status.set_condition is the dict form of `with_condition` for the Shard
-controller until its status is typed.
+For objects that are not ours and have no model (a CRD's Established condition), `get_condition`,
+`is_condition_true` and `object_conditions` read condition dicts as the apiserver returns them
+(`condition_reason` takes both). For our own kinds they are deprecated: parse the object (domain.objects)
+instead. They remain there for reconciler/placement.py, reconciler/setup.py, reconciler/fleet_metrics.py
+and reconciler/database/shard_sql.py, which other branches are rewriting this round;
+reconciler.runtime.status.set_condition is the dict form of `with_condition` for the Shard controller
+until its status is typed.
 """
 
 from __future__ import annotations
@@ -135,6 +136,7 @@ def without_condition(conditions: Sequence[Condition], type_: str) -> tuple[tupl
     kept = tuple(c for c in conditions if c.type != type_)
     return kept, len(kept) != len(conditions)
 
+
 def condition_reason(conditions: Iterable[Any] | None, type_: str) -> str | None:
     """The reason of condition `type_` now (a value, not the dict a writer may change); None if absent or
     empty. Takes typed conditions, or dicts for the deprecated callers."""
@@ -143,7 +145,7 @@ def condition_reason(conditions: Iterable[Any] | None, type_: str) -> str | None
     return reason if isinstance(reason, str) and reason else None
 
 
-# -- deprecated: readers that also take raw condition dicts ---------------------------------------------
+# -- readers of raw condition dicts (kinds that are not ours; deprecated for ours) ---------------------------
 
 
 def _field(condition: object, name: str) -> Any:
