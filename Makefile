@@ -7,8 +7,11 @@ setup:
 dev: setup
 	.venv/bin/dbprovider dev
 
+# Everything, as CI runs it: two workers (the suites mostly wait on reconciles), then the fault and alert
+# suites alone, so no other test's load skews the recovery times and alert clocks they check.
 test: setup
-	.venv/bin/python -m pytest
+	.venv/bin/python -m pytest -n 2 --dist loadfile -m "not serial"
+	.venv/bin/python -m pytest -m serial
 
 # The inner loop: every test that needs no server (no apiserver, PostgreSQL, Prometheus or Pulumi), on both
 # cores. A test that starts a server without being marked `server` fails here (tests/conftest.py says how).
