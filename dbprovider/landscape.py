@@ -13,6 +13,7 @@ from typing import Any
 
 from domain.constants import API_VERSION, CORE_API_VERSION, KIND_CONSUMER, KIND_SECRET
 from domain.credentials import decode_secret_value, encode_secret_value
+from domain.metadata import Identity
 from domain.specs import DEFAULT_TOKEN_KEY
 
 # File names `consumer new` writes into --out; the suffixes keep any two consumers' files apart.
@@ -21,7 +22,8 @@ TOKEN_SECRET_FILE_SUFFIX = ".token-secret.yaml"
 
 
 def is_secret(doc: Any) -> bool:
-    return isinstance(doc, dict) and doc.get("apiVersion") == CORE_API_VERSION and doc.get("kind") == KIND_SECRET
+    identity = Identity.of(doc)
+    return isinstance(doc, dict) and (identity.api_version, identity.kind) == (CORE_API_VERSION, KIND_SECRET)
 
 
 def token_secret_name(consumer: str) -> str:

@@ -44,6 +44,7 @@ from domain.constants import (
     KINDS,
     Engine,
 )
+from domain.metadata import Identity
 from domain.naming import InvalidName, validate_dns1123_label, validate_dns1123_subdomain, validate_secret_key
 from domain.specs import ConsumerSpec, DatabaseSpec, ShardSpec
 from domain.tokens import parse_token_hashes
@@ -145,19 +146,15 @@ class Document:
 
     @property
     def kind(self) -> str:
-        return str(self.data.get("kind", "")) if isinstance(self.data, dict) else ""
+        return Identity.of(self.data).kind
 
     @property
     def name(self) -> str:
-        meta = self.data.get("metadata") if isinstance(self.data, dict) else None
-        value = meta.get("name") if isinstance(meta, dict) else None
-        return value if isinstance(value, str) else ""
+        return Identity.of(self.data).name
 
     @property
     def namespace(self) -> str:
-        meta = self.data.get("metadata") if isinstance(self.data, dict) else None
-        value = meta.get("namespace") if isinstance(meta, dict) else None
-        return value if isinstance(value, str) else ""
+        return Identity.of(self.data).namespace
 
     @property
     def label(self) -> str:

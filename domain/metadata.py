@@ -8,6 +8,9 @@ sent (the API shows creationTimestamp as it is; deletionTimestamp only matters b
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 from pydantic import Field, StrictBool, StrictInt, StrictStr
 
 from domain.validation import SpecModel
@@ -52,3 +55,30 @@ class ObjectMeta(SpecModel):
     def controlled_by(self, uid: str | None) -> bool:
         """True if the owner reference marked `controller` is the object with this uid."""
         return uid is not None and any(ref.uid == uid and ref.controller is True for ref in self.owner_references)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What a document of unknown shape says it is (a landscape file under review), so a reader can name
+    the document before it validates it: "" where a part is missing (or, but for the kind, not a string)."""
+
+    api_version: str
+    kind: str
+    name: str
+    namespace: str
+
+    @classmethod
+    def of(cls, doc: object) -> Identity:
+        data = doc if isinstance(doc, Mapping) else {}
+        meta = data.get("metadata")
+        meta = meta if isinstance(meta, Mapping) else {}
+        return cls(
+            api_version=_text(data.get("apiVersion")),
+            kind=str(data.get("kind", "")),  # shown as written, whatever it is: "the apiserver serves no ..."
+            name=_text(meta.get("name")),
+            namespace=_text(meta.get("namespace")),
+        )
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""

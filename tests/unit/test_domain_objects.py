@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from domain.constants import ANNOTATION_DELETE_REQUESTED_AT, Phase
-from domain.metadata import ObjectMeta
+from domain.metadata import Identity, ObjectMeta
 from domain.objects import ConsumerObject, DatabaseObject, ShardObject
 from domain.resources import DATABASES, SHARDS, database_consumer, database_shard
 from informers import Resource as InformersResource
@@ -136,3 +136,10 @@ def test_the_resources_are_written_once_and_the_informers_use_the_same_type() ->
     assert InformersResource is type(DATABASES)
     assert DATABASES.object_path("a", "ns", "status") == "/apis/db.bnerd.com/v1alpha1/namespaces/ns/databases/a/status"
     assert SHARDS.collection_path() == "/apis/db.bnerd.com/v1alpha1/shards"
+
+
+def test_a_document_of_unknown_shape_still_says_what_it_is() -> None:
+    doc = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "t", "namespace": 7}}
+    assert Identity.of(doc) == Identity("v1", "Secret", "t", "")
+    assert Identity.of(["not", "a", "mapping"]) == Identity("", "", "", "")
+    assert Identity.of({"kind": 5, "metadata": "x"}) == Identity("", "5", "", "")  # the kind shown as written
