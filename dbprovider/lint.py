@@ -203,13 +203,12 @@ class Linter:
                 self.add_values(doc)
 
     def add_object(self, doc: Document) -> None:
-        data = doc.data
-        api_version = data.get("apiVersion")
-        if is_secret(data):
+        api_version = Identity.of(doc.data).api_version
+        if is_secret(doc.data):
             self._check_secret(doc)
             self.secrets.append(doc)
             return
-        if not isinstance(api_version, str) or api_version.split("/")[0] != GROUP:
+        if api_version.split("/")[0] != GROUP:
             return  # not ours: a rendered install, a Flux object...
         if api_version != API_VERSION or doc.kind not in _SPEC_MODELS:
             self.report(doc, ["kind"], f"the apiserver serves no {api_version} {doc.kind}", RULE_SCHEMA)
