@@ -183,14 +183,14 @@ class TokenIndex:
             key[len(prefix) :] for key in self.consumers.index_values(INDEX_TOKEN_SECRET) if key.startswith(prefix)
         )
 
-    def _on_consumer(self, event_type: str, old: dict | None, new: dict | None) -> None:
+    def _on_consumer(self, event_type: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         self._want_secrets()
         name = metadata(new if new is not None else old or {}).get("name")
         if name:
             with self._lock:
                 self._recompute(name)
 
-    def _on_secret(self, event_type: str, old: dict | None, new: dict | None) -> None:
+    def _on_secret(self, event_type: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         secret = new if new is not None else old
         if secret is None:
             return

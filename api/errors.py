@@ -114,7 +114,7 @@ _FALCON_ERRORS = {
 }
 
 
-def _write(resp: falcon.Response, status: str, code: str, message: str) -> None:
+def _write(resp: falcon.Response, status: str | int, code: str, message: str) -> None:
     resp.status = status
     resp.content_type = falcon.MEDIA_JSON
     resp.text = json.dumps({"error": code, "message": message})
@@ -152,7 +152,7 @@ def _handle_http_error(
 ) -> None:
     code, message = _FALCON_ERRORS.get(ex.status_code, ("error", "the request failed"))
     _write(resp, ex.status, code, message)
-    for name, value in (ex.headers or {}).items():
+    for name, value in dict(ex.headers or {}).items():
         resp.set_header(name, value)
 
 
@@ -177,7 +177,7 @@ def _handle_unexpected(req: falcon.Request, resp: falcon.Response, ex: Exception
     _write(resp, falcon.HTTP_500, "internal_error", "internal error")
 
 
-def register_error_handlers(app: falcon.App) -> None:
+def register_error_handlers(app: falcon.App[falcon.Request, falcon.Response]) -> None:
     """Map every exception to the JSON error body; Falcon picks the most specific handler by class."""
     app.add_error_handler(Exception, _handle_unexpected)
     app.add_error_handler(ApiException, _handle_kube_error)

@@ -327,7 +327,7 @@ class ApiServer:
         loop.call_soon(ready.set)
         try:
             loop.run_forever()
-        except Exception:  # noqa: BLE001 - reported, the manager decides what to do (readiness fails)
+        except Exception:  # reported, the manager decides what to do (readiness fails)
             log.exception("API server stopped unexpectedly")
         finally:
             loop.close()

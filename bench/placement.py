@@ -56,7 +56,7 @@ class _IdleStream:
     def __init__(self) -> None:
         self._stop = threading.Event()
 
-    def lines(self):  # noqa: ANN201
+    def lines(self):
         self._stop.wait()
         return iter(())
 

@@ -168,7 +168,8 @@ def _run_render(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.handler(args)
+    exit_code: int = args.handler(args)
+    return exit_code
 
 
 if __name__ == "__main__":

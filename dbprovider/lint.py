@@ -44,6 +44,7 @@ from domain.constants import (
     KINDS,
     Engine,
 )
+from domain.metadata import Identity
 from domain.naming import InvalidName, validate_dns1123_label, validate_dns1123_subdomain, validate_secret_key
 from domain.specs import ConsumerSpec, DatabaseSpec, ShardSpec
 from domain.tokens import parse_token_hashes
@@ -145,19 +146,15 @@ class Document:
 
     @property
     def kind(self) -> str:
-        return str(self.data.get("kind", "")) if isinstance(self.data, dict) else ""
+        return Identity.of(self.data).kind
 
     @property
     def name(self) -> str:
-        meta = self.data.get("metadata") if isinstance(self.data, dict) else None
-        value = meta.get("name") if isinstance(meta, dict) else None
-        return value if isinstance(value, str) else ""
+        return Identity.of(self.data).name
 
     @property
     def namespace(self) -> str:
-        meta = self.data.get("metadata") if isinstance(self.data, dict) else None
-        value = meta.get("namespace") if isinstance(meta, dict) else None
-        return value if isinstance(value, str) else ""
+        return Identity.of(self.data).namespace
 
     @property
     def label(self) -> str:
@@ -206,13 +203,12 @@ class Linter:
                 self.add_values(doc)
 
     def add_object(self, doc: Document) -> None:
-        data = doc.data
-        api_version = data.get("apiVersion")
-        if is_secret(data):
+        api_version = Identity.of(doc.data).api_version
+        if is_secret(doc.data):
             self._check_secret(doc)
             self.secrets.append(doc)
             return
-        if not isinstance(api_version, str) or api_version.split("/")[0] != GROUP:
+        if api_version.split("/")[0] != GROUP:
             return  # not ours: a rendered install, a Flux object...
         if api_version != API_VERSION or doc.kind not in _SPEC_MODELS:
             self.report(doc, ["kind"], f"the apiserver serves no {api_version} {doc.kind}", RULE_SCHEMA)

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr, model_validator
+from pydantic.config import JsonValue
 from pydantic_core import PydanticCustomError
 
 from domain.constants import SIZE_CLASS_MAX_LENGTH, Engine, SslMode
@@ -29,7 +30,7 @@ SSLMODES: tuple[str, ...] = tuple(mode.value for mode in SslMode)
 DEFAULT_PORT = 5432
 DEFAULT_TOKEN_KEY = "sha256"
 
-_IMMUTABLE = [{"rule": "self == oldSelf", "message": "is immutable"}]
+_IMMUTABLE: list[JsonValue] = [{"rule": "self == oldSelf", "message": "is immutable"}]
 _ENGINE_EXPR = "(has(self.engine) ? self.engine : 'postgres')"
 
 # (CEL rule on ShardSpec, message): the CRD's form of ShardSpec._check_engine_refs.

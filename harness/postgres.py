@@ -31,6 +31,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -95,7 +96,7 @@ _SHARD_CA: CertificateAuthority | None = None
 
 def shard_ca() -> CertificateAuthority:
     """The CA of every harness server's certificate in this process (one file for a CA bundle)."""
-    global _SHARD_CA
+    global _SHARD_CA  # noqa: PLW0603 - one CA per process, made on first use
     if _SHARD_CA is None:
         directory = Path(tempfile.mkdtemp(prefix="dbprovider-shard-ca-"))
         atexit.register(shutil.rmtree, directory, True)
@@ -144,7 +145,7 @@ class PostgresServer:
         self.ca_file = shard_ca().ca_file
         self.port = 0
         self.provisioner_password = secrets.token_urlsafe(24)
-        self._proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -316,7 +317,7 @@ class PostgresServer:
             host=str(self.socket_dir), port=self.port, user=self.SUPERUSER, dbname=dbname, autocommit=True
         )
 
-    def connect(self, user: str, password: str, dbname: str = "postgres", **kwargs: object) -> psycopg.Connection:
+    def connect(self, user: str, password: str, dbname: str = "postgres", **kwargs: Any) -> psycopg.Connection:
         """A password-authenticated TCP session, as a shard's clients have."""
         return psycopg.connect(
             host="127.0.0.1", port=self.port, user=user, password=password, dbname=dbname,

@@ -11,6 +11,10 @@ import time
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
+# Set by `make test-fast` (and inherited by every child process it starts, such as a `dbprovider dev`
+# under test): the inner loop runs only tests that need no server, and one that starts one anyway fails
+# loudly here instead of quietly making the fast tier slow.
+NO_SERVERS_ENV = "DBPROVIDER_TEST_NO_SERVERS"
 _libc = ctypes.CDLL("libc.so.6", use_errno=True)
 
 
@@ -28,10 +32,13 @@ def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now (the kernel picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
-def wait_for_port(port: int, timeout: float, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
+def wait_for_port(
+    port: int, timeout: float, proc: subprocess.Popen[bytes] | None = None, log: Path | None = None
+) -> None:
     """Poll until something listens on 127.0.0.1:port; fail early if the process died."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -58,13 +65,19 @@ def spawn(
     death_signal: int = signal.SIGTERM,
     user: str | None = None,
     env: dict[str, str] | None = None,
-) -> subprocess.Popen:
+) -> subprocess.Popen[bytes]:
     """Start argv with output to `log`; the kernel signals it if this process dies, so no leftovers."""
+    if os.environ.get(NO_SERVERS_ENV):
+        raise RuntimeError(
+            f"{Path(argv[0]).name} started in a run without servers ({NO_SERVERS_ENV} is set, as `make test-fast` "
+            "does): mark the test `server` (pytest.mark.server), or use a server fixture (kube, postgres), "
+            "which marks it"
+        )
 
     def _die_with_parent() -> None:
         _libc.prctl(_PR_SET_PDEATHSIG, death_signal)
 
-    out = open(log, "ab")  # noqa: SIM115 - handed to the child, closed below
+    out = open(log, "ab")  # handed to the child, closed below
     try:
         return subprocess.Popen(
             argv,
@@ -80,7 +93,7 @@ def spawn(
         out.close()
 
 
-def stop(proc: subprocess.Popen | None, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
+def stop(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
     """Signal the process group, wait, then kill whatever is left."""
     if proc is None or proc.poll() is not None:
         return

@@ -113,7 +113,7 @@ def _structural(node: dict[str, Any], path: str, *, keep_defaults: bool) -> dict
     return {**{k: out[k] for k in first}, **{k: v for k, v in out.items() if k not in first}}
 
 
-def structural_schema(model: type[BaseModel], *, keep_defaults: bool = True, description: str = "") -> dict:
+def structural_schema(model: type[BaseModel], *, keep_defaults: bool = True, description: str = "") -> dict[str, Any]:
     """The structural OpenAPI v3 schema of `model` (camelCase keys, as the apiserver stores the object)."""
     raw = model.model_json_schema(by_alias=True, mode="validation")
     defs = raw.pop("$defs", {})

@@ -36,6 +36,7 @@ from domain.constants import (
     SINGULAR_SHARD,
     VERSION,
 )
+from domain.metadata import ObjectMeta
 from domain.naming import DNS1123_LABEL_RE, label_value
 from domain.settings import SETTINGS
 from infra.crds import crd_schemas
@@ -286,8 +287,8 @@ def rule_groups(rule: dict[str, Any]) -> dict[str, Any]:
 
 def object_key(obj: dict[str, Any]) -> tuple[str, str, str, str]:
     """(apiVersion, kind, namespace, name) of a manifest."""
-    meta = obj.get("metadata", {})
-    return (obj["apiVersion"], obj["kind"], meta.get("namespace", ""), meta["name"])
+    meta = ObjectMeta.model_validate(obj["metadata"])
+    return (obj["apiVersion"], obj["kind"], meta.namespace or "", meta.name)
 
 
 class _Dumper(yaml.SafeDumper):

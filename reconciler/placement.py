@@ -72,7 +72,7 @@ class PlacementIndex:
         self._lock = threading.Lock()
         self._candidates: dict[str, ShardCandidate] = {}
         self._counts: Counter[str] = Counter()
-        self._usable: dict[str, SortedList] = {}  # engine -> SortedList of (count, name)
+        self._usable: dict[str, SortedList[tuple[int, str]]] = {}  # engine -> SortedList of (count, name)
         self._entries: dict[str, tuple[str, tuple[int, str]]] = {}  # shard -> (engine, its entry)
 
     def watch(self, shards: Informer, databases: Informer) -> PlacementIndex:

@@ -69,7 +69,7 @@ def _coalesced(controller: Controller, keys: Callable[[dict[str, Any]], list[str
     work queue keeps the earliest pending time of a key).
     """
 
-    def handler(event_type: str, old: dict | None, new: dict | None) -> None:
+    def handler(event_type: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         for obj in (old, new):
             if obj is not None:
                 for key in keys(obj):
@@ -182,7 +182,7 @@ def register_controllers(
 
     db_controller.watch(secrets, credentials_owner)
 
-    def on_shard(event_type: str, old: dict | None, new: dict | None) -> None:
+    def on_shard(event_type: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         if _shard_inputs(old) == _shard_inputs(new):
             return  # e.g. only databaseCount changed: nothing for the databases
         name = (new or old or {}).get("metadata", {}).get("name")

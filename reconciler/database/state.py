@@ -23,15 +23,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from domain.conditions import Condition, condition_is_true, find_condition, with_condition, without_condition
 from domain.specs import DatabaseSpec
-from domain.status import (
-    Condition,
-    DatabaseStatus,
-    condition_is_true,
-    find_condition,
-    with_condition,
-    without_condition,
-)
+from domain.status import DatabaseStatus
 
 
 def _now() -> datetime:
@@ -71,7 +65,8 @@ class Database:
 
     @property
     def meta(self) -> dict[str, Any]:
-        return self.db["metadata"]
+        meta: dict[str, Any] = self.db["metadata"]
+        return meta
 
     @property
     def name(self) -> str:

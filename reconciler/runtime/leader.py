@@ -166,7 +166,7 @@ class LeaderElector:
         try:
             assert self.on_started_leading is not None
             self.on_started_leading()
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("%r: on_started_leading failed", self)
 
     def _renew_until_lost(self) -> None:
@@ -194,7 +194,7 @@ class LeaderElector:
         if self.on_resumed_leading is not None:
             try:
                 self.on_resumed_leading()
-            except Exception:  # noqa: BLE001 - the lease is ours either way
+            except Exception:  # the lease is ours either way
                 log.exception("%r: on_resumed_leading failed", self)
 
     def _stop_leading(self) -> None:
@@ -204,7 +204,7 @@ class LeaderElector:
         if self.on_stopped_leading is not None:
             try:
                 self.on_stopped_leading()
-            except Exception:  # noqa: BLE001 - must not keep us "leading"
+            except Exception:  # must not keep us "leading"
                 log.exception("%r: on_stopped_leading failed", self)
 
     def _holder(self) -> str | None:

@@ -58,6 +58,8 @@ SELECT current_setting('server_version_num')::int, rolname, rolsuper, rolcreated
 def read_provisioner(conn: psycopg.Connection) -> ProvisionerInfo:
     """The catalog read itself, on a plain connection and without a bound (used inside operations)."""
     row = conn.execute(_INSPECT).fetchone()
+    if row is None:  # the session's own role always exists
+        raise RuntimeError("the provisioner query returned no row")
     return ProvisionerInfo(*row)
 
 

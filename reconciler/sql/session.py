@@ -58,11 +58,11 @@ def _fenced_cursor(fence: Fence) -> type[psycopg.Cursor]:
     """A cursor class that calls `fence()` before it sends anything (installed as cursor_factory)."""
 
     class FencedCursor(psycopg.Cursor):
-        def execute(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        def execute(self, *args: Any, **kwargs: Any) -> Any:
             fence()
             return super().execute(*args, **kwargs)
 
-        def executemany(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        def executemany(self, *args: Any, **kwargs: Any) -> None:
             fence()
             return super().executemany(*args, **kwargs)
 
@@ -108,7 +108,7 @@ def connect_admin(
 
     Never log a raw connection error of psycopg: its `pgconn` attribute carries the password.
     """
-    tls: dict[str, str] = {}
+    tls: dict[str, Any] = {}  # psycopg.connect takes them as **kwargs
     if endpoint.sslmode != SslMode.DISABLE:
         tls["channel_binding"] = "require"
     if endpoint.sslrootcert is not None:

@@ -40,6 +40,7 @@ import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 from psycopg import errors as pgerrors
@@ -292,8 +293,8 @@ def _ensure_membership(conn: psycopg.Connection, name: str, role_oid: int) -> No
                               AND m.set_option)
             """,
             {"role": role_oid},
-        ).fetchone()
-        if not row[0]:
+        )
+        if not _only_row(row)[0]:
             conn.execute(
                 sql.SQL("GRANT {} TO CURRENT_USER WITH SET TRUE, INHERIT FALSE").format(_ident(name))
             )
@@ -306,8 +307,8 @@ def _ensure_membership(conn: psycopg.Connection, name: str, role_oid: int) -> No
                    (SELECT rolinherit FROM pg_catalog.pg_roles WHERE rolname = current_user)
             """,
             {"role": role_oid},
-        ).fetchone()
-        member, inherit = row
+        )
+        member, inherit = _only_row(row)
         if inherit:
             raise _refuse(
                 errors.INVALID_PROVISIONER,
@@ -317,8 +318,8 @@ def _ensure_membership(conn: psycopg.Connection, name: str, role_oid: int) -> No
         if not member:
             conn.execute(sql.SQL("GRANT {} TO CURRENT_USER").format(_ident(name)))
     # Whatever the dialect or the server's createrole_self_grant: never hold the tenant's privileges.
-    row = conn.execute("SELECT pg_catalog.pg_has_role(current_user, %(role)s::oid, 'USAGE')", {"role": role_oid})
-    if row.fetchone()[0]:
+    has_role = conn.execute("SELECT pg_catalog.pg_has_role(current_user, %(role)s::oid, 'USAGE')", {"role": role_oid})
+    if _only_row(has_role)[0]:
         raise _refuse(
             errors.INVALID_PROVISIONER,
             "the provisioner role inherits the tenant role's privileges (check NOINHERIT and "
@@ -363,6 +364,14 @@ SELECT pg_catalog.pg_terminate_backend(pid) FROM pg_catalog.pg_stat_activity
 """
 
 
+def _only_row(cursor: psycopg.Cursor[tuple[Any, ...]]) -> tuple[Any, ...]:
+    """The row of a query that always returns exactly one (SELECT EXISTS ..., a function call)."""
+    row = cursor.fetchone()
+    if row is None:
+        raise RuntimeError("the query returned no row")
+    return row
+
+
 def _one_statement(statement: sql.Composed) -> Callable[[psycopg.Connection], None]:
     def body(conn: psycopg.Connection) -> None:
         conn.execute(statement)
@@ -375,8 +384,8 @@ def _has_sessions(conn: psycopg.Connection, role_oid: int) -> bool:
         "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity"
         " WHERE usesysid = %(role)s AND pid <> pg_catalog.pg_backend_pid())",
         {"role": role_oid},
-    ).fetchone()
-    return bool(row[0])
+    )
+    return bool(_only_row(row)[0])
 
 
 # -- provisioning steps (each: check the catalog, then at most its own statements) --------------

@@ -13,12 +13,14 @@ from pathlib import Path
 import kubernetes
 import psutil
 import psycopg
+import pytest
 import requests
 
 from tests.support.common import wait_for
 from tests.support.dev_command import read_env_file, wait_ready_line
 
 
+@pytest.mark.server  # `dbprovider dev` starts an apiserver and a PostgreSQL server
 def test_dev_runs_the_consumer_flow_and_stops_cleanly(tmp_path: Path) -> None:
     state = tmp_path / "state"
     proc = subprocess.Popen(
