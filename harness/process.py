@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -28,12 +30,38 @@ def built_dir(build_script: Path, override_env: str) -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
+# Ports handed to servers that bind them later. The kernel's own choice (bind to port 0) comes from the
+# ephemeral range, which every outgoing connection on the machine also draws from: between our check and
+# the server's bind, a client socket could take it ("Address already in use", seen with two xdist
+# workers). So the ports come from below that range, and each is claimed with a lock file that this
+# process holds until it exits, so concurrent test processes never pick the same one.
+_PORT_RANGE = (20000, 32000)
+_PORT_LOCKS = Path(os.environ.get("TMPDIR", "/tmp")) / "dbprovider-ports"
+_claimed: dict[int, int] = {}  # port -> fd of its lock file, held for the life of this process
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now (the kernel picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
+    """A TCP port on 127.0.0.1 that is free now, outside the ephemeral range, and claimed by this process."""
+    _PORT_LOCKS.mkdir(mode=0o777, exist_ok=True)
+    for _ in range(1000):
+        port = random.randrange(*_PORT_RANGE)
+        if port in _claimed:
+            continue
+        fd = os.open(_PORT_LOCKS / str(port), os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue  # another test process holds it
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                os.close(fd)
+                continue  # something outside our runs listens there
+        _claimed[port] = fd
         return port
+    raise RuntimeError(f"no free port in {_PORT_RANGE} after 1000 tries")
 
 
 def wait_for_port(
