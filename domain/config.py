@@ -321,8 +321,10 @@ class ApiConfig(ConfigModel):
     header_timeout: ApiTimeout = timedelta(seconds=10)
     body_timeout: ApiTimeout = timedelta(seconds=10)
     idle_timeout: ApiTimeout = timedelta(seconds=30)
+    request_timeout: ApiTimeout = timedelta(seconds=10)
     max_connections: Annotated[StrictInt, Field(ge=1, le=100_000)] = 1000
     max_connections_per_client: Annotated[StrictInt, Field(ge=1, le=100_000)] = 100
+    max_requests_per_consumer: Annotated[StrictInt, Field(ge=1, le=1000)] = 8
 
 
 # -- end of api ------------------------------------------------------------------------------------------

@@ -20,12 +20,14 @@ def test_defaults_reach_the_server() -> None:
         "idle_timeout": 30.0,
         "max_connections": 1000,
         "max_connections_per_client": 100,
+        "request_timeout": 10.0,
+        "max_requests_per_consumer": 8,
     }
 
 
 def test_values_are_read_and_dumped_as_written() -> None:
-    api = {"headerTimeout": "5s", "bodyTimeout": "1m", "idleTimeout": "2m30s", "maxConnections": 50,
-           "maxConnectionsPerClient": 5}
+    api = {"headerTimeout": "5s", "bodyTimeout": "1m", "idleTimeout": "2m30s", "requestTimeout": "20s",
+           "maxConnections": 50, "maxConnectionsPerClient": 5, "maxRequestsPerConsumer": 3}
     config = load_install_config({**MINIMAL, "api": api})
     assert front_door_options(config.api) == {
         "header_timeout": 5.0,
@@ -33,6 +35,8 @@ def test_values_are_read_and_dumped_as_written() -> None:
         "idle_timeout": 150.0,
         "max_connections": 50,
         "max_connections_per_client": 5,
+        "request_timeout": 20.0,
+        "max_requests_per_consumer": 3,
     }
     assert config.model_dump(by_alias=True, mode="json")["api"] == api  # what the rendered ConfigMap holds
 
@@ -46,6 +50,8 @@ def test_values_are_read_and_dumped_as_written() -> None:
         ({"idleTimeout": "2h"}, "api.idleTimeout"),
         ({"maxConnections": 0}, "api.maxConnections"),
         ({"maxConnectionsPerClient": "10"}, "api.maxConnectionsPerClient"),
+        ({"requestTimeout": "0"}, "api.requestTimeout"),
+        ({"maxRequestsPerConsumer": 0}, "api.maxRequestsPerConsumer"),
         ({"headertimeout": "5s"}, "api.headertimeout"),
     ],
 )
