@@ -6,7 +6,7 @@ close the gaps request smuggling is built from: a request whose framing is ambig
 and its connection closed, never guessed at. tests/unit/test_http1_differential.py holds them against
 h11 and llhttp: no byte stream makes this parser see a request that either of them frames differently.
 
-- request line `METHOD SP origin-form SP HTTP/1.0|HTTP/1.1`, CRLF line ends only (a bare LF or CR is
+- request line `METHOD SP origin-form SP HTTP/1.0|HTTP/1.1` (METHOD one of `METHODS`), CRLF line ends only (a bare LF or CR is
   refused as soon as it arrives), no obs-fold;
 - header names are tokens (no space before the colon); names with `_` are dropped, as nginx does
   (in WSGI's HTTP_* keys `X_A` would alias `X-A`);
@@ -24,12 +24,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_TOKEN_RE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 token
+_TOKEN = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"  # RFC 9110 token
+_TOKEN_RE = re.compile(_TOKEN)
 _TARGET_RE = re.compile(rb"/[!-~]*")  # origin-form: visible ASCII, no spaces or controls
 _VALUE_BAD_RE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # CTLs except HTAB
 _DECIMAL_RE = re.compile(rb"[0-9]{1,18}")
-_CHUNK_SIZE_RE = re.compile(rb"([0-9A-Fa-f]{1,8})(;[!-~\t ]*)?")
+_QUOTED = rb'"(?:[\t !#-\[\]-~]|\\[\t -~])*"'
+# chunk-size *( ";" token [ "=" ( token / quoted-string ) ] ), no whitespace (as llhttp requires)
+_CHUNK_SIZE_RE = re.compile(rb"([0-9A-Fa-f]{1,8})(?:;" + _TOKEN + rb"(?:=(?:" + _TOKEN + rb"|" + _QUOTED + rb"))?)*")
 MAX_HEADERS = 100  # header fields, and trailer fields, per request
+# The methods a request may have (others are refused: the references do not frame them alike).
+METHODS = frozenset({b"GET", b"HEAD", b"POST", b"PUT", b"DELETE", b"OPTIONS", b"PATCH"})
 MAX_CHUNK_LINE = 1024  # a chunk-size line with its extensions
 DEFAULT_MAX_CHUNKS = 1024
 # Fields that frame or route a request: never accepted as trailers (RFC 9110 section 6.5.1).
@@ -93,8 +98,8 @@ def parse_head(block: bytes) -> RequestHead:
     if len(parts) != 3:
         raise BadRequest("malformed request line", code="requestLine")
     method, target, version = parts
-    if not _TOKEN_RE.fullmatch(method):
-        raise BadRequest("malformed method", code="requestLine")
+    if method not in METHODS:
+        raise BadRequest("unknown method", 501 if _TOKEN_RE.fullmatch(method) else 400, code="requestLine")
     if version not in (b"HTTP/1.1", b"HTTP/1.0"):
         raise BadRequest("unsupported HTTP version", 505 if version.startswith(b"HTTP/") else 400, code="version")
     if not _TARGET_RE.fullmatch(target):

@@ -88,6 +88,7 @@ _ERROR_CODES = {
     413: "payload_too_large",
     431: "headers_too_large",
     500: "internal_error",
+    501: "not_implemented",
     503: "unavailable",
     505: "http_version_not_supported",
 }
