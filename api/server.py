@@ -389,8 +389,10 @@ class ApiServer:
             except OSError as exc:
                 self.events.accept_failed(exc)
                 if exc.errno in (errno.EMFILE, errno.ENFILE) and (victim := self.limits.evict_one()) is not None:
-                    self._evict(victim)  # its descriptor is freed as its task ends
-                    await asyncio.sleep(0)
+                    self._evict(victim)  # out of descriptors: free one, as at maxConnections
+                    if victim.task is not None:
+                        await asyncio.wait({victim.task}, timeout=0.5)
+                    await asyncio.sleep(0)  # the transport closes its socket on the next turn
                     continue
                 await asyncio.sleep(0.1)  # instead of spinning
                 continue

@@ -10,9 +10,12 @@ from __future__ import annotations
 import re
 import socket
 import ssl
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +27,7 @@ from harness.attacks import HostileClients
 from tests.api.support import ApiEnv, Consumer, Served, new_token, sha256_hex
 from tests.support.common import wait_for
 
+REPO = Path(__file__).resolve().parents[2]
 ATTACK_SOURCES = tuple(f"127.0.0.{n}" for n in range(2, 10))
 PROBE_TIMEOUT = 3  # a kubelet probe's timeout
 
@@ -322,6 +326,32 @@ def test_legitimate_requests_succeed_while_attackers_fill_the_server(env: ApiEnv
             wait_for(lambda: attack.opened >= 24, timeout=30, what="the attack connections")
             statuses = [status for _ in range(10) for status in legit_round(env, base, consumer)]
     assert statuses == [200] * 30
+
+
+def test_legitimate_requests_succeed_when_file_descriptors_run_out(env: ApiEnv) -> None:
+    """A server with 24 descriptors to spare, 48 idle TLS attackers: accept() fails with EMFILE, the
+    server frees a descriptor by closing the heaviest client's oldest waiting connection, and every
+    legitimate request succeeds; the accept errors are logged with their errno, rate-limited."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tests.api.fd_limited_server", str(env.cert_file), str(env.key_file), "24"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, text=True,
+    )
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        base = f"https://127.0.0.1:{port}"
+        with HostileClients(port, idle=48, sources=ATTACK_SOURCES) as attack:
+            wait_for(lambda: attack.opened >= 60, timeout=30, what="the attackers to run into the limit")
+            statuses = []
+            for _ in range(20):
+                response = requests.get(base + "/healthz", verify=str(env.ca_file), timeout=PROBE_TIMEOUT)
+                statuses.append(response.status_code)
+    finally:
+        _, errors = server.communicate("", timeout=30)
+    assert statuses == [200] * 20
+    accept_errors = [line for line in errors.splitlines() if "accept failed" in line]
+    assert accept_errors and "EMFILE" in accept_errors[0]
+    assert len(accept_errors) <= 3  # the first at once, then one every 10 s with a count
 
 
 # -- framing ----------------------------------------------------------------------------------------
