@@ -7,6 +7,7 @@ legitimate client from 127.0.0.1, so the per-address cap is exercised only where
 
 from __future__ import annotations
 
+import logging
 import re
 import socket
 import ssl
@@ -354,6 +355,65 @@ def test_legitimate_requests_succeed_when_file_descriptors_run_out(env: ApiEnv) 
     assert len(accept_errors) <= 3  # the first at once, then one every 10 s with a count
 
 
+# -- probes and deadlines -------------------------------------------------------------------------
+
+
+def test_probes_never_wait_behind_app_requests(env: ApiEnv, consumer: Consumer) -> None:
+    """Every worker thread busy with a slow request (a slow apiserver): /healthz and /readyz still
+    answer within a kubelet probe's timeout, so the pod is not restarted for being loaded."""
+    with Served(slow_app(env.components.app, 4), env, threads=2) as base:
+        slow = [threading.Thread(target=bearer_get, args=(base, env, consumer.token, "?slow")) for _ in range(6)]
+        for thread in slow:
+            thread.start()
+        time.sleep(0.5)
+        for _ in range(3):
+            for path in ("/healthz", "/readyz"):
+                started = time.monotonic()
+                assert requests.get(base + path, verify=str(env.ca_file), timeout=PROBE_TIMEOUT).status_code == 200
+                assert time.monotonic() - started < 1.5
+        for thread in slow:
+            thread.join(30)
+
+
+def test_a_stuck_handler_answers_503_at_the_request_deadline(
+    env: ApiEnv, consumer: Consumer, caplog: pytest.LogCaptureFixture
+) -> None:
+    registry = CollectorRegistry()
+    with Served(slow_app(env.components.app, 4), env, request_timeout=1, registry=registry) as base:
+        started = time.monotonic()
+        response = bearer_get(base, env, consumer.token, "?slow")
+        assert time.monotonic() - started < 3
+        assert response.status_code == 503
+        assert response.headers["Retry-After"] == "1"
+        assert response.json()["error"] == "unavailable"
+        assert bearer_get(base, env, consumer.token).status_code == 200  # the next request is served
+    assert registry.get_sample_value("dbprovider_api_requests_refused_total", {"reason": "requestTimeout"}) == 1
+    warnings = [r.getMessage() for r in caplog.records if r.name == "api.server" and r.levelno == logging.WARNING]
+    assert any("answered 503" in m and "127.0.0.1" in m for m in warnings)
+
+
+def broken_app(kind: str) -> Any:
+    def app(environ: dict[str, Any], start_response: Any) -> Any:
+        if kind == "status":
+            start_response("abc", [("Content-Type", "application/json")])
+        elif kind == "header":
+            start_response("200 OK", [("X-Name", "caf\u00e9\u2603")])
+        else:
+            start_response("200 OK", [("Content-Type", "text/plain")])
+            return ["not bytes"]
+        return [b"{}"]
+
+    return app
+
+
+@pytest.mark.parametrize("kind", ["status", "header", "body"])
+def test_an_answer_the_app_cannot_give_becomes_500_with_a_json_body(env: ApiEnv, kind: str) -> None:
+    with Served(broken_app(kind), env) as base:
+        response = requests.get(base + "/anything", verify=str(env.ca_file), timeout=10)
+    assert response.status_code == 500
+    assert response.json() == {"error": "internal_error", "message": "internal error"}
+
+
 # -- framing ----------------------------------------------------------------------------------------
 
 NEXT = b"GET /healthz HTTP/1.1\r\nHost: api\r\n\r\n"  # must never be answered after a refused request
@@ -374,6 +434,10 @@ FRAMING_CASES = {
     "space before colon": b"GET /healthz HTTP/1.1\r\nHost: api\r\nContent-Length : 0\r\n\r\n",
     "bare LF": b"GET /healthz HTTP/1.1\nHost: api\r\n\r\n",
     "no Host on 1.1": b"GET /healthz HTTP/1.1\r\nX-A: 1\r\n\r\n",
+    "two Hosts on 1.0": b"GET /healthz HTTP/1.0\r\nHost: a\r\nHost: b\r\nConnection: keep-alive\r\n\r\n",
+    "trailer ended by a bare LF": b"POST /healthz HTTP/1.1\r\nHost: api\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"0\r\n\n",
+    "junk trailer": b"POST /healthz HTTP/1.1\r\nHost: api\r\nTransfer-Encoding: chunked\r\n\r\n0\r\njunk\r\n\r\n",
     "bad chunk size": b"POST /healthz HTTP/1.1\r\nHost: api\r\nTransfer-Encoding: chunked\r\n\r\n"
     b"0x2\r\nab\r\n0\r\n\r\n",
 }
