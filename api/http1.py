@@ -32,11 +32,12 @@ _DECIMAL_RE = re.compile(rb"[0-9]{1,18}")
 _QUOTED = rb'"(?:[\t !#-\[\]-~]|\\[\t -~])*"'
 # chunk-size *( ";" token [ "=" ( token / quoted-string ) ] ), no whitespace (as llhttp requires)
 _CHUNK_SIZE_RE = re.compile(rb"([0-9A-Fa-f]{1,8})(?:;" + _TOKEN + rb"(?:=(?:" + _TOKEN + rb"|" + _QUOTED + rb"))?)*")
+_CHUNK_LINE_RE = re.compile(_CHUNK_SIZE_RE.pattern + rb"\r\n")  # the fast path: a whole, valid size line
 MAX_HEADERS = 100  # header fields, and trailer fields, per request
 # The methods a request may have (others are refused: the references do not frame them alike).
 METHODS = frozenset({b"GET", b"HEAD", b"POST", b"PUT", b"DELETE", b"OPTIONS", b"PATCH"})
 MAX_CHUNK_LINE = 1024  # a chunk-size line with its extensions
-DEFAULT_MAX_CHUNKS = 1024
+DEFAULT_MAX_CHUNKS = 256
 # Fields that frame or route a request: never accepted as trailers (RFC 9110 section 6.5.1).
 _NOT_TRAILERS = frozenset({b"content-length", b"transfer-encoding", b"host", b"connection", b"expect"})
 
@@ -109,6 +110,8 @@ def parse_head(block: bytes) -> RequestHead:
     headers: list[tuple[str, str]] = []
     for line in lines[1:]:
         name, value = _field(line)
+        if line.endswith(b"\t") and name.lower() in (b"transfer-encoding", b"content-length"):
+            raise BadRequest("a tab after a framing field's value", code="transferEncoding")  # llhttp refuses it
         if b"_" in name:
             continue  # dropped, as nginx does: in WSGI's HTTP_* keys it would alias a name with '-'
         headers.append((name.decode("ascii").lower(), value.decode("latin-1")))
@@ -198,8 +201,23 @@ class ChunkedBody:
     def feed(self, data: bytearray) -> int:
         """Decode what `data` holds from its start; returns the number of bytes consumed."""
         position = 0
+        match_line = _CHUNK_LINE_RE.match
         while not self.done:
             if self._state == self._SIZE:
+                whole = match_line(data, position)  # fast path: a valid size line and its whole chunk
+                if whole is not None and (size := int(whole.group(1), 16)):
+                    start = whole.end()
+                    end = start + size
+                    if len(data) >= end + 2:
+                        if data[end : end + 2] != b"\r\n":
+                            raise BadRequest("chunk without its CRLF", code="chunk")
+                        self.chunks += 1
+                        if self.chunks > self.max_chunks:
+                            raise BadRequest(f"more than {self.max_chunks} chunks", 413, code="tooManyChunks")
+                        self._account(end + 2 - position)
+                        self.body += data[start:end]
+                        position = end + 2
+                        continue
                 line = self._line(data, position, "chunk size")
                 if line is None:
                     break

@@ -146,6 +146,7 @@ SMUGGLING = {
     "TE after a bare LF": POST + b"X: y\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
     "TE with the colon on the next line": POST + b"Transfer-Encoding\n: chunked\r\n\r\n0\r\n\r\n",
     "TE folded": POST + b"X: y\r\n Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    "TE with a tab after it": POST + b"Transfer-Encoding: chunked\t\r\n\r\n5\r\nabcde\r\n0\r\n\r\n",
     "TE with a vertical tab": POST + b"Transfer-Encoding: \x0bchunked\r\n\r\n0\r\n\r\n",
     "TE on HTTP/1.0": b"POST /a HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
     "CL twice, different": POST + b"Content-Length: 0\r\nContent-Length: 5\r\n\r\nGET /",
