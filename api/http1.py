@@ -6,8 +6,8 @@ close the gaps request smuggling is built from: a request whose framing is ambig
 and its connection closed, never guessed at. tests/unit/test_http1_differential.py holds them against
 h11 and llhttp: no byte stream makes this parser see a request that either of them frames differently.
 
-- request line `METHOD SP origin-form SP HTTP/1.0|HTTP/1.1` (METHOD one of `METHODS`), CRLF line ends only (a bare LF or CR is
-  refused as soon as it arrives), no obs-fold;
+- request line `METHOD SP origin-form SP HTTP/1.0|HTTP/1.1` (METHOD one of `METHODS`), CRLF line ends
+  only (a bare LF or CR is refused as soon as it arrives), no obs-fold;
 - header names are tokens (no space before the colon); names with `_` are dropped, as nginx does
   (in WSGI's HTTP_* keys `X_A` would alias `X-A`);
 - `Content-Length` at most once, decimal digits only (`1_0`, `+2`, `2, 2` are refused);

@@ -262,14 +262,15 @@ def requests_(draw: st.DrawFn) -> bytes:
             extension = draw(st.sampled_from([b"", b";a", b";a=b", b';q="x"']))
             body += b"%x%s\r\n%s\r\n" % (len(data), extension, data)
         body += b"0\r\n"
-        body += b"".join(b"%s: %s\r\n" % pair for pair in draw(st.lists(st.tuples(_TRAILER_NAMES, _VALUES), max_size=2)))
+        trailers = draw(st.lists(st.tuples(_TRAILER_NAMES, _VALUES), max_size=2))
+        body += b"".join(b"%s: %s\r\n" % pair for pair in trailers)
         body += b"\r\n"
     lines = [b"%s %s %s" % (method, target, version)] + [b"%s: %s" % (n, v) for n, v in headers]
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
 
-_DANGEROUS = [b"\r", b"\n", b"\r\n", b" ", b"\t", b":", b";", b"0", b"\x00", b"\x0b", b"a", b"Transfer-Encoding: chunked\r\n",
-              b"Content-Length: 3\r\n", b"Host: b\r\n", b"0\r\n\r\n"]
+_DANGEROUS = [b"\r", b"\n", b"\r\n", b" ", b"\t", b":", b";", b"0", b"\x00", b"\x0b", b"a",
+              b"Transfer-Encoding: chunked\r\n", b"Content-Length: 3\r\n", b"Host: b\r\n", b"0\r\n\r\n"]
 
 
 @st.composite
