@@ -457,7 +457,7 @@ class ApiServer:
             async with asyncio.timeout(self.header_timeout):
                 try:
                     await channel.handshake()
-                except (ssl.SSLError, ConnectionError):
+                except ssl.SSLError:  # not TLS, or no suite in common (a client that just closes is not counted)
                     raise _Dropped("tlsHandshake") from None
                 head = await self._read_head(channel, parser)
         except TimeoutError:
