@@ -206,8 +206,13 @@ class Lanes:
         else:
             self._take(lane)
         loop = asyncio.get_running_loop()
+
+        def finished(_: object) -> None:
+            if not loop.is_closed():  # after the server stopped, nobody counts any more
+                loop.call_soon_threadsafe(self._finished, lane)
+
         future = self.executor.submit(fn, *args)
-        future.add_done_callback(lambda _: loop.call_soon_threadsafe(self._finished, lane))
+        future.add_done_callback(finished)
         return await asyncio.wrap_future(future)
 
     def _free(self, lane: str) -> bool:

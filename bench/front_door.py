@@ -361,6 +361,71 @@ def _timed(frame: Callable[[bytes], None], data: bytes, count: int) -> float:
     return (time.perf_counter() - started) / count
 
 
+def probes_and_deadline(cert: Path, key: Path, ca: Path) -> list[list[str]]:
+    """The issue's case: 40 clients on a handler that takes 2 s keep all 16 workers busy; how long do
+    /healthz and /readyz take meanwhile, and when does a handler stuck for 60 s get its 503?"""
+    import threading
+
+    import falcon
+
+    from api.server import ApiServer
+    from harness.process import free_port
+
+    class Slow:
+        def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+            time.sleep(float(req.get_param("s") or 2))
+            resp.media = {"ok": True}
+
+    class Probe:
+        def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+            resp.media = {"status": "ok"}
+
+    slow_app = falcon.App()
+    slow_app.add_route("/slow", Slow())
+    slow_app.add_route("/healthz", Probe())
+    slow_app.add_route("/readyz", Probe())
+    port = free_port()
+    server = ApiServer(slow_app, "127.0.0.1", port, cert, key, threads=16).start()
+    context = ssl.create_default_context(cafile=str(ca))
+    stop = threading.Event()
+
+    def get(path: str, timeout: float) -> tuple[int, float]:
+        started = time.monotonic()
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as raw, context.wrap_socket(
+            raw, server_hostname="127.0.0.1"
+        ) as tls:
+            tls.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            data = b""
+            while chunk := tls.recv(65536):
+                data += chunk
+        return int(data[9:12]), time.monotonic() - started
+
+    def client() -> None:
+        while not stop.is_set():
+            try:
+                get("/slow?s=2", 30)
+            except OSError:
+                pass
+
+    clients = [threading.Thread(target=client, daemon=True) for _ in range(40)]
+    try:
+        for thread in clients:
+            thread.start()
+        time.sleep(3)
+        probes = [get(path, 3) for _ in range(10) for path in ("/healthz", "/readyz")]
+        stuck = get("/slow?s=60", 30)
+    finally:
+        stop.set()
+        server.stop()
+    worst = max(seconds for _, seconds in probes)
+    ok = sum(1 for status, _ in probes if status == 200)
+    return [
+        ["/healthz and /readyz while 40 clients keep the 16 workers busy with 2 s requests",
+         f"{ok} of {len(probes)} answered 200, slowest {worst * 1000:.0f} ms (kubelet timeout 3 s)"],
+        ["a handler stuck for 60 s (api.requestTimeout 10 s)", f"answered {stuck[0]} after {stuck[1]:.1f} s"],
+    ]
+
+
 def manager_run(args: argparse.Namespace) -> int:
     from bench.common import ManagerProcess, Stack, Target, log, report_targets
     from domain.settings import SETTINGS
@@ -369,6 +434,14 @@ def manager_run(args: argparse.Namespace) -> int:
     table("parsers: microseconds to frame one request (best of 5 rounds)", parser_figures(),
           ["parser", "PUT with a JSON body", "256 one-byte chunks"])
     stack = Stack("front-door")
+    from harness.certs import CertificateAuthority
+
+    ca_dir = Path(tempfile.mkdtemp(prefix="front-door-"))
+    bench_ca = CertificateAuthority(ca_dir, "bench")
+    bench_cert = bench_ca.issue_server("bench")
+    log("probes and the request deadline, on a bare app")
+    table("probes and the request deadline (a bare app with the front door's defaults)",
+          probes_and_deadline(bench_cert.cert_file, bench_cert.key_file, bench_ca.ca_file), ["case", "figure"])
     manager = None
     try:
         stack.start()
