@@ -63,8 +63,9 @@ from domain.settings import SETTINGS
 log = logging.getLogger(__name__)
 
 DEFAULT_THREADS = 16
-# The front door's guard; the app answers 413 from 16 KiB on (with metrics and a JSON body).
-DEFAULT_MAX_BODY_BYTES = 64 * 1024
+# The front door's guard on the wire: the app answers 413 from 16 KiB of body on (with metrics); this
+# leaves room for a chunked body's size lines, and bounds what a connection in the middle of a body holds.
+DEFAULT_MAX_BODY_BYTES = 24 * 1024
 DEFAULT_MAX_HEADER_BYTES = 16 * 1024
 # Deadlines and connection bounds: the install config's `api` defaults (one place: domain/config.py).
 _API_DEFAULTS = ApiConfig()
@@ -82,8 +83,9 @@ RETRY_AFTER_SECONDS = 1
 _HELD_BY = "dbprovider.consumer_held"  # environ: the consumer whose request slot this request holds
 # TLS 1.2 suites: forward secrecy and AEAD only (TLS 1.3 suites are all AEAD).
 TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
-# After a refused request: drop the client's further input for up to 2 s, until it pauses for 0.2 s.
-LINGER_SECONDS, LINGER_QUIET, LINGER_READS = 2.0, 0.2, 32
+# After a refused request: drop the client's further input for up to 2 s, until it pauses for 0.2 s or
+# has sent 64 KiB more (a client streaming junk costs its decryption, so that is bounded too).
+LINGER_SECONDS, LINGER_QUIET, LINGER_BYTES = 2.0, 0.2, 64 * 1024
 _ERROR_CODES = {
     413: "payload_too_large",
     431: "headers_too_large",
@@ -594,11 +596,14 @@ class ApiServer:
         """Read and drop what the client is still sending (briefly): closing a socket with unread
         input resets it, and a reset can destroy the answer before the client has read it."""
         try:
+            dropped = 0
             async with asyncio.timeout(LINGER_SECONDS):
-                for _ in range(LINGER_READS):
+                while dropped < LINGER_BYTES:
                     async with asyncio.timeout(LINGER_QUIET):
-                        if not await channel.receive():
-                            return
+                        data = await channel.receive()
+                    if not data:
+                        return
+                    dropped += len(data)
         except (TimeoutError, ConnectionError, ssl.SSLError, OSError):
             return
 
