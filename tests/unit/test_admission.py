@@ -12,7 +12,13 @@ from api.admission import Connections, ConsumerRequests, Lanes, State
 
 
 def run(coroutine):  # type: ignore[no-untyped-def]
-    return asyncio.run(coroutine)
+    """On a loop of its own: asyncio.run() would leave the main thread without an event loop, and the
+    Pulumi mocks of tests/generator ask for the current one."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coroutine)
+    finally:
+        loop.close()
 
 
 def test_over_the_address_bound_connections_park_and_start_in_order() -> None:
