@@ -233,16 +233,27 @@ def run_attacker(kind: str, port: int, seconds: float) -> None:
     print(f"{kind}: {attack.opened} connections opened", file=sys.stderr)
 
 
-def attacked(port: int, ca: Path, token: str, seconds: float, kind: str | None) -> dict[str, Any]:
-    """The legitimate client for `seconds`, alone or with attack `kind` running in its own process."""
+def attacked(port: int, ca: Path, token: str, seconds: float, kind: str | None, server: int) -> dict[str, Any]:
+    """The legitimate client for `seconds`, alone or with attack `kind` running in its own process;
+    with the server's (pid `server`) CPU seconds meanwhile."""
+    import psutil
+
+    process = psutil.Process(server)
+
+    def measured() -> dict[str, Any]:
+        before = sum(process.cpu_times()[:2])
+        run = legit(port, ca, seconds, "/v1/databases", token)
+        run["server_cpu"] = sum(process.cpu_times()[:2]) - before
+        return run
+
     if kind is None:
-        return legit(port, ca, seconds, "/v1/databases", token)
+        return measured()
     argv = [sys.executable, "-m", "bench.front_door", "--attacker", kind, "--port", str(port),
             "--seconds", str(seconds + 4)]
     attacker = subprocess.Popen(["nice", "-n", "10", *argv], cwd=Path(__file__).resolve().parents[1])
     try:
         time.sleep(3)  # the attackers connect
-        return legit(port, ca, seconds, "/v1/databases", token)
+        return measured()
     finally:
         attacker.terminate()
         attacker.wait(30)
@@ -461,14 +472,14 @@ def manager_run(args: argparse.Namespace) -> int:
         if "attacks" in parts:
             manager = ManagerProcess(stack)
             manager.wait_leading(stack.admin_rest())
-            targets += attack_ratios(args, manager.api_port, stack.dev.ca_file, stack.dev.token)
+            targets += attack_ratios(args, manager.api_port, stack.dev.ca_file, stack.dev.token, manager.pid)
         report_targets(targets)
     finally:
         stack.close(manager)
     return 0
 
 
-def attack_ratios(args: argparse.Namespace, port: int, ca: Path, token: str) -> list[Any]:
+def attack_ratios(args: argparse.Namespace, port: int, ca: Path, token: str, server: int) -> list[Any]:
     """Rounds of alone / attacked / alone per attack; the medians of the ratios as target lines."""
     from bench.common import Target, log
 
@@ -476,7 +487,7 @@ def attack_ratios(args: argparse.Namespace, port: int, ca: Path, token: str) -> 
     for n in range(args.rounds):
         for kind in ATTACKS:
             log(f"round {n}: alone, then under the {kind} attack, then alone")
-            runs = [attacked(port, ca, token, args.seconds, k) for k in (None, kind, None)]
+            runs = [attacked(port, ca, token, args.seconds, k, server) for k in (None, kind, None)]
             alone_rate = statistics.mean(r["ok"] for r in (runs[0], runs[2])) / args.seconds
             alone_p99 = statistics.mean(percentile(r["latencies"], 99) for r in (runs[0], runs[2]))
             hostile = runs[1]
@@ -484,12 +495,15 @@ def attack_ratios(args: argparse.Namespace, port: int, ca: Path, token: str) -> 
             p99 = percentile(hostile["latencies"], 99) if hostile["latencies"] else float("inf")
             ratios[kind]["throughput"].append(rate / alone_rate)
             ratios[kind]["p99"].append(p99 / alone_p99)
+            alone_cpu = statistics.mean(100 * r["server_cpu"] / args.seconds for r in (runs[0], runs[2]))
             rows.append([n, kind, f"{alone_rate:.1f}", f"{rate:.1f}", hostile["failed"],
                          f"{alone_p99 * 1000:.0f}", f"{p99 * 1000:.0f}",
-                         f"{rate / alone_rate:.2f}x", f"{p99 / alone_p99:.2f}x", f"{os.getloadavg()[0]:.1f}"])
+                         f"{rate / alone_rate:.2f}x", f"{p99 / alone_p99:.2f}x",
+                         f"{alone_cpu:.0f}% / {100 * hostile['server_cpu'] / args.seconds:.0f}%",
+                         f"{os.getloadavg()[0]:.1f}"])
     table("legitimate authenticated GETs, a new TLS connection each (alone = mean of the runs before and after)",
           rows, ["round", "attack", "alone/s", "attacked/s", "failed", "alone p99 ms", "attacked p99 ms",
-                 "throughput", "p99", "load"])
+                 "throughput", "p99", "server CPU alone / attacked", "load"])
     targets = []
     for kind, figures in ratios.items():
         throughput, p99 = statistics.median(figures["throughput"]), statistics.median(figures["p99"])
