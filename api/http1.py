@@ -37,7 +37,7 @@ MAX_HEADERS = 100  # header fields, and trailer fields, per request
 # The methods a request may have (others are refused: the references do not frame them alike).
 METHODS = frozenset({b"GET", b"HEAD", b"POST", b"PUT", b"DELETE", b"OPTIONS", b"PATCH"})
 MAX_CHUNK_LINE = 1024  # a chunk-size line with its extensions
-DEFAULT_MAX_CHUNKS = 256
+DEFAULT_MAX_CHUNKS = 128
 # Fields that frame or route a request: never accepted as trailers (RFC 9110 section 6.5.1).
 _NOT_TRAILERS = frozenset({b"content-length", b"transfer-encoding", b"host", b"connection", b"expect"})
 

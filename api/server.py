@@ -84,8 +84,8 @@ _HELD_BY = "dbprovider.consumer_held"  # environ: the consumer whose request slo
 # TLS 1.2 suites: forward secrecy and AEAD only (TLS 1.3 suites are all AEAD).
 TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
 # After a refused request: drop the client's further input for up to 2 s, until it pauses for 0.2 s or
-# has sent 64 KiB more (a client streaming junk costs its decryption, so that is bounded too).
-LINGER_SECONDS, LINGER_QUIET, LINGER_BYTES = 2.0, 0.2, 64 * 1024
+# has sent 16 KiB more (a client streaming junk costs its decryption, so that is bounded too).
+LINGER_SECONDS, LINGER_QUIET, LINGER_BYTES = 2.0, 0.2, 16 * 1024
 _ERROR_CODES = {
     413: "payload_too_large",
     431: "headers_too_large",

@@ -331,7 +331,7 @@ def parser_figures(rounds: int = 5) -> list[list[str]]:
                + b"1\r\nx\r\n" * 256 + b"0\r\n\r\n")
 
     def ours(data: bytes) -> None:
-        parser = RequestParser(16384, 65536)
+        parser = RequestParser(16384, 65536, max_chunks=1024)
         for i in range(0, len(data), 16384):
             parser.feed(data[i : i + 16384])
             if parser.head() is not None and parser.body() is not None:
