@@ -86,6 +86,17 @@ class QuotaExceeded(
     """A create beyond Consumer.spec.maxDatabases."""
 
 
+class TooManyRequests(
+    ApiError,
+    status=falcon.HTTP_429,
+    code="too_many_requests",
+    message="too many requests of this consumer at once; retry after the time in Retry-After",
+):
+    """The consumer already has api.maxRequestsPerConsumer requests in progress (answered with Retry-After)."""
+
+    retry_after = 1
+
+
 class CredentialsUnavailable(
     ApiError,
     status=falcon.HTTP_503,
@@ -132,6 +143,8 @@ def _handle_api_error(req: falcon.Request, resp: falcon.Response, ex: ApiError, 
         _write_unauthorized(resp)
         return
     _write(resp, ex.status, ex.code, ex.message)
+    if isinstance(ex, TooManyRequests):
+        resp.set_header("Retry-After", str(ex.retry_after))
 
 
 def _handle_invalid_external_id(

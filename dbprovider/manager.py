@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import signal
 import socket
 import threading
@@ -32,6 +33,9 @@ from reconciler.setup import register_controllers
 
 log = logging.getLogger(__name__)
 CONNECTION_POOL_SIZE = 48  # one per watch plus the API's threads and the controllers' workers
+# File descriptors kept free of API connections: watches and apiserver connections (CONNECTION_POOL_SIZE),
+# shard sessions (about 5 per shard: its workers' sessions and the ping), metrics, log and TLS files.
+FD_RESERVE = 1024
 
 
 @dataclass
@@ -174,6 +178,29 @@ def run_manager(options: ManagerOptions, stop: threading.Event | None = None) ->
     return 0
 
 
+def raise_fd_limit(max_connections: int) -> str | None:
+    """Raise the soft RLIMIT_NOFILE to the hard limit; why api.maxConnections does not fit, or None.
+
+    A container starts with the runtime's soft limit (often 1024); API connections, watches and shard
+    sessions all need descriptors, and a process out of them fails everywhere at once.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the file descriptor limit from %s to %s (%s)", soft, hard, type(exc).__name__)
+    log.info("file descriptor limit %s", soft)
+    if soft != resource.RLIM_INFINITY and max_connections + FD_RESERVE > soft:
+        return (
+            f"api.maxConnections {max_connections} leaves no room for watches, shard sessions and metrics under the "
+            f"file descriptor limit of {soft} (it needs {FD_RESERVE} more): lower api.maxConnections to at most "
+            f"{max(soft - FD_RESERVE, 0)} or raise the container's RLIMIT_NOFILE"
+        )
+    return None
+
+
 def shard_ca_problem(path: str) -> str | None:
     """Why `path` cannot be the shard CA bundle (missing, unreadable, no PEM certificate), or None."""
     try:
@@ -211,6 +238,9 @@ def main_from_args(
     )
     if not Path(options.tls_cert).is_file():
         log.error("TLS certificate not found", extra={"path": options.tls_cert})
+        return 2
+    if (problem := raise_fd_limit(config.api.max_connections)) is not None:
+        log.error(problem)
         return 2
     if shard_ca_file is not None and (problem := shard_ca_problem(shard_ca_file)) is not None:
         # At startup, not as every verify-ca/-full shard turning Unreachable (tls_failed) later.

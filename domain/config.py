@@ -28,6 +28,7 @@ from pydantic import (
 
 from domain.constants import SIZE_CLASS_MAX_LENGTH
 from domain.naming import DNS1035_LABEL_RE, DNS1123_SUBDOMAIN_RE, LABEL_VALUE_MAX_LENGTH, LABEL_VALUE_RE
+from domain.settings import SETTINGS
 from domain.validation import ConfigModel, Namespace, ObjectName, SecretKey, validation_problems
 
 DEFAULT_NAMESPACE = "dbprovider"
@@ -315,14 +316,29 @@ def _check_api_timeout(value: timedelta) -> timedelta:
 ApiTimeout = Annotated[Duration, AfterValidator(_check_api_timeout)]
 
 
+def _check_max_connections(value: int) -> int:
+    """maxConnections times what a connection may cost must fit the pod's memory limit with room."""
+    pod = SETTINGS.pod
+    if value > pod.max_connections:
+        raise ValueError(
+            f"{value} connections of up to {pod.connection_bytes // 1024} KiB each need "
+            f"{value * pod.connection_bytes // 2**20} MiB, more than the {pod.connections_bytes // 2**20} MiB that "
+            f"the pod's memory limit of {pod.memory_limit_mib}Mi leaves beside the manager; at most "
+            f"{pod.max_connections}"
+        )
+    return value
+
+
 class ApiConfig(ConfigModel):
     """Deadlines and connection bounds of the consumer API's server (api/server.py, docs/api.md)."""
 
     header_timeout: ApiTimeout = timedelta(seconds=10)
     body_timeout: ApiTimeout = timedelta(seconds=10)
     idle_timeout: ApiTimeout = timedelta(seconds=30)
-    max_connections: Annotated[StrictInt, Field(ge=1, le=100_000)] = 1000
+    request_timeout: ApiTimeout = timedelta(seconds=10)
+    max_connections: Annotated[StrictInt, Field(ge=1), AfterValidator(_check_max_connections)] = 1000
     max_connections_per_client: Annotated[StrictInt, Field(ge=1, le=100_000)] = 100
+    max_requests_per_consumer: Annotated[StrictInt, Field(ge=1, le=1000)] = 8
 
 
 # -- end of api ------------------------------------------------------------------------------------------

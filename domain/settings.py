@@ -18,6 +18,7 @@ by changing this object (it is frozen).
     SETTINGS.watch                                  informer relist backoff, watch and request timeouts
     SETTINGS.shard_checks                           Shard ping intervals and timeouts
     SETTINGS.sql                                    SQL operation bounds and reconnect backoff
+    SETTINGS.pod                                    the Deployment's memory and what API connections may use
 
 A `Backoff` (base, factor, cap) is the one exponential scheme: the work queue, the informers' relist
 and the SQL reconnects each hold one, with different numbers.
@@ -188,6 +189,34 @@ class SqlTimings:
     blocked_attempts: int = 4
 
 
+_MIB = 2**20
+
+
+@dataclass(frozen=True)
+class PodResources:
+    """The manager container's memory (the Deployment's requests and limits), and the share of the limit
+    that API connections may take: what the install config's api.maxConnections is checked against.
+
+    The manager itself keeps `manager_room` (143 MB RSS at 10,000 Databases, docs/performance.md, with
+    room to grow); each connection is counted at `connection_bytes`, the worst kind measured by
+    `python -m bench.front_door` (a connection in the middle of a request body), rounded up.
+    """
+
+    memory_request_mib: int = 192
+    memory_limit_mib: int = 512
+    manager_room_mib: int = 256
+    connection_bytes: int = 96 * 1024
+
+    @property
+    def connections_bytes(self) -> int:
+        """The memory left for API connections."""
+        return (self.memory_limit_mib - self.manager_room_mib) * _MIB
+
+    @property
+    def max_connections(self) -> int:
+        return self.connections_bytes // self.connection_bytes
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything above, as one value (see the module docstring)."""
@@ -202,6 +231,7 @@ class Settings:
     watch: WatchTimings = field(default_factory=WatchTimings)
     shard_checks: ShardChecks = field(default_factory=ShardChecks)
     sql: SqlTimings = field(default_factory=SqlTimings)
+    pod: PodResources = field(default_factory=PodResources)
 
 
 SETTINGS = Settings()

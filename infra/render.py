@@ -228,6 +228,7 @@ def _context(config: InstallConfig, time_scale: int = 1) -> dict[str, Any]:
         "files": SETTINGS.files,
         "env": SETTINGS.env,
         "probes": SETTINGS.probes,
+        "pod": SETTINGS.pod,
         "uid": SETTINGS.run_as_uid,
     }
 
