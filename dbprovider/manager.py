@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
 import signal
 import socket
 import threading
@@ -25,6 +26,7 @@ from api.server import DEFAULT_THREADS, front_door_options
 from dbprovider.logs import configure_logging
 from domain.config import InstallConfig, load_install_config_file
 from domain.settings import SETTINGS
+from domain.version import __version__
 from reconciler.fleet_metrics import FleetCollector
 from reconciler.resources import DATABASES, SHARDS
 from reconciler.runtime import ControllerManager, MetricsServer, start_metrics_server
@@ -76,6 +78,15 @@ def kube_client(kubeconfig: str | None, identity: str | None = None) -> ApiClien
     return client
 
 
+def register_build_info(registry: prometheus_client.CollectorRegistry) -> None:
+    """`dbprovider_build_info{version, python} 1`: which release each replica runs (two versions at
+    once during a rollout; `count by (version)` shows how far it got)."""
+    build = prometheus_client.Info(
+        "dbprovider_build", "The release this replica runs (and its Python).", registry=registry
+    )
+    build.info({"version": __version__, "python": platform.python_version()})
+
+
 class Manager:
     """A running replica: `start()`, then `stop()` (from a signal handler's thread of choice)."""
 
@@ -108,6 +119,7 @@ class Manager:
         informers = self.controllers.informers
         shards, databases = informers.informer(SHARDS), informers.informer(DATABASES, options.namespace)
         registry.register(FleetCollector(shards.list, databases.list))
+        register_build_info(registry)
         self.api = build_api(
             options.config, informers, registry=registry, apiserver_reachable=self.controllers.apiserver_reachable
         )

@@ -38,6 +38,7 @@ from domain.constants import (
 )
 from domain.naming import DNS1123_LABEL_RE, label_value
 from domain.settings import SETTINGS
+from domain.version import __version__
 from infra.crds import crd_schemas
 
 TEMPLATES_DIR = Path(os.environ.get("DBPROVIDER_TEMPLATES") or Path(__file__).resolve().parent.parent / "templates")
@@ -55,6 +56,8 @@ MANIFEST_TEMPLATES = (
 PROMETHEUS_RULE_TEMPLATE = "prometheusrule.yaml.j2"
 
 LABEL_CLUSTER = f"{GROUP}/cluster"
+LABEL_VERSION = "app.kubernetes.io/version"
+METRICS_COMPONENT = {"app.kubernetes.io/component": "metrics"}
 WARNING_NO_CLUSTER = (
     "prometheusRule.cluster is not set: the alert rules match every cluster that reports this job, and "
     "DBProviderDown cannot notice one cluster's provider vanishing. Set prometheusRule.cluster to the "
@@ -100,7 +103,9 @@ def config_yaml(config: InstallConfig) -> str:
 
 
 def common_labels(config: InstallConfig) -> dict[str, str]:
-    return {**selector_labels(config), "app.kubernetes.io/part-of": "dbprovider"}
+    """On every object: the selector labels, the product and the release version that rendered it
+    (never in a selector: a selector cannot change, the version does with every upgrade)."""
+    return {**selector_labels(config), "app.kubernetes.io/part-of": "dbprovider", LABEL_VERSION: __version__}
 
 
 def selector_labels(config: InstallConfig) -> dict[str, str]:
@@ -198,7 +203,9 @@ def _context(config: InstallConfig, time_scale: int = 1) -> dict[str, Any]:
         "shard_secret_roles": shard_secret_roles,
         "common_labels": labels,
         "selector_labels": selector_labels(config),
-        "metrics_labels": {**labels, "app.kubernetes.io/component": "metrics"},
+        "metrics_labels": {**labels, **METRICS_COMPONENT},
+        # The ServiceMonitor's selector: no version in it (it would stop matching during a rollout).
+        "metrics_selector": {**selector_labels(config), **METRICS_COMPONENT},
         "rule_labels": rule_labels,
         "rule_name": prometheus_rule_name(config),
         "sel": promql_selector(config),
