@@ -10,3 +10,12 @@ in releases.yaml; CHANGELOG.md says what each one changed and what a user must d
 from __future__ import annotations
 
 __version__ = "0.2.0"
+
+
+def parse_version(version: str) -> tuple[int, int, int]:
+    """(major, minor, patch) of a `MAJOR.MINOR.PATCH` version; ValueError for anything else."""
+    parts = version.split(".")
+    if len(parts) != 3 or not all(part.isdigit() and (part == "0" or not part.startswith("0")) for part in parts):
+        raise ValueError(f"{version!r} is not a MAJOR.MINOR.PATCH version")
+    major, minor, patch = (int(part) for part in parts)
+    return major, minor, patch
