@@ -69,6 +69,10 @@ ANNOTATION_ROTATE_END_SESSIONS = f"{GROUP}/rotate-end-sessions"
 ANNOTATION_RESTORE_TENANT = f"{GROUP}/restore-tenant"
 FINALIZER_TENANT = f"{GROUP}/tenant"
 
+# On the leader Lease: which release holds it, and the lease duration replicas of that release (and
+# newer ones) honour; older releases see only spec.leaseDurationSeconds (reconciler.runtime.leader).
+ANNOTATION_LEADER = f"{GROUP}/leader"
+
 # On the credentials Secret: a random id that changes with every new password (never derived from
 # it). The Database's status.passwordApplied holds the id whose password is set on the role; while
 # the two differ, a new password is pending and the API does not hand it out.

@@ -33,6 +33,7 @@ from domain.constants import ANNOTATION_ROTATE_REQUESTED_AT, LABEL_CONSUMER
 from harness import KubeControlPlane, PostgresServer
 from informers import LEASES, SECRETS, Rest
 from reconciler.resources import CONSUMERS, DATABASES, SHARDS
+from reconciler.runtime.leader import lease_holder
 from tests.support.common import b64, decoded, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -245,7 +246,7 @@ class FaultStack:
 
     def holder(self) -> str | None:
         try:
-            return self.rest.get(LEASES, LEASE, NAMESPACE)["spec"].get("holderIdentity")
+            return lease_holder(self.rest.get(LEASES, LEASE, NAMESPACE))
         except ApiException:
             return None
 
