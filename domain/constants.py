@@ -12,8 +12,16 @@ from dataclasses import dataclass
 from domain.settings import SETTINGS
 
 GROUP = "db.bnerd.com"
+# The version the provider reads and writes, and the storage version of the CRDs.
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
+# Every version the CRDs serve, with one schema (conversion None: the apiserver only rewrites
+# apiVersion). Same schema because a write through one version prunes what only the other one has.
+# v1alpha1 stays the storage version while a rollback to 0.1.0 (which serves only v1alpha1) must
+# work; docs/upgrade.md ("CRD versions") says how storage moves to v1beta1 later.
+SERVED_VERSIONS = ("v1alpha1", "v1beta1")
+STORAGE_VERSION = VERSION
+SERVED_API_VERSIONS = tuple(f"{GROUP}/{version}" for version in SERVED_VERSIONS)
 
 # Kinds, plurals (the REST resource names) and singulars, as the CRDs declare them.
 KIND_SHARD = "Shard"

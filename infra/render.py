@@ -31,10 +31,11 @@ from domain.constants import (
     KELDON_GROUP,
     KELDON_PLURAL_DATABASE_CLUSTERS,
     KINDS,
+    SERVED_VERSIONS,
     SINGULAR_CONSUMER,
     SINGULAR_DATABASE,
     SINGULAR_SHARD,
-    VERSION,
+    STORAGE_VERSION,
 )
 from domain.naming import DNS1123_LABEL_RE, label_value
 from domain.settings import SETTINGS
@@ -217,7 +218,7 @@ def _context(config: InstallConfig, time_scale: int = 1) -> dict[str, Any]:
         "service_monitor_interval": format_duration(monitor.interval),
         "service_monitor_timeout": format_duration(monitor.scrape_timeout) if monitor.scrape_timeout else "",
         "group": GROUP,
-        "version": VERSION,
+        "versions": [{"name": version, "storage": version == STORAGE_VERSION} for version in SERVED_VERSIONS],
         "plurals": {key: names.plural for key, names in KINDS.items()},
         "crd_kinds": [
             {"key": key, "kind": names.kind, "plural": names.plural, "singular": names.singular, "scope": scope}
