@@ -152,6 +152,7 @@ class DatabaseConditionType(enum.StrEnum):
     CONNECTION_LIMIT_DRIFT = "ConnectionLimitDrift"
     TENANT_DISABLED = "TenantDisabled"
     TENANT_DROPPED = "TenantDropped"
+    OWNERSHIP_RECORDED = "OwnershipRecorded"
 
 
 class DatabaseReason(enum.StrEnum):
@@ -171,6 +172,17 @@ class DatabaseReason(enum.StrEnum):
     DISABLE_FAILED = "DisableFailed"
     DROP_FAILED = "DropFailed"
     RESTORE_REFUSED = "RestoreRefused"
+
+
+class OwnershipReason(enum.StrEnum):
+    """Reasons of the OwnershipRecorded condition: does the tenant role's ownership record name this
+    Database (checked once per Ready database; tenants made before records existed are adopted)?"""
+
+    RECORDED = "Recorded"
+    ADOPTED = "Adopted"
+    FOREIGN_ROLE = "ForeignRole"
+    OWNED_BY_OTHER = "OwnedByOther"
+    TENANT_MISSING = "TenantMissing"
 
 
 class DriftReason(enum.StrEnum):
@@ -219,3 +231,4 @@ class EventReason(enum.StrEnum):
     DISABLED = "Disabled"
     DROPPED = "Dropped"
     DELETION_HELD = "DeletionHeld"
+    TENANT_ADOPTED = "TenantAdopted"
