@@ -440,7 +440,7 @@ def _ensure_owner(conn: psycopg.Connection, spec: TenantSpec, state: TenantState
         )
     problems = role_problems(evidence)
     if problems:
-        raise _refuse(errors.NAME_TAKEN, f"a role of this name exists that the provider did not make ({problems[0]})")
+        raise _refuse(errors.NAME_TAKEN, f"a role of this name exists that the provider did not make: {problems[0]}")
     _comment(conn, spec.name, spec.owner)
 
 
@@ -735,7 +735,7 @@ def role_problems(evidence: RoleEvidence) -> list[str]:
     if evidence.other_databases:
         problems.append("the role owns other databases")
     if evidence.provisioner_admin is False:
-        problems.append("the provisioner does not hold ADMIN on the role (it did not create it)")
+        problems.append("the provisioner does not hold ADMIN on the role, so it did not create it")
     return problems
 
 
