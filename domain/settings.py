@@ -100,6 +100,10 @@ class Probes:
 
     liveness: str = "/healthz"  # 200 while the process serves requests
     readiness: str = "/readyz"  # 200 once the caches synced and the apiserver answers
+    # A stopping pod keeps serving this long before it gets SIGTERM (the Deployment's preStop): the
+    # Service's endpoints drop it meanwhile, so no request is still routed to it when its API stops
+    # (a rolling update answers every request; measured in tests/upgrade).
+    pre_stop_seconds: int = 5
 
 
 @dataclass(frozen=True)
