@@ -203,17 +203,22 @@ def test_a_released_lease_goes_at_once_to_this_release_and_to_an_older_one_only_
     assert old.started()[0] - stopped >= OLDER_WAIT - RETRY
 
 
-def test_a_rollback_that_deletes_the_lease_before_the_older_release_starts_leads_at_once(
+def test_a_rollback_frees_the_lease_once_no_replica_of_this_release_is_left(
     previous: BuiltRelease, kubeconfig: Path, rest: Rest, namespace: str, started: list
 ) -> None:
+    """docs/upgrade.md, "Rolling back": the previous release's replicas come up beside this one's,
+    this release's go; then the Lease's holder is cleared and an old replica leads at once."""
     leader = _new(rest, namespace, "new-0", started)
     assert leader.wait_until_leading(10)
-    leader.stop()  # the Deployment scaled to 0 (docs/upgrade.md, "Rolling back")
-    rest.delete(LEASES, "lock", namespace)
-    begun = time.monotonic()
     old = _old(previous, kubeconfig, namespace, "old-0", started)
-    wait_for(old.leading, timeout=20, what="the older release to lead")
-    assert old.started()[0] - begun < OLDER_WAIT  # its start-up (a few seconds), no waiting on the Lease
+    time.sleep(LEASE)
+    leader.stop()  # the last replica of this release goes
+    time.sleep(2 * LEASE)
+    assert not old.started()
+    rest.patch(LEASES, "lock", {"spec": {"holderIdentity": None}}, namespace)
+    freed = time.monotonic()
+    wait_for(old.leading, timeout=10, what="the older release to lead once the Lease is free")
+    assert old.started()[0] - freed < 3 * RETRY + 1
 
 
 def test_a_replica_waits_for_a_newer_release_as_the_previous_release_waits_for_this_one(
