@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from dbprovider import consumer_cmd, lint
+from dbprovider import consumer_cmd, lint, upgrade_check
 from dbprovider.clitools import subcommand
 from domain.settings import SETTINGS
 from domain.version import __version__
@@ -133,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     consumer_cmd.add_parser(commands)
     lint.add_parser(commands)
+    upgrade_check.add_parser(commands)
     return parser
 
 

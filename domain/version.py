@@ -19,3 +19,7 @@ def parse_version(version: str) -> tuple[int, int, int]:
         raise ValueError(f"{version!r} is not a MAJOR.MINOR.PATCH version")
     major, minor, patch = (int(part) for part in parts)
     return major, minor, patch
+
+
+# The release this one upgrades from directly (the newest in releases.yaml; tests/upgrade checks it).
+UPGRADES_FROM = "0.1.0"

@@ -430,18 +430,24 @@ def _ensure_owner(conn: psycopg.Connection, spec: TenantSpec, state: TenantState
         return
     if state.owner is not None:
         raise _refuse(errors.NAME_TAKEN, "the tenant role carries another Database's ownership record")
+    problem = unrecorded_role_problem(conn, state)
+    if problem is not None:
+        raise _refuse(errors.NAME_TAKEN, problem)
+    _comment(conn, spec.name, spec.owner)
+
+
+def unrecorded_role_problem(conn: psycopg.Connection, state: TenantState) -> str | None:
+    """Why provisioning must not take over the role of the tenant's name, which has no ownership
+    record (None: the provisioner provably made it, and it is a plain tenant role)."""
     assert state.role_oid is not None
     evidence = read_role_evidence(conn, state.role_oid)
     if evidence.provisioner_admin is None:
-        raise _refuse(
-            errors.NAME_TAKEN,
+        return (
             "a role of this name exists without an ownership record; before PostgreSQL 16 the provider cannot "
-            "tell who made it",
+            "tell who made it"
         )
     problems = role_problems(evidence)
-    if problems:
-        raise _refuse(errors.NAME_TAKEN, f"a role of this name exists that the provider did not make: {problems[0]}")
-    _comment(conn, spec.name, spec.owner)
+    return f"a role of this name exists that the provider did not make: {problems[0]}" if problems else None
 
 
 def ensure_membership(conn: psycopg.Connection, spec: TenantSpec) -> None:
@@ -784,6 +790,20 @@ def inspect_ownership(conn: psycopg.Connection, name: str, owner: OwnerRecord, c
         return OwnershipCheck(Ownership.MISSING, ("there is no role and database of this name",))
     problems = ownership_problems(state, read_role_evidence(conn, state.role_oid), connection_limit)
     return OwnershipCheck(Ownership.FOREIGN if problems else Ownership.ADOPTABLE, tuple(problems))
+
+
+def inspect_provisioning(conn: psycopg.Connection, name: str, owner: OwnerRecord) -> OwnershipCheck:
+    """The verdict on tenant `name` for a Database still to be provisioned (reads only): what
+    `ensure_tenant` will find. MISSING (nothing there yet) is the usual case."""
+    state = read_state(conn, name)
+    if not state.role_exists:
+        return OwnershipCheck(Ownership.MISSING)
+    if state.owner == owner:
+        return OwnershipCheck(Ownership.RECORDED)
+    if state.owner is not None:
+        return OwnershipCheck(Ownership.OTHER_OWNER, ("the role's ownership record names another Database",))
+    problem = unrecorded_role_problem(conn, state)
+    return OwnershipCheck(Ownership.ADOPTABLE) if problem is None else OwnershipCheck(Ownership.FOREIGN, (problem,))
 
 
 def confirm_ownership(

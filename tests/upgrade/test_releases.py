@@ -14,7 +14,7 @@ import sys
 import yaml
 
 from domain.config import load_install_config
-from domain.version import __version__, parse_version
+from domain.version import UPGRADES_FROM, __version__, parse_version
 from harness.releases import REPO, build, load_releases, previous_release
 from infra.render import render_manifests
 
@@ -97,3 +97,7 @@ def test_the_previous_release_is_built_from_its_commit_and_runs():
 def test_the_served_api_document_names_the_release():
     document = yaml.safe_load((REPO / "api" / "openapi.yaml").read_text())
     assert document["info"]["version"] == __version__
+
+
+def test_the_release_the_check_upgrades_from_is_the_newest_recorded() -> None:
+    assert UPGRADES_FROM == previous_release().version
