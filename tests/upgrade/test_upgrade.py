@@ -382,6 +382,8 @@ def test_6_rolling_back_to_the_previous_release_as_the_docs_say(
     # Objects that carry the field this release added are read by the previous one.
     shard = cluster.rest.get(SHARDS, "upg-pg-a")
     assert (condition(shard, "Ready") or {}).get("status") == "True"
+    print("\nupgrade: after the rollback, shard description:", shard["spec"].get("description"),
+          "consumer description:", cluster.rest.get(CONSUMERS, TEAM_A)["spec"].get("description"))
     _no_problems(unannounced_sql(cluster, world))  # the previous release runs nothing on Ready ones
     fresh = Case("after-rollback", TEAM_A, "Ready", "Provisioned")
     world.cases[fresh.external_id] = fresh
@@ -402,6 +404,9 @@ def test_7_the_upgrade_again_after_the_rollback(
     cluster.rolling_update(new)
     wait_for(lambda: cluster.holder() in {r.name for r in cluster.running(new.version)}, 60, "a new replica to lead")
     _wait_no_problems(lambda: _ownership_confirmed(cluster, world), "the ownership check of every Ready database")
+    print("\nupgrade: after the upgrade again, shard description:",
+          cluster.rest.get(SHARDS, "upg-pg-a")["spec"].get("description"),
+          "consumer description:", cluster.rest.get(CONSUMERS, TEAM_A)["spec"].get("description"))
     assert kubectl_get(cluster, "v1beta1") == kubectl_get(cluster, "v1alpha1")
     _no_problems(kept(cluster, world))
     _no_problems(unannounced_sql(cluster, world))
