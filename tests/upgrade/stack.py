@@ -312,9 +312,17 @@ class ProcessCluster:
 
     def start_replica(self, runtime: Runtime) -> Replica:
         """A new replica of `runtime`'s release; it joins the Service once Ready."""
-        replica = Replica(self, runtime, f"{RELEASE}-{runtime.version.replace('.', '-')}-{next(self._names)}")
-        self.replicas.append(replica)
-        replica.wait_ready()
+        name = f"{RELEASE}-{runtime.version.replace('.', '-')}-{next(self._names)}"
+        for attempt in range(3):  # a port picked free may be taken by another process before the bind
+            replica = Replica(self, runtime, name)
+            self.replicas.append(replica)
+            try:
+                replica.wait_ready()
+                break
+            except AssertionError:
+                if attempt == 2 or "Address already in use" not in replica.log.read_text(errors="replace"):
+                    raise
+                replica.kill()
         with self._lock:
             self.endpoints.append(replica)
         return replica
