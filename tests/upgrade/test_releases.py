@@ -15,7 +15,7 @@ import yaml
 
 from domain.config import load_install_config
 from domain.version import UPGRADES_FROM, __version__, parse_version
-from harness.releases import REPO, build, load_releases, previous_release
+from harness.releases import REPO, build, ensure_commit, load_releases, previous_release
 from infra.render import render_manifests
 
 CHANGELOG = REPO / "CHANGELOG.md"
@@ -33,6 +33,7 @@ def test_every_release_is_a_commit_of_this_history_and_this_checkout_is_newer():
     assert releases[0].version == "0.1.0"
     assert releases[0].commit.startswith("2392321")
     for release in releases:
+        ensure_commit(release.commit)  # a shallow clone (CI's may be one) fetches the history first
         found = subprocess.run(
             ["git", "-C", str(REPO), "cat-file", "-t", release.commit], capture_output=True, text=True
         )
