@@ -49,9 +49,13 @@ _OUTCOMES: dict[Ownership, tuple[bool, OwnershipReason, str]] = {
         OwnershipReason.ADOPTED,
         "the tenant was made before ownership records existed; its record now names this Database",
     ),
-    Ownership.FOREIGN: (False, OwnershipReason.FOREIGN_ROLE, "the tenant role has no ownership record and"),
-    Ownership.OTHER_OWNER: (False, OwnershipReason.OWNED_BY_OTHER, "the tenant role's ownership record names"),
-    Ownership.MISSING: (False, OwnershipReason.TENANT_MISSING, "the tenant is not on its shard:"),
+    Ownership.FOREIGN: (False, OwnershipReason.FOREIGN_ROLE, "the tenant role has no ownership record, and"),
+    Ownership.OTHER_OWNER: (
+        False,
+        OwnershipReason.OWNED_BY_OTHER,
+        "the tenant role's ownership record names another Database; nothing was changed",
+    ),
+    Ownership.MISSING: (False, OwnershipReason.TENANT_MISSING, "the tenant's role or database is not on its shard"),
 }
 
 
@@ -78,8 +82,8 @@ class OwnershipConfirmation:
         if check is None:
             return Result(requeue_after=RETRY)
         recorded, reason, message = _OUTCOMES[check.verdict]
-        if check.problems:
-            message = f"{message} {'; '.join(check.problems)}"
+        if check.verdict == Ownership.FOREIGN:
+            message = f"{message} {'; '.join(check.problems)}; nothing was changed"
         before = database.reason(DatabaseConditionType.OWNERSHIP_RECORDED)
         database.set_condition(DatabaseConditionType.OWNERSHIP_RECORDED, recorded, reason, message)
         if check.verdict == Ownership.ADOPTED:

@@ -18,14 +18,7 @@ from reconciler.resources import DATABASES
 from reconciler.sql.tenant import OwnerRecord
 from tests.reconciler.conftest import NAMESPACE, Fleet, condition, event_reasons, wait_events
 from tests.support.common import wait_for
-
-
-def _comment(postgres: PostgresServer, role: str) -> str | None:
-    with postgres.superuser_connection() as su:
-        row = su.execute(
-            "SELECT shobj_description(oid, 'pg_authid') FROM pg_roles WHERE rolname = %s", (role,)
-        ).fetchone()
-    return row[0] if row else None
+from tests.support.postgres import role_comment
 
 
 def _as_superuser(postgres: PostgresServer, statement: str, role: str) -> None:
@@ -70,7 +63,7 @@ def test_a_ready_tenant_made_before_records_is_adopted_once_with_an_event(
         name, lambda d: (condition(d, "OwnershipRecorded") or {}).get("reason") == "Adopted", what="adoption"
     )
     tenant = db["status"]["tenantName"]
-    assert OwnerRecord.parse(_comment(postgres, tenant)) == OwnerRecord(
+    assert OwnerRecord.parse(role_comment(postgres, tenant)) == OwnerRecord(
         db["spec"]["consumer"], db["metadata"]["uid"]
     )
     wait_events(admin_rest, name, {"TenantAdopted"})
@@ -107,7 +100,7 @@ def test_a_role_that_is_not_the_providers_work_is_reported_and_left_alone(
     assert recorded["status"] == "False" and "createdb" in recorded["message"]
     assert refused["status"]["phase"] == "Ready" and condition(refused, "Ready")["status"] == "True"
     wait_events(admin_rest, name, {"ForeignRole"})
-    assert _comment(postgres, tenant) is None  # nothing written to the shard
+    assert role_comment(postgres, tenant) is None  # nothing written to the shard
     assert _logs_in(fleet, postgres, name)
     assert "TenantAdopted" not in event_reasons(admin_rest, name)
 

@@ -22,19 +22,13 @@ from reconciler.sql.tenant import (
     tenant_state,
 )
 from tests.sql.helpers import StatementLog, admin_endpoint, can_connect
-from tests.support.postgres import drop_as_superuser
+from tests.support.postgres import drop_as_superuser, role_comment
 
 OWNER = OwnerRecord("consumer-a", "6f1b3c1e-0000-4000-8000-000000000001")
 SUCCESSOR = OwnerRecord("consumer-a", "6f1b3c1e-0000-4000-8000-000000000002")
 INTRUDER = OwnerRecord("consumer-b", "6f1b3c1e-0000-4000-8000-000000000003")
 
 
-def _role_comment(postgres: PostgresServer, name: str) -> str | None:
-    with postgres.superuser_connection() as su:
-        row = su.execute(
-            "SELECT shobj_description(oid, 'pg_authid') FROM pg_roles WHERE rolname = %s", (name,)
-        ).fetchone()
-    return row[0] if row else None
 
 
 @pytest.fixture
@@ -45,7 +39,7 @@ def owned(admin: AdminSession, tenant: TenantSpec) -> TenantSpec:
 
 
 def test_a_new_tenant_role_carries_its_owner(postgres: PostgresServer, admin: AdminSession, owned: TenantSpec) -> None:
-    assert OwnerRecord.parse(_role_comment(postgres, owned.name)) == OWNER
+    assert OwnerRecord.parse(role_comment(postgres, owned.name)) == OWNER
     assert tenant_state(admin, owned.name).owner == OWNER
 
 
@@ -57,7 +51,7 @@ def test_a_tenant_cannot_rewrite_its_own_record(postgres: PostgresServer, owned:
                     sql.Identifier(owned.name), sql.Literal(INTRUDER.comment())
                 )
             )
-    assert OwnerRecord.parse(_role_comment(postgres, owned.name)) == OWNER
+    assert OwnerRecord.parse(role_comment(postgres, owned.name)) == OWNER
 
 
 def test_provisioning_records_a_recordless_tenant_only_where_it_can_prove_it_made_it(
@@ -66,16 +60,16 @@ def test_provisioning_records_a_recordless_tenant_only_where_it_can_prove_it_mad
     """An attempt by a build before records existed left the role: from 16 on the provisioner holds
     ADMIN on what it created and finishes it; before 16 that proof does not exist: name_taken."""
     ensure_tenant(admin, tenant)  # no owner: as the provider did before
-    assert _role_comment(postgres, tenant.name) is None
+    assert role_comment(postgres, tenant.name) is None
 
     if postgres.major >= 16:
         ensure_tenant(admin, replace(tenant, owner=OWNER))
-        assert OwnerRecord.parse(_role_comment(postgres, tenant.name)) == OWNER
+        assert OwnerRecord.parse(role_comment(postgres, tenant.name)) == OWNER
         return
     with pytest.raises(SqlFailure) as failure:
         ensure_tenant(admin, replace(tenant, owner=OWNER))
     assert failure.value.error_class == "name_taken" and "before PostgreSQL 16" in str(failure.value)
-    assert _role_comment(postgres, tenant.name) is None
+    assert role_comment(postgres, tenant.name) is None
 
 
 def test_provisioning_never_adopts_a_foreign_role_of_the_tenant_name(
@@ -87,7 +81,7 @@ def test_provisioning_never_adopts_a_foreign_role_of_the_tenant_name(
     with pytest.raises(SqlFailure) as failure:
         ensure_tenant(admin, replace(tenant, owner=OWNER))
     assert failure.value.error_class == "name_taken"
-    assert _role_comment(postgres, tenant.name) is None
+    assert role_comment(postgres, tenant.name) is None
     state = tenant_state(admin, tenant.name)
     assert not state.database_exists
     with postgres.superuser_connection() as su:  # and no membership was granted to the provisioner
@@ -117,13 +111,13 @@ class TestClaim:
         claim_tenant(admin, owned.name, SUCCESSOR, released)
 
         assert asked == [OWNER]
-        assert OwnerRecord.parse(_role_comment(postgres, owned.name)) == SUCCESSOR
+        assert OwnerRecord.parse(role_comment(postgres, owned.name)) == SUCCESSOR
         assert can_connect(postgres, owned.name, owned.password, owned.name)  # nothing else changed
 
     def test_claiming_again_is_harmless(self, postgres: PostgresServer, admin: AdminSession, owned: TenantSpec) -> None:
         claim_tenant(admin, owned.name, SUCCESSOR, lambda record: True)
         claim_tenant(admin, owned.name, SUCCESSOR, lambda record: False)  # its own record: no question asked
-        assert OwnerRecord.parse(_role_comment(postgres, owned.name)) == SUCCESSOR
+        assert OwnerRecord.parse(role_comment(postgres, owned.name)) == SUCCESSOR
 
     @pytest.mark.parametrize(
         ("claimant", "released", "why"),
@@ -152,7 +146,7 @@ class TestClaim:
                 assert failure.value.error_class == "restore_refused" and why in str(failure.value)
                 keywords = {s.keyword for s in log.statements(logged_postgres.PROVISIONER)}
                 assert keywords <= {"BEGIN", "SELECT", "ROLLBACK"}, keywords
-                assert OwnerRecord.parse(_role_comment(logged_postgres, owned.name)) == OWNER
+                assert OwnerRecord.parse(role_comment(logged_postgres, owned.name)) == OWNER
                 assert can_connect(logged_postgres, owned.name, owned.password, owned.name)
             finally:
                 drop_as_superuser(logged_postgres, owned.name)
@@ -218,7 +212,7 @@ class TestConfirm:
     ) -> None:
         legacy = _legacy(admin, tenant)
         assert confirm_ownership(admin, legacy.name, OWNER, legacy.connection_limit).verdict == Ownership.ADOPTED
-        assert OwnerRecord.parse(_role_comment(postgres, legacy.name)) == OWNER
+        assert OwnerRecord.parse(role_comment(postgres, legacy.name)) == OWNER
         assert confirm_ownership(admin, legacy.name, OWNER, legacy.connection_limit).verdict == Ownership.RECORDED
         assert can_connect(postgres, legacy.name, legacy.password, legacy.name)  # nothing else changed
 
@@ -239,7 +233,7 @@ class TestConfirm:
         _as_superuser(postgres, alter, legacy.name)
         check = confirm_ownership(admin, legacy.name, OWNER, legacy.connection_limit)
         assert check.verdict == Ownership.FOREIGN and any(why in p for p in check.problems), check
-        assert _role_comment(postgres, legacy.name) is None
+        assert role_comment(postgres, legacy.name) is None
 
     def test_a_role_made_by_somebody_else_is_foreign_from_16_on_even_in_the_providers_shape(
         self, postgres: PostgresServer, admin: AdminSession, tenant: TenantSpec
@@ -263,7 +257,7 @@ class TestConfirm:
         self, postgres: PostgresServer, admin: AdminSession, owned: TenantSpec, tenant: TenantSpec
     ) -> None:
         assert confirm_ownership(admin, owned.name, SUCCESSOR, 5).verdict == Ownership.OTHER_OWNER
-        assert OwnerRecord.parse(_role_comment(postgres, owned.name)) == OWNER
+        assert OwnerRecord.parse(role_comment(postgres, owned.name)) == OWNER
         drop_as_superuser(postgres, owned.name)
         assert confirm_ownership(admin, owned.name, OWNER, 5).verdict == Ownership.MISSING
         assert tenant_state(admin, owned.name).absent

@@ -15,13 +15,11 @@ same phases and invariants can run on the one-node Kubernetes with pods.
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -34,20 +32,19 @@ from kubernetes.client.exceptions import ApiException
 from dbprovider.kubeapply import Applier
 from domain.constants import API_VERSION, CORE_API_VERSION, KIND_CONSUMER, KIND_SECRET, KIND_SHARD
 from domain.credentials import encode_secret_value
-from harness import KubeControlPlane, PostgresServer
+from harness import PostgresServer
 from harness.certs import CertificateAuthority
-from harness.process import free_port
 from harness.releases import REPO, BuiltRelease
 from informers import LEASES, SECRETS, Rest
 from reconciler.resources import CONSUMERS, SHARDS
 from reconciler.runtime.leader import lease_holder
-from tests.support.common import wait_for
+from tests.support.audit import audited_control_plane, controller_writes
+from tests.support.manager_process import ManagerProcess
 
 RELEASE = "upg"
 NAMESPACE = "upg-system"
 SHARD_SECRETS_NAMESPACE = "upg-shards"
 LEASE = f"{RELEASE}-manager"
-CONTROLLER_AGENT = "dbprovider-controllers/"  # + replica name: the controllers' writes in the audit log
 
 # The install values both releases render from (keys of 0.1.0; every later release reads them too).
 VALUES: dict[str, Any] = {
@@ -61,17 +58,6 @@ VALUES: dict[str, Any] = {
     # Deleting databases must still be Deleting after the upgrade: retention outlasts the test.
     "softDelete": {"retention": "1h"},
 }
-
-AUDIT_POLICY = """\
-apiVersion: audit.k8s.io/v1
-kind: Policy
-omitStages: ["RequestReceived"]
-rules:
-  - level: None
-    verbs: ["get", "list", "watch"]
-  - level: Metadata
-"""
-
 
 @dataclass(frozen=True)
 class Runtime:
@@ -111,76 +97,23 @@ def built_release(built: BuiltRelease) -> Runtime:
     return Runtime(built.release.version, (str(built.root / "venv" / "bin" / "dbprovider"),), built.env(), built.root)
 
 
-class Replica:
-    """One `dbprovider manager` process of a release; its name is its Lease identity."""
+class Replica(ManagerProcess):
+    """One `dbprovider manager` process of a release."""
 
     def __init__(self, cluster: ProcessCluster, runtime: Runtime, name: str) -> None:
+        super().__init__(name, cluster.root / f"{name}.log", str(cluster.ca_file))
         self.runtime = runtime
-        self.name = name
-        self.api_port, self.metrics_port = free_port(), free_port()
-        self.log = cluster.root / f"{name}.log"
-        env = {
-            **runtime.env,
-            "DBPROVIDER_TLS_CERT": str(cluster.tls_cert),
-            "DBPROVIDER_TLS_KEY": str(cluster.tls_key),
-            "POD_NAME": name,
-        }
+        self.stopped_at: float | None = None  # when it got SIGTERM or SIGKILL
+        env = {**runtime.env, "DBPROVIDER_TLS_CERT": str(cluster.tls_cert), "DBPROVIDER_TLS_KEY": str(cluster.tls_key)}
         argv = [
             *runtime.prefix, "manager",
-            "--config", str(cluster.config_files[runtime.version]),
+            "--config", str(cluster.config_file),
             "--kubeconfig", str(cluster.manager_kubeconfig),
             "--api-port", str(self.api_port),
             "--metrics-port", str(self.metrics_port),
             "--admin-host-override", "127.0.0.1",
         ]
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=runtime.cwd, start_new_session=True
-            )
-        self.ca = str(cluster.ca_file)
-        self.stopped_at: float | None = None  # when it got SIGTERM or SIGKILL
-
-    def url(self, path: str) -> str:
-        return f"https://127.0.0.1:{self.api_port}{path}"
-
-    def ready(self) -> bool:
-        try:
-            return requests.get(self.url("/readyz"), verify=self.ca, timeout=3).status_code == 200
-        except requests.RequestException:
-            return False
-
-    def wait_ready(self, timeout: float = 90) -> None:
-        def ready() -> bool:
-            assert self.proc.poll() is None, f"{self.name} exited: {self.log.read_text()[-3000:]}"
-            return self.ready()
-
-        wait_for(ready, timeout, f"{self.name} ({self.runtime.version}) /readyz 200")
-
-    def metrics(self) -> str:
-        return requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).text
-
-    def stop(self) -> None:
-        """SIGTERM, as the kubelet does (the replica releases the Lease); SIGKILL after 60 s."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=30)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=30)
-
-    def events(self) -> Iterator[dict[str, Any]]:
-        for line in self.log.read_text(errors="replace").splitlines():
-            if line.startswith("{"):
-                try:
-                    yield json.loads(line)
-                except ValueError:
-                    continue
+        self.spawn(argv, env, runtime.cwd)
 
 
 @dataclass
@@ -202,7 +135,7 @@ class ProcessCluster:
         self.namespace = NAMESPACE
         self.replicas: list[Replica] = []
         self.endpoints: list[Replica] = []  # the Service's ready endpoints
-        self.config_files: dict[str, Path] = {}
+        self.config_file = root / "config.yaml"  # the mounted ConfigMap
         self.pre_stop: dict[str, float] = {}  # release -> its Deployment's preStop delay (seconds)
         self.manifests: dict[str, list[dict[str, Any]]] = {}
         self._round_robin = itertools.count()
@@ -212,17 +145,7 @@ class ProcessCluster:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> ProcessCluster:
-        kube_dir = self.root / "kube"
-        kube_dir.mkdir(parents=True)
-        policy = kube_dir / "audit-policy.yaml"
-        policy.write_text(AUDIT_POLICY)
-        self.audit_log = kube_dir / "audit.log"
-        self.kube = KubeControlPlane(
-            workdir=kube_dir,
-            extra_args=[
-                f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}", "--audit-log-mode=blocking",
-            ],
-        ).start()
+        self.kube, self.audit_log = audited_control_plane(self.root / "kube")
         self._client = self.kube.admin_client()
         self.rest = Rest(self._client)
         logged = {"log_min_duration_statement": "0"}
@@ -255,14 +178,14 @@ class ProcessCluster:
     def install(self, runtime: Runtime) -> list[dict[str, Any]]:
         """`runtime`'s rendered install, applied: the CRDs first (until Established), then the rest.
 
-        Its ConfigMap's config.yaml is what this release's replicas read.
+        Its ConfigMap's config.yaml is what every replica started from now on reads, whatever its
+        release: a pod mounts the ConfigMap by name, so an old pod restarted mid-rollout reads the
+        new one.
         """
         manifests = runtime.render(self.values_file)
         Applier(self.rest).apply_all(manifests)
         config_map = next(m for m in manifests if m["kind"] == "ConfigMap")
-        path = self.root / f"config-{runtime.version}.yaml"
-        path.write_text(config_map["data"]["config.yaml"])
-        self.config_files[runtime.version] = path
+        self.config_file.write_text(config_map["data"]["config.yaml"])
         self.manifests[runtime.version] = manifests
         self.pre_stop[runtime.version] = _pre_stop_seconds(manifests)
         return manifests
@@ -401,20 +324,4 @@ class ProcessCluster:
     def controller_writes(self) -> list[tuple[datetime, str, str]]:
         """(time, replica, "verb resource/name") of every write the controllers made (the Lease and
         Events excluded), from the audit log."""
-        writes = []
-        for line in self.audit_log.read_text(errors="replace").splitlines():
-            entry = json.loads(line)
-            agent = entry.get("userAgent") or ""
-            ref = entry.get("objectRef") or {}
-            code = (entry.get("responseStatus") or {}).get("code") or 0
-            if (
-                agent.startswith(CONTROLLER_AGENT)
-                and entry.get("verb") in ("create", "update", "patch", "delete")
-                and ref.get("resource") not in ("leases", "events")
-                and 200 <= code < 300
-            ):
-                when = datetime.fromisoformat(entry["requestReceivedTimestamp"].replace("Z", "+00:00"))
-                resource = ref.get("resource") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
-                writes.append((when, agent[len(CONTROLLER_AGENT):], f"{entry['verb']} {resource}/{ref.get('name')}"))
-        return writes
-
+        return [(w.when, w.replica, w.what) for w in controller_writes(self.audit_log) if " events/" not in w.what]

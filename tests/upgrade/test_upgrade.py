@@ -26,6 +26,7 @@ from domain.version import __version__
 from harness.releases import BuiltRelease
 from informers import LEASES
 from reconciler.resources import CONSUMERS, DATABASES, SHARDS
+from tests.support.audit import leading_intervals
 from tests.support.common import condition, wait_for
 from tests.upgrade.history import History
 from tests.upgrade.scenario import (
@@ -177,11 +178,7 @@ def test_2_the_crds_and_the_install_first_while_the_previous_release_runs(
 
 def _leading_since(replica: Replica) -> list[datetime]:
     """When `replica` started leading, from its own log."""
-    return [
-        datetime.fromisoformat(e["time"].replace("Z", "+00:00"))
-        for e in replica.events()
-        if e.get("message", "").endswith(": started leading")
-    ]
+    return [start for start, _ in leading_intervals(replica)]
 
 
 def _handovers(replicas: list[Replica]) -> list[float]:
@@ -300,12 +297,7 @@ def test_4_after_the_upgrade_nothing_is_lost_and_everything_works(
         wait_for(lambda c=case: cluster.rest.get(DATABASES, c.name, NAMESPACE)["status"].get("phase") == "Ready",
                  180, f"{case.external_id}: placed once shards accept again")
         _refresh(cluster, world, case, "Ready", "Provisioned")
-    fresh = Case("after-upgrade", TEAM_A, "Ready", "Provisioned")
-    world.cases[fresh.external_id] = fresh
-    assert cluster.call(world.tokens[TEAM_A], "PUT", "/v1/databases/after-upgrade", json={}).status == 201
-    wait_for(lambda: (cluster.rest.get(DATABASES, fresh.name, NAMESPACE).get("status") or {}).get("phase")
-             == "Ready", 120, "a database created after the upgrade")
-    _refresh(cluster, world, fresh, "Ready", "Provisioned")
+    _create_ready(cluster, world, Case("after-upgrade", TEAM_A, "Ready", "Provisioned"))
 
     # The optional field 0.2.0 adds, written through the new version: shown, and harmless.
     cluster.rest.request("PATCH", "/apis/db.bnerd.com/v1beta1/shards/upg-pg-a",
@@ -315,6 +307,16 @@ def test_4_after_the_upgrade_nothing_is_lost_and_everything_works(
     assert "Description" in kubectl_get(cluster, "v1beta1")["shards"]
     _no_problems(kept(cluster, world))
     _no_problems(_failed_calls(cluster, run))
+
+
+def _create_ready(cluster: ProcessCluster, world: World, case: Case) -> None:
+    """A new database through the API, Ready, and kept from then on."""
+    world.cases[case.external_id] = case
+    answer = cluster.call(world.tokens[case.consumer], "PUT", f"/v1/databases/{case.external_id}", json={})
+    assert answer.status == 201, answer.body
+    wait_for(lambda: (cluster.rest.get(DATABASES, case.name, NAMESPACE).get("status") or {}).get("phase")
+             == "Ready", 120, f"{case.external_id}: Ready")
+    _refresh(cluster, world, case, "Ready", "Provisioned")
 
 
 def _event_reasons(cluster: ProcessCluster, name: str) -> set[str]:
@@ -405,12 +407,7 @@ def test_6_rolling_back_to_the_previous_release_as_the_docs_say(
     assert "description" not in shard["spec"]
     assert "description" not in cluster.rest.get(CONSUMERS, TEAM_A)["spec"]
     _no_problems(unannounced_sql(cluster, world))  # the previous release runs nothing on Ready ones
-    fresh = Case("after-rollback", TEAM_A, "Ready", "Provisioned")
-    world.cases[fresh.external_id] = fresh
-    assert cluster.call(world.tokens[TEAM_A], "PUT", "/v1/databases/after-rollback", json={}).status == 201
-    wait_for(lambda: (cluster.rest.get(DATABASES, fresh.name, NAMESPACE).get("status") or {}).get("phase")
-             == "Ready", 120, "a database created after the rollback")
-    _refresh(cluster, world, fresh, "Ready", "Provisioned")
+    _create_ready(cluster, world, Case("after-rollback", TEAM_A, "Ready", "Provisioned"))
     _no_problems(run.history.status_fights(since))
     _no_problems(_failed_calls(cluster, run))
 

@@ -32,7 +32,7 @@ from tests.reconciler.hostile_postgres import MD5, HostilePostgres
 from tests.sql.helpers import admin_endpoint
 from tests.support.common import b64, unique
 from tests.support.install import release_config
-from tests.support.postgres import drop_as_superuser
+from tests.support.postgres import drop_as_superuser, role_comment
 from tests.upgrade.stack import built_release, this_checkout
 
 RELEASE, NAMESPACE, SECRETS_NS = "upgcheck", "upgcheck-system", "upgcheck-shards"
@@ -150,11 +150,6 @@ def _check(kube: KubeControlPlane, tmp_path: Path, *args: str) -> tuple[int, lis
     return out.returncode, findings, out.stdout
 
 
-def _comment(postgres: PostgresServer, role: str) -> str | None:
-    with postgres.superuser_connection() as su:
-        row = su.execute("SELECT shobj_description(oid, 'pg_authid') FROM pg_roles WHERE rolname = %s", (role,))
-        found = row.fetchone()
-    return found[0] if found else None
 
 
 def _resource_versions(rest: Rest) -> dict[str, str]:
@@ -217,7 +212,7 @@ def test_every_rule_reports_what_this_release_refuses_and_nothing_changes(
     assert code == 1
     # It changed nothing: no object, no tenant record.
     assert _resource_versions(rest) == before
-    assert _comment(postgres, legacy_t) is None and _comment(postgres, taken_t) is None
+    assert role_comment(postgres, legacy_t) is None and role_comment(postgres, taken_t) is None
 
 
 def test_without_shard_sql_it_says_what_it_did_not_check_and_values_given_are_used(
