@@ -148,10 +148,9 @@ class ProcessCluster:
         self.kube, self.audit_log = audited_control_plane(self.root / "kube")
         self._client = self.kube.admin_client()
         self.rest = Rest(self._client)
-        logged = {"log_min_duration_statement": "0"}
         self.shard_servers: dict[str, PostgresServer] = {
-            "upg-pg-a": PostgresServer("18", log_statements=True, settings=logged).start(),
-            "upg-pg-b": PostgresServer("15", log_statements=True, settings=logged).start(),
+            "upg-pg-a": PostgresServer("18", log_statements=True).start(),
+            "upg-pg-b": PostgresServer("15", log_statements=True).start(),
         }
         for namespace in (NAMESPACE, SHARD_SECRETS_NAMESPACE):
             self.kube.ensure_namespace(namespace)
