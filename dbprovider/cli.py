@@ -7,9 +7,10 @@ import os
 import sys
 from collections.abc import Sequence
 
-from dbprovider import consumer_cmd, lint
+from dbprovider import consumer_cmd, lint, upgrade_check
 from dbprovider.clitools import subcommand
 from domain.settings import SETTINGS
+from domain.version import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dbprovider",
         description="Places tenant PostgreSQL databases on shards and hands credentials to consumers.",
     )
+    parser.add_argument("--version", action="version", version=f"dbprovider {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     dev = subcommand(
@@ -131,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     consumer_cmd.add_parser(commands)
     lint.add_parser(commands)
+    upgrade_check.add_parser(commands)
     return parser
 
 

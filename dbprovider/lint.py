@@ -35,13 +35,13 @@ from dbprovider.clitools import EXIT_FINDINGS, EXIT_INVALID, EXIT_OK, UsageError
 from dbprovider.landscape import SecretValueError, decode_data_value, is_secret, read_secret_value
 from domain.config import ConfigError, InstallConfig, load_install_config
 from domain.constants import (
-    API_VERSION,
     GROUP,
     KIND_CONSUMER,
     KIND_DATABASE,
     KIND_SECRET,
     KIND_SHARD,
     KINDS,
+    SERVED_API_VERSIONS,
     Engine,
 )
 from domain.metadata import Identity
@@ -210,7 +210,7 @@ class Linter:
             return
         if api_version.split("/")[0] != GROUP:
             return  # not ours: a rendered install, a Flux object...
-        if api_version != API_VERSION or doc.kind not in _SPEC_MODELS:
+        if api_version not in SERVED_API_VERSIONS or doc.kind not in _SPEC_MODELS:
             self.report(doc, ["kind"], f"the apiserver serves no {api_version} {doc.kind}", RULE_SCHEMA)
             return
         self.objects.append((doc, self._check_object(doc)))

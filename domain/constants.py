@@ -12,8 +12,16 @@ from dataclasses import dataclass
 from domain.settings import SETTINGS
 
 GROUP = "db.bnerd.com"
+# The version the provider reads and writes, and the storage version of the CRDs.
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
+# Every version the CRDs serve, with one schema (conversion None: the apiserver only rewrites
+# apiVersion). Same schema because a write through one version prunes what only the other one has.
+# v1alpha1 stays the storage version while a rollback to 0.1.0 (which serves only v1alpha1) must
+# work; docs/upgrade.md ("CRD versions") says how storage moves to v1beta1 later.
+SERVED_VERSIONS = ("v1alpha1", "v1beta1")
+STORAGE_VERSION = VERSION
+SERVED_API_VERSIONS = tuple(f"{GROUP}/{version}" for version in SERVED_VERSIONS)
 
 # Kinds, plurals (the REST resource names) and singulars, as the CRDs declare them.
 KIND_SHARD = "Shard"
@@ -68,6 +76,10 @@ ANNOTATION_ROTATE_END_SESSIONS = f"{GROUP}/rotate-end-sessions"
 # finalizer was removed): "<shard>/<tenant name>" adopts that existing tenant instead of placing anew.
 ANNOTATION_RESTORE_TENANT = f"{GROUP}/restore-tenant"
 FINALIZER_TENANT = f"{GROUP}/tenant"
+
+# On the leader Lease: which release holds it, and the lease duration replicas of that release (and
+# newer ones) honour; older releases see only spec.leaseDurationSeconds (reconciler.runtime.leader).
+ANNOTATION_LEADER = f"{GROUP}/leader"
 
 # On the credentials Secret: a random id that changes with every new password (never derived from
 # it). The Database's status.passwordApplied holds the id whose password is set on the role; while
@@ -140,6 +152,7 @@ class DatabaseConditionType(enum.StrEnum):
     CONNECTION_LIMIT_DRIFT = "ConnectionLimitDrift"
     TENANT_DISABLED = "TenantDisabled"
     TENANT_DROPPED = "TenantDropped"
+    OWNERSHIP_RECORDED = "OwnershipRecorded"
 
 
 class DatabaseReason(enum.StrEnum):
@@ -159,6 +172,17 @@ class DatabaseReason(enum.StrEnum):
     DISABLE_FAILED = "DisableFailed"
     DROP_FAILED = "DropFailed"
     RESTORE_REFUSED = "RestoreRefused"
+
+
+class OwnershipReason(enum.StrEnum):
+    """Reasons of the OwnershipRecorded condition: does the tenant role's ownership record name this
+    Database (checked once per Ready database; tenants made before records existed are adopted)?"""
+
+    RECORDED = "Recorded"
+    ADOPTED = "Adopted"
+    FOREIGN_ROLE = "ForeignRole"
+    OWNED_BY_OTHER = "OwnedByOther"
+    TENANT_MISSING = "TenantMissing"
 
 
 class DriftReason(enum.StrEnum):
@@ -207,3 +231,4 @@ class EventReason(enum.StrEnum):
     DISABLED = "Disabled"
     DROPPED = "Dropped"
     DELETION_HELD = "DeletionHeld"
+    TENANT_ADOPTED = "TenantAdopted"

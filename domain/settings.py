@@ -101,6 +101,10 @@ class Probes:
 
     liveness: str = "/healthz"  # 200 while the process serves requests
     readiness: str = "/readyz"  # 200 once the caches synced and the apiserver answers
+    # A stopping pod keeps serving this long before it gets SIGTERM (the Deployment's preStop): the
+    # Service's endpoints drop it meanwhile, so no request is still routed to it when its API stops
+    # (a rolling update answers every request; measured in tests/upgrade).
+    pre_stop_seconds: int = 5
 
 
 @dataclass(frozen=True)
@@ -125,10 +129,17 @@ class LeaseTimings:
     # (and at least `min_contact_window` seconds): a slow answer or two is no outage.
     contact_periods: int = 3
     min_contact_window: float = 5.0
+    # What a replica of an OLDER release waits before it takes the Lease from one of this release (the
+    # Lease's leaseDurationSeconds, which is all an older release reads; replicas of this release read
+    # the real `duration` from the Lease's annotation): during a rollout, and after a newer replica's
+    # crash, an older replica never leads again while a newer one is around (docs/upgrade.md).
+    older_release_wait: float = 300.0
 
     def __post_init__(self) -> None:
         if not self.duration > self.renew_deadline > self.retry_period > 0:
             raise ValueError("need lease_duration > renew_deadline > retry_period > 0")
+        if self.older_release_wait < self.duration:
+            raise ValueError("need older_release_wait >= lease_duration")
 
 
 @dataclass(frozen=True)

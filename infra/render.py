@@ -24,6 +24,7 @@ from typing import Any
 
 import jinja2
 import yaml
+from pydantic import BaseModel, ValidationError
 
 from domain.config import InstallConfig, format_duration
 from domain.constants import (
@@ -31,14 +32,16 @@ from domain.constants import (
     KELDON_GROUP,
     KELDON_PLURAL_DATABASE_CLUSTERS,
     KINDS,
+    SERVED_VERSIONS,
     SINGULAR_CONSUMER,
     SINGULAR_DATABASE,
     SINGULAR_SHARD,
-    VERSION,
+    STORAGE_VERSION,
 )
 from domain.metadata import ObjectMeta
 from domain.naming import DNS1123_LABEL_RE, label_value
 from domain.settings import SETTINGS
+from domain.version import __version__
 from infra.crds import crd_schemas
 
 TEMPLATES_DIR = Path(os.environ.get("DBPROVIDER_TEMPLATES") or Path(__file__).resolve().parent.parent / "templates")
@@ -56,6 +59,8 @@ MANIFEST_TEMPLATES = (
 PROMETHEUS_RULE_TEMPLATE = "prometheusrule.yaml.j2"
 
 LABEL_CLUSTER = f"{GROUP}/cluster"
+LABEL_VERSION = "app.kubernetes.io/version"
+METRICS_COMPONENT = {"app.kubernetes.io/component": "metrics"}
 WARNING_NO_CLUSTER = (
     "prometheusRule.cluster is not set: the alert rules match every cluster that reports this job, and "
     "DBProviderDown cannot notice one cluster's provider vanishing. Set prometheusRule.cluster to the "
@@ -94,14 +99,56 @@ def cel_string(value: str) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+# Install config keys added since the release a rolling update comes from (0.1.0), left out of the
+# rendered config while they hold their default (the manager resolves the same default): a pod mounts
+# the ConfigMap by name, so an old pod that restarts mid-rollout reads this release's config, and 0.1.0
+# refuses keys it does not know. From 0.2.0 on the manager ignores unknown keys, so this list ends
+# with the release after 0.2.0 (tests/upgrade/test_config_compat.py holds it to account).
+ADDED_SINCE_PREVIOUS_RELEASE: tuple[tuple[str, ...], ...] = (
+    ("api", "requestTimeout"),
+    ("api", "maxRequestsPerConsumer"),
+)
+
+
 def config_yaml(config: InstallConfig) -> str:
-    """The install config with every default resolved, as the manager reads it from its ConfigMap."""
+    """The install config with every default resolved, as the manager reads it from its ConfigMap
+    (keys added since the previous release only when they differ from their default)."""
     data = config.model_dump(by_alias=True, mode="json")
+    defaults = _default_dump(config)
+    for path in ADDED_SINCE_PREVIOUS_RELEASE:
+        _drop_if_default(data, defaults, path)
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True)
 
 
+def _default_dump(config: InstallConfig) -> dict[str, Any]:
+    """The dump of every section of `config` at its defaults (sections that need no input)."""
+    defaults: dict[str, Any] = {}
+    for name, field in type(config).model_fields.items():
+        section = getattr(config, name)
+        if isinstance(section, BaseModel):
+            try:
+                defaults[field.alias or name] = type(section)().model_dump(by_alias=True, mode="json")
+            except ValidationError:
+                continue  # a section with required keys has no defaults to compare with
+    return defaults
+
+
+def _drop_if_default(data: dict[str, Any], defaults: dict[str, Any], path: tuple[str, ...]) -> None:
+    node: Any = data
+    default: Any = defaults
+    for part in path[:-1]:
+        node, default = node.get(part), default.get(part)
+        if not isinstance(node, dict) or not isinstance(default, dict):
+            return
+    key = path[-1]
+    if key in node and key in default and node[key] == default[key]:
+        del node[key]
+
+
 def common_labels(config: InstallConfig) -> dict[str, str]:
-    return {**selector_labels(config), "app.kubernetes.io/part-of": "dbprovider"}
+    """On every object: the selector labels, the product and the release version that rendered it
+    (never in a selector: a selector cannot change, the version does with every upgrade)."""
+    return {**selector_labels(config), "app.kubernetes.io/part-of": "dbprovider", LABEL_VERSION: __version__}
 
 
 def selector_labels(config: InstallConfig) -> dict[str, str]:
@@ -199,7 +246,9 @@ def _context(config: InstallConfig, time_scale: int = 1) -> dict[str, Any]:
         "shard_secret_roles": shard_secret_roles,
         "common_labels": labels,
         "selector_labels": selector_labels(config),
-        "metrics_labels": {**labels, "app.kubernetes.io/component": "metrics"},
+        "metrics_labels": {**labels, **METRICS_COMPONENT},
+        # The ServiceMonitor's selector: no version in it (it would stop matching during a rollout).
+        "metrics_selector": {**selector_labels(config), **METRICS_COMPONENT},
         "rule_labels": rule_labels,
         "rule_name": prometheus_rule_name(config),
         "sel": promql_selector(config),
@@ -211,7 +260,7 @@ def _context(config: InstallConfig, time_scale: int = 1) -> dict[str, Any]:
         "service_monitor_interval": format_duration(monitor.interval),
         "service_monitor_timeout": format_duration(monitor.scrape_timeout) if monitor.scrape_timeout else "",
         "group": GROUP,
-        "version": VERSION,
+        "versions": [{"name": version, "storage": version == STORAGE_VERSION} for version in SERVED_VERSIONS],
         "plurals": {key: names.plural for key, names in KINDS.items()},
         "crd_kinds": [
             {"key": key, "kind": names.kind, "plural": names.plural, "singular": names.singular, "scope": scope}

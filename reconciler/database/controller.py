@@ -4,7 +4,8 @@
   no SQL at all (deletion.py) -> soft delete or recovery (deletion.py) -> placement, persisted
   before any SQL (placement.py) -> shard -> credentials Secret, written before the role: the
   source of the password (secret.py) -> Ready path: no SQL unless the database's own inputs
-  changed (ready.py) -> provisioning (provisioning.py).
+  changed (ready.py), and once per database the ownership check (ownership.py) -> provisioning
+  (provisioning.py).
 
 Each step reads and changes the typed `Database` (state.py). SQL runs through `ShardSql` (shard_sql.py):
 a failure goes into status with its sanitized class and is retried with backoff
@@ -32,6 +33,7 @@ from informers import Informer, Rest
 from reconciler.admin import AdminEndpointCache, AdminPolicy, AdminSessions
 from reconciler.database.deletion import Deletion
 from reconciler.database.finalizers import Finalizers, finalizers
+from reconciler.database.ownership import OwnershipConfirmation
 from reconciler.database.placement import Placer
 from reconciler.database.provisioning import Provisioner
 from reconciler.database.ready import ReadyPath
@@ -80,6 +82,7 @@ class DatabaseController:
         self.deletion = Deletion(config, shards, self.sql, self.writes, self.report, self.finalizers, clock)
         self.ready = ReadyPath(config, rest, self.secrets, self.sql, self.writes, self.report)
         self.provisioner = Provisioner(config, self.sql, self.writes, self.report)
+        self.ownership = OwnershipConfirmation(self.sql, self.writes, self.report)
 
     @property
     def on_shard_trouble(self) -> Callable[[str], None] | None:
@@ -139,6 +142,7 @@ class DatabaseController:
 
         if database.status.phase == Phase.READY:
             self.ready.converge(database, shard, secret)
+            return self.ownership.confirm(database, shard)  # SQL once per database, then never again
         else:
             self.provisioner.provision(database, shard, secret)
         return None

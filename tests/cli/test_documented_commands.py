@@ -27,7 +27,8 @@ REPO = Path(__file__).resolve().parents[2]
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 RUNNABLE = "<!-- runnable -->"
 RUNNABLE_FILE = "<!-- runnable file -->"
-NOT_RUN_HERE = ("dbprovider dev", "pulumi ")
+# Lines that need a live stack run where one is: tests/env (dev), tests/pulumi, tests/upgrade (upgrade check).
+NOT_RUN_HERE = ("dbprovider dev", "pulumi ", "dbprovider upgrade check")
 # The install values docs/install.md shows, also where the README's lines expect a values file.
 VALUES_PATHS = ("values.yaml", "db-eu-1/values.yaml", "landscape/db-eu-1/dbprovider-values.yaml")
 LANDSCAPE_DIRS = ("db-eu-1/shards", "db-eu-1/consumers")

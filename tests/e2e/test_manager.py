@@ -4,6 +4,7 @@ leader election with failover, metrics, and logs that never carry a token, hash 
 from __future__ import annotations
 
 import os
+import platform
 import resource
 import signal
 import subprocess
@@ -19,10 +20,12 @@ from dbprovider.devstack import DevStack, free_port
 from dbprovider.manager import FD_RESERVE
 from domain.settings import SETTINGS
 from domain.tokens import hash_token
+from domain.version import __version__
 from harness import KubeControlPlane, PostgresServer
 from harness.certs import CertificateAuthority
 from informers import LEASES, Rest
 from reconciler.resources import CONSUMERS, SHARDS
+from reconciler.runtime.leader import lease_holder
 from tests.support.common import condition, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,7 +100,7 @@ def _holder(kube: KubeControlPlane) -> str | None:
             lease = Rest(client).get(LEASES, "e2etest-manager", "e2etest-system")
         except Exception:  # noqa: BLE001
             return None
-    return lease["spec"].get("holderIdentity")
+    return lease_holder(lease)
 
 
 def test_two_replicas_serve_the_consumer_flow_and_fail_over(stack: DevStack, kube: KubeControlPlane, tmp_path):
@@ -126,6 +129,9 @@ def test_two_replicas_serve_the_consumer_flow_and_fail_over(stack: DevStack, kub
         assert "_created" not in metrics  # prometheus_client's *_created series are switched off
         assert 'route="/v1/databases/{externalId}"' in follower.metrics()
         assert "dbprovider_reconcile_conflicts_total" in metrics
+        # Which release each replica runs (one version source: domain/version.py).
+        build_info = f'dbprovider_build_info{{python="{platform.python_version()}",version="{__version__}"}} 1.0'
+        assert build_info in metrics and build_info in follower.metrics()
 
         # The leader dies without a goodbye: the follower takes the Lease and reconciles.
         leader.stop(signal.SIGKILL)
@@ -140,7 +146,7 @@ def test_two_replicas_serve_the_consumer_flow_and_fail_over(stack: DevStack, kub
                  timeout=60, what="orders removed")
 
         assert follower.stop() == 0
-        assert wait_for(lambda: _holder(kube) in (None, ""), timeout=10, what="lease released on SIGTERM")
+        assert wait_for(lambda: _holder(kube) is None, timeout=10, what="lease released on SIGTERM")
     finally:
         for replica in replicas.values():
             replica.stop(signal.SIGKILL)

@@ -128,8 +128,15 @@ def test_crds_are_established_with_names_scopes_and_status_subresources(installe
         assert crd["spec"]["scope"] == scope
         assert crd["spec"]["names"]["shortNames"] == short_names
         assert "dbc" not in crd["spec"]["names"]["shortNames"]  # Keldon's
-        (version,) = crd["spec"]["versions"]
-        assert version["subresources"] == {"status": {}}
+        versions = crd["spec"]["versions"]
+        assert [(v["name"], v["served"], v["storage"]) for v in versions] == [
+            ("v1alpha1", True, True), ("v1beta1", True, False)
+        ]
+        assert crd["spec"]["conversion"] == {"strategy": "None"}
+        for version in versions:  # one schema for both: the apiserver rewrites apiVersion and nothing else
+            assert version["subresources"] == {"status": {}}
+            assert version["schema"] == versions[0]["schema"]
+            assert version["additionalPrinterColumns"] == versions[0]["additionalPrinterColumns"]
         conditions = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
         assert conditions["Established"] == "True"
         assert conditions["NamesAccepted"] == "True"

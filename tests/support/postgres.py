@@ -72,6 +72,15 @@ def login_role(server: PostgresServer, prefix: str, attributes: str = "LOGIN") -
             conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
 
 
+def role_comment(server: PostgresServer, role: str) -> str | None:
+    """The comment on `role` (a tenant's ownership record), None without one or without the role."""
+    with server.superuser_connection() as conn:
+        row = conn.execute(
+            "SELECT shobj_description(oid, 'pg_authid') FROM pg_roles WHERE rolname = %s", (role,)
+        ).fetchone()
+    return row[0] if row else None
+
+
 def catalog_counts(server: PostgresServer, name: str) -> tuple[int, int]:
     """How many roles and databases of this name exist (read as superuser)."""
     with server.superuser_connection() as conn:
