@@ -215,7 +215,8 @@ class _Watchdog:
     """
 
     def __init__(self, conn: psycopg.Connection, deadline: float) -> None:
-        self._conn = conn
+        self._conns = [conn]
+        self.deadline = deadline
         self._lock = threading.Lock()
         self._done = False
         self.fired = False
@@ -224,19 +225,65 @@ class _Watchdog:
 
     def __enter__(self) -> _Watchdog:
         self._timer.start()
+        _running.watchdog = self
         return self
 
     def __exit__(self, *exc: object) -> None:
+        _running.watchdog = None
         self._timer.cancel()
         with self._lock:
             self._done = True
+
+    def also(self, conn: psycopg.Connection) -> None:
+        """Cut this session too at the deadline (a second session of the same operation)."""
+        with self._lock:
+            self._conns.append(conn)
+            fired = self.fired
+        if fired:
+            _sever(conn)
 
     def _fire(self) -> None:
         with self._lock:
             if self._done:
                 return
             self.fired = True
-            _sever(self._conn)
+            conns = list(self._conns)
+        for conn in conns:
+            _sever(conn)
+
+
+# The watchdog of the operation running on this thread (set while its body runs).
+_running = threading.local()
+
+
+def connect_database(conn: psycopg.Connection, dbname: str) -> psycopg.Connection:
+    """A second session like `conn` (same server, role, TLS and session settings) in database `dbname`.
+
+    For the few statements that must run inside another database (PostgreSQL keeps most of a
+    database's catalog to itself). Inside `run_operation` it is bounded by the operation's deadline
+    like `conn` (cut by the same watchdog) and fenced like it; the caller closes it. Raises psycopg
+    errors (see `errors.classify`); never log them raw (their `pgconn` carries the password).
+    """
+    params = {key: value for key, value in conn.info.get_parameters().items() if key != "dbname"}
+    watchdog: _Watchdog | None = getattr(_running, "watchdog", None)
+    timeout = float(params.pop("connect_timeout", CONNECT_TIMEOUT))
+    if watchdog is not None:
+        timeout = min(timeout, watchdog.deadline - time.monotonic())
+    try:
+        other = psycopg.connect(
+            **params,
+            password=conn.info.password,
+            dbname=dbname,
+            connect_timeout=max(2, math.ceil(timeout)),
+            autocommit=True,
+        )
+    except psycopg.Error as exc:
+        _release(exc)
+        raise
+    other.cursor_factory = conn.cursor_factory
+    if watchdog is not None:
+        watchdog.also(other)
+    return other
 
 
 def _sever(conn: psycopg.Connection) -> None:
