@@ -39,7 +39,7 @@ def test_a_tenant_idle_on_template1_does_not_stop_another_consumers_create(postg
     start_manager()
     first = fleet.database(f"tmpl-a{postgres.major}", consumer="rectest-consumer")
     fleet.wait_phase(first, "Ready")
-    with _tenant_session(postgres, _creds(admin_rest, first), "template1") as idle:
+    with postgres.unprepared(), _tenant_session(postgres, _creds(admin_rest, first), "template1") as idle:
         assert idle.execute("SELECT current_database()").fetchone() == ("template1",)
 
         second = fleet.database(f"tmpl-b{postgres.major}", consumer="rectest-other")
