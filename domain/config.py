@@ -28,7 +28,7 @@ from pydantic import (
 
 from domain.constants import SIZE_CLASS_MAX_LENGTH
 from domain.naming import DNS1035_LABEL_RE, DNS1123_SUBDOMAIN_RE, LABEL_VALUE_MAX_LENGTH, LABEL_VALUE_RE
-from domain.validation import ConfigModel, Namespace, ObjectName, SecretKey, validation_problems
+from domain.validation import ClientHost, ConfigModel, Namespace, ObjectName, Port, SecretKey, validation_problems
 
 DEFAULT_NAMESPACE = "dbprovider"
 DEFAULT_RELEASE_NAME = "dbprovider"
@@ -186,10 +186,16 @@ class TlsConfig(ConfigModel):
 
 
 class SecretObjectRef(ConfigModel):
-    """A Secret outside the release namespace the provider may `get` by name (shard admin Secrets)."""
+    """A Secret the provider may `get` by name and use as shard admin credentials (shardSecrets).
+
+    `host` and `port` bind it to the one admin endpoint its password may be sent to; unset, the
+    Secret's own `host` and `port` keys do (Percona's pguser Secrets carry them); neither: unbound.
+    """
 
     namespace: Namespace
     name: ObjectName
+    host: ClientHost | None = None
+    port: Port | None = None
 
 
 class KeyRef(ConfigModel):
@@ -220,6 +226,10 @@ class ShardTlsConfig(ConfigModel):
     """
 
     ca_bundle: CaBundleRef | None = None
+    # Shards whose admin connection may go without TLS (admin.sslmode disable, allow or prefer). Every
+    # other Shard in such a mode is refused (AdminTlsRequired) before a connection is opened: without
+    # TLS there is no channel binding, and a relay on the way can take the logged-in session over.
+    cleartext_shards: tuple[ObjectName, ...] = ()
 
 
 class SizeClass(ConfigModel):

@@ -109,6 +109,11 @@ class SslMode(enum.StrEnum):
     VERIFY_CA = "verify-ca"
     VERIFY_FULL = "verify-full"
 
+    @property
+    def always_tls(self) -> bool:
+        """libpq connects only over TLS in this mode (disable, allow and prefer may go without it)."""
+        return self in (SslMode.REQUIRE, SslMode.VERIFY_CA, SslMode.VERIFY_FULL)
+
 
 # Where the pod finds the install's shardTLS.caBundle (mounted by the Deployment template; see settings).
 SHARD_CA_FILE = SETTINGS.files.shard_ca
@@ -186,6 +191,9 @@ class ShardReason(enum.StrEnum):
 
     PROVISIONER_INHERITS: a pre-16 server whose provisioner role has INHERIT (refused: it would gain the
     tenants' privileges). SERVER_BEFORE_16 is the reason of the WeakRoleIsolation condition.
+    ADMIN_TLS_REQUIRED: admin.sslmode may go without TLS (disable, allow, prefer) and the shard is not in
+    the install's shardTLS.cleartextShards; ADMIN_ENDPOINT_MISMATCH: the admin Secret is bound to another
+    host or port than the Shard names. Both are decided before any connection is opened.
     """
 
     OK = "Ok"
@@ -196,6 +204,8 @@ class ShardReason(enum.StrEnum):
     PROVISIONER_INHERITS = "ProvisionerInherits"
     PROVISIONER_INVALID = "ProvisionerInvalid"
     SERVER_BEFORE_16 = "ServerBefore16"
+    ADMIN_TLS_REQUIRED = "AdminTlsRequired"
+    ADMIN_ENDPOINT_MISMATCH = "AdminEndpointMismatch"
 
 
 class EventReason(enum.StrEnum):

@@ -7,9 +7,10 @@ a burst of placements must not ping once per database). Each ping opens a NEW ad
 with a short timeout and closes it: a reused session would keep answering while the postmaster
 accepts no new connections (stopped, out of slots), which no consumer could then use. Shards are
 checked concurrently (the controller's workers), so dead shards do not delay the others. The Ready
-condition's reason says what is wrong (Ok, AdminAuthFailed, AdminSecretInvalid, Unreachable,
-ClusterNotRunning, ProvisionerInherits/ProvisionerInvalid); messages carry a sanitized error class
-only. A shard that is not Ready gets no placements (reconciler.placement reads this condition).
+condition's reason says what is wrong (Ok, AdminAuthFailed, AdminSecretInvalid, AdminTlsRequired,
+AdminEndpointMismatch, Unreachable, ClusterNotRunning, ProvisionerInherits/ProvisionerInvalid);
+messages carry a sanitized error class only. A shard that is not Ready gets no placements
+(reconciler.placement reads this condition).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from domain.specs import ShardSpec, parse_shard
 from domain.status import ShardStatus
 from domain.validation import dump_set_fields
 from informers import Informer, Rest
-from reconciler.admin import AdminPolicy, AdminSecretInvalid, AdminSessions, admin_endpoint
+from reconciler.admin import AdminPolicy, AdminRefused, AdminSessions, admin_endpoint
 from reconciler.resources import BY_SHARD, SHARDS
 from reconciler.runtime import Result, set_condition, update_status
 from reconciler.sql.errors import SqlFailure, is_auth_failure
@@ -114,9 +115,9 @@ class ShardController:
         if problem is not None:
             return Health(ShardReason.CLUSTER_NOT_RUNNING, problem)
         try:
-            endpoint = admin_endpoint(self.rest, spec, self.policy, self.admin_host_override)
-        except AdminSecretInvalid as exc:
-            return Health(ShardReason.ADMIN_SECRET_INVALID, str(exc))
+            endpoint = admin_endpoint(self.rest, name, spec, self.policy, self.admin_host_override)
+        except AdminRefused as exc:
+            return Health(exc.reason, str(exc))
         except ApiException as exc:
             return Health(ShardReason.ADMIN_SECRET_INVALID, f"admin Secret not readable (HTTP {exc.status})")
         try:
@@ -124,7 +125,8 @@ class ShardController:
                 info = inspect_provisioner(session, timeout=PING_TIMEOUT)
         except SqlFailure as failure:
             if is_auth_failure(failure):
-                return Health(ShardReason.ADMIN_AUTH_FAILED, f"admin login failed: {failure.error_class}")
+                detail = f" ({failure.detail})" if failure.detail else ""  # e.g. a relay terminating TLS
+                return Health(ShardReason.ADMIN_AUTH_FAILED, f"admin login failed: {failure.error_class}{detail}")
             return Health(ShardReason.UNREACHABLE, str(failure))
         version = f"{info.major}.{info.server_version_num % 10000}"
         problem = dialect_problem(info)

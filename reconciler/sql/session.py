@@ -3,7 +3,9 @@
 `connect_admin` opens one autocommit session with the provider's session settings (application
 name, `search_path=pg_catalog`, `statement_timeout`, `lock_timeout`). The password goes only to a
 server that proves SCRAM (`require_auth=scram-sha-256`: libpq refuses a cleartext or md5 request
-instead of answering it), bound to the TLS channel when TLS is on (`channel_binding=require`).
+instead of answering it), over TLS and bound to the TLS channel (`channel_binding=require`); an
+`AdminEndpoint` in a mode that may go without TLS exists only when the install allows it for that
+shard (`cleartext_allowed`, reconciler.admin).
 `AdminSession` keeps such a session for one worker and reopens it after a connection loss.
 `run_operation` runs one operation: bounded by a deadline that cuts the session's socket if the
 shard stops answering (a stopped or partitioned server never enforces its own statement_timeout),
@@ -80,10 +82,15 @@ class AdminEndpoint:
     sslmode: str = SslMode.REQUIRE.value
     dbname: str = ADMIN_DATABASE
     sslrootcert: str | None = None  # a CA file, "system", or None (libpq's default)
+    # An sslmode that may go without TLS (disable, allow, prefer) only when the install allows it for
+    # this shard (shardTLS.cleartextShards): without TLS nothing binds the login to the server.
+    cleartext_allowed: bool = False
 
     def __post_init__(self) -> None:
         if self.sslmode not in {mode.value for mode in SslMode}:
             raise ValueError(f"unknown sslmode {self.sslmode!r}")
+        if not SslMode(self.sslmode).always_tls and not self.cleartext_allowed:
+            raise ValueError(f"sslmode {self.sslmode} may go without TLS: only with cleartext_allowed")
         if not 0 < int(self.port) < 65536:
             raise ValueError("port must be between 1 and 65535")
 
@@ -108,9 +115,11 @@ def connect_admin(
 
     Never log a raw connection error of psycopg: its `pgconn` attribute carries the password.
     """
-    tls: dict[str, str] = {}
-    if endpoint.sslmode != SslMode.DISABLE:
-        tls["channel_binding"] = "require"
+    # SCRAM bound to the TLS channel: a relay (even one terminating TLS) cannot use the login. In the
+    # modes that may go without TLS (allowed per shard) binding is used whenever TLS is there.
+    tls: dict[str, str] = {"channel_binding": "require" if SslMode(endpoint.sslmode).always_tls else "prefer"}
+    if endpoint.sslmode == SslMode.DISABLE:
+        tls["channel_binding"] = "disable"
     if endpoint.sslrootcert is not None:
         tls["sslrootcert"] = endpoint.sslrootcert
     try:
