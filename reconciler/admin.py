@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from kubernetes.client.exceptions import ApiException
 
+from domain.admin_access import EndpointBinding, tls_refusal
 from domain.config import InstallConfig
 from domain.constants import SHARD_CA_FILE, ShardReason, SslMode
 from domain.credentials import secret_values
@@ -40,10 +41,6 @@ from domain.settings import SETTINGS
 from domain.specs import ShardSpec, parse_shard
 from informers import SECRETS, Rest
 from reconciler.sql.session import APPLICATION_NAME, AdminEndpoint, AdminSession, Fence
-
-# The keys of an admin Secret that bind it to its endpoint (those of Percona's pguser Secrets).
-SECRET_HOST_KEY = "host"
-SECRET_PORT_KEY = "port"
 
 
 class AdminRefused(Exception):
@@ -74,24 +71,6 @@ class AdminEndpointMismatch(AdminRefused):
 
 
 @dataclass(frozen=True)
-class Binding:
-    """The one admin endpoint a Secret may be sent to (unset parts are not checked)."""
-
-    host: str | None = None
-    port: int | None = None
-
-    def allows(self, host: str, port: int) -> bool:
-        """`host` is the bound host, or the bound host is `host` plus a cluster domain
-        (`pg-primary.ns.svc` matches `pg-primary.ns.svc.cluster.local`)."""
-        if self.port is not None and self.port != port:
-            return False
-        if self.host is None:
-            return True
-        bound = self.host.lower().rstrip(".")
-        return bound == host or bound.startswith(host + ".")
-
-
-@dataclass(frozen=True)
 class AdminPolicy:
     """Which Secrets may be admin credentials and where to (shardSecrets), the shards that may log
     in without TLS (shardTLS.cleartextShards), and the CA file for verify-ca/-full.
@@ -102,7 +81,7 @@ class AdminPolicy:
     listed: frozenset[tuple[str, str]] = frozenset()
     ca_file: str | None = None
     cleartext_shards: frozenset[str] = frozenset()
-    bindings: Mapping[tuple[str, str], Binding] = field(default_factory=dict)
+    bindings: Mapping[tuple[str, str], EndpointBinding] = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, config: InstallConfig, ca_file: str | None = None) -> AdminPolicy:
@@ -114,7 +93,7 @@ class AdminPolicy:
             ca_file,
             frozenset(config.shard_tls.cleartext_shards),
             {
-                (ref.namespace, ref.name): Binding(ref.host, ref.port)
+                (ref.namespace, ref.name): EndpointBinding(ref.host, ref.port)
                 for ref in config.shard_secrets
                 if ref.host is not None or ref.port is not None
             },
@@ -128,24 +107,17 @@ class AdminPolicy:
                 f"admin Secret {ref.namespace}/{ref.name} is not listed in the install's shardSecrets; "
                 "it is not read and no connection is made"
             )
-        if not SslMode(spec.admin.sslmode).always_tls and shard not in self.cleartext_shards:
-            raise AdminTlsRequired(
-                f"admin.sslmode {spec.admin.sslmode} may log in without TLS, where nothing binds the login to "
-                "the server; use require, verify-ca or verify-full (or name the shard in the install's "
-                "shardTLS.cleartextShards); no connection is made"
-            )
+        refusal = tls_refusal(shard, spec.admin.sslmode, self.cleartext_shards)
+        if refusal is not None:
+            raise AdminTlsRequired(f"{refusal}; no connection is made")
 
     def check_binding(self, spec: ShardSpec, values: Mapping[str, str]) -> None:
         """AdminEndpointMismatch unless the Shard's admin endpoint is the one its Secret is bound to."""
         ref = spec.admin.secret_ref
-        binding = self.bindings.get((ref.namespace, ref.name)) or _secret_binding(values)
-        if binding is None or binding.allows(spec.admin_host, spec.admin.port):
-            return
-        raise AdminEndpointMismatch(
-            f"admin Secret {ref.namespace}/{ref.name} may only be sent to "
-            f"{binding.host or spec.admin_host}:{binding.port or spec.admin.port}, not to the Shard's "
-            f"{spec.admin_host}:{spec.admin.port}; no connection is made"
-        )
+        binding = self.bindings.get((ref.namespace, ref.name)) or EndpointBinding.of_secret(values)
+        refusal = binding and binding.refusal(f"{ref.namespace}/{ref.name}", spec.admin_host, spec.admin.port)
+        if refusal:
+            raise AdminEndpointMismatch(f"{refusal}; no connection is made")
 
     def sslrootcert(self, sslmode: str) -> str | None:
         """The CAs that verify the server: the CA bundle, else the system trust store (verify-* only).
@@ -156,16 +128,6 @@ class AdminPolicy:
         if sslmode not in (SslMode.VERIFY_CA, SslMode.VERIFY_FULL):
             return None
         return self.ca_file or "system"
-
-
-def _secret_binding(values: Mapping[str, str]) -> Binding | None:
-    """The endpoint a Secret names itself (`host`, `port` keys), or None; a port that is no number binds
-    to no port at all (so nothing matches)."""
-    host, port = values.get(SECRET_HOST_KEY), values.get(SECRET_PORT_KEY)
-    if not host and not port:
-        return None
-    number = int(port) if port and port.isdigit() else (-1 if port else None)
-    return Binding(host or None, number)
 
 
 def read_admin_secret(rest: Rest, shard: str, spec: ShardSpec, policy: AdminPolicy) -> tuple[str, str]:
