@@ -36,7 +36,7 @@ and says how many such references remain, without names.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 import psycopg
@@ -379,16 +379,41 @@ def _revoke_left_connect(conn: psycopg.Connection, involved: Involved) -> None:
 # -- the drop ----------------------------------------------------------------------------------------
 
 
-def _release(conn: psycopg.Connection, victim: str, oid: int, involved: Involved) -> None:
-    _revoke_left_connect(conn, involved)
-    _revoke_database_grants(conn, victim, oid, involved)
+def _sessions(stack: ExitStack, conn: psycopg.Connection, oid: int, involved: Involved) -> list[psycopg.Connection]:
+    """A session in every database that references the victim (the admin session for its own), entered
+    before anything changes there, so the changes themselves run back to back."""
+    sessions: list[psycopg.Connection] = []
     for (datname,) in conn.execute(_REFERENCING_DATABASES, {"role": oid}).fetchall():
         if datname == conn.info.dbname:
-            _release_in_database(conn, victim, oid, involved)
+            sessions.append(conn)
             continue
-        with _entered(conn, datname, involved) as inside:
-            if inside is not None:
-                _release_in_database(inside, victim, oid, involved)
+        inside = stack.enter_context(_entered(conn, datname, involved))
+        if inside is not None:
+            sessions.append(inside)
+    return sessions
+
+
+def _attempt(conn: psycopg.Connection, victim: str, oid: int, involved: Involved, end_theirs: bool) -> None:
+    """One try: enter the databases, end the sessions of the tenants found granting last time
+    (`end_theirs`), then clean each database in a transaction of its own, the last one together
+    with the database-level grants and `DROP ROLE` (a grant made meanwhile fails that transaction)."""
+    _revoke_left_connect(conn, involved)
+    with ExitStack() as stack:
+        sessions = _sessions(stack, conn, oid, involved)
+        if end_theirs:
+            # Right before the changes: a tenant granting in a loop must log in again first, which
+            # takes longer than the transaction below.
+            for role, role_oid in involved.items():
+                end_sessions(conn, role, role_oid)
+        last = sessions[-1] if sessions else conn
+        for session in sessions[:-1]:
+            with session.transaction():
+                _release_in_database(session, victim, oid, involved)
+        with last.transaction():
+            if sessions:
+                _release_in_database(last, victim, oid, involved)
+            _revoke_database_grants(last, victim, oid, involved)
+            last.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(_ident(victim)))
 
 
 _REMAINING = """
@@ -403,8 +428,8 @@ def _still_referenced(conn: psycopg.Connection, oid: int) -> SqlFailure:
     return SqlFailure(
         OP_DROP,
         errors.DEPENDENT_OBJECTS,
-        detail=f"{references} grant(s) or object(s) in {databases} database(s) still reference the tenant role, "
-        "made by a role the provider did not create or in a database it cannot enter",
+        detail=f"{references} grant(s) or object(s) in {databases} database(s) still reference the tenant role: "
+        "made by a role the provider did not create, in a database it cannot enter, or made again meanwhile",
     )
 
 
@@ -412,16 +437,13 @@ def drop_role(conn: psycopg.Connection, victim: str, oid: int) -> None:
     """Remove what other roles granted to the tenant role, then `DROP ROLE` it (see the module docstring).
 
     Tried `SESSION_RETRIES` times: a tenant whose open transaction locks what must change, or that
-    grants again in between, gets its sessions ended before the next try. Fails with a
-    `SqlFailure` (lock_timeout, object_in_use, conflict, dependent_objects) after the last.
+    grants again in between, gets its sessions ended right before the next try's changes. Fails
+    with a `SqlFailure` (lock_timeout, object_in_use, conflict, dependent_objects) after the last.
     """
     involved: Involved = {}
     for attempt in range(SESSION_RETRIES):
-        for role, role_oid in involved.items():
-            end_sessions(conn, role, role_oid)
         try:
-            _release(conn, victim, oid, involved)
-            conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(_ident(victim)))
+            _attempt(conn, victim, oid, involved, end_theirs=attempt > 0)
             return
         except pgerrors.DependentObjectsStillExist:
             if attempt + 1 >= SESSION_RETRIES:

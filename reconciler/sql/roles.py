@@ -13,6 +13,7 @@ from contextlib import contextmanager
 
 import psycopg
 from psycopg import sql
+from psycopg.pq import TransactionStatus
 
 from reconciler.sql.provisioner import SET_OPTION_MAJOR
 
@@ -26,7 +27,8 @@ def as_role(conn: psycopg.Connection, name: str) -> Iterator[None]:
     try:
         yield
     finally:
-        if not conn.broken and not conn.closed:
+        # In a failed transaction the rollback undoes the SET ROLE (and RESET would fail, hiding the error).
+        if not conn.broken and not conn.closed and conn.info.transaction_status != TransactionStatus.INERROR:
             conn.execute("RESET ROLE")
 
 

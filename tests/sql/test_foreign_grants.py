@@ -8,6 +8,7 @@ to anyone else stay. Every test runs on PostgreSQL 18, 16 and 15.
 from __future__ import annotations
 
 import secrets
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +22,7 @@ from reconciler.sql.errors import SqlFailure
 from reconciler.sql.session import AdminEndpoint, AdminSession
 from reconciler.sql.tenant import TenantSpec, disable_tenant, drop_tenant, ensure_tenant, tenant_state
 from tests.sql.helpers import can_connect, new_spec
+from tests.support.common import wait_for
 from tests.support.postgres import catalog_counts, drop_as_superuser, is_alive
 
 
@@ -277,6 +279,49 @@ def test_a_granter_holding_its_grant_open_is_ended_and_the_drop_completes(
     with _as(postgres, granter) as conn:
         assert conn.execute("SELECT to_regclass('s.more')").fetchone() == (None,)  # rolled back with it
         assert conn.execute("SELECT count(*) FROM s.t").fetchone() == (1,)
+
+
+@contextmanager
+def _granting_in_a_loop(postgres: PostgresServer, granter: TenantSpec, victim: TenantSpec) -> Iterator[list[int]]:
+    """A's sessions granting B's role SELECT on one of 20 tables after another, as fast as they can,
+    logging in again whenever a session is ended; yields [grants made] and stops when the block ends."""
+    with _as(postgres, granter) as conn:
+        for i in range(20):
+            conn.execute(f"CREATE TABLE s.t{i} (v int)")
+    stop, made = threading.Event(), [0]
+
+    def loop() -> None:
+        while not stop.is_set():
+            try:
+                with _as(postgres, granter) as conn:
+                    while not stop.is_set():
+                        table = sql.Identifier("s", f"t{made[0] % 20}")
+                        conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(table, sql.Identifier(victim.name)))
+                        made[0] += 1
+            except psycopg.Error:
+                continue  # ended by the provider, or the role is gone: log in again
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: made[0] > 50, timeout=30, what="the granting loop to run")
+        yield made
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+def test_a_granter_granting_in_a_loop_cannot_keep_the_role_alive(
+    postgres: PostgresServer, admin: AdminSession, granter: TenantSpec, victim: TenantSpec
+) -> None:
+    with _granting_in_a_loop(postgres, granter, victim) as made:
+        before = made[0]
+
+        drop_tenant(admin, victim.name)
+
+        assert made[0] > before  # A kept granting while the drop ran
+    assert catalog_counts(postgres, victim.name) == (0, 0)
+    assert tenant_state(admin, granter.name).provisioned
 
 
 @pytest.fixture
