@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import kubernetes
@@ -24,6 +25,7 @@ from api import ApiServer, build_api
 from api.server import DEFAULT_THREADS, front_door_options
 from dbprovider.logs import configure_logging
 from domain.config import InstallConfig, load_install_config_file
+from domain.connection_budget import database_limit
 from domain.settings import SETTINGS
 from reconciler.fleet_metrics import FleetCollector
 from reconciler.resources import DATABASES, SHARDS
@@ -107,7 +109,9 @@ class Manager:
         registry = self.controllers.metrics.registry
         informers = self.controllers.informers
         shards, databases = informers.informer(SHARDS), informers.informer(DATABASES, options.namespace)
-        registry.register(FleetCollector(shards.list, databases.list))
+        registry.register(
+            FleetCollector(shards.list, databases.list, connection_limit=partial(database_limit, config=options.config))
+        )
         self.api = build_api(
             options.config, informers, registry=registry, apiserver_reachable=self.controllers.apiserver_reachable
         )

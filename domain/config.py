@@ -244,6 +244,14 @@ class ConnectionLimitConfig(ConfigModel):
     default: ConnectionLimit = 10
 
 
+class ConnectionBudgetConfig(ConfigModel):
+    """What each shard keeps free besides its tenants' connection limits and the provider's own sessions."""
+
+    # Connections for roles that are neither tenants nor the provider: monitoring, the operator's own
+    # users, an operator's psql. Raising it can overcommit a shard (reported, never enforced on tenants).
+    reserved: Annotated[StrictInt, Field(ge=0)] = 5
+
+
 class DeletionProtectionConfig(ConfigModel):
     """Admission policy refusing deletes that would strand tenants (Shards with databases)."""
 
@@ -350,6 +358,7 @@ class InstallConfig(ConfigModel):
     shard_tls: ShardTlsConfig = Field(default=ShardTlsConfig(), alias="shardTLS")
     size_classes: dict[SizeClassName, SizeClass] = Field(default_factory=dict)
     connection_limit: ConnectionLimitConfig = ConnectionLimitConfig()
+    connection_budget: ConnectionBudgetConfig = ConnectionBudgetConfig()
     deletion_protection: DeletionProtectionConfig = DeletionProtectionConfig()
     metrics: MetricsConfig = MetricsConfig()
     prometheus_rule: PrometheusRuleConfig = PrometheusRuleConfig()

@@ -177,13 +177,15 @@ class ShardConditionType(enum.StrEnum):
     """Condition types on a Shard.
 
     WEAK_ROLE_ISOLATION is True on servers before PostgreSQL 16 (and Cloudberry), where CREATEROLE may
-    manage any non-superuser role, not only the ones the provisioner created.
+    manage any non-superuser role, not only the ones the provisioner created. CONNECTION_BUDGET_EXCEEDED
+    is True while the databases placed on the shard commit more connections than its budget.
     """
 
     READY = "Ready"
     ADMIN_AUTH_FAILED = "AdminAuthFailed"
     UNREACHABLE = "Unreachable"
     WEAK_ROLE_ISOLATION = "WeakRoleIsolation"
+    CONNECTION_BUDGET_EXCEEDED = "ConnectionBudgetExceeded"
 
 
 class ShardReason(enum.StrEnum):
@@ -194,6 +196,8 @@ class ShardReason(enum.StrEnum):
     ADMIN_TLS_REQUIRED: admin.sslmode may go without TLS (disable, allow, prefer) and the shard is not in
     the install's shardTLS.cleartextShards; ADMIN_ENDPOINT_MISMATCH: the admin Secret is bound to another
     host or port than the Shard names. Both are decided before any connection is opened.
+    OVERCOMMITTED is the reason of the ConnectionBudgetExceeded condition (the databases placed there
+    commit more connections than the shard's budget).
     """
 
     OK = "Ok"
@@ -206,6 +210,7 @@ class ShardReason(enum.StrEnum):
     SERVER_BEFORE_16 = "ServerBefore16"
     ADMIN_TLS_REQUIRED = "AdminTlsRequired"
     ADMIN_ENDPOINT_MISMATCH = "AdminEndpointMismatch"
+    OVERCOMMITTED = "Overcommitted"
 
 
 class EventReason(enum.StrEnum):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import psycopg
 
+from domain.connection_budget import ServerSlots
 from reconciler.sql.session import OPERATION_TIMEOUT, Admin, run_operation
 
 SET_OPTION_MAJOR = 16  # GRANT ... WITH SET/INHERIT, and CREATEROLE limited to own roles
@@ -95,3 +96,16 @@ WEAK_CREATEROLE_MESSAGE = (
     "not only the tenant roles it created; the provider never does so, but the shard does not "
     "enforce it"
 )
+
+
+# The server's connection slots; reserved_connections exists from 16 on (missing_ok gives NULL before).
+_SLOTS = """
+SELECT current_setting('max_connections')::int,
+       current_setting('superuser_reserved_connections')::int,
+       coalesce(current_setting('reserved_connections', true)::int, 0)
+"""
+
+
+def read_server_slots(admin: Admin, *, timeout: float = OPERATION_TIMEOUT) -> ServerSlots:
+    """The connection slots the server allows (operation "check"): the input of the shard's budget."""
+    return run_operation(admin, "check", lambda conn: ServerSlots(*conn.execute(_SLOTS).fetchone()), timeout=timeout)
