@@ -143,15 +143,15 @@ class FleetCollector(Collector):
         shard_objects: list[Mapping[str, Any]], commitments: Mapping[str, Commitments]
     ) -> Iterator[GaugeMetricFamily]:
         """Budget (status.connectionBudget, once the shard was checked) and what its databases commit."""
-        budget_family = GaugeMetricFamily(
-            "dbprovider_shard_connection_budget",
-            "Connections the shard's tenants may commit (status.connectionBudget).",
-            labels=["shard"],
-        )
-        committed_family = GaugeMetricFamily(
-            "dbprovider_shard_connections_committed",
-            "Connection limits of the databases placed on the shard (an unlimited one: the whole budget).",
-            labels=["shard"],
+        budget_family, committed_family = (
+            GaugeMetricFamily(name, documentation, labels=["shard"])
+            for name, documentation in (
+                ("dbprovider_shard_connection_budget", "Connections the shard's tenants may commit."),
+                (
+                    "dbprovider_shard_connections_committed",
+                    "Connection limits of the databases placed on the shard (an unlimited one: the whole budget).",
+                ),
+            )
         )
         for shard in shard_objects:
             name = shard["metadata"]["name"]

@@ -13,9 +13,9 @@ anything; B's role can own objects in A's database only if A let it create them 
 `drop_role(conn, t)` removes all of that without A's cooperation, as the role that granted it (the
 provisioner may SET ROLE to every tenant role it created, and to no other role):
 
-1. database-level grants (shared catalog): as each grantor, `REVOKE ALL ON DATABASE d FROM t CASCADE`;
-2. in every other database whose catalog still references t (`pg_shdepend`): enter it (its owner
-   lets the provisioner in for the time it takes, see `_entered`), then as each grantor
+1. in every other database whose catalog still references t (`pg_shdepend`): enter it (its owner
+   lets the provisioner in for the time it takes, see `_entered`), then, in one transaction per
+   database, as each grantor
    `REVOKE ALL ON {SCHEMA|TABLE|SEQUENCE|ROUTINE|TYPE|DOMAIN|LARGE OBJECT} ... FROM t CASCADE`
    (a table's REVOKE also removes its column grants; CASCADE removes what t granted on with a grant
    option), as the role whose defaults they are `ALTER DEFAULT PRIVILEGES [IN SCHEMA s] REVOKE ALL
@@ -23,12 +23,15 @@ provisioner may SET ROLE to every tenant role it created, and to no other role):
    remaining roles, or `DROP POLICY` when t was its only role, as PostgreSQL's own DROP OWNED does),
    and last as t `DROP OWNED BY t CASCADE` (what t created there, and what the other tenant built on
    it);
-3. `DROP ROLE t`.
+2. in the last of those transactions: database-level grants (a shared catalog), as each grantor
+   `REVOKE ALL ON DATABASE d FROM t CASCADE`, then `DROP ROLE t`.
 
 Nothing else of the other tenant changes: its objects, data and grants to anyone else stay. A tenant
 that keeps a lock on its catalog rows (an open transaction) or grants again in between is handled
-like a tenant blocking its own drop: its sessions are ended and the sequence is tried again
-(`SESSION_RETRIES`). A grant that a role the provider did not create made (an operator's role, a
+like a tenant blocking its own drop: the sequence is tried again (`SESSION_RETRIES`), and right
+before its changes the sessions of the tenants found granting are ended, so a tenant granting in a
+loop would have to log in again within that transaction's few milliseconds (measured: a loop
+granting as fast as it can no longer wins). A grant that a role the provider did not create made (an operator's role, a
 superuser's object in `template1`) cannot be removed: the drop then fails with dependent_objects
 and says how many such references remain, without names.
 """
@@ -145,8 +148,15 @@ SELECT DISTINCT r.rolname, r.oid, n.nspname, d.defaclobjtype
  CROSS JOIN LATERAL pg_catalog.aclexplode(d.defaclacl) a
  WHERE a.grantee = %(role)s AND d.defaclrole <> %(role)s
 """
-# pg_default_acl.defaclobjtype -> the object kind of ALTER DEFAULT PRIVILEGES
-_DEFAULT_KINDS = {"r": "TABLES", "S": "SEQUENCES", "f": "FUNCTIONS", "T": "TYPES", "n": "SCHEMAS", "L": "LARGE OBJECTS"}
+# pg_default_acl.defaclobjtype -> the object kind of ALTER DEFAULT PRIVILEGES (L: 18 and later)
+_DEFAULT_KINDS = {
+    "r": sql.SQL("TABLES"),
+    "S": sql.SQL("SEQUENCES"),
+    "f": sql.SQL("FUNCTIONS"),
+    "T": sql.SQL("TYPES"),
+    "n": sql.SQL("SCHEMAS"),
+    "L": sql.SQL("LARGE OBJECTS"),
+}
 
 _POLICIES = """
 SELECT p.polname, n.nspname, c.relname, o.rolname, o.oid,
@@ -172,6 +182,10 @@ def _act_as(conn: psycopg.Connection, role: str, role_oid: int, involved: Involv
     return True
 
 
+# The object kinds _OBJECT_GRANTS names, as keywords of REVOKE ... ON <kind>.
+_KINDS = {kind: sql.SQL(kind) for kind in ("SCHEMA", "TABLE", "SEQUENCE", "TYPE", "DOMAIN", "LARGE OBJECT")}
+
+
 def _revoke_object_grants(conn: psycopg.Connection, victim: str, oid: int, involved: Involved) -> None:
     for kind, schema, name, grantor, grantor_oid in conn.execute(_OBJECT_GRANTS, {"role": oid}).fetchall():
         if kind == "LARGE OBJECT":
@@ -183,7 +197,7 @@ def _revoke_object_grants(conn: psycopg.Connection, victim: str, oid: int, invol
         if _act_as(conn, grantor, grantor_oid, involved):
             with as_role(conn, grantor):
                 conn.execute(
-                    sql.SQL("REVOKE ALL ON {} {} FROM {} CASCADE").format(sql.SQL(kind), target, _ident(victim))
+                    sql.SQL("REVOKE ALL ON {} {} FROM {} CASCADE").format(_KINDS[kind], target, _ident(victim))
                 )
     for schema, name, grantor, grantor_oid, arg_schemas, arg_types in conn.execute(
         _ROUTINE_GRANTS, {"role": oid}
@@ -207,7 +221,7 @@ def _revoke_default_privileges(conn: psycopg.Connection, victim: str, oid: int, 
         with as_role(conn, role):
             conn.execute(
                 sql.SQL("ALTER DEFAULT PRIVILEGES {}REVOKE ALL ON {} FROM {} CASCADE").format(
-                    scope, sql.SQL(kind), _ident(victim)
+                    scope, kind, _ident(victim)
                 )
             )
 

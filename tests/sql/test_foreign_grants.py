@@ -32,12 +32,17 @@ def granter(
 ) -> Iterator[TenantSpec]:
     """Tenant A, with a table of its own (`s.t`, one row) in a schema of its own (dropped first: the
     other tenants' roles can only be dropped without its grants)."""
+    for spec in _provisioned(postgres, admin):
+        with _as(postgres, spec) as conn:
+            conn.execute("CREATE SCHEMA s")
+            conn.execute("CREATE TABLE s.t (id int, v text)")
+            conn.execute("INSERT INTO s.t VALUES (1, 'a''s row')")
+        yield spec
+
+
+def _provisioned(postgres: PostgresServer, admin: AdminSession) -> Iterator[TenantSpec]:
     spec = new_spec()
     ensure_tenant(admin, spec)
-    with _as(postgres, spec) as conn:
-        conn.execute("CREATE SCHEMA s")
-        conn.execute("CREATE TABLE s.t (id int, v text)")
-        conn.execute("INSERT INTO s.t VALUES (1, 'a''s row')")
     yield spec
     drop_as_superuser(postgres, spec.name)
 
@@ -45,19 +50,13 @@ def granter(
 @pytest.fixture
 def victim(postgres: PostgresServer, admin: AdminSession) -> Iterator[TenantSpec]:
     """Tenant B, whose DELETE must end with its role dropped."""
-    spec = new_spec()
-    ensure_tenant(admin, spec)
-    yield spec
-    drop_as_superuser(postgres, spec.name)
+    yield from _provisioned(postgres, admin)
 
 
 @pytest.fixture
 def bystander(postgres: PostgresServer, admin: AdminSession) -> Iterator[TenantSpec]:
     """Tenant C, to whom A grants the same things (those grants must stay)."""
-    spec = new_spec()
-    ensure_tenant(admin, spec)
-    yield spec
-    drop_as_superuser(postgres, spec.name)
+    yield from _provisioned(postgres, admin)
 
 
 @contextmanager
