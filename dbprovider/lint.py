@@ -462,11 +462,11 @@ class Linter:
                     RULE_SHARD_TLS,
                 )
             entry = next((s for s in config.shard_secrets if (s.namespace, s.name) == (ref.namespace, ref.name)), None)
-            binding = EndpointBinding(entry.host, entry.port) if entry is not None else None
-            refusal = binding and binding.refusal(f"{ref.namespace}/{ref.name}", spec.admin_host, spec.admin.port)
-            if refusal:
+            binding = EndpointBinding(entry.host, entry.port) if entry is not None else EndpointBinding()
+            mismatch = binding.refusal(f"{ref.namespace}/{ref.name}", spec.admin_host, spec.admin.port)
+            if mismatch:
                 self.report(
-                    doc, ["spec", "admin"], f"{refusal} (its shardSecrets entry): the Shard stays not Ready "
+                    doc, ["spec", "admin"], f"{mismatch} (its shardSecrets entry): the Shard stays not Ready "
                     "(AdminEndpointMismatch)", RULE_SHARD_ENDPOINT,
                 )
             if spec.engine == Engine.CLOUDBERRY and not config.engines.cloudberry.enabled:

@@ -269,10 +269,10 @@ class PostgresServer:
                 )
             )
 
-    def _preparation(self) -> list[tuple[str, sql.Composable, sql.Composable]]:
+    def _preparation(self) -> list[tuple[str, sql.SQL | sql.Composed, sql.SQL | sql.Composed]]:
         """(database, statement, its undo): docs/sql.md's shard preparation, as a superuser runs it."""
         provisioner = sql.Identifier(self.PROVISIONER)
-        steps: list[tuple[str, sql.Composable, sql.Composable]] = [
+        steps: list[tuple[str, sql.SQL | sql.Composed, sql.SQL | sql.Composed]] = [
             (
                 "postgres",
                 sql.SQL("REVOKE CONNECT ON DATABASE template1 FROM PUBLIC"),

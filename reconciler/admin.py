@@ -114,9 +114,9 @@ class AdminPolicy:
     def check_binding(self, spec: ShardSpec, values: Mapping[str, str]) -> None:
         """AdminEndpointMismatch unless the Shard's admin endpoint is the one its Secret is bound to."""
         ref = spec.admin.secret_ref
-        binding = self.bindings.get((ref.namespace, ref.name)) or EndpointBinding.of_secret(values)
-        refusal = binding and binding.refusal(f"{ref.namespace}/{ref.name}", spec.admin_host, spec.admin.port)
-        if refusal:
+        binding = self.bindings.get((ref.namespace, ref.name)) or EndpointBinding.of_secret(values) or EndpointBinding()
+        refusal = binding.refusal(f"{ref.namespace}/{ref.name}", spec.admin_host, spec.admin.port)
+        if refusal is not None:
             raise AdminEndpointMismatch(f"{refusal}; no connection is made")
 
     def sslrootcert(self, sslmode: str) -> str | None:

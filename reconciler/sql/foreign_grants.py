@@ -265,10 +265,10 @@ class _Database:
     connection_limit: int
     may_connect: bool  # the provisioner holds CONNECT (itself, or through PUBLIC)
 
-    def letting_in(self, me: str) -> list[tuple[sql.Composable, sql.Composable]]:
+    def letting_in(self, me: str) -> list[tuple[sql.Composed, sql.Composed]]:
         """(statement, its undo) the owner runs so that the provisioner can open a session here."""
         target = _ident(self.name)
-        changes: list[tuple[sql.Composable, sql.Composable]] = []
+        changes: list[tuple[sql.Composed, sql.Composed]] = []
         if not self.may_connect:
             changes.append(
                 (
@@ -352,7 +352,7 @@ def _entered(conn: psycopg.Connection, datname: str, involved: Involved) -> Iter
 
 
 def _open_with(
-    conn: psycopg.Connection, database: _Database, changes: list[tuple[sql.Composable, sql.Composable]]
+    conn: psycopg.Connection, database: _Database, changes: list[tuple[sql.Composed, sql.Composed]]
 ) -> psycopg.Connection:
     try:
         if changes:
@@ -438,7 +438,8 @@ SELECT count(*), count(DISTINCT s.dbid)
 
 
 def _still_referenced(conn: psycopg.Connection, oid: int) -> SqlFailure:
-    references, databases = conn.execute(_REMAINING, {"role": oid}).fetchone()
+    row = conn.execute(_REMAINING, {"role": oid}).fetchone()
+    references, databases = row if row is not None else (0, 0)
     return SqlFailure(
         OP_DROP,
         errors.DEPENDENT_OBJECTS,

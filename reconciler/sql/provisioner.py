@@ -106,6 +106,13 @@ SELECT current_setting('max_connections')::int,
 """
 
 
+def _slots(conn: psycopg.Connection) -> ServerSlots:
+    row = conn.execute(_SLOTS).fetchone()
+    if row is None:
+        raise RuntimeError("the settings query returned no row")
+    return ServerSlots(*row)
+
+
 def read_server_slots(admin: Admin, *, timeout: float = OPERATION_TIMEOUT) -> ServerSlots:
     """The connection slots the server allows (operation "check"): the input of the shard's budget."""
-    return run_operation(admin, "check", lambda conn: ServerSlots(*conn.execute(_SLOTS).fetchone()), timeout=timeout)
+    return run_operation(admin, "check", _slots, timeout=timeout)

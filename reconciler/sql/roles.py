@@ -42,7 +42,7 @@ def may_set_role(conn: psycopg.Connection, role_oid: int) -> bool:
     row = conn.execute(
         "SELECT pg_catalog.pg_has_role(session_user, %(role)s::oid, %(option)s)", {"role": role_oid, "option": option}
     ).fetchone()
-    return bool(row and row[0])
+    return row is not None and bool(row[0])
 
 
 def has_sessions(conn: psycopg.Connection, role_oid: int) -> bool:
@@ -52,7 +52,7 @@ def has_sessions(conn: psycopg.Connection, role_oid: int) -> bool:
         " WHERE usesysid = %(role)s AND pid <> pg_catalog.pg_backend_pid())",
         {"role": role_oid},
     ).fetchone()
-    return bool(row[0])
+    return row is not None and bool(row[0])
 
 
 def terminate_sessions(conn: psycopg.Connection, role_oid: int) -> None:

@@ -273,7 +273,7 @@ def connect_database(conn: psycopg.Connection, dbname: str) -> psycopg.Connectio
     like `conn` (cut by the same watchdog) and fenced like it; the caller closes it. Raises psycopg
     errors (see `errors.classify`); never log them raw (their `pgconn` carries the password).
     """
-    params = {key: value for key, value in conn.info.get_parameters().items() if key != "dbname"}
+    params: dict[str, Any] = {key: value for key, value in conn.info.get_parameters().items() if key != "dbname"}
     watchdog: _Watchdog | None = getattr(_running, "watchdog", None)
     timeout = float(params.pop("connect_timeout", CONNECT_TIMEOUT))
     if watchdog is not None:
