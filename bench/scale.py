@@ -83,7 +83,7 @@ def create_shards(rest: Rest, stack: Stack, count: int, per_shard: int) -> list[
                 "admin": {
                     "serviceName": f"{name}-primary",
                     "port": pg.port,
-                    "sslmode": "disable",
+                    "sslmode": "require",
                     "secretRef": {"namespace": dev.namespace, "name": f"{dev.shard}-provisioner"},
                 },
                 "client": {"host": "127.0.0.1", "port": pg.port, "sslmode": "disable"},

@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from api import ApiServer, build_api
 from api.server import DEFAULT_THREADS, front_door_options
 from dbprovider.logs import configure_logging
 from domain.config import InstallConfig, load_install_config, read_install_values
+from domain.connection_budget import database_limit
 from domain.settings import SETTINGS
 from domain.version import __version__
 from reconciler.fleet_metrics import FleetCollector
@@ -125,7 +127,9 @@ class Manager:
         registry = self.controllers.metrics.registry
         informers = self.controllers.informers
         shards, databases = informers.informer(SHARDS), informers.informer(DATABASES, options.namespace)
-        registry.register(FleetCollector(shards.list, databases.list))
+        registry.register(
+            FleetCollector(shards.list, databases.list, connection_limit=partial(database_limit, config=options.config))
+        )
         register_build_info(registry)
         self.api = build_api(
             options.config, informers, registry=registry, apiserver_reachable=self.controllers.apiserver_reachable

@@ -21,10 +21,13 @@ from typing import Any, TextIO
 
 from dbprovider.clitools import EXIT_FINDINGS, EXIT_INVALID, EXIT_OK
 from dbprovider.upgrade_facts import LiveInstall, LiveInstallError, read_live_install
+from domain.admin_access import tls_refusal
 from domain.config import DEFAULT_NAMESPACE, DEFAULT_RELEASE_NAME
-from domain.constants import SERVED_VERSIONS, Phase, ShardReason, SslMode
+from domain.connection_budget import Commitments, budget, provider_sessions
+from domain.constants import SERVED_VERSIONS, Phase, ShardReason
 from domain.settings import SETTINGS
 from domain.version import UPGRADES_FROM, __version__, parse_version
+from reconciler.setup import DATABASE_WORKERS
 from reconciler.sql.errors import INSECURE_AUTH_REFUSED
 from reconciler.sql.tenant import Ownership
 
@@ -102,16 +105,44 @@ def _admin_secrets_listed(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
             )
 
 
-_WITHOUT_TLS = (SslMode.DISABLE, SslMode.ALLOW, SslMode.PREFER)
-
-
 def _admin_tls(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
+    cleartext = live.config.shard_tls.cleartext_shards if live.config is not None else ()
     for name in sorted(live.shards):
         spec = live.shard_spec(name)
-        if spec is not None and spec.admin.sslmode in _WITHOUT_TLS:
+        refusal = None if spec is None else tls_refusal(name, spec.admin.sslmode, cleartext)
+        if refusal is not None:
             yield ERROR, f"Shard/{name}", (
-                f"spec.admin.sslmode is {spec.admin.sslmode}: the admin connection needs TLS (require, verify-ca "
-                "or verify-full), so the provisioner's SCRAM login is bound to the channel"
+                f"{refusal}: the shard would be AdminTlsRequired (no placements, no SQL). Turn TLS on, or only "
+                "where the server cannot do TLS, add the shard to shardTLS.cleartextShards in the new config"
+            )
+
+
+def _admin_endpoint(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
+    if live.shard_sql is None:
+        return  # the Secrets are read with --shard-sql only; tenant-ownership says it was not run
+    for shard, fact in sorted(live.shard_sql.items()):
+        if fact.refusal is not None and fact.refusal[0] == ShardReason.ADMIN_ENDPOINT_MISMATCH:
+            yield ERROR, f"Shard/{shard}", (
+                f"{fact.refusal[1]}: the shard would be AdminEndpointMismatch (no placements, no SQL). Point "
+                "spec.admin at the Service the Secret names, or bind the Secret in shardSecrets[].host/port"
+            )
+
+
+def _connection_budget(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
+    if live.shard_sql is None or live.config is None:
+        return
+    provider = provider_sessions(DATABASE_WORKERS)
+    for shard, fact in sorted(live.shard_sql.items()):
+        if fact.slots is None:
+            continue
+        shard_budget = budget(fact.slots, provider, live.config.connection_budget.reserved)
+        limits = (db.connection_limit for db in live.databases if db.shard == shard and db.phase != Phase.DELETED)
+        committed = Commitments.of(limits).total(shard_budget)
+        if committed > shard_budget:
+            yield WARNING, f"Shard/{shard}", (
+                f"its databases commit {committed} connections, more than its budget of {shard_budget} "
+                f"(max_connections {fact.slots.max_connections}): it keeps working but takes no new databases "
+                "(ConnectionBudgetExceeded). Raise max_connections or lower connectionBudget.reserved"
             )
 
 
@@ -174,7 +205,9 @@ CHECKS: tuple[Check, ...] = (
     Check("crd-stored-versions", "every stored version of the CRDs is served by this release", _stored_versions),
     Check("admin-secret-listed", "every Shard's admin Secret is listed in shardSecrets", _admin_secrets_listed),
     Check("admin-tls", "every Shard's admin connection uses TLS", _admin_tls),
+    Check("admin-endpoint", "every admin Secret goes only to the endpoint it names", _admin_endpoint),
     Check("admin-scram", "every shard offers the provisioner SCRAM", _admin_scram),
+    Check("connection-budget", "no shard's databases commit more connections than its budget", _connection_budget),
     Check("tenant-ownership", "every tenant carries its Database's ownership record, or gets it", _tenant_ownership),
 )
 

@@ -21,14 +21,16 @@ from pydantic import ValidationError
 from urllib3.exceptions import HTTPError
 
 from domain.config import ConfigError, InstallConfig, load_install_config
+from domain.connection_budget import ServerSlots
 from domain.constants import Phase
 from domain.settings import SETTINGS
 from domain.specs import ShardSpec, parse_database, parse_shard
 from domain.status import DatabaseStatus
 from informers import CONFIGMAPS, Rest
-from reconciler.admin import AdminPolicy, AdminSecretInvalid, admin_endpoint
+from reconciler.admin import AdminPolicy, AdminRefused, AdminSecretInvalid, admin_endpoint
 from reconciler.resources import CONSUMERS, DATABASES, SHARDS
 from reconciler.sql.errors import classify
+from reconciler.sql.provisioner import server_slots
 from reconciler.sql.session import connect_admin
 from reconciler.sql.tenant import (
     OwnerRecord,
@@ -73,6 +75,8 @@ class ShardSqlFact:
 
     tenants: dict[str, OwnershipCheck] = field(default_factory=dict)  # Database name -> verdict
     error_class: str | None = None  # the connection or the reads failed (e.g. insecure_auth_refused)
+    refusal: tuple[str, str] | None = None  # (Ready reason, message): this release will not log in there
+    slots: ServerSlots | None = None  # the server's connection slots, the input of its budget
 
 
 @dataclass
@@ -215,17 +219,24 @@ def _read_shards(
         spec = live.shard_spec(name)
         if spec is None:
             continue
-        facts[name] = _read_shard(rest, spec, policy, host_override, placed.get(name, []))
+        facts[name] = _read_shard(rest, name, spec, policy, host_override, placed.get(name, []))
     return facts
 
 
 def _read_shard(
-    rest: Rest, spec: ShardSpec, policy: AdminPolicy, host_override: str | None, databases: list[DatabaseFact]
+    rest: Rest,
+    name: str,
+    spec: ShardSpec,
+    policy: AdminPolicy,
+    host_override: str | None,
+    databases: list[DatabaseFact],
 ) -> ShardSqlFact:
     try:
-        endpoint = admin_endpoint(rest, spec, policy, host_override)
+        endpoint = admin_endpoint(rest, name, spec, policy, host_override)
     except AdminSecretInvalid:
         return ShardSqlFact(error_class="admin_secret_invalid")
+    except AdminRefused as exc:  # this release's rules (TLS, the Secret's endpoint): no connection is made
+        return ShardSqlFact(refusal=(str(exc.reason), str(exc)))
     try:
         conn = connect_admin(endpoint, application_name=APPLICATION_NAME)
     except Exception as exc:  # noqa: BLE001 - classified, never echoed
@@ -234,6 +245,7 @@ def _read_shard(
     with contextlib.closing(conn):
         try:
             conn.execute("SET default_transaction_read_only = on")  # whatever runs below cannot write
+            slots = server_slots(conn)
             for db in databases:
                 assert db.tenant is not None
                 validate_tenant_name(db.tenant)
@@ -244,4 +256,4 @@ def _read_shard(
                     verdicts[db.name] = inspect_provisioning(conn, db.tenant, owner)
         except Exception as exc:  # noqa: BLE001
             return ShardSqlFact(verdicts, classify(exc, "check").error_class)
-    return ShardSqlFact(verdicts)
+    return ShardSqlFact(verdicts, slots=slots)

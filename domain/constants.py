@@ -121,6 +121,11 @@ class SslMode(enum.StrEnum):
     VERIFY_CA = "verify-ca"
     VERIFY_FULL = "verify-full"
 
+    @property
+    def always_tls(self) -> bool:
+        """libpq connects only over TLS in this mode (disable, allow and prefer may go without it)."""
+        return self in (SslMode.REQUIRE, SslMode.VERIFY_CA, SslMode.VERIFY_FULL)
+
 
 # Where the pod finds the install's shardTLS.caBundle (mounted by the Deployment template; see settings).
 SHARD_CA_FILE = SETTINGS.files.shard_ca
@@ -196,13 +201,15 @@ class ShardConditionType(enum.StrEnum):
     """Condition types on a Shard.
 
     WEAK_ROLE_ISOLATION is True on servers before PostgreSQL 16 (and Cloudberry), where CREATEROLE may
-    manage any non-superuser role, not only the ones the provisioner created.
+    manage any non-superuser role, not only the ones the provisioner created. CONNECTION_BUDGET_EXCEEDED
+    is True while the databases placed on the shard commit more connections than its budget.
     """
 
     READY = "Ready"
     ADMIN_AUTH_FAILED = "AdminAuthFailed"
     UNREACHABLE = "Unreachable"
     WEAK_ROLE_ISOLATION = "WeakRoleIsolation"
+    CONNECTION_BUDGET_EXCEEDED = "ConnectionBudgetExceeded"
 
 
 class ShardReason(enum.StrEnum):
@@ -210,6 +217,11 @@ class ShardReason(enum.StrEnum):
 
     PROVISIONER_INHERITS: a pre-16 server whose provisioner role has INHERIT (refused: it would gain the
     tenants' privileges). SERVER_BEFORE_16 is the reason of the WeakRoleIsolation condition.
+    ADMIN_TLS_REQUIRED: admin.sslmode may go without TLS (disable, allow, prefer) and the shard is not in
+    the install's shardTLS.cleartextShards; ADMIN_ENDPOINT_MISMATCH: the admin Secret is bound to another
+    host or port than the Shard names. Both are decided before any connection is opened.
+    OVERCOMMITTED is the reason of the ConnectionBudgetExceeded condition (the databases placed there
+    commit more connections than the shard's budget).
     """
 
     OK = "Ok"
@@ -220,6 +232,9 @@ class ShardReason(enum.StrEnum):
     PROVISIONER_INHERITS = "ProvisionerInherits"
     PROVISIONER_INVALID = "ProvisionerInvalid"
     SERVER_BEFORE_16 = "ServerBefore16"
+    ADMIN_TLS_REQUIRED = "AdminTlsRequired"
+    ADMIN_ENDPOINT_MISMATCH = "AdminEndpointMismatch"
+    OVERCOMMITTED = "Overcommitted"
 
 
 class EventReason(enum.StrEnum):

@@ -39,6 +39,18 @@ class ShardStatus(SpecModel):
         description="Server version seen on the admin connection (e.g. 16.4); below 16 the older grant "
         "dialect is used and role isolation is weaker (condition WeakRoleIsolation).",
     )
+    connection_budget: Annotated[StrictInt, Field(ge=0)] | None = Field(
+        default=None,
+        description="Connections the tenants' CONNECTION LIMITs may add up to on this shard: the server's "
+        "max_connections minus its superuser and reserved slots, the provider's own sessions and the "
+        "install's connectionBudget.reserved (read at each check). A database is placed only where its "
+        "limit fits.",
+    )
+    connections_committed: Annotated[StrictInt, Field(ge=0)] | None = Field(
+        default=None,
+        description="The connection limits of the databases placed here (an unlimited one counts as the whole "
+        "budget); above connectionBudget: condition ConnectionBudgetExceeded.",
+    )
 
 
 class ConsumerStatus(SpecModel):

@@ -114,7 +114,13 @@ class BuiltRelease:
     def run(self, *args: str, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
         """Run `dbprovider <args>` of this release to completion (outside any checkout)."""
         return subprocess.run(
-            self.argv(*args), env=self.env(), cwd=self.root, capture_output=True, text=True, check=False, timeout=timeout
+            self.argv(*args),
+            env=self.env(),
+            cwd=self.root,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=timeout,
         )
 
 

@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import re
+import typing
 from collections.abc import Iterable
 from datetime import timedelta
 from functools import lru_cache
@@ -24,7 +25,8 @@ from typing import Any
 
 import jinja2
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter
+from pydantic.fields import FieldInfo
 
 from domain.config import InstallConfig, format_duration
 from domain.constants import (
@@ -103,10 +105,15 @@ def cel_string(value: str) -> str:
 # rendered config while they hold their default (the manager resolves the same default): a pod mounts
 # the ConfigMap by name, so an old pod that restarts mid-rollout reads this release's config, and 0.1.0
 # refuses keys it does not know. From 0.2.0 on the manager ignores unknown keys, so this list ends
-# with the release after 0.2.0 (tests/upgrade/test_config_compat.py holds it to account).
+# with the release after 0.2.0 (tests/upgrade/test_config_compat.py holds it to account). A path is
+# key names by alias; "*" stands for every item of a list.
 ADDED_SINCE_PREVIOUS_RELEASE: tuple[tuple[str, ...], ...] = (
     ("api", "requestTimeout"),
     ("api", "maxRequestsPerConsumer"),
+    ("shardTLS", "cleartextShards"),
+    ("shardSecrets", "*", "host"),
+    ("shardSecrets", "*", "port"),
+    ("connectionBudget",),
 )
 
 
@@ -114,35 +121,41 @@ def config_yaml(config: InstallConfig) -> str:
     """The install config with every default resolved, as the manager reads it from its ConfigMap
     (keys added since the previous release only when they differ from their default)."""
     data = config.model_dump(by_alias=True, mode="json")
-    defaults = _default_dump(config)
     for path in ADDED_SINCE_PREVIOUS_RELEASE:
-        _drop_if_default(data, defaults, path)
+        _drop_if_default(data, path, _field_at(InstallConfig, path))
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True)
 
 
-def _default_dump(config: InstallConfig) -> dict[str, Any]:
-    """The dump of every section of `config` at its defaults (sections that need no input)."""
-    defaults: dict[str, Any] = {}
-    for name, field in type(config).model_fields.items():
-        section = getattr(config, name)
-        if isinstance(section, BaseModel):
-            try:
-                defaults[field.alias or name] = type(section)().model_dump(by_alias=True, mode="json")
-            except ValidationError:
-                continue  # a section with required keys has no defaults to compare with
-    return defaults
+def _field_at(model: type[BaseModel], path: tuple[str, ...]) -> FieldInfo:
+    """The model field at `path` (aliases; "*" an item of a list or tuple)."""
+    annotation: Any = model
+    field: FieldInfo | None = None
+    for part in path:
+        if part == "*":
+            annotation = typing.get_args(annotation)[0]
+            continue
+        field = {f.alias or name: f for name, f in annotation.model_fields.items()}[part]
+        annotation = field.annotation
+    assert field is not None
+    return field
 
 
-def _drop_if_default(data: dict[str, Any], defaults: dict[str, Any], path: tuple[str, ...]) -> None:
-    node: Any = data
-    default: Any = defaults
-    for part in path[:-1]:
-        node, default = node.get(part), default.get(part)
-        if not isinstance(node, dict) or not isinstance(default, dict):
-            return
-    key = path[-1]
-    if key in node and key in default and node[key] == default[key]:
-        del node[key]
+def _drop_if_default(node: Any, path: tuple[str, ...], field: FieldInfo) -> None:
+    """Remove the value at `path` where it is the field's default (compared as parsed values, so
+    "10s" equals timedelta(seconds=10))."""
+    head, rest = path[0], path[1:]
+    if head == "*":
+        for item in node if isinstance(node, list) else ():
+            _drop_if_default(item, rest, field)
+    elif not isinstance(node, dict) or head not in node:
+        return
+    elif rest:
+        _drop_if_default(node[head], rest, field)
+    else:
+        adapter: TypeAdapter[Any] = TypeAdapter(field.rebuild_annotation())
+        parsed = adapter.validate_python(node[head])
+        if parsed == field.get_default(call_default_factory=True):
+            del node[head]
 
 
 def common_labels(config: InstallConfig) -> dict[str, str]:

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import partial
 
 from pydantic import ValidationError
 
 from domain.config import InstallConfig
+from domain.connection_budget import database_limit
 from domain.constants import (
     ANNOTATION_DELETE_REQUESTED_AT,
     FINALIZER_TENANT,
@@ -71,7 +73,7 @@ class DatabaseController:
         self.sessions = sessions or AdminSessions()
         admin_endpoints = AdminEndpointCache(rest, policy or AdminPolicy.from_config(config), admin_host_override)
         # Before any handler that enqueues Databases: a woken worker places with the event applied.
-        self.placement = PlacementIndex(database_shard).watch(shards, databases)
+        self.placement = PlacementIndex(database_shard, partial(database_limit, config=config)).watch(shards, databases)
 
         self.writes = DatabaseWrites(rest)
         self.report = Reporter(self.writes, events)

@@ -38,8 +38,7 @@ import hmac
 import json
 import os
 import re
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,12 +50,15 @@ from domain.naming import PG_IDENTIFIER_MAX_BYTES, PG_IDENTIFIER_RE
 from domain.settings import SETTINGS
 from reconciler.sql import errors
 from reconciler.sql.errors import SqlFailure
+from reconciler.sql.foreign_grants import drop_role
 from reconciler.sql.provisioner import SET_OPTION_MAJOR
+from reconciler.sql.roles import as_role as _as_role
+from reconciler.sql.roles import end_sessions as _end_sessions
+from reconciler.sql.roles import has_sessions as _has_sessions
 from reconciler.sql.session import OPERATION_TIMEOUT, Admin, run_operation
 
 SCRAM_ITERATIONS = 4096  # PostgreSQL's default scram_iterations
 SCRAM_SALT_BYTES = 16
-TERMINATE_WAIT_MS = 5000  # pg_terminate_backend(pid, timeout) waits for the backend to exit (14+)
 # Disable and drop: attempts of the whole close sequence when a tenant session blocks it (each
 # ends the tenant's sessions first); each attempt waits at most the session's lock_timeout.
 SESSION_RETRIES = SETTINGS.sql.blocked_attempts
@@ -268,17 +270,6 @@ def _ident(name: str) -> sql.Identifier:
     return sql.Identifier(name)
 
 
-@contextmanager
-def _as_role(conn: psycopg.Connection, name: str) -> Iterator[None]:
-    """Run owner-only statements as the tenant role (needs SET on it), then return to ourselves."""
-    conn.execute(sql.SQL("SET ROLE {}").format(_ident(name)))
-    try:
-        yield
-    finally:
-        if not conn.broken and not conn.closed:
-            conn.execute("RESET ROLE")
-
-
 def _check_owner(state: TenantState) -> None:
     if state.database_exists and not state.owned_by_role:
         raise _refuse(errors.NAME_TAKEN, "a database of this name exists and is not owned by the tenant role")
@@ -342,30 +333,6 @@ def _open(conn: psycopg.Connection, name: str, state: TenantState) -> None:
             conn.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS true").format(_ident(name)))
 
 
-def _terminate_sessions(conn: psycopg.Connection, role_oid: int) -> None:
-    """End every session of the tenant role. Must run under SET ROLE tenant.
-
-    Signalling another backend needs the privileges of its role (or pg_signal_backend). The
-    provisioner does not inherit the tenant's privileges, so it cannot do this as itself on 15, 16
-    or 18; as the tenant (SET ROLE) it can, and only for the tenant's own sessions.
-    """
-    # pg_terminate_backend(pid, timeout) (14+) waits until the backend has gone.
-    if conn.info.server_version >= 140000:
-        conn.execute(_TERMINATE_AND_WAIT, {"role": role_oid, "wait": TERMINATE_WAIT_MS}).fetchall()
-    else:
-        conn.execute(_TERMINATE, {"role": role_oid}).fetchall()
-
-
-_TERMINATE_AND_WAIT = """
-SELECT pg_catalog.pg_terminate_backend(pid, %(wait)s::bigint) FROM pg_catalog.pg_stat_activity
- WHERE usesysid = %(role)s AND pid <> pg_catalog.pg_backend_pid()
-"""
-_TERMINATE = """
-SELECT pg_catalog.pg_terminate_backend(pid) FROM pg_catalog.pg_stat_activity
- WHERE usesysid = %(role)s AND pid <> pg_catalog.pg_backend_pid()
-"""
-
-
 def _only_row(cursor: psycopg.Cursor[tuple[Any, ...]]) -> tuple[Any, ...]:
     """The row of a query that always returns exactly one (SELECT EXISTS ..., a function call)."""
     row = cursor.fetchone()
@@ -379,15 +346,6 @@ def _one_statement(statement: sql.Composed) -> Callable[[psycopg.Connection], No
         conn.execute(statement)
 
     return body
-
-
-def _has_sessions(conn: psycopg.Connection, role_oid: int) -> bool:
-    row = conn.execute(
-        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity"
-        " WHERE usesysid = %(role)s AND pid <> pg_catalog.pg_backend_pid())",
-        {"role": role_oid},
-    )
-    return bool(_only_row(row)[0])
 
 
 # -- provisioning steps (each: check the catalog, then at most its own statements) --------------
@@ -548,13 +506,6 @@ def set_password(
     run_operation(admin, OP_ROTATE, body, timeout=timeout)
 
 
-def _end_sessions(conn: psycopg.Connection, name: str, role_oid: int) -> None:
-    """End every session of the tenant, as the tenant (the only way the provisioner may)."""
-    if _has_sessions(conn, role_oid):
-        with _as_role(conn, name):
-            _terminate_sessions(conn, role_oid)
-
-
 def _close(conn: psycopg.Connection, name: str, state: TenantState) -> None:
     """NOLOGIN, ALLOW_CONNECTIONS false, no session left. Needs SET on the role.
 
@@ -611,9 +562,11 @@ def _drop_steps(conn: psycopg.Connection, name: str, state: TenantState) -> None
             # Waits up to 5 s for the ended backends to exit, else object_in_use (tried again).
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(_ident(name)))
         # What the tenant made in the admin database (objects where PUBLIC may create, default
-        # privileges anyone may set) would otherwise make DROP ROLE fail with dependent_objects.
-        conn.execute(sql.SQL("DROP OWNED BY {}").format(_ident(name)))
-    conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(_ident(name)))
+        # privileges anyone may set, and what another tenant built on them) would otherwise make
+        # DROP ROLE fail with dependent_objects.
+        conn.execute(sql.SQL("DROP OWNED BY {} CASCADE").format(_ident(name)))
+    # What other tenants granted to the role, in their own databases too, goes first (issue 24).
+    drop_role(conn, name, state.role_oid)
 
 
 def disable_tenant(admin: Admin, name: str, *, timeout: float = OPERATION_TIMEOUT) -> None:

@@ -124,6 +124,27 @@ CASES = [
         id="admin-secret-not-in-shardSecrets",
     ),
     pytest.param(
+        lambda repo: _edit(repo / "shards" / "shard01.yaml", lambda s: s["spec"]["admin"].update(sslmode="prefer")),
+        [("shards/shard01.yaml", "Shard shard01 spec.admin.sslmode", "shard-admin-tls")],
+        id="admin-sslmode-that-may-go-without-tls",
+    ),
+    pytest.param(
+        lambda repo: (
+            _edit(repo / "shards" / "shard01.yaml", lambda s: s["spec"]["admin"].update(sslmode="disable")),
+            _edit(repo / "dbprovider-values.yaml", lambda v: v.update(shardTLS={"cleartextShards": ["shard01"]})),
+        ),
+        [],
+        id="admin-sslmode-disable-allowed-for-the-shard",
+    ),
+    pytest.param(
+        lambda repo: _edit(
+            repo / "dbprovider-values.yaml",
+            lambda v: v["shardSecrets"][0].update(host="pg-shard02-primary.databases.svc", port=5432),
+        ),
+        [("shards/shard01.yaml", "Shard shard01 spec.admin", "shard-admin-endpoint")],
+        id="admin-secret-bound-to-another-endpoint",
+    ),
+    pytest.param(
         lambda repo: write_yaml(repo / "shards" / "copy.yaml", shard("shard01")),
         [("shards/shard01.yaml", "Shard shard01 metadata.name", "duplicate-name")],
         id="duplicate-shard-name",

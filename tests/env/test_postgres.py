@@ -118,3 +118,16 @@ def test_only_a_durable_server_may_be_killed_and_it_commits_durably() -> None:
             assert conn.execute("SELECT v FROM acknowledged").fetchall() == [(1,)]
     with pytest.raises(ValueError, match="synchronous_commit=on"):
         PostgresServer("18", settings={"synchronous_commit": "off"}, durable=True)
+
+
+def test_the_server_is_prepared_as_docs_sql_md_asks(postgres: PostgresServer) -> None:
+    """PUBLIC may not connect to postgres and template1; the provisioner keeps postgres, its admin database."""
+    with postgres.superuser_connection() as admin:
+        rows = admin.execute(
+            "SELECT datname, has_database_privilege('public', oid, 'CONNECT'),"
+            " has_database_privilege('provisioner', oid, 'CONNECT')"
+            " FROM pg_database WHERE datname IN ('postgres', 'template1') ORDER BY 1"
+        ).fetchall()
+    assert rows == [("postgres", False, True), ("template1", False, False)]
+    with postgres.provisioner_connection() as conn:
+        assert conn.execute("SELECT current_database()").fetchone() == ("postgres",)

@@ -110,6 +110,9 @@ class FaultStack:
             config_overrides={
                 "releaseName": RELEASE, "namespace": NAMESPACE, "tls": {"secretName": f"{RELEASE}-tls"},
                 "deletionProtection": {"enabled": False}, "softDelete": {"retention": "0"},
+                # The suite keeps every database it makes (well over 100 on two servers of 200
+                # connections): with a limit of 1 each they all fit the shards' connection budgets.
+                "sizeClasses": {"small": {"connectionLimit": 1}},
                 "shardSecrets": [
                     {"namespace": SHARD_SECRETS_NAMESPACE, "name": f"{name}-provisioner"} for name in (SHARD_A, SHARD_B)
                 ],

@@ -42,7 +42,7 @@ def test_crash_after_any_statement_converges(postgres: PostgresServer, fleet, st
     db = admin_rest.get(DATABASES, name, NAMESPACE)
     password = new_password()
     admin_rest.create(SECRETS, build_secret(db, tenant, password, Endpoint("pg.example.com", 6432, "require")))
-    endpoint = AdminEndpoint("127.0.0.1", postgres.port, postgres.PROVISIONER, postgres.provisioner_password, "disable")
+    endpoint = AdminEndpoint("127.0.0.1", postgres.port, postgres.PROVISIONER, postgres.provisioner_password)
     with AdminSession.for_endpoint(endpoint) as session:
         conn = session.connection()
         owner = OwnerRecord(db["spec"]["consumer"], db["metadata"]["uid"])  # in step 1, as the manager writes it

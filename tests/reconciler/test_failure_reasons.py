@@ -361,7 +361,9 @@ def test_placement_failures_are_warned(fleet, start_manager, admin_rest):
     invalid = fleet.database("bad-size", size_class="gigantic")
     db = wait_reason(fleet, unplaced, "NoCapacity")
     ready = condition(db, "Ready")
-    assert ready["message"] == "no accepting, ready postgres shard below maxDatabases; retrying every 5 minutes"
+    assert ready["message"] == (
+        "no accepting, ready postgres shard below maxDatabases with room for 10 connections; retrying every 5 minutes"
+    )
     assert_warning(admin_rest, db, ready)
     db = wait_reason(fleet, invalid, "InvalidSizeClass")
     ready = condition(db, "Ready")

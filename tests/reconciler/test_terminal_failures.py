@@ -81,7 +81,8 @@ def test_a_terminal_failure_waits_for_a_change_then_converges(
     # Ready before the manager starts: the first pass places at once (no ShardsUnavailable requeue,
     # whose 30 s would hide the terminal failure's own requeue).
     ready = {"type": "Ready", "status": "True", "reason": "Ok", "message": "test", "lastTransitionTime": NOW}
-    admin_rest.patch(SHARDS, shard, {"status": {"conditions": [ready]}}, subresource="status")
+    status = {"conditions": [ready], "connectionBudget": 1000}
+    admin_rest.patch(SHARDS, shard, {"status": status}, subresource="status")
     name = fleet.database(f"terminal-{fix_trigger}")
     tenant = tenant_of(admin_rest, name)
     try:

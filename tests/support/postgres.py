@@ -56,12 +56,14 @@ def drop_as_superuser(server: PostgresServer, *names: str) -> None:
 
 @contextmanager
 def login_role(server: PostgresServer, prefix: str, attributes: str = "LOGIN") -> Iterator[tuple[str, str]]:
-    """A throwaway role created by the superuser; yields (name, password)."""
+    """A throwaway role created by the superuser, with CONNECT on `postgres` as the shard preparation
+    leaves it to admin and monitoring roles; yields (name, password)."""
     name, password = f"{prefix}_{uuid.uuid4().hex[:10]}", secrets.token_urlsafe(18)
     with server.superuser_connection() as conn:
         conn.execute(
             sql.SQL("CREATE ROLE {} " + attributes + " PASSWORD {}").format(sql.Identifier(name), sql.Literal(password))
         )
+        conn.execute(sql.SQL("GRANT CONNECT ON DATABASE postgres TO {}").format(sql.Identifier(name)))
     try:
         yield name, password
     finally:

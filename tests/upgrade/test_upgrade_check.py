@@ -83,9 +83,9 @@ class Setup:
         self.tenants: list[str] = []
         self.secrets: list[str] = []
 
-    def secret(self, name: str, server_user: str, password: str) -> None:
+    def secret(self, name: str, server_user: str, password: str, **extra: str) -> None:
         metadata = {"name": name, "namespace": SECRETS_NS}
-        data = {"user": b64(server_user), "password": b64(password)}
+        data = {"user": b64(server_user), "password": b64(password), **{k: b64(v) for k, v in extra.items()}}
         body = {"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "data": data}
         self.rest.create(SECRETS, body, SECRETS_NS)
         self.secrets.append(name)
@@ -101,7 +101,7 @@ class Setup:
         self.shards.append(name)
         return name
 
-    def database(self, external_id: str, shard: str, phase: str) -> tuple[str, str, OwnerRecord]:
+    def database(self, external_id: str, shard: str, phase: str, limit: int = 10) -> tuple[str, str, OwnerRecord]:
         """A Database placed on `shard` as the previous release leaves it: (name, tenant, its record)."""
         name = f"{external_id}-{self.suffix}"
         db = self.rest.create(DATABASES, {
@@ -111,7 +111,7 @@ class Setup:
         }, NAMESPACE)
         tenant = tenant_name(external_id, db["metadata"]["uid"])
         self.rest.patch(DATABASES, name, {"status": {"phase": phase, "shard": shard, "tenantName": tenant,
-                                                     "appliedConnectionLimit": 10}}, NAMESPACE, subresource="status")
+                                                     "appliedConnectionLimit": limit}}, NAMESPACE, subresource="status")
         self.databases.append(name)
         self.tenants.append(tenant)
         return name, tenant, OwnerRecord("team", db["metadata"]["uid"])
@@ -170,6 +170,13 @@ def test_every_rule_reports_what_this_release_refuses_and_nothing_changes(
     unlisted = setup.shard("unlisted", postgres.port, f"unlisted-{setup.suffix}", "require",
                            _condition("AdminSecretInvalid", "not listed"))
     plain = setup.shard("plain", postgres.port, "listed", "disable", _condition("Ok", "admin connection healthy"))
+    # An admin Secret bound to another endpoint (Percona's pguser Secrets name their host and port).
+    setup.secret(f"bound-{setup.suffix}", postgres.PROVISIONER, postgres.provisioner_password,
+                 host="pg-elsewhere.shards.svc", port=str(postgres.port))
+    bound = setup.shard("bound", postgres.port, f"bound-{setup.suffix}", "require", _condition("Ok", "healthy"))
+    # A shard whose databases commit more connections than its budget.
+    full = setup.shard("full", postgres.port, "listed", "require", _condition("Ok", "healthy"))
+    setup.database("huge", full, "Ready", limit=100_000)
     with HostilePostgres(MD5) as md5_server:
         md5 = setup.shard("md5", md5_server.port, "listed", "prefer",
                           _condition("AdminAuthFailed", "admin login failed: insecure_auth_refused"))
@@ -188,16 +195,22 @@ def test_every_rule_reports_what_this_release_refuses_and_nothing_changes(
             su.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(taken_t)))
         before = _resource_versions(rest)
 
-        code, findings, text = _check(kube, tmp_path, "--shard-sql", "--admin-host-override", "127.0.0.1")
-        assert md5_server.startups, "the check did ask the md5 server"
-        sent = b"".join(md5_server.replies)  # and sent it no password (no PasswordMessage), only hung up
-        assert not sent.startswith(b"p") and postgres.provisioner_password.encode() not in sent
+        values = tmp_path / "values.yaml"  # the upgrade's values list the bound Secret too
+        listed = [{"namespace": SECRETS_NS, "name": name} for name in ("listed", f"bound-{setup.suffix}")]
+        values.write_text(yaml.safe_dump(release_config(RELEASE, NAMESPACE, shardSecrets=listed)))
+        code, findings, text = _check(
+            kube, tmp_path, "--shard-sql", "--admin-host-override", "127.0.0.1", "--config", str(values)
+        )
+        # sslmode prefer may go without TLS: this release opens no connection there at all (admin-tls).
+        assert not md5_server.startups, "the check connected to a shard this release refuses"
 
     expected = {
         ("error", "admin-secret-listed", f"Shard/{unlisted}"),
         ("error", "admin-tls", f"Shard/{plain}"),
         ("error", "admin-tls", f"Shard/{md5}"),
         ("error", "admin-scram", f"Shard/{md5}"),
+        ("error", "admin-endpoint", f"Shard/{bound}"),
+        ("warning", "connection-budget", f"Shard/{full}"),
         ("notice", "tenant-ownership", f"Database/{NAMESPACE}/{legacy}"),
         ("warning", "tenant-ownership", f"Database/{NAMESPACE}/{foreign}"),
         ("error", "tenant-ownership", f"Database/{NAMESPACE}/{taken}"),  # 15: unprovable; 16+: no ADMIN
@@ -207,6 +220,7 @@ def test_every_rule_reports_what_this_release_refuses_and_nothing_changes(
     assert not {f for f in mine - expected if f[0] != "notice" or f[1] != "tenant-ownership"} - {
         ("warning", "tenant-ownership", f"Shard/{plain}"),  # sslmode disable: this server takes TLS only
         ("warning", "tenant-ownership", f"Shard/{unlisted}"),  # its Secret is not listed: never read
+        ("warning", "tenant-ownership", f"Database/{NAMESPACE}/huge-{setup.suffix}"),  # no tenant made for it
     }, text
     assert f"Database/{NAMESPACE}/{recorded}" not in {f[2] for f in findings}
     assert code == 1
@@ -265,3 +279,18 @@ def test_the_installed_release_decides_the_path(installed: Rest) -> None:
     assert list(_release_path(live(None))) == []
     assert [f[0] for f in _release_path(live("9.0.0"))] == ["error"]
     assert [f[0] for f in _release_path(live("0.0.1"))] == ["error"]
+
+
+def test_a_shard_named_in_cleartext_shards_may_keep_a_mode_without_tls(
+    kube: KubeControlPlane, setup: Setup, postgres: PostgresServer, tmp_path: Path
+) -> None:
+    setup.secret("listed", postgres.PROVISIONER, postgres.provisioner_password)
+    plain = setup.shard("plain", postgres.port, "listed", "disable", _condition("Ok", "admin connection healthy"))
+    code, findings, text = _check(kube, tmp_path)
+    assert ("error", "admin-tls", f"Shard/{plain}") in findings, text
+    values = tmp_path / "values.yaml"
+    config = release_config(RELEASE, NAMESPACE, shardSecrets=[{"namespace": SECRETS_NS, "name": "listed"}],
+                            shardTLS={"cleartextShards": [plain]})
+    values.write_text(yaml.safe_dump(config))
+    code, findings, text = _check(kube, tmp_path, "--config", str(values))
+    assert ("error", "admin-tls", f"Shard/{plain}") not in findings, text
