@@ -1,7 +1,10 @@
 # The provider image: `dbprovider manager` (the Deployment's command) and `dbprovider render`.
-# Build from the repository root:  docker build -t ghcr.io/bnerd/dbprovider:0.1.0 .
+# Build from the repository root, with the version domain/version.py holds (the build fails on any other):
+#   VERSION=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' domain/version.py)
+#   docker build --build-arg VERSION=$VERSION -t ghcr.io/bnerd/dbprovider:$VERSION .
 
 FROM python:3.11-slim AS build
+ARG VERSION
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
@@ -10,9 +13,14 @@ WORKDIR /src
 COPY . .
 RUN python -m venv /opt/dbprovider \
  && /opt/dbprovider/bin/pip install . \
- && /opt/dbprovider/bin/dbprovider --help >/dev/null
+ && /opt/dbprovider/bin/dbprovider --help >/dev/null \
+ && { [ "$(/opt/dbprovider/bin/dbprovider --version)" = "dbprovider ${VERSION}" ] \
+      || { echo "build argument VERSION=${VERSION} is not the version in domain/version.py" >&2; exit 1; }; }
 
 FROM python:3.11-slim
+ARG VERSION
+LABEL org.opencontainers.image.title="dbprovider" \
+      org.opencontainers.image.version="${VERSION}"
 # A fixed numeric non-root user, matching the Deployment's runAsUser/runAsGroup/fsGroup (10001).
 RUN groupadd --system --gid 10001 dbprovider \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \

@@ -149,8 +149,16 @@ BENCH_CONFIG: dict[str, Any] = {
 class Stack:
     """kube-apiserver + etcd, PostgreSQL 18 and the installed product (`DevStack`); `close()` stops all."""
 
-    def __init__(self, name: str, *, log_statements: bool = False, kube_args: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        log_statements: bool = False,
+        kube_args: list[str] | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> None:
         self.name = name
+        self.config = {**BENCH_CONFIG, **(config or {})}
         self.log_statements = log_statements
         self.kube_args = kube_args
         self.state_dir = Path(tempfile.mkdtemp(prefix=f"dbprovider-bench-{name}-"))
@@ -165,7 +173,7 @@ class Stack:
         log("starting PostgreSQL 18" + (" (log_statement=all)" if self.log_statements else ""))
         self.postgres = PostgresServer("18", log_statements=self.log_statements).start()
         log("installing the product (DevStack)")
-        self.dev = DevStack(self.kube, self.postgres, self.state_dir / "dev", config_overrides=BENCH_CONFIG).install()
+        self.dev = DevStack(self.kube, self.postgres, self.state_dir / "dev", config_overrides=self.config).install()
         return self
 
     def admin_rest(self, pool: int = 32) -> Rest:

@@ -7,9 +7,10 @@ import os
 import sys
 from collections.abc import Sequence
 
-from dbprovider import consumer_cmd, lint
+from dbprovider import consumer_cmd, lint, upgrade_check
 from dbprovider.clitools import subcommand
 from domain.settings import SETTINGS
+from domain.version import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dbprovider",
         description="Places tenant PostgreSQL databases on shards and hands credentials to consumers.",
     )
+    parser.add_argument("--version", action="version", version=f"dbprovider {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     dev = subcommand(
@@ -141,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     consumer_cmd.add_parser(commands)
     lint.add_parser(commands)
+    upgrade_check.add_parser(commands)
     return parser
 
 
@@ -179,7 +182,8 @@ def _run_render(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.handler(args)
+    exit_code: int = args.handler(args)
+    return exit_code
 
 
 if __name__ == "__main__":

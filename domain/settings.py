@@ -19,6 +19,7 @@ by changing this object (it is frozen).
     SETTINGS.shard_checks                           Shard ping intervals and timeouts
     SETTINGS.sql                                    SQL operation bounds and reconnect backoff
     SETTINGS.quota                                  the quota ledger's reservation timeout and retries
+    SETTINGS.pod                                    the Deployment's memory and what API connections may use
 
 A `Backoff` (base, factor, cap) is the one exponential scheme: the work queue, the informers' relist
 and the SQL reconnects each hold one, with different numbers.
@@ -101,6 +102,10 @@ class Probes:
 
     liveness: str = "/healthz"  # 200 while the process serves requests
     readiness: str = "/readyz"  # 200 once the caches synced and the apiserver answers
+    # A stopping pod keeps serving this long before it gets SIGTERM (the Deployment's preStop): the
+    # Service's endpoints drop it meanwhile, so no request is still routed to it when its API stops
+    # (a rolling update answers every request; measured in tests/upgrade).
+    pre_stop_seconds: int = 5
 
 
 @dataclass(frozen=True)
@@ -125,10 +130,17 @@ class LeaseTimings:
     # (and at least `min_contact_window` seconds): a slow answer or two is no outage.
     contact_periods: int = 3
     min_contact_window: float = 5.0
+    # What a replica of an OLDER release waits before it takes the Lease from one of this release (the
+    # Lease's leaseDurationSeconds, which is all an older release reads; replicas of this release read
+    # the real `duration` from the Lease's annotation): during a rollout, and after a newer replica's
+    # crash, an older replica never leads again while a newer one is around (docs/upgrade.md).
+    older_release_wait: float = 300.0
 
     def __post_init__(self) -> None:
         if not self.duration > self.renew_deadline > self.retry_period > 0:
             raise ValueError("need lease_duration > renew_deadline > retry_period > 0")
+        if self.older_release_wait < self.duration:
+            raise ValueError("need older_release_wait >= lease_duration")
 
 
 @dataclass(frozen=True)
@@ -190,6 +202,34 @@ class SqlTimings:
     blocked_attempts: int = 4
 
 
+_MIB = 2**20
+
+
+@dataclass(frozen=True)
+class PodResources:
+    """The manager container's memory (the Deployment's requests and limits), and the share of the limit
+    that API connections may take: what the install config's api.maxConnections is checked against.
+
+    The manager itself keeps `manager_room` (143 MB RSS at 10,000 Databases, docs/performance.md, with
+    room to grow); each connection is counted at `connection_bytes`, the worst kind measured by
+    `python -m bench.front_door` (a connection in the middle of a request body), rounded up.
+    """
+
+    memory_request_mib: int = 192
+    memory_limit_mib: int = 512
+    manager_room_mib: int = 256
+    connection_bytes: int = 96 * 1024
+
+    @property
+    def connections_bytes(self) -> int:
+        """The memory left for API connections."""
+        return (self.memory_limit_mib - self.manager_room_mib) * _MIB
+
+    @property
+    def max_connections(self) -> int:
+        return self.connections_bytes // self.connection_bytes
+
+
 @dataclass(frozen=True)
 class QuotaTimings:
     """The per-consumer quota ledger (domain/quota.py): how long a reservation without a database holds
@@ -223,6 +263,7 @@ class Settings:
     shard_checks: ShardChecks = field(default_factory=ShardChecks)
     sql: SqlTimings = field(default_factory=SqlTimings)
     quota: QuotaTimings = field(default_factory=QuotaTimings)
+    pod: PodResources = field(default_factory=PodResources)
 
 
 SETTINGS = Settings()

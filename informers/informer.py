@@ -20,6 +20,7 @@ Behaviour, in the order a reader needs it:
 
 from __future__ import annotations
 
+import builtins
 import json
 import logging
 import random
@@ -62,8 +63,9 @@ def keep_identity(obj: Obj) -> Obj:
     return {"metadata": {k: metadata[k] for k in _IDENTITY if k in metadata}}
 
 
-def _resource_version(obj: Obj) -> str | None:
-    return obj.get("metadata", {}).get("resourceVersion")
+def resource_version_of(obj: Obj) -> str | None:
+    version: str | None = obj.get("metadata", {}).get("resourceVersion")
+    return version
 
 
 class GoneError(Exception):
@@ -186,7 +188,7 @@ class Informer:
         with self._lock:
             return list(self._items.values())
 
-    def keys(self) -> list[str]:
+    def keys(self) -> builtins.list[str]:
         with self._lock:
             return list(self._items)
 
@@ -215,13 +217,13 @@ class Informer:
                     index.setdefault(value, set()).add(key)
             self._indices[name] = index
 
-    def by_index(self, name: str, value: str) -> list[Obj]:
+    def by_index(self, name: str, value: str) -> builtins.list[Obj]:
         """Objects whose index `name` yields `value` (shared, do not mutate)."""
         with self._lock:
             keys = self._index(name).get(value, ())
             return [self._items[k] for k in keys]
 
-    def index_keys(self, name: str, value: str) -> list[str]:
+    def index_keys(self, name: str, value: str) -> builtins.list[str]:
         with self._lock:
             return list(self._index(name).get(value, ()))
 
@@ -229,7 +231,7 @@ class Informer:
         with self._lock:
             return len(self._index(name).get(value, ()))
 
-    def index_values(self, name: str) -> list[str]:
+    def index_values(self, name: str) -> builtins.list[str]:
         """Every value index `name` currently holds (e.g. every shard that has databases)."""
         with self._lock:
             return list(self._index(name))
@@ -243,7 +245,7 @@ class Informer:
     def _index_values(self, name: str, fn: IndexFunc, obj: Obj) -> set[str]:
         try:
             return {v for v in fn(obj) if v is not None}
-        except Exception:  # noqa: BLE001 - a broken index function must not kill the informer
+        except Exception:  # a broken index function must not kill the informer
             log.exception("index %r failed on %s %s", name, self.resource, object_key(obj))
             return set()
 
@@ -283,10 +285,10 @@ class Informer:
     def _call(self, handler: Handler, event_type: str, old: Obj | None, new: Obj | None) -> None:
         try:
             handler(event_type, old, new)
-        except Exception:  # noqa: BLE001 - one broken handler must not stop the others
+        except Exception:  # one broken handler must not stop the others
             log.exception("event handler %r failed for %s", handler, self.resource)
 
-    def _dispatch(self, events: list[tuple[str, Obj | None, Obj | None]]) -> None:
+    def _dispatch(self, events: builtins.list[tuple[str, Obj | None, Obj | None]]) -> None:
         with self._dispatch_lock:
             for event_type, old, new in events:
                 for handler in list(self._handlers):
@@ -325,7 +327,7 @@ class Informer:
         """The pause after `failures` consecutive failures (from 1): the backoff, jittered downwards."""
         return self._backoff.delay(failures - 1) * random.uniform(1.0 - SETTINGS.watch.relist_jitter, 1.0)
 
-    def _selector_query(self) -> list[tuple[str, str]]:
+    def _selector_query(self) -> builtins.list[tuple[str, str]]:
         query = []
         if self.label_selector:
             query.append(("labelSelector", self.label_selector))
@@ -359,14 +361,14 @@ class Informer:
                         obj.setdefault("kind", kind)
                     key = object_key(obj)
                     old = current.get(key)
-                    if old is not None and _resource_version(old) == _resource_version(obj):
+                    if old is not None and resource_version_of(old) == resource_version_of(obj):
                         fresh[key] = old  # keep the stored object: no second copy in memory
                     else:
                         fresh[key] = self._prepare(obj)
             metadata = page.get("metadata") or {}
             continue_token = metadata.get("continue")
             if not continue_token:
-                resource_version = metadata["resourceVersion"]
+                resource_version = str(metadata["resourceVersion"])
                 break
             if self._stop.is_set():
                 raise InterruptedError("stopped during list")
@@ -396,8 +398,9 @@ class Informer:
                 if key not in fresh:
                     events.append((DELETED, old, None))
             for _event_type, old, new in events:
-                key = object_key(new if new is not None else old)
-                self._reindex(key, old, new)
+                changed = new if new is not None else old
+                if changed is not None:  # always: an event has an old or a new object, or both
+                    self._reindex(object_key(changed), old, new)
             self._items = fresh
             self.resource_version = resource_version
         if not self._synced.is_set():
@@ -457,7 +460,7 @@ class Informer:
             if code == 410:
                 raise GoneError(message)
             raise ApiException(status=code, reason=message, body=json.dumps(obj))
-        new_rv = _resource_version(obj) or resource_version
+        new_rv = resource_version_of(obj) or resource_version
         if event_type == "BOOKMARK":
             self.stats["bookmarks"] += 1
             self._progress = True
@@ -483,7 +486,7 @@ class Informer:
                     del self._items[key]
                     self._reindex(key, old, None)
                     dispatch = (DELETED, obj, None)
-            elif old is None or _resource_version(old) != new_rv:
+            elif old is None or resource_version_of(old) != new_rv:
                 self._items[key] = obj
                 self._reindex(key, old, obj)
                 dispatch = (ADDED, None, obj) if old is None else (MODIFIED, old, obj)

@@ -28,17 +28,22 @@ from collections.abc import Iterable
 from kubernetes.client.exceptions import ApiException
 
 from domain.settings import SETTINGS, Backoff
-from informers.informer import ADDED, DELETED, MODIFIED, Handler, Informer, Obj, strip_managed_fields
+from informers.informer import (
+    ADDED,
+    DELETED,
+    MODIFIED,
+    Handler,
+    Informer,
+    Obj,
+    resource_version_of,
+    strip_managed_fields,
+)
 from informers.rest import Rest
 
 log = logging.getLogger(__name__)
 
 FETCH_WORKERS = 4  # parallel GETs: 1,000 names are read in about a second at start
 FETCH_TIMEOUT: tuple[float, float] = (5.0, 10.0)
-
-
-def _version(obj: Obj | None) -> str | None:
-    return (obj or {}).get("metadata", {}).get("resourceVersion")
 
 
 class NamedObjects:
@@ -176,7 +181,7 @@ class NamedObjects:
         while (name := self._next()) is not None:
             try:
                 self._read(name)
-            except Exception:  # noqa: BLE001 - a broken handler must not end the worker
+            except Exception:  # a broken handler must not end the worker
                 log.exception("%r: reading %s failed", self, name)
             finally:
                 with self._cond:
@@ -194,7 +199,7 @@ class NamedObjects:
         listed = self.index.get(f"{self.namespace}/{name}")
         if listed is None:
             fresh = None
-        elif held is not None and _version(held) == _version(listed):
+        elif held is not None and resource_version_of(held) == resource_version_of(listed):
             fresh = held
         else:
             try:

@@ -1,9 +1,11 @@
 """Capacity-aware placement: pick the shard a new Database goes to, from the informer caches alone.
 
 The rule: the usable shard (of the engine, accepting, Ready, not being deleted, below
-`maxDatabases`) with the fewest databases; ties go to the smallest name. The count per shard is the
-number of Database objects placed there (Deleting ones included: they still hold a slot until
-they are dropped). A Shard whose spec does not validate is never a candidate.
+`maxDatabases`) with the fewest databases where the new database's connection limit fits the
+shard's connection budget (domain.connection_budget.fits); ties go to the smallest name. The count
+per shard is the number of Database objects placed there (Deleting ones included: they still hold
+a slot until they are dropped), the committed connections their limits. A Shard whose spec does
+not validate, or whose budget was never read, is never a candidate.
 
 `PlacementIndex` keeps the usable shards of each engine ordered by (count, name), updated by the
 Shard and Database informers' events, so placing one database costs the same with 20 or 200
@@ -22,6 +24,7 @@ from pydantic import ValidationError
 from sortedcontainers import SortedList
 
 from domain.conditions import READY, is_condition_true, object_conditions
+from domain.connection_budget import Commitments, fits
 from domain.specs import parse_shard
 from informers import Informer
 
@@ -38,18 +41,25 @@ class ShardCandidate:
     ready: bool
     max_databases: int
     being_deleted: bool = False
+    connection_budget: int | None = None  # status.connectionBudget; None: not read yet
 
     @classmethod
     def from_object(cls, shard: Mapping[str, Any]) -> ShardCandidate:
-        """The candidate of a Shard object; pydantic.ValidationError if its spec does not validate."""
+        """The candidate of a Shard object; pydantic.ValidationError if its spec does not validate.
+
+        Ready only with a known budget: a shard whose check has not read it yet waits like one not Ready.
+        """
         spec = parse_shard(shard)
+        budget = (shard.get("status") or {}).get("connectionBudget")
+        budget = budget if isinstance(budget, int) and not isinstance(budget, bool) else None
         return cls(
             name=shard["metadata"]["name"],
             engine=spec.engine,
             accepting=spec.accepting,
-            ready=is_condition_true(object_conditions(shard), READY),
+            ready=is_condition_true(object_conditions(shard), READY) and budget is not None,
             max_databases=spec.max_databases,
             being_deleted=bool(shard["metadata"].get("deletionTimestamp")),
+            connection_budget=budget,
         )
 
     def usable(self, count: int) -> bool:
@@ -67,12 +77,19 @@ class PlacementIndex:
     `maxDatabases` a soft limit (as documented).
     """
 
-    def __init__(self, database_shard: Callable[[Obj], Iterable[str]]) -> None:
+    def __init__(
+        self,
+        database_shard: Callable[[Obj], Iterable[str]],
+        database_limit: Callable[[Obj], int | None] = lambda _: None,
+    ) -> None:
+        """`database_limit`: the CONNECTION LIMIT a Database commits (domain.connection_budget.database_limit)."""
         self._database_shard = database_shard
+        self._database_limit = database_limit
         self._lock = threading.Lock()
         self._candidates: dict[str, ShardCandidate] = {}
         self._counts: Counter[str] = Counter()
-        self._usable: dict[str, SortedList] = {}  # engine -> SortedList of (count, name)
+        self._commitments: dict[str, Commitments] = {}  # shard -> what its databases commit
+        self._usable: dict[str, SortedList[tuple[int, str]]] = {}  # engine -> SortedList of (count, name)
         self._entries: dict[str, tuple[str, tuple[int, str]]] = {}  # shard -> (engine, its entry)
 
     def watch(self, shards: Informer, databases: Informer) -> PlacementIndex:
@@ -81,11 +98,17 @@ class PlacementIndex:
         shards.add_handler(self.shard_event)
         return self
 
-    def choose(self, engine: str) -> str | None:
-        """The shard a new database of `engine` goes to; None = no capacity."""
+    def choose(self, engine: str, connection_limit: int | None = None) -> str | None:
+        """The shard a new database of `engine` (and of that connection limit) goes to; None = no capacity.
+
+        The usable shards in order, the first whose budget the limit fits (None: budgets not checked).
+        """
         with self._lock:
-            usable = self._usable.get(engine)
-            return usable[0][1] if usable else None
+            for _, name in self._usable.get(engine, ()):
+                committed, budget = self._commitments.get(name, Commitments()), self._candidates[name].connection_budget
+                if connection_limit is None or fits(connection_limit, committed, budget):
+                    return name
+            return None
 
     def not_ready(self, engine: str) -> list[str]:
         """Shards of `engine` that would be considered but are not Ready (sorted names).
@@ -122,6 +145,14 @@ class PlacementIndex:
     def database_event(self, event_type: str, old: Obj | None, new: Obj | None) -> None:
         before = set(self._database_shard(old)) if old is not None else set()
         after = set(self._database_shard(new)) if new is not None else set()
+        limit_before = self._database_limit(old) if old is not None else None
+        limit_after = self._database_limit(new) if new is not None else None
+        if before or after:
+            with self._lock:
+                for name in before:
+                    self._commitments[name] = self._commitments.get(name, Commitments()).plus(limit_before, -1)
+                for name in after:
+                    self._commitments[name] = self._commitments.get(name, Commitments()).plus(limit_after)
         if before == after:
             return
         with self._lock:

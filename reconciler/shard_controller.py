@@ -7,9 +7,10 @@ a burst of placements must not ping once per database). Each ping opens a NEW ad
 with a short timeout and closes it: a reused session would keep answering while the postmaster
 accepts no new connections (stopped, out of slots), which no consumer could then use. Shards are
 checked concurrently (the controller's workers), so dead shards do not delay the others. The Ready
-condition's reason says what is wrong (Ok, AdminAuthFailed, AdminSecretInvalid, Unreachable,
-ClusterNotRunning, ProvisionerInherits/ProvisionerInvalid); messages carry a sanitized error class
-only. A shard that is not Ready gets no placements (reconciler.placement reads this condition).
+condition's reason says what is wrong (Ok, AdminAuthFailed, AdminSecretInvalid, AdminTlsRequired,
+AdminEndpointMismatch, Unreachable, ClusterNotRunning, ProvisionerInherits/ProvisionerInvalid);
+messages carry a sanitized error class only. A shard that is not Ready gets no placements
+(reconciler.placement reads this condition).
 """
 
 from __future__ import annotations
@@ -23,17 +24,19 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
+from domain.connection_budget import ServerSlots
 from domain.constants import KELDON_PHASE_RUNNING, Engine, ShardConditionType, ShardReason
 from domain.settings import SETTINGS
 from domain.specs import ShardSpec, parse_shard
 from domain.status import ShardStatus
 from domain.validation import dump_set_fields
 from informers import Informer, Rest
-from reconciler.admin import AdminPolicy, AdminSecretInvalid, AdminSessions, admin_endpoint
+from reconciler.admin import AdminPolicy, AdminRefused, AdminSessions, admin_endpoint
 from reconciler.resources import BY_SHARD, SHARDS
 from reconciler.runtime import Result, set_condition, update_status
+from reconciler.shard_budget import ShardBudgets
 from reconciler.sql.errors import SqlFailure, is_auth_failure
-from reconciler.sql.provisioner import WEAK_CREATEROLE_MESSAGE, dialect_problem, inspect_provisioner
+from reconciler.sql.provisioner import WEAK_CREATEROLE_MESSAGE, dialect_problem, inspect_provisioner, read_server_slots
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +63,7 @@ class Health:
     message: str
     server_version: str | None = None
     weak_createrole: bool = False
+    slots: ServerSlots | None = None  # the server's connection slots, as this check read them
 
     @property
     def ready(self) -> bool:
@@ -77,8 +81,10 @@ class ShardController:
         admin_host_override: str | None = None,
         ping_interval: float = PING_INTERVAL,
         policy: AdminPolicy | None = None,
+        budgets: ShardBudgets | None = None,
     ) -> None:
         self.rest = rest
+        self.budgets = budgets  # the connection budget in the status (reconciler.shard_budget)
         self.policy = policy or AdminPolicy()  # shardSecrets: without it no admin Secret is used
         self.shards = shards
         self.databases = databases
@@ -114,17 +120,19 @@ class ShardController:
         if problem is not None:
             return Health(ShardReason.CLUSTER_NOT_RUNNING, problem)
         try:
-            endpoint = admin_endpoint(self.rest, spec, self.policy, self.admin_host_override)
-        except AdminSecretInvalid as exc:
-            return Health(ShardReason.ADMIN_SECRET_INVALID, str(exc))
+            endpoint = admin_endpoint(self.rest, name, spec, self.policy, self.admin_host_override)
+        except AdminRefused as exc:
+            return Health(exc.reason, str(exc))
         except ApiException as exc:
             return Health(ShardReason.ADMIN_SECRET_INVALID, f"admin Secret not readable (HTTP {exc.status})")
         try:
             with self.sessions.one_off(endpoint, PING_CONNECT_TIMEOUT) as session:
                 info = inspect_provisioner(session, timeout=PING_TIMEOUT)
+                slots = read_server_slots(session, timeout=PING_TIMEOUT)
         except SqlFailure as failure:
             if is_auth_failure(failure):
-                return Health(ShardReason.ADMIN_AUTH_FAILED, f"admin login failed: {failure.error_class}")
+                detail = f" ({failure.detail})" if failure.detail else ""  # e.g. a relay terminating TLS
+                return Health(ShardReason.ADMIN_AUTH_FAILED, f"admin login failed: {failure.error_class}{detail}")
             return Health(ShardReason.UNREACHABLE, str(failure))
         version = f"{info.major}.{info.server_version_num % 10000}"
         problem = dialect_problem(info)
@@ -135,7 +143,7 @@ class ShardController:
                 else (ShardReason.PROVISIONER_INVALID)
             )
             return Health(reason, problem, version, info.weak_createrole)
-        return Health(ShardReason.OK, "admin connection healthy", version, info.weak_createrole)
+        return Health(ShardReason.OK, "admin connection healthy", version, info.weak_createrole, slots)
 
     def _health(self, name: str, spec: ShardSpec, generation: int | None) -> Health:
         """check(), but for an unchanged Shard the SQL ping of a Ready one at most every
@@ -198,6 +206,8 @@ class ShardController:
             server_version=health.server_version,  # None (not checked this time): the last one stays
         )
         status.update(dump_set_fields(observed))
+        if self.budgets is not None:
+            self.budgets.record(name, self.budgets.of(name, health.slots, status), status, conditions, generation)
         if update_status(self.rest, SHARDS, shard, status) is not None and not health.ready:
             log.warning("shard not ready", extra={"shard": name, "reason": str(health.reason)})
         return Result(requeue_after=self.ping_interval if health.ready else min(NOT_READY_RECHECK, self.ping_interval))

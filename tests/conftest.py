@@ -2,16 +2,40 @@
 
 The helpers and the fixtures the suites share live in tests/support; DBPROVIDER_PG_FLAVORS (see
 tests/support/postgres.py) selects the PostgreSQL majors the `postgres` fixture runs over.
+
+Tiers: a test that uses a fixture starting a server (SERVER_FIXTURES, directly or through another
+fixture) is marked `server` here; a test that starts one itself carries `pytest.mark.server`.
+`make test-fast` runs the rest (`-m "not server"`) with harness.process.NO_SERVERS_ENV set, so a test
+that starts a server without the mark fails there instead of slowing the inner loop.
+
+`make test` runs everything but the SERIAL_SUITES on two pytest-xdist workers (each with its own session
+servers: ports are chosen at run time, so they never meet), then the serial suites alone.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from harness import KubeControlPlane, PostgresServer
 from tests.support.postgres import PG_FLAVORS, PostgresPool
+
+# Fixtures that start a kube-apiserver, PostgreSQL, or both (the suites' own ones included).
+SERVER_FIXTURES = frozenset({"kube", "postgres_pool", "logged_pg", "clusters", "stack", "compacting_kube"})
+# Suites that kill or pause processes and measure recovery, or run a real Prometheus on its own clock:
+# `make test` runs them after the others, alone on the machine, never beside another worker.
+SERIAL_SUITES = frozenset({"faults", "alerts"})
+TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.server)
+        if item.path.relative_to(TESTS).parts[0] in SERIAL_SUITES:
+            item.add_marker(pytest.mark.serial)
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,8 @@
   no SQL at all (deletion.py) -> soft delete or recovery (deletion.py) -> placement, persisted
   before any SQL (placement.py) -> shard -> credentials Secret, written before the role: the
   source of the password (secret.py) -> Ready path: no SQL unless the database's own inputs
-  changed (ready.py) -> provisioning (provisioning.py).
+  changed (ready.py), and once per database the ownership check (ownership.py) -> provisioning
+  (provisioning.py).
 
 Each step reads and changes the typed `Database` (state.py). SQL runs through `ShardSql` (shard_sql.py):
 a failure goes into status with its sanitized class and is retried with backoff
@@ -16,10 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import partial
 
 from pydantic import ValidationError
 
 from domain.config import InstallConfig
+from domain.connection_budget import database_limit
 from domain.constants import (
     ANNOTATION_DELETE_REQUESTED_AT,
     FINALIZER_TENANT,
@@ -32,6 +35,7 @@ from informers import Informer, Rest
 from reconciler.admin import AdminEndpointCache, AdminPolicy, AdminSessions
 from reconciler.database.deletion import Deletion
 from reconciler.database.finalizers import Finalizers, finalizers
+from reconciler.database.ownership import OwnershipConfirmation
 from reconciler.database.placement import Placer
 from reconciler.database.provisioning import Provisioner
 from reconciler.database.ready import ReadyPath
@@ -69,7 +73,7 @@ class DatabaseController:
         self.sessions = sessions or AdminSessions()
         admin_endpoints = AdminEndpointCache(rest, policy or AdminPolicy.from_config(config), admin_host_override)
         # Before any handler that enqueues Databases: a woken worker places with the event applied.
-        self.placement = PlacementIndex(database_shard).watch(shards, databases)
+        self.placement = PlacementIndex(database_shard, partial(database_limit, config=config)).watch(shards, databases)
 
         self.writes = DatabaseWrites(rest)
         self.report = Reporter(self.writes, events)
@@ -80,6 +84,7 @@ class DatabaseController:
         self.deletion = Deletion(config, shards, self.sql, self.writes, self.report, self.finalizers, clock)
         self.ready = ReadyPath(config, rest, self.secrets, self.sql, self.writes, self.report)
         self.provisioner = Provisioner(config, self.sql, self.writes, self.report)
+        self.ownership = OwnershipConfirmation(self.sql, self.writes, self.report)
 
     @property
     def on_shard_trouble(self) -> Callable[[str], None] | None:
@@ -139,6 +144,7 @@ class DatabaseController:
 
         if database.status.phase == Phase.READY:
             self.ready.converge(database, shard, secret)
+            return self.ownership.confirm(database, shard)  # SQL once per database, then never again
         else:
             self.provisioner.provision(database, shard, secret)
         return None

@@ -164,5 +164,5 @@ class ControllerManager:
             for hook in self._after_stop:
                 try:
                     hook()
-                except Exception:  # noqa: BLE001 - a failing hook must not keep the others from running
+                except Exception:  # a failing hook must not keep the others from running
                     log.exception("after-stop hook %r failed", hook)

@@ -3,23 +3,31 @@ leader election with failover, metrics, and logs that never carry a token, hash 
 
 from __future__ import annotations
 
-import signal
-from collections.abc import Iterator
+import os
+import platform
+import resource
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
+import requests
 
-from dbprovider.devstack import DevStack
+from dbprovider.devstack import DevStack, free_port
+from dbprovider.manager import FD_RESERVE
 from domain.settings import SETTINGS
 from domain.tokens import hash_token
+from domain.version import __version__
 from harness import KubeControlPlane, PostgresServer
 from harness.certs import CertificateAuthority
 from informers import LEASES, Rest
 from reconciler.resources import CONSUMERS, SHARDS
+from reconciler.runtime.leader import lease_holder
 from tests.e2e.conftest import install_stack
 from tests.support.common import condition, wait_for
-from tests.support.replica import ManagerReplica
+from tests.support.replica import REPO, ManagerReplica
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +47,7 @@ def _holder(kube: KubeControlPlane) -> str | None:
             lease = Rest(client).get(LEASES, "e2etest-manager", "e2etest-system")
         except Exception:  # noqa: BLE001
             return None
-    return lease["spec"].get("holderIdentity")
+    return lease_holder(lease)
 
 
 def test_two_replicas_serve_the_consumer_flow_and_fail_over(stack: DevStack, kube: KubeControlPlane, tmp_path):
@@ -68,9 +76,12 @@ def test_two_replicas_serve_the_consumer_flow_and_fail_over(stack: DevStack, kub
         assert "_created" not in metrics  # prometheus_client's *_created series are switched off
         assert 'route="/v1/databases/{externalId}"' in follower.metrics()
         assert "dbprovider_reconcile_conflicts_total" in metrics
+        # Which release each replica runs (one version source: domain/version.py).
+        build_info = f'dbprovider_build_info{{python="{platform.python_version()}",version="{__version__}"}} 1.0'
+        assert build_info in metrics and build_info in follower.metrics()
 
         # The leader dies without a goodbye: the follower takes the Lease and reconciles.
-        leader.stop(signal.SIGKILL)
+        leader.kill()
         wait_for(lambda: _holder(kube) == follower.name, timeout=60, what="failover")
         assert follower.call("PUT", "/v1/databases/billing").status_code == 201
         wait_for(lambda: follower.call("GET", "/v1/databases/billing").json()["phase"] == "Ready",
@@ -81,11 +92,12 @@ def test_two_replicas_serve_the_consumer_flow_and_fail_over(stack: DevStack, kub
         wait_for(lambda: follower.call("GET", "/v1/databases/orders").status_code == 404,
                  timeout=60, what="orders removed")
 
-        assert follower.stop() == 0
-        assert wait_for(lambda: _holder(kube) in (None, ""), timeout=10, what="lease released on SIGTERM")
+        follower.stop()
+        assert follower.exit_code == 0
+        assert wait_for(lambda: _holder(kube) is None, timeout=10, what="lease released on SIGTERM")
     finally:
         for replica in replicas.values():
-            replica.stop(signal.SIGKILL)
+            replica.kill()
 
     token_hash = hash_token(stack.token)
     admin_password = stack.postgres.provisioner_password
@@ -126,7 +138,7 @@ def test_rotation_keeps_or_ends_the_sessions_of_the_old_password(stack: DevStack
         wait_for(lambda: replica.call("GET", "/v1/databases/rotating").status_code == 404,
                  timeout=60, what="rotating removed")
     finally:
-        replica.stop(signal.SIGKILL)
+        replica.kill()
     logs = replica.log.read_text()
     for credentials in (first, second, third):
         assert credentials["password"] not in logs
@@ -188,7 +200,8 @@ def test_a_manager_process_verifies_shards_with_its_shard_ca_file(
                          timeout=90, what="the verify-full shard Unreachable")
         assert (ready["status"], ready["message"]) == ("False", "check failed: tls_failed")
     finally:
-        assert wrong.stop() == 0
+        wrong.stop()
+        assert wrong.exit_code == 0
 
 
 @pytest.mark.parametrize("content", [None, "not a certificate\n"], ids=["missing", "no-pem"])
@@ -200,5 +213,61 @@ def test_a_bad_shard_ca_file_stops_the_manager_at_startup(stack: DevStack, tmp_p
     try:
         assert replica.proc.wait(timeout=60) == 2
     finally:
-        replica.stop(signal.SIGKILL)
+        replica.kill()
     assert "--shard-ca-file (DBPROVIDER_SHARD_CA_FILE)" in replica.log.read_text()
+
+
+# -- the file descriptor limit (issue 25): raised to the hard limit at start; a maxConnections without
+# room for watches, shard sessions and metrics stops the manager, naming the key.
+
+
+def start_limited(stack: DevStack, log: Path, soft: int, hard: int) -> tuple[subprocess.Popen[bytes], int]:
+    """A manager whose RLIMIT_NOFILE starts at (soft, hard), as a container runtime would set it."""
+    limits: Callable[[], None] = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))  # noqa: E731
+    api_port = free_port()
+    env = {**os.environ, **stack.manager_env(), "POD_NAME": f"fd-{log.stem}"}
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            stack.manager_argv(sys.executable, api_port, free_port()), stdout=out, stderr=subprocess.STDOUT,
+            env=env, cwd=REPO, preexec_fn=limits,
+        )
+    return process, api_port
+
+
+def open_files_limit(pid: int) -> tuple[str, str]:
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            soft, hard = line.split()[3:5]
+            return soft, hard
+    raise AssertionError("no open files limit")
+
+
+def test_the_soft_limit_is_raised_to_the_hard_limit(stack: DevStack, tmp_path: Path) -> None:
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    process, api_port = start_limited(stack, tmp_path / "raised.log", 1024, hard)
+    try:
+        def ready() -> bool:
+            assert process.poll() is None, (tmp_path / "raised.log").read_text()
+            try:
+                url = f"https://127.0.0.1:{api_port}/healthz"
+                return requests.get(url, verify=str(stack.ca_file), timeout=2).status_code == 200
+            except requests.RequestException:
+                return False
+
+        wait_for(ready, 60, "the manager to answer")
+        assert open_files_limit(process.pid) == (str(hard), str(hard))
+    finally:
+        process.terminate()
+        process.wait(60)
+
+
+def test_max_connections_without_room_stops_the_manager(stack: DevStack, tmp_path: Path) -> None:
+    limit = 1000 + FD_RESERVE - 1  # the default api.maxConnections (1000) does not fit
+    process, _ = start_limited(stack, tmp_path / "refused.log", limit, limit)
+    try:
+        assert process.wait(timeout=60) == 2
+    finally:
+        process.kill()
+    log = (tmp_path / "refused.log").read_text()
+    assert "api.maxConnections 1000 leaves no room" in log
+    assert f"at most {limit - FD_RESERVE}" in log

@@ -4,7 +4,6 @@ replica killed with its create in flight holds one slot for at most the reservat
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
 from collections import Counter
@@ -56,7 +55,7 @@ def replicas(stack: DevStack, tmp_path_factory) -> Iterator[list[ManagerReplica]
         yield started
     finally:
         for replica in started:
-            replica.stop(signal.SIGKILL)
+            replica.kill()
 
 
 def new_consumer(stack: DevStack, admin: Rest, replicas: list[ManagerReplica], max_databases: int) -> tuple[str, str]:
@@ -148,7 +147,7 @@ def test_a_replica_killed_with_its_create_in_flight_holds_one_slot_until_the_tim
             webhook.wait_received()  # the slot is reserved and the create waits at the apiserver
             reserved = time.monotonic()
             assert counted(admin, consumer) == {"one", "two", "doomed"}
-            victim.stop(signal.SIGKILL)
+            victim.kill()
             webhook.release()  # the create is refused: no database, and no replica left to give the slot back
         # The slot still counts while it may belong to a create in flight ...
         assert survivor.call("PUT", "/v1/databases/three", token).status_code == 429
@@ -162,7 +161,7 @@ def test_a_replica_killed_with_its_create_in_flight_holds_one_slot_until_the_tim
         assert databases_of(admin, consumer) == ["one", "three", "two"]
         assert counted(admin, consumer) == {"one", "two", "three"}
     finally:
-        victim.stop(signal.SIGKILL)
+        victim.kill()
 
 
 def _ignore_errors(replica: ManagerReplica, token: str) -> None:

@@ -8,7 +8,6 @@ import copy
 import json
 import re
 import secrets
-import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -50,7 +49,7 @@ def replica(stack: DevStack, tmp_path_factory) -> Iterator[ManagerReplica]:
         started.wait_ready()
         yield started
     finally:
-        started.stop(signal.SIGKILL)
+        started.kill()
     logs = started.log.read_text().lower()
     assert not any(value in logs for value in SENSITIVE), "a token or its hash appeared in the manager's log"
 
@@ -71,7 +70,7 @@ def write_secret(admin: Rest, name: str, lines: list[str], key: str = "sha256", 
     }
     try:
         admin.create(SECRETS, body, namespace)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         if getattr(exc, "status", None) != 409:
             raise
         admin.replace(SECRETS, body)
@@ -199,7 +198,7 @@ def into_state(admin: Rest, consumer: str, state: str) -> None:
 def _try_patch(admin: Rest, name: str, patch: dict[str, Any]) -> bool:
     try:
         admin.patch(CONSUMERS, name, patch)
-    except Exception as exc:  # noqa: BLE001 - 422 until the apiserver uses the relaxed schema
+    except Exception as exc:  # 422 until the apiserver uses the relaxed schema
         if getattr(exc, "status", None) == 422:
             return False
         raise

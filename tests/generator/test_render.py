@@ -16,6 +16,7 @@ from dbprovider.cli import main
 from domain.config import load_install_config
 from domain.constants import SHARD_CA_FILE
 from domain.settings import SETTINGS
+from domain.version import __version__
 from infra.render import (
     WARNING_NO_CLUSTER,
     _environment,
@@ -212,7 +213,7 @@ def test_deployment() -> None:
     (container,) = pod["containers"]
     assert container["command"] == ["dbprovider"]
     assert container["args"] == ["manager", "--config", CONFIG_PATH]
-    assert container["image"] == "ghcr.io/bnerd/dbprovider:0.1.0"
+    assert container["image"] == f"ghcr.io/bnerd/dbprovider:{__version__}"
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"https": API_PORT, "metrics": METRICS_PORT}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "https", "scheme": "HTTPS"}

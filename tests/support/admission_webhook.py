@@ -143,7 +143,7 @@ class RefusingWebhook:
         webhook = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            def do_POST(self) -> None:  # http.server's naming
                 review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 request = review["request"]
                 if not request.get("dryRun"):

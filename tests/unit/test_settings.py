@@ -131,6 +131,8 @@ def test_the_front_door_defaults_are_the_install_configs() -> None:
         "idle_timeout": server.idle_timeout,
         "max_connections": server.limits.max_total,
         "max_connections_per_client": server.limits.max_per_client,
+        "request_timeout": server.request_timeout,
+        "max_requests_per_consumer": server.consumer_requests.per_consumer,
     }
 
 
