@@ -124,12 +124,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-databases", type=int, default=150, help="the consumer's quota (default 150)")
     parser.add_argument("--replicas", type=int, default=3, help="manager processes (default 3)")
     parser.add_argument("--bursts", type=int, default=3, help="bursts, each between two GET rounds (default 3)")
+    parser.add_argument("--max-requests-per-consumer", type=int, default=None, metavar="N",
+                        help="the install's api.maxRequestsPerConsumer (default: the install default, 8)")
     args = parser.parse_args(argv)
+    per_consumer = args.max_requests_per_consumer
 
     print(f"quota: {args.puts} concurrent PUTs of one consumer over {args.replicas} replicas, "
-          f"maxDatabases {args.max_databases}")
+          f"maxDatabases {args.max_databases}, api.maxRequestsPerConsumer {per_consumer or 'default'}")
     print(f"machine: {machine_line()}")
-    stack = Stack("quota")
+    stack = Stack("quota", config={"api": {"maxRequestsPerConsumer": per_consumer}} if per_consumer else None)
     managers: list[ManagerProcess] = []
     try:
         stack.start()
