@@ -128,14 +128,17 @@ def restructure(
 ) -> dict[str, str] | None:
     """The ledger's new data when its slots must change, else None.
 
-    Frees the slots of `gone` externalIds, adopts the databases `counted_in_cache` that hold no slot, and
-    keeps max(limit, counted) slots: held slots keep their keys (a claim in flight on a free one fails
-    its test and retries), free ones are added or removed at the end.
+    Frees the slots of `gone` externalIds, adopts the databases `counted_in_cache` that hold no slot, frees
+    all but one slot of a database holding several (two replicas claimed for the same externalId, each
+    from a view without the other's claim), and keeps max(limit, counted) slots: held slots keep their
+    keys (a claim in flight on a free one fails its test and retries), free ones are added or removed at
+    the end.
     """
     held = {ext: pair for ext, pair in ledger.held().items() if ext not in set(gone)}
     adopt = sorted(set(counted_in_cache) - set(held))
     size = max(limit, len(held) + len(adopt))
-    unchanged = not adopt and len(held) == len(ledger.held()) and len(ledger.slots) == size
+    held_slots = sum(1 for holder in ledger.slots.values() if holder is not None)  # one database may hold two
+    unchanged = not adopt and len(held) == held_slots and len(ledger.slots) == size
     if ledger.exists and unchanged:
         return None
     data = {key: holder.value() for key, holder in held.values()}

@@ -54,6 +54,16 @@ def test_nothing_to_change_writes_nothing() -> None:
     assert restructure(ledger(("a", 1), None), counted_in_cache=["a"], gone=(), limit=2, now=NOW) is None
 
 
+def test_a_database_holding_two_slots_gives_one_back() -> None:
+    """Two replicas can each claim a slot for the same externalId (a client retrying its PUT on another
+    replica whose view of the ledger lacked the first claim); the next restructure keeps one of them."""
+    book = ledger(("a", 1), ("dup", 2), ("dup", 1))
+    data = restructure(book, counted_in_cache=["a", "dup"], gone=(), limit=3, now=NOW)
+    assert data is not None
+    held = [v.split(" ")[0] for v in data.values() if v != FREE]
+    assert sorted(held) == ["a", "dup"] and len(data) == 3
+
+
 def test_gone_databases_free_their_slots_and_the_size_follows_the_limit() -> None:
     book = ledger(("a", 1), ("b", 1), None)
     data = restructure(book, counted_in_cache=["a"], gone={"b"}, limit=4, now=NOW)
