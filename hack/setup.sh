@@ -40,6 +40,10 @@ if [ ! -e "$stamp" ]; then
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
+# The checkout on the venv's path: the test harness is not part of the package (the wheel and the image
+# ship the runtime only), but `dbprovider dev`, the tests and the benchmarks import it from here.
+site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+[ "$(cat "$site/dbprovider-checkout.pth" 2>/dev/null)" = "$root" ] || echo "$root" > "$site/dbprovider-checkout.pth"
 
 bash hack/fetch-postgres.sh
 bash hack/build-kube.sh >/dev/null
