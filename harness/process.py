@@ -14,13 +14,14 @@ _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL("libc.so.6", use_errno=True)
 
 
-def built_dir(build_script: Path, override_env: str) -> Path:
-    """The cache folder a hack/build-*.sh script puts its pinned binaries in (`<script> --dir`), or
-    the folder the environment variable `override_env` names."""
+def built_dir(build_script: Path, override_env: str, *args: str) -> Path:
+    """The cache folder a hack/build-*.sh script puts its pinned binaries in (`<script> [args] --dir`),
+    or the folder the environment variable `override_env` names."""
     override = os.environ.get(override_env)
     if override:
         return Path(override)
-    out = subprocess.run(["bash", str(build_script), "--dir"], check=True, capture_output=True, text=True)
+    argv = ["bash", str(build_script), *args, "--dir"]
+    out = subprocess.run(argv, check=True, capture_output=True, text=True)
     return Path(out.stdout.strip().splitlines()[-1])
 
 
