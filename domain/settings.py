@@ -13,6 +13,7 @@ by changing this object (it is frozen).
     SETTINGS.env.config / .tls_cert / .tls_key      environment variables naming those files
     SETTINGS.env.shard_ca                           (and --shard-ca-file) the shard CA bundle outside a pod
     SETTINGS.probes.liveness / .readiness           the API's health paths (the Deployment's probes)
+    SETTINGS.termination                            the pod's preStop drain and termination grace period
     SETTINGS.lease                                  Lease duration, renew deadline, retry period
     SETTINGS.retry                                  reconcile backoff, Database requeue intervals
     SETTINGS.watch                                  informer relist backoff, watch and request timeouts
@@ -100,6 +101,21 @@ class Probes:
 
     liveness: str = "/healthz"  # 200 while the process serves requests
     readiness: str = "/readyz"  # 200 once the caches synced and the apiserver answers
+
+
+@dataclass(frozen=True)
+class Termination:
+    """How a replica leaves its pod without failing a request (the Deployment's preStop and grace period).
+
+    When a pod is deleted, SIGTERM and the removal of its address from the Services race: kube-proxy (or
+    a load balancer) may still send new connections for a moment. So the pod first sleeps `drain`
+    seconds serving as usual (a preStop sleep, while the Services stop sending it traffic), and only
+    then gets SIGTERM: the manager stops accepting, finishes the requests in flight, stops its
+    controllers and releases the Lease, all well within `grace` seconds.
+    """
+
+    drain: int = 5
+    grace: int = 30
 
 
 @dataclass(frozen=True)
@@ -196,6 +212,7 @@ class Settings:
     files: MountedFiles = field(default_factory=MountedFiles)
     env: EnvNames = field(default_factory=EnvNames)
     probes: Probes = field(default_factory=Probes)
+    termination: Termination = field(default_factory=Termination)
     run_as_uid: int = 10001  # the image's USER (Dockerfile); the Deployment's runAsUser/runAsGroup/fsGroup
     lease: LeaseTimings = field(default_factory=LeaseTimings)
     retry: RetryTimings = field(default_factory=RetryTimings)

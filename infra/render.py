@@ -218,6 +218,7 @@ def _context(config: InstallConfig, time_scale: int = 1) -> dict[str, Any]:
         "files": SETTINGS.files,
         "env": SETTINGS.env,
         "probes": SETTINGS.probes,
+        "termination": SETTINGS.termination,
         "uid": SETTINGS.run_as_uid,
     }
 
