@@ -5,7 +5,8 @@
     pause = build_image(pause=True)                        # the pod sandbox image (catatonit)
 
 A cached image returns in a second or two; a cold one takes about 1.5 minutes (the Debian base one
-more). When CI builds the image in the background, the script's lock makes this call wait for it.
+more). When hack/late-builds.sh builds it in the background (CI), this waits for it, and stops at once
+if that build failed.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+
+from harness.process import wait_for_late_build
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-image.sh"
@@ -33,6 +36,8 @@ def build_image(source: Path | None = None, tag: str | None = None, *, pause: bo
         argv += ["--source", str(source)]
     if tag is not None:
         argv += ["--tag", tag]
+    if source is None and tag is None:  # hack/late-builds.sh's own images: stop at once if they failed there
+        wait_for_late_build("pause" if pause else "image", argv)
     result = subprocess.run(argv, capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} exited {result.returncode}:\n{result.stderr[-4000:]}")

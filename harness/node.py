@@ -76,12 +76,12 @@ MANAGED_BY = "harness.dbprovider"
 
 def node_binaries_dir() -> Path:
     """kubelet & co. for the pinned version (`hack/build-kube.sh --node`; DBPROVIDER_NODE_BIN overrides)."""
-    return built_dir(REPO_ROOT / "hack" / "build-kube.sh", "DBPROVIDER_NODE_BIN", "--node")
+    return built_dir(REPO_ROOT / "hack" / "build-kube.sh", "DBPROVIDER_NODE_BIN", "--node", late="node")
 
 
 def coredns_dir() -> Path:
     """CoreDNS (`hack/build-coredns.sh`; DBPROVIDER_COREDNS_BIN overrides)."""
-    return built_dir(REPO_ROOT / "hack" / "build-coredns.sh", "DBPROVIDER_COREDNS_BIN")
+    return built_dir(REPO_ROOT / "hack" / "build-coredns.sh", "DBPROVIDER_COREDNS_BIN", late="coredns")
 
 
 @dataclass(frozen=True)
