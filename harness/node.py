@@ -124,6 +124,7 @@ class KubeNode(KubeControlPlane):
         self.netns: NetworkNamespace | None = None
         self._procs: dict[str, subprocess.Popen] = {}
         self._relays: list[Relay] = []
+        self._forwards: dict[tuple[str, int], int] = {}
         self.cgroup = ""  # this node's cgroup path (the same in every v1 hierarchy)
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -162,6 +163,7 @@ class KubeNode(KubeControlPlane):
         for relay in self._relays:
             relay.close()
         self._relays.clear()
+        self._forwards.clear()
         if self.netns is not None:
             self.netns.close()
             self.netns = None
@@ -536,11 +538,14 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     # -- reaching the node ---------------------------------------------------------------------
 
     def forward(self, host: str, port: int) -> int:
-        """A port on host loopback that leads to host:port inside the node (a pod, a ClusterIP)."""
+        """A port on host loopback that leads to host:port inside the node (a pod, a ClusterIP); one
+        relay per target, kept until `close()`."""
         assert self.netns is not None
-        relay = forward_in(self.netns, host, port)
-        self._relays.append(relay)
-        return relay.port
+        if (host, port) not in self._forwards:
+            relay = forward_in(self.netns, host, port)
+            self._relays.append(relay)
+            self._forwards[(host, port)] = relay.port
+        return self._forwards[(host, port)]
 
     def expose_service(self, namespace: str, name: str, port: int, local_port: int) -> ExposedService:
         """Offer the server on host 127.0.0.1:local_port to pods as the Service `name` (port `port`):

@@ -22,6 +22,7 @@ import pytest
 import yaml
 from psycopg import sql
 
+from domain.settings import SETTINGS
 from domain.tokens import hash_token
 from harness import PostgresServer
 from harness.certs import CertFiles, CertificateAuthority
@@ -201,13 +202,14 @@ class ApiClient:
     the certificate against the Service's name as a consumer in the cluster would."""
 
     def __init__(self, node: KubeNode, cluster_ip: str, ca_file: Path, token: str) -> None:
+        self.node = node
         self.port = node.forward(cluster_ip, 443)
         self.context = ssl.create_default_context(cafile=str(ca_file))
         self.token = token
 
-    def connection(self, timeout: float = 10) -> http.client.HTTPSConnection:
+    def connection(self, timeout: float = 10, port: int | None = None) -> http.client.HTTPSConnection:
         connection = http.client.HTTPSConnection(API_HOST, 443, timeout=timeout, context=self.context)
-        raw = socket.create_connection(("127.0.0.1", self.port), timeout=timeout)
+        raw = socket.create_connection(("127.0.0.1", port or self.port), timeout=timeout)
         connection.sock = self.context.wrap_socket(raw, server_hostname=API_HOST)
         return connection
 
@@ -226,9 +228,9 @@ class ApiClient:
         finally:
             connection.close()
 
-    def served_certificate(self) -> bytes:
-        """The DER certificate the API presents right now."""
-        connection = self.connection()
+    def served_certificate(self, pod_ip: str | None = None) -> bytes:
+        """The DER certificate the API presents right now (through the Service, or by one pod)."""
+        connection = self.connection(port=self.node.forward(pod_ip, SETTINGS.ports.api) if pod_ip else None)
         try:
             return connection.sock.getpeercert(binary_form=True)
         finally:
