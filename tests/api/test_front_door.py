@@ -90,9 +90,10 @@ def test_attack_does_not_stop_legitimate_requests(
     with HostileClients(port_of(hardened), **{kind: count}, sources=ATTACK_SOURCES, byte_every=0.5) as attack:
         wait_for(lambda: attack.opened >= count, timeout=30, what="the attack connections")
         statuses: list[int] = []
+        give_up = time.monotonic() + 60  # the deadlines are 2 s: a minute means they never fired
         while attack.dropped < count:  # until the server has dropped as many as were open
             statuses += legit_round(env, hardened, consumer)
-            assert len(statuses) < 3 * 200, "the header deadline never dropped the attackers"
+            assert time.monotonic() < give_up, "the deadline never dropped the attackers"
     assert statuses and set(statuses) == {200}
 
 
