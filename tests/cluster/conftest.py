@@ -76,8 +76,10 @@ class Shard:
 
 @pytest.fixture(scope="module")
 def shard(node: KubeNode) -> Iterator[Shard]:
-    """PostgreSQL 18 prepared as docs/sql.md says, offered to pods as the Service shard1-primary.shards."""
-    with PostgresServer("18") as server:
+    """PostgreSQL 18 prepared as docs/sql.md says, offered to pods as the Service shard1-primary.shards.
+    Its connection budget (max_connections 400, size class small 1 connection) holds the burst test's 200
+    databases besides the others: placement counts connections, not only databases."""
+    with PostgresServer("18", settings={"max_connections": "400"}) as server:
         with server.superuser_connection() as conn:
             conn.execute("REVOKE CONNECT ON DATABASE template1 FROM PUBLIC")
             conn.execute("REVOKE CONNECT ON DATABASE postgres FROM PUBLIC")
@@ -147,7 +149,7 @@ def stack(node: KubeNode, rest: Rest, image: Image, shard: Shard, tmp_path_facto
         ("dbprovider:tls.secretName", TLS_SECRET),
         ("dbprovider:shardSecrets[0].namespace", SHARDS_NAMESPACE),
         ("dbprovider:shardSecrets[0].name", ADMIN_SECRET),
-        ("dbprovider:sizeClasses.small.connectionLimit", "5"),
+        ("dbprovider:sizeClasses.small.connectionLimit", "1"),
         ("dbprovider:softDelete.retention", "0"),
     )
     return stack

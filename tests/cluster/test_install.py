@@ -88,11 +88,17 @@ def test_the_shard_is_reached_by_its_service_name(
 
 
 def _wait_phase(api: ApiClient, external_id: str, phase: str, timeout: float = 90) -> dict[str, Any]:
+    last: list[object] = [None]
+
     def probe() -> dict[str, Any] | None:
         status, body = api.call("GET", f"/v1/databases/{external_id}")
+        last[0] = (status, body)
         return body if status == 200 and body.get("phase") == phase else None
 
-    return wait_for(probe, timeout=timeout, what=f"database {external_id} {phase}")
+    try:
+        return wait_for(probe, timeout=timeout, what=f"database {external_id} {phase}")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last answer: {last[0]}") from None
 
 
 def test_consumer_flow_through_the_service(
@@ -174,7 +180,7 @@ def test_a_burst_of_200_puts_stays_within_the_memory_limit(
 ) -> None:
     ids = [f"burst-{i}" for i in range(200)]
     with ThreadPoolExecutor(8) as pool:
-        statuses = list(pool.map(lambda i: api.call("PUT", f"/v1/databases/{i}", {})[0], ids))
+        statuses = list(pool.map(lambda i: api.call("PUT", f"/v1/databases/{i}", {"sizeClass": "small"})[0], ids))
     assert statuses == [201] * 200
     for external_id in ids:
         _wait_phase(api, external_id, "Ready", timeout=300)
@@ -210,7 +216,7 @@ class Caller:
         while not self._stop.is_set():
             now = time.monotonic()
             self.longest_pause, last = max(self.longest_pause, now - last), now
-            method, body = ("GET", None) if self.calls % 2 == 0 else ("PUT", {})
+            method, body = ("GET", None) if self.calls % 2 == 0 else ("PUT", {"sizeClass": "small"})
             try:
                 status, body = self.api.call(method, f"/v1/databases/{self.external_id}", body)
                 if status != 200:
@@ -229,7 +235,7 @@ class Caller:
 @pytest.fixture(scope="module")
 def steady(api: ApiClient, shard_ready: str) -> Iterator[str]:
     """A Ready database the caller reads and re-puts during rollouts."""
-    status, body = api.call("PUT", "/v1/databases/steady", {})
+    status, body = api.call("PUT", "/v1/databases/steady", {"sizeClass": "small"})
     assert status in (200, 201), body
     _wait_phase(api, "steady", "Ready")
     yield "steady"
@@ -268,7 +274,7 @@ def test_a_config_change_rolls_the_pods_without_a_failed_request(
 def _put_all(api: ApiClient, prefix: str, count: int) -> list[str]:
     ids = [f"{prefix}-{i}" for i in range(count)]
     for external_id in ids:
-        status, body = api.call("PUT", f"/v1/databases/{external_id}", {})
+        status, body = api.call("PUT", f"/v1/databases/{external_id}", {"sizeClass": "small"})
         assert status == 201, body
     return ids
 
