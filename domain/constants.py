@@ -159,6 +159,10 @@ class DatabaseReason(enum.StrEnum):
     DISABLE_FAILED = "DisableFailed"
     DROP_FAILED = "DropFailed"
     RESTORE_REFUSED = "RestoreRefused"
+    # The placed shard is not Ready (or stopped answering): the SQL waits, retried when it is Ready.
+    SHARD_NOT_READY = "ShardNotReady"
+    # Provisioned, but a fresh login with the database's own credentials through the client endpoint failed.
+    LOGIN_FAILED = "LoginFailed"
 
 
 class DriftReason(enum.StrEnum):
@@ -196,6 +200,14 @@ class ShardReason(enum.StrEnum):
     PROVISIONER_INHERITS = "ProvisionerInherits"
     PROVISIONER_INVALID = "ProvisionerInvalid"
     SERVER_BEFORE_16 = "ServerBefore16"
+    # The shard answers but cannot write: new sessions are read-only, it is a standby, or its disk is full.
+    READ_ONLY = "ReadOnly"
+    IN_RECOVERY = "InRecovery"
+    DISK_FULL = "DiskFull"
+    # A cloudberry cluster is Scaling: placement pauses (catalog changes are not safe meanwhile).
+    CLUSTER_SCALING = "ClusterScaling"
+    # The shard's engine cannot be watched (its CRD is missing or not served): nothing is known about it.
+    ENGINE_UNAVAILABLE = "EngineUnavailable"
 
 
 class EventReason(enum.StrEnum):

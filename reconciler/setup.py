@@ -126,7 +126,9 @@ def register_controllers(
         clusters = informers.informer(DATABASE_CLUSTERS)
     sessions = AdminSessions(fence=manager.fence, application_name=replica_application_name(instance))
     policy = AdminPolicy.from_config(config, shard_ca_file)
-    manager.after_controllers_stop(sessions.close_all)  # a lost Lease closes them too
+    # A lost Lease (or shutdown) cuts every shard session at once, then closes them once the workers are done.
+    manager.when_controllers_stopping(sessions.sever_all)
+    manager.after_controllers_stop(sessions.close_all)
 
     shard_logic = ShardController(
         rest,
@@ -140,6 +142,8 @@ def register_controllers(
     )
     # Several workers: each checks a different shard, so a dead shard's timeout delays no other.
     shard_controller = Controller("shard", shard_logic.reconcile, workers=SHARD_WORKERS)
+    shard_logic.enqueue = shard_controller.enqueue
+    sessions.on_slow = shard_logic.suspect  # SQL hanging on a shard: check it now
     shard_controller.watch(shards)
     databases.add_handler(_coalesced(shard_controller, database_shard), replay=False)
     if clusters is not None:
@@ -171,7 +175,7 @@ def register_controllers(
         policy=policy,
     )
     db_controller = Controller("database", db_logic.reconcile, workers=DATABASE_WORKERS)
-    db_logic.on_shard_trouble = shard_controller.enqueue  # a failed statement triggers a shard check
+    db_logic.on_shard_trouble = shard_logic.suspect  # a failed statement triggers a shard check
     db_controller.watch(databases)
 
     def credentials_owner(secret: dict[str, Any]) -> list[str]:

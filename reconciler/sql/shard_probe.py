@@ -1,0 +1,66 @@
+"""The Shard controller's probe of a shard on a fresh admin session: who am I, can I write, how far away.
+
+One operation ("check"): the provisioner's role and the server version (`read_provisioner`), whether
+the server can write (`read_writability`), and the round trip of one statement, which the
+controller uses to size its next timeouts. A server that cannot write is not a shard placements can
+use, however well it answers: a standby (`pg_is_in_recovery()`, e.g. the admin Service points at a
+replica after a failover) or a server whose new sessions are read-only
+(`default_transaction_read_only`, e.g. set by an operator or by a disk-space guard).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import psycopg
+
+from reconciler.sql.provisioner import ProvisionerInfo, read_provisioner
+from reconciler.sql.session import OPERATION_TIMEOUT, Admin, run_operation
+
+_WRITABILITY = """
+SELECT pg_catalog.pg_is_in_recovery(),
+       pg_catalog.current_setting('default_transaction_read_only')::bool,
+       pg_catalog.current_setting('transaction_read_only')::bool
+"""
+
+
+@dataclass(frozen=True)
+class Writability:
+    """Whether a new session on the shard could write."""
+
+    in_recovery: bool
+    default_read_only: bool
+    read_only: bool
+
+    def problem(self) -> str | None:
+        """Why nothing can be written, or None."""
+        if self.in_recovery:
+            return "the server is in recovery (a standby) and cannot write; is the admin Service the primary's?"
+        if self.default_read_only or self.read_only:
+            return "new sessions are read-only (default_transaction_read_only is on)"
+        return None
+
+
+@dataclass(frozen=True)
+class ShardProbe:
+    info: ProvisionerInfo
+    writability: Writability
+    round_trip: float  # seconds of one statement on the open session
+
+
+def read_writability(conn: psycopg.Connection) -> Writability:
+    row = conn.execute(_WRITABILITY).fetchone()
+    return Writability(*row)
+
+
+def probe_shard(admin: Admin, *, timeout: float = OPERATION_TIMEOUT) -> ShardProbe:
+    """Run the probe (operation "check"; a SqlFailure on failure)."""
+
+    def probe(conn: psycopg.Connection) -> ShardProbe:
+        started = time.monotonic()
+        info = read_provisioner(conn)
+        round_trip = time.monotonic() - started
+        return ShardProbe(info, read_writability(conn), round_trip)
+
+    return run_operation(admin, "check", probe, timeout=timeout)
