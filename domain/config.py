@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -295,6 +295,17 @@ class CloudberryEngineConfig(ConfigModel):
     enabled: StrictBool = False
 
 
+class ReadinessConfig(ConfigModel):
+    """How a new database is proven usable before it is reported Ready (docs/operations.md, Ready means usable).
+
+    `loginThrough: client` logs in with the database's own credentials at the Shard's client endpoint
+    (what consumers are handed, e.g. pgBouncer); `admin` logs in as the tenant at the admin endpoint's
+    server instead, for installs whose client endpoint the provider's pods cannot reach.
+    """
+
+    login_through: Literal["client", "admin"] = "client"
+
+
 class EnginesConfig(ConfigModel):
     """Optional shard engines besides postgres."""
 
@@ -347,6 +358,7 @@ class InstallConfig(ConfigModel):
     soft_delete: SoftDeleteConfig = SoftDeleteConfig()
     engines: EnginesConfig = EnginesConfig()
     api: ApiConfig = ApiConfig()
+    readiness: ReadinessConfig = ReadinessConfig()
 
     def resolve_connection_limit(self, size_class: str | None) -> int:
         """The connection limit for a new database: empty -> connectionLimit.default; unknown -> raise."""
