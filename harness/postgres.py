@@ -21,6 +21,7 @@ provider's sslmodes require, verify-ca and verify-full can all be exercised.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import pwd
 import secrets
@@ -39,6 +40,22 @@ from harness.certs import CertificateAuthority
 from harness.process import free_port, spawn, stop, wait_for_port
 
 SHARED_CACHE = Path(os.environ.get("DBPROVIDER_PG_CACHE", "/var/tmp/dbprovider-postgres"))
+
+
+def _children(parent: int) -> list[int]:
+    """PIDs whose parent is `parent` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ...": comm may contain spaces and parentheses; split after the last ')'.
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+            found.append(int(entry.name))
+    return found
 
 
 @dataclass(frozen=True)
@@ -281,6 +298,60 @@ class PostgresServer:
     def pid(self) -> int | None:
         """The postmaster's PID while the server runs (fault tests signal it)."""
         return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+    def process_ids(self) -> list[int]:
+        """The postmaster and every process it started (backends, checkpointer, walwriter...).
+
+        Found by parent PID: every backend calls setsid() at start, so it is in a process group of
+        its own and a signal to the postmaster's group (os.killpg) reaches none of them.
+        """
+        postmaster = self.pid
+        if postmaster is None:
+            return []
+        return [postmaster, *_children(postmaster)]
+
+    def pause(self) -> list[int]:
+        """SIGSTOP the postmaster, then every process it started (a hung host); returns the PIDs."""
+        postmaster = self.pid
+        if postmaster is None:
+            raise RuntimeError("the server is not running")
+        os.kill(postmaster, signal.SIGSTOP)  # first: it forks no new backend meanwhile
+        stopped = [postmaster]
+        while fresh := [pid for pid in _children(postmaster) if pid not in stopped]:
+            for pid in fresh:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+            stopped += fresh
+        return stopped
+
+    def resume(self) -> None:
+        """SIGCONT every process of the server (after `pause`), the postmaster last."""
+        postmaster = self.pid
+        if postmaster is None:
+            return
+        for pid in _children(postmaster):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        os.kill(postmaster, signal.SIGCONT)
+
+    def become_standby(self, timeout: float = 60.0) -> PostgresServer:
+        """Restart (clean shutdown, nothing lost) as a hot standby without a primary: it replays its own
+        WAL and stays in recovery, read-only, as a replica the admin Service points at by mistake."""
+        self._shutdown()
+        (self.data_dir / "standby.signal").touch()
+        self._chown(self.data_dir / "standby.signal")
+        self._launch(timeout)
+        return self
+
+    def promote(self) -> None:
+        """Leave recovery (after `become_standby`): the server writes again."""
+        with self.superuser_connection() as conn:
+            conn.execute("SELECT pg_promote(true, 60)")
+
+    def _shutdown(self) -> None:
+        """Fast shutdown (SIGINT): sessions end, everything committed stays."""
+        stop(self._proc, signal.SIGINT, timeout=60)
+        self._proc = None
 
     def crash(self) -> None:
         """SIGKILL the postmaster and every backend at once (a host or OOM kill); the data stays."""
