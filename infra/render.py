@@ -35,10 +35,15 @@ from domain.constants import (
     SINGULAR_DATABASE,
     SINGULAR_SHARD,
     VERSION,
+    ShardReason,
 )
 from domain.naming import DNS1123_LABEL_RE, label_value
 from domain.settings import SETTINGS
 from infra.crds import crd_schemas
+
+# A cloudberry cluster that is Scaling is planned work, not an outage: DBProviderShardNotReady leaves
+# it to DBProviderShardScalingTooLong.
+SCALING_REASON = ShardReason.CLUSTER_SCALING.value
 
 TEMPLATES_DIR = Path(os.environ.get("DBPROVIDER_TEMPLATES") or Path(__file__).resolve().parent.parent / "templates")
 
@@ -140,10 +145,38 @@ def provisioning_reasons_template(config: InstallConfig) -> str:
         "sum by (reason) (max by (cluster, shard, phase, reason) "
         f'(dbprovider_databases{{{job}, cluster="%s", shard="%s", phase="Provisioning"}}))'
     )
+    return _reasons_template(query, counts=True)
+
+
+def _reasons_template(query: str, counts: bool) -> str:
+    """A Prometheus template listing the `reason` labels (with values if `counts`) of `query`, a printf
+    format over $labels.cluster and $labels.shard: ", "-separated, each after a space."""
+    value = " ({{ $s.Value }})" if counts else ""
     return (
         "{{ range $i, $s := printf `" + query + "` $labels.cluster $labels.shard | query | sortByLabel `reason` }}"
-        "{{ if $i }},{{ end }} {{ $s.Labels.reason }} ({{ $s.Value }}){{ end }}"
+        "{{ if $i }},{{ end }} {{ $s.Labels.reason }}" + value + "{{ end }}"
     )
+
+
+def shard_reasons_template(config: InstallConfig) -> str:
+    """The Ready reason(s) of the alert's shard now, for DBProviderShardNotReady's description: the
+    alert itself is per shard (no reason label), so a reason that changes mid-outage keeps its clock."""
+    job = job_matcher(config).replace("%", "%%")
+    query = (
+        "max by (reason) (dbprovider_shard_ready"
+        f'{{{job}, cluster="%s", shard="%s", reason!="{SCALING_REASON}"}} == 0)'
+    )
+    return _reasons_template(query, counts=False)
+
+
+def failed_reasons_template(config: InstallConfig) -> str:
+    """The Ready reasons (and counts) of the alert's shard's Failed databases, for DBProviderDatabaseFailed."""
+    job = job_matcher(config).replace("%", "%%")
+    query = (
+        "max by (reason) (dbprovider_databases"
+        f'{{{job}, cluster="%s", shard="%s", phase="Failed"}} > 0)'
+    )
+    return _reasons_template(query, counts=True)
 
 
 def prometheus_duration(seconds: float) -> str:
@@ -204,6 +237,9 @@ def _context(config: InstallConfig, time_scale: int = 1) -> dict[str, Any]:
         "sel": promql_selector(config),
         "job_sel": job_matcher(config),
         "provisioning_reasons": provisioning_reasons_template(config),
+        "shard_reasons": shard_reasons_template(config),
+        "failed_reasons": failed_reasons_template(config),
+        "scaling_reason": SCALING_REASON,
         "runbook": config.prometheus_rule.runbook_base_url,
         **_timings(time_scale),
         "service_monitor_labels": {**monitor.labels, **labels},
