@@ -289,10 +289,21 @@ class SoftDeleteConfig(ConfigModel):
     retention: Duration = timedelta(days=7)
 
 
+def _check_scaling_bound(value: timedelta) -> timedelta:
+    if value < timedelta(minutes=1):
+        raise ValueError("must be at least 1m")
+    return value
+
+
 class CloudberryEngineConfig(ConfigModel):
-    """Support for Keldon/Cloudberry shards (grants RBAC on Keldon DatabaseClusters)."""
+    """Support for Keldon/Cloudberry shards (grants RBAC on Keldon DatabaseClusters).
+
+    `scalingAlertAfter`: a cluster Scaling longer than this fires the warning
+    DBProviderShardScalingTooLong (scaling itself pages nobody: placement just pauses).
+    """
 
     enabled: StrictBool = False
+    scaling_alert_after: Annotated[Duration, AfterValidator(_check_scaling_bound)] = timedelta(hours=1)
 
 
 class ReadinessConfig(ConfigModel):

@@ -89,6 +89,7 @@ KELDON_VERSION = "v1alpha1"
 KELDON_KIND_DATABASE_CLUSTER = "DatabaseCluster"
 KELDON_PLURAL_DATABASE_CLUSTERS = "databaseclusters"
 KELDON_PHASE_RUNNING = "Running"
+KELDON_PHASE_SCALING = "Scaling"  # segments are added: running, but catalog changes are not safe
 KELDON_CLIENT_PORT = 5432
 
 
@@ -183,6 +184,7 @@ class ShardConditionType(enum.StrEnum):
     ADMIN_AUTH_FAILED = "AdminAuthFailed"
     UNREACHABLE = "Unreachable"
     WEAK_ROLE_ISOLATION = "WeakRoleIsolation"
+    SCALING = "Scaling"  # cloudberry only: True while the DatabaseCluster is Scaling (since lastTransitionTime)
 
 
 class ShardReason(enum.StrEnum):

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from domain.conditions import READY, get_condition, object_conditions
 from domain.config import InstallConfig
-from domain.constants import CREDENTIALS_SECRET_SELECTOR, CREDENTIALS_SECRET_SUFFIX
+from domain.constants import CREDENTIALS_SECRET_SELECTOR, CREDENTIALS_SECRET_SUFFIX, Engine
 from domain.specs import ShardSpec, parse_shard
 from informers import SECRETS, Informer
 from informers.informer import Handler
@@ -22,6 +22,7 @@ from reconciler.admin import AdminPolicy, AdminSessions
 from reconciler.consumer_controller import ConsumerController
 from reconciler.database import DatabaseController
 from reconciler.events import EventRecorder
+from reconciler.fleet_metrics import EngineCollector
 from reconciler.resources import (
     BY_CONSUMER,
     BY_SHARD,
@@ -123,7 +124,11 @@ def register_controllers(
     databases.add_index(BY_CONSUMER, database_consumer)
     clusters: Informer | None = None
     if config.engines.cloudberry.enabled:
+        # Optional: a missing or unserved Keldon CRD must not keep the replica from starting; the
+        # cloudberry shards report EngineUnavailable meanwhile (and dbprovider_engine_available is 0).
         clusters = informers.informer(DATABASE_CLUSTERS)
+        informers.mark_optional(clusters)
+        manager.metrics.registry.register(EngineCollector({Engine.CLOUDBERRY.value: clusters.has_synced}))
     sessions = AdminSessions(fence=manager.fence, application_name=replica_application_name(instance))
     policy = AdminPolicy.from_config(config, shard_ca_file)
     # A lost Lease (or shutdown) cuts every shard session at once, then closes them once the workers are done.

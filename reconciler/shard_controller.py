@@ -35,7 +35,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from domain.constants import KELDON_PHASE_RUNNING, Engine, ShardConditionType, ShardReason
+from domain.constants import KELDON_PHASE_RUNNING, KELDON_PHASE_SCALING, Engine, ShardConditionType, ShardReason
 from domain.settings import SETTINGS
 from domain.specs import ShardSpec, parse_shard
 from domain.status import ShardStatus
@@ -87,6 +87,15 @@ class Health:
         return self.reason != ShardReason.UNREACHABLE
 
 
+def set_scaling(conditions: list[dict[str, Any]], health: Health, generation: int | None) -> None:
+    """The Scaling condition of a cloudberry shard: True while its cluster is Scaling; its
+    lastTransitionTime is when scaling began (dbprovider_shard_scaling_seconds counts from it)."""
+    scaling = health.reason == ShardReason.CLUSTER_SCALING
+    message = "the DatabaseCluster is Scaling" if scaling else "the DatabaseCluster is not Scaling"
+    reason = ShardReason.CLUSTER_SCALING if scaling else ShardReason.OK
+    set_condition(conditions, ShardConditionType.SCALING, scaling, reason, message, generation)
+
+
 class ShardController:
     def __init__(
         self,
@@ -122,27 +131,51 @@ class ShardController:
 
     # -- checks ----------------------------------------------------------------------------------
 
-    def _cluster_problem(self, spec: ShardSpec) -> str | None:
-        """For cloudberry: the Keldon DatabaseCluster must exist and be Running."""
+    def _cluster_health(self, spec: ShardSpec) -> Health | None:
+        """For cloudberry: what the Keldon DatabaseCluster says (None: it is Running, ping the shard).
+
+        Scaling is planned work, not an outage: placement pauses (catalog changes are not safe while
+        segments are added) with its own reason, and the critical alert leaves it alone. If the
+        DatabaseCluster kind cannot be listed (its CRD missing or not served), only cloudberry shards
+        are affected: they say so, and the rest of the provider runs.
+        """
         if spec.engine != Engine.CLOUDBERRY:
             return None
         ref = spec.cluster
         if self.clusters is None:
-            return "cloudberry shards are not enabled in this install (engines.cloudberry.enabled)"
+            return Health(
+                ShardReason.CLUSTER_NOT_RUNNING,
+                "cloudberry shards are not enabled in this install (engines.cloudberry.enabled)",
+            )
+        if not self.clusters.has_synced():
+            return Health(
+                ShardReason.ENGINE_UNAVAILABLE,
+                f"the cloudberry engine is unavailable: DatabaseClusters cannot be listed "
+                f"({self.clusters.sync_problem()}); postgres shards are not affected",
+            )
         cluster = self.clusters.get(f"{ref.namespace}/{ref.name}")
         if cluster is None:
-            return f"DatabaseCluster {ref.namespace}/{ref.name} not found"
+            return Health(ShardReason.CLUSTER_NOT_RUNNING, f"DatabaseCluster {ref.namespace}/{ref.name} not found")
         phase = (cluster.get("status") or {}).get("phase") or "Unknown"
+        if phase == KELDON_PHASE_RUNNING:
+            return None
+        if phase == KELDON_PHASE_SCALING:
+            return Health(
+                ShardReason.CLUSTER_SCALING,
+                f"DatabaseCluster {ref.namespace}/{ref.name} is Scaling: no new databases are placed and SQL "
+                "for its databases waits until it is Running again; its databases keep working",
+            )
         if phase == "Failed":
-            return f"DatabaseCluster {ref.namespace}/{ref.name} has failed (phase Failed)"
-        if phase != KELDON_PHASE_RUNNING:
-            return f"DatabaseCluster {ref.namespace}/{ref.name} is not Running (phase {phase})"
-        return None
+            return Health(
+                ShardReason.CLUSTER_NOT_RUNNING, f"DatabaseCluster {ref.namespace}/{ref.name} has failed (phase Failed)"
+            )
+        where = f"{ref.namespace}/{ref.name}"
+        return Health(ShardReason.CLUSTER_NOT_RUNNING, f"DatabaseCluster {where} is not Running (phase {phase})")
 
     def check(self, name: str, spec: ShardSpec) -> Health:
-        problem = self._cluster_problem(spec)
-        if problem is not None:
-            return Health(ShardReason.CLUSTER_NOT_RUNNING, problem)
+        cluster = self._cluster_health(spec)
+        if cluster is not None:
+            return cluster
         try:
             endpoint = admin_endpoint(self.rest, spec, self.policy, self.admin_host_override)
         except AdminSecretInvalid as exc:
@@ -195,10 +228,10 @@ class ShardController:
 
         The DatabaseCluster phase comes from the cache and is always current.
         """
-        problem = self._cluster_problem(spec)
-        if problem is not None:
+        cluster = self._cluster_health(spec)
+        if cluster is not None:
             self._last.pop(name, None)
-            return Health(ShardReason.CLUSTER_NOT_RUNNING, problem)
+            return cluster
         last = self._last.get(name)
         gap = self.min_ping_gap if last is not None and last[2].ready else NOT_READY_RECHECK
         if name in self._suspected:
@@ -227,9 +260,11 @@ class ShardController:
             self.links.forget(name)
             return None
         generation = shard["metadata"].get("generation")
+        spec: ShardSpec | None
         try:
             spec = parse_shard(shard)
         except ValidationError:
+            spec = None
             health = Health(ShardReason.UNREACHABLE, "the Shard's spec is invalid")
         else:
             health = self._health(name, spec, generation)
@@ -255,6 +290,8 @@ class ShardController:
                 WEAK_CREATEROLE_MESSAGE if health.weak_createrole else "CREATEROLE manages only its own roles",
                 generation,
             )
+        if spec is not None and spec.engine == Engine.CLOUDBERRY:
+            set_scaling(conditions, health, generation)
         observed = ShardStatus(
             observed_generation=generation,
             database_count=self.databases.count_by_index(BY_SHARD, name),

@@ -26,6 +26,7 @@ from reconciler.runtime.leader import LeaderElector
 from reconciler.runtime.metrics import RuntimeMetrics
 
 log = logging.getLogger(__name__)
+OPTIONAL_SYNC_WAIT = 5.0  # seconds an optional informer may delay the start
 
 
 class ControllerManager:
@@ -140,6 +141,12 @@ class ControllerManager:
         if not self.informers.wait_for_sync(self.sync_timeout):
             problems = "; ".join(f"{i!r}: {i.sync_problem()}" for i in self.informers.unsynced())
             raise TimeoutError(f"informers not synced within {self.sync_timeout:.0f}s: {problems}")
+        # An optional engine's kind: give it a moment (its CRD is usually there), but never wait for
+        # it long; while it is not synced its shards say so and everything else runs.
+        deadline = time.monotonic() + min(self.sync_timeout, OPTIONAL_SYNC_WAIT)
+        for informer in self.informers.optional():
+            if not informer.wait_for_sync(max(0.0, deadline - time.monotonic())):
+                log.warning("optional informer %r not synced: %s", informer, informer.sync_problem())
         if self.elector is not None:
             self.elector.start()
         else:
