@@ -26,6 +26,7 @@ from typing import Any
 
 import psycopg
 import requests
+import yaml
 from kubernetes.client.exceptions import ApiException
 
 from dbprovider.devstack import DevStack, free_port
@@ -78,19 +79,23 @@ def timed(check: Callable[[], Any], timeout: float, what: str) -> float:
 
 
 class Replica:
-    """One `dbprovider manager` subprocess; its name is its Lease identity and application_name."""
+    """One `dbprovider manager` subprocess; its name is its Lease identity and application_name.
 
-    def __init__(self, stack: DevStack, name: str, log_dir: Path) -> None:
+    `kubeconfig` replaces the stack's (a replica that reaches the apiserver through a proxy)."""
+
+    def __init__(self, stack: DevStack, name: str, log_dir: Path, kubeconfig: Path | None = None) -> None:
         self.name = name
         self.api_port, self.metrics_port = free_port(), free_port()
         self.log = log_dir / f"{name}.log"
         self.ca = str(stack.ca_file)
         self.token = stack.token
         env = {**os.environ, **stack.manager_env(), "POD_NAME": name}
+        argv = stack.manager_argv(sys.executable, self.api_port, self.metrics_port)
+        if kubeconfig is not None:
+            argv[argv.index("--kubeconfig") + 1] = str(kubeconfig)
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
-                stack.manager_argv(sys.executable, self.api_port, self.metrics_port),
-                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True,
+                argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True,
             )
         self.paused = False
 
@@ -229,19 +234,39 @@ class FaultStack:
         for replica in self.replicas:
             replica.kill()
         for server in self.shards.values():
-            if server.pid is not None:
-                os.killpg(server.pid, signal.SIGCONT)
+            server.resume()  # a test that failed while a shard was paused
             server.close()
         self._client.close()
         self.kube.close()
 
     # -- replicas ----------------------------------------------------------------------------
 
-    def replica(self, name: str) -> Replica:
-        replica = Replica(self.dev, name, self.root)
+    def replica(self, name: str, kubeconfig: Path | None = None) -> Replica:
+        replica = Replica(self.dev, name, self.root, kubeconfig)
         self.replicas.append(replica)
         replica.wait_ready()
         return replica
+
+    def kubeconfig_through(self, port: int, name: str) -> Path:
+        """The managers' kubeconfig, with the apiserver reached at 127.0.0.1:`port` (a TcpProxy)."""
+        document = yaml.safe_load(self.dev.manager_kubeconfig.read_text())
+        cluster = document["clusters"][0]["cluster"]
+        cluster["server"] = re.sub(r":\d+$", f":{port}", cluster["server"])
+        path = self.root / f"{name}.kubeconfig"
+        path.write_text(yaml.safe_dump(document))
+        path.chmod(0o600)
+        return path
+
+    def sessions_of(self, replica: Replica) -> int:
+        """Open sessions of a replica on every shard (its application_name)."""
+        total = 0
+        for server in self.shards.values():
+            with server.superuser_connection() as conn:
+                row = conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (f"{SQL_APP}{replica.name}",)
+                ).fetchone()
+                total += row[0]
+        return total
 
     def holder(self) -> str | None:
         try:
