@@ -41,6 +41,13 @@ from harness.process import free_port, spawn, stop, wait_for_port
 SHARED_CACHE = Path(os.environ.get("DBPROVIDER_PG_CACHE", "/var/tmp/dbprovider-postgres"))
 
 
+def _signal(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
 @dataclass(frozen=True)
 class Flavor:
     """Where one PostgreSQL major version comes from: a bin directory readable by the server's user."""
@@ -145,6 +152,7 @@ class PostgresServer:
         self.port = 0
         self.provisioner_password = secrets.token_urlsafe(24)
         self._proc: subprocess.Popen | None = None
+        self._frozen: list[int] = []
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -261,6 +269,7 @@ class PostgresServer:
             )
 
     def close(self) -> None:
+        self.thaw()  # a stopped process would ignore the shutdown signal
         stop(self._proc, signal.SIGQUIT, timeout=10)  # immediate shutdown: the data is thrown away
         self._proc = None
         shutil.rmtree(self.workdir, ignore_errors=True)
@@ -287,6 +296,40 @@ class PostgresServer:
         self._require_durable("crash")
         stop(self._proc, signal.SIGKILL)
         self._proc = None
+
+    def freeze(self) -> None:
+        """Hang the server (SIGSTOP): TCP still connects (the kernel accepts), but nothing answers.
+
+        The postmaster first (it forks no new backend), then every backend by PID: each calls
+        setsid(), so a signal to the postmaster's process group would not reach them. `thaw()` resumes.
+        """
+        if self.pid is None:
+            raise RuntimeError("the server is not running")
+        os.kill(self.pid, signal.SIGSTOP)
+        self._frozen = [self.pid, *self._children()]
+        for pid in self._frozen[1:]:
+            _signal(pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """Resume a frozen server: the backends first, then the postmaster."""
+        frozen, self._frozen = self._frozen, []
+        for pid in reversed(frozen):
+            _signal(pid, signal.SIGCONT)
+
+    def _children(self) -> list[int]:
+        """PIDs of the postmaster's children (its backends and auxiliary processes), from /proc."""
+        children = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat[stat.rindex(")") + 2 :].split()[1])  # after "pid (comm) state"
+            if ppid == self.pid:
+                children.append(int(entry.name))
+        return children
 
     def _require_durable(self, what: str) -> None:
         """Refuse to kill a server whose acknowledged commits a kill would lose (synchronous_commit=off)."""

@@ -1,5 +1,10 @@
 """Placement: choose the shard and the tenant name and persist both before any SQL; or, with the
-restore-tenant annotation, adopt an existing tenant whose Database is gone."""
+restore-tenant annotation, adopt an existing tenant whose Database is gone.
+
+A placement pass runs no SQL: it chooses the shard from the `PlacementIndex`, writes the
+placement and ends. The write's event brings the key back in its shard's lane of the work queue
+(setup.py), where its SQL runs with that shard's workers.
+"""
 
 from __future__ import annotations
 
