@@ -22,7 +22,9 @@ from pydantic import (
     StrictInt,
     StrictStr,
     ValidationError,
+    ValidationInfo,
     WithJsonSchema,
+    field_validator,
     model_validator,
 )
 
@@ -347,6 +349,9 @@ class ApiConfig(ConfigModel):
     max_connections_per_client: Annotated[StrictInt, Field(ge=1, le=100_000)] = 100
 
 
+MAX_WORKERS_PER_SHARD = 64  # each is a session on the shard
+MAX_WORKERS_TOTAL = 1024  # each is a thread of the leading replica
+
 # -- end of api ------------------------------------------------------------------------------------------
 
 
@@ -370,6 +375,18 @@ class InstallConfig(ConfigModel):
     engines: EnginesConfig = EnginesConfig()
     api: ApiConfig = ApiConfig()
     readiness: ReadinessConfig = ReadinessConfig()
+    # The Database controller's workers (docs/runtime.md, "Workers and lanes"): at most workersPerShard
+    # on one shard's databases (and on placement), workersTotal in all.
+    workers_per_shard: Annotated[StrictInt, Field(ge=1, le=MAX_WORKERS_PER_SHARD)] = 4
+    workers_total: Annotated[StrictInt, Field(ge=1, le=MAX_WORKERS_TOTAL)] = 64
+
+    @field_validator("workers_total")
+    @classmethod
+    def _total_covers_one_shard(cls, value: int, info: ValidationInfo) -> int:
+        per_shard = info.data.get("workers_per_shard")
+        if per_shard is not None and value < per_shard:
+            raise ValueError(f"must be at least workersPerShard ({per_shard})")
+        return value
 
     def resolve_connection_limit(self, size_class: str | None) -> int:
         """The connection limit for a new database: empty -> connectionLimit.default; unknown -> raise."""

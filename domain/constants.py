@@ -56,6 +56,10 @@ LABEL_CONSUMER = f"{GROUP}/consumer"
 LABEL_EXTERNAL_ID = f"{GROUP}/external-id"
 LABEL_SHARD = f"{GROUP}/shard"
 
+# The `shard` label value of Databases not placed yet (fleet gauges), and the Database work queue's
+# lane for them (placement runs no SQL). A Shard name is a DNS label: a Shard named so would share it.
+UNPLACED = "unplaced"
+
 # Set by the API's DELETE (value: RFC 3339 UTC time of the request); its presence starts the soft delete.
 ANNOTATION_DELETE_REQUESTED_AT = f"{GROUP}/delete-requested-at"
 # Set (with the request time) by the API's rotate route: the reconciler sets a new password once per value.

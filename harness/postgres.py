@@ -21,7 +21,6 @@ provider's sslmodes require, verify-ca and verify-full can all be exercised.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
 import pwd
 import secrets
@@ -42,20 +41,11 @@ from harness.process import free_port, spawn, stop, wait_for_port
 SHARED_CACHE = Path(os.environ.get("DBPROVIDER_PG_CACHE", "/var/tmp/dbprovider-postgres"))
 
 
-def _children(parent: int) -> list[int]:
-    """PIDs whose parent is `parent` (from /proc)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # "pid (comm) state ppid ...": comm may contain spaces and parentheses; split after the last ')'.
-        if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
-            found.append(int(entry.name))
-    return found
+def _signal(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 @dataclass(frozen=True)
@@ -162,6 +152,7 @@ class PostgresServer:
         self.port = 0
         self.provisioner_password = secrets.token_urlsafe(24)
         self._proc: subprocess.Popen | None = None
+        self._frozen: list[int] = []
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -278,6 +269,7 @@ class PostgresServer:
             )
 
     def close(self) -> None:
+        self.thaw()  # a stopped process would ignore the shutdown signal
         stop(self._proc, signal.SIGQUIT, timeout=10)  # immediate shutdown: the data is thrown away
         self._proc = None
         shutil.rmtree(self.workdir, ignore_errors=True)
@@ -300,39 +292,9 @@ class PostgresServer:
         return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
 
     def process_ids(self) -> list[int]:
-        """The postmaster and every process it started (backends, checkpointer, walwriter...).
-
-        Found by parent PID: every backend calls setsid() at start, so it is in a process group of
-        its own and a signal to the postmaster's group (os.killpg) reaches none of them.
-        """
-        postmaster = self.pid
-        if postmaster is None:
-            return []
-        return [postmaster, *_children(postmaster)]
-
-    def pause(self) -> list[int]:
-        """SIGSTOP the postmaster, then every process it started (a hung host); returns the PIDs."""
-        postmaster = self.pid
-        if postmaster is None:
-            raise RuntimeError("the server is not running")
-        os.kill(postmaster, signal.SIGSTOP)  # first: it forks no new backend meanwhile
-        stopped = [postmaster]
-        while fresh := [pid for pid in _children(postmaster) if pid not in stopped]:
-            for pid in fresh:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGSTOP)
-            stopped += fresh
-        return stopped
-
-    def resume(self) -> None:
-        """SIGCONT every process of the server (after `pause`), the postmaster last."""
-        postmaster = self.pid
-        if postmaster is None:
-            return
-        for pid in _children(postmaster):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-        os.kill(postmaster, signal.SIGCONT)
+        """The postmaster and every process it started (backends, checkpointer, walwriter...), by PID:
+        every backend calls setsid(), so a signal to the postmaster's process group reaches none."""
+        return [] if self.pid is None else [self.pid, *self._children()]
 
     def become_standby(self, timeout: float = 60.0) -> PostgresServer:
         """Restart (clean shutdown, nothing lost) as a hot standby without a primary: it replays its own
@@ -358,6 +320,40 @@ class PostgresServer:
         self._require_durable("crash")
         stop(self._proc, signal.SIGKILL)
         self._proc = None
+
+    def freeze(self) -> None:
+        """Hang the server (SIGSTOP): TCP still connects (the kernel accepts), but nothing answers.
+
+        The postmaster first (it forks no new backend), then every backend by PID: each calls
+        setsid(), so a signal to the postmaster's process group would not reach them. `thaw()` resumes.
+        """
+        if self.pid is None:
+            raise RuntimeError("the server is not running")
+        os.kill(self.pid, signal.SIGSTOP)
+        self._frozen = [self.pid, *self._children()]
+        for pid in self._frozen[1:]:
+            _signal(pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """Resume a frozen server: the backends first, then the postmaster."""
+        frozen, self._frozen = self._frozen, []
+        for pid in reversed(frozen):
+            _signal(pid, signal.SIGCONT)
+
+    def _children(self) -> list[int]:
+        """PIDs of the postmaster's children (its backends and auxiliary processes), from /proc."""
+        children = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat[stat.rindex(")") + 2 :].split()[1])  # after "pid (comm) state"
+            if ppid == self.pid:
+                children.append(int(entry.name))
+        return children
 
     def _require_durable(self, what: str) -> None:
         """Refuse to kill a server whose acknowledged commits a kill would lose (synchronous_commit=off)."""

@@ -28,6 +28,7 @@ from domain.credentials import secret_values
 from domain.settings import SETTINGS
 from domain.specs import ShardSpec, parse_shard
 from informers import SECRETS, Rest
+from reconciler.runtime import Slot, current_slot
 from reconciler.shard_links import ShardLinks
 from reconciler.sql.session import APPLICATION_NAME, AdminEndpoint, AdminSession, Fence
 
@@ -171,7 +172,9 @@ class _Entry:
 
 
 class AdminSessions:
-    """One reusable AdminSession per (worker thread, shard), reopened when the endpoint changes.
+    """Reusable AdminSessions, reopened when the endpoint changes: one per (lane slot, shard) for a
+    worker that holds a lane slot (the Database workers: a shard never has more sessions of ours than
+    its lane has slots, `workersPerShard`), else one per (thread, shard) (the Shard workers).
 
     `fence` (leadership, from the composition root) is checked before every statement of every
     session handed out; `application_name` names this replica in the shards' logs and activity.
@@ -197,6 +200,7 @@ class AdminSessions:
         self.links = links or ShardLinks()
         self.on_slow: Callable[[str], None] | None = None
         self._all: dict[AdminSession, str] = {}  # every session of every thread -> its shard
+        self._by_slot: dict[Slot, dict[str, _Entry]] = {}  # a slot is held by one worker at a time
         self._lock = threading.Lock()
 
     @staticmethod
@@ -205,8 +209,16 @@ class AdminSessions:
         raw = "\0".join([*fields, endpoint.sslrootcert or ""])
         return hashlib.sha256(raw.encode()).hexdigest()
 
+    def _mine(self) -> dict[str, _Entry]:
+        """The caller's sessions by shard: its lane slot's, or its thread's."""
+        slot = current_slot()
+        if slot is None:
+            return self._local.__dict__.setdefault("sessions", {})  # type: ignore[no-any-return]
+        with self._lock:
+            return self._by_slot.setdefault(slot, {})
+
     def get(self, shard: str, endpoint: AdminEndpoint) -> AdminSession:
-        sessions: dict[str, _Entry] = self._local.__dict__.setdefault("sessions", {})
+        sessions = self._mine()
         fingerprint = self._fingerprint(endpoint)
         entry = sessions.get(shard)
         if entry is None or entry.fingerprint != fingerprint:
@@ -242,7 +254,7 @@ class AdminSessions:
         )
 
     def abort(self, shard: str) -> int:
-        """Cut every session to `shard` (any thread's): work blocked on it fails at once. Returns how many."""
+        """Cut every session to `shard` (any worker's): work blocked on it fails at once. Returns how many."""
         with self._lock:
             doomed = [session for session, of in self._all.items() if of == shard]
         for session in doomed:
@@ -261,13 +273,13 @@ class AdminSessions:
         """Close every session (the controllers have stopped): no connection outlives a leader term."""
         with self._lock:
             sessions, self._all = list(self._all), {}
+            self._by_slot.clear()
         for session in sessions:
             session.sever()  # a worker still blocked on one returns at once
             session.close()
 
     def drop(self, shard: str) -> None:
-        sessions: dict[str, _Entry] = self._local.__dict__.setdefault("sessions", {})
-        entry = sessions.pop(shard, None)
+        entry = self._mine().pop(shard, None)
         if entry is not None:
             entry.session.close()
             self._forget(entry.session)

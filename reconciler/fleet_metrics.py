@@ -16,10 +16,9 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from domain.conditions import READY, condition_reason, get_condition, is_condition_true, object_conditions
-from domain.constants import DatabaseConditionType, Phase, ShardConditionType
+from domain.constants import UNPLACED, DatabaseConditionType, Phase, ShardConditionType
 from domain.timefmt import parse_time
 
-UNPLACED = "unplaced"
 NO_REASON = "Unknown"  # no Ready condition yet
 Objects = Callable[[], Iterable[Mapping[str, Any]]]
 

@@ -8,6 +8,12 @@ they are dropped). A Shard whose spec does not validate is never a candidate.
 `PlacementIndex` keeps the usable shards of each engine ordered by (count, name), updated by the
 Shard and Database informers' events, so placing one database costs the same with 20 or 200
 shards: no API call, no SQL, no scan of the fleet.
+
+Placement is exact under a burst: `reserve` chooses a shard and counts the database on it at once,
+under the index's lock, before the placement is written. The reservation counts until the
+Database informer shows the database placed (or gone), or until `release` (the write failed).
+So concurrent workers, and the cache's lag behind their writes, never put a shard over
+`maxDatabases`.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from sortedcontainers import SortedList
 
 from domain.conditions import READY, is_condition_true, object_conditions
 from domain.specs import parse_shard
-from informers import Informer
+from informers import Informer, object_key
 
 Obj = dict[str, Any]
 
@@ -52,9 +58,20 @@ class ShardCandidate:
             being_deleted=bool(shard["metadata"].get("deletionTimestamp")),
         )
 
+    def open(self) -> bool:
+        """Takes new databases at all: accepting, Ready, not being deleted."""
+        return self.accepting and self.ready and not self.being_deleted
+
+    def fits(self, databases: int) -> bool:
+        """Does one more database fit next to `databases` (placed and reserved)?
+
+        The one place capacity is decided: the connection budget (issue #24) joins maxDatabases here.
+        """
+        return databases < self.max_databases
+
     def usable(self, count: int) -> bool:
-        """Accepting, Ready, not being deleted, and below its (soft) limit."""
-        return self.accepting and self.ready and not self.being_deleted and count < self.max_databases
+        """Open, and one more database fits."""
+        return self.open() and self.fits(count)
 
 
 class PlacementIndex:
@@ -62,16 +79,18 @@ class PlacementIndex:
 
     Register it before any handler that enqueues Databases for placement (the informers call
     handlers in registration order), so a worker woken by a Shard or Database event already
-    places with that event applied. Like every cache, it can lag the apiserver by the events in
-    flight: two workers may place on the same shard before either placement is seen, which makes
-    `maxDatabases` a soft limit (as documented).
+    places with that event applied. A shard's count is its placed databases (as the cache shows
+    them) plus its reservations: placements written or being written that the cache does not show
+    yet. One reservation per database (by key): a second `reserve` of the same database replaces
+    its first.
     """
 
     def __init__(self, database_shard: Callable[[Obj], Iterable[str]]) -> None:
         self._database_shard = database_shard
         self._lock = threading.Lock()
         self._candidates: dict[str, ShardCandidate] = {}
-        self._counts: Counter[str] = Counter()
+        self._counts: Counter[str] = Counter()  # placed (cache) + reserved, per shard
+        self._reserved: dict[str, str] = {}  # database key -> the shard reserved for it
         self._usable: dict[str, SortedList] = {}  # engine -> SortedList of (count, name)
         self._entries: dict[str, tuple[str, tuple[int, str]]] = {}  # shard -> (engine, its entry)
 
@@ -82,10 +101,51 @@ class PlacementIndex:
         return self
 
     def choose(self, engine: str) -> str | None:
-        """The shard a new database of `engine` goes to; None = no capacity."""
+        """The shard a new database of `engine` would go to now; None = no capacity. Reserves nothing:
+        a placement uses `reserve`."""
         with self._lock:
-            usable = self._usable.get(engine)
-            return usable[0][1] if usable else None
+            return self._first_fit(engine)
+
+    def reserve(self, engine: str, database: str) -> str | None:
+        """Choose the shard for `database` (its key) and count it there at once; None = no capacity.
+
+        The reservation holds until the Database informer shows the database placed or deleted, or
+        until `release(database)`: call that when the placement write was refused. When its outcome is
+        unknown (a timeout), keep it: the informer shows the write if it happened, and the database's
+        next pass replaces the reservation if it did not.
+        """
+        with self._lock:
+            self._release_locked(database)
+            chosen = self._first_fit(engine)
+            if chosen is not None:
+                self._reserved[database] = chosen
+                self._counts[chosen] += 1
+                self._refresh(chosen)
+            return chosen
+
+    def release(self, database: str) -> None:
+        """Give back the reservation of `database` (its placement write failed)."""
+        with self._lock:
+            self._release_locked(database)
+
+    def reserved(self) -> dict[str, str]:
+        """Database key -> shard of every reservation the cache does not show yet (tests, debugging)."""
+        with self._lock:
+            return dict(self._reserved)
+
+    def _first_fit(self, engine: str) -> str | None:
+        """The first shard (fewest databases, then name) of `engine` that the next database fits on.
+
+        Every filed shard fits one more (`_refresh` files only `usable` ones), so that is the first
+        entry; a check that depends on the database (its connection limit) would scan on from it.
+        """
+        usable = self._usable.get(engine)
+        return usable[0][1] if usable else None
+
+    def _release_locked(self, database: str) -> None:
+        shard = self._reserved.pop(database, None)
+        if shard is not None:
+            self._uncount(shard)
 
     def not_ready(self, engine: str) -> list[str]:
         """Shards of `engine` that would be considered but are not Ready (sorted names).
@@ -101,7 +161,7 @@ class PlacementIndex:
                 and c.accepting
                 and not c.being_deleted
                 and not c.ready
-                and self._counts[c.name] < c.max_databases
+                and c.fits(self._counts[c.name])
             )
 
     def shard_event(self, event_type: str, old: Obj | None, new: Obj | None) -> None:
@@ -122,17 +182,26 @@ class PlacementIndex:
     def database_event(self, event_type: str, old: Obj | None, new: Obj | None) -> None:
         before = set(self._database_shard(old)) if old is not None else set()
         after = set(self._database_shard(new)) if new is not None else set()
-        if before == after:
+        obj = new if new is not None else old
+        if obj is None:
+            return
+        key = object_key(obj)
+        if before == after and not (key in self._reserved and (new is None or after)):
             return
         with self._lock:
+            if new is None or after:
+                self._release_locked(key)  # the cache shows where it went (or that it is gone): counted below
             for name in before - after:
-                self._counts[name] -= 1
-                if self._counts[name] <= 0:
-                    del self._counts[name]
-                self._refresh(name)
+                self._uncount(name)
             for name in after - before:
                 self._counts[name] += 1
                 self._refresh(name)
+
+    def _uncount(self, name: str) -> None:
+        self._counts[name] -= 1
+        if self._counts[name] <= 0:
+            del self._counts[name]
+        self._refresh(name)
 
     def _refresh(self, name: str) -> None:
         """Re-file one shard after its candidate or its count changed (lock held)."""

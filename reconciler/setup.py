@@ -33,11 +33,11 @@ from reconciler.resources import (
     database_consumer,
     database_shard,
 )
-from reconciler.runtime import Controller, ControllerManager
+from reconciler.runtime import Controller, ControllerManager, Lanes
 from reconciler.shard_controller import PING_INTERVAL, ShardController
 from reconciler.sql.session import APPLICATION_NAME
+from reconciler.worker_metrics import DatabaseWorkersCollector
 
-DATABASE_WORKERS = 4
 SHARD_WORKERS = 4
 
 
@@ -179,7 +179,22 @@ def register_controllers(
         admin_host_override,
         policy=policy,
     )
-    db_controller = Controller("database", db_logic.reconcile, workers=DATABASE_WORKERS)
+    # A lane per shard: at most workersPerShard passes on one shard's databases (and on placement) at
+    # once, workersTotal in all, the lanes taking turns; a hung shard holds only its own lane's workers.
+    db_controller = Controller(
+        "database",
+        db_logic.reconcile,
+        workers=config.workers_total,
+        lanes=Lanes(db_logic.lane, config.workers_per_shard),
+    )
+    manager.metrics.registry.register(
+        DatabaseWorkersCollector(
+            lambda: db_controller.queue.lane_stats(),
+            lambda: (s["metadata"]["name"] for s in shards.list()),
+            config.workers_per_shard,
+            config.workers_total,
+        )
+    )
     db_logic.on_shard_trouble = shard_logic.suspect  # a failed statement triggers a shard check
     db_controller.watch(databases)
 

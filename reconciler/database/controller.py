@@ -2,10 +2,14 @@
 
   fetch -> finalizer (finalizers.py) -> held: a Kubernetes delete without the delete annotation,
   no SQL at all (deletion.py) -> soft delete or recovery (deletion.py) -> placement, persisted
-  before any SQL (placement.py) -> shard -> credentials Secret, written before the role: the
+  before any SQL, ends the pass (placement.py) -> shard -> credentials Secret, written before the role: the
   source of the password (secret.py) -> Ready path: no SQL unless the database's own inputs
   changed (ready.py) -> provisioning, then a login with the database's own credentials
   (provisioning.py, login.py).
+
+The work queue has a lane per shard (`lane`): a pass runs with the workers of the shard its
+Database is placed on, and placement, which runs no SQL, has a lane of its own. So a pass that
+places ends there; the placement's event brings the key back in its shard's lane for the SQL.
 
 Each step reads and changes the typed `Database` (state.py). SQL runs through `ShardSql` (shard_sql.py):
 a failure goes into status with its sanitized class and is retried with backoff
@@ -24,7 +28,9 @@ from pydantic import ValidationError
 from domain.config import InstallConfig
 from domain.constants import (
     ANNOTATION_DELETE_REQUESTED_AT,
+    ANNOTATION_RESTORE_TENANT,
     FINALIZER_TENANT,
+    UNPLACED,
     DatabaseConditionType,
     DatabaseReason,
     Phase,
@@ -94,6 +100,22 @@ class DatabaseController:
     def on_shard_trouble(self, callback: Callable[[str], None] | None) -> None:
         self.sql.on_shard_trouble = callback
 
+    def lane(self, key: str) -> str:
+        """The work queue lane of a Database: the shard it is placed on (as our own last write says,
+        or the cache), the shard a restore-tenant annotation names (adoption runs SQL there), else
+        UNPLACED (placement: apiserver work only). Read from memory only: the queue calls it under its lock."""
+        shard = self.writes.placed_on(key)
+        if shard:
+            return shard
+        db = self.databases.get(key)
+        if db is None:
+            return UNPLACED
+        shard = (db.get("status") or {}).get("shard")
+        if shard:
+            return str(shard)
+        restore = (db["metadata"].get("annotations") or {}).get(ANNOTATION_RESTORE_TENANT, "")
+        return restore.partition("/")[0] or UNPLACED
+
     def reconcile(self, key: str) -> Result | None:
         try:
             return self._reconcile(key)
@@ -129,9 +151,7 @@ class DatabaseController:
             self.deletion.recover(database)
 
         if not database.status.shard:
-            result = self.placer.place(database)
-            if result is not None:
-                return result
+            return self.placer.place(database)  # the SQL runs in the shard's lane, on the next pass
         shard = self.shards.get(database.shard)
         if shard is None:
             raise self.report.failure(

@@ -14,7 +14,9 @@ The contract (controller-runtime's):
   write conflict: retried with backoff and counted in `dbprovider_reconcile_conflicts_total`, not
   as an error.
 - Success resets the key's backoff.
-- A key is never reconciled by two workers at once; different keys run in parallel.
+- A key is never reconciled by two workers at once; different keys run in parallel. With lanes
+  (`Lanes`, see workqueue.py) at most `lanes.limit` keys of one lane run at once, the lanes take
+  turns, and `workers` bounds them all; `current_slot()` tells a reconcile which lane slot it holds.
 - `stop()` hands out no further keys, lets in-flight reconciles finish, then returns. Code that
   writes calls `ensure_active()` before each write: it raises `ControllerStopping` in a worker
   whose controller is stopping or whose leader guard says we no longer lead.
@@ -29,7 +31,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +40,7 @@ from kubernetes.client.exceptions import ApiException
 
 from informers import Informer, object_key
 from reconciler.runtime.metrics import OTHER_REASON, RuntimeMetrics, retryable_label
-from reconciler.runtime.workqueue import ExponentialBackoff, WorkQueue
+from reconciler.runtime.workqueue import ExponentialBackoff, Lanes, Slot, WorkQueue
 
 log = logging.getLogger(__name__)
 GUARD_POLL = 0.1  # seconds between looks at the leader guard while a worker holds a key
@@ -91,6 +94,22 @@ def ensure_active() -> None:
     controller: Controller | None = getattr(_worker, "controller", None)
     if controller is not None and not controller.active():
         raise ControllerStopping(f"controller {controller.name} is stopping")
+
+
+def current_slot() -> Slot | None:
+    """The lane slot of the key this worker reconciles (None outside a worker): a worker keeps one
+    shard session per slot, so a lane's sessions are bounded like its workers."""
+    return getattr(_worker, "slot", None)
+
+
+@contextmanager
+def holding_slot(slot: Slot | None) -> Iterator[None]:
+    """Run the body as the holder of `slot` (what `current_slot()` answers in this thread)."""
+    _worker.slot = slot
+    try:
+        yield
+    finally:
+        _worker.slot = None
 
 
 def _in_chain(exc: BaseException, predicate: Callable[[BaseException], bool], implicit: bool = True) -> bool:
@@ -156,16 +175,21 @@ class Controller:
         workers: int = 1,
         queue: WorkQueue | None = None,
         metrics: RuntimeMetrics | None = None,
+        lanes: Lanes | None = None,
     ) -> None:
+        """`workers` threads in all; with `lanes`, at most `lanes.limit` of them on one lane's keys.
+        A `queue` given brings its own lanes."""
         if workers < 1:
             raise ValueError("workers must be at least 1")
+        if queue is not None and lanes is not None:
+            raise ValueError("pass lanes to the WorkQueue you give, not to the Controller")
         self.name = name
         self.reconcile = reconcile
         self.workers = workers
         self.metrics = metrics
         self.guard: Callable[[], bool] | None = None  # set by the manager: "do we still lead?"
         self._backoff = queue.rate_limiter if queue is not None else ExponentialBackoff()
-        self._queue = queue if queue is not None else WorkQueue(self._backoff)
+        self._queue = queue if queue is not None else WorkQueue(self._backoff, lanes)
         self._watches: list[tuple[Informer, KeyFunc]] = []
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -229,7 +253,7 @@ class Controller:
                 thread.join()
             self._threads = []
             if self._queue.shutting_down:
-                self._queue = WorkQueue(self._backoff)
+                self._queue = WorkQueue(self._backoff, self._queue.lanes)
             if self.metrics is None:
                 self.metrics = RuntimeMetrics()
             self.metrics.init_controller(self.name)
@@ -286,8 +310,9 @@ class Controller:
                 if key is None:
                     return
                 try:
-                    if self._wait_for_guard():
-                        self._process(queue, key)
+                    with holding_slot(queue.slot(key)):
+                        if self._wait_for_guard():
+                            self._process(queue, key)
                 finally:
                     queue.done(key)
         finally:

@@ -1,11 +1,12 @@
 """The Shard controller's probe of a shard on a fresh admin session: who am I, can I write, how far away.
 
-One operation ("check"): the provisioner's role and the server version (`read_provisioner`), whether
-the server can write (`read_writability`), and the round trip of one statement, which the
-controller uses to size its next timeouts. A server that cannot write is not a shard placements can
-use, however well it answers: a standby (`pg_is_in_recovery()`, e.g. the admin Service points at a
-replica after a failover) or a server whose new sessions are read-only
-(`default_transaction_read_only`, e.g. set by an operator or by a disk-space guard).
+One operation ("check") of one statement: the provisioner's role and the server version (what
+provisioner.read_provisioner reads), whether the server can write, and the round trip of that
+statement, which the controller uses to size its next timeouts (one round trip matters on a slow
+link). A server that cannot write is not a shard placements can use, however well it answers: a
+standby (`pg_is_in_recovery()`, e.g. the admin Service points at a replica after a failover) or a
+server whose new sessions are read-only (`default_transaction_read_only`, e.g. set by an operator
+or by a disk-space guard).
 """
 
 from __future__ import annotations
@@ -15,14 +16,19 @@ from dataclasses import dataclass
 
 import psycopg
 
-from reconciler.sql.provisioner import ProvisionerInfo, read_provisioner
+from reconciler.sql.provisioner import ProvisionerInfo
 from reconciler.sql.session import OPERATION_TIMEOUT, Admin, run_operation
 
-_WRITABILITY = """
-SELECT pg_catalog.pg_is_in_recovery(),
+_PROBE = """
+SELECT current_setting('server_version_num')::int, rolname, rolsuper, rolcreatedb, rolcreaterole,
+       rolinherit, rolcanlogin,
+       pg_catalog.pg_is_in_recovery(),
        pg_catalog.current_setting('default_transaction_read_only')::bool,
        pg_catalog.current_setting('transaction_read_only')::bool
+  FROM pg_catalog.pg_roles
+ WHERE rolname = current_user
 """
+_PROVISIONER_COLUMNS = 7
 
 
 @dataclass(frozen=True)
@@ -49,18 +55,15 @@ class ShardProbe:
     round_trip: float  # seconds of one statement on the open session
 
 
-def read_writability(conn: psycopg.Connection) -> Writability:
-    row = conn.execute(_WRITABILITY).fetchone()
-    return Writability(*row)
+def read_probe(conn: psycopg.Connection) -> ShardProbe:
+    """The probe's one statement, timed."""
+    started = time.monotonic()
+    row = conn.execute(_PROBE).fetchone()
+    round_trip = time.monotonic() - started
+    info = ProvisionerInfo(*row[:_PROVISIONER_COLUMNS])
+    return ShardProbe(info, Writability(*row[_PROVISIONER_COLUMNS:]), round_trip)
 
 
 def probe_shard(admin: Admin, *, timeout: float = OPERATION_TIMEOUT) -> ShardProbe:
     """Run the probe (operation "check"; a SqlFailure on failure)."""
-
-    def probe(conn: psycopg.Connection) -> ShardProbe:
-        started = time.monotonic()
-        info = read_provisioner(conn)
-        round_trip = time.monotonic() - started
-        return ShardProbe(info, read_writability(conn), round_trip)
-
-    return run_operation(admin, "check", probe, timeout=timeout)
+    return run_operation(admin, "check", read_probe, timeout=timeout)

@@ -124,6 +124,8 @@ def test_two_replicas_serve_the_consumer_flow_and_fail_over(stack: DevStack, kub
         assert "_created" not in metrics  # prometheus_client's *_created series are switched off
         assert 'route="/v1/databases/{externalId}"' in follower.metrics()
         assert "dbprovider_reconcile_conflicts_total" in metrics
+        assert 'dbprovider_database_workers_in_flight{shard="e2etest-pg"} ' in metrics  # a gauge per shard
+        assert "dbprovider_database_workers_per_shard 4.0" in metrics
 
         # The leader dies without a goodbye: the follower takes the Lease and reconciles.
         leader.stop(signal.SIGKILL)

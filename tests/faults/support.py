@@ -234,7 +234,7 @@ class FaultStack:
         for replica in self.replicas:
             replica.kill()
         for server in self.shards.values():
-            server.resume()  # a test that failed while a shard was paused
+            server.thaw()  # a test that failed while a shard was frozen
             server.close()
         self._client.close()
         self.kube.close()

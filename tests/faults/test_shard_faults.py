@@ -51,7 +51,8 @@ def _paused_shard(stack: FaultStack, fault: str, prefix: str, stop: str) -> None
     if stop == "postmaster":
         os.kill(pid, signal.SIGSTOP)  # old sessions still answer; no new connection gets through
     else:
-        assert len(server.pause()) > 2  # the postmaster and every backend, by PID
+        assert len(server.process_ids()) > 2
+        server.freeze()  # the postmaster and every backend, by PID
     try:
         detect = timed(lambda: not stack.shard_ready(SHARD_A), 60, "NotReady")
         record(fault, "shard Ready=False after the pause", detect)
@@ -69,7 +70,7 @@ def _paused_shard(stack: FaultStack, fault: str, prefix: str, stop: str) -> None
         if stop == "postmaster":
             os.kill(pid, signal.SIGCONT)
         else:
-            server.resume()
+            server.thaw()
     record(fault, "shard Ready after the resume", timed(lambda: stack.shard_ready(SHARD_A), 60, "Ready again"))
     record(fault, "every database Ready after the resume", check_invariants(stack, fault))
 
@@ -101,10 +102,10 @@ def test_hung_shard_mid_burst_with_a_healthy_one_beside_it(owned: FaultStack) ->
     replica, names = stack.leading_burst("hung", 16)
     wait_for(lambda: stack.phases(names)["Ready"] >= 1, 60, "the burst under way")
     server = stack.shards[SHARD_A]
-    stopped = server.pause()
+    assert len(server.process_ids()) > 2
+    server.freeze()
     hung = time.monotonic()
     try:
-        assert len(stopped) > 2
         def b_ready() -> bool:
             dbs = stack.databases()
             on_b = [n for n in names if ((dbs.get(n) or {}).get("status") or {}).get("shard") == SHARD_B]
@@ -126,7 +127,7 @@ def test_hung_shard_mid_burst_with_a_healthy_one_beside_it(owned: FaultStack) ->
         assert stack.shard_reason(SHARD_A) == "Unreachable"
         _no_failed(stack, names + during)
     finally:
-        server.resume()
+        server.thaw()
     resumed = time.monotonic()
     record(fault, "shard Ready after the resume", timed(lambda: stack.shard_ready(SHARD_A), 60, "Ready again"))
     check_invariants(stack, fault)

@@ -75,10 +75,8 @@ def provisioner_statements(server: PostgresServer) -> list[LoggedStatement]:
 
 
 def is_shard_check(statement: LoggedStatement) -> bool:
-    """The Shard controller's periodic health check (it reads the server version and its own role,
-    then whether the server can write)."""
-    checks = ("current_setting('server_version_num')", "pg_catalog.pg_is_in_recovery()")
-    return statement.keyword == "SELECT" and any(check in statement.text for check in checks)
+    """The Shard controller's periodic health check (it reads the server version and its own role)."""
+    return statement.keyword == "SELECT" and "current_setting('server_version_num')" in statement.text
 
 
 def tenant_sql(statements: list[LoggedStatement]) -> list[LoggedStatement]:
