@@ -125,10 +125,13 @@ class PostgresServer:
         tls_ips: tuple[str, ...] = ("127.0.0.1",),
         settings: dict[str, str] | None = None,
         durable: bool = False,
+        data_dir: Path | None = None,
     ) -> None:
         """`tls_names`, `tls_ips`: the server certificate's names (tests of a wrong host name);
         `settings`: more server settings (`-c key=value`), e.g. for the fault suite's logs;
-        `durable`: acknowledged commits survive `kill()`/`crash()` (only such servers may be killed)."""
+        `durable`: acknowledged commits survive `kill()`/`crash()` (only such servers may be killed);
+        `data_dir`: an empty directory for the data (e.g. on a small filesystem a test fills up), the
+        WAL staying in the work directory (a full WAL disk would stop the server, not fail a write)."""
         if flavor not in POSTGRES_FLAVORS:
             raise ValueError(f"unknown PostgreSQL flavor {flavor!r}; known: {', '.join(POSTGRES_FLAVORS)}")
         self.flavor = POSTGRES_FLAVORS[flavor]
@@ -141,7 +144,8 @@ class PostgresServer:
         self.user = _server_user()
         self.workdir = Path(tempfile.mkdtemp(prefix=f"dbprovider-pg{flavor}-"))
         self.workdir.chmod(0o755)
-        self.data_dir = self.workdir / "data"
+        self.data_dir = data_dir or self.workdir / "data"
+        self.wal_dir = self.workdir / "wal" if data_dir is not None else None
         self.socket_dir = self.workdir / "socket"
         self.log_file = self.workdir / "postgres.log"
         self.cert_file = self.workdir / "server.crt"
@@ -181,6 +185,7 @@ class PostgresServer:
             [
                 str(self.bin_dir / "initdb"),
                 "-D", str(self.data_dir),
+                *(["-X", str(self.wal_dir)] if self.wal_dir is not None else []),
                 "-U", self.SUPERUSER,
                 "--auth-local=trust",
                 "--auth-host=scram-sha-256",

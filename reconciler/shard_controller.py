@@ -10,7 +10,8 @@ slots), which no consumer could then use. Shards are checked concurrently (the c
 workers), so dead shards do not delay the others.
 
 A ping passes when the provisioner logs in, its role fits (provisioner.dialect_problem) and the
-server can write (shard_probe.Writability: not a standby, new sessions not read-only). Its
+server can write (shard_probe.Writability: not a standby, new sessions not read-only; and, once a
+Database worker's write failed with disk_full, a small test write passes: DiskFull until then). Its
 timeouts follow the link (`ShardLinks`: from the measured round trip, bounded), and a Ready shard
 gets a second try with the longer timeouts before it is declared Unreachable, so a slow or flaky
 link that still answers stays Ready. A shard that does not answer is marked so in `ShardLinks`:
@@ -18,7 +19,8 @@ the Database workers' sessions to it are cut at once and no new ones are opened 
 passes, so its work waits instead of hanging.
 
 The Ready condition's reason says what is wrong (Ok, AdminAuthFailed, AdminSecretInvalid,
-Unreachable, ReadOnly, InRecovery, ClusterNotRunning, ProvisionerInherits/ProvisionerInvalid);
+Unreachable, ReadOnly, InRecovery, DiskFull, ClusterNotRunning, ClusterScaling, EngineUnavailable,
+ProvisionerInherits/ProvisionerInvalid);
 messages carry a sanitized error class only. A shard that is not Ready gets no placements
 (reconciler.placement reads this condition).
 """
@@ -48,8 +50,8 @@ from reconciler.shard_links import ShardLinks
 from reconciler.sql import errors as sqlerrors
 from reconciler.sql.errors import SqlFailure, is_auth_failure
 from reconciler.sql.provisioner import WEAK_CREATEROLE_MESSAGE, dialect_problem
-from reconciler.sql.session import AdminEndpoint
-from reconciler.sql.shard_probe import probe_shard
+from reconciler.sql.session import AdminEndpoint, AdminSession
+from reconciler.sql.shard_probe import probe_shard, probe_write
 
 log = logging.getLogger(__name__)
 
@@ -121,10 +123,14 @@ class ShardController:
         # shard -> (when, generation, result); workers touch distinct shards (one key, one worker)
         self._last: dict[str, tuple[float, int | None, Health]] = {}
         self._suspected: set[str] = set()  # ping these at the next reconcile, whatever the last result
+        self._disk_suspects: set[str] = set()  # a write failed with disk_full: probe a write until one passes
         self.enqueue: Callable[[str], None] | None = None  # set by setup: the controller's queue
 
-    def suspect(self, name: str) -> None:
-        """A Database worker's SQL on this shard failed or hangs: ping it now (not at the next interval)."""
+    def suspect(self, name: str, error_class: str | None = None) -> None:
+        """A Database worker's SQL on this shard failed (with `error_class`) or hangs: ping it now, not
+        at the next interval; after a `disk_full`, every ping also writes until a write passes."""
+        if error_class == sqlerrors.DISK_FULL:
+            self._disk_suspects.add(name)
         self._suspected.add(name)
         if self.enqueue is not None:
             self.enqueue(name)
@@ -196,6 +202,7 @@ class ShardController:
         try:
             with self.sessions.one_off(endpoint, timeouts.connect) as session:
                 probe = probe_shard(session, timeout=timeouts.total)
+                full = self._disk_full(name, session, timeouts.total) if probe.writability.problem() is None else None
         except SqlFailure as failure:
             if is_auth_failure(failure):
                 return Health(ShardReason.ADMIN_AUTH_FAILED, f"admin login failed: {failure.error_class}"), False
@@ -219,7 +226,22 @@ class ShardController:
         if problem is not None:
             reason = ShardReason.IN_RECOVERY if probe.writability.in_recovery else ShardReason.READ_ONLY
             return Health(reason, problem, version, info.weak_createrole), False
+        if full is not None:
+            return Health(ShardReason.DISK_FULL, full, version, info.weak_createrole), False
         return Health(ShardReason.OK, "admin connection healthy", version, info.weak_createrole), False
+
+    def _disk_full(self, name: str, session: AdminSession, timeout: float) -> str | None:
+        """For a shard whose SQL failed with disk_full: why a small write still fails, or None (it passed)."""
+        if name not in self._disk_suspects:
+            return None
+        try:
+            probe_write(session, timeout=timeout)
+        except SqlFailure as failure:
+            if failure.error_class != sqlerrors.DISK_FULL:
+                raise
+            return f"{failure}: the shard's disk is full (a SQL write failed with disk_full); free space on it"
+        self._disk_suspects.discard(name)
+        return None
 
     def _health(self, name: str, spec: ShardSpec, generation: int | None) -> Health:
         """check(), but for an unchanged Shard the SQL ping of a Ready one at most every
@@ -257,6 +279,7 @@ class ShardController:
         if shard is None:
             self.sessions.drop(name)
             self._last.pop(name, None)
+            self._disk_suspects.discard(name)
             self.links.forget(name)
             return None
         generation = shard["metadata"].get("generation")

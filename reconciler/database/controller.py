@@ -92,12 +92,12 @@ class DatabaseController:
         self.provisioner = Provisioner(config, self.sql, self.writes, self.report, login)
 
     @property
-    def on_shard_trouble(self) -> Callable[[str], None] | None:
-        """Called with a shard's name when its SQL failed as if the shard were down (set by setup)."""
+    def on_shard_trouble(self) -> Callable[[str, str], None] | None:
+        """Called with a shard's name and the failure class when its SQL failed as if the shard were in trouble."""
         return self.sql.on_shard_trouble
 
     @on_shard_trouble.setter
-    def on_shard_trouble(self, callback: Callable[[str], None] | None) -> None:
+    def on_shard_trouble(self, callback: Callable[[str, str], None] | None) -> None:
         self.sql.on_shard_trouble = callback
 
     def lane(self, key: str) -> str:

@@ -97,8 +97,9 @@ class ShardSql:
     sessions: AdminSessions
     admin_endpoints: AdminEndpointCache
     report: Reporter
-    # Called with a shard's name when its SQL failed as if the shard were down (set by setup).
-    on_shard_trouble: Callable[[str], None] | None = None
+    # Called with a shard's name and the failure's class when its SQL failed as if the shard were in
+    # trouble (set by setup: the Shard controller checks it now).
+    on_shard_trouble: Callable[[str, str], None] | None = None
 
     def session(self, database: Database, shard: dict[str, Any], phase: Phase, reason: str) -> AdminSession:
         """An admin session for the placed shard; `Waiting` while it is not Ready, or a recorded
@@ -159,7 +160,7 @@ class ShardSql:
             return self.wait_for_shard(database, shard, phase, "Unreachable: it stopped answering")
         trouble = failure.error_class in SHARD_TROUBLE
         if trouble and self.on_shard_trouble is not None:
-            self.on_shard_trouble(shard)  # let the Shard controller look now, not at its next ping
+            self.on_shard_trouble(shard, failure.error_class)  # the Shard controller looks now
         terminal = is_terminal(failure)
         return self.report.failure(
             database,

@@ -7,6 +7,11 @@ link). A server that cannot write is not a shard placements can use, however wel
 standby (`pg_is_in_recovery()`, e.g. the admin Service points at a replica after a failover) or a
 server whose new sessions are read-only (`default_transaction_read_only`, e.g. set by an operator
 or by a disk-space guard).
+
+A full disk does not show in any setting: a write fails with `disk_full` (53100). `probe_write` is
+such a write, small and side-effect free (about 256 kB into a temporary table that is dropped with
+its transaction: extending a file needs free space, as any CREATE DATABASE or catalog change does).
+The Shard controller runs it only for a shard whose SQL failed with `disk_full`, until it passes.
 """
 
 from __future__ import annotations
@@ -67,3 +72,18 @@ def read_probe(conn: psycopg.Connection) -> ShardProbe:
 def probe_shard(admin: Admin, *, timeout: float = OPERATION_TIMEOUT) -> ShardProbe:
     """Run the probe (operation "check"; a SqlFailure on failure)."""
     return run_operation(admin, "check", read_probe, timeout=timeout)
+
+
+_PROBE_TABLE = "CREATE TEMPORARY TABLE dbprovider_write_probe (filler text) ON COMMIT DROP"
+_PROBE_WRITE = "INSERT INTO dbprovider_write_probe SELECT repeat('x', 1000) FROM generate_series(1, 256)"
+
+
+def write_something(conn: psycopg.Connection) -> None:
+    with conn.transaction():
+        conn.execute(_PROBE_TABLE)
+        conn.execute(_PROBE_WRITE)
+
+
+def probe_write(admin: Admin, *, timeout: float = OPERATION_TIMEOUT) -> None:
+    """A small write that needs free disk space (operation "write probe"; SqlFailure disk_full if none)."""
+    run_operation(admin, "write probe", write_something, timeout=timeout)
