@@ -137,20 +137,11 @@ def promql_selector(config: InstallConfig) -> str:
     return ", ".join(matchers)
 
 
-def provisioning_reasons_template(config: InstallConfig) -> str:
-    """A Prometheus template listing the Ready reasons (and counts) of the Provisioning databases of the
-    alert's cluster and shard, for DBProviderDatabaseStuckProvisioning's description."""
+def _reasons_template(config: InstallConfig, series: str, matchers: str, counts: bool) -> str:
+    """A Prometheus template listing the `reason` labels (with values if `counts`) of `series` for the
+    alert's cluster and shard plus `matchers`: ", "-separated, each after a space."""
     job = job_matcher(config).replace("%", "%%")  # printf; a backtick is refused by the config
-    query = (
-        "sum by (reason) (max by (cluster, shard, phase, reason) "
-        f'(dbprovider_databases{{{job}, cluster="%s", shard="%s", phase="Provisioning"}}))'
-    )
-    return _reasons_template(query, counts=True)
-
-
-def _reasons_template(query: str, counts: bool) -> str:
-    """A Prometheus template listing the `reason` labels (with values if `counts`) of `query`, a printf
-    format over $labels.cluster and $labels.shard: ", "-separated, each after a space."""
+    query = series.format(selector=f'{job}, cluster="%s", shard="%s", {matchers}')
     value = " ({{ $s.Value }})" if counts else ""
     return (
         "{{ range $i, $s := printf `" + query + "` $labels.cluster $labels.shard | query | sortByLabel `reason` }}"
@@ -158,25 +149,24 @@ def _reasons_template(query: str, counts: bool) -> str:
     )
 
 
+def provisioning_reasons_template(config: InstallConfig) -> str:
+    """The Ready reasons (and counts) of the Provisioning databases of the alert's cluster and shard,
+    for DBProviderDatabaseStuckProvisioning's description."""
+    series = "sum by (reason) (max by (cluster, shard, phase, reason) (dbprovider_databases{{{selector}}}))"
+    return _reasons_template(config, series, 'phase="Provisioning"', counts=True)
+
+
 def shard_reasons_template(config: InstallConfig) -> str:
     """The Ready reason(s) of the alert's shard now, for DBProviderShardNotReady's description: the
     alert itself is per shard (no reason label), so a reason that changes mid-outage keeps its clock."""
-    job = job_matcher(config).replace("%", "%%")
-    query = (
-        "max by (reason) (dbprovider_shard_ready"
-        f'{{{job}, cluster="%s", shard="%s", reason!="{SCALING_REASON}"}} == 0)'
-    )
-    return _reasons_template(query, counts=False)
+    series = "max by (reason) (dbprovider_shard_ready{{{selector}}} == 0)"
+    return _reasons_template(config, series, f'reason!="{SCALING_REASON}"', counts=False)
 
 
 def failed_reasons_template(config: InstallConfig) -> str:
     """The Ready reasons (and counts) of the alert's shard's Failed databases, for DBProviderDatabaseFailed."""
-    job = job_matcher(config).replace("%", "%%")
-    query = (
-        "max by (reason) (dbprovider_databases"
-        f'{{{job}, cluster="%s", shard="%s", phase="Failed"}} > 0)'
-    )
-    return _reasons_template(query, counts=True)
+    series = "max by (reason) (dbprovider_databases{{{selector}}} > 0)"
+    return _reasons_template(config, series, 'phase="Failed"', counts=True)
 
 
 def prometheus_duration(seconds: float) -> str:

@@ -8,49 +8,24 @@ is never logged. Failures leave as a sanitized `SqlFailure` of operation "login"
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-
 import psycopg
 
 from reconciler.sql import errors
 from reconciler.sql.errors import SqlFailure, classify
-from reconciler.sql.session import REQUIRE_AUTH, keepalive_options, release_exception, run_operation
+from reconciler.sql.session import AdminEndpoint, connect_params, release_exception, run_operation
 
 OPERATION = "login"
 
 
-@dataclass(frozen=True)
-class TenantLogin:
-    """Where and as whom a consumer of the database logs in."""
-
-    host: str
-    port: int
-    user: str
-    password: str = field(repr=False)
-    dbname: str = ""
-    sslmode: str = "require"
-    sslrootcert: str | None = None  # a CA file or "system" for verify-ca / verify-full
+class TenantLogin(AdminEndpoint):
+    """Where and as whom a consumer of the database logs in: the fields (and checks) of an admin
+    endpoint, with the tenant's user, password and database."""
 
 
 def log_in(login: TenantLogin, timeout: float, application_name: str) -> None:
     """Log in as the tenant on a new session within `timeout` seconds; SqlFailure("login", ...) if not."""
-    tls = {"sslrootcert": login.sslrootcert} if login.sslrootcert is not None else {}
-    try:
-        conn = psycopg.connect(
-            host=login.host,
-            port=int(login.port),
-            user=login.user,
-            password=login.password,
-            dbname=login.dbname or login.user,
-            sslmode=login.sslmode,
-            require_auth=REQUIRE_AUTH,
-            application_name=application_name,
-            connect_timeout=max(2, math.ceil(timeout)),
-            autocommit=True,
-            **tls,
-            **keepalive_options(),
-        )
+    try:  # no channel_binding: a pooler (pgBouncer) in front of the server may not offer it
+        conn = psycopg.connect(**connect_params(login, application_name, timeout))
     except psycopg.Error as exc:  # classified, never re-raised with driver text
         release_exception(exc)
         failure = classify(exc, OPERATION)

@@ -120,6 +120,26 @@ def keepalive_options() -> dict[str, int]:
     }
 
 
+def connect_params(endpoint: AdminEndpoint, application_name: str, connect_timeout: float) -> dict[str, object]:
+    """The libpq parameters of a new autocommit session to `endpoint`: SCRAM only, keepalives, the
+    CA for verify-ca/-full, at least libpq's 2 s to connect."""
+    tls = {"sslrootcert": endpoint.sslrootcert} if endpoint.sslrootcert is not None else {}
+    return {
+        "host": endpoint.host,
+        "port": int(endpoint.port),
+        "user": endpoint.user,
+        "password": endpoint.password,
+        "dbname": endpoint.dbname,
+        "sslmode": endpoint.sslmode,
+        "require_auth": REQUIRE_AUTH,
+        "application_name": application_name,
+        "connect_timeout": max(2, math.ceil(connect_timeout)),
+        "autocommit": True,
+        **tls,
+        **keepalive_options(),
+    }
+
+
 def connect_admin(
     endpoint: AdminEndpoint,
     application_name: str = APPLICATION_NAME,
@@ -132,26 +152,12 @@ def connect_admin(
 
     Never log a raw connection error of psycopg: its `pgconn` attribute carries the password.
     """
-    tls: dict[str, str] = {}
-    if endpoint.sslmode != SslMode.DISABLE:
-        tls["channel_binding"] = "require"
-    if endpoint.sslrootcert is not None:
-        tls["sslrootcert"] = endpoint.sslrootcert
+    binding = {"channel_binding": "require"} if endpoint.sslmode != SslMode.DISABLE else {}
     try:
         return psycopg.connect(
-            host=endpoint.host,
-            port=int(endpoint.port),
-            user=endpoint.user,
-            password=endpoint.password,
-            dbname=endpoint.dbname,
-            sslmode=endpoint.sslmode,
-            require_auth=REQUIRE_AUTH,
-            **tls,
-            application_name=application_name,
-            connect_timeout=max(2, math.ceil(connect_timeout)),
+            **connect_params(endpoint, application_name, connect_timeout),
+            **binding,
             options=session_options(statement_timeout, lock_timeout),
-            autocommit=True,
-            **keepalive_options(),
         )
     except psycopg.Error as exc:
         release_exception(exc)  # close a half-open connection now (see release_exception)
