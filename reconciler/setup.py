@@ -16,7 +16,7 @@ from domain.conditions import READY, get_condition, object_conditions
 from domain.config import InstallConfig
 from domain.constants import CREDENTIALS_SECRET_SELECTOR, CREDENTIALS_SECRET_SUFFIX, Engine
 from domain.specs import ShardSpec, parse_shard
-from informers import SECRETS, Informer
+from informers import SECRETS, Informer, Rest
 from informers.informer import Handler
 from reconciler.admin import AdminPolicy, AdminSessions
 from reconciler.consumer_controller import ConsumerController
@@ -53,11 +53,14 @@ class Controllers:
     consumers: ConsumerController
     sessions: AdminSessions
     events: EventRecorder
+    rest: Rest
 
     def close(self) -> None:
-        """After the manager stopped: send the queued Events, close the shards' admin sessions."""
+        """After the manager stopped: send the queued Events, close the shards' admin sessions and
+        the controllers' apiserver client."""
         self.events.close()
         self.sessions.close_all()
+        self.rest.api_client.close()
 
 
 COUNT_COALESCE_SECONDS = 1.0
@@ -114,7 +117,12 @@ def register_controllers(
     # statement they send to a shard checks leadership first: a replica that lost (or may have
     # lost) the Lease writes nothing. The informers and the API keep the unfenced client.
     # Their User-Agent tells the controllers' writes from the API's in the apiserver's audit log.
-    rest = manager.rest.fenced(manager.fence, user_agent=f"{APPLICATION_NAME}-controllers/{instance}")
+    # On a client of their own without urllib3's hidden retries: a write the fence let through is sent
+    # once; retried by the controller (after the fence again), never re-sent by the transport later,
+    # e.g. an Event (no precondition) delivered after the link to a cut-off leader came back.
+    rest = manager.rest.without_retries().fenced(
+        manager.fence, user_agent=f"{APPLICATION_NAME}-controllers/{instance}"
+    )
     shards = informers.informer(SHARDS)
     consumers = informers.informer(CONSUMERS)
     databases = informers.informer(DATABASES, namespace)
@@ -225,4 +233,4 @@ def register_controllers(
 
     for controller in (shard_controller, db_controller, consumer_controller):
         manager.add_controller(controller)
-    return Controllers(shard_logic, db_logic, consumer_logic, sessions, events)
+    return Controllers(shard_logic, db_logic, consumer_logic, sessions, events, rest)

@@ -110,4 +110,6 @@ def test_leader_alone_cut_off_from_the_apiserver(owned: FaultStack) -> None:
             wait_for(lambda: stack.phases(during)["Ready"] == len(during), 90, "databases Ready under the new leader")
         finally:
             proxy.heal()
-        record(fault, "every database Ready after the link is back", check_invariants(stack, fault))
+        # An Event the cut-off leader sent while leading may arrive once the link is back (Events have
+        # no precondition; docs/reliability.md): exempt here, every other write is checked.
+        record(fault, "every database Ready after the link is back", check_invariants(stack, fault, late_events=True))

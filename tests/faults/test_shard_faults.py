@@ -112,9 +112,12 @@ def test_hung_shard_mid_burst_with_a_healthy_one_beside_it(owned: FaultStack) ->
             return all(phase == "Ready" for phase, _ in _phase_reason(stack, on_b).values())
 
         record(fault, "B's share of the burst Ready after the hang", timed(b_ready, 90, "B's databases Ready"))
-        during = stack.burst(replica, "hung-during", 4)
-        wait_for(lambda: stack.phases(during)["Ready"] == len(during), 90, "new databases Ready")
-        record(fault, "4 new databases Ready (on B), from the hang", time.monotonic() - hung)
+        wait_for(lambda: not stack.shard_ready(SHARD_A), 60, "A not Ready")
+        record(fault, "shard A Ready=False, from the hang", time.monotonic() - hung)
+        during = stack.burst(replica, "hung-during", 4)  # placed on B: A is not Ready
+        record(fault, "4 new databases Ready (on B)", timed(
+            lambda: stack.phases(during)["Ready"] == len(during), 90, "new databases Ready"
+        ))
         assert {stack.databases()[n]["status"]["shard"] for n in during} == {SHARD_B}
 
         def waiting() -> bool:
