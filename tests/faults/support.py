@@ -300,6 +300,17 @@ class FaultStack:
             self.expected[external_id] = "Ready"
         return response
 
+    def put_until_accepted(self, replica: Replica, external_id: str, within: float = 30) -> float:
+        """PUT as a client does after a 503 (the API's answer while the apiserver is slow or gone):
+        again until it is accepted; the seconds that took."""
+        started = time.monotonic()
+
+        def accepted() -> bool:
+            return self.put(replica, external_id, expect=(200, 201, 503)).status_code in (200, 201)
+
+        wait_for(accepted, within, f"PUT {external_id} accepted")
+        return time.monotonic() - started
+
     def burst(self, replica: Replica, prefix: str, count: int) -> list[str]:
         names = [f"{prefix}-{i}" for i in range(count)]
         for name in names:
