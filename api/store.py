@@ -10,10 +10,13 @@ writes carry the resourceVersion they were decided on and are retried on a confl
 
 Availability: writes need the apiserver. When `reachable()` (the replica's recent apiserver contact)
 says it is gone, a write answers 503 at once. Before that is known (the first seconds of an outage),
-all the apiserver requests of one consumer request share one budget (`request_budget`, 1 s): each
-gets the time left as its whole timeout (connect, TLS, answer), on a client that never retries
-behind our back (`Rest.without_retries`), so a write answers 503 within a second of the apiserver
-going silent, and no DELETE hangs. A create whose answer timed out may still have been committed:
+all the apiserver requests of one write share one budget (`request_budget`, 1 s): each gets the time
+left as its whole timeout (connect, TLS, answer), on a client that never retries behind our back
+(`Rest.without_retries`), so a write answers 503 within a second of the apiserver going silent, and
+no DELETE hangs. A read that misses the cache (a database another replica created an instant ago,
+credentials the cache lags) asks the apiserver within `read_budget` (5 s): reads are served from the
+cache even while the apiserver is gone, so only those rare fallbacks wait, and a slow but working
+apiserver does not turn them into errors. A create whose answer timed out may still have been committed:
 PUT is idempotent, so the client's retry returns the object (200).
 
 Quota: `Consumer.spec.maxDatabases` bounds the consumer's databases that are not yet Deleted (Deleting
@@ -79,9 +82,11 @@ INDEX_NOT_DELETED_BY_CONSUMER = "api:consumer-not-deleted"
 PENDING_TTL_SECONDS = 300.0
 ANNOTATE_ATTEMPTS = 5
 PASSWORD_PENDING = "a new password is pending"  # a _read_credentials problem that is not a fault
-# Seconds all the apiserver requests of one consumer request may take together: a healthy apiserver
-# answers a create or a patch in milliseconds, so a second without an answer is an outage (503).
+# Seconds all the apiserver requests of one write may take together: a healthy apiserver answers a
+# create or a patch in milliseconds, so a second without an answer is an outage (503).
 REQUEST_BUDGET = 1.0
+# Seconds of a read's live fallback (a cache miss): as before this budget, a slow answer is still one.
+READ_BUDGET = 5.0
 
 Obj = dict[str, Any]
 Clock = Callable[[], datetime]
@@ -143,6 +148,7 @@ class DatabaseStore:
         pending_ttl: float = PENDING_TTL_SECONDS,
         reachable: Callable[[], bool] | None = None,
         request_budget: float = REQUEST_BUDGET,
+        read_budget: float = READ_BUDGET,
     ) -> None:
         self.config = config
         self.namespace = config.namespace
@@ -154,6 +160,7 @@ class DatabaseStore:
         self.pending_ttl = pending_ttl
         self.reachable = reachable
         self.request_budget = request_budget
+        self.read_budget = read_budget
         self._locks_guard = threading.Lock()
         self._create_locks: dict[str, threading.Lock] = {}
         self._pending_lock = threading.Lock()
@@ -191,7 +198,7 @@ class DatabaseStore:
         name = self._object_name(consumer, external_id)
         obj = self._cached(consumer, name)
         if obj is None:
-            obj = self._get_live(name, self._budget())
+            obj = self._get_live(name, self._budget(self.read_budget))
         if obj is None or not self._is_mine(obj, consumer, external_id):
             raise NotFound()
         return obj
@@ -217,7 +224,7 @@ class DatabaseStore:
         secret = self.secrets.get(f"{self.namespace}/{name}")
         credentials, problem = self._read_credentials(secret, db)
         if problem is not None:  # the caches may lag writes of the reconciler: ask the apiserver once
-            budget = self._budget()
+            budget = self._budget(self.read_budget)
             db = self._get_live(metadata(db)["name"], budget) or db
             credentials, problem = self._read_credentials(self._get_live(name, budget, SECRETS), db)
         if problem == PASSWORD_PENDING:
@@ -306,8 +313,9 @@ class DatabaseStore:
         pending = self._pending_of(consumer).get(name)
         return pending.obj if pending is not None else None
 
-    def _budget(self) -> _Budget:
-        return _Budget(time.monotonic() + self.request_budget)
+    def _budget(self, seconds: float | None = None) -> _Budget:
+        """The deadline of one consumer request's apiserver requests (a write's by default)."""
+        return _Budget(time.monotonic() + (self.request_budget if seconds is None else seconds))
 
     def _get_live(self, name: str, budget: _Budget, resource: Resource = DATABASES) -> Obj | None:
         """The object from the apiserver now (a Database unless said otherwise); None if there is none."""
