@@ -150,7 +150,7 @@ def baseline(
                 ensure_tenant(admin, spec)
                 if set_new_password:
                     set_password(admin, spec.name, spec.password)
-                login = TenantLogin("127.0.0.1", pg.port, spec.name, spec.password, spec.name, "require")
+                login = TenantLogin("127.0.0.1", pg.port, spec.name, spec.password, sslmode="require", dbname=spec.name)
                 log_in(login, LOGIN_TIMEOUT, "bench")
             except BaseException as exc:  # noqa: BLE001 - reported below
                 errors.append(exc)
