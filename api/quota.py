@@ -98,7 +98,8 @@ class QuotaLedgers:
 
     `limit_of(consumer)` is the consumer's maxDatabases (None: no quota; it raises to refuse the
     request, e.g. Unauthorized for a consumer that is gone); `cached_of(consumer)` its databases in
-    this replica's cache by externalId.
+    this replica's cache by externalId. Each ledger request gets `request_timeout` as its whole timeout
+    (the API's write budget: a second without an answer from the apiserver is an outage, 503).
     """
 
     def __init__(
@@ -112,7 +113,7 @@ class QuotaLedgers:
         reservation_timeout: float = SETTINGS.quota.reservation_timeout,
         create_deadline: float = SETTINGS.quota.create_deadline,
         write_attempts: int = SETTINGS.quota.write_attempts,
-        write_timeout: tuple[float, float] = (2.0, 5.0),
+        request_timeout: float = 1.0,
     ) -> None:
         self.rest = rest
         self.namespace = namespace
@@ -122,7 +123,7 @@ class QuotaLedgers:
         self.reservation_timeout = timedelta(seconds=reservation_timeout)
         self.create_deadline = create_deadline
         self.write_attempts = write_attempts
-        self.write_timeout = write_timeout
+        self.request_timeout = request_timeout
         self._guard = threading.Lock()
         self._ledgers: dict[str, _Ledger] = {}
 
@@ -244,7 +245,7 @@ class QuotaLedgers:
 
     def _read(self, consumer: str, state: _Ledger) -> QuotaLedger:
         try:
-            obj = self.rest.get(CONFIGMAPS, quota_ledger_name(consumer), self.namespace, timeout=self.write_timeout)
+            obj = self.rest.get(CONFIGMAPS, quota_ledger_name(consumer), self.namespace, timeout=self.request_timeout)
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -263,7 +264,7 @@ class QuotaLedgers:
     def _patch(self, consumer: str, patch: Any, content_type: str) -> Obj:
         return self.rest.patch(
             CONFIGMAPS, quota_ledger_name(consumer), patch, self.namespace, content_type=content_type,
-            timeout=self.write_timeout,
+            timeout=self.request_timeout,
         )
 
     def _restructure(self, consumer: str, ledger: QuotaLedger, limit: int, state: _Ledger) -> bool:
@@ -281,7 +282,7 @@ class QuotaLedgers:
         try:
             if not ledger.exists:
                 body = ledger_object(self.namespace, consumer, data)
-                written = self.rest.create(CONFIGMAPS, body, self.namespace, timeout=self.write_timeout)
+                written = self.rest.create(CONFIGMAPS, body, self.namespace, timeout=self.request_timeout)
             else:
                 written = self._patch(consumer, restructure_patch(ledger, data), MERGE_PATCH)
         except ApiException as exc:
@@ -305,7 +306,7 @@ class QuotaLedgers:
         while True:
             page = self.rest.list(
                 DATABASES, self.namespace, query=query + ([("continue", token)] if token else []),
-                timeout=self.write_timeout,
+                timeout=self.request_timeout,
             )
             for db in page.get("items") or ():
                 external_id = database_external_id(db)

@@ -4,10 +4,11 @@
 
 Measured in one run on one PostgreSQL 18 server, alternating so that every burst has a baseline
 right before and right after it (b0, r0, b1, r1, b2, r2, b3):
-- baselines b<n>: `ensure_tenant` for N fresh tenants, run directly with 4 parallel admin sessions
-  (one shared queue, as the controller's 4 workers have); once at the start also the same followed
-  by `set_password`, for comparison (what the controller adds for an adopted tenant or a rotation;
-  a new tenant gets its password with CREATE ROLE);
+- baselines b<n>: `ensure_tenant` for N fresh tenants, each followed by a login as the new tenant on
+  a fresh TLS session (what the product does before a database is Ready), run directly with 4
+  parallel admin sessions (one shared queue, as the controller's 4 workers have); once at the start
+  also the same with `set_password` before the login, for comparison (what the controller adds for
+  an adopted tenant or a rotation; a new tenant gets its password with CREATE ROLE);
 - bursts r<n>: N threads send `PUT /v1/databases/<id>` at once over TLS to the manager's API; the
   time from the first PUT until every Database is Ready (seen through a watch), p50/p99 of
   PUT->Ready per database, CPU per component, the apiserver's requests per database
@@ -51,10 +52,12 @@ from bench.common import (
 from domain.credentials import new_password
 from informers import Informer
 from reconciler.resources import CONSUMERS, DATABASES, SHARDS
+from reconciler.sql.login import TenantLogin, log_in
 from reconciler.sql.session import AdminEndpoint, AdminSession
 from reconciler.sql.tenant import TenantSpec, ensure_tenant, set_password
 
 TARGET_RATIO = 1.5
+LOGIN_TIMEOUT = 10.0  # seconds for the baseline's login as the new tenant
 _ENTRY = re.compile(r"^\d{4}-\d\d-\d\d \S+ \S+ \[\d+\] user=(?P<user>\S*) db=\S* (?P<level>[A-Z]+):  (?P<text>.*)$")
 _STATEMENT = re.compile(r"^(?:statement|execute [^:]*): ?(?P<sql>.*)$")
 
@@ -120,8 +123,10 @@ class Phase:
 def baseline(
     stack: Stack, label: str, count: int, sessions: int, set_new_password: bool = False
 ) -> tuple[Phase, Counter[str]]:
-    """ensure_tenant (then set_password, with `set_new_password`) for `count` new tenants over
-    `sessions` admin sessions sharing one queue; returns (seconds, statements by keyword)."""
+    """ensure_tenant (then set_password, with `set_new_password`) and a login as the tenant (the
+    product's check that a new database is usable, through the DevStack's client endpoint: TLS) for
+    `count` new tenants over `sessions` admin sessions sharing one queue; returns (seconds,
+    statements by keyword)."""
     assert stack.postgres is not None
     pg = stack.postgres
     # Without TLS, as before the TLS rule: the figures measure the SQL, compared with the earlier runs.
@@ -148,6 +153,8 @@ def baseline(
                 ensure_tenant(admin, spec)
                 if set_new_password:
                     set_password(admin, spec.name, spec.password)
+                login = TenantLogin("127.0.0.1", pg.port, spec.name, spec.password, sslmode="require", dbname=spec.name)
+                log_in(login, LOGIN_TIMEOUT, "bench")
             except BaseException as exc:  # noqa: BLE001 - reported below
                 errors.append(exc)
 

@@ -39,7 +39,7 @@ from reconciler.runtime import ControllerManager, MetricsServer, start_metrics_s
 from reconciler.setup import register_controllers
 
 log = logging.getLogger(__name__)
-CONNECTION_POOL_SIZE = 48  # one per watch plus the API's threads and the controllers' workers
+CONNECTION_POOL_SIZE = 48  # one per watch plus the API's threads and the Shard and Consumer workers
 # File descriptors kept free of API connections: watches and apiserver connections (CONNECTION_POOL_SIZE),
 # shard sessions (about 5 per shard: its workers' sessions and the ping), metrics, log and TLS files.
 FD_RESERVE = 1024
@@ -70,18 +70,19 @@ class ManagerOptions:
     quota_reservation_timeout: float = SETTINGS.quota.reservation_timeout
 
 
-def kube_client(kubeconfig: str | None, identity: str | None = None) -> ApiClient:
+def kube_client(kubeconfig: str | None, identity: str | None = None, workers: int = 0) -> ApiClient:
     """In-cluster credentials, or a kubeconfig file (outside a cluster: dev and tests).
 
     With `identity` the User-Agent is `dbprovider/<identity>`, so the apiserver's audit log tells
-    the replicas apart (which one wrote what, and when).
+    the replicas apart (which one wrote what, and when). `workers` (the Database workers) adds one
+    pooled connection each, so a burst does not open and drop connections to the apiserver.
     """
     configuration = kubernetes.client.Configuration()
     if kubeconfig:
         kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
     else:
         kubernetes.config.load_incluster_config(client_configuration=configuration)
-    configuration.connection_pool_maxsize = CONNECTION_POOL_SIZE
+    configuration.connection_pool_maxsize = CONNECTION_POOL_SIZE + workers
     client = ApiClient(configuration)
     if identity:
         client.user_agent = f"dbprovider/{identity}"
@@ -105,7 +106,7 @@ class Manager:
         # would carry a second, constant series per label set.
         prometheus_client.disable_created_metrics()
         self.options = options
-        self.client = kube_client(options.kubeconfig, options.identity)
+        self.client = kube_client(options.kubeconfig, options.identity, options.config.workers_total)
         self.controllers = ControllerManager(
             self.client,
             lease_namespace=options.namespace,

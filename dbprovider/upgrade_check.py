@@ -27,7 +27,6 @@ from domain.connection_budget import Commitments, budget, provider_sessions
 from domain.constants import SERVED_VERSIONS, Phase, ShardReason
 from domain.settings import SETTINGS
 from domain.version import UPGRADES_FROM, __version__, parse_version
-from reconciler.setup import DATABASE_WORKERS
 from reconciler.sql.errors import INSECURE_AUTH_REFUSED
 from reconciler.sql.tenant import Ownership
 
@@ -131,7 +130,7 @@ def _admin_endpoint(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
 def _connection_budget(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
     if live.shard_sql is None or live.config is None:
         return
-    provider = provider_sessions(DATABASE_WORKERS)
+    provider = provider_sessions(live.config.workers_per_shard)  # the new config's, as the new leader counts
     for shard, fact in sorted(live.shard_sql.items()):
         if fact.slots is None:
             continue

@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -22,7 +22,9 @@ from pydantic import (
     StrictInt,
     StrictStr,
     ValidationError,
+    ValidationInfo,
     WithJsonSchema,
+    field_validator,
     model_validator,
 )
 
@@ -309,10 +311,32 @@ class SoftDeleteConfig(ConfigModel):
     retention: Duration = timedelta(days=7)
 
 
+def _check_scaling_bound(value: timedelta) -> timedelta:
+    if value < timedelta(minutes=1):
+        raise ValueError("must be at least 1m")
+    return value
+
+
 class CloudberryEngineConfig(ConfigModel):
-    """Support for Keldon/Cloudberry shards (grants RBAC on Keldon DatabaseClusters)."""
+    """Support for Keldon/Cloudberry shards (grants RBAC on Keldon DatabaseClusters).
+
+    `scalingAlertAfter`: a cluster Scaling longer than this fires the warning
+    DBProviderShardScalingTooLong (scaling itself pages nobody: placement just pauses).
+    """
 
     enabled: StrictBool = False
+    scaling_alert_after: Annotated[Duration, AfterValidator(_check_scaling_bound)] = timedelta(hours=1)
+
+
+class ReadinessConfig(ConfigModel):
+    """How a new database is proven usable before it is reported Ready (docs/operations.md, Ready means usable).
+
+    `loginThrough: client` logs in with the database's own credentials at the Shard's client endpoint
+    (what consumers are handed, e.g. pgBouncer); `admin` logs in as the tenant at the admin endpoint's
+    server instead, for installs whose client endpoint the provider's pods cannot reach.
+    """
+
+    login_through: Literal["client", "admin"] = "client"
 
 
 class EnginesConfig(ConfigModel):
@@ -360,6 +384,9 @@ class ApiConfig(ConfigModel):
     max_requests_per_consumer: Annotated[StrictInt, Field(ge=1, le=1000)] = 8
 
 
+MAX_WORKERS_PER_SHARD = 64  # each is a session on the shard
+MAX_WORKERS_TOTAL = 1024  # each is a thread of the leading replica
+
 # -- end of api ------------------------------------------------------------------------------------------
 
 
@@ -383,6 +410,19 @@ class InstallConfig(ConfigModel):
     soft_delete: SoftDeleteConfig = SoftDeleteConfig()
     engines: EnginesConfig = EnginesConfig()
     api: ApiConfig = ApiConfig()
+    readiness: ReadinessConfig = ReadinessConfig()
+    # The Database controller's workers (docs/runtime.md, "Workers and lanes"): at most workersPerShard
+    # on one shard's databases (and on placement), workersTotal in all.
+    workers_per_shard: Annotated[StrictInt, Field(ge=1, le=MAX_WORKERS_PER_SHARD)] = 4
+    workers_total: Annotated[StrictInt, Field(ge=1, le=MAX_WORKERS_TOTAL)] = 64
+
+    @field_validator("workers_total")
+    @classmethod
+    def _total_covers_one_shard(cls, value: int, info: ValidationInfo) -> int:
+        per_shard = info.data.get("workers_per_shard")
+        if per_shard is not None and value < per_shard:
+            raise ValueError(f"must be at least workersPerShard ({per_shard})")
+        return value
 
     def resolve_connection_limit(self, size_class: str | None) -> int:
         """The connection limit for a new database: empty -> connectionLimit.default; unknown -> raise."""

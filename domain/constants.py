@@ -64,6 +64,10 @@ LABEL_CONSUMER = f"{GROUP}/consumer"
 LABEL_EXTERNAL_ID = f"{GROUP}/external-id"
 LABEL_SHARD = f"{GROUP}/shard"
 
+# The `shard` label value of Databases not placed yet (fleet gauges), and the Database work queue's
+# lane for them (placement runs no SQL). A Shard name is a DNS label: a Shard named so would share it.
+UNPLACED = "unplaced"
+
 # Set by the API's DELETE (value: RFC 3339 UTC time of the request); its presence starts the soft delete.
 ANNOTATION_DELETE_REQUESTED_AT = f"{GROUP}/delete-requested-at"
 # Set (with the request time) by the API's rotate route: the reconciler sets a new password once per value.
@@ -104,6 +108,7 @@ KELDON_VERSION = "v1alpha1"
 KELDON_KIND_DATABASE_CLUSTER = "DatabaseCluster"
 KELDON_PLURAL_DATABASE_CLUSTERS = "databaseclusters"
 KELDON_PHASE_RUNNING = "Running"
+KELDON_PHASE_SCALING = "Scaling"  # segments are added: running, but catalog changes are not safe
 KELDON_CLIENT_PORT = 5432
 
 
@@ -180,6 +185,10 @@ class DatabaseReason(enum.StrEnum):
     DISABLE_FAILED = "DisableFailed"
     DROP_FAILED = "DropFailed"
     RESTORE_REFUSED = "RestoreRefused"
+    # The placed shard is not Ready (or stopped answering): the SQL waits, retried when it is Ready.
+    SHARD_NOT_READY = "ShardNotReady"
+    # Provisioned, but a fresh login with the database's own credentials through the client endpoint failed.
+    LOGIN_FAILED = "LoginFailed"
 
 
 class OwnershipReason(enum.StrEnum):
@@ -213,6 +222,7 @@ class ShardConditionType(enum.StrEnum):
     UNREACHABLE = "Unreachable"
     WEAK_ROLE_ISOLATION = "WeakRoleIsolation"
     CONNECTION_BUDGET_EXCEEDED = "ConnectionBudgetExceeded"
+    SCALING = "Scaling"  # cloudberry only: True while the DatabaseCluster is Scaling (since lastTransitionTime)
 
 
 class ShardReason(enum.StrEnum):
@@ -238,6 +248,14 @@ class ShardReason(enum.StrEnum):
     ADMIN_TLS_REQUIRED = "AdminTlsRequired"
     ADMIN_ENDPOINT_MISMATCH = "AdminEndpointMismatch"
     OVERCOMMITTED = "Overcommitted"
+    # The shard answers but cannot write: new sessions are read-only, it is a standby, or its disk is full.
+    READ_ONLY = "ReadOnly"
+    IN_RECOVERY = "InRecovery"
+    DISK_FULL = "DiskFull"
+    # A cloudberry cluster is Scaling: placement pauses (catalog changes are not safe meanwhile).
+    CLUSTER_SCALING = "ClusterScaling"
+    # The shard's engine cannot be watched (its CRD is missing or not served): nothing is known about it.
+    ENGINE_UNAVAILABLE = "EngineUnavailable"
 
 
 class EventReason(enum.StrEnum):

@@ -115,7 +115,9 @@ class ShardSpec(SpecModel):
         json_schema_extra={"x-kubernetes-validations": _IMMUTABLE},
     )
     accepting: StrictBool = Field(default=True, description="false drains the shard: no new placements.")
-    max_databases: StrictInt = Field(ge=1, description="Soft limit of databases placed on this shard.")
+    max_databases: StrictInt = Field(
+        ge=1, description="Limit of databases placed on this shard: placement never goes over it, even in a burst."
+    )
     percona_cluster: ClusterRef | None = Field(
         default=None, description="The Percona PG cluster (engine postgres only)."
     )

@@ -50,6 +50,13 @@ from harness.process import free_port, spawn, stop, wait_for_port
 SHARED_CACHE = Path(os.environ.get("DBPROVIDER_PG_CACHE", "/var/tmp/dbprovider-postgres"))
 
 
+def _signal(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
 @dataclass(frozen=True)
 class Flavor:
     """Where one PostgreSQL major version comes from: a bin directory readable by the server's user."""
@@ -127,10 +134,13 @@ class PostgresServer:
         tls_ips: tuple[str, ...] = ("127.0.0.1",),
         settings: dict[str, str] | None = None,
         durable: bool = False,
+        data_dir: Path | None = None,
     ) -> None:
         """`tls_names`, `tls_ips`: the server certificate's names (tests of a wrong host name);
         `settings`: more server settings (`-c key=value`), e.g. for the fault suite's logs;
-        `durable`: acknowledged commits survive `kill()`/`crash()` (only such servers may be killed)."""
+        `durable`: acknowledged commits survive `kill()`/`crash()` (only such servers may be killed);
+        `data_dir`: an empty directory for the data (e.g. on a small filesystem a test fills up), the
+        WAL staying in the work directory (a full WAL disk would stop the server, not fail a write)."""
         if flavor not in POSTGRES_FLAVORS:
             raise ValueError(f"unknown PostgreSQL flavor {flavor!r}; known: {', '.join(POSTGRES_FLAVORS)}")
         self.flavor = POSTGRES_FLAVORS[flavor]
@@ -143,7 +153,8 @@ class PostgresServer:
         self.user = _server_user()
         self.workdir = Path(tempfile.mkdtemp(prefix=f"dbprovider-pg{flavor}-"))
         self.workdir.chmod(0o755)
-        self.data_dir = self.workdir / "data"
+        self.data_dir = data_dir or self.workdir / "data"
+        self.wal_dir = self.workdir / "wal" if data_dir is not None else None
         self.socket_dir = self.workdir / "socket"
         self.log_file = self.workdir / "postgres.log"
         self.cert_file = self.workdir / "server.crt"
@@ -154,6 +165,7 @@ class PostgresServer:
         self.port = 0
         self.provisioner_password = secrets.token_urlsafe(24)
         self._proc: subprocess.Popen[bytes] | None = None
+        self._frozen: list[int] = []
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -183,6 +195,7 @@ class PostgresServer:
             [
                 str(self.bin_dir / "initdb"),
                 "-D", str(self.data_dir),
+                *(["-X", str(self.wal_dir)] if self.wal_dir is not None else []),
                 "-U", self.SUPERUSER,
                 "--auth-local=trust",
                 "--auth-host=scram-sha-256",
@@ -320,6 +333,7 @@ class PostgresServer:
             self._prepare_shard()
 
     def close(self) -> None:
+        self.thaw()  # a stopped process would ignore the shutdown signal
         stop(self._proc, signal.SIGQUIT, timeout=10)  # immediate shutdown: the data is thrown away
         self._proc = None
         shutil.rmtree(self.workdir, ignore_errors=True)
@@ -341,11 +355,69 @@ class PostgresServer:
         """The postmaster's PID while the server runs (fault tests signal it)."""
         return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
 
+    def process_ids(self) -> list[int]:
+        """The postmaster and every process it started (backends, checkpointer, walwriter...), by PID:
+        every backend calls setsid(), so a signal to the postmaster's process group reaches none."""
+        return [] if self.pid is None else [self.pid, *self._children()]
+
+    def become_standby(self, timeout: float = 60.0) -> PostgresServer:
+        """Restart (clean shutdown, nothing lost) as a hot standby without a primary: it replays its own
+        WAL and stays in recovery, read-only, as a replica the admin Service points at by mistake."""
+        self._shutdown()
+        (self.data_dir / "standby.signal").touch()
+        self._chown(self.data_dir / "standby.signal")
+        self._launch(timeout)
+        return self
+
+    def promote(self) -> None:
+        """Leave recovery (after `become_standby`): the server writes again."""
+        with self.superuser_connection() as conn:
+            conn.execute("SELECT pg_promote(true, 60)")
+
+    def _shutdown(self) -> None:
+        """Fast shutdown (SIGINT): sessions end, everything committed stays."""
+        stop(self._proc, signal.SIGINT, timeout=60)
+        self._proc = None
+
     def crash(self) -> None:
         """SIGKILL the postmaster and every backend at once (a host or OOM kill); the data stays."""
         self._require_durable("crash")
         stop(self._proc, signal.SIGKILL)
         self._proc = None
+
+    def freeze(self) -> None:
+        """Hang the server (SIGSTOP): TCP still connects (the kernel accepts), but nothing answers.
+
+        The postmaster first (it forks no new backend), then every backend by PID: each calls
+        setsid(), so a signal to the postmaster's process group would not reach them. `thaw()` resumes.
+        """
+        if self.pid is None:
+            raise RuntimeError("the server is not running")
+        os.kill(self.pid, signal.SIGSTOP)
+        self._frozen = [self.pid, *self._children()]
+        for pid in self._frozen[1:]:
+            _signal(pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """Resume a frozen server: the backends first, then the postmaster."""
+        frozen, self._frozen = self._frozen, []
+        for pid in reversed(frozen):
+            _signal(pid, signal.SIGCONT)
+
+    def _children(self) -> list[int]:
+        """PIDs of the postmaster's children (its backends and auxiliary processes), from /proc."""
+        children = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat[stat.rindex(")") + 2 :].split()[1])  # after "pid (comm) state"
+            if ppid == self.pid:
+                children.append(int(entry.name))
+        return children
 
     def _require_durable(self, what: str) -> None:
         """Refuse to kill a server whose acknowledged commits a kill would lose (synchronous_commit=off)."""

@@ -40,6 +40,8 @@ from domain.credentials import secret_values
 from domain.settings import SETTINGS
 from domain.specs import ShardSpec, parse_shard
 from informers import SECRETS, Rest
+from reconciler.runtime import Slot, current_slot
+from reconciler.shard_links import ShardLinks
 from reconciler.sql.session import APPLICATION_NAME, AdminEndpoint, AdminSession, Fence
 
 
@@ -232,10 +234,17 @@ class _Entry:
 
 
 class AdminSessions:
-    """One reusable AdminSession per (worker thread, shard), reopened when the endpoint changes.
+    """Reusable AdminSessions, reopened when the endpoint changes: one per (lane slot, shard) for a
+    worker that holds a lane slot (the Database workers: a shard never has more sessions of ours than
+    its lane has slots, `workersPerShard`), else one per (thread, shard) (the Shard workers).
 
     `fence` (leadership, from the composition root) is checked before every statement of every
     session handed out; `application_name` names this replica in the shards' logs and activity.
+    `links` is what the Shard controller learnt about each shard: a session's connect timeout is
+    the shard check's, and while the shard is not answering no session to it is opened (`gate`).
+    `abort(shard)` cuts every session to a shard, from any thread. `on_slow(shard)` is called when
+    an operation on a shard has waited `suspect_after` seconds (the composition root asks the
+    Shard controller for a check).
     """
 
     def __init__(
@@ -244,12 +253,16 @@ class AdminSessions:
         *,
         fence: Fence | None = None,
         application_name: str = APPLICATION_NAME,
+        links: ShardLinks | None = None,
     ) -> None:
         self._local = threading.local()
         self._connect_timeout = connect_timeout
         self.fence = fence
         self.application_name = application_name
-        self._all: list[AdminSession] = []  # every session of every thread, for close_all()
+        self.links = links or ShardLinks()
+        self.on_slow: Callable[[str], None] | None = None
+        self._all: dict[AdminSession, str] = {}  # every session of every thread -> its shard
+        self._by_slot: dict[Slot, dict[str, _Entry]] = {}  # a slot is held by one worker at a time
         self._lock = threading.Lock()
 
     @staticmethod
@@ -259,19 +272,43 @@ class AdminSessions:
         raw = "\0".join([*fields, endpoint.sslrootcert or ""])
         return hashlib.sha256(raw.encode()).hexdigest()
 
+    def _mine(self) -> dict[str, _Entry]:
+        """The caller's sessions by shard: its lane slot's, or its thread's."""
+        slot = current_slot()
+        if slot is None:
+            return self._local.__dict__.setdefault("sessions", {})  # type: ignore[no-any-return]
+        with self._lock:
+            return self._by_slot.setdefault(slot, {})
+
     def get(self, shard: str, endpoint: AdminEndpoint) -> AdminSession:
-        sessions: dict[str, _Entry] = self._local.__dict__.setdefault("sessions", {})
+        sessions = self._mine()
         fingerprint = self._fingerprint(endpoint)
         entry = sessions.get(shard)
         if entry is None or entry.fingerprint != fingerprint:
             if entry is not None:
                 entry.session.close()
                 self._forget(entry.session)
-            entry = _Entry(fingerprint, self.one_off(endpoint, self._connect_timeout))
+            entry = _Entry(fingerprint, self._worker_session(shard, endpoint))
             sessions[shard] = entry
             with self._lock:
-                self._all.append(entry.session)
+                self._all[entry.session] = shard
+        # The shard check's connect bound, as learnt so far (a slow link gets more time).
+        entry.session.connect_timeout = min(self._connect_timeout, self.links.timeouts(shard).connect)
         return entry.session
+
+    def _worker_session(self, shard: str, endpoint: AdminEndpoint) -> AdminSession:
+        session = self.one_off(endpoint, self._connect_timeout)
+        session.gate = lambda: self._refusal(shard)
+        session.on_slow = lambda: self._slow(shard)
+        return session
+
+    def _refusal(self, shard: str) -> str | None:
+        why = self.links.not_answering(shard)
+        return None if why is None else f"shard {shard} is not answering ({why})"
+
+    def _slow(self, shard: str) -> None:
+        if self.on_slow is not None:
+            self.on_slow(shard)
 
     def one_off(self, endpoint: AdminEndpoint, connect_timeout: float) -> AdminSession:
         """A new session of its own (fenced and named like the others); the caller closes it."""
@@ -279,24 +316,40 @@ class AdminSessions:
             endpoint, application_name=self.application_name, connect_timeout=connect_timeout, fence=self.fence
         )
 
+    def abort(self, shard: str) -> int:
+        """Cut every session to `shard` (any worker's): work blocked on it fails at once. Returns how many."""
+        with self._lock:
+            doomed = [session for session, of in self._all.items() if of == shard]
+        for session in doomed:
+            session.sever()
+        return len(doomed)
+
+    def sever_all(self) -> None:
+        """Cut every session's socket (the controllers are stopping): a worker blocked on one returns
+        at once, and the shard sees the session end now, not when the worker is done."""
+        with self._lock:
+            sessions = list(self._all)
+        for session in sessions:
+            session.sever()
+
     def close_all(self) -> None:
         """Close every session (the controllers have stopped): no connection outlives a leader term."""
         with self._lock:
-            sessions, self._all = self._all, []
+            sessions, self._all = list(self._all), {}
+            self._by_slot.clear()
         for session in sessions:
+            session.sever()  # a worker still blocked on one returns at once
             session.close()
 
     def drop(self, shard: str) -> None:
-        sessions: dict[str, _Entry] = self._local.__dict__.setdefault("sessions", {})
-        entry = sessions.pop(shard, None)
+        entry = self._mine().pop(shard, None)
         if entry is not None:
             entry.session.close()
             self._forget(entry.session)
 
     def _forget(self, session: AdminSession) -> None:
         with self._lock:
-            if session in self._all:
-                self._all.remove(session)
+            self._all.pop(session, None)
 
 
 parse_shard_spec = parse_shard  # the name the Database controller imports until the merge

@@ -10,6 +10,13 @@ not validate, or whose budget was never read, is never a candidate.
 `PlacementIndex` keeps the usable shards of each engine ordered by (count, name), updated by the
 Shard and Database informers' events, so placing one database costs the same with 20 or 200
 shards: no API call, no SQL, no scan of the fleet.
+
+Placement is exact under a burst: `reserve` chooses a shard and counts the database on it at once,
+under the index's lock, before the placement is written. The reservation counts until the
+Database informer shows the database placed (or gone), or until `release` (the write failed).
+A reservation counts the database's connection limit against the shard's budget the same way. So
+concurrent workers, and the cache's lag behind their writes, never put a shard over `maxDatabases`
+or over its connection budget.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from sortedcontainers import SortedList
 from domain.conditions import READY, is_condition_true, object_conditions
 from domain.connection_budget import Commitments, fits
 from domain.specs import parse_shard
-from informers import Informer
+from informers import Informer, object_key
 
 Obj = dict[str, Any]
 
@@ -62,9 +69,20 @@ class ShardCandidate:
             connection_budget=budget,
         )
 
+    def open(self) -> bool:
+        """Takes new databases at all: accepting, Ready, not being deleted."""
+        return self.accepting and self.ready and not self.being_deleted
+
+    def fits(self, databases: int) -> bool:
+        """Does one more database fit next to `databases` (placed and reserved) under maxDatabases?
+
+        The connection budget depends on the database's limit: PlacementIndex._first_fit checks it.
+        """
+        return databases < self.max_databases
+
     def usable(self, count: int) -> bool:
-        """Accepting, Ready, not being deleted, and below its (soft) limit."""
-        return self.accepting and self.ready and not self.being_deleted and count < self.max_databases
+        """Open, and one more database fits."""
+        return self.open() and self.fits(count)
 
 
 class PlacementIndex:
@@ -72,9 +90,10 @@ class PlacementIndex:
 
     Register it before any handler that enqueues Databases for placement (the informers call
     handlers in registration order), so a worker woken by a Shard or Database event already
-    places with that event applied. Like every cache, it can lag the apiserver by the events in
-    flight: two workers may place on the same shard before either placement is seen, which makes
-    `maxDatabases` a soft limit (as documented).
+    places with that event applied. A shard's count is its placed databases (as the cache shows
+    them) plus its reservations: placements written or being written that the cache does not show
+    yet. One reservation per database (by key): a second `reserve` of the same database replaces
+    its first.
     """
 
     def __init__(
@@ -87,8 +106,9 @@ class PlacementIndex:
         self._database_limit = database_limit
         self._lock = threading.Lock()
         self._candidates: dict[str, ShardCandidate] = {}
-        self._counts: Counter[str] = Counter()
-        self._commitments: dict[str, Commitments] = {}  # shard -> what its databases commit
+        self._counts: Counter[str] = Counter()  # placed (cache) + reserved, per shard
+        self._commitments: dict[str, Commitments] = {}  # shard -> what its placed and reserved databases commit
+        self._reserved: dict[str, tuple[str, int | None]] = {}  # database key -> (shard reserved, its limit)
         self._usable: dict[str, SortedList[tuple[int, str]]] = {}  # engine -> SortedList of (count, name)
         self._entries: dict[str, tuple[str, tuple[int, str]]] = {}  # shard -> (engine, its entry)
 
@@ -99,16 +119,62 @@ class PlacementIndex:
         return self
 
     def choose(self, engine: str, connection_limit: int | None = None) -> str | None:
-        """The shard a new database of `engine` (and of that connection limit) goes to; None = no capacity.
+        """The shard a new database of `engine` (and of that connection limit) would go to now; None = no
+        capacity. Reserves nothing: a placement uses `reserve`."""
+        with self._lock:
+            return self._first_fit(engine, connection_limit)
 
-        The usable shards in order, the first whose budget the limit fits (None: budgets not checked).
+    def reserve(self, engine: str, database: str, connection_limit: int | None = None) -> str | None:
+        """Choose the shard for `database` (its key) and count it there at once, one database and its
+        connection limit; None = no capacity.
+
+        The reservation holds until the Database informer shows the database placed or deleted, or
+        until `release(database)`: call that when the placement write was refused. When its outcome is
+        unknown (a timeout), keep it: the informer shows the write if it happened, and the database's
+        next pass replaces the reservation if it did not.
         """
         with self._lock:
-            for _, name in self._usable.get(engine, ()):
-                committed, budget = self._commitments.get(name, Commitments()), self._candidates[name].connection_budget
-                if connection_limit is None or fits(connection_limit, committed, budget):
-                    return name
-            return None
+            self._release_locked(database)
+            chosen = self._first_fit(engine, connection_limit)
+            if chosen is not None:
+                self._reserved[database] = (chosen, connection_limit)
+                self._commit(chosen, connection_limit)
+                self._counts[chosen] += 1
+                self._refresh(chosen)
+            return chosen
+
+    def release(self, database: str) -> None:
+        """Give back the reservation of `database` (its placement write failed)."""
+        with self._lock:
+            self._release_locked(database)
+
+    def reserved(self) -> dict[str, str]:
+        """Database key -> shard of every reservation the cache does not show yet (tests, debugging)."""
+        with self._lock:
+            return {key: shard for key, (shard, _) in self._reserved.items()}
+
+    def _first_fit(self, engine: str, connection_limit: int | None) -> str | None:
+        """The first shard (fewest databases, then name) of `engine` that the next database fits on.
+
+        Every filed shard fits one more database (`_refresh` files only `usable` ones); the first of
+        them whose connection budget also fits the limit (None: connections not counted) is chosen.
+        """
+        for _, name in self._usable.get(engine, ()):
+            committed, budget = self._commitments.get(name, Commitments()), self._candidates[name].connection_budget
+            if connection_limit is None or fits(connection_limit, committed, budget):
+                return name
+        return None
+
+    def _release_locked(self, database: str) -> None:
+        reservation = self._reserved.pop(database, None)
+        if reservation is not None:
+            shard, limit = reservation
+            self._commit(shard, limit, -1)
+            self._uncount(shard)
+
+    def _commit(self, shard: str, limit: int | None, count: int = 1) -> None:
+        """Count (count=-1: no longer count) one database of CONNECTION LIMIT `limit` on `shard` (lock held)."""
+        self._commitments[shard] = self._commitments.get(shard, Commitments()).plus(limit, count)
 
     def not_ready(self, engine: str) -> list[str]:
         """Shards of `engine` that would be considered but are not Ready (sorted names).
@@ -124,7 +190,7 @@ class PlacementIndex:
                 and c.accepting
                 and not c.being_deleted
                 and not c.ready
-                and self._counts[c.name] < c.max_databases
+                and c.fits(self._counts[c.name])
             )
 
     def shard_event(self, event_type: str, old: Obj | None, new: Obj | None) -> None:
@@ -145,25 +211,32 @@ class PlacementIndex:
     def database_event(self, event_type: str, old: Obj | None, new: Obj | None) -> None:
         before = set(self._database_shard(old)) if old is not None else set()
         after = set(self._database_shard(new)) if new is not None else set()
-        limit_before = self._database_limit(old) if old is not None else None
-        limit_after = self._database_limit(new) if new is not None else None
-        if before or after:
-            with self._lock:
-                for name in before:
-                    self._commitments[name] = self._commitments.get(name, Commitments()).plus(limit_before, -1)
-                for name in after:
-                    self._commitments[name] = self._commitments.get(name, Commitments()).plus(limit_after)
-        if before == after:
+        obj = new if new is not None else old
+        if obj is None:
             return
+        key = object_key(obj)
+        if not (before or after) and key not in self._reserved:
+            return
+        limit_before = self._database_limit(old) if old is not None and before else None
+        limit_after = self._database_limit(new) if new is not None and after else None
         with self._lock:
+            if new is None or after:
+                self._release_locked(key)  # the cache shows where it went (or that it is gone): counted below
+            for name in before:
+                self._commit(name, limit_before, -1)
+            for name in after:
+                self._commit(name, limit_after)
             for name in before - after:
-                self._counts[name] -= 1
-                if self._counts[name] <= 0:
-                    del self._counts[name]
-                self._refresh(name)
+                self._uncount(name)
             for name in after - before:
                 self._counts[name] += 1
                 self._refresh(name)
+
+    def _uncount(self, name: str) -> None:
+        self._counts[name] -= 1
+        if self._counts[name] <= 0:
+            del self._counts[name]
+        self._refresh(name)
 
     def _refresh(self, name: str) -> None:
         """Re-file one shard after its candidate or its count changed (lock held)."""

@@ -3,7 +3,7 @@ databases placed on it commit (from the Database cache), the condition Connectio
 and one log line each time a shard becomes overcommitted or stops being so.
 
 Kept apart from the Shard controller's health checks: the check only reads the server's slots
-(reconciler.sql.provisioner.read_server_slots); everything else is computed here. Nothing is ever
+(reconciler.sql.shard_probe, in its one statement); everything else is computed here. Nothing is ever
 changed on the tenants: an overcommitted shard (a lower max_connections, a larger
 connectionBudget.reserved, an operator's resize) is reported and gets no more placements, and its
 databases keep their limits.

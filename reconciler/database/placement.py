@@ -1,5 +1,10 @@
 """Placement: choose the shard and the tenant name and persist both before any SQL; or, with the
-restore-tenant annotation, adopt an existing tenant whose Database is gone."""
+restore-tenant annotation, adopt an existing tenant whose Database is gone.
+
+A placement pass runs no SQL: it reserves the shard's slot in the `PlacementIndex`, writes the
+placement and ends. The write's event brings the key back in its shard's lane of the work queue
+(setup.py), where its SQL runs with that shard's workers.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,8 @@ import logging
 import re
 from dataclasses import dataclass
 from typing import Any
+
+from kubernetes.client.exceptions import ApiException
 
 from domain.config import InstallConfig, UnknownSizeClass
 from domain.constants import ANNOTATION_RESTORE_TENANT, DatabaseReason, EventReason, Phase
@@ -19,7 +26,7 @@ from reconciler.database.state import Database
 from reconciler.database.writes import DatabaseWrites
 from reconciler.placement import PlacementIndex
 from reconciler.resources import DATABASES
-from reconciler.runtime import ReconcileError, Result
+from reconciler.runtime import ControllerStopping, ReconcileError, Result
 from reconciler.sql import errors as sqlerrors
 from reconciler.sql.errors import SqlFailure
 from reconciler.sql.tenant import OwnerRecord, claim_tenant
@@ -70,7 +77,7 @@ class Placer:
         if restore is not None:
             return self.adopt(database, restore)
         engine = database.spec.engine
-        chosen = self.placement.choose(engine, limit)
+        chosen = self.placement.reserve(engine, database.key, limit)
         if chosen is None and (waiting := self.placement.not_ready(engine)):
             database.update(phase=Phase.PROVISIONING)
             self.report.ready(
@@ -97,7 +104,15 @@ class Placer:
             shard=chosen, tenant_name=tenant_name(database.spec.external_id, database.uid), phase=Phase.PROVISIONING
         )
         self.report.ready(database, False, DatabaseReason.PROVISIONING, "placed, SQL pending")
-        self.writes.status(database)
+        try:
+            self.writes.status(database)
+        except ApiException as exc:
+            if exc.status is not None and exc.status < 500:  # refused (a conflict, say): nothing was placed
+                self.placement.release(database.key)
+            raise  # otherwise the outcome is unknown: the reservation stays (see PlacementIndex.reserve)
+        except ControllerStopping:
+            self.placement.release(database.key)  # the fence stopped the write before it was sent
+            raise
         self.report.event(database, EventReason.CREATED, "placed")
         log.info("database placed", extra={"database": database.name, "shard": chosen})
         return None

@@ -35,6 +35,7 @@ class DatabaseWrites:
 
     rest: Rest
     _written: dict[str, str] = field(default_factory=dict)  # key -> resourceVersion of our last write
+    _placed: dict[str, str] = field(default_factory=dict)  # key -> status.shard of that write, if any
 
     def status(self, database: Database) -> None:
         """Write the pass's status if it differs from the stored one (else nothing at all), then send
@@ -69,10 +70,21 @@ class DatabaseWrites:
 
     def forget(self, key: str) -> None:
         self._written.pop(key, None)
+        self._placed.pop(key, None)
+
+    def placed_on(self, key: str) -> str | None:
+        """The shard our last write of `key` placed it on, while the cache may not show that write."""
+        return self._placed.get(key)
 
     def _wrote(self, db: dict[str, Any]) -> None:
         meta = db["metadata"]
-        self._written[f"{meta['namespace']}/{meta['name']}"] = meta["resourceVersion"]
+        key = f"{meta['namespace']}/{meta['name']}"
+        self._written[key] = meta["resourceVersion"]
+        shard = (db.get("status") or {}).get("shard")
+        if shard:
+            self._placed[key] = str(shard)
+        else:
+            self._placed.pop(key, None)
 
     def caught_up(self, key: str, cached: dict[str, Any]) -> dict[str, Any] | None:
         """The object to reconcile: the cached one, or the live one while the cache lags our own write."""
@@ -80,7 +92,7 @@ class DatabaseWrites:
         if written is None:
             return cached
         if cached["metadata"].get("resourceVersion") == written:
-            del self._written[key]
+            self.forget(key)
             return cached
         namespace, _, name = key.partition("/")
         try:

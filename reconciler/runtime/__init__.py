@@ -9,7 +9,9 @@ from reconciler.runtime.controller import (
     ReconcileError,
     Result,
     TerminalError,
+    current_slot,
     ensure_active,
+    holding_slot,
     is_conflict,
 )
 from reconciler.runtime.leader import LeaderElector
@@ -22,21 +24,25 @@ from reconciler.runtime.status import (
     set_condition,
     update_status,
 )
-from reconciler.runtime.workqueue import ExponentialBackoff, WorkQueue
+from reconciler.runtime.workqueue import ExponentialBackoff, Lanes, Slot, WorkQueue
 
 __all__ = [
     "Controller",
     "ControllerManager",
     "ControllerStopping",
     "ExponentialBackoff",
+    "Lanes",
     "LeaderElector",
     "MetricsServer",
     "ReconcileError",
     "Result",
     "RuntimeMetrics",
+    "Slot",
     "TerminalError",
     "WorkQueue",
+    "current_slot",
     "ensure_active",
+    "holding_slot",
     "get_condition",
     "is_condition_true",
     "is_conflict",

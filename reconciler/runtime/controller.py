@@ -5,14 +5,18 @@ The contract (controller-runtime's):
   (or None). `Result(requeue_after=s)` asks for another pass in s seconds: success only.
 - Raising = failure: the key is retried with per-key exponential backoff (1 s .. 5 min) and
   counted in `dbprovider_reconcile_errors_total{controller, reason, retryable="true"}` (reason
-  from `ReconcileError.reason`, else "Other"). `TerminalError` is counted with
+  from `ReconcileError.reason`, else "Other"). A `ReconcileError` with `retry_cap` is retried
+  with the same backoff but never more than that many seconds apart (a failure caused by a
+  flaky shard: the retry after its recovery must not be minutes away). `TerminalError` is counted with
   `retryable="false"` and not retried with backoff: the next event of the object brings it back,
   or its `requeue_after` (a slow fixed requeue, if the raiser gives one).
 - An HTTP 409 (an `ApiException` with status 409 anywhere in the exception's cause chain) is a
   write conflict: retried with backoff and counted in `dbprovider_reconcile_conflicts_total`, not
   as an error.
 - Success resets the key's backoff.
-- A key is never reconciled by two workers at once; different keys run in parallel.
+- A key is never reconciled by two workers at once; different keys run in parallel. With lanes
+  (`Lanes`, see workqueue.py) at most `lanes.limit` keys of one lane run at once, the lanes take
+  turns, and `workers` bounds them all; `current_slot()` tells a reconcile which lane slot it holds.
 - `stop()` hands out no further keys, lets in-flight reconciles finish, then returns. Code that
   writes calls `ensure_active()` before each write: it raises `ControllerStopping` in a worker
   whose controller is stopping or whose leader guard says we no longer lead.
@@ -27,7 +31,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +40,7 @@ from kubernetes.client.exceptions import ApiException
 
 from informers import Informer, object_key
 from reconciler.runtime.metrics import OTHER_REASON, RuntimeMetrics, retryable_label
-from reconciler.runtime.workqueue import ExponentialBackoff, WorkQueue
+from reconciler.runtime.workqueue import ExponentialBackoff, Lanes, Slot, WorkQueue
 
 log = logging.getLogger(__name__)
 GUARD_POLL = 0.1  # seconds between looks at the leader guard while a worker holds a key
@@ -49,12 +54,16 @@ class Result:
 
 
 class ReconcileError(Exception):
-    """A reconcile failure with a reason (a condition reason: `AdminUnavailable`, ...) for the metric."""
+    """A reconcile failure with a reason (a condition reason: `AdminUnavailable`, ...) for the metric.
 
-    def __init__(self, reason: str, message: str = "") -> None:
+    `retry_cap` (seconds) bounds the backoff of this failure's retry (see the module docstring).
+    """
+
+    def __init__(self, reason: str, message: str = "", *, retry_cap: float | None = None) -> None:
         super().__init__(f"{reason}: {message}" if message else reason)
         self.reason = reason
         self.message = message
+        self.retry_cap = retry_cap
 
 
 class TerminalError(ReconcileError):
@@ -87,6 +96,22 @@ def ensure_active() -> None:
         raise ControllerStopping(f"controller {controller.name} is stopping")
 
 
+def current_slot() -> Slot | None:
+    """The lane slot of the key this worker reconciles (None outside a worker): a worker keeps one
+    shard session per slot, so a lane's sessions are bounded like its workers."""
+    return getattr(_worker, "slot", None)
+
+
+@contextmanager
+def holding_slot(slot: Slot | None) -> Iterator[None]:
+    """Run the body as the holder of `slot` (what `current_slot()` answers in this thread)."""
+    _worker.slot = slot
+    try:
+        yield
+    finally:
+        _worker.slot = None
+
+
 def _in_chain(exc: BaseException, predicate: Callable[[BaseException], bool], implicit: bool = True) -> bool:
     seen: set[int] = set()
     current: BaseException | None = exc
@@ -116,6 +141,16 @@ def describe_error(exc: BaseException) -> str:
     return type(exc).__name__
 
 
+def _retry_later(queue: WorkQueue, key: str, exc: Exception) -> float:
+    """Queue a failed key again after its backoff, at most its error's `retry_cap`; the delay used."""
+    cap = exc.retry_cap if isinstance(exc, ReconcileError) else None
+    if cap is None:
+        return queue.add_rate_limited(key)
+    delay = min(cap, queue.rate_limiter.when(key))
+    queue.add_after(key, delay)
+    return delay
+
+
 Reconcile = Callable[[str], "Result | None"]
 KeyFunc = Callable[[dict[str, Any]], Iterable[str]]
 
@@ -140,16 +175,21 @@ class Controller:
         workers: int = 1,
         queue: WorkQueue | None = None,
         metrics: RuntimeMetrics | None = None,
+        lanes: Lanes | None = None,
     ) -> None:
+        """`workers` threads in all; with `lanes`, at most `lanes.limit` of them on one lane's keys.
+        A `queue` given brings its own lanes."""
         if workers < 1:
             raise ValueError("workers must be at least 1")
+        if queue is not None and lanes is not None:
+            raise ValueError("pass lanes to the WorkQueue you give, not to the Controller")
         self.name = name
         self.reconcile = reconcile
         self.workers = workers
         self.metrics = metrics
         self.guard: Callable[[], bool] | None = None  # set by the manager: "do we still lead?"
         self._backoff = queue.rate_limiter if queue is not None else ExponentialBackoff()
-        self._queue = queue if queue is not None else WorkQueue(self._backoff)
+        self._queue = queue if queue is not None else WorkQueue(self._backoff, lanes)
         self._watches: list[tuple[Informer, KeyFunc]] = []
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -213,7 +253,7 @@ class Controller:
                 thread.join()
             self._threads = []
             if self._queue.shutting_down:
-                self._queue = WorkQueue(self._backoff)
+                self._queue = WorkQueue(self._backoff, self._queue.lanes)
             if self.metrics is None:
                 self.metrics = RuntimeMetrics()
             self.metrics.init_controller(self.name)
@@ -270,8 +310,9 @@ class Controller:
                 if key is None:
                     return
                 try:
-                    if self._wait_for_guard():
-                        self._process(queue, key)
+                    with holding_slot(queue.slot(key)):
+                        if self._wait_for_guard():
+                            self._process(queue, key)
                 finally:
                     queue.done(key)
         finally:
@@ -316,7 +357,7 @@ class Controller:
                 if exc.requeue_after is not None:
                     queue.add_after(key, exc.requeue_after)
                 return
-            delay = queue.add_rate_limited(key)
+            delay = _retry_later(queue, key, exc)
             log.warning(
                 "controller %s: reconcile of %s failed (%s), retry in %.0fs: %s",
                 self.name,

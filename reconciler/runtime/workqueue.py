@@ -7,19 +7,34 @@
   delays by the key's exponential backoff (SETTINGS.retry.reconcile: base 1 s, doubling, capped
   at 5 min) until `forget(key)` resets it.
 - `shutdown()` makes `get()` return None at once (queued keys are dropped, in-flight ones finish).
+
+Lanes (optional, `Lanes(of, limit)`; the Database controller has one per shard):
+- every key belongs to a lane, `of(key)`, read again when the key is handed out, so a key that
+  changed lane while it waited (a Database just placed) is handed out in its new lane;
+- at most `limit` keys of one lane are in flight; a key of a full lane waits while keys of other
+  lanes are handed out, and lanes with keys ready take turns (round robin), so one lane's burst
+  of 1,000 keys delays another lane's next key by at most one key per busy lane;
+- each key in flight holds one of its lane's `limit` numbered slots (`slot(key)`): a worker can
+  keep one shard session per slot, so a lane never has more than `limit` sessions either.
+Without lanes every key is in one lane without a limit: the queue behaves as before.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from domain.settings import SETTINGS, Backoff
 
+log = logging.getLogger(__name__)
 _RECONCILE = SETTINGS.retry.reconcile
+DEFAULT_LANE = ""  # the lane of every key when the queue has no lanes, and of keys whose lane is unknown
 
 
 class ExponentialBackoff:
@@ -48,18 +63,86 @@ class ExponentialBackoff:
             return self._failures.get(key, 0)
 
 
+@dataclass(frozen=True)
+class Lanes:
+    """Which lane a key belongs to (`of`, read from a cache: cheap, never blocking) and how many
+    keys of one lane may be in flight at once (`limit`)."""
+
+    of: Callable[[str], str]
+    limit: int
+
+    def __post_init__(self) -> None:
+        if self.limit < 1:
+            raise ValueError("a lane needs at least one slot")
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where a key in flight runs: its lane, and which of the lane's numbered slots (0 .. limit-1)."""
+
+    lane: str
+    index: int
+
+
+@dataclass
+class _Lane:
+    ready: deque[str] = field(default_factory=deque)
+    busy: set[int] = field(default_factory=set)  # slot indexes in flight
+
+
 class WorkQueue:
-    def __init__(self, rate_limiter: ExponentialBackoff | None = None) -> None:
+    def __init__(self, rate_limiter: ExponentialBackoff | None = None, lanes: Lanes | None = None) -> None:
         self.rate_limiter = rate_limiter or ExponentialBackoff()
+        self.lanes = lanes
         self._clock = time.monotonic
         self._cond = threading.Condition()
-        self._queue: deque[str] = deque()
+        self._lanes: dict[str, _Lane] = {}
+        self._turns: deque[str] = deque()  # lanes with a key ready and a free slot, in turn order
+        self._in_turns: set[str] = set()
+        self._queued = 0  # keys ready in all lanes
         self._dirty: set[str] = set()  # queued (or to be re-queued when done)
-        self._processing: set[str] = set()
+        self._processing: dict[str, Slot] = {}
         self._waiting: dict[str, float] = {}  # key -> earliest ready time
         self._heap: list[tuple[float, int, str]] = []
         self._seq = itertools.count()
         self._shutting_down = False
+
+    # -- lanes -----------------------------------------------------------------------------------
+
+    def _lane_of(self, key: str) -> str:
+        if self.lanes is None:
+            return DEFAULT_LANE
+        try:
+            return self.lanes.of(key)
+        except Exception:
+            log.exception("work queue: no lane for %s; using the default lane", key)
+            return DEFAULT_LANE
+
+    def _limit(self) -> int | None:
+        return None if self.lanes is None else self.lanes.limit
+
+    def _has_room(self, lane: _Lane) -> bool:
+        limit = self._limit()
+        return limit is None or len(lane.busy) < limit
+
+    def _offer(self, name: str) -> None:
+        """Give lane `name` a turn (once) and wake a worker if it has a key ready and a free slot."""
+        lane = self._lanes.get(name)
+        if lane is None:
+            return
+        if lane.ready and self._has_room(lane):
+            if name not in self._in_turns:
+                self._in_turns.add(name)
+                self._turns.append(name)
+            self._cond.notify()
+        elif not lane.ready and not lane.busy:
+            del self._lanes[name]  # an idle lane costs nothing (shards come and go)
+
+    def _enqueue_locked(self, key: str) -> None:
+        name = self._lane_of(key)
+        self._lanes.setdefault(name, _Lane()).ready.append(key)
+        self._queued += 1
+        self._offer(name)
 
     # -- adding ----------------------------------------------------------------------------------
 
@@ -73,8 +156,7 @@ class WorkQueue:
         self._dirty.add(key)
         if key in self._processing:
             return  # re-queued by done()
-        self._queue.append(key)
-        self._cond.notify()
+        self._enqueue_locked(key)
 
     def add_after(self, key: str, seconds: float) -> None:
         if seconds <= 0:
@@ -121,6 +203,29 @@ class WorkQueue:
             self._add_locked(key)
         return None
 
+    def _take_locked(self) -> str | None:
+        """The next key of the lane whose turn it is (re-filed first if its lane changed), or None."""
+        while self._turns:
+            name = self._turns.popleft()
+            self._in_turns.discard(name)
+            lane = self._lanes[name]
+            key = lane.ready.popleft()
+            self._queued -= 1
+            actual = self._lane_of(key)
+            if actual != name:  # e.g. a Database placed since it was queued: it waits in its shard's lane
+                self._lanes.setdefault(actual, _Lane()).ready.append(key)
+                self._queued += 1
+                self._offer(actual)
+                self._offer(name)
+                continue
+            index = next(i for i in itertools.count() if i not in lane.busy)
+            lane.busy.add(index)
+            self._processing[key] = Slot(name, index)
+            self._dirty.discard(key)
+            self._offer(name)  # its next turn comes after the other lanes' (round robin)
+            return key
+        return None
+
     def get(self, timeout: float | None = None) -> str | None:
         """Block for the next key; None once shut down. Raises TimeoutError after `timeout`."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -129,10 +234,8 @@ class WorkQueue:
                 if self._shutting_down:
                     return None
                 next_due = self._promote_due_locked()
-                if self._queue:
-                    key = self._queue.popleft()
-                    self._processing.add(key)
-                    self._dirty.discard(key)
+                key = self._take_locked()
+                if key is not None:
                     return key
                 wait = next_due
                 if deadline is not None:
@@ -143,19 +246,30 @@ class WorkQueue:
                 self._cond.wait(wait)
 
     def done(self, key: str) -> None:
-        """The worker finished key; if it was added meanwhile, queue it again."""
+        """The worker finished key: its slot is free; if it was added meanwhile, queue it again."""
         with self._cond:
-            self._processing.discard(key)
+            slot = self._processing.pop(key, None)
+            if slot is not None:
+                self._lanes[slot.lane].busy.discard(slot.index)
+                self._offer(slot.lane)
             if key in self._dirty and not self._shutting_down:
-                self._queue.append(key)
-                self._cond.notify()
+                self._enqueue_locked(key)
+
+    def slot(self, key: str) -> Slot | None:
+        """The lane and slot of a key in flight (None: not in flight)."""
+        with self._cond:
+            return self._processing.get(key)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     def shutdown(self) -> None:
         with self._cond:
             self._shutting_down = True
-            self._queue.clear()
+            for lane in self._lanes.values():
+                lane.ready.clear()
+            self._turns.clear()
+            self._in_turns.clear()
+            self._queued = 0
             self._dirty.clear()
             self._waiting.clear()
             self._heap.clear()
@@ -170,7 +284,7 @@ class WorkQueue:
         """Keys ready to be handed out (not counting delayed or in-flight ones)."""
         with self._cond:
             self._promote_due_locked()
-            return len(self._queue)
+            return self._queued
 
     def pending(self) -> int:
         """Keys delayed by add_after / add_rate_limited."""
@@ -186,3 +300,10 @@ class WorkQueue:
     def processing(self) -> int:
         with self._cond:
             return len(self._processing)
+
+    def lane_stats(self) -> dict[str, tuple[int, int]]:
+        """Per lane with keys ready or in flight: (keys ready, keys in flight). Delayed keys are not
+        in a lane yet (their lane is read when they are due)."""
+        with self._cond:
+            self._promote_due_locked()
+            return {name: (len(lane.ready), len(lane.busy)) for name, lane in self._lanes.items()}

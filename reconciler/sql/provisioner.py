@@ -101,6 +101,7 @@ WEAK_CREATEROLE_MESSAGE = (
 
 
 # The server's connection slots; reserved_connections exists from 16 on (missing_ok gives NULL before).
+# `dbprovider upgrade check` reads them so; the Shard controller's probe in its one statement.
 _SLOTS = """
 SELECT current_setting('max_connections')::int,
        current_setting('superuser_reserved_connections')::int,
@@ -114,8 +115,3 @@ def server_slots(conn: psycopg.Connection) -> ServerSlots:
     if row is None:
         raise RuntimeError("the settings query returned no row")
     return ServerSlots(*row)
-
-
-def read_server_slots(admin: Admin, *, timeout: float = OPERATION_TIMEOUT) -> ServerSlots:
-    """The connection slots the server allows (operation "check"): the input of the shard's budget."""
-    return run_operation(admin, "check", server_slots, timeout=timeout)

@@ -79,6 +79,8 @@ def test_two_replicas_serve_the_consumer_flow_and_fail_over(stack: DevStack, kub
         # Which release each replica runs (one version source: domain/version.py).
         build_info = f'dbprovider_build_info{{python="{platform.python_version()}",version="{__version__}"}} 1.0'
         assert build_info in metrics and build_info in follower.metrics()
+        assert 'dbprovider_database_workers_in_flight{shard="e2etest-pg"} ' in metrics  # a gauge per shard
+        assert "dbprovider_database_workers_per_shard 4.0" in metrics
 
         # The leader dies without a goodbye: the follower takes the Lease and reconciles.
         leader.kill()

@@ -153,7 +153,7 @@ def test_openapi_published_for_kubectl_explain_carries_descriptions(installed: I
     schemas = response.body["components"]["schemas"]
     (shard_key,) = [k for k in schemas if k.endswith(".v1alpha1.Shard")]
     spec = schemas[shard_key]["properties"]["spec"]
-    assert "soft limit" in spec["properties"]["maxDatabases"]["description"].lower()
+    assert "placement never goes over it" in spec["properties"]["maxDatabases"]["description"]
     host = spec["properties"]["client"]["properties"]["host"]
     assert "IPv4" in host["description"]
 

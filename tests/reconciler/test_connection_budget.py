@@ -4,7 +4,8 @@ where its size class's limit fits, and an install config change that overcommits
 applied to the tenants.
 
 The test release's size classes: small 5, large 50, no class 10. The provider's own sessions on a
-shard are 2 per Database worker (4) plus the check's: 9; connectionBudget.reserved defaults to 5.
+shard are 2 per Database worker of the shard (workersPerShard, 4) plus the check's: 9;
+connectionBudget.reserved defaults to 5.
 """
 
 from __future__ import annotations
@@ -16,13 +17,12 @@ import pytest
 
 from domain.connection_budget import provider_sessions
 from harness import PostgresServer
-from reconciler.setup import DATABASE_WORKERS
 from tests.reconciler.conftest import condition, install_config
 from tests.support.common import wait_for
 
 MAX_CONNECTIONS = 40
 SUPERUSER_RESERVED = 3  # PostgreSQL's default
-PROVIDER = provider_sessions(DATABASE_WORKERS)
+PROVIDER = provider_sessions(install_config().workers_per_shard)
 RESERVED = 5  # connectionBudget.reserved's default
 
 

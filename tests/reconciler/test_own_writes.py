@@ -27,7 +27,10 @@ def test_a_pass_on_a_lagging_cache_runs_no_sql_and_writes_nothing(logged_pg, fle
         controller = parts.controller()
         databases.stop()  # from here on, the cache shows the database as created, never the writes
 
-        assert controller.reconcile(key) is None  # places, writes the Secret, provisions: Ready
+        assert controller.reconcile(key) is None  # places (no SQL in a placement pass)
+        assert fleet.get_database(name)["status"]["shard"] == shard
+        assert controller.lane(key) == shard  # its next pass runs in the shard's lane, cache or not
+        assert controller.reconcile(key) is None  # reads past the cache: writes the Secret, provisions: Ready
         ready_db = fleet.get_database(name)
         assert ready_db["status"]["phase"] == "Ready"
         wait_for(lambda: secrets.get(f"{NAMESPACE}/{name}-credentials"), what="the Secret cached")

@@ -8,6 +8,10 @@ reconciler suite (spread, skips, NoCapacity).
 from __future__ import annotations
 
 import random
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
@@ -209,3 +213,130 @@ def test_agrees_with_the_rule_over_random_event_sequences(seed: int) -> None:
         for engine in ("postgres", "cloudberry"):
             expected = reference_choice(shards, placed, engine, limit)
             assert index.choose(engine, limit) == expected, (seed, step, engine, limit)
+
+
+# -- reservations: exact under a burst -----------------------------------------------------------------
+
+
+def key(i: int) -> str:
+    return f"dbprovider/db{i}.c"
+
+
+def test_a_reservation_counts_until_the_cache_shows_the_placement() -> None:
+    index = index_with([shard("a", max_databases=2), shard("b", max_databases=1)], {})
+    assert index.reserve("postgres", key(1)) == "a"
+    assert index.reserve("postgres", key(2)) == "b"  # a holds one reservation: b has fewer
+    assert index.reserve("postgres", key(3)) == "a"
+    assert index.reserve("postgres", key(4)) is None  # 3 of 3 reserved, none placed yet: full
+    assert index.reserved() == {key(1): "a", key(2): "b", key(3): "a"}
+    index.database_event("MODIFIED", database(1, None), database(1, "a"))  # the write shows: counted once
+    assert index.reserved() == {key(2): "b", key(3): "a"}
+    assert index.reserve("postgres", key(4)) is None
+    index.release(key(3))  # its write was refused
+    assert index.reserve("postgres", key(4)) == "a"
+
+
+def test_a_second_reservation_of_a_database_replaces_its_first() -> None:
+    index = index_with([shard("a", max_databases=1), shard("b", max_databases=1)], {})
+    assert index.reserve("postgres", key(1)) == "a"
+    assert index.reserve("postgres", key(1)) == "a"  # the retry of an unknown outcome: still one slot
+    assert index.reserve("postgres", key(2)) == "b"
+
+
+def test_a_reservation_ends_when_the_database_shows_elsewhere_or_is_deleted() -> None:
+    index = index_with([shard("a", max_databases=1), shard("b", max_databases=1)], {})
+    assert index.reserve("postgres", key(1)) == "a"
+    index.database_event("MODIFIED", database(1, None), database(1, "b"))  # placed by another leader
+    assert index.reserved() == {} and index.choose("postgres") == "a"
+    assert index.reserve("postgres", key(2)) == "a"
+    index.database_event("DELETED", database(2, None), None)
+    assert index.reserved() == {} and index.choose("postgres") == "a"
+
+
+def test_an_unrelated_change_keeps_the_reservation() -> None:
+    index = index_with([shard("a", max_databases=1)], {})
+    assert index.reserve("postgres", key(1)) == "a"
+    index.database_event("MODIFIED", database(1, None), database(1, None))  # e.g. the finalizer added
+    assert index.reserved() == {key(1): "a"} and index.choose("postgres") is None
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_concurrent_placements_never_overfill_a_shard(seed: int) -> None:
+    """Workers reserve and write at random, their writes show in the cache late or fail: no shard
+    ever holds more than maxDatabases, and every slot a failed write reserved is used after all."""
+    rng = random.Random(seed)
+    limits = {f"s{i}": rng.randint(1, 6) for i in range(4)}
+    index = index_with([shard(n, max_databases=m) for n, m in limits.items()], {})
+    placed: dict[str, str] = {}  # what the apiserver holds (the truth)
+    lock = threading.Lock()
+
+    def place(i: int) -> None:
+        for _attempt in range(5):
+            chosen = index.reserve("postgres", key(i))
+            if chosen is None:
+                return
+            time.sleep(rng.random() / 1000)  # the write's round trip
+            if rng.random() < 0.2:
+                index.release(key(i))  # refused (a conflict): the next pass tries again
+                continue
+            with lock:
+                placed[key(i)] = chosen
+            time.sleep(rng.random() / 1000)  # the watch event in flight
+            index.database_event("MODIFIED", database(i, None), database(i, chosen))
+            return
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(place, range(40)))
+    per_shard = Counter(placed.values())
+    assert all(per_shard[n] <= m for n, m in limits.items()), (per_shard, limits)
+    assert sum(per_shard.values()) == sum(limits.values())  # 40 wanted more than there was: all used
+    assert index.reserved() == {}
+
+
+def test_a_reservation_commits_its_connection_limit_until_the_cache_shows_it() -> None:
+    """The connection budget is exact under a burst too: a reserved database's limit counts at once."""
+    index = index_with([shard("a", max_databases=10, budget=30)], {})
+    assert index.reserve("postgres", key(1), 20) == "a"
+    assert index.reserve("postgres", key(2), 20) is None  # 20 reserved + 20 > 30, none placed yet
+    assert index.reserve("postgres", key(2), 10) == "a"
+    index.database_event("MODIFIED", database(1, None), database(1, "a", limit=20))  # the write shows
+    assert index.reserved() == {key(2): "a"}
+    assert index.choose("postgres", 1) is None  # 20 placed + 10 reserved: the budget is used up
+    index.release(key(2))  # its write was refused
+    assert index.reserve("postgres", key(3), 10) == "a"
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_concurrent_placements_never_overcommit_a_budget(seed: int) -> None:
+    """Workers reserve databases of random limits and write them late or not at all: the limits
+    placed on a shard never add up to more than its connection budget, nor its count over maxDatabases."""
+    rng = random.Random(seed)
+    budgets = {f"s{i}": rng.randint(10, 60) for i in range(4)}
+    index = index_with([shard(n, max_databases=6, budget=b) for n, b in budgets.items()], {})
+    limits = {i: rng.choice((5, 10, 20)) for i in range(40)}
+    placed: dict[str, str] = {}
+    lock = threading.Lock()
+
+    def place(i: int) -> None:
+        for _attempt in range(5):
+            chosen = index.reserve("postgres", key(i), limits[i])
+            if chosen is None:
+                return
+            time.sleep(rng.random() / 1000)
+            if rng.random() < 0.2:
+                index.release(key(i))
+                continue
+            with lock:
+                placed[key(i)] = chosen
+            time.sleep(rng.random() / 1000)
+            index.database_event("MODIFIED", database(i, None), database(i, chosen, limits[i]))
+            return
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(place, range(40)))
+    committed: Counter[str] = Counter()
+    for k, name in placed.items():
+        committed[name] += limits[int(k.removeprefix("dbprovider/db").removesuffix(".c"))]
+    assert all(committed[n] <= b for n, b in budgets.items()), (committed, budgets)
+    assert all(n <= 6 for n in Counter(placed.values()).values())
+    assert index.reserved() == {}

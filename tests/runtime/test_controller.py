@@ -17,11 +17,13 @@ from reconciler.runtime import (
     Controller,
     ControllerStopping,
     ExponentialBackoff,
+    Lanes,
     ReconcileError,
     Result,
     RuntimeMetrics,
     TerminalError,
     WorkQueue,
+    current_slot,
     ensure_active,
 )
 from tests.runtime.support import configmap
@@ -41,8 +43,10 @@ class Harness:
         self.metrics = RuntimeMetrics()
         self.controllers: list[Controller] = []
 
-    def controller(self, name: str, reconcile: Callable[[str], Result | None], workers: int = 1) -> Controller:
-        queue = WorkQueue(ExponentialBackoff(*FAST))
+    def controller(
+        self, name: str, reconcile: Callable[[str], Result | None], workers: int = 1, lanes: Lanes | None = None
+    ) -> Controller:
+        queue = WorkQueue(ExponentialBackoff(*FAST), lanes)
         controller = Controller(name, reconcile, workers=workers, queue=queue, metrics=self.metrics)
         controller.watch(self.informer)
         self.controllers.append(controller)
@@ -170,6 +174,27 @@ def test_a_terminal_error_may_ask_for_one_slow_requeue_instead_of_backoff(env: H
     assert len(attempts) == 2
 
 
+def test_a_retry_cap_keeps_the_backoff_of_a_flaky_cause_short(env: Harness) -> None:
+    """ReconcileError(retry_cap=s): retried with the growing backoff, but never more than s apart (a
+    failure caused by a flaky shard: once the shard recovers, the key is retried soon, not minutes later)."""
+    attempts: list[float] = []
+
+    def reconcile(key: str) -> Result:
+        attempts.append(time.monotonic())
+        raise ReconcileError("EnsureFailed", "create failed: connection_lost", retry_cap=0.15)
+
+    key = env.create("capped")
+    controller = env.controller("capped", reconcile)
+    controller.start()
+    wait_for(lambda: controller.queue.num_requeues(key) >= 8, what="eight retries")
+    # Without the cap the backoff would be at 0.05 * 2**7 = 6.4 s, capped at FAST's 0.4 s.
+    due = wait_for(lambda: controller.queue.due_in(key), what="the next retry")
+    assert due <= 0.15
+    gaps = [b - a for a, b in zip(attempts, attempts[1:], strict=False)]
+    assert max(gaps) < 0.15 + 0.1, gaps
+    assert env.errors("capped", "EnsureFailed", retryable="true") >= 8
+
+
 def test_a_write_conflict_is_requeued_and_counted_as_conflict_not_error(env: Harness) -> None:
     """The reconcile writes from the cached object with its resourceVersion; another writer
     changed the object first, so the apiserver answers 409. The retry (after backoff) reads the
@@ -266,6 +291,41 @@ def test_one_key_is_never_reconciled_twice_at_once_while_keys_run_in_parallel(en
     assert peak_total >= 3  # different keys did run side by side
     assert set(runs) == set(keys)
     assert 2 <= runs[keys[0]] <= 3  # the bursts collapsed into one or two more passes
+
+
+def test_a_hung_lane_holds_only_its_own_workers_and_a_key_that_changes_lane_moves(env: Harness) -> None:
+    """Lanes read from the cache (a ConfigMap's `lane`), two workers per lane, five in all: the hung
+    lane's reconciles block and hold two workers; the other lane's keys all run meanwhile, and a
+    key of the hung lane whose object moves to another lane runs there at once."""
+    release = threading.Event()
+    seen: list[tuple[str, str | None]] = []  # (key, lane of the slot it ran in)
+    lock = threading.Lock()
+
+    def lane_of(key: str) -> str:
+        return ((env.informer.get(key) or {}).get("data") or {}).get("lane", "none")
+
+    def reconcile(key: str) -> Result:
+        slot = current_slot()
+        with lock:
+            seen.append((key, slot.lane if slot else None))
+        if slot is not None and slot.lane == "hung":
+            release.wait(30)
+        return Result()
+
+    hung = [env.create(f"hung-{i}", {"lane": "hung"}) for i in range(5)]
+    free = [env.create(f"free-{i}", {"lane": "free"}) for i in range(6)]
+    controller = env.controller("lanes", reconcile, workers=5, lanes=Lanes(lane_of, 2))
+    controller.start()
+    try:
+        wait_for(lambda: {k for k, _ in seen} >= set(free), what="every free lane key while the hung lane hangs")
+        assert controller.queue.lane_stats()["hung"] == (3, 2)  # two held, three waiting: not five
+        waiting = next(k for k in hung if k not in {key for key, _ in seen})
+        env.rest.patch(CONFIGMAPS, split_key(waiting)[1], {"data": {"lane": "free"}}, env.namespace)
+        wait_for(lambda: (waiting, "free") in seen, what="the moved key to run in its new lane")
+        assert all(lane == "free" for key, lane in seen if key in free)
+    finally:
+        release.set()
+    wait_for(lambda: not env.busy(controller), what="the hung keys to finish once released")
 
 
 def test_requeue_after_runs_the_key_again(env: Harness) -> None:

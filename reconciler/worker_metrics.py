@@ -1,0 +1,53 @@
+"""The Database workers' gauges per shard, read from the work queue's lanes at scrape time.
+
+An SRE reads how many of a shard's `workersPerShard` slots are busy and how many of its databases
+wait for one: a shard at its limit with a growing queue is slow or hung, and holds only its own
+slots. Labels are shard names (and `unplaced` for placement), never tenant names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from domain.constants import UNPLACED
+
+LaneStats = Callable[[], dict[str, tuple[int, int]]]  # lane -> (keys ready, keys in flight)
+
+
+class DatabaseWorkersCollector(Collector):
+    def __init__(self, lane_stats: LaneStats, shard_names: Callable[[], Iterable[str]], per_shard: int, total: int):
+        self._lane_stats = lane_stats
+        self._shard_names = shard_names
+        self._per_shard = per_shard
+        self._total = total
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        stats = self._lane_stats()
+        lanes = sorted(set(self._shard_names()) | {UNPLACED} | set(stats))
+        in_flight = GaugeMetricFamily(
+            "dbprovider_database_workers_in_flight",
+            "Database workers busy with the shard's databases (shard=unplaced: placement); at most workersPerShard.",
+            labels=["shard"],
+        )
+        depth = GaugeMetricFamily(
+            "dbprovider_database_queue_depth",
+            "Databases of the shard waiting for a worker (not counting retries waiting for their backoff).",
+            labels=["shard"],
+        )
+        for lane in lanes:
+            ready, busy = stats.get(lane, (0, 0))
+            in_flight.add_metric([lane], busy)
+            depth.add_metric([lane], ready)
+        yield in_flight
+        yield depth
+        yield GaugeMetricFamily(
+            "dbprovider_database_workers_per_shard", "workersPerShard: the Database workers one shard may use.",
+            value=self._per_shard,
+        )
+        yield GaugeMetricFamily(
+            "dbprovider_database_workers", "workersTotal: the Database workers of the leading replica.",
+            value=self._total,
+        )
