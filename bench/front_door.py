@@ -1,7 +1,7 @@
 """The API's front door under attack, with the real manager: legitimate requests' throughput and p99
 under each attack as ratios to the same run without it, and the memory each kind of connection costs.
 
-    python -m bench.front_door [--seconds 10] [--rounds 3] [--connections 300]
+    python -m bench.front_door [--seconds 10] [--rounds 3] [--connections 300] [--attacks chunk,idle TLS]
     python -m bench.front_door --compare [--seconds 20] [--candidates ours,cheroot,uvicorn,granian]
 
 Default run (issue 25), one `dbprovider manager` on a real apiserver and PostgreSQL:
@@ -9,7 +9,8 @@ Default run (issue 25), one `dbprovider manager` on a real apiserver and Postgre
   kubelet probe's 3 s timeout, for `--seconds` per phase, in rounds of: alone, under the chunk attack
   (50 TLS connections sending request bodies in 1-byte chunks as fast as they can, reconnecting when
   refused), alone, under the idle-TLS attack (400 TLS connections from 8 addresses that send nothing,
-  reopened when dropped). The attackers run in a process of their own at nice 10: on a shared 2-core
+  reopened when dropped); beside each attacked run the attacker's CPU and the connections the server
+  refused or dropped per second. The attackers run in a process of their own at nice 10: on a shared 2-core
   machine their CPU would otherwise be measured instead of the server's.
   Ratios per round against the mean of the two runs alone around it; the median over rounds is the figure.
 - memory (first, each kind on a fresh manager): its RSS before and after `--connections` connections of
@@ -500,9 +501,10 @@ def attack_ratios(args: argparse.Namespace, manager: Any, ca: Path, token: str) 
 
     port, server = manager.api_port, manager.pid
 
-    rows, ratios = [], {kind: {"throughput": [], "p99": []} for kind in ATTACKS}
+    kinds = [kind for kind in ATTACKS if kind in args.attacks.split(",")]
+    rows, ratios = [], {kind: {"throughput": [], "p99": []} for kind in kinds}
     for n in range(args.rounds):
-        for kind in ATTACKS:
+        for kind in kinds:
             log(f"round {n}: alone, then under the {kind} attack, then alone")
             runs = [attacked(port, ca, token, args.seconds, k, server, manager.metrics) for k in (None, kind, None)]
             alone_rate = statistics.mean(r["ok"] for r in (runs[0], runs[2])) / args.seconds
@@ -538,6 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--connections", type=int, default=300, help="per kind, for the memory figures")
     parser.add_argument("--parts", default="probes,memory,attacks", help="of the default run (comma-separated)")
+    parser.add_argument("--attacks", default=",".join(ATTACKS), help="of the attacks part (comma-separated)")
     parser.add_argument("--compare", action="store_true", help="the candidate servers of issue 14")
     parser.add_argument("--candidates", default=",".join(CANDIDATES))
     parser.add_argument("--attacker", help=argparse.SUPPRESS)
