@@ -152,8 +152,18 @@ def _run_manager(args: argparse.Namespace) -> int:
 
 
 def _run_dev(args: argparse.Namespace) -> int:
-    from dbprovider.dev import run_dev
-
+    try:
+        from dbprovider.dev import run_dev
+    except ModuleNotFoundError as exc:
+        if exc.name != "harness":
+            raise
+        # The wheel and the image ship the runtime only; dev starts the test harness' servers.
+        print(
+            "dbprovider dev: runs from a source checkout of dbprovider (`make dev` there): it starts the test "
+            "harness' kube-apiserver, etcd and PostgreSQL, which the installed package does not include",
+            file=sys.stderr,
+        )
+        return 2
     return run_dev(postgres_flavor=args.postgres, state_dir=args.state_dir, values_file=args.config)
 
 

@@ -3,7 +3,7 @@
 These are the constants the install config (domain/config.py, the user's YAML) does NOT expose: the
 ports and files the rendered Deployment and the manager must agree on, the Lease timings, and every
 retry, backoff and check interval of the runtime. Each value is written here once; the manifests
-(infra/render.py passes them to templates/), the `dbprovider manager` defaults (cli.py, manager.py),
+(infra/render.py passes them to infra/templates/), the `dbprovider manager` defaults (cli.py, manager.py),
 the leader elector, the work queue, the informers, the Shard and Database controllers and the SQL
 layer read them from here. Tests shorten timings by passing other values to the constructors, never
 by changing this object (it is frozen).
@@ -13,6 +13,7 @@ by changing this object (it is frozen).
     SETTINGS.env.config / .tls_cert / .tls_key      environment variables naming those files
     SETTINGS.env.shard_ca                           (and --shard-ca-file) the shard CA bundle outside a pod
     SETTINGS.probes.liveness / .readiness           the API's health paths (the Deployment's probes)
+    SETTINGS.termination                            the pod's preStop drain and termination grace period
     SETTINGS.lease                                  Lease duration, renew deadline, retry period
     SETTINGS.retry                                  reconcile backoff, Database requeue intervals
     SETTINGS.watch                                  informer relist backoff, watch and request timeouts
@@ -101,10 +102,21 @@ class Probes:
 
     liveness: str = "/healthz"  # 200 while the process serves requests
     readiness: str = "/readyz"  # 200 once the caches synced and the apiserver answers
-    # A stopping pod keeps serving this long before it gets SIGTERM (the Deployment's preStop): the
-    # Service's endpoints drop it meanwhile, so no request is still routed to it when its API stops
-    # (a rolling update answers every request; measured in tests/upgrade).
-    pre_stop_seconds: int = 5
+
+
+@dataclass(frozen=True)
+class Termination:
+    """How a replica leaves its pod without failing a request (the Deployment's preStop and grace period).
+
+    When a pod is deleted, SIGTERM and the removal of its address from the Services race: kube-proxy (or
+    a load balancer) may still send new connections for a moment. So the pod first sleeps `drain`
+    seconds serving as usual (a preStop sleep, while the Services stop sending it traffic), and only
+    then gets SIGTERM: the manager stops accepting, finishes the requests in flight, stops its
+    controllers and releases the Lease, all well within `grace` seconds.
+    """
+
+    drain: int = 5
+    grace: int = 30
 
 
 @dataclass(frozen=True)
@@ -236,6 +248,7 @@ class Settings:
     files: MountedFiles = field(default_factory=MountedFiles)
     env: EnvNames = field(default_factory=EnvNames)
     probes: Probes = field(default_factory=Probes)
+    termination: Termination = field(default_factory=Termination)
     run_as_uid: int = 10001  # the image's USER (Dockerfile); the Deployment's runAsUser/runAsGroup/fsGroup
     lease: LeaseTimings = field(default_factory=LeaseTimings)
     retry: RetryTimings = field(default_factory=RetryTimings)

@@ -20,13 +20,41 @@ NO_SERVERS_ENV = "DBPROVIDER_TEST_NO_SERVERS"
 _libc = ctypes.CDLL("libc.so.6", use_errno=True)
 
 
-def built_dir(build_script: Path, override_env: str) -> Path:
-    """The cache folder a hack/build-*.sh script puts its pinned binaries in (`<script> --dir`), or
-    the folder the environment variable `override_env` names."""
+LATE_BUILDS = Path(__file__).resolve().parent.parent / "build" / "late"
+
+
+class LateBuildFailed(RuntimeError):
+    """A build hack/late-builds.sh ran in the background failed: the suite that needs it cannot run."""
+
+
+def wait_for_late_build(name: str, argv: list[str]) -> None:
+    """If hack/late-builds.sh has `name` pending or running in the background, run its build script
+    (`argv`) now: the script's lock makes this wait for the background build, whose cache then answers
+    at once (or this builds it, if the background has not got there yet). A failed one raises, with the
+    end of its log, instead of building for half an hour again."""
+    status_file = LATE_BUILDS / f"{name}.status"
+    status = status_file.read_text().strip() if status_file.exists() else ""
+    if status in ("pending", "running"):
+        result = subprocess.run(argv, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise LateBuildFailed(f"{' '.join(argv)} exited {result.returncode}:\n{result.stderr[-3000:]}")
+    elif status.startswith("failed"):
+        log = LATE_BUILDS / f"{name}.log"
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:]) if log.exists() else ""
+        raise LateBuildFailed(f"the background build `{name}` of hack/late-builds.sh {status}; {log} ends:\n{tail}")
+
+
+def built_dir(build_script: Path, override_env: str, *args: str, late: str | None = None) -> Path:
+    """The cache folder a hack/build-*.sh script puts its pinned binaries in (`<script> [args] --dir`),
+    or the folder the environment variable `override_env` names. `late`: the name under which
+    hack/late-builds.sh may be building it in the background (waited for, see wait_for_late_build)."""
     override = os.environ.get(override_env)
     if override:
         return Path(override)
-    out = subprocess.run(["bash", str(build_script), "--dir"], check=True, capture_output=True, text=True)
+    if late is not None:
+        wait_for_late_build(late, ["bash", str(build_script), *args])
+    argv = ["bash", str(build_script), *args, "--dir"]
+    out = subprocess.run(argv, check=True, capture_output=True, text=True)
     return Path(out.stdout.strip().splitlines()[-1])
 
 

@@ -1,4 +1,4 @@
-"""Render the install's Kubernetes manifests from the jinja2 templates in templates/.
+"""Render the install's Kubernetes manifests from the jinja2 templates in infra/templates/.
 
 Both the Pulumi program (infra.component) and `dbprovider render` call these functions, so a GitOps
 landscape repo and `pulumi up` get the very same objects. Pure: no Pulumi, no Kubernetes client.
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import typing
 from collections.abc import Iterable
@@ -46,7 +45,8 @@ from domain.settings import SETTINGS
 from domain.version import __version__
 from infra.crds import crd_schemas
 
-TEMPLATES_DIR = Path(os.environ.get("DBPROVIDER_TEMPLATES") or Path(__file__).resolve().parent.parent / "templates")
+# Package data (pyproject.toml): found next to this module in a checkout, a wheel and the image alike.
+TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
 
 MANIFEST_TEMPLATES = (
     "crds.yaml.j2",
@@ -75,17 +75,8 @@ def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-class TemplatesNotFound(FileNotFoundError):
-    """The templates/ directory is missing (an installed package without DBPROVIDER_TEMPLATES)."""
-
-
 @lru_cache(maxsize=1)
 def _environment(templates_dir: Path) -> jinja2.Environment:
-    if not (templates_dir / PROMETHEUS_RULE_TEMPLATE).is_file():
-        raise TemplatesNotFound(
-            f"the manifest templates are not in {templates_dir}: set DBPROVIDER_TEMPLATES to the templates/ "
-            "directory of the dbprovider sources"
-        )
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir)),
         undefined=jinja2.StrictUndefined,
@@ -291,6 +282,7 @@ def _context(config: InstallConfig, time_scale: int = 1) -> dict[str, Any]:
         "env": SETTINGS.env,
         "probes": SETTINGS.probes,
         "pod": SETTINGS.pod,
+        "termination": SETTINGS.termination,
         "uid": SETTINGS.run_as_uid,
     }
 

@@ -18,6 +18,7 @@ from domain.constants import SHARD_CA_FILE
 from domain.settings import SETTINGS
 from domain.version import __version__
 from infra.render import (
+    TEMPLATES_DIR,
     WARNING_NO_CLUSTER,
     _environment,
     config_yaml,
@@ -197,7 +198,7 @@ def test_the_console_script_renders(tmp_path: Path) -> None:
 
 
 def test_templates_use_strict_undefined(tmp_path: Path) -> None:
-    env = _environment(REPO_ROOT / "templates")
+    env = _environment(TEMPLATES_DIR)
     assert env.undefined is jinja2.StrictUndefined
     with pytest.raises(jinja2.UndefinedError):
         env.from_string("name: {{ not_defined }}").render({})
