@@ -621,7 +621,7 @@ class ApiServer:
         """A client that goes on sending after its refusal: read nothing more, keep its connection (and
         its place in its address' bound) for the header deadline, then drop it. A client that reconnects
         as soon as it is refused (the chunk attack) so opens one connection per header deadline, as an
-        idle one does, instead of one per refusal; a full server evicts held connections first."""
+        idle one does, instead of one per refusal. A full server may close it to make room (it waits)."""
         channel.ignore_input()
         self.limits.move(slot, State.IDLE)
         try:
