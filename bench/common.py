@@ -156,8 +156,10 @@ class Stack:
         log_statements: bool = False,
         kube_args: list[str] | None = None,
         config: dict[str, Any] | None = None,
+        postgres_settings: dict[str, str] | None = None,
     ) -> None:
         self.name = name
+        self.postgres_settings = postgres_settings
         self.config = {**BENCH_CONFIG, **(config or {})}
         self.log_statements = log_statements
         self.kube_args = kube_args
@@ -171,7 +173,9 @@ class Stack:
         log("starting kube-apiserver + etcd")
         self.kube = KubeControlPlane(extra_args=self.kube_args).start()
         log("starting PostgreSQL 18" + (" (log_statement=all)" if self.log_statements else ""))
-        self.postgres = PostgresServer("18", log_statements=self.log_statements).start()
+        self.postgres = PostgresServer(
+            "18", log_statements=self.log_statements, settings=self.postgres_settings
+        ).start()
         log("installing the product (DevStack)")
         self.dev = DevStack(self.kube, self.postgres, self.state_dir / "dev", config_overrides=self.config).install()
         return self

@@ -336,7 +336,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.database_workers is not None:
         print(f"EXPERIMENT: the manager runs {args.database_workers} Database workers (the product has 4)")
     print(f"machine: {machine_line()}")
-    stack = Stack("provisioning", log_statements=True)
+    # Placement counts connections (the Shard's budget, max_connections less the reserve): the 650 databases
+    # of size class small at 1 connection each fit a server with max_connections 1000 (at 5 each in 200,
+    # 38 were placed and the rest never got Ready).
+    stack = Stack("provisioning", log_statements=True, postgres_settings={"max_connections": "1000"},
+                  config={"sizeClasses": {"small": {"connectionLimit": 1}}})
     manager: ManagerProcess | None = None
     watch: ReadyWatch | None = None
     try:
