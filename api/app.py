@@ -14,6 +14,7 @@ import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import falcon
 import yaml
@@ -104,6 +105,7 @@ def build_api(
     registry: CollectorRegistry | None = None,
     ready_checks: Iterable[Callable[[], bool]] = (),
     apiserver_reachable: Callable[[], bool] | None = None,
+    quota_options: dict[str, Any] | None = None,
     **app_options: object,
 ) -> ApiComponents:
     """Register the API's informers, indexes and handlers on `informers` and build the app.
@@ -111,10 +113,12 @@ def build_api(
     Call before `informers.start()` (or the manager's start): the informers are Databases and Secrets in
     the release namespace and the cluster-scoped Consumers; writes go through `informers.rest`.
     `apiserver_reachable` (recent apiserver contact) gates /readyz and makes writes answer 503 at
-    once while it is False.
+    once while it is False. `quota_options` go to the quota ledgers (api.quota.QuotaLedgers), e.g.
+    a shorter `reservation_timeout` in tests.
     """
-    store = DatabaseStore.register(config, informers, reachable=apiserver_reachable)
-    tokens = TokenIndex.register(informers, config.namespace)
+    store = DatabaseStore.register(config, informers, reachable=apiserver_reachable, quota_options=quota_options)
+    admin_secrets = config.shard_secrets_by_namespace().get(config.namespace, ())
+    tokens = TokenIndex.register(informers, config.namespace, admin_secrets)
     metrics = ApiMetrics(registry)
     app = create_app(config, store, tokens, metrics=metrics, ready_checks=ready_checks, **app_options)  # type: ignore[arg-type]
     return ApiComponents(app=app, store=store, tokens=tokens, metrics=metrics)

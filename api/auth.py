@@ -2,15 +2,24 @@
 
 `TokenIndex` maps sha256(token) -> consumer name. It is built from the Consumer objects and their token
 Secrets (release namespace only) and kept current by informer handlers, so a change to a Consumer or to
-its Secret takes effect without a restart. Token Secrets are cached by name, one watch per name the
-Consumers reference (`TokenSecrets`): no other Secret of the release namespace enters this cache. A
-lookup is one dict access (O(1) in the number of consumers) followed by a constant-time comparison of
-the digests.
+its Secret takes effect without a restart. The token Secrets come from one metadata-only watch of the
+release namespace plus a GET of a named Secret when it changes (`informers.NamedObjects`): one watch
+whatever the number of consumers, and no other Secret's data in memory. A shard admin Secret listed in
+shardSecrets is never read, even when a Consumer names it. A lookup is one dict access (O(1) in the
+number of consumers) followed by a constant-time comparison of the digests.
 
-A consumer contributes no hash at all, and so can never authenticate, when it is disabled, its
-tokenSecretRef points outside the release namespace, its Secret or key is missing, or its spec is invalid.
-A hash configured on two consumers authenticates neither. Every one of these cases ends in the same
+A consumer authenticates only in state OK: enabled, a valid spec, its tokenSecretRef in the release
+namespace, and its Secret holding at least one hash under the key. Every other case ends in the same
 bare 401 (`AuthMiddleware`); the causes go to the log, never to the caller.
+
+Conflicts. A hash listed by two consumers authenticates neither, in every state of either: what a
+consumer lists is read from the Secret it names whatever its state (disabled, an invalid spec with a
+valid ref), and where the ref cannot be followed as written the provider reads what it can in its place,
+so that breaking one consumer's configuration never hands a shared hash to the other:
+- the key is missing: every hash of that Secret, under any key, counts as listed;
+- the ref points outside the release namespace (which the provider cannot read): the Secret of the same
+  name in the release namespace counts as listed (a ref moved out by mistake keeps its hashes denied).
+A conflict is logged once when it starts (a token stopped authenticating) and once when it ends.
 
 Nothing here logs, returns or counts a token or a hash: logs name consumers and Secrets, and give the
 number of ignored lines of a Secret, never their content.
@@ -22,6 +31,7 @@ import enum
 import logging
 import re
 import threading
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -32,15 +42,16 @@ from pydantic import ValidationError
 from api.admission import AUTHENTICATED_HOOK
 from api.errors import TooManyRequests, Unauthorized, Unavailable
 from api.kube import CONSUMERS, SECRETS, metadata
+from domain.constants import NOT_PROVIDER_MANAGED_SELECTOR
 from domain.credentials import secret_data_bytes
-from domain.specs import parse_consumer
+from domain.specs import TokenSecretRef, parse_consumer, parse_token_secret_ref
 from domain.tokens import TokenHashes, hash_token, parse_token_hashes
-from informers import Informer, NamedInformers, SharedInformers, object_key
+from informers import Informer, SharedInformers
 from informers.informer import Handler
 
 log = logging.getLogger(__name__)
 
-# Consumers by the Secret their tokenSecretRef names ("namespace/name"), to re-evaluate them on a change.
+# Consumers by the name of the Secret their tokenSecretRef names (read in the release namespace).
 INDEX_TOKEN_SECRET = "api:token-secret"
 
 # RFC 6750 b64token after the case-insensitive scheme; anything else is a malformed header.
@@ -48,15 +59,10 @@ _BEARER_RE = re.compile(r"[Bb][Ee][Aa][Rr][Ee][Rr] +([A-Za-z0-9._~+/-]+=*) *")
 MAX_TOKEN_LENGTH = 4096
 
 
-def token_secret_keys(consumer: dict[str, Any]) -> list[str]:
-    """Index function: the "namespace/name" of the Secret a Consumer's tokenSecretRef names."""
-    ref = (consumer.get("spec") or {}).get("tokenSecretRef")
-    if not isinstance(ref, dict):
-        return []
-    namespace, name = ref.get("namespace"), ref.get("name")
-    if not isinstance(namespace, str) or not isinstance(name, str):
-        return []
-    return [f"{namespace}/{name}"]
+def token_secret_names(consumer: dict[str, Any]) -> list[str]:
+    """Index function: the name of the Secret a Consumer's tokenSecretRef names (if the ref is valid)."""
+    ref = parse_token_secret_ref(consumer)
+    return [ref.name] if ref is not None else []
 
 
 def parse_bearer(header: str | None) -> str | None:
@@ -68,7 +74,7 @@ def parse_bearer(header: str | None) -> str | None:
 
 
 class TokenSecrets(Protocol):
-    """The token Secrets of the release namespace the index reads (a `NamedInformers` in the manager)."""
+    """The token Secrets of the release namespace the index reads (a `NamedObjects` in the manager)."""
 
     def want(self, names: Iterable[str]) -> None: ...
 
@@ -86,6 +92,7 @@ class AuthState(enum.StrEnum):
     DISABLED = "disabled"
     INVALID_SPEC = "spec is invalid"
     FOREIGN_NAMESPACE = "tokenSecretRef is outside the release namespace"
+    ADMIN_SECRET = "tokenSecretRef names a shard admin Secret (shardSecrets), which is never read"
     SECRET_MISSING = "token Secret is missing"
     KEY_MISSING = "token Secret has no such key (or it is not base64)"
     NO_HASHES = "token Secret key holds no valid SHA-256 hash"
@@ -97,38 +104,47 @@ _NO_HASHES = TokenHashes(hashes=frozenset(), ignored_lines=0)
 @dataclass(frozen=True)
 class _Entry:
     state: AuthState
-    hashes: TokenHashes
+    hashes: TokenHashes  # what authenticates it (empty unless OK)
+    listed: frozenset[str]  # what it lists, whatever its state: these conflict with other consumers
 
 
 class TokenIndex:
-    """sha256(token) -> consumer, from the Consumer and Secret informers (see the module docstring)."""
+    """sha256(token) -> consumer, from the Consumer and Secret caches (see the module docstring)."""
 
-    def __init__(self, consumers: Informer, secrets: TokenSecrets, namespace: str) -> None:
+    def __init__(
+        self, consumers: Informer, secrets: TokenSecrets, namespace: str, admin_secrets: Iterable[str] = ()
+    ) -> None:
         self.consumers = consumers
         self.secrets = secrets
         self.namespace = namespace
+        self.admin_secrets = frozenset(admin_secrets)  # shardSecrets names in the release namespace
         self._lock = threading.RLock()
         self._entries: dict[str, _Entry] = {}
-        self._owners: dict[str, set[str]] = {}  # hash -> consumers that list it
+        self._owners: dict[str, set[str]] = {}  # hash -> consumers that list it (in any state)
+        self._conflicts: Counter[frozenset[str]] = Counter()  # consumers listing a common hash -> how many
+        self._conflicts_logged: set[frozenset[str]] = set()
         self._built = False
         # "Log once" bookkeeping: bounded by the number of consumers / Secrets.
         self._foreign_logged: dict[str, Any] = {}  # consumer -> generation warned about
-        self._ignored_logged: dict[tuple[str, str], str | None] = {}  # (secret key, data key) -> resourceVersion
-        self._conflicts_logged: set[frozenset[str]] = set()
-        consumers.add_index(INDEX_TOKEN_SECRET, token_secret_keys)
+        self._ignored_logged: dict[tuple[str, str], str | None] = {}  # (secret, data key) -> resourceVersion
+        consumers.add_index(INDEX_TOKEN_SECRET, token_secret_names)
         secrets.add_handler(self._on_secret)
         consumers.add_handler(self._on_consumer)
 
     @classmethod
-    def register(cls, informers: SharedInformers, namespace: str) -> TokenIndex:
-        """Create the index on the process' shared informers: Consumers (cluster), and exactly the
-        token Secrets they name (release namespace, one field-selected informer per name)."""
-        return cls(informers.informer(CONSUMERS), NamedInformers(informers, SECRETS, namespace), namespace)
+    def register(
+        cls, informers: SharedInformers, namespace: str, admin_secrets: Iterable[str] = ()
+    ) -> TokenIndex:
+        """Create the index on the process' shared informers: Consumers (cluster), and exactly the token
+        Secrets they name (release namespace: one metadata watch of the Secrets the provider does not
+        manage, and a GET per named Secret). `admin_secrets`: the shardSecrets names in `namespace`."""
+        secrets = informers.named(SECRETS, namespace, label_selector=NOT_PROVIDER_MANAGED_SELECTOR)
+        return cls(informers.informer(CONSUMERS), secrets, namespace, admin_secrets)
 
     # -- readiness -------------------------------------------------------------------------------
 
     def ready(self) -> bool:
-        """True once both informers have listed and the index has been built from them."""
+        """True once both caches have listed (and read every named Secret) and the index is built."""
         if self._built:
             return True
         if not self.consumers.has_synced():
@@ -140,13 +156,28 @@ class TokenIndex:
         return True
 
     def rebuild(self) -> None:
-        """Re-evaluate every consumer from the caches (the index is a pure function of them)."""
+        """Re-evaluate every consumer from the caches (the index is a pure function of them).
+
+        The first build logs every consumer that cannot authenticate, and a count: states seen before
+        it (while the Secrets are still being read) are not logged."""
         with self._lock:
             names = set(self._entries) | {metadata(c).get("name") for c in self.consumers.list()}
             for name in names:
                 if name:
                     self._recompute(name)
-            self._built = True
+            if not self._built:
+                self._built = True
+                refused = {n: e.state for n, e in self._entries.items() if e.state is not AuthState.OK}
+                for name, state in sorted(refused.items()):
+                    if state is not AuthState.FOREIGN_NAMESPACE:  # that one has its own warning
+                        level = logging.INFO if state is AuthState.DISABLED else logging.WARNING
+                        log.log(level, "consumer %s: authentication state: %s", name, state.value)
+                log.info(
+                    "token index built: %d consumers, %d of them can authenticate",
+                    len(self._entries),
+                    len(self._entries) - len(refused),
+                )
+            self._log_conflicts()
 
     # -- lookups ---------------------------------------------------------------------------------
 
@@ -157,7 +188,7 @@ class TokenIndex:
         digest = hash_token(token)
         with self._lock:
             owners = self._owners.get(digest)
-            if not owners or len(owners) != 1:  # unknown, or the same hash on several consumers
+            if not owners or len(owners) != 1:  # unknown, or listed by several consumers (in any state)
                 return None
             (name,) = owners
             entry = self._entries.get(name)
@@ -178,11 +209,9 @@ class TokenIndex:
     # -- maintenance -----------------------------------------------------------------------------
 
     def _want_secrets(self) -> None:
-        """Cache the token Secrets the Consumers name now (never under self._lock: see NamedInformers)."""
-        prefix = f"{self.namespace}/"
-        self.secrets.want(
-            key[len(prefix) :] for key in self.consumers.index_values(INDEX_TOKEN_SECRET) if key.startswith(prefix)
-        )
+        """Cache the token Secrets the Consumers name now (whatever namespace their refs give: see the
+        module docstring), never a shard admin Secret."""
+        self.secrets.want(set(self.consumers.index_values(INDEX_TOKEN_SECRET)) - self.admin_secrets)
 
     def _on_consumer(self, event_type: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         self._want_secrets()
@@ -190,92 +219,110 @@ class TokenIndex:
         if name:
             with self._lock:
                 self._recompute(name)
+                self._log_conflicts()
 
     def _on_secret(self, event_type: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         secret = new if new is not None else old
         if secret is None:
             return
-        key = object_key(secret)
         with self._lock:
-            for consumer in self.consumers.by_index(INDEX_TOKEN_SECRET, key):
+            for consumer in self.consumers.by_index(INDEX_TOKEN_SECRET, metadata(secret).get("name") or ""):
                 name = metadata(consumer).get("name")
                 if name:
                     self._recompute(name)
+            self._log_conflicts()
 
     def _recompute(self, name: str) -> None:
         """Evaluate one consumer from the current caches and update the index (caller holds the lock)."""
         consumer = self.consumers.get(name)
         entry = self._evaluate(name, consumer) if consumer is not None else None
         previous = self._entries.pop(name, None)
-        if previous is not None:
-            for digest in previous.hashes.hashes:
-                owners = self._owners.get(digest)
-                if owners is not None:
-                    owners.discard(name)
-                    if not owners:
-                        del self._owners[digest]
+        for digest in previous.listed if previous is not None else ():
+            self._set_owner(digest, name, False)
         if entry is None:
             self._foreign_logged.pop(name, None)
             if previous is not None:
                 log.info("consumer %s removed from the token index", name)
             return
         self._entries[name] = entry
-        conflicts: set[frozenset[str]] = set()
-        for digest in entry.hashes.hashes:
-            owners = self._owners.setdefault(digest, set())
-            owners.add(name)
-            if len(owners) > 1:
-                conflicts.add(frozenset(owners))
+        for digest in entry.listed:
+            self._set_owner(digest, name, True)
         changed = previous is None or previous.state is not entry.state
-        if changed and entry.state is not AuthState.FOREIGN_NAMESPACE:  # that one has its own warning
+        if self._built and changed and entry.state is not AuthState.FOREIGN_NAMESPACE:
             level = logging.INFO if entry.state in (AuthState.OK, AuthState.DISABLED) else logging.WARNING
             log.log(level, "consumer %s: authentication state: %s", name, entry.state.value)
-        for names in conflicts - self._conflicts_logged:
-            log.warning(
-                "the same token hash is configured on consumers %s: none of them authenticates with it",
-                ", ".join(sorted(names)),
-            )
-        self._conflicts_logged = {c for c in self._conflicts_logged | conflicts if self._still_conflicting(c)}
 
-    def _still_conflicting(self, names: frozenset[str]) -> bool:
-        entries = [self._entries.get(n) for n in names]
-        if any(e is None for e in entries):
-            return False
-        common = frozenset.intersection(*(e.hashes.hashes for e in entries if e is not None))
-        return bool(common)
+    def _set_owner(self, digest: str, name: str, listed: bool) -> None:
+        """Add or remove one consumer as an owner of `digest`, keeping the conflict counts current."""
+        owners = self._owners.setdefault(digest, set())
+        if len(owners) > 1:
+            self._conflicts[frozenset(owners)] -= 1
+        (owners.add if listed else owners.discard)(name)
+        if len(owners) > 1:
+            self._conflicts[frozenset(owners)] += 1
+        elif not owners:
+            del self._owners[digest]
+
+    def _log_conflicts(self) -> None:
+        """Log each set of consumers with a common hash once when it appears and once when it is gone
+        (from the first build on)."""
+        current = {names for names, count in self._conflicts.items() if count > 0}
+        self._conflicts = Counter({names: self._conflicts[names] for names in current})
+        if not self._built:
+            return
+        for names in sorted(current - self._conflicts_logged, key=sorted):
+            states = ", ".join(f"{n} ({self._entries[n].state.value})" for n in sorted(names))
+            log.warning(
+                "a token stopped authenticating: the same token hash is listed by consumers %s; "
+                "none of them authenticates with it until it is removed from all but one",
+                states,
+            )
+        for names in sorted(self._conflicts_logged - current, key=sorted):
+            log.info("consumers %s no longer list a common token hash", ", ".join(sorted(names)))
+        self._conflicts_logged = current
+
+    def _listed(self, ref: TokenSecretRef | None) -> frozenset[str]:
+        """The hashes a consumer with this ref lists, for conflicts (see the module docstring)."""
+        if ref is None or ref.name in self.admin_secrets:
+            return frozenset()
+        secret = self.secrets.get(ref.name)
+        if secret is None:
+            return frozenset()
+        raw = secret_data_bytes(secret, ref.key)
+        if raw is not None:
+            return parse_token_hashes(raw).hashes
+        found: set[str] = set()
+        for key in secret.get("data") or {}:  # the key is missing: any key may be the one meant
+            value = secret_data_bytes(secret, key)
+            if value is not None:
+                found |= parse_token_hashes(value).hashes
+        return frozenset(found)
 
     def _evaluate(self, name: str, consumer: dict[str, Any]) -> _Entry:
+        listed = self._listed(parse_token_secret_ref(consumer))
         try:
             spec = parse_consumer(consumer)
         except ValidationError:
-            return _Entry(AuthState.INVALID_SPEC, _NO_HASHES)
+            return _Entry(AuthState.INVALID_SPEC, _NO_HASHES, listed)
         if spec.disabled:
-            return _Entry(AuthState.DISABLED, _NO_HASHES)
+            return _Entry(AuthState.DISABLED, _NO_HASHES, listed)
         ref = spec.token_secret_ref
         if ref.namespace != self.namespace:
-            generation = metadata(consumer).get("generation")
-            if self._foreign_logged.get(name, object()) != generation:
-                self._foreign_logged[name] = generation
-                log.warning(
-                    "consumer %s (generation %s): tokenSecretRef namespace %s is not the release namespace %s; "
-                    "it never authenticates",
-                    name,
-                    generation,
-                    ref.namespace,
-                    self.namespace,
-                )
-            return _Entry(AuthState.FOREIGN_NAMESPACE, _NO_HASHES)
+            self._warn_foreign(name, consumer, ref)
+            return _Entry(AuthState.FOREIGN_NAMESPACE, _NO_HASHES, listed)
         self._foreign_logged.pop(name, None)
-        secret_key = f"{self.namespace}/{ref.name}"
+        if ref.name in self.admin_secrets:
+            return _Entry(AuthState.ADMIN_SECRET, _NO_HASHES, listed)
         secret = self.secrets.get(ref.name)
         if secret is None:
-            return _Entry(AuthState.SECRET_MISSING, _NO_HASHES)
+            return _Entry(AuthState.SECRET_MISSING, _NO_HASHES, listed)
         raw = secret_data_bytes(secret, ref.key)
         if raw is None:
-            return _Entry(AuthState.KEY_MISSING, _NO_HASHES)
+            return _Entry(AuthState.KEY_MISSING, _NO_HASHES, listed)
         hashes = parse_token_hashes(raw)
         if hashes.ignored_lines:
             version = metadata(secret).get("resourceVersion")
+            secret_key = f"{self.namespace}/{ref.name}"
             if self._ignored_logged.get((secret_key, ref.key)) != version:
                 self._ignored_logged[(secret_key, ref.key)] = version
                 log.warning(
@@ -285,8 +332,23 @@ class TokenIndex:
                     hashes.ignored_lines,
                 )
         if not hashes.hashes:
-            return _Entry(AuthState.NO_HASHES, _NO_HASHES)
-        return _Entry(AuthState.OK, hashes)
+            return _Entry(AuthState.NO_HASHES, _NO_HASHES, listed)
+        return _Entry(AuthState.OK, hashes, listed)
+
+    def _warn_foreign(self, name: str, consumer: dict[str, Any], ref: TokenSecretRef) -> None:
+        """Once per Consumer generation: its ref points outside the release namespace."""
+        generation = metadata(consumer).get("generation")
+        if self._foreign_logged.get(name, object()) == generation:
+            return
+        self._foreign_logged[name] = generation
+        log.warning(
+            "consumer %s (generation %s): tokenSecretRef namespace %s is not the release namespace %s; "
+            "it never authenticates",
+            name,
+            generation,
+            ref.namespace,
+            self.namespace,
+        )
 
 
 class AuthMiddleware:

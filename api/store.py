@@ -20,9 +20,9 @@ apiserver does not turn them into errors. A create whose answer timed out may st
 PUT is idempotent, so the client's retry returns the object (200).
 
 Quota: `Consumer.spec.maxDatabases` bounds the consumer's databases that are not yet Deleted (Deleting
-ones count), counted from the cache through an index by consumer. Creates are serialized per consumer,
-and the creates of this replica that the cache does not show yet are counted too, so the count is exact
-within one replica under concurrent requests.
+ones count). Each create first reserves a slot in the consumer's ledger on the apiserver
+(`api.quota.QuotaLedgers`, rules in domain/quota.py), so the count is exact across replicas; a
+create the apiserver refuses gives its slot back.
 """
 
 from __future__ import annotations
@@ -43,12 +43,12 @@ from api.errors import (
     DatabaseDeleting,
     NotFound,
     NotReady,
-    QuotaExceeded,
     Unauthorized,
     Unavailable,
 )
-from api.kube import CONSUMERS, DATABASES, SECRETS, metadata, object_annotations, status
+from api.kube import CONSUMERS, DATABASES, SECRETS, metadata, object_annotations
 from api.models import CreateDatabase, Credentials, database_spec, database_status, is_delete_requested, is_ready
+from api.quota import QuotaLedgers
 from domain.config import InstallConfig
 from domain.constants import (
     ANNOTATION_DELETE_REQUESTED_AT,
@@ -60,7 +60,6 @@ from domain.constants import (
     KIND_DATABASE,
     LABEL_CONSUMER,
     LABEL_EXTERNAL_ID,
-    Phase,
 )
 from domain.credentials import (
     decode_secret_data,
@@ -72,14 +71,13 @@ from domain.credentials import (
 )
 from domain.naming import credentials_secret_name, database_object_name, label_value, validate_external_id
 from domain.resources import BY_CONSUMER, database_consumer
-from domain.specs import DatabaseSpec, database_consumer_name, parse_consumer
+from domain.specs import DatabaseSpec, database_consumer_name, database_external_id, parse_consumer
 from domain.timefmt import format_micro_time
 from informers import Informer, Resource, Rest, SharedInformers
 
 log = logging.getLogger(__name__)
 
 INDEX_BY_CONSUMER = BY_CONSUMER  # the index the Consumer controller reads too (one index on the shared informer)
-INDEX_NOT_DELETED_BY_CONSUMER = "api:consumer-not-deleted"
 PENDING_TTL_SECONDS = 300.0
 ANNOTATE_ATTEMPTS = 5
 PASSWORD_PENDING = "a new password is pending"  # a _read_credentials problem that is not a fault
@@ -94,13 +92,6 @@ Clock = Callable[[], datetime]
 
 
 databases_by_consumer = database_consumer  # domain.resources: the index function, written once
-
-
-def not_deleted_databases_by_consumer(db: Obj) -> list[str]:
-    """Index function: the owning consumer of a Database that counts against the quota (not Deleted)."""
-    if status(db).get("phase") == Phase.DELETED:
-        return []
-    return databases_by_consumer(db)
 
 
 def utcnow() -> datetime:
@@ -144,6 +135,7 @@ class DatabaseStore:
         reachable: Callable[[], bool] | None = None,
         request_budget: float = REQUEST_BUDGET,
         read_budget: float = READ_BUDGET,
+        quota_options: dict[str, Any] | None = None,
     ) -> None:
         self.config = config
         self.namespace = config.namespace
@@ -156,12 +148,18 @@ class DatabaseStore:
         self.reachable = reachable
         self.request_budget = request_budget
         self.read_budget = read_budget
-        self._locks_guard = threading.Lock()
-        self._create_locks: dict[str, threading.Lock] = {}
         self._pending_lock = threading.Lock()
         self._pending: dict[str, dict[str, _Pending]] = {}  # consumer -> object name -> pending create
+        self.quota = QuotaLedgers(
+            rest,
+            self.namespace,
+            self._limit_of,
+            self._cached_by_external_id,
+            clock=clock,
+            request_timeout=request_budget,  # each ledger request, as each of a write's: a silent apiserver is 503
+            **(quota_options or {}),
+        )
         databases.add_index(INDEX_BY_CONSUMER, databases_by_consumer)
-        databases.add_index(INDEX_NOT_DELETED_BY_CONSUMER, not_deleted_databases_by_consumer)
         databases.add_handler(self._on_database, replay=False)
 
     @classmethod
@@ -238,28 +236,30 @@ class DatabaseStore:
         if existing is not None:
             return self._existing(existing, consumer, external_id), False
         self.config.resolve_connection_limit(request.size_class)  # UnknownSizeClass -> 400
-        with self._create_lock(consumer):
-            existing = self._cached(consumer, name)
-            if existing is not None:
-                return self._existing(existing, consumer, external_id), False
-            self._check_quota(consumer)
-            self._require_apiserver()
-            budget = self._budget()
-            try:
-                created = self.rest.create(
-                    DATABASES, self._new_object(name, consumer, external_id, request), timeout=budget.left()
-                )
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
-                live = self._get_live(name, budget)  # created meanwhile (another replica): the existing one
-                if live is None:
-                    raise Unavailable("the database is being replaced; try again") from None
-                return self._existing(live, consumer, external_id), False
-            with self._pending_lock:
-                self._pending.setdefault(consumer, {})[name] = _Pending(created, time.monotonic())
-            log.info("consumer %s created database %s", consumer, name)
-            return created, True
+        self._require_apiserver()
+        reservation = self.quota.reserve(consumer, external_id)  # QuotaExceeded -> 429
+        existing = self._cached(consumer, name)  # created meanwhile by another request of this replica
+        if existing is not None:
+            return self._existing(existing, consumer, external_id), False
+        self.quota.check_deadline(reservation)
+        budget = self._budget()
+        try:
+            created = self.rest.create(
+                DATABASES, self._new_object(name, consumer, external_id, request), timeout=budget.left()
+            )
+        except ApiException as exc:
+            if exc.status != 409:
+                if 400 <= exc.status < 500:  # refused, so not created: the slot goes back at once
+                    self.quota.release(reservation)
+                raise  # a 5xx may still have been committed: the slot stays until the timeout checks
+            live = self._get_live(name, budget)  # created meanwhile (another request or replica): the existing one
+            if live is None:
+                raise Unavailable("the database is being replaced; try again") from None
+            return self._existing(live, consumer, external_id), False
+        with self._pending_lock:
+            self._pending.setdefault(consumer, {})[name] = _Pending(created, time.monotonic())
+        log.info("consumer %s created database %s", consumer, name)
+        return created, True
 
     def request_deletion(self, consumer: str, external_id: str) -> Obj:
         """Set the delete annotation (with the request time) unless set; never deletes the object."""
@@ -347,30 +347,25 @@ class DatabaseStore:
             ).model_dump(by_alias=True, mode="json"),
         }
 
-    def _create_lock(self, consumer: str) -> threading.Lock:
-        with self._locks_guard:
-            lock = self._create_locks.get(consumer)
-            if lock is None:
-                lock = self._create_locks[consumer] = threading.Lock()
-            return lock
-
-    def _check_quota(self, consumer: str) -> None:
+    def _limit_of(self, consumer: str) -> int | None:
+        """The consumer's maxDatabases (None: no quota); Unauthorized if it is gone or invalid."""
         obj = self.consumers.get(consumer)
         if obj is None:
             raise Unauthorized()
         try:
-            limit = parse_consumer(obj).max_databases
+            return parse_consumer(obj).max_databases
         except ValidationError:
             raise Unauthorized() from None
-        if limit is None:
-            return
-        in_cache = self.databases.count_by_index(INDEX_NOT_DELETED_BY_CONSUMER, consumer)
-        not_yet_cached = sum(
-            1 for name in self._pending_of(consumer) if self.databases.get(f"{self.namespace}/{name}") is None
-        )
-        if in_cache + not_yet_cached >= limit:
-            log.info("consumer %s: quota of %d databases reached", consumer, limit)
-            raise QuotaExceeded(f"the quota of {limit} databases is reached; delete one or ask for a higher quota")
+
+    def _cached_by_external_id(self, consumer: str) -> dict[str, Obj]:
+        """The consumer's databases in this replica's cache, by externalId (what the quota counts besides
+        its ledger)."""
+        found = {}
+        for db in self.databases.by_index(INDEX_BY_CONSUMER, consumer):
+            external_id = database_external_id(db)
+            if external_id is not None:
+                found[external_id] = db
+        return found
 
     def _pending_of(self, consumer: str) -> dict[str, _Pending]:
         """This replica's creates for `consumer` the cache has not shown yet (expired ones dropped)."""
@@ -404,9 +399,7 @@ class DatabaseStore:
                 if not entries:
                     del self._pending[consumer]
 
-    def _annotate(
-        self, consumer: str, external_id: str, decide: Callable[[Obj], dict[str, str | None] | None]
-    ) -> Obj:
+    def _annotate(self, consumer: str, external_id: str, decide: Callable[[Obj], dict[str, str | None] | None]) -> Obj:
         """Set (None: remove) annotations on the consumer's database from a fresh read; retried on write conflicts."""
         name = self._object_name(consumer, external_id)
         self._require_apiserver()

@@ -409,6 +409,8 @@ def _activity(frames: list[tuple[str, str]]) -> str:
         return "waiting for work"  # an informer's open watch: blocked until the apiserver sends an event
     if frames and frames[-1][1].startswith(WAITING_FILES):
         return "waiting for work"  # a lock, condition, queue or select: blocked
+    if frames and frames[-1] == ("_worker", "concurrent/futures/thread.py"):
+        return "waiting for work"  # an idle pool thread: blocked in SimpleQueue.get, which is C (no frame)
     for _, file in reversed(frames):
         for name, markers in ACTIVITIES:
             if file.startswith(markers):

@@ -1,34 +1,45 @@
-"""Scale: a `dbprovider manager` starting on 10,000 Ready Databases on 20 shards.
+"""Scale: a `dbprovider manager` starting on a fleet of Ready Databases, Shards and Consumers.
 
-    python -m bench.scale [--count 10000] [--shards 20] [--idle-seconds 60] [--profile]
+    python -m bench.scale [--count 10000] [--shards 20] [--consumers 1] [--extra-consumers 100]
+                          [--idle-seconds 60] [--profile]
+    python -m bench.scale --count 100000 --shards 200 --consumers 1000      # issue 28
 
-Setup (not timed): 20 Shards sharing one PostgreSQL 18 server (log_statement=all), and `--count`
-Database objects created directly through the apiserver, spread over the shards, each with the
-finalizer, status Ready written through the status subresource exactly as the controller writes it,
-and its owned credentials Secret (`build_secret`), so the manager finds Ready databases with
-consistent Secrets and has nothing to do but look at them.
+Setup (not timed, but reported): `--shards` Shards sharing one PostgreSQL 18 server
+(log_statement=all), `--consumers` Consumers each with its token Secret (as `dbprovider consumer new`
+writes them: no label), and `--count` Database objects created directly through the apiserver, spread
+over the shards and the consumers, each with the finalizer, status Ready written through the status
+subresource exactly as the controller writes it, and its owned credentials Secret (`build_secret`),
+so the manager finds Ready databases with consistent Secrets and has nothing to do but look at them.
 
-Measured on the manager process: start to caught-up (/readyz, holding the Lease, every Database
-counted by `dbprovider_databases`, and then the process idle: under 5% of a core for 2 s; the time
-reported is when that quiet window began), RSS (psutil; peak and after the idle minute), the
-provisioner's statements on the server from the manager's start to the end of the idle minute
-(changes must be zero; the Shard pings' catalog reads are reported separately), and idle CPU over
-`--idle-seconds` (cpu_times delta). With `--profile` a second manager is then started on the same
-objects with py-spy attached, and its start is profiled (the first, measured start is not).
+Measured on the manager process (the production auth path: its own TokenIndex on its own caches):
+start to caught-up (/readyz, holding the Lease, every Database counted by `dbprovider_databases`,
+and then the process idle: under 5% of a core for 2 s; the time reported is when that quiet window
+began), the first authenticated answer (a GET with a consumer's token, polled from the start), RSS
+(psutil; peak and after the idle window), the watches the apiserver holds open for it (its
+`apiserver_longrunning_requests` and `apiserver_registered_watchers` gauges before and after),
+the same after `--extra-consumers` more Consumers, how long a token Secret change takes to apply,
+the provisioner's statements on the server from the manager's start to the end of the idle window
+(harness/statement_log.py; changes must be zero, the Shard pings' catalog reads show the log is
+read), and idle CPU over `--idle-seconds` (cpu_times delta). With `--profile` a second manager is
+then started on the same objects with py-spy attached, and its start is profiled.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import psutil
+import requests
 
 from bench.common import (
     ManagerProcess,
@@ -42,8 +53,8 @@ from bench.common import (
     report_targets,
     summarize_collapsed,
     table,
+    wait_for,
 )
-from bench.provisioning import StatementLog
 from domain.constants import (
     API_VERSION,
     FINALIZER_TENANT,
@@ -52,23 +63,28 @@ from domain.constants import (
     LABEL_EXTERNAL_ID,
     DatabaseConditionType,
     DatabaseReason,
+    OwnershipReason,
     Phase,
 )
 from domain.credentials import Endpoint, build_secret, new_password, password_id
 from domain.naming import database_object_name, label_value, tenant_name
+from domain.tokens import hash_token
+from harness.statement_log import parse_statement_log
 from informers import SECRETS, Rest
 from reconciler.resources import DATABASES, SHARDS
 
-RSS_LIMIT_MB = 400
-CAUGHT_UP_LIMIT_S = 60
+RSS_LIMIT_MB = 1024
+CAUGHT_UP_LIMIT_S = 30
 IDLE_CPU_LIMIT = 2.0  # percent of one core
+TOKEN_CHANGE_LIMIT_S = 1.0  # docs/api.md: "Changes take effect within about a second"
 QUIET_CPU = 5.0  # percent of one core: "idle" for the caught-up detection
 QUIET_WINDOW = 2.0
 CHANGES = ("ALTER", "CREATE", "GRANT", "REVOKE", "DROP", "SET", "RESET", "COMMENT")
 
 
 def create_shards(rest: Rest, stack: Stack, count: int, per_shard: int) -> list[str]:
-    """`count` Shards on the stack's one server, sharing the DevStack shard's admin Secret."""
+    """`count` Shards on the stack's one server, sharing the DevStack shard's admin Secret (listed in
+    shardSecrets, in a namespace of its own, as docs/install.md asks)."""
     dev, pg = stack.dev, stack.postgres
     assert dev is not None and pg is not None
     names = [f"scale-{i:02d}" for i in range(count)]
@@ -84,9 +100,9 @@ def create_shards(rest: Rest, stack: Stack, count: int, per_shard: int) -> list[
                     "serviceName": f"{name}-primary",
                     "port": pg.port,
                     "sslmode": "require",
-                    "secretRef": {"namespace": dev.namespace, "name": f"{dev.shard}-provisioner"},
+                    "secretRef": {"namespace": dev.shard_secrets_namespace, "name": dev.admin_secret},
                 },
-                "client": {"host": "127.0.0.1", "port": pg.port, "sslmode": "disable"},
+                "client": {"host": "127.0.0.1", "port": pg.port, "sslmode": "require"},
             },
         })
     rest.delete(SHARDS, dev.shard)  # exactly `count` shards (the DevStack's one holds no database)
@@ -94,7 +110,8 @@ def create_shards(rest: Rest, stack: Stack, count: int, per_shard: int) -> list[
 
 
 def ready_status(shard: str, tenant: str, now: str) -> dict[str, Any]:
-    """The status the Database controller writes for a provisioned database (small: limit 5)."""
+    """The status the Database controller writes for a provisioned database (small: limit 5), its
+    ownership record confirmed at creation (else each start would check every tenant on its shard once)."""
     return {
         "shard": shard,
         "tenantName": tenant,
@@ -109,23 +126,44 @@ def ready_status(shard: str, tenant: str, now: str) -> dict[str, Any]:
             "message": "tenant exists on the shard",
             "lastTransitionTime": now,
             "observedGeneration": 1,
+        }, {
+            "type": DatabaseConditionType.OWNERSHIP_RECORDED.value,
+            "status": "True",
+            "reason": OwnershipReason.RECORDED.value,
+            "message": "the tenant role's ownership record names this Database",
+            "lastTransitionTime": now,
+            "observedGeneration": 1,
         }],
     }
 
 
-def create_databases(rest: Rest, stack: Stack, shards: list[str], count: int, threads: int) -> float:
-    """`count` Ready Databases with their Secrets, round-robin over `shards`; returns the seconds taken."""
+def create_consumers(rest: Rest, stack: Stack, count: int, threads: int, prefix: str = "scale-c") -> dict[str, str]:
+    """`count` Consumers with their token Secrets; returns name -> token."""
+    dev = stack.dev
+    assert dev is not None
+    names = [f"{prefix}-{i:04d}" for i in range(count)]
+    with ThreadPoolExecutor(threads) as pool:
+        tokens = list(pool.map(lambda name: dev.add_consumer(rest, name, None), names))
+    return dict(zip(names, tokens, strict=True))
+
+
+def create_databases(
+    rest: Rest, stack: Stack, shards: list[str], consumers: list[str], count: int, threads: int
+) -> float:
+    """`count` Ready Databases with their Secrets, round-robin over `shards` and `consumers`; returns the
+    seconds taken."""
     dev, pg = stack.dev, stack.postgres
     assert dev is not None and pg is not None
-    consumer, namespace = dev.consumer, dev.namespace
-    endpoint = Endpoint("127.0.0.1", pg.port, "disable")
+    namespace = dev.namespace
+    endpoint = Endpoint("127.0.0.1", pg.port, "require")
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     done = Counter[str]()
     lock = threading.Lock()
     started = time.monotonic()
 
     def one(i: int) -> None:
-        external_id = f"db-{i:05d}"
+        consumer = consumers[i % len(consumers)]
+        external_id = f"db-{i:06d}"
         body = {
             "apiVersion": API_VERSION,
             "kind": KIND_DATABASE,
@@ -145,7 +183,7 @@ def create_databases(rest: Rest, stack: Stack, shards: list[str], count: int, th
         rest.create(SECRETS, secret, namespace)
         with lock:
             done["n"] += 1
-            if done["n"] % 1000 == 0:
+            if done["n"] % 5000 == 0:
                 elapsed = time.monotonic() - started
                 log(f"  {done['n']} databases ({done['n'] / elapsed:.0f}/s)")
 
@@ -221,21 +259,221 @@ def wait_caught_up(
     raise TimeoutError(f"manager not caught up within {timeout:.0f}s: {milestones}\n{manager.tail()}")
 
 
+class FirstAnswer:
+    """Polls a GET with a consumer's token from the manager's start: when did it first answer 200?"""
+
+    def __init__(self, manager: ManagerProcess, token: str) -> None:
+        self.manager = manager
+        self.token = token
+        self.seconds: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        session = requests.Session()
+        headers = {"Authorization": f"Bearer {self.token}"}
+        while not self._stop.is_set():
+            try:
+                response = session.get(self.manager.url("/v1/databases"), headers=headers,
+                                        verify=str(self.manager.dev.ca_file), timeout=5)
+                if response.status_code == 200:
+                    self.seconds = time.monotonic() - self.manager.started
+                    return
+            except requests.RequestException:
+                pass
+            self._stop.wait(0.1)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def watches(stack: Stack) -> Counter[str]:
+    """Open watches on the apiserver: WATCH requests by resource (apiserver_longrunning_requests) and
+    registered watchers by kind (apiserver_registered_watchers), as "resource" / "kind <Kind>"."""
+    found: Counter[str] = Counter()
+    for line in stack.apiserver_metrics().splitlines():
+        if line.startswith("apiserver_longrunning_requests{") and 'verb="WATCH"' in line:
+            resource = line.split('resource="', 1)[1].split('"', 1)[0]
+            found[f"WATCH {resource}"] += int(float(line.rsplit(" ", 1)[1]))
+        elif line.startswith("apiserver_registered_watchers{"):
+            kind = line.split('kind="', 1)[1].split('"', 1)[0]
+            found[f"watchers {kind}"] += int(float(line.rsplit(" ", 1)[1]))
+    return found
+
+
+def delta(after: Counter[str], before: Counter[str]) -> dict[str, int]:
+    return {k: after[k] - before[k] for k in sorted(set(after) | set(before)) if after[k] != before[k]}
+
+
+def authenticated(manager: ManagerProcess, token: str) -> int:
+    try:
+        return requests.get(manager.url("/v1/databases"), headers={"Authorization": f"Bearer {token}"},
+                            verify=str(manager.dev.ca_file), timeout=10).status_code
+    except requests.RequestException:
+        return 0
+
+
+def time_until(check: Callable[[], bool], timeout: float) -> float:
+    started = time.monotonic()
+    wait_for(check, timeout, "the change to apply", 0.01)
+    return time.monotonic() - started
+
+
+def token_change(rest: Rest, stack: Stack, manager: ManagerProcess, consumer: str, old: str) -> dict[str, float]:
+    """Seconds until a token Secret change applies on the manager: a hash added, the old one removed."""
+    assert stack.dev is not None
+    new = f"{old[:-8]}{'f' * 8}" if not old.endswith("f" * 8) else f"{old[:-8]}{'0' * 8}"
+    name, namespace = f"{consumer}-token", stack.dev.namespace
+    secret = rest.get(SECRETS, name, namespace)
+
+    def write(tokens: list[str]) -> None:
+        secret["data"] = {"sha256": base64.b64encode("\n".join(hash_token(t) for t in tokens).encode()).decode()}
+        secret.update(rest.replace(SECRETS, secret))
+
+    write([old, new])
+    added = time_until(lambda: authenticated(manager, new) == 200, 60)
+    write([new])
+    removed = time_until(lambda: authenticated(manager, old) == 401, 60)
+    write([old])  # as it was, for the next run
+    time_until(lambda: authenticated(manager, old) == 200, 60)
+    return {"a hash added -> the new token authenticates": added, "a hash removed -> the old token is refused": removed}
+
+
+def statements(log_file: Path, offset: int) -> Counter[str]:
+    """The provisioner's statements logged after `offset`, by first keyword (harness/statement_log.py)."""
+    with open(log_file, "rb") as handle:
+        handle.seek(offset)
+        text = handle.read().decode(errors="replace")
+    return Counter(s.keyword for s in parse_statement_log(text, user="provisioner"))
+
+
+@dataclass
+class Fleet:
+    """What the setup made: the stack, an admin client, the consumers and their tokens."""
+
+    stack: Stack
+    rest: Rest
+    count: int
+    tokens: dict[str, str]
+
+    @property
+    def consumers(self) -> list[str]:
+        return sorted(self.tokens)
+
+
+def measure_start(fleet: Fleet, run: int, args: argparse.Namespace) -> list[Target]:
+    """Start a manager on the fleet, measure it as the module docstring says, stop it; the run's targets."""
+    stack, rest, count = fleet.stack, fleet.rest, fleet.count
+    assert stack.postgres is not None
+    first_consumer = fleet.consumers[0]
+    log_offset = stack.postgres.log_file.stat().st_size
+    writes_before = stack.apiserver_writes()
+    watches_before = watches(stack)
+    manager: ManagerProcess | None = ManagerProcess(stack, f"scale-manager-{run}")
+    assert manager is not None
+    first = FirstAnswer(manager, fleet.tokens[first_consumer])
+    try:
+        sampler, milestones = wait_caught_up(manager, rest, count)
+        caught_up = milestones["caught_up"]
+        rss_caught_up = sampler.samples[-1][2]
+        writes_start = counter_delta(stack.apiserver_writes(), writes_before)
+        watches_manager = delta(watches(stack), watches_before)
+        wait_for(lambda: first.seconds is not None, 120, "the first authenticated answer", 0.2)
+        log(f"run {run}: caught up after {caught_up:.1f} s; adding {args.extra_consumers} Consumers")
+
+        extra = create_consumers(rest, stack, args.extra_consumers, args.threads, prefix=f"scale-extra{run}")
+        for token in extra.values():
+            wait_for(lambda t=token: authenticated(manager, t) == 200, 120, "the extra consumers", 0.1)
+        watches_more = delta(watches(stack), watches_before)
+        consumers_before = len(fleet.tokens)
+        fleet.tokens.update(extra)
+        changes = token_change(rest, stack, manager, first_consumer, fleet.tokens[first_consumer])
+
+        log(f"run {run}: idle window of {args.idle_seconds:.0f} s")
+        idle_before = sampler.sample()
+        writes_idle_before = stack.apiserver_writes()
+        time.sleep(args.idle_seconds)
+        idle_after = sampler.sample()
+        writes_idle = counter_delta(stack.apiserver_writes(), writes_idle_before)
+        idle_cpu = 100 * (idle_after[1] - idle_before[1]) / (idle_after[0] - idle_before[0])
+        found = statements(stack.postgres.log_file, log_offset)
+        sql_changes = sum(n for k, n in found.items() if k in CHANGES)
+    finally:
+        first.stop()
+        manager.stop()
+
+    milestones["first authenticated answer"] = first.seconds or 0.0
+    print(f"\n######## run {run}: {machine_line()}")
+    table("manager start", [(k, f"{v:.1f} s") for k, v in sorted(milestones.items(), key=lambda kv: kv[1])
+                            if k not in ("ready", "leading", "counted", "caught_up")],
+          ("milestone", "since the process started"))
+    table("resources", [
+        ("RSS when caught up", f"{rss_caught_up / 2**20:.0f} MB"),
+        ("RSS peak (sampled every 0.25 s)", f"{sampler.peak_rss / 2**20:.0f} MB"),
+        (f"RSS after the idle {args.idle_seconds:.0f} s", f"{idle_after[2] / 2**20:.0f} MB"),
+        ("CPU from start to caught up", f"{sampler.cpu_at(caught_up):.1f} CPU-s"),
+        (f"idle CPU over {idle_after[0] - idle_before[0]:.0f} s", f"{idle_cpu:.2f}% of one core"),
+    ], ("what", "value"))
+    table("watches the apiserver holds for the manager (gauges after - before its start)",
+          [(k, watches_manager.get(k, 0), watches_more.get(k, 0))
+           for k in sorted(set(watches_manager) | set(watches_more))] or [("none", 0, 0)],
+          ("gauge", f"with {consumers_before} consumers", f"+ {args.extra_consumers} more"))
+    table("token Secret changes on the manager", [(k, f"{v:.3f} s") for k, v in changes.items()],
+          ("change", "until it applies"))
+    table("apiserver writes by the start (until caught up)",
+          [(k, v) for k, v in writes_start.most_common()] or [("none", 0)], ("resource verb", "requests"))
+    table(f"apiserver writes in the idle {args.idle_seconds:.0f} s",
+          [(k, v) for k, v in writes_idle.most_common()] or [("none", 0)], ("resource verb", "requests"))
+    table("provisioner statements on the server, manager start to the end of the idle window",
+          [(k, n, "change" if k in CHANGES else "catalog read (Shard pings)") for k, n in found.most_common()]
+          or [("none", 0, "")], ("keyword", "count", "kind"))
+
+    secret_watches = watches_manager.get("WATCH secrets", 0)
+    total_watches = sum(v for k, v in watches_manager.items() if k.startswith("WATCH "))
+    more_watches = sum(v for k, v in watches_more.items() if k.startswith("WATCH "))
+    slowest_change = max(changes.values())
+    first_answer = milestones["first authenticated answer"]
+    return [
+        Target(f"run {run}: manager RSS peak {sampler.peak_rss / 2**20:.0f} MB", f"< {RSS_LIMIT_MB} MB",
+               sampler.peak_rss / 2**20 < RSS_LIMIT_MB),
+        Target(f"run {run}: start to caught up {caught_up:.1f} s", f"< {CAUGHT_UP_LIMIT_S} s",
+               caught_up < CAUGHT_UP_LIMIT_S),
+        Target(f"run {run}: SQL changes for Ready databases {sql_changes} (catalog reads {found.get('SELECT', 0)})",
+               "== 0, with the Shard pings' reads seen", sql_changes == 0 and found.get("SELECT", 0) > 0),
+        Target(f"run {run}: idle CPU {idle_cpu:.2f}% of one core", f"< {IDLE_CPU_LIMIT}%", idle_cpu < IDLE_CPU_LIMIT),
+        Target(f"run {run}: open watches of the manager {total_watches} (Secrets {secret_watches}) with "
+               f"{consumers_before} consumers, {more_watches} with {args.extra_consumers} more",
+               "the same: independent of the consumer count", more_watches == total_watches),
+        Target(f"run {run}: token Secret change applied in {slowest_change:.3f} s (slowest of add, remove)",
+               f"<= {TOKEN_CHANGE_LIMIT_S:.0f} s", slowest_change <= TOKEN_CHANGE_LIMIT_S),
+        Target(f"run {run}: first authenticated answer {first_answer:.1f} s after start",
+               f"< {CAUGHT_UP_LIMIT_S} s", first_answer < CAUGHT_UP_LIMIT_S),
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--count", type=int, default=10_000, help="Database objects (default 10,000)")
     parser.add_argument("--shards", type=int, default=20, help="Shards sharing the one server (default 20)")
+    parser.add_argument("--consumers", type=int, default=1, help="Consumers owning them (default 1)")
+    parser.add_argument("--extra-consumers", type=int, default=100,
+                        help="Consumers added once caught up, to show the watches do not grow (default 100)")
     parser.add_argument("--threads", type=int, default=16, help="threads creating the objects (default 16)")
     parser.add_argument("--idle-seconds", type=float, default=60.0, help="idle CPU window (default 60)")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="manager starts measured on the same objects, one after the other (default 1)")
     parser.add_argument("--profile", action="store_true",
                         help="then start a second manager with py-spy attached and profile its start")
     parser.add_argument("--profile-dir", type=Path, default=Path("bench/profiles"))
     args = parser.parse_args(argv)
     count = args.count
 
-    print(f"scale: {count} Ready Databases on {args.shards} shards (one PostgreSQL 18 server)")
+    print(f"scale: {count} Ready Databases on {args.shards} shards (one PostgreSQL 18 server), "
+          f"{args.consumers} consumers")
     print(f"machine: {machine_line()}")
-    # A larger watch cache and request budget keep 30,000 creates from being throttled by the apiserver.
+    # A larger request budget keeps the setup's creates from being throttled by the apiserver.
     stack = Stack("scale", log_statements=True, kube_args=["--max-requests-inflight=800",
                                                            "--max-mutating-requests-inflight=400"])
     manager: ManagerProcess | None = None
@@ -244,77 +482,58 @@ def main(argv: list[str] | None = None) -> int:
         stack.start()
         assert stack.dev is not None and stack.postgres is not None
         rest = stack.admin_rest(args.threads + 8)
+        setup_started = time.monotonic()
         shards = create_shards(rest, stack, args.shards, -(-count // args.shards))
+        log(f"creating {args.consumers} Consumers with their token Secrets")
+        tokens = create_consumers(rest, stack, args.consumers, args.threads)
         log(f"creating {count} Databases (+ status, + Secret) with {args.threads} threads")
-        setup_seconds = create_databases(rest, stack, shards, count, args.threads)
+        setup_seconds = create_databases(rest, stack, shards, sorted(tokens), count, args.threads)
+        setup_total = time.monotonic() - setup_started
         log(f"created in {setup_seconds:.0f} s")
-
-        statements = StatementLog(stack.postgres.log_file)
-        writes_before = stack.apiserver_writes()
-        manager = ManagerProcess(stack, "scale-manager")
-        sampler, milestones = wait_caught_up(manager, rest, count)
-        caught_up = milestones["caught_up"]
-        rss_caught_up = sampler.samples[-1][2]
-        writes_start = counter_delta(stack.apiserver_writes(), writes_before)
-        log(f"caught up after {caught_up:.1f} s; idle window of {args.idle_seconds:.0f} s")
-
-        idle_before = sampler.sample()
-        writes_idle_before = stack.apiserver_writes()
-        time.sleep(args.idle_seconds)
-        idle_after = sampler.sample()
-        writes_idle = counter_delta(stack.apiserver_writes(), writes_idle_before)
-        idle_cpu = 100 * (idle_after[1] - idle_before[1]) / (idle_after[0] - idle_before[0])
-        rss_end = idle_after[2]
-        found = statements.keywords()
-        changes = sum(n for k, n in found.items() if k in CHANGES)
-        manager.stop()
-        manager = None
-
-        table("manager start", [(k, f"{v:.1f} s") for k, v in milestones.items()
-                                if k not in ("ready", "leading", "counted", "caught_up")],
-              ("milestone", "since the process started"))
-        table("resources", [
-            ("RSS when caught up", f"{rss_caught_up / 2**20:.0f} MB"),
-            ("RSS peak (sampled every 0.25 s)", f"{sampler.peak_rss / 2**20:.0f} MB"),
-            (f"RSS after the idle {args.idle_seconds:.0f} s", f"{rss_end / 2**20:.0f} MB"),
-            ("CPU from start to caught up", f"{sampler.cpu_at(caught_up):.1f} CPU-s"),
-            (f"idle CPU over {idle_after[0] - idle_before[0]:.0f} s", f"{idle_cpu:.2f}% of one core"),
-        ], ("what", "value"))
-        table("apiserver writes by the start (until caught up)",
-              [(k, v) for k, v in writes_start.most_common()] or [("none", 0)], ("resource verb", "requests"))
-        table(f"apiserver writes in the idle {args.idle_seconds:.0f} s",
-              [(k, v) for k, v in writes_idle.most_common()] or [("none", 0)], ("resource verb", "requests"))
-        table("provisioner statements on the server, manager start to the end of the idle window",
-              [(k, n, "change" if k in CHANGES else "catalog read (Shard pings)") for k, n in found.most_common()]
-              or [("none", 0, "")], ("keyword", "count", "kind"))
+        sizes = stack_sizes(stack)
+        fleet = Fleet(stack, rest, count, tokens)
+        targets: list[Target] = []
+        for run in range(1, args.runs + 1):
+            targets += measure_start(fleet, run, args)
 
         if args.profile:
             args.profile_dir.mkdir(parents=True, exist_ok=True)
-            log("profiling a second start with py-spy")
+            log("profiling a further start with py-spy")
             manager = ManagerProcess(stack, "scale-manager-profiled")
             spy = PySpy(manager.pid, args.profile_dir / "scale-start.pyspy.txt", rate=50)
             spy.start()
             _, profiled = wait_caught_up(manager, rest, count)
             spy.stop()
-            print(f"\n== py-spy, second manager start (caught up after {profiled['caught_up']:.1f} s "
-                  "with the profiler attached; not the measured start)")
+            print(f"\n== py-spy, a further manager start (caught up after {profiled['caught_up']:.1f} s "
+                  "with the profiler attached; not a measured start)")
             print(summarize_collapsed(spy.out))
             manager.stop()
             manager = None
 
-        print(f"\nsetup: {count} Databases + status + Secrets created in {setup_seconds:.0f} s "
-              f"({3 * count / setup_seconds:.0f} writes/s)")
-        report_targets([
-            Target(f"manager RSS peak {sampler.peak_rss / 2**20:.0f} MB", f"< {RSS_LIMIT_MB} MB",
-                   sampler.peak_rss / 2**20 < RSS_LIMIT_MB),
-            Target(f"start to caught up {caught_up:.1f} s", f"< {CAUGHT_UP_LIMIT_S} s", caught_up < CAUGHT_UP_LIMIT_S),
-            Target(f"SQL changes for Ready databases {changes} (catalog reads {found.get('SELECT', 0)})", "== 0",
-                   changes == 0),
-            Target(f"idle CPU {idle_cpu:.2f}% of one core", f"< {IDLE_CPU_LIMIT}%", idle_cpu < IDLE_CPU_LIMIT),
-        ])
+        objects = count * 3 + args.consumers * 2 + args.shards
+        print(f"\nsetup: {args.shards} Shards, {args.consumers} Consumers + token Secrets, {count} Databases + "
+              f"status + Secrets ({objects} writes) in {setup_total:.0f} s; the Databases alone "
+              f"{setup_seconds:.0f} s ({3 * count / setup_seconds:.0f} writes/s); then {sizes}")
+        report_targets(targets)
     finally:
         stack.close(spy, manager)
     return 0
+
+
+def stack_sizes(stack: Stack) -> str:
+    """etcd's database on disk and the control plane's memory, after the setup (where limits would bite)."""
+    assert stack.kube is not None
+    etcd_bytes = sum(f.stat().st_size for f in (stack.kube.workdir / "etcd").rglob("*") if f.is_file())
+    rss = {}
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            name = proc.name()
+            if name.startswith("kube-apiserver") or name == "etcd":
+                rss[name] = rss.get(name, 0) + proc.memory_info().rss
+        except psutil.Error:
+            continue
+    memory = ", ".join(f"{name} RSS {value / 2**20:.0f} MB" for name, value in sorted(rss.items()))
+    return f"etcd data {etcd_bytes / 2**20:.0f} MB on disk, {memory}"
 
 
 if __name__ == "__main__":

@@ -130,6 +130,16 @@ def build_parser() -> argparse.ArgumentParser:
             f"outside a pod (default ${env.shard_ca}; in a pod, {files.shard_ca}, mounted from shardTLS.caBundle)"
         ),
     )
+    manager.add_argument(
+        "--quota-reservation-timeout",
+        type=float,
+        default=SETTINGS.quota.reservation_timeout,
+        metavar="SECONDS",
+        help=(
+            "how long a reserved quota slot whose database the apiserver does not have keeps counting (default "
+            f"{SETTINGS.quota.reservation_timeout:.0f}); keep it above the apiserver's --request-timeout"
+        ),
+    )
 
     consumer_cmd.add_parser(commands)
     lint.add_parser(commands)
@@ -148,6 +158,7 @@ def _run_manager(args: argparse.Namespace) -> int:
         args.metrics_port,
         args.admin_host_override,
         args.shard_ca_file,
+        args.quota_reservation_timeout,
     )
 
 

@@ -160,20 +160,23 @@ class DevStack:
         )
 
     def _consumer(self, rest: Rest) -> None:
-        token_secret = f"{self.consumer}-token"
-        self._secret(rest, token_secret, {DEFAULT_TOKEN_KEY: hash_token(self.token)})
+        self.add_consumer(rest, self.consumer, 10, self.token)
+
+    def add_consumer(self, rest: Rest, name: str, max_databases: int | None, token: str | None = None) -> str:
+        """A Consumer with its token Secret (`<name>-token`, as `dbprovider consumer new` names it) in the
+        release namespace; returns its token (a fresh one unless given)."""
+        token = token or secrets.token_hex(32)
+        token_secret = f"{name}-token"
+        self._secret(rest, token_secret, {DEFAULT_TOKEN_KEY: hash_token(token)})
+        spec: dict[str, Any] = {
+            "tokenSecretRef": {"namespace": self.namespace, "name": token_secret, "key": DEFAULT_TOKEN_KEY}
+        }
+        if max_databases is not None:
+            spec["maxDatabases"] = max_databases
         rest.create(
-            CONSUMERS,
-            {
-                "apiVersion": API_VERSION,
-                "kind": KIND_CONSUMER,
-                "metadata": {"name": self.consumer},
-                "spec": {
-                    "tokenSecretRef": {"namespace": self.namespace, "name": token_secret, "key": DEFAULT_TOKEN_KEY},
-                    "maxDatabases": 10,
-                },
-            },
+            CONSUMERS, {"apiVersion": API_VERSION, "kind": KIND_CONSUMER, "metadata": {"name": name}, "spec": spec}
         )
+        return token
 
     def cloudberry_objects(self, name: str = "dev-cloudberry") -> list[dict[str, Any]]:
         """A Keldon DatabaseCluster and a cloudberry Shard on it, served by the local PostgreSQL."""

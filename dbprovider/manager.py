@@ -67,6 +67,7 @@ class ManagerOptions:
     retry_period: float = SETTINGS.lease.retry_period
     shard_ping_interval: float = SETTINGS.shard_checks.ready_interval
     max_backoff: float | None = None  # the retry backoff cap; None = SETTINGS.retry.reconcile's
+    quota_reservation_timeout: float = SETTINGS.quota.reservation_timeout
 
 
 def kube_client(kubeconfig: str | None, identity: str | None = None, workers: int = 0) -> ApiClient:
@@ -133,7 +134,11 @@ class Manager:
         )
         register_build_info(registry)
         self.api = build_api(
-            options.config, informers, registry=registry, apiserver_reachable=self.controllers.apiserver_reachable
+            options.config,
+            informers,
+            registry=registry,
+            apiserver_reachable=self.controllers.apiserver_reachable,
+            quota_options={"reservation_timeout": options.quota_reservation_timeout},
         )
         self.api_server = ApiServer(
             self.api.app,
@@ -279,6 +284,7 @@ def main_from_args(
     metrics_port: int,
     admin_host_override: str | None,
     shard_ca_file: str | None = None,
+    quota_reservation_timeout: float = SETTINGS.quota.reservation_timeout,
 ) -> int:
     configure_logging()
     config = load_rendered_config(config_path)
@@ -294,6 +300,7 @@ def main_from_args(
         identity=os.environ.get(env.pod_name) or f"{socket.gethostname()}-{os.getpid()}",
         admin_host_override=admin_host_override,
         shard_ca_file=shard_ca_file,
+        quota_reservation_timeout=quota_reservation_timeout,
     )
     if not Path(options.tls_cert).is_file():
         log.error("TLS certificate not found", extra={"path": options.tls_cert})

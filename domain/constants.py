@@ -98,6 +98,9 @@ CREDENTIALS_KEYS = ("host", "port", "database", "user", "password", "sslmode")
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "dbprovider"
 CREDENTIALS_SECRET_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_CONSUMER}"
+# The metadata-only watch the consumers' token Secrets are found by: every Secret of the release
+# namespace but the provider's own (the credentials Secrets, cached in full by the selector above).
+NOT_PROVIDER_MANAGED_SELECTOR = f"{LABEL_MANAGED_BY}!={MANAGED_BY}"
 
 # The second shard engine: a Keldon (Apache Cloudberry) DatabaseCluster.
 KELDON_GROUP = "keldon.io"

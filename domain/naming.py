@@ -33,6 +33,7 @@ EXTERNAL_ID_RE = DNS1123_LABEL_RE
 
 # Readable Database object names are at most this long, so `<name>-credentials` always fits 253.
 DATABASE_NAME_READABLE_MAX = 200
+QUOTA_LEDGER_PREFIX = "quota."
 _HASH_HEX_LENGTH = 12
 _TENANT_ID_PART_MAX = 40
 _TENANT_HASH_LENGTH = 10
@@ -151,6 +152,21 @@ def database_object_name(consumer: str, external_id: str) -> str:
         return readable
     prefix = readable[:DATABASE_NAME_READABLE_MAX].removesuffix(".")
     return f"{prefix}-{_sha256_hex(f'{consumer}/{external_id}', _HASH_HEX_LENGTH)}"
+
+
+def quota_ledger_name(consumer: str) -> str:
+    """The ConfigMap holding a consumer's quota ledger (domain/quota.py), in the release namespace.
+
+    `quota.<consumer>` up to 240 characters; a longer one is cut to 240 and made unique with `-` and
+    12 hex digits of sha256(consumer), as `database_object_name` does.
+    """
+    validate_dns1123_subdomain(consumer)
+    readable = f"{QUOTA_LEDGER_PREFIX}{consumer}"
+    cut = DNS1123_SUBDOMAIN_MAX_LENGTH - _HASH_HEX_LENGTH - 1
+    if len(readable) <= cut:
+        return readable
+    prefix = readable[:cut].rstrip(".-")
+    return f"{prefix}-{_sha256_hex(consumer, _HASH_HEX_LENGTH)}"
 
 
 def credentials_secret_name(db_name: str) -> str:

@@ -19,6 +19,7 @@ by changing this object (it is frozen).
     SETTINGS.watch                                  informer relist backoff, watch and request timeouts
     SETTINGS.shard_checks                           Shard ping intervals and timeouts
     SETTINGS.sql                                    SQL operation bounds and reconnect backoff
+    SETTINGS.quota                                  the quota ledger's reservation timeout and retries
     SETTINGS.pod                                    the Deployment's memory and what API connections may use
 
 A `Backoff` (base, factor, cap) is the one exponential scheme: the work queue, the informers' relist
@@ -167,7 +168,8 @@ class RetryTimings:
     # A terminal SQL failure (a foreign object holds the name, a missing privilege): a human fixes it,
     # and any change of the Database or its Shard retries at once; this slow look keeps the alert alive.
     terminal: float = 300.0
-    # Cache sync on start: an apiserver that cannot list within this fails the start loudly.
+    # Cache sync on start: a list that gets no page from the apiserver for this long fails the start
+    # loudly (a list of 100,000 objects may take longer in all, page by page).
     sync_timeout: float = 60.0
 
 
@@ -281,6 +283,24 @@ class PodResources:
 
 
 @dataclass(frozen=True)
+class QuotaTimings:
+    """The per-consumer quota ledger (domain/quota.py): how long a reservation without a database holds
+    its slot, and how the API writes the ledger."""
+
+    # A reserved slot whose database the apiserver does not have is freed only after this long: longer
+    # than a create can still be committed after it was sent (the apiserver's default --request-timeout
+    # is 60 s), so a freed slot never belongs to a create that lands later. It is also how long a
+    # replica killed between reserving and creating holds one slot.
+    reservation_timeout: float = 120.0
+    # A replica sends its create only this soon after its reservation was written (else it gives the
+    # slot back and answers 503), which keeps it far inside reservation_timeout even when it was paused.
+    create_deadline: float = 10.0
+    # Compare-and-swap attempts of one ledger write before the API answers 503 (each conflict means
+    # another replica's write for the same consumer went through).
+    write_attempts: int = 20
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything above, as one value (see the module docstring)."""
 
@@ -295,6 +315,7 @@ class Settings:
     watch: WatchTimings = field(default_factory=WatchTimings)
     shard_checks: ShardChecks = field(default_factory=ShardChecks)
     sql: SqlTimings = field(default_factory=SqlTimings)
+    quota: QuotaTimings = field(default_factory=QuotaTimings)
     pod: PodResources = field(default_factory=PodResources)
 
 

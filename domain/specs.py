@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any
 
-from pydantic import Field, StrictBool, StrictInt, StrictStr, model_validator
+from pydantic import Field, StrictBool, StrictInt, StrictStr, ValidationError, model_validator
 from pydantic.config import JsonValue
 from pydantic_core import PydanticCustomError
 
@@ -74,9 +74,7 @@ class AdminSecretRef(SpecModel):
     """Where the provisioner credentials live; read by name only (RBAC is scoped to shardSecrets)."""
 
     namespace: Namespace = Field(description="The release namespace, or a namespace listed in shardSecrets.")
-    name: ObjectName = Field(
-        description="Secret name; must be listed in shardSecrets outside the release namespace."
-    )
+    name: ObjectName = Field(description="Secret name; must be listed in shardSecrets outside the release namespace.")
     user_key: SecretKey = Field(default="user", description="Key holding the role name.")
     password_key: SecretKey = Field(default="password", description="Key holding the password.")
 
@@ -246,6 +244,19 @@ def parse_consumer(obj: Mapping[str, Any]) -> ConsumerSpec:
     return ConsumerSpec.model_validate(_spec(obj))
 
 
+_TOKEN_SECRET_REF_KEY = ConsumerSpec.model_fields["token_secret_ref"].alias or "tokenSecretRef"
+
+
+def parse_token_secret_ref(obj: Mapping[str, Any]) -> TokenSecretRef | None:
+    """A Consumer's tokenSecretRef even when another field of its spec is invalid; None if the ref is."""
+    spec = _spec(obj)
+    raw = spec.get(_TOKEN_SECRET_REF_KEY) if isinstance(spec, Mapping) else None
+    try:
+        return TokenSecretRef.model_validate(raw)
+    except ValidationError:
+        return None
+
+
 def parse_database(obj: Mapping[str, Any]) -> DatabaseSpec:
     """The typed spec of a Database object; pydantic.ValidationError if invalid."""
     return DatabaseSpec.model_validate(_spec(obj))
@@ -260,3 +271,13 @@ def database_consumer_name(obj: Mapping[str, Any]) -> str | None:
     spec = obj.get("spec")
     consumer = spec.get(_CONSUMER_KEY) if isinstance(spec, Mapping) else None
     return consumer if isinstance(consumer, str) and consumer else None
+
+
+_EXTERNAL_ID_KEY = DatabaseSpec.model_fields["external_id"].alias or "externalId"
+
+
+def database_external_id(obj: Mapping[str, Any]) -> str | None:
+    """`spec.externalId` of a Database object without parsing the whole spec (as `database_consumer_name`)."""
+    spec = obj.get("spec")
+    external_id = spec.get(_EXTERNAL_ID_KEY) if isinstance(spec, Mapping) else None
+    return external_id if isinstance(external_id, str) and external_id else None

@@ -5,7 +5,7 @@ Of ours it depends on `domain` only (the shared contracts: timings from domain.s
 """
 
 from informers.informer import ADDED, DELETED, MODIFIED, Informer, strip_managed_fields
-from informers.named import NamedInformers
+from informers.named import NamedObjects
 from informers.resource import CONFIGMAPS, EVENTS, LEASES, SECRETS, Resource, object_key, split_key
 from informers.rest import MERGE_PATCH, Rest, WatchStream
 from informers.shared import SharedInformers
@@ -19,7 +19,7 @@ __all__ = [
     "LEASES",
     "MERGE_PATCH",
     "MODIFIED",
-    "NamedInformers",
+    "NamedObjects",
     "Resource",
     "Rest",
     "SECRETS",

@@ -13,6 +13,9 @@ Behaviour, in the order a reader needs it:
   object twice nor miss a deletion across reconnects.
 - Stored objects are shared, read-only dicts (no copies: 10,000 Databases must fit in memory).
   `metadata.managedFields` is dropped before storing (pass `transform` to drop more).
+- `metadata_only` lists and watches PartialObjectMetadata (the apiserver sends no spec, status or
+  data) and keeps only each object's name, namespace, uid and resourceVersion: annotations are
+  dropped too, since `kubectl apply` copies a whole Secret, data included, into one.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import json
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -30,7 +34,7 @@ from kubernetes.client.exceptions import ApiException
 
 from domain.settings import SETTINGS, Backoff
 from informers.resource import Resource, object_key
-from informers.rest import Rest, WatchStream
+from informers.rest import METADATA_ACCEPT, METADATA_LIST_ACCEPT, Rest, WatchStream
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +54,16 @@ def strip_managed_fields(obj: Obj) -> Obj:
     return obj
 
 
-def _resource_version(obj: Obj) -> str | None:
+_IDENTITY = ("name", "namespace", "uid", "resourceVersion")
+
+
+def keep_identity(obj: Obj) -> Obj:
+    """The transform of a metadata-only informer: the object's identity and version, nothing else."""
+    metadata = obj.get("metadata") or {}
+    return {"metadata": {k: metadata[k] for k in _IDENTITY if k in metadata}}
+
+
+def resource_version_of(obj: Obj) -> str | None:
     version: str | None = obj.get("metadata", {}).get("resourceVersion")
     return version
 
@@ -76,6 +89,7 @@ class Informer:
         *,
         label_selector: str | None = None,
         field_selector: str | None = None,
+        metadata_only: bool = False,
         transform: Transform | None = strip_managed_fields,
         page_size: int = 500,
         watch_timeout: tuple[int, int] = SETTINGS.watch.watch_timeout,
@@ -87,7 +101,9 @@ class Informer:
         self.namespace = namespace
         self.label_selector = label_selector
         self.field_selector = field_selector
-        self._transform = transform
+        self.metadata_only = metadata_only
+        self._transform = keep_identity if metadata_only else transform
+        self._accept = (METADATA_LIST_ACCEPT, METADATA_ACCEPT) if metadata_only else (None, None)
         self._page_size = page_size
         self._watch_timeout = watch_timeout
         self._backoff = backoff
@@ -101,6 +117,7 @@ class Informer:
         self._handlers: list[Handler] = []
 
         self._synced = threading.Event()
+        self.progressed = time.monotonic()  # when the last LIST page arrived (or the informer was made)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._stream: WatchStream | None = None
@@ -112,13 +129,15 @@ class Informer:
 
     def __repr__(self) -> str:
         where = f" in {self.namespace}" if self.namespace else ""
-        return f"<Informer {self.resource}{where}>"
+        what = " (metadata)" if self.metadata_only else ""
+        return f"<Informer {self.resource}{what}{where}>"
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> Informer:
         if self._thread is not None:
             return self
+        self.progressed = time.monotonic()  # registered long before the start is not stalled
         self._thread = threading.Thread(target=self._run, name=f"informer-{self.resource.plural}", daemon=True)
         self._thread.start()
         return self
@@ -326,11 +345,14 @@ class Informer:
             if continue_token:
                 query.append(("continue", continue_token))
             try:
-                page = self.rest.request("GET", path, query=query, timeout=self._request_timeout)
+                page = self.rest.request(
+                    "GET", path, query=query, timeout=self._request_timeout, accept=self._accept[0]
+                )
             except ApiException as exc:
                 if exc.status == 410:  # the continue token expired: start over
                     raise GoneError("list continue token expired") from exc
                 raise
+            self.progressed = time.monotonic()
             kind = (page.get("kind") or "").removesuffix("List")
             with self._lock:
                 current = self._items
@@ -339,7 +361,7 @@ class Informer:
                         obj.setdefault("kind", kind)
                     key = object_key(obj)
                     old = current.get(key)
-                    if old is not None and _resource_version(old) == _resource_version(obj):
+                    if old is not None and resource_version_of(old) == resource_version_of(obj):
                         fresh[key] = old  # keep the stored object: no second copy in memory
                     else:
                         fresh[key] = self._prepare(obj)
@@ -402,6 +424,7 @@ class Informer:
                 self.resource.collection_path(self.namespace),
                 query=query,
                 timeout=(connect_timeout, server_timeout + 30),
+                accept=self._accept[1],
             )
         except ApiException as exc:
             if exc.status == 410:
@@ -437,7 +460,7 @@ class Informer:
             if code == 410:
                 raise GoneError(message)
             raise ApiException(status=code, reason=message, body=json.dumps(obj))
-        new_rv = _resource_version(obj) or resource_version
+        new_rv = resource_version_of(obj) or resource_version
         if event_type == "BOOKMARK":
             self.stats["bookmarks"] += 1
             self._progress = True
@@ -463,7 +486,7 @@ class Informer:
                     del self._items[key]
                     self._reindex(key, old, None)
                     dispatch = (DELETED, obj, None)
-            elif old is None or _resource_version(old) != new_rv:
+            elif old is None or resource_version_of(old) != new_rv:
                 self._items[key] = obj
                 self._reindex(key, old, obj)
                 dispatch = (ADDED, None, obj) if old is None else (MODIFIED, old, obj)

@@ -30,6 +30,10 @@ MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
+# Lists and watches of metadata only (PartialObjectMetadata): names, labels, resourceVersions, never
+# a Secret's data, which stays in the apiserver (as client-go's metadata informers ask).
+METADATA_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+METADATA_ACCEPT = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 
 Query = list[tuple[str, str]]
 Obj = dict[str, Any]  # a Kubernetes object as JSON
@@ -130,8 +134,9 @@ class Rest:
         body: Any,
         content_type: str | None,
         timeout: Timeout,
+        accept: str | None = None,
     ) -> Any:
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": accept or "application/json"}
         if body is not None:
             headers["Content-Type"] = content_type or "application/json"
         method, url, headers, body, _ = self.api_client.param_serialize(
@@ -155,11 +160,14 @@ class Rest:
         body: Any = None,
         content_type: str | None = None,
         timeout: Timeout = DEFAULT_TIMEOUT,
+        accept: str | None = None,
     ) -> dict[str, Any]:
-        """Send one request and return the decoded JSON body; raise `ApiException` on non-2xx."""
+        """Send one request and return the decoded JSON body; raise `ApiException` on non-2xx.
+
+        `accept` replaces the JSON Accept header (e.g. METADATA_LIST_ACCEPT)."""
         if self.fence is not None and method != "GET":
             self.fence()
-        response = self._send(method, path, query, body, content_type, timeout)
+        response = self._send(method, path, query, body, content_type, timeout, accept)
         try:
             _raise_for_status(response)
             data = response.read()
@@ -167,9 +175,11 @@ class Rest:
             response.response.release_conn()
         return json.loads(data) if data else {}
 
-    def stream(self, path: str, *, query: Query | None = None, timeout: Timeout = None) -> WatchStream:
+    def stream(
+        self, path: str, *, query: Query | None = None, timeout: Timeout = None, accept: str | None = None
+    ) -> WatchStream:
         """Open a streaming GET (a watch); the caller must `close()` the returned stream."""
-        response = self._send("GET", path, query, None, None, timeout)
+        response = self._send("GET", path, query, None, None, timeout, accept)
         try:
             _raise_for_status(response)
         except BaseException:

@@ -9,12 +9,16 @@ from typing import Any
 from kubernetes.client import ApiClient
 
 from informers.informer import Informer
+from informers.named import NamedObjects
 from informers.resource import Resource
 from informers.rest import Rest
 
+_Key = tuple[Resource, str | None, str | None, str | None, bool]
+
 
 class SharedInformers:
-    """Registry of informers keyed by (resource, namespace, selectors).
+    """Registry of informers keyed by (resource, namespace, selectors, metadata only), and of the
+    by-name caches (`named`) built on them.
 
     `informer(...)` returns the existing informer for that key or creates it (and starts it if the
     registry is already started). Register indexes and handlers on the returned informer.
@@ -27,7 +31,8 @@ class SharedInformers:
     def __init__(self, api_client: ApiClient | Rest, **informer_options: Any) -> None:
         self.rest = api_client if isinstance(api_client, Rest) else Rest(api_client)
         self._options = informer_options
-        self._informers: dict[tuple[Resource, str | None, str | None, str | None], Informer] = {}
+        self._informers: dict[_Key, Informer] = {}
+        self._named: dict[tuple[Resource, str, str | None], NamedObjects] = {}
         self._optional: set[int] = set()  # id() of the informers nobody waits for
         self._lock = threading.Lock()
         self._started = False
@@ -40,8 +45,9 @@ class SharedInformers:
         *,
         label_selector: str | None = None,
         field_selector: str | None = None,
+        metadata_only: bool = False,
     ) -> Informer:
-        key = (resource, namespace, label_selector, field_selector)
+        key = (resource, namespace, label_selector, field_selector, metadata_only)
         with self._lock:
             if self._stopped:
                 raise RuntimeError("SharedInformers is stopped")
@@ -53,12 +59,30 @@ class SharedInformers:
                     namespace,
                     label_selector=label_selector,
                     field_selector=field_selector,
+                    metadata_only=metadata_only,
                     **self._options,
                 )
                 self._informers[key] = informer
                 if self._started:
                     informer.start()
             return informer
+
+    def named(self, resource: Resource, namespace: str, label_selector: str | None = None) -> NamedObjects:
+        """The one cache of named objects of `namespace` (see NamedObjects), started and stopped with the
+        informers. `label_selector` narrows the metadata watch it is built on."""
+        index = self.informer(resource, namespace, label_selector=label_selector, metadata_only=True)
+        with self._lock:
+            key = (resource, namespace, label_selector)
+            named = self._named.get(key)
+            if named is None:
+                named = self._named[key] = NamedObjects(self.rest, index)
+                if self._started and not self._stopped:
+                    named.start()
+            return named
+
+    def all_named(self) -> list[NamedObjects]:
+        with self._lock:
+            return list(self._named.values())
 
     @property
     def stopped(self) -> bool:
@@ -93,11 +117,16 @@ class SharedInformers:
         with self._lock:
             self._started = True
             informers = list(self._informers.values())
+            named = list(self._named.values())
         for informer in informers:
             informer.start()
+        for cache in named:
+            cache.start()
 
     def has_synced(self) -> bool:
-        return all(informer.has_synced() for informer in self.required())
+        return all(informer.has_synced() for informer in self.required()) and all(
+            cache.has_synced() for cache in self.all_named()
+        )
 
     def wait_for_sync(self, timeout: float | None = None) -> bool:
         """Wait until every required informer has listed once; False on timeout."""
@@ -108,6 +137,19 @@ class SharedInformers:
                 return False
         return True
 
+    def wait_until_synced(self, stall_timeout: float) -> bool:
+        """Wait until every required informer has listed once; False as soon as one that has not received no
+        LIST page for `stall_timeout` seconds. A large list (100,000 objects) may take longer than that
+        in all, but as long as its pages keep coming it is not stuck."""
+        while True:
+            waiting = self.unsynced()
+            if not waiting:
+                return True
+            now = time.monotonic()
+            if any(now - informer.progressed > stall_timeout for informer in waiting):
+                return False
+            waiting[0].wait_for_sync(min(0.2, stall_timeout))
+
     def unsynced(self) -> list[Informer]:
         return [informer for informer in self.required() if not informer.has_synced()]
 
@@ -115,7 +157,12 @@ class SharedInformers:
         with self._lock:
             self._stopped = True
             informers = list(self._informers.values())
+            named = list(self._named.values())
+        for cache in named:
+            cache.signal_stop()
         for informer in informers:
             informer.signal_stop()  # signal all first, then wait for each
         for informer in informers:
             informer.stop(timeout)
+        for cache in named:
+            cache.stop(timeout)

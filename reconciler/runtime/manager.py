@@ -132,15 +132,16 @@ class ControllerManager:
         log.info("resync after leading resumed", extra={"keys": counts})
 
     def start(self) -> None:
-        """Start the informers, wait until they have synced (TimeoutError otherwise), then lead.
+        """Start the informers, wait until they have synced (TimeoutError if a list makes no progress for
+        `sync_timeout`), then lead.
 
         Non-blocking afterwards: the elector runs in its own thread.
         """
         self._started = True
         self.informers.start()
-        if not self.informers.wait_for_sync(self.sync_timeout):
+        if not self.informers.wait_until_synced(self.sync_timeout):
             problems = "; ".join(f"{i!r}: {i.sync_problem()}" for i in self.informers.unsynced())
-            raise TimeoutError(f"informers not synced within {self.sync_timeout:.0f}s: {problems}")
+            raise TimeoutError(f"informers not synced, no list progress for {self.sync_timeout:.0f}s: {problems}")
         # An optional engine's kind: give it a moment (its CRD is usually there), but never wait for
         # it long; while it is not synced its shards say so and everything else runs.
         deadline = time.monotonic() + min(self.sync_timeout, OPTIONAL_SYNC_WAIT)

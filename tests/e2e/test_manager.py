@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import platform
 import resource
-import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -26,67 +25,15 @@ from harness.certs import CertificateAuthority
 from informers import LEASES, Rest
 from reconciler.resources import CONSUMERS, SHARDS
 from reconciler.runtime.leader import lease_holder
+from tests.e2e.conftest import install_stack
 from tests.support.common import condition, wait_for
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-class Replica:
-    def __init__(
-        self, stack: DevStack, name: str, log_dir: Path, args: tuple[str, ...] = (), env: dict[str, str] | None = None
-    ) -> None:
-        self.name = name
-        self.api_port, self.metrics_port = free_port(), free_port()
-        self.log = log_dir / f"{name}.log"
-        env = {**os.environ, **stack.manager_env(), "POD_NAME": name, **(env or {})}
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(
-                [*stack.manager_argv(sys.executable, self.api_port, self.metrics_port), *args],
-                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO,
-            )
-        self.ca = str(stack.ca_file)
-        self.token = stack.token
-
-    def url(self, path: str) -> str:
-        return f"https://127.0.0.1:{self.api_port}{path}"
-
-    def call(self, method: str, path: str, **kwargs) -> requests.Response:
-        headers = {"Authorization": f"Bearer {self.token}"}
-        return requests.request(method, self.url(path), headers=headers, verify=self.ca, timeout=10, **kwargs)
-
-    def metrics(self) -> str:
-        return requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).text
-
-    def wait_ready(self, timeout: float = 60) -> None:
-        def ready() -> bool:
-            assert self.proc.poll() is None, self.log.read_text()
-            try:
-                return requests.get(self.url("/readyz"), verify=self.ca, timeout=2).status_code == 200
-            except requests.RequestException:
-                return False
-
-        try:
-            wait_for(ready, timeout, f"{self.name} to be ready")
-        except AssertionError as exc:
-            raise AssertionError(f"{self.name} not ready: {self.log.read_text()[-2000:]}") from exc
-
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        return self.proc.wait(timeout=60)
+from tests.support.replica import REPO, ManagerReplica
 
 
 @pytest.fixture(scope="module")
 def stack(kube: KubeControlPlane, postgres_pool, tmp_path_factory) -> Iterator[DevStack]:
     postgres: PostgresServer = postgres_pool.get("18")
-    created = DevStack(
-        kube, postgres, tmp_path_factory.mktemp("e2e"),
-        config_overrides={
-            "releaseName": "e2etest", "namespace": "e2etest-system", "tls": {"secretName": "e2etest-tls"},
-            "deletionProtection": {"enabled": False}, "softDelete": {"retention": "0"},
-        },
-        consumer="e2etest-consumer", shard="e2etest-pg",
-    ).install()
+    created = install_stack(kube, postgres, tmp_path_factory.mktemp("e2e"), "e2etest", softDelete={"retention": "0"})
     yield created
     with kube.admin_client() as client:
         rest = Rest(client)
@@ -104,7 +51,7 @@ def _holder(kube: KubeControlPlane) -> str | None:
 
 
 def test_two_replicas_serve_the_consumer_flow_and_fail_over(stack: DevStack, kube: KubeControlPlane, tmp_path):
-    a, b = Replica(stack, "replica-a", tmp_path), Replica(stack, "replica-b", tmp_path)
+    a, b = ManagerReplica(stack, "replica-a", tmp_path), ManagerReplica(stack, "replica-b", tmp_path)
     replicas = {"replica-a": a, "replica-b": b}
     try:
         a.wait_ready()
@@ -136,7 +83,7 @@ def test_two_replicas_serve_the_consumer_flow_and_fail_over(stack: DevStack, kub
         assert "dbprovider_database_workers_per_shard 4.0" in metrics
 
         # The leader dies without a goodbye: the follower takes the Lease and reconciles.
-        leader.stop(signal.SIGKILL)
+        leader.kill()
         wait_for(lambda: _holder(kube) == follower.name, timeout=60, what="failover")
         assert follower.call("PUT", "/v1/databases/billing").status_code == 201
         wait_for(lambda: follower.call("GET", "/v1/databases/billing").json()["phase"] == "Ready",
@@ -147,11 +94,12 @@ def test_two_replicas_serve_the_consumer_flow_and_fail_over(stack: DevStack, kub
         wait_for(lambda: follower.call("GET", "/v1/databases/orders").status_code == 404,
                  timeout=60, what="orders removed")
 
-        assert follower.stop() == 0
+        follower.stop()
+        assert follower.exit_code == 0
         assert wait_for(lambda: _holder(kube) is None, timeout=10, what="lease released on SIGTERM")
     finally:
         for replica in replicas.values():
-            replica.stop(signal.SIGKILL)
+            replica.kill()
 
     token_hash = hash_token(stack.token)
     admin_password = stack.postgres.provisioner_password
@@ -163,7 +111,7 @@ def test_two_replicas_serve_the_consumer_flow_and_fail_over(stack: DevStack, kub
 
 def test_rotation_keeps_or_ends_the_sessions_of_the_old_password(stack: DevStack, tmp_path):
     """Through the API of a real manager: sessions survive a rotation unless terminateSessions is asked."""
-    replica = Replica(stack, "replica-rot", tmp_path)
+    replica = ManagerReplica(stack, "replica-rot", tmp_path)
     try:
         replica.wait_ready()
         assert replica.call("PUT", "/v1/databases/rotating").status_code == 201
@@ -192,7 +140,7 @@ def test_rotation_keeps_or_ends_the_sessions_of_the_old_password(stack: DevStack
         wait_for(lambda: replica.call("GET", "/v1/databases/rotating").status_code == 404,
                  timeout=60, what="rotating removed")
     finally:
-        replica.stop(signal.SIGKILL)
+        replica.kill()
     logs = replica.log.read_text()
     for credentials in (first, second, third):
         assert credentials["password"] not in logs
@@ -235,26 +183,28 @@ def _shard_ready(kube: KubeControlPlane, name: str) -> dict | None:
 def test_a_manager_process_verifies_shards_with_its_shard_ca_file(
     stack: DevStack, kube: KubeControlPlane, verified_shard: str, tmp_path: Path
 ):
-    right = Replica(stack, "replica-ca", tmp_path, ("--shard-ca-file", str(stack.postgres.ca_file)))
+    right = ManagerReplica(stack, "replica-ca", tmp_path, ("--shard-ca-file", str(stack.postgres.ca_file)))
     try:
         right.wait_ready()
         ready = wait_for(lambda: (c := _shard_ready(kube, verified_shard)) and c["reason"] == "Ok" and c,
                          timeout=90, what="the verify-full shard Ok")
         assert ready["status"] == "True"
     finally:
-        assert right.stop() == 0  # SIGTERM releases the Lease for the next replica
+        right.stop()  # SIGTERM releases the Lease for the next replica
+        assert right.exit_code == 0
 
     # The environment variable names the file too; a CA that signed nothing of the server's fails
     # verification, reported with the sanitized class only.
     other_ca = CertificateAuthority(tmp_path / "other-ca", "other").ca_file
-    wrong = Replica(stack, "replica-wrong-ca", tmp_path, env={SETTINGS.env.shard_ca: str(other_ca)})
+    wrong = ManagerReplica(stack, "replica-wrong-ca", tmp_path, env={SETTINGS.env.shard_ca: str(other_ca)})
     try:
         wrong.wait_ready()
         ready = wait_for(lambda: (c := _shard_ready(kube, verified_shard)) and c["reason"] == "Unreachable" and c,
                          timeout=90, what="the verify-full shard Unreachable")
         assert (ready["status"], ready["message"]) == ("False", "check failed: tls_failed")
     finally:
-        assert wrong.stop() == 0
+        wrong.stop()
+        assert wrong.exit_code == 0
 
 
 @pytest.mark.parametrize("content", [None, "not a certificate\n"], ids=["missing", "no-pem"])
@@ -262,11 +212,11 @@ def test_a_bad_shard_ca_file_stops_the_manager_at_startup(stack: DevStack, tmp_p
     path = tmp_path / "ca.crt"
     if content is not None:
         path.write_text(content)
-    replica = Replica(stack, "replica-bad-ca", tmp_path, ("--shard-ca-file", str(path)))
+    replica = ManagerReplica(stack, "replica-bad-ca", tmp_path, ("--shard-ca-file", str(path)))
     try:
         assert replica.proc.wait(timeout=60) == 2
     finally:
-        replica.stop(signal.SIGKILL)
+        replica.kill()
     assert "--shard-ca-file (DBPROVIDER_SHARD_CA_FILE)" in replica.log.read_text()
 
 

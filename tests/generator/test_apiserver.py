@@ -491,6 +491,8 @@ ALLOWED = [
     {"namespace": RELEASE_NAMESPACE, "verb": "create", "group": "events.k8s.io", "resource": "events"},
     {"namespace": RELEASE_NAMESPACE, "verb": "update", "group": "coordination.k8s.io", "resource": "leases"},
     {"namespace": "analytics", "verb": "watch", "group": "keldon.io", "resource": "databaseclusters"},
+    # The consumers' quota ledgers: read and written by name, with a resourceVersion precondition.
+    *[{"namespace": RELEASE_NAMESPACE, "verb": verb, "resource": "configmaps"} for verb in ("get", "create", "patch")],
 ]
 DENIED = [
     # Other Secrets outside the release namespace: no get, list or watch, even in the shard namespaces.
@@ -511,6 +513,9 @@ DENIED = [
     {"namespace": OTHER_NS, "verb": "update", "group": "coordination.k8s.io", "resource": "leases"},
     {"namespace": "analytics", "verb": "update", "group": "keldon.io", "resource": "databaseclusters"},
     {"namespace": OTHER_NS, "verb": "list", "resource": "configmaps"},
+    # No other ConfigMap of the release namespace is listed, watched or changed beyond the ledgers' writes.
+    *[{"namespace": RELEASE_NAMESPACE, "verb": verb, "resource": "configmaps"} for verb in ("list", "watch", "delete")],
+    {"namespace": OTHER_NS, "verb": "get", "resource": "configmaps"},
 ]
 
 

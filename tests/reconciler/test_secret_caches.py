@@ -2,8 +2,9 @@
 
 The controllers and the API of one replica run in-process on the shared informers, as the provider's
 ServiceAccount (RBAC on). Credentials Secrets are cached by label, token Secrets by the names the
-Consumers give; an admin Secret, even a listed one in the release namespace, is read by name when
-needed and never cached, and no other Secret of the namespace is either.
+Consumers give (found through one metadata-only watch, which holds names and versions, never data);
+an admin Secret, even a listed one in the release namespace, is read by name when needed and never
+cached, even when a Consumer names it, and no other Secret of the namespace is either.
 """
 
 from __future__ import annotations
@@ -77,9 +78,23 @@ def pg18(postgres_pool) -> PostgresServer:
 
 
 def cached_secrets(manager: InProcessManager) -> set[str]:
-    """Every Secret key held by any informer of the replica."""
-    informers = [i for i in manager.manager.informers.all() if i.resource == SECRETS]
-    return {key for informer in informers for key in informer.keys()}
+    """Every Secret whose data the replica holds: in a (not metadata-only) informer or a by-name cache."""
+    shared = manager.manager.informers
+    informers = [i for i in shared.all() if i.resource == SECRETS and not i.metadata_only]
+    held = {key for informer in informers for key in informer.keys()}
+    for named in shared.all_named():
+        held |= {f"{named.namespace}/{name}" for name in named.names()}
+    return held
+
+
+def secret_watches(manager: InProcessManager) -> list[str]:
+    return [repr(i) for i in manager.manager.informers.all() if i.resource == SECRETS]
+
+
+def metadata_entries(manager: InProcessManager) -> list[dict]:
+    """What the metadata-only informers of Secrets hold."""
+    shared = manager.manager.informers
+    return [obj for i in shared.all() if i.resource == SECRETS and i.metadata_only for obj in i.list()]
 
 
 def test_admin_and_other_secrets_of_the_release_namespace_are_never_cached(
@@ -93,6 +108,8 @@ def test_admin_and_other_secrets_of_the_release_namespace_are_never_cached(
     token = "t" * 64
     token_secret = objects.secret(f"rectest-token-{suffix}", {"sha256": hashlib.sha256(token.encode()).hexdigest()})
     consumer = objects.consumer(f"rectest-cache-{suffix}", token_secret)
+    # A Consumer naming the admin Secret as its token Secret does not get it read either.
+    greedy = objects.consumer(f"rectest-greedy-{suffix}", admin)
 
     config = install_config(shardSecrets=[*BASE_CONFIG["shardSecrets"], {"namespace": NAMESPACE, "name": admin}])
     manager = InProcessManager(provider_client, config, NAMESPACE, "rectest-manager", f"rectest-cache-{suffix}")
@@ -109,11 +126,19 @@ def test_admin_and_other_secrets_of_the_release_namespace_are_never_cached(
         wait_for(lambda: api.tokens.state(consumer) == AuthState.OK, what="the consumer's token to be indexed")
         wait_for(lambda: f"{NAMESPACE}/{db}-credentials" in cached_secrets(manager), what="the credentials cached")
 
+        wait_for(lambda: api.tokens.state(greedy) == AuthState.ADMIN_SECRET, what="the greedy consumer refused")
         cached = cached_secrets(manager)
         assert f"{NAMESPACE}/{token_secret}" in cached
         assert f"{NAMESPACE}/{admin}" not in cached
         assert f"{NAMESPACE}/{other}" not in cached
         assert all(key.endswith("-credentials") for key in cached - {f"{NAMESPACE}/{token_secret}"})
+        # Two watches of Secrets, whatever the number of Consumers: credentials by label, the rest as metadata.
+        assert len(secret_watches(manager)) == 2, secret_watches(manager)
+        # The metadata index knows the admin Secret's name, nothing of its content.
+        entries = {e["metadata"]["name"]: e for e in metadata_entries(manager)}
+        assert set(entries[admin]) == {"metadata"}
+        assert set(entries[admin]["metadata"]) <= {"name", "namespace", "uid", "resourceVersion"}
+        assert not any(name.endswith("-credentials") for name in entries)
 
         # A Consumer that is gone takes its token Secret out of the cache.
         admin_rest.delete(CONSUMERS, consumer)

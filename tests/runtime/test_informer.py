@@ -359,3 +359,28 @@ def test_stop_returns_promptly_from_an_idle_watch(admin_rest: Rest, namespace: s
     informer.stop(timeout=5)
     assert time.monotonic() - started < 2
     assert informer._thread is not None and not informer._thread.is_alive()
+
+
+def test_a_long_list_that_keeps_making_progress_is_waited_for(admin_rest: Rest, namespace: str) -> None:
+    """The start waits for a big list as long as its pages keep coming (a fleet of 100,000 objects lists
+    longer than the stall timeout in all), and gives up only on a list that makes no progress."""
+    import time
+
+    for n in range(300):
+        admin_rest.create(CONFIGMAPS, configmap(f"page-{n}", namespace))
+
+    def list_once(stall_timeout: float) -> tuple[bool, float]:
+        shared = SharedInformers(admin_rest, page_size=1)  # 300 pages
+        try:
+            shared.informer(CONFIGMAPS, namespace)
+            started = time.monotonic()
+            shared.start()
+            return shared.wait_until_synced(stall_timeout), time.monotonic() - started
+        finally:
+            shared.stop()
+
+    synced, whole = list_once(stall_timeout=60)
+    assert synced
+    # A quarter of the whole list's time: far longer than one page, far shorter than all of them.
+    synced, again = list_once(stall_timeout=whole / 4)
+    assert synced, f"gave up on a list that was making progress ({again:.2f} s, stall {whole / 4:.2f} s)"
