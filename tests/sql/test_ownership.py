@@ -9,10 +9,11 @@ import pytest
 from psycopg import sql
 
 from harness import PostgresServer
+from harness.statement_log import StatementLog
 from reconciler.sql.errors import SqlFailure
 from reconciler.sql.session import AdminSession
 from reconciler.sql.tenant import OwnerRecord, TenantSpec, claim_tenant, ensure_tenant, tenant_state
-from tests.sql.helpers import StatementLog, admin_endpoint, can_connect
+from tests.sql.helpers import admin_endpoint, can_connect
 from tests.support.postgres import drop_as_superuser
 
 OWNER = OwnerRecord("consumer-a", "6f1b3c1e-0000-4000-8000-000000000001")
