@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import os
+import queue
 import re
 import shutil
 import signal
@@ -18,7 +19,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -26,12 +29,16 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import requests
+from psycopg import sql
 
 from dbprovider.devstack import DevStack
 from harness import KubeControlPlane, PostgresServer
 from harness.process import free_port, spawn
 from harness.process import stop as stop_process
-from informers import LEASES, Rest
+from harness.statement_log import LoggedStatement, StatementLog, keywords
+from informers import LEASES, Informer, Rest
+from reconciler.resources import DATABASES
+from reconciler.sql.tenant import OwnerRecord
 
 REPO = Path(__file__).resolve().parents[1]
 WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "DELETE", "APPLY"})
@@ -147,12 +154,25 @@ BENCH_CONFIG: dict[str, Any] = {
 
 
 class Stack:
-    """kube-apiserver + etcd, PostgreSQL 18 and the installed product (`DevStack`); `close()` stops all."""
+    """kube-apiserver + etcd, PostgreSQL 18 and the installed product (`DevStack`); `close()` stops all.
 
-    def __init__(self, name: str, *, log_statements: bool = False, kube_args: list[str] | None = None) -> None:
+    `config` adds install config keys to BENCH_CONFIG (e.g. workersPerShard for an experiment).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        log_statements: bool = False,
+        kube_args: list[str] | None = None,
+        config: dict[str, Any] | None = None,
+        postgres_settings: dict[str, str] | None = None,
+    ) -> None:
         self.name = name
         self.log_statements = log_statements
         self.kube_args = kube_args
+        self.postgres_settings = postgres_settings
+        self.config = {**BENCH_CONFIG, **(config or {})}
         self.state_dir = Path(tempfile.mkdtemp(prefix=f"dbprovider-bench-{name}-"))
         self.kube: KubeControlPlane | None = None
         self.postgres: PostgresServer | None = None
@@ -163,9 +183,11 @@ class Stack:
         log("starting kube-apiserver + etcd")
         self.kube = KubeControlPlane(extra_args=self.kube_args).start()
         log("starting PostgreSQL 18" + (" (log_statement=all)" if self.log_statements else ""))
-        self.postgres = PostgresServer("18", log_statements=self.log_statements).start()
+        self.postgres = PostgresServer(
+            "18", log_statements=self.log_statements, settings=self.postgres_settings
+        ).start()
         log("installing the product (DevStack)")
-        self.dev = DevStack(self.kube, self.postgres, self.state_dir / "dev", config_overrides=BENCH_CONFIG).install()
+        self.dev = DevStack(self.kube, self.postgres, self.state_dir / "dev", config_overrides=self.config).install()
         return self
 
     def admin_rest(self, pool: int = 32) -> Rest:
@@ -243,6 +265,149 @@ def counter_delta(after: Counter[str], before: Counter[str]) -> Counter[str]:
     return Counter({k: after[k] - before.get(k, 0) for k in after if after[k] - before.get(k, 0) > 0})
 
 
+# -- the statements the shards received ----------------------------------------------------------
+
+
+class BlindStatementLog(RuntimeError):
+    """The statement log shows no statement where some must exist: every count from it would be 0."""
+
+
+class ProvisionerStatements:
+    """What the provisioner sends to one or more servers from now on, read with the one reader of tests
+    and benchmarks (harness.statement_log, the servers' jsonlog). The servers need log_statement=all."""
+
+    def __init__(self, *servers: PostgresServer, user: str = PostgresServer.PROVISIONER) -> None:
+        self.user = user
+        self.logs = [StatementLog(server) for server in servers]
+
+    def statements(self) -> list[LoggedStatement]:
+        return [s for log in self.logs for s in log.statements(self.user)]
+
+    def keywords(self, detail: bool = False) -> Counter[str]:
+        """By first keyword (SELECT, CREATE...), or with `detail` by their first 72 characters."""
+        return keywords(self.statements(), detail)
+
+    def expect(self, what: str, detail: bool = False) -> Counter[str]:
+        """`keywords`, refusing loudly when there is none although `what` must have sent some."""
+        found = self.keywords(detail)
+        if not found:
+            raise BlindStatementLog(
+                f"the statement log shows no {self.user} statement at all, but {what} must have sent some: "
+                "a count from it would read 0 (is log_statement=all set, and the reader reading the right log?)"
+            )
+        return found
+
+
+def bench_owner() -> OwnerRecord:
+    """The ownership record a baseline tenant gets, as the controller writes one for each Database."""
+    return OwnerRecord("bench-consumer", str(uuid.uuid4()))
+
+
+def drop_all_tenants(server: PostgresServer) -> int:
+    """Drop every database and role but the server's own (not timed: frees a throwaway server's disk
+    between phases); returns how many databases went."""
+    with server.superuser_connection() as conn:
+        names = [row[0] for row in conn.execute(
+            "SELECT datname FROM pg_database WHERE datname NOT IN ('postgres', 'template0', 'template1')"
+        )]
+        for name in names:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        roles = [row[0] for row in conn.execute(
+            "SELECT rolname FROM pg_roles WHERE rolname NOT LIKE 'pg\\_%%' AND rolname NOT IN (%s, %s)",
+            (PostgresServer.SUPERUSER, PostgresServer.PROVISIONER),
+        )]
+        for role in roles:
+            conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+    return len(names)
+
+
+class ReadyWatch:
+    """Records when each Database (by externalId) is first seen Ready, and its shard, through a real watch."""
+
+    def __init__(self, stack: Stack, namespace: str) -> None:
+        self.ready_at: dict[str, float] = {}
+        self.shard_of: dict[str, str] = {}
+        self.lock = threading.Lock()
+        self.informer = Informer(stack.admin_rest(4), DATABASES, namespace)
+        self.informer.add_handler(self._on_event)
+
+    def _on_event(self, event_type: str, old: dict | None, new: dict | None) -> None:
+        if new is None:
+            return
+        status = new.get("status") or {}
+        external_id = (new.get("spec") or {}).get("externalId")
+        now = time.perf_counter()
+        with self.lock:
+            if status.get("shard"):
+                self.shard_of.setdefault(external_id, status["shard"])
+            if status.get("phase") == "Ready":
+                self.ready_at.setdefault(external_id, now)
+
+    def start(self) -> ReadyWatch:
+        self.informer.start()
+        self.informer.wait_for_sync(60)
+        return self
+
+    def count(self, ids: set[str]) -> int:
+        with self.lock:
+            return sum(1 for i in ids if i in self.ready_at)
+
+    def stop(self) -> None:
+        self.informer.stop()
+
+
+# -- bursts of PUTs ------------------------------------------------------------------------------
+
+
+def put_all(
+    manager: ManagerProcess, tokens: list[str], ids: list[str], clients: int
+) -> tuple[float, float, Counter[str]]:
+    """PUT every id from `clients` keep-alive clients at once, the ids dealt out over the consumers
+    (`tokens`), each client working for one consumer; (first PUT time, all answered after, answers)."""
+    answers: Counter[str] = Counter()
+    lock = threading.Lock()
+    work: list[queue.Queue[str]] = [queue.Queue() for _ in tokens]
+    for n, external_id in enumerate(ids):
+        work[n % len(tokens)].put(external_id)
+    barrier = threading.Barrier(clients + 1)
+    ca = str(manager.dev.ca_file)
+
+    def client(n: int) -> None:
+        session = requests.Session()
+        headers = {"Authorization": f"Bearer {tokens[n % len(tokens)]}"}
+        mine = work[n % len(tokens)]
+        barrier.wait()
+        while True:
+            try:
+                external_id = mine.get_nowait()
+            except queue.Empty:
+                break
+            for attempt in range(30):
+                try:
+                    response = session.put(manager.url(f"/v1/databases/{external_id}"), json={"sizeClass": "small"},
+                                           headers=headers, verify=ca, timeout=60)
+                except requests.RequestException as exc:
+                    with lock:
+                        answers[f"client error {type(exc).__name__}"] += 1
+                    time.sleep(0.05 * (attempt + 1))
+                    continue
+                with lock:
+                    answers[f"HTTP {response.status_code}"] += 1
+                if response.status_code in (200, 201) or response.status_code < 500:
+                    break
+                time.sleep(0.05 * (attempt + 1))
+        session.close()
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
+    for thread in threads:
+        thread.start()
+    barrier.wait()
+    started = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    return started, time.perf_counter() - started, answers
+
+
 # -- a `dbprovider manager` process ----------------------------------------------------------------
 
 
@@ -254,7 +419,6 @@ class ManagerProcess:
         stack: Stack,
         name: str = "bench-manager",
         python: str = sys.executable,
-        database_workers: int | None = None,
     ) -> None:
         assert stack.dev is not None
         self.stack = stack
@@ -264,9 +428,6 @@ class ManagerProcess:
         self.log_file = stack.state_dir / f"{name}.log"
         env = {**os.environ, **self.dev.manager_env(), "POD_NAME": name, "PYTHONPATH": str(REPO)}
         argv = self.dev.manager_argv(python, self.api_port, self.metrics_port)
-        if database_workers is not None:  # an experiment: see bench/manager_workers.py
-            assert argv[1:3] == ["-m", "dbprovider.cli"], argv
-            argv[1:3] = ["-m", "bench.manager_workers", str(database_workers)]
         self.started = time.monotonic()
         self.proc: subprocess.Popen = spawn(argv, self.log_file, env=env)
 
@@ -330,18 +491,22 @@ def metric_sum(text: str, name: str, **labels: str) -> float:
 
 @dataclass
 class PySpy:
-    """`py-spy record` attached to a running process (every thread), as collapsed stacks."""
+    """`py-spy record` attached to a running process (every thread), as collapsed stacks.
+
+    `idle=True` samples blocked threads too (where time goes); `idle=False` only threads on the CPU
+    (where CPU goes)."""
 
     pid: int
     out: Path
     rate: int = 50
+    idle: bool = True
     proc: subprocess.Popen | None = field(default=None, init=False)
 
     def start(self) -> PySpy:
         exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
         self.proc = subprocess.Popen(
             [exe, "record", "--pid", str(self.pid), "--format", "raw", "--rate", str(self.rate),
-             "--nonblocking", "--threads", "--idle", "-o", str(self.out)],
+             "--nonblocking", "--threads", *(["--idle"] if self.idle else []), "-o", str(self.out)],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
         )
         time.sleep(1.0)  # attach before the measured window
@@ -472,20 +637,24 @@ class CpuMeter:
     """CPU seconds (user + system) used by each component this benchmark started, between snapshots.
 
     Components are found among this process' descendants by name: kube-apiserver, etcd, postgres
-    (the postmaster and its backends), the manager (by pid), and this benchmark process itself.
-    Backends that exit between two snapshots are missed, so PostgreSQL's figure is a lower bound.
+    (the postmaster and its backends), the manager (by pid), `extra` ones by pid (name -> pid), and
+    this benchmark process itself. Backends that exit between two snapshots are missed, so
+    PostgreSQL's figure is a lower bound.
     """
 
-    def __init__(self, manager_pid: int | None = None) -> None:
+    def __init__(self, manager_pid: int | None = None, extra: dict[str, int] | None = None) -> None:
         import psutil
 
         self._psutil = psutil
         self.manager_pid = manager_pid
+        self.extra = {pid: name for name, pid in (extra or {}).items()}
 
     def _component(self, proc: Any) -> str | None:
         try:
             if proc.pid == self.manager_pid:
                 return "manager"
+            if proc.pid in self.extra:
+                return self.extra[proc.pid]
             name = proc.name()
         except self._psutil.Error:
             return None

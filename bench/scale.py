@@ -32,6 +32,7 @@ import psutil
 
 from bench.common import (
     ManagerProcess,
+    ProvisionerStatements,
     PySpy,
     Stack,
     Target,
@@ -43,7 +44,6 @@ from bench.common import (
     summarize_collapsed,
     table,
 )
-from bench.provisioning import StatementLog
 from domain.constants import (
     API_VERSION,
     FINALIZER_TENANT,
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         setup_seconds = create_databases(rest, stack, shards, count, args.threads)
         log(f"created in {setup_seconds:.0f} s")
 
-        statements = StatementLog(stack.postgres.log_file)
+        statements = ProvisionerStatements(stack.postgres)
         writes_before = stack.apiserver_writes()
         manager = ManagerProcess(stack, "scale-manager")
         sampler, milestones = wait_caught_up(manager, rest, count)
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         writes_idle = counter_delta(stack.apiserver_writes(), writes_idle_before)
         idle_cpu = 100 * (idle_after[1] - idle_before[1]) / (idle_after[0] - idle_before[0])
         rss_end = idle_after[2]
-        found = statements.keywords()
+        found = statements.expect(f"the Shard checks of {args.shards} shards over the idle window")
         changes = sum(n for k, n in found.items() if k in CHANGES)
         manager.stop()
         manager = None
