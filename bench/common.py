@@ -361,19 +361,23 @@ class ReadyWatch:
 
 def put_all(
     manager: ManagerProcess, tokens: list[str], ids: list[str], clients: int
-) -> tuple[float, float, Counter[str]]:
-    """PUT every id from `clients` keep-alive clients at once, the ids dealt out over the consumers
-    (`tokens`), each client working for one consumer; (first PUT time, all answered after, answers)."""
+) -> tuple[float, float, Counter[str], dict[str, float]]:
+    """PUT every id from `clients` TLS clients released at once, the ids dealt out over the consumers
+    (`tokens`), each client working for one consumer on one keep-alive connection (with as many
+    clients as ids: one connection per PUT). Connection errors and 5xx answers are retried and
+    counted. Returns (the release time, all answered after, answers, id -> its first send time)."""
     answers: Counter[str] = Counter()
+    sent: dict[str, float] = {}
     lock = threading.Lock()
     work: list[queue.Queue[str]] = [queue.Queue() for _ in tokens]
     for n, external_id in enumerate(ids):
         work[n % len(tokens)].put(external_id)
     barrier = threading.Barrier(clients + 1)
     ca = str(manager.dev.ca_file)
+    one_each = clients >= len(ids)  # a client done early must not take a second id on its warm connection
 
     def client(n: int) -> None:
-        session = requests.Session()
+        session = requests.Session()  # verify per request: REQUESTS_CA_BUNDLE would override session.verify
         headers = {"Authorization": f"Bearer {tokens[n % len(tokens)]}"}
         mine = work[n % len(tokens)]
         barrier.wait()
@@ -382,20 +386,27 @@ def put_all(
                 external_id = mine.get_nowait()
             except queue.Empty:
                 break
-            for attempt in range(30):
+            with lock:
+                sent[external_id] = time.perf_counter()
+            for attempt in range(60):
                 try:
                     response = session.put(manager.url(f"/v1/databases/{external_id}"), json={"sizeClass": "small"},
                                            headers=headers, verify=ca, timeout=60)
                 except requests.RequestException as exc:
                     with lock:
-                        answers[f"client error {type(exc).__name__}"] += 1
+                        answers[f"client error {type(exc).__name__}: {str(exc)[:100]}"] += 1
                     time.sleep(0.05 * (attempt + 1))
                     continue
                 with lock:
                     answers[f"HTTP {response.status_code}"] += 1
-                if response.status_code in (200, 201) or response.status_code < 500:
+                if response.status_code < 500:
+                    if response.status_code not in (200, 201):
+                        with lock:
+                            answers[f"HTTP {response.status_code}: {response.text[:120]}"] += 1
                     break
                 time.sleep(0.05 * (attempt + 1))
+            if one_each:
+                break
         session.close()
 
     threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
@@ -405,7 +416,7 @@ def put_all(
     started = time.perf_counter()
     for thread in threads:
         thread.join()
-    return started, time.perf_counter() - started, answers
+    return started, time.perf_counter() - started, answers, sent
 
 
 # -- a `dbprovider manager` process ----------------------------------------------------------------

@@ -8,6 +8,7 @@ behind a TCP proxy that adds `--delay` each way (`harness.latency_proxy`, one pr
 each round trip to a shard costs 20 ms more, as to a shard in another zone. The manager reaches the
 shards only through the proxies, and so do the baselines. One run, in this order:
 
+- warm-up (not timed): 10 tenants per shard, dropped again (the first round on fresh servers is slower).
 - b0, b1 (baselines): `ensure_tenant` (with the ownership record, exactly the SQL the controller
   sends for a new database) for `count / shards` fresh tenants per shard, `--sessions` admin
   sessions per shard, every shard at once, through the proxies; time until the last one is done.
@@ -295,7 +296,7 @@ def run_burst(stack: Stack, fleet: Fleet, manager: ManagerProcess, watch: ReadyW
     with InFlightSampler(manager, list(fleet.servers)) as sampler:
         if hung is not None:
             fleet.servers[hung].freeze()
-        started, answered, answers = put_all(manager, tokens, ids, clients)
+        started, answered, answers, _ = put_all(manager, tokens, ids, clients)
         log(f"burst {label}: all {count} PUTs answered after {answered:.1f} s; waiting for Ready")
         wanted = set(ids)
         if hung is not None:  # every database placed elsewhere (placement is done once all are placed)
@@ -349,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=4, help="baseline sessions per shard (default 4)")
     parser.add_argument("--clients", type=int, default=50, help="keep-alive API clients of a burst (default 50)")
     parser.add_argument("--consumers", type=int, default=20, help="consumers the PUTs come from (default 20)")
+    parser.add_argument("--workers-per-shard", type=int, default=None, help="experiment: install config key")
+    parser.add_argument("--workers-total", type=int, default=None,
+                        help="experiment: install config key (4 with --workers-per-shard 4: the seed's 4 for all)")
     parser.add_argument("--profile", action="store_true",
                         help="record where the manager's CPU goes (py-spy, on-CPU samples) during burst r0")
     parser.add_argument("--profile-dir", type=Path, default=Path("bench/profiles"))
@@ -359,8 +363,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"fleet: {args.count} PUTs of {args.consumers} consumers over {args.shards} shards, each behind a proxy "
           f"adding {1000 * args.delay:.0f} ms each way, vs ensure_tenant on {args.sessions} sessions per shard")
     print(f"machine: {machine_line()}")
+    experiment = {key: value for key, value in (("workersPerShard", args.workers_per_shard),
+                                                ("workersTotal", args.workers_total)) if value is not None}
+    if experiment:
+        print(f"EXPERIMENT: {experiment} (defaults: workersPerShard 4, workersTotal 64)")
     stack = Stack("fleet", log_statements=True, postgres_settings=SMALL_SERVER,
-                  config=fleet_config(names, "dbprovider-shards"))
+                  config={**fleet_config(names, "dbprovider-shards"), **experiment})
     fleet: Fleet | None = None
     manager: ManagerProcess | None = None
     watch: ReadyWatch | None = None
@@ -377,6 +385,9 @@ def main(argv: list[str] | None = None) -> int:
         meter = CpuMeter(extra={"latency proxy": fleet.proxy.pid or 0})
         even = dict.fromkeys(names, per_shard)
 
+        log("warm-up (not timed): 10 tenants per shard")  # the first round on fresh servers is slower
+        baseline(fleet, "warm", dict.fromkeys(names, 10), args.sessions, meter)
+        cleanup(list(fleet.servers.values()))
         log("baseline b0")
         b0 = baseline(fleet, "b0", even, args.sessions, meter)
         log(f"baseline b0: {b0.seconds:.1f} s")
@@ -443,6 +454,14 @@ def main(argv: list[str] | None = None) -> int:
               + [("machine busy", *(f"{busy:.1f}" for _, _, busy in phases.values())),
                  ("wall x 2 cores", *(f"{2 * sec:.1f}" for sec, _, _ in phases.values()))],
               ("component", *phases))
+
+        def ours(cpu: dict[str, float]) -> float:
+            return sum(cpu.values())
+
+        cpu0 = ours(r0.cpu) / statistics.mean([ours(b0.cpu), ours(b1.cpu)])
+        cpu1 = ours(r1.cpu) / ours(b2.cpu)
+        print(f"\nCPU of this benchmark's processes, burst / baseline: r0 {cpu0:.2f}x, r1 {cpu1:.2f}x (on a machine "
+              "the processes have to themselves, the wall ratio of a CPU-bound burst cannot be below this)")
         total_r = sum(r0.statements.values()) / args.count
         table("provisioner statements per database (log_statement=all, jsonlog)",
               [(k, f"{b0.statements.get(k, 0) / args.count:.2f}", f"{r0.statements.get(k, 0) / args.count:.2f}")

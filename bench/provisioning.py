@@ -26,9 +26,6 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import requests
 
 from bench.common import (
     CpuMeter,
@@ -127,59 +124,6 @@ def _by_keyword(detail: Counter[str]) -> Counter[str]:
     return found
 
 
-def burst(
-    manager: ManagerProcess, token: str, count: int, label: str = "r0"
-) -> tuple[dict[str, float], dict[str, Any]]:
-    """`count` threads PUT at once; returns externalId -> send time, and client-side figures."""
-    sent: dict[str, float] = {}
-    stats: Counter[str] = Counter()
-    lock = threading.Lock()
-    barrier = threading.Barrier(count + 1)
-    ca = str(manager.dev.ca_file)
-
-    def client(i: int) -> None:
-        external_id = f"burst-{label}-{i:04d}"
-        session = requests.Session()  # verify per request: REQUESTS_CA_BUNDLE would override session.verify
-        headers = {"Authorization": f"Bearer {token}"}
-        barrier.wait()
-        first = time.perf_counter()
-        for attempt in range(60):
-            try:
-                response = session.put(
-                    manager.url(f"/v1/databases/{external_id}"), json={"sizeClass": "small"}, headers=headers,
-                    verify=ca, timeout=60,
-                )
-            except requests.RequestException as exc:
-                with lock:
-                    stats[f"client error {type(exc).__name__}: {str(exc)[:100]}"] += 1
-                time.sleep(0.05 * (attempt + 1))
-                continue
-            with lock:
-                stats[f"HTTP {response.status_code}"] += 1
-            if response.status_code in (200, 201):
-                break
-            if response.status_code < 500:
-                with lock:
-                    stats[f"HTTP {response.status_code}: {response.text[:120]}"] += 1
-                break
-            time.sleep(0.05 * (attempt + 1))
-        with lock:
-            sent[external_id] = first
-        session.close()
-
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    barrier.wait()
-    started = time.perf_counter()
-    for thread in threads:
-        thread.join()
-    stats_out: dict[str, Any] = dict(stats)
-    stats_out["all PUTs answered after"] = time.perf_counter() - started
-    stats_out["started"] = started
-    return sent, stats_out
-
-
 @dataclass
 class BurstResult:
     seconds: float  # first PUT -> all Ready
@@ -208,14 +152,9 @@ def run_burst(stack: Stack, manager: ManagerProcess, watch: ReadyWatch, label: s
     statements = ProvisionerStatements(stack.postgres)
     spy = PySpy(manager.pid, spy_out, idle=not cpu_only).start() if spy_out is not None else None
     try:
-        if clients is None:  # every PUT on a connection of its own, all at once
-            sent, client_stats = burst(manager, stack.dev.token, count, label)
-            started = client_stats.pop("started")
-            answered = client_stats.pop("all PUTs answered after")
-        else:  # `clients` keep-alive connections share the PUTs (PUT -> Ready counts from the first PUT)
-            names = [f"burst-{label}-{i:04d}" for i in range(count)]
-            started, answered, answers = put_all(manager, [stack.dev.token], names, clients)
-            sent, client_stats = dict.fromkeys(names, started), dict(answers)
+        names = [f"burst-{label}-{i:04d}" for i in range(count)]
+        # Every PUT on a connection of its own, all at once; or `clients` keep-alive connections.
+        started, answered, answers, sent = put_all(manager, [stack.dev.token], names, clients or count)
         ids = set(sent)
         log(f"burst {label}: all PUTs answered after {answered:.2f} s; waiting for Ready")
         wait_for(lambda: watch.count(ids) == len(ids), 900, f"{count} databases Ready", 0.05)
@@ -231,7 +170,7 @@ def run_burst(stack: Stack, manager: ManagerProcess, watch: ReadyWatch, label: s
         seconds=seconds,
         latencies=[watch.ready_at[i] - sent[i] for i in ids],
         answered=answered,
-        answers=Counter(client_stats),
+        answers=answers,
         cpu=cpu_used,
         machine_cpu=busy,
         writes=counter_delta(writes_after, writes_before),

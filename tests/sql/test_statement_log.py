@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import pytest
 
+from bench.common import BlindStatementLog, ProvisionerStatements
 from harness import PostgresServer
 from harness.statement_log import StatementLog
 from reconciler.sql import tenant as tenant_ops
@@ -184,3 +185,21 @@ def test_every_statement_is_one_record_with_its_role_and_application(
     assert statements[0].application == "dbprovider/replica-a" and statements[0].mentions(logged_tenant.name)
     assert statements[1].text == "SELECT $1::text AS forged" and " ".join(forged.split()) in statements[1].parameters
     assert all(s.pid > 0 and s.time is not None for s in statements)
+
+
+def test_a_benchmark_refuses_to_count_from_a_log_that_shows_no_statement(
+    postgres: PostgresServer, admin: AdminSession, tenant: TenantSpec,
+    logged_postgres: PostgresServer, logged_admin: AdminSession, logged_tenant: TenantSpec,
+) -> None:
+    """The benchmarks' statements per database read 0.00 while the reader was blind (issue 28 item 7):
+    on a server without log_statement=all the same work now stops the benchmark instead."""
+    blind = ProvisionerStatements(postgres)
+    seeing = ProvisionerStatements(logged_postgres)
+
+    tenant_ops.ensure_tenant(admin, tenant)
+    tenant_ops.ensure_tenant(logged_admin, logged_tenant)
+
+    with pytest.raises(BlindStatementLog, match="no provisioner statement at all"):
+        blind.expect("ensure_tenant")
+    found = seeing.expect("ensure_tenant")
+    assert found["CREATE"] == 2 and found["SELECT"] >= 1  # the role and the database, the state reads
