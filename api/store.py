@@ -9,9 +9,15 @@ instant ago), so a 404 is authoritative. Writes (create, annotations) go to the 
 writes carry the resourceVersion they were decided on and are retried on a conflict.
 
 Availability: writes need the apiserver. When `reachable()` (the replica's recent apiserver contact)
-says it is gone, a write answers 503 at once; otherwise each request is bounded by `write_timeout`,
-so a hung apiserver costs a client seconds, not minutes. A create whose answer timed out may still
-have been committed: PUT is idempotent, so the client's retry returns the object (200).
+says it is gone, a write answers 503 at once. Before that is known (the first seconds of an outage),
+all the apiserver requests of one write share one budget (`request_budget`, 1 s): each gets the time
+left as its whole timeout (connect, TLS, answer), on a client that never retries behind our back
+(`Rest.without_retries`), so a write answers 503 within a second of the apiserver going silent, and
+no DELETE hangs. A read that misses the cache (a database another replica created an instant ago,
+credentials the cache lags) asks the apiserver within `read_budget` (5 s): reads are served from the
+cache even while the apiserver is gone, so only those rare fallbacks wait, and a slow but working
+apiserver does not turn them into errors. A create whose answer timed out may still have been committed:
+PUT is idempotent, so the client's retry returns the object (200).
 
 Quota: `Consumer.spec.maxDatabases` bounds the consumer's databases that are not yet Deleted (Deleting
 ones count), counted from the cache through an index by consumer. Creates are serialized per consumer,
@@ -76,9 +82,11 @@ INDEX_NOT_DELETED_BY_CONSUMER = "api:consumer-not-deleted"
 PENDING_TTL_SECONDS = 300.0
 ANNOTATE_ATTEMPTS = 5
 PASSWORD_PENDING = "a new password is pending"  # a _read_credentials problem that is not a fault
-# (connect, read) seconds for the apiserver requests of a consumer request: well inside a client's
-# patience, so a hung apiserver becomes a prompt 503.
-WRITE_TIMEOUT: tuple[float, float] = (2.0, 5.0)
+# Seconds all the apiserver requests of one write may take together: a healthy apiserver answers a
+# create or a patch in milliseconds, so a second without an answer is an outage (503).
+REQUEST_BUDGET = 1.0
+# Seconds of a read's live fallback (a cache miss): as before this budget, a slow answer is still one.
+READ_BUDGET = 5.0
 
 Obj = dict[str, Any]
 Clock = Callable[[], datetime]
@@ -104,6 +112,19 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+@dataclass(frozen=True)
+class _Budget:
+    """The end (monotonic) of one consumer request's apiserver time; `left()` is a request's timeout."""
+
+    end: float
+
+    def left(self) -> float:
+        remaining = self.end - time.monotonic()
+        if remaining <= 0:
+            raise Unavailable("the Kubernetes API did not answer in time; try again")
+        return remaining
+
+
 @dataclass
 class _Pending:
     """A Database this replica created that the cache may not show yet."""
@@ -126,7 +147,8 @@ class DatabaseStore:
         clock: Clock = utcnow,
         pending_ttl: float = PENDING_TTL_SECONDS,
         reachable: Callable[[], bool] | None = None,
-        write_timeout: tuple[float, float] = WRITE_TIMEOUT,
+        request_budget: float = REQUEST_BUDGET,
+        read_budget: float = READ_BUDGET,
     ) -> None:
         self.config = config
         self.namespace = config.namespace
@@ -137,7 +159,8 @@ class DatabaseStore:
         self.clock = clock
         self.pending_ttl = pending_ttl
         self.reachable = reachable
-        self.write_timeout = write_timeout
+        self.request_budget = request_budget
+        self.read_budget = read_budget
         self._locks_guard = threading.Lock()
         self._create_locks: dict[str, threading.Lock] = {}
         self._pending_lock = threading.Lock()
@@ -154,7 +177,7 @@ class DatabaseStore:
             informers.informer(DATABASES, config.namespace),
             informers.informer(CONSUMERS),
             informers.informer(SECRETS, config.namespace, label_selector=CREDENTIALS_SECRET_SELECTOR),
-            informers.rest,
+            informers.rest.without_retries(),
             **kwargs,
         )
 
@@ -175,7 +198,7 @@ class DatabaseStore:
         name = self._object_name(consumer, external_id)
         obj = self._cached(consumer, name)
         if obj is None:
-            obj = self._get_live(name)
+            obj = self._get_live(name, self._budget(self.read_budget))
         if obj is None or not self._is_mine(obj, consumer, external_id):
             raise NotFound()
         return obj
@@ -201,8 +224,9 @@ class DatabaseStore:
         secret = self.secrets.get(f"{self.namespace}/{name}")
         credentials, problem = self._read_credentials(secret, db)
         if problem is not None:  # the caches may lag writes of the reconciler: ask the apiserver once
-            db = self._get_live(metadata(db)["name"]) or db
-            credentials, problem = self._read_credentials(self._get_live(name, SECRETS), db)
+            budget = self._budget(self.read_budget)
+            db = self._get_live(metadata(db)["name"], budget) or db
+            credentials, problem = self._read_credentials(self._get_live(name, budget, SECRETS), db)
         if problem == PASSWORD_PENDING:
             raise CredentialsUnavailable("a new password is being set; retry in a few seconds")
         if problem is not None or credentials is None:
@@ -225,14 +249,15 @@ class DatabaseStore:
                 return self._existing(existing, consumer, external_id), False
             self._check_quota(consumer)
             self._require_apiserver()
+            budget = self._budget()
             try:
                 created = self.rest.create(
-                    DATABASES, self._new_object(name, consumer, external_id, request), timeout=self.write_timeout
+                    DATABASES, self._new_object(name, consumer, external_id, request), timeout=budget.left()
                 )
             except ApiException as exc:
                 if exc.status != 409:
                     raise
-                live = self._get_live(name)  # created meanwhile (another replica): the existing one
+                live = self._get_live(name, budget)  # created meanwhile (another replica): the existing one
                 if live is None:
                     raise Unavailable("the database is being replaced; try again") from None
                 return self._existing(live, consumer, external_id), False
@@ -288,10 +313,14 @@ class DatabaseStore:
         pending = self._pending_of(consumer).get(name)
         return pending.obj if pending is not None else None
 
-    def _get_live(self, name: str, resource: Resource = DATABASES) -> Obj | None:
+    def _budget(self, seconds: float | None = None) -> _Budget:
+        """The deadline of one consumer request's apiserver requests (a write's by default)."""
+        return _Budget(time.monotonic() + (self.request_budget if seconds is None else seconds))
+
+    def _get_live(self, name: str, budget: _Budget, resource: Resource = DATABASES) -> Obj | None:
         """The object from the apiserver now (a Database unless said otherwise); None if there is none."""
         try:
-            return self.rest.get(resource, name, self.namespace, timeout=self.write_timeout)
+            return self.rest.get(resource, name, self.namespace, timeout=budget.left())
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -384,8 +413,9 @@ class DatabaseStore:
         """Set (None: remove) annotations on the consumer's database from a fresh read; retried on write conflicts."""
         name = self._object_name(consumer, external_id)
         self._require_apiserver()
+        budget = self._budget()
         for _ in range(ANNOTATE_ATTEMPTS):
-            db = self._get_live(name)
+            db = self._get_live(name, budget)
             if db is None or not self._is_mine(db, consumer, external_id):
                 raise NotFound()
             values = decide(db)
@@ -393,7 +423,7 @@ class DatabaseStore:
                 return db
             patch = {"metadata": {"resourceVersion": metadata(db).get("resourceVersion"), "annotations": values}}
             try:
-                return self.rest.patch(DATABASES, name, patch, self.namespace, timeout=self.write_timeout)
+                return self.rest.patch(DATABASES, name, patch, self.namespace, timeout=budget.left())
             except ApiException as exc:
                 if exc.status == 404:
                     raise NotFound() from None

@@ -38,7 +38,8 @@ from harness.process import stop as stop_process
 from harness.statement_log import LoggedStatement, StatementLog, keywords
 from informers import LEASES, Informer, Rest
 from reconciler.resources import DATABASES
-from reconciler.sql.tenant import OwnerRecord
+from reconciler.sql.login import TenantLogin, log_in
+from reconciler.sql.tenant import OwnerRecord, TenantSpec
 
 REPO = Path(__file__).resolve().parents[1]
 WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "DELETE", "APPLY"})
@@ -301,6 +302,13 @@ class ProvisionerStatements:
 def bench_owner() -> OwnerRecord:
     """The ownership record a baseline tenant gets, as the controller writes one for each Database."""
     return OwnerRecord("bench-consumer", str(uuid.uuid4()))
+
+
+def log_in_as_tenant(server: PostgresServer, spec: TenantSpec, timeout: float = 10.0) -> None:
+    """What the product does before a new database is Ready, for a baseline: a login as the tenant on
+    a fresh TLS session at the server itself (the Shard's client endpoint in the benchmarks)."""
+    log_in(TenantLogin("127.0.0.1", server.port, spec.name, spec.password, sslmode="require", dbname=spec.name),
+           timeout, "bench")
 
 
 def drop_all_tenants(server: PostgresServer) -> int:

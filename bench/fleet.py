@@ -5,13 +5,15 @@
 
 Every shard is its own PostgreSQL 18 server (small settings: the RSS of all of them is reported)
 behind a TCP proxy that adds `--delay` each way (`harness.latency_proxy`, one process for all), so
-each round trip to a shard costs 20 ms more, as to a shard in another zone. The manager reaches the
-shards only through the proxies, and so do the baselines. One run, in this order:
+each round trip to a shard costs 20 ms more, as to a shard in another zone. The manager's admin
+sessions reach the shards only through the proxies, and so do the baselines'; the login as a new
+tenant goes to the Shard's client endpoint (the server itself) in both. One run, in this order:
 
 - warm-up (not timed): 10 tenants per shard, dropped again (the first round on fresh servers is slower).
 - b0, b1 (baselines): `ensure_tenant` (with the ownership record, exactly the SQL the controller
-  sends for a new database) for `count / shards` fresh tenants per shard, `--sessions` admin
-  sessions per shard, every shard at once, through the proxies; time until the last one is done.
+  sends for a new database) and a login as the new tenant on a fresh TLS session (what the product
+  does before Ready) for `count / shards` fresh tenants per shard, `--sessions` admin sessions per
+  shard, every shard at once; time until the last one is done.
 - r0 (burst), between b0 and b1: `count` PUTs from `--clients` keep-alive TLS clients to the API,
   of `--consumers` consumers (the API creates one consumer's databases one at a time, for its exact
   quota: a fleet's burst comes from many consumers), spread over the shards by placement; time
@@ -57,6 +59,7 @@ from bench.common import (
     drop_all_tenants,
     fmt_s,
     log,
+    log_in_as_tenant,
     machine_busy,
     machine_line,
     metric_sum,
@@ -192,6 +195,7 @@ def baseline(fleet: Fleet, label: str, per_shard: dict[str, int], sessions: int,
                 return
             try:
                 ensure_tenant(admin, spec)
+                log_in_as_tenant(fleet.servers[shard], spec)  # the Shard's client endpoint: direct
             except BaseException as exc:  # noqa: BLE001 - reported below
                 errors.append(exc)
 

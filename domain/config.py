@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -291,10 +291,32 @@ class SoftDeleteConfig(ConfigModel):
     retention: Duration = timedelta(days=7)
 
 
+def _check_scaling_bound(value: timedelta) -> timedelta:
+    if value < timedelta(minutes=1):
+        raise ValueError("must be at least 1m")
+    return value
+
+
 class CloudberryEngineConfig(ConfigModel):
-    """Support for Keldon/Cloudberry shards (grants RBAC on Keldon DatabaseClusters)."""
+    """Support for Keldon/Cloudberry shards (grants RBAC on Keldon DatabaseClusters).
+
+    `scalingAlertAfter`: a cluster Scaling longer than this fires the warning
+    DBProviderShardScalingTooLong (scaling itself pages nobody: placement just pauses).
+    """
 
     enabled: StrictBool = False
+    scaling_alert_after: Annotated[Duration, AfterValidator(_check_scaling_bound)] = timedelta(hours=1)
+
+
+class ReadinessConfig(ConfigModel):
+    """How a new database is proven usable before it is reported Ready (docs/operations.md, Ready means usable).
+
+    `loginThrough: client` logs in with the database's own credentials at the Shard's client endpoint
+    (what consumers are handed, e.g. pgBouncer); `admin` logs in as the tenant at the admin endpoint's
+    server instead, for installs whose client endpoint the provider's pods cannot reach.
+    """
+
+    login_through: Literal["client", "admin"] = "client"
 
 
 class EnginesConfig(ConfigModel):
@@ -352,6 +374,7 @@ class InstallConfig(ConfigModel):
     soft_delete: SoftDeleteConfig = SoftDeleteConfig()
     engines: EnginesConfig = EnginesConfig()
     api: ApiConfig = ApiConfig()
+    readiness: ReadinessConfig = ReadinessConfig()
     # The Database controller's workers (docs/runtime.md, "Workers and lanes"): at most workersPerShard
     # on one shard's databases (and on placement), workersTotal in all.
     workers_per_shard: Annotated[StrictInt, Field(ge=1, le=MAX_WORKERS_PER_SHARD)] = 4

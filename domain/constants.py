@@ -93,6 +93,7 @@ KELDON_VERSION = "v1alpha1"
 KELDON_KIND_DATABASE_CLUSTER = "DatabaseCluster"
 KELDON_PLURAL_DATABASE_CLUSTERS = "databaseclusters"
 KELDON_PHASE_RUNNING = "Running"
+KELDON_PHASE_SCALING = "Scaling"  # segments are added: running, but catalog changes are not safe
 KELDON_CLIENT_PORT = 5432
 
 
@@ -163,6 +164,10 @@ class DatabaseReason(enum.StrEnum):
     DISABLE_FAILED = "DisableFailed"
     DROP_FAILED = "DropFailed"
     RESTORE_REFUSED = "RestoreRefused"
+    # The placed shard is not Ready (or stopped answering): the SQL waits, retried when it is Ready.
+    SHARD_NOT_READY = "ShardNotReady"
+    # Provisioned, but a fresh login with the database's own credentials through the client endpoint failed.
+    LOGIN_FAILED = "LoginFailed"
 
 
 class DriftReason(enum.StrEnum):
@@ -183,6 +188,7 @@ class ShardConditionType(enum.StrEnum):
     ADMIN_AUTH_FAILED = "AdminAuthFailed"
     UNREACHABLE = "Unreachable"
     WEAK_ROLE_ISOLATION = "WeakRoleIsolation"
+    SCALING = "Scaling"  # cloudberry only: True while the DatabaseCluster is Scaling (since lastTransitionTime)
 
 
 class ShardReason(enum.StrEnum):
@@ -200,6 +206,14 @@ class ShardReason(enum.StrEnum):
     PROVISIONER_INHERITS = "ProvisionerInherits"
     PROVISIONER_INVALID = "ProvisionerInvalid"
     SERVER_BEFORE_16 = "ServerBefore16"
+    # The shard answers but cannot write: new sessions are read-only, it is a standby, or its disk is full.
+    READ_ONLY = "ReadOnly"
+    IN_RECOVERY = "InRecovery"
+    DISK_FULL = "DiskFull"
+    # A cloudberry cluster is Scaling: placement pauses (catalog changes are not safe meanwhile).
+    CLUSTER_SCALING = "ClusterScaling"
+    # The shard's engine cannot be watched (its CRD is missing or not served): nothing is known about it.
+    ENGINE_UNAVAILABLE = "EngineUnavailable"
 
 
 class EventReason(enum.StrEnum):

@@ -161,15 +161,46 @@ class WatchTimings:
 
 
 @dataclass(frozen=True)
+class CheckTimeouts:
+    """The bounds of one shard check (seconds): connect and authenticate, and the whole check."""
+
+    connect: float
+    total: float
+
+
+@dataclass(frozen=True)
 class ShardChecks:
-    """The Shard controller's pings: a failure is seen, and a recovery taken up, well within a minute."""
+    """The Shard controller's pings: a failure is seen, and a recovery taken up, well within a minute.
+
+    The timeouts adapt to the link: the base values hold on a near link, and each
+    grows by a number of measured round trips (a TLS + SCRAM login is about 7 of them), up to the
+    maxima, so a shard 200 ms away that answers is Ready while a dead one is still told apart
+    (`timeouts(round_trip)`).
+    """
 
     ready_interval: float = 15.0  # a Ready shard is pinged this often
     not_ready_interval: float = 5.0  # a shard that is not Ready, more often
     # Within this gap (and for an unchanged generation) a burst of Database changes reuses the last result.
     min_gap: float = 10.0
-    timeout: float = 5.0  # one whole ping: connect, authenticate, read the catalog
+    timeout: float = 5.0  # one whole ping on a near link: connect, authenticate, read the catalog
     connect_timeout: float = 3.0
+    connect_round_trips: int = 10  # TCP, TLS, startup and SCRAM, with room to spare
+    check_round_trips: int = 4  # the check's statements
+    max_connect_timeout: float = 15.0
+    max_timeout: float = 20.0
+    # Without a measurement (the check timed out), the round-trip estimate doubles from this.
+    min_round_trip_guess: float = 0.25
+    # SQL of a Database worker that has run this long without an answer asks for a check now: if the
+    # shard no longer answers, its sessions are cut and the work waits (instead of the 2 min bound).
+    suspect_after: float = 5.0
+
+    def timeouts(self, round_trip: float) -> CheckTimeouts:
+        """The check's (and the admin sessions' connect) timeouts on a link of `round_trip` seconds."""
+        round_trip = max(0.0, round_trip)
+        connect = min(self.max_connect_timeout, self.connect_timeout + self.connect_round_trips * round_trip)
+        extra = (self.connect_round_trips + self.check_round_trips) * round_trip
+        total = min(self.max_timeout, self.timeout + extra)
+        return CheckTimeouts(connect, max(total, connect))
 
 
 @dataclass(frozen=True)
@@ -180,6 +211,15 @@ class SqlTimings:
     statement_timeout: str = "60s"  # the server-side bound of one statement (a PostgreSQL setting)
     lock_timeout: str = "10s"  # a tenant's lock cannot stall DDL longer (then the step is retried)
     connect_timeout: float = 10.0  # per connection attempt (libpq enforces at least 2)
+    # TCP keepalives and tcp_user_timeout of every admin session: a peer that vanished from the network
+    # (a partition, a dead node) ends the session within seconds instead of the kernel's 2 hours.
+    keepalives_idle: int = 5
+    keepalives_interval: int = 2
+    keepalives_count: int = 3
+    tcp_user_timeout_ms: int = 10_000
+    # A failure that says more about the shard than the database (timeouts, lost connections) is
+    # retried with the usual backoff, but never more than this apart: a recovered shard is used soon.
+    shard_trouble_retry_cap: float = 30.0
     # A lost connection (failover) is retried this often on a new session, after 0.2 s, 1 s, then 2 s.
     reconnect_retries: int = 3
     reconnect: Backoff = Backoff(base=0.2, factor=5.0, cap=2.0)

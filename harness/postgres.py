@@ -130,10 +130,13 @@ class PostgresServer:
         tls_ips: tuple[str, ...] = ("127.0.0.1",),
         settings: dict[str, str] | None = None,
         durable: bool = False,
+        data_dir: Path | None = None,
     ) -> None:
         """`tls_names`, `tls_ips`: the server certificate's names (tests of a wrong host name);
         `settings`: more server settings (`-c key=value`), e.g. for the fault suite's logs;
-        `durable`: acknowledged commits survive `kill()`/`crash()` (only such servers may be killed)."""
+        `durable`: acknowledged commits survive `kill()`/`crash()` (only such servers may be killed);
+        `data_dir`: an empty directory for the data (e.g. on a small filesystem a test fills up), the
+        WAL staying in the work directory (a full WAL disk would stop the server, not fail a write)."""
         if flavor not in POSTGRES_FLAVORS:
             raise ValueError(f"unknown PostgreSQL flavor {flavor!r}; known: {', '.join(POSTGRES_FLAVORS)}")
         self.flavor = POSTGRES_FLAVORS[flavor]
@@ -146,7 +149,8 @@ class PostgresServer:
         self.user = _server_user()
         self.workdir = Path(tempfile.mkdtemp(prefix=f"dbprovider-pg{flavor}-"))
         self.workdir.chmod(0o755)
-        self.data_dir = self.workdir / "data"
+        self.data_dir = data_dir or self.workdir / "data"
+        self.wal_dir = self.workdir / "wal" if data_dir is not None else None
         self.socket_dir = self.workdir / "socket"
         self.log_file = self.workdir / "postgres.log"  # the postmaster's output until the collector runs
         self.log_dir = self.workdir / "log"
@@ -189,6 +193,7 @@ class PostgresServer:
             [
                 str(self.bin_dir / "initdb"),
                 "-D", str(self.data_dir),
+                *(["-X", str(self.wal_dir)] if self.wal_dir is not None else []),
                 "-U", self.SUPERUSER,
                 "--auth-local=trust",
                 "--auth-host=scram-sha-256",
@@ -304,6 +309,30 @@ class PostgresServer:
     def pid(self) -> int | None:
         """The postmaster's PID while the server runs (fault tests signal it)."""
         return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+    def process_ids(self) -> list[int]:
+        """The postmaster and every process it started (backends, checkpointer, walwriter...), by PID:
+        every backend calls setsid(), so a signal to the postmaster's process group reaches none."""
+        return [] if self.pid is None else [self.pid, *self._children()]
+
+    def become_standby(self, timeout: float = 60.0) -> PostgresServer:
+        """Restart (clean shutdown, nothing lost) as a hot standby without a primary: it replays its own
+        WAL and stays in recovery, read-only, as a replica the admin Service points at by mistake."""
+        self._shutdown()
+        (self.data_dir / "standby.signal").touch()
+        self._chown(self.data_dir / "standby.signal")
+        self._launch(timeout)
+        return self
+
+    def promote(self) -> None:
+        """Leave recovery (after `become_standby`): the server writes again."""
+        with self.superuser_connection() as conn:
+            conn.execute("SELECT pg_promote(true, 60)")
+
+    def _shutdown(self) -> None:
+        """Fast shutdown (SIGINT): sessions end, everything committed stays."""
+        stop(self._proc, signal.SIGINT, timeout=60)
+        self._proc = None
 
     def crash(self) -> None:
         """SIGKILL the postmaster and every backend at once (a host or OOM kill); the data stays."""

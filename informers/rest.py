@@ -11,6 +11,7 @@ callers test `exc.status` exactly as they do with the generated API.
 
 from __future__ import annotations
 
+import copy
 import json
 import socket
 from collections.abc import Callable, Iterator
@@ -103,6 +104,20 @@ class Rest:
     def fenced(self, fence: Callable[[], None], user_agent: str | None = None) -> Rest:
         """A `Rest` on the same client whose writes call `fence()` first."""
         return Rest(self.api_client, fence, user_agent or self.user_agent)
+
+    def without_retries(self) -> Rest:
+        """A `Rest` on a client of its own that never retries a request behind the caller's back.
+
+        The client's urllib3 pool retries a failed request up to three times by default (connect
+        errors for every method, read timeouts for GET, PUT and DELETE), so a request bounded by a
+        timeout of t could take 4t. Callers that must answer within a bound (the Lease renewal, the
+        API's writes) use this one; the caller decides whether to try again.
+        """
+        configuration = copy.deepcopy(self.api_client.configuration)
+        configuration.retries = False
+        client = ApiClient(configuration)
+        client.user_agent = self.api_client.user_agent
+        return Rest(client, self.fence, self.user_agent)
 
     # -- raw -------------------------------------------------------------------------------------
 

@@ -18,12 +18,17 @@ class SharedInformers:
 
     `informer(...)` returns the existing informer for that key or creates it (and starts it if the
     registry is already started). Register indexes and handlers on the returned informer.
+
+    An informer marked `optional` (an optional engine's kind, whose CRD may be missing or not served)
+    runs like the others but is not waited for: `has_synced`, `wait_for_sync` and `unsynced` are about
+    the required ones, so a missing CRD keeps no replica from starting and no API from serving.
     """
 
     def __init__(self, api_client: ApiClient | Rest, **informer_options: Any) -> None:
         self.rest = api_client if isinstance(api_client, Rest) else Rest(api_client)
         self._options = informer_options
         self._informers: dict[tuple[Resource, str | None, str | None, str | None], Informer] = {}
+        self._optional: set[int] = set()  # id() of the informers nobody waits for
         self._lock = threading.Lock()
         self._started = False
         self._stopped = False
@@ -71,6 +76,19 @@ class SharedInformers:
         with self._lock:
             return list(self._informers.values())
 
+    def mark_optional(self, informer: Informer) -> None:
+        """Do not wait for `informer` to sync (see the class docstring)."""
+        with self._lock:
+            self._optional.add(id(informer))
+
+    def required(self) -> list[Informer]:
+        with self._lock:
+            return [i for i in self._informers.values() if id(i) not in self._optional]
+
+    def optional(self) -> list[Informer]:
+        with self._lock:
+            return [i for i in self._informers.values() if id(i) in self._optional]
+
     def start(self) -> None:
         with self._lock:
             self._started = True
@@ -79,19 +97,19 @@ class SharedInformers:
             informer.start()
 
     def has_synced(self) -> bool:
-        return all(informer.has_synced() for informer in self.all())
+        return all(informer.has_synced() for informer in self.required())
 
     def wait_for_sync(self, timeout: float | None = None) -> bool:
-        """Wait until every registered informer has listed once; False on timeout."""
+        """Wait until every required informer has listed once; False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        for informer in self.all():
+        for informer in self.required():
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             if not informer.wait_for_sync(remaining):
                 return False
         return True
 
     def unsynced(self) -> list[Informer]:
-        return [informer for informer in self.all() if not informer.has_synced()]
+        return [informer for informer in self.required() if not informer.has_synced()]
 
     def stop(self, timeout: float | None = 10.0) -> None:
         with self._lock:

@@ -35,10 +35,15 @@ from domain.constants import (
     SINGULAR_DATABASE,
     SINGULAR_SHARD,
     VERSION,
+    ShardReason,
 )
 from domain.naming import DNS1123_LABEL_RE, label_value
 from domain.settings import SETTINGS
 from infra.crds import crd_schemas
+
+# A cloudberry cluster that is Scaling is planned work, not an outage: DBProviderShardNotReady leaves
+# it to DBProviderShardScalingTooLong.
+SCALING_REASON = ShardReason.CLUSTER_SCALING.value
 
 TEMPLATES_DIR = Path(os.environ.get("DBPROVIDER_TEMPLATES") or Path(__file__).resolve().parent.parent / "templates")
 
@@ -132,18 +137,36 @@ def promql_selector(config: InstallConfig) -> str:
     return ", ".join(matchers)
 
 
-def provisioning_reasons_template(config: InstallConfig) -> str:
-    """A Prometheus template listing the Ready reasons (and counts) of the Provisioning databases of the
-    alert's cluster and shard, for DBProviderDatabaseStuckProvisioning's description."""
+def _reasons_template(config: InstallConfig, series: str, matchers: str, counts: bool) -> str:
+    """A Prometheus template listing the `reason` labels (with values if `counts`) of `series` for the
+    alert's cluster and shard plus `matchers`: ", "-separated, each after a space."""
     job = job_matcher(config).replace("%", "%%")  # printf; a backtick is refused by the config
-    query = (
-        "sum by (reason) (max by (cluster, shard, phase, reason) "
-        f'(dbprovider_databases{{{job}, cluster="%s", shard="%s", phase="Provisioning"}}))'
-    )
+    query = series.format(selector=f'{job}, cluster="%s", shard="%s", {matchers}')
+    value = " ({{ $s.Value }})" if counts else ""
     return (
         "{{ range $i, $s := printf `" + query + "` $labels.cluster $labels.shard | query | sortByLabel `reason` }}"
-        "{{ if $i }},{{ end }} {{ $s.Labels.reason }} ({{ $s.Value }}){{ end }}"
+        "{{ if $i }},{{ end }} {{ $s.Labels.reason }}" + value + "{{ end }}"
     )
+
+
+def provisioning_reasons_template(config: InstallConfig) -> str:
+    """The Ready reasons (and counts) of the Provisioning databases of the alert's cluster and shard,
+    for DBProviderDatabaseStuckProvisioning's description."""
+    series = "sum by (reason) (max by (cluster, shard, phase, reason) (dbprovider_databases{{{selector}}}))"
+    return _reasons_template(config, series, 'phase="Provisioning"', counts=True)
+
+
+def shard_reasons_template(config: InstallConfig) -> str:
+    """The Ready reason(s) of the alert's shard now, for DBProviderShardNotReady's description: the
+    alert itself is per shard (no reason label), so a reason that changes mid-outage keeps its clock."""
+    series = "max by (reason) (dbprovider_shard_ready{{{selector}}} == 0)"
+    return _reasons_template(config, series, f'reason!="{SCALING_REASON}"', counts=False)
+
+
+def failed_reasons_template(config: InstallConfig) -> str:
+    """The Ready reasons (and counts) of the alert's shard's Failed databases, for DBProviderDatabaseFailed."""
+    series = "max by (reason) (dbprovider_databases{{{selector}}} > 0)"
+    return _reasons_template(config, series, 'phase="Failed"', counts=True)
 
 
 def prometheus_duration(seconds: float) -> str:
@@ -204,6 +227,10 @@ def _context(config: InstallConfig, time_scale: int = 1) -> dict[str, Any]:
         "sel": promql_selector(config),
         "job_sel": job_matcher(config),
         "provisioning_reasons": provisioning_reasons_template(config),
+        "shard_reasons": shard_reasons_template(config),
+        "failed_reasons": failed_reasons_template(config),
+        "scaling_reason": SCALING_REASON,
+        "scaling_alert_after": format_duration(config.engines.cloudberry.scaling_alert_after),
         "runbook": config.prometheus_rule.runbook_base_url,
         **_timings(time_scale),
         "service_monitor_labels": {**monitor.labels, **labels},

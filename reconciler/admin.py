@@ -29,6 +29,7 @@ from domain.settings import SETTINGS
 from domain.specs import ShardSpec, parse_shard
 from informers import SECRETS, Rest
 from reconciler.runtime import Slot, current_slot
+from reconciler.shard_links import ShardLinks
 from reconciler.sql.session import APPLICATION_NAME, AdminEndpoint, AdminSession, Fence
 
 
@@ -177,6 +178,11 @@ class AdminSessions:
 
     `fence` (leadership, from the composition root) is checked before every statement of every
     session handed out; `application_name` names this replica in the shards' logs and activity.
+    `links` is what the Shard controller learnt about each shard: a session's connect timeout is
+    the shard check's, and while the shard is not answering no session to it is opened (`gate`).
+    `abort(shard)` cuts every session to a shard, from any thread. `on_slow(shard)` is called when
+    an operation on a shard has waited `suspect_after` seconds (the composition root asks the
+    Shard controller for a check).
     """
 
     def __init__(
@@ -185,12 +191,15 @@ class AdminSessions:
         *,
         fence: Fence | None = None,
         application_name: str = APPLICATION_NAME,
+        links: ShardLinks | None = None,
     ) -> None:
         self._local = threading.local()
         self._connect_timeout = connect_timeout
         self.fence = fence
         self.application_name = application_name
-        self._all: list[AdminSession] = []  # every session of every thread, for close_all()
+        self.links = links or ShardLinks()
+        self.on_slow: Callable[[str], None] | None = None
+        self._all: dict[AdminSession, str] = {}  # every session of every thread -> its shard
         self._by_slot: dict[Slot, dict[str, _Entry]] = {}  # a slot is held by one worker at a time
         self._lock = threading.Lock()
 
@@ -217,11 +226,27 @@ class AdminSessions:
             if entry is not None:
                 entry.session.close()
                 self._forget(entry.session)
-            entry = _Entry(fingerprint, self.one_off(endpoint, self._connect_timeout))
+            entry = _Entry(fingerprint, self._worker_session(shard, endpoint))
             sessions[shard] = entry
             with self._lock:
-                self._all.append(entry.session)
+                self._all[entry.session] = shard
+        # The shard check's connect bound, as learnt so far (a slow link gets more time).
+        entry.session.connect_timeout = min(self._connect_timeout, self.links.timeouts(shard).connect)
         return entry.session
+
+    def _worker_session(self, shard: str, endpoint: AdminEndpoint) -> AdminSession:
+        session = self.one_off(endpoint, self._connect_timeout)
+        session.gate = lambda: self._refusal(shard)
+        session.on_slow = lambda: self._slow(shard)
+        return session
+
+    def _refusal(self, shard: str) -> str | None:
+        why = self.links.not_answering(shard)
+        return None if why is None else f"shard {shard} is not answering ({why})"
+
+    def _slow(self, shard: str) -> None:
+        if self.on_slow is not None:
+            self.on_slow(shard)
 
     def one_off(self, endpoint: AdminEndpoint, connect_timeout: float) -> AdminSession:
         """A new session of its own (fenced and named like the others); the caller closes it."""
@@ -229,12 +254,29 @@ class AdminSessions:
             endpoint, application_name=self.application_name, connect_timeout=connect_timeout, fence=self.fence
         )
 
+    def abort(self, shard: str) -> int:
+        """Cut every session to `shard` (any worker's): work blocked on it fails at once. Returns how many."""
+        with self._lock:
+            doomed = [session for session, of in self._all.items() if of == shard]
+        for session in doomed:
+            session.sever()
+        return len(doomed)
+
+    def sever_all(self) -> None:
+        """Cut every session's socket (the controllers are stopping): a worker blocked on one returns
+        at once, and the shard sees the session end now, not when the worker is done."""
+        with self._lock:
+            sessions = list(self._all)
+        for session in sessions:
+            session.sever()
+
     def close_all(self) -> None:
         """Close every session (the controllers have stopped): no connection outlives a leader term."""
         with self._lock:
-            sessions, self._all = self._all, []
+            sessions, self._all = list(self._all), {}
             self._by_slot.clear()
         for session in sessions:
+            session.sever()  # a worker still blocked on one returns at once
             session.close()
 
     def drop(self, shard: str) -> None:
@@ -245,8 +287,7 @@ class AdminSessions:
 
     def _forget(self, session: AdminSession) -> None:
         with self._lock:
-            if session in self._all:
-                self._all.remove(session)
+            self._all.pop(session, None)
 
 
 parse_shard_spec = parse_shard  # the name the Database controller imports until the merge

@@ -15,7 +15,7 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from domain.conditions import READY, condition_reason, is_condition_true, object_conditions
+from domain.conditions import READY, condition_reason, get_condition, is_condition_true, object_conditions
 from domain.constants import UNPLACED, DatabaseConditionType, Phase, ShardConditionType
 from domain.timefmt import parse_time
 
@@ -30,6 +30,15 @@ def _condition_true(obj: Mapping[str, Any], condition_type: str) -> bool:
 def _ready_reason(obj: Mapping[str, Any]) -> str:
     """The Ready condition's reason (the same type name on a Shard and a Database)."""
     return condition_reason(object_conditions(obj), READY) or NO_REASON
+
+
+def _scaling_since(shard: Mapping[str, Any]) -> float | None:
+    """When the shard's cloudberry cluster began Scaling (its Scaling condition's transition), or None."""
+    condition = get_condition(object_conditions(shard), ShardConditionType.SCALING)
+    if condition is None or not _condition_true(shard, ShardConditionType.SCALING):
+        return None
+    since = parse_time(condition.get("lastTransitionTime"))
+    return None if since is None else since.timestamp()
 
 
 def _created_at(obj: Mapping[str, Any]) -> float | None:
@@ -85,6 +94,11 @@ class FleetCollector(Collector):
             "1 if the Shard's Ready condition is True; reason is the condition's reason.",
             labels=["shard", "reason"],
         )
+        scaling = GaugeMetricFamily(
+            "dbprovider_shard_scaling_seconds",
+            "Seconds the shard's cloudberry cluster has been Scaling (0 when it is not).",
+            labels=["shard"],
+        )
         slots = GaugeMetricFamily("dbprovider_shard_databases", "Database slots in use on the shard.", labels=["shard"])
         limit = GaugeMetricFamily("dbprovider_shard_max_databases", "spec.maxDatabases of the shard.", labels=["shard"])
         for shard in shard_objects:
@@ -92,9 +106,12 @@ class FleetCollector(Collector):
             ready.add_metric(
                 [name, _ready_reason(shard)], 1.0 if _condition_true(shard, ShardConditionType.READY) else 0.0
             )
+            since = _scaling_since(shard)
+            scaling.add_metric([name], 0.0 if since is None else max(0.0, now - since))
             slots.add_metric([name], in_use[name])
             limit.add_metric([name], float((shard.get("spec") or {}).get("maxDatabases") or 0))
         yield ready
+        yield scaling
         yield slots
         yield limit
 
@@ -121,3 +138,21 @@ class FleetCollector(Collector):
         yield provisioning
         yield held_family
         yield drift_family
+
+
+class EngineCollector(Collector):
+    """`dbprovider_engine_available{engine}`: 1 while an optional engine's objects can be watched (its
+    CRD is served and listed), 0 while not; only that engine's shards are affected meanwhile."""
+
+    def __init__(self, engines: Mapping[str, Callable[[], bool]]) -> None:
+        self._engines = engines
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "dbprovider_engine_available",
+            "1 if the optional shard engine's custom resources can be watched, else 0.",
+            labels=["engine"],
+        )
+        for engine, available in sorted(self._engines.items()):
+            family.add_metric([engine], 1.0 if available() else 0.0)
+        yield family

@@ -14,14 +14,15 @@ from pydantic import ValidationError
 
 from domain.conditions import READY, get_condition, object_conditions
 from domain.config import InstallConfig
-from domain.constants import CREDENTIALS_SECRET_SELECTOR, CREDENTIALS_SECRET_SUFFIX
+from domain.constants import CREDENTIALS_SECRET_SELECTOR, CREDENTIALS_SECRET_SUFFIX, Engine
 from domain.specs import ShardSpec, parse_shard
-from informers import SECRETS, Informer
+from informers import SECRETS, Informer, Rest
 from informers.informer import Handler
 from reconciler.admin import AdminPolicy, AdminSessions
 from reconciler.consumer_controller import ConsumerController
 from reconciler.database import DatabaseController
 from reconciler.events import EventRecorder
+from reconciler.fleet_metrics import EngineCollector
 from reconciler.resources import (
     BY_CONSUMER,
     BY_SHARD,
@@ -52,11 +53,14 @@ class Controllers:
     consumers: ConsumerController
     sessions: AdminSessions
     events: EventRecorder
+    rest: Rest
 
     def close(self) -> None:
-        """After the manager stopped: send the queued Events, close the shards' admin sessions."""
+        """After the manager stopped: send the queued Events, close the shards' admin sessions and
+        the controllers' apiserver client."""
         self.events.close()
         self.sessions.close_all()
+        self.rest.api_client.close()
 
 
 COUNT_COALESCE_SECONDS = 1.0
@@ -113,7 +117,12 @@ def register_controllers(
     # statement they send to a shard checks leadership first: a replica that lost (or may have
     # lost) the Lease writes nothing. The informers and the API keep the unfenced client.
     # Their User-Agent tells the controllers' writes from the API's in the apiserver's audit log.
-    rest = manager.rest.fenced(manager.fence, user_agent=f"{APPLICATION_NAME}-controllers/{instance}")
+    # On a client of their own without urllib3's hidden retries: a write the fence let through is sent
+    # once; retried by the controller (after the fence again), never re-sent by the transport later,
+    # e.g. an Event (no precondition) delivered after the link to a cut-off leader came back.
+    rest = manager.rest.without_retries().fenced(
+        manager.fence, user_agent=f"{APPLICATION_NAME}-controllers/{instance}"
+    )
     shards = informers.informer(SHARDS)
     consumers = informers.informer(CONSUMERS)
     databases = informers.informer(DATABASES, namespace)
@@ -123,10 +132,16 @@ def register_controllers(
     databases.add_index(BY_CONSUMER, database_consumer)
     clusters: Informer | None = None
     if config.engines.cloudberry.enabled:
+        # Optional: a missing or unserved Keldon CRD must not keep the replica from starting; the
+        # cloudberry shards report EngineUnavailable meanwhile (and dbprovider_engine_available is 0).
         clusters = informers.informer(DATABASE_CLUSTERS)
+        informers.mark_optional(clusters)
+        manager.metrics.registry.register(EngineCollector({Engine.CLOUDBERRY.value: clusters.has_synced}))
     sessions = AdminSessions(fence=manager.fence, application_name=replica_application_name(instance))
     policy = AdminPolicy.from_config(config, shard_ca_file)
-    manager.after_controllers_stop(sessions.close_all)  # a lost Lease closes them too
+    # A lost Lease (or shutdown) cuts every shard session at once, then closes them once the workers are done.
+    manager.when_controllers_stopping(sessions.sever_all)
+    manager.after_controllers_stop(sessions.close_all)
 
     shard_logic = ShardController(
         rest,
@@ -140,6 +155,8 @@ def register_controllers(
     )
     # Several workers: each checks a different shard, so a dead shard's timeout delays no other.
     shard_controller = Controller("shard", shard_logic.reconcile, workers=SHARD_WORKERS)
+    shard_logic.enqueue = shard_controller.enqueue
+    sessions.on_slow = shard_logic.suspect  # SQL hanging on a shard: check it now
     shard_controller.watch(shards)
     databases.add_handler(_coalesced(shard_controller, database_shard), replay=False)
     if clusters is not None:
@@ -186,7 +203,7 @@ def register_controllers(
             config.workers_total,
         )
     )
-    db_logic.on_shard_trouble = shard_controller.enqueue  # a failed statement triggers a shard check
+    db_logic.on_shard_trouble = shard_logic.suspect  # a failed statement triggers a shard check
     db_controller.watch(databases)
 
     def credentials_owner(secret: dict[str, Any]) -> list[str]:
@@ -216,4 +233,4 @@ def register_controllers(
 
     for controller in (shard_controller, db_controller, consumer_controller):
         manager.add_controller(controller)
-    return Controllers(shard_logic, db_logic, consumer_logic, sessions, events)
+    return Controllers(shard_logic, db_logic, consumer_logic, sessions, events, rest)

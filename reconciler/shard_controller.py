@@ -3,13 +3,26 @@
 Pings every Ready shard every 15 s (PING_INTERVAL) and a shard that is not Ready every 5 s
 (NOT_READY_RECHECK), so a failure is seen and a recovery taken up well within the guide's
 minute; also whenever the Shard or one of its Databases changes (a Ready shard at most every 10 s:
-a burst of placements must not ping once per database). Each ping opens a NEW admin connection
-with a short timeout and closes it: a reused session would keep answering while the postmaster
-accepts no new connections (stopped, out of slots), which no consumer could then use. Shards are
-checked concurrently (the controller's workers), so dead shards do not delay the others. The Ready
-condition's reason says what is wrong (Ok, AdminAuthFailed, AdminSecretInvalid, Unreachable,
-ClusterNotRunning, ProvisionerInherits/ProvisionerInvalid); messages carry a sanitized error class
-only. A shard that is not Ready gets no placements (reconciler.placement reads this condition).
+a burst of placements must not ping once per database), and at once when a Database worker's SQL
+on it failed or hangs (`suspect`). Each ping opens a NEW admin connection and closes it: a reused
+session would keep answering while the postmaster accepts no new connections (stopped, out of
+slots), which no consumer could then use. Shards are checked concurrently (the controller's
+workers), so dead shards do not delay the others.
+
+A ping passes when the provisioner logs in, its role fits (provisioner.dialect_problem) and the
+server can write (shard_probe.Writability: not a standby, new sessions not read-only; and, once a
+Database worker's write failed with disk_full, a small test write passes: DiskFull until then). Its
+timeouts follow the link (`ShardLinks`: from the measured round trip, bounded), and a Ready shard
+gets a second try with the longer timeouts before it is declared Unreachable, so a slow or flaky
+link that still answers stays Ready. A shard that does not answer is marked so in `ShardLinks`:
+the Database workers' sessions to it are cut at once and no new ones are opened until a ping
+passes, so its work waits instead of hanging.
+
+The Ready condition's reason says what is wrong (Ok, AdminAuthFailed, AdminSecretInvalid,
+Unreachable, ReadOnly, InRecovery, DiskFull, ClusterNotRunning, ClusterScaling, EngineUnavailable,
+ProvisionerInherits/ProvisionerInvalid);
+messages carry a sanitized error class only. A shard that is not Ready gets no placements
+(reconciler.placement reads this condition).
 """
 
 from __future__ import annotations
@@ -17,13 +30,14 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from domain.constants import KELDON_PHASE_RUNNING, Engine, ShardConditionType, ShardReason
+from domain.constants import KELDON_PHASE_RUNNING, KELDON_PHASE_SCALING, Engine, ShardConditionType, ShardReason
 from domain.settings import SETTINGS
 from domain.specs import ShardSpec, parse_shard
 from domain.status import ShardStatus
@@ -32,16 +46,20 @@ from informers import Informer, Rest
 from reconciler.admin import AdminPolicy, AdminSecretInvalid, AdminSessions, admin_endpoint
 from reconciler.resources import BY_SHARD, SHARDS
 from reconciler.runtime import Result, set_condition, update_status
+from reconciler.shard_links import ShardLinks
+from reconciler.sql import errors as sqlerrors
 from reconciler.sql.errors import SqlFailure, is_auth_failure
-from reconciler.sql.provisioner import WEAK_CREATEROLE_MESSAGE, dialect_problem, inspect_provisioner
+from reconciler.sql.provisioner import WEAK_CREATEROLE_MESSAGE, dialect_problem
+from reconciler.sql.session import AdminEndpoint, AdminSession
+from reconciler.sql.shard_probe import probe_shard, probe_write
 
 log = logging.getLogger(__name__)
 
 # The check intervals and timeouts: SETTINGS.shard_checks says why each is what it is.
 PING_INTERVAL = SETTINGS.shard_checks.ready_interval
 NOT_READY_RECHECK = SETTINGS.shard_checks.not_ready_interval  # seconds between pings of a shard not Ready
-PING_TIMEOUT = SETTINGS.shard_checks.timeout  # one whole ping: connect, authenticate, read the catalog
-PING_CONNECT_TIMEOUT = SETTINGS.shard_checks.connect_timeout
+# A suspected shard (a failed or hanging statement) is pinged at once, but not more often than this.
+MIN_FORCED_GAP = 1.0
 # A burst of Database changes would ping the shard once per change; within this gap (and for an
 # unchanged Shard generation) the last result stands and only databaseCount is refreshed.
 MIN_PING_GAP = SETTINGS.shard_checks.min_gap
@@ -65,6 +83,20 @@ class Health:
     def ready(self) -> bool:
         return self.reason == ShardReason.OK
 
+    @property
+    def answering(self) -> bool:
+        """False when no new session got through: the shard's sessions are cut, none opened."""
+        return self.reason != ShardReason.UNREACHABLE
+
+
+def set_scaling(conditions: list[dict[str, Any]], health: Health, generation: int | None) -> None:
+    """The Scaling condition of a cloudberry shard: True while its cluster is Scaling; its
+    lastTransitionTime is when scaling began (dbprovider_shard_scaling_seconds counts from it)."""
+    scaling = health.reason == ShardReason.CLUSTER_SCALING
+    message = "the DatabaseCluster is Scaling" if scaling else "the DatabaseCluster is not Scaling"
+    reason = ShardReason.CLUSTER_SCALING if scaling else ShardReason.OK
+    set_condition(conditions, ShardConditionType.SCALING, scaling, reason, message, generation)
+
 
 class ShardController:
     def __init__(
@@ -84,48 +116,103 @@ class ShardController:
         self.databases = databases
         self.clusters = clusters
         self.sessions = sessions or AdminSessions()
+        self.links: ShardLinks = self.sessions.links
         self.admin_host_override = admin_host_override
         self.ping_interval = ping_interval
         self.min_ping_gap = min(MIN_PING_GAP, ping_interval)
         # shard -> (when, generation, result); workers touch distinct shards (one key, one worker)
         self._last: dict[str, tuple[float, int | None, Health]] = {}
+        self._suspected: set[str] = set()  # ping these at the next reconcile, whatever the last result
+        self._disk_suspects: set[str] = set()  # a write failed with disk_full: probe a write until one passes
+        self.enqueue: Callable[[str], None] | None = None  # set by setup: the controller's queue
+
+    def suspect(self, name: str, error_class: str | None = None) -> None:
+        """A Database worker's SQL on this shard failed (with `error_class`) or hangs: ping it now, not
+        at the next interval; after a `disk_full`, every ping also writes until a write passes."""
+        if error_class == sqlerrors.DISK_FULL:
+            self._disk_suspects.add(name)
+        self._suspected.add(name)
+        if self.enqueue is not None:
+            self.enqueue(name)
 
     # -- checks ----------------------------------------------------------------------------------
 
-    def _cluster_problem(self, spec: ShardSpec) -> str | None:
-        """For cloudberry: the Keldon DatabaseCluster must exist and be Running."""
+    def _cluster_health(self, spec: ShardSpec) -> Health | None:
+        """For cloudberry: what the Keldon DatabaseCluster says (None: it is Running, ping the shard).
+
+        Scaling is planned work, not an outage: placement pauses (catalog changes are not safe while
+        segments are added) with its own reason, and the critical alert leaves it alone. If the
+        DatabaseCluster kind cannot be listed (its CRD missing or not served), only cloudberry shards
+        are affected: they say so, and the rest of the provider runs.
+        """
         if spec.engine != Engine.CLOUDBERRY:
             return None
         ref = spec.cluster
         if self.clusters is None:
-            return "cloudberry shards are not enabled in this install (engines.cloudberry.enabled)"
+            return Health(
+                ShardReason.CLUSTER_NOT_RUNNING,
+                "cloudberry shards are not enabled in this install (engines.cloudberry.enabled)",
+            )
+        if not self.clusters.has_synced():
+            return Health(
+                ShardReason.ENGINE_UNAVAILABLE,
+                f"the cloudberry engine is unavailable: DatabaseClusters cannot be listed "
+                f"({self.clusters.sync_problem()}); postgres shards are not affected",
+            )
         cluster = self.clusters.get(f"{ref.namespace}/{ref.name}")
         if cluster is None:
-            return f"DatabaseCluster {ref.namespace}/{ref.name} not found"
+            return Health(ShardReason.CLUSTER_NOT_RUNNING, f"DatabaseCluster {ref.namespace}/{ref.name} not found")
         phase = (cluster.get("status") or {}).get("phase") or "Unknown"
+        if phase == KELDON_PHASE_RUNNING:
+            return None
+        if phase == KELDON_PHASE_SCALING:
+            return Health(
+                ShardReason.CLUSTER_SCALING,
+                f"DatabaseCluster {ref.namespace}/{ref.name} is Scaling: no new databases are placed and SQL "
+                "for its databases waits until it is Running again; its databases keep working",
+            )
         if phase == "Failed":
-            return f"DatabaseCluster {ref.namespace}/{ref.name} has failed (phase Failed)"
-        if phase != KELDON_PHASE_RUNNING:
-            return f"DatabaseCluster {ref.namespace}/{ref.name} is not Running (phase {phase})"
-        return None
+            return Health(
+                ShardReason.CLUSTER_NOT_RUNNING, f"DatabaseCluster {ref.namespace}/{ref.name} has failed (phase Failed)"
+            )
+        where = f"{ref.namespace}/{ref.name}"
+        return Health(ShardReason.CLUSTER_NOT_RUNNING, f"DatabaseCluster {where} is not Running (phase {phase})")
 
     def check(self, name: str, spec: ShardSpec) -> Health:
-        problem = self._cluster_problem(spec)
-        if problem is not None:
-            return Health(ShardReason.CLUSTER_NOT_RUNNING, problem)
+        cluster = self._cluster_health(spec)
+        if cluster is not None:
+            return cluster
         try:
             endpoint = admin_endpoint(self.rest, spec, self.policy, self.admin_host_override)
         except AdminSecretInvalid as exc:
             return Health(ShardReason.ADMIN_SECRET_INVALID, str(exc))
         except ApiException as exc:
             return Health(ShardReason.ADMIN_SECRET_INVALID, f"admin Secret not readable (HTTP {exc.status})")
+        last = self._last.get(name)
+        health, timed_out = self._ping(name, endpoint)
+        if timed_out and last is not None and last[2].ready:
+            # A Ready shard gets a second try with the longer timeouts ShardLinks has learnt: a slow
+            # link that still answers stays Ready; a dead one is Unreachable after both.
+            health, _ = self._ping(name, endpoint)
+        return health
+
+    def _ping(self, name: str, endpoint: AdminEndpoint) -> tuple[Health, bool]:
+        """One ping on a fresh session; (its health, whether it ran out of time)."""
+        timeouts = self.links.timeouts(name)
         try:
-            with self.sessions.one_off(endpoint, PING_CONNECT_TIMEOUT) as session:
-                info = inspect_provisioner(session, timeout=PING_TIMEOUT)
+            with self.sessions.one_off(endpoint, timeouts.connect) as session:
+                probe = probe_shard(session, timeout=timeouts.total)
+                full = self._disk_full(name, session, timeouts.total) if probe.writability.problem() is None else None
         except SqlFailure as failure:
             if is_auth_failure(failure):
-                return Health(ShardReason.ADMIN_AUTH_FAILED, f"admin login failed: {failure.error_class}")
-            return Health(ShardReason.UNREACHABLE, str(failure))
+                return Health(ShardReason.ADMIN_AUTH_FAILED, f"admin login failed: {failure.error_class}"), False
+            timed_out = failure.error_class == sqlerrors.TIMEOUT
+            if timed_out:
+                self.links.timed_out(name)
+            message = f"{failure} after {timeouts.total:.0f}s" if timed_out else str(failure)
+            return Health(ShardReason.UNREACHABLE, message), timed_out
+        self.links.measured(name, probe.round_trip)
+        info = probe.info
         version = f"{info.major}.{info.server_version_num % 10000}"
         problem = dialect_problem(info)
         if problem is not None:
@@ -134,26 +221,56 @@ class ShardController:
                 if info.inherit and info.weak_createrole
                 else (ShardReason.PROVISIONER_INVALID)
             )
-            return Health(reason, problem, version, info.weak_createrole)
-        return Health(ShardReason.OK, "admin connection healthy", version, info.weak_createrole)
+            return Health(reason, problem, version, info.weak_createrole), False
+        problem = probe.writability.problem()
+        if problem is not None:
+            reason = ShardReason.IN_RECOVERY if probe.writability.in_recovery else ShardReason.READ_ONLY
+            return Health(reason, problem, version, info.weak_createrole), False
+        if full is not None:
+            return Health(ShardReason.DISK_FULL, full, version, info.weak_createrole), False
+        return Health(ShardReason.OK, "admin connection healthy", version, info.weak_createrole), False
+
+    def _disk_full(self, name: str, session: AdminSession, timeout: float) -> str | None:
+        """For a shard whose SQL failed with disk_full: why a small write still fails, or None (it passed)."""
+        if name not in self._disk_suspects:
+            return None
+        try:
+            probe_write(session, timeout=timeout)
+        except SqlFailure as failure:
+            if failure.error_class != sqlerrors.DISK_FULL:
+                raise
+            return f"{failure}: the shard's disk is full (a SQL write failed with disk_full); free space on it"
+        self._disk_suspects.discard(name)
+        return None
 
     def _health(self, name: str, spec: ShardSpec, generation: int | None) -> Health:
         """check(), but for an unchanged Shard the SQL ping of a Ready one at most every
-        min_ping_gap, of one that is not Ready at most every NOT_READY_RECHECK.
+        min_ping_gap, of one that is not Ready at most every NOT_READY_RECHECK; a suspected one
+        (see `suspect`) at once, at most every MIN_FORCED_GAP.
 
         The DatabaseCluster phase comes from the cache and is always current.
         """
-        problem = self._cluster_problem(spec)
-        if problem is not None:
+        cluster = self._cluster_health(spec)
+        if cluster is not None:
             self._last.pop(name, None)
-            return Health(ShardReason.CLUSTER_NOT_RUNNING, problem)
+            return cluster
         last = self._last.get(name)
         gap = self.min_ping_gap if last is not None and last[2].ready else NOT_READY_RECHECK
+        if name in self._suspected:
+            self._suspected.discard(name)
+            gap = MIN_FORCED_GAP
         if last is not None and last[1] == generation and time.monotonic() - last[0] < gap:
             return last[2]
         health = self.check(name, spec)
         self._last[name] = (time.monotonic(), generation, health)
+        self._follow_answering(name, health)
         return health
+
+    def _follow_answering(self, name: str, health: Health) -> None:
+        """Tell the Database workers' sessions whether the shard answers; cut them when it stopped."""
+        if self.links.set_not_answering(name, None if health.answering else health.message):
+            cut = self.sessions.abort(name)
+            log.warning("shard not answering: its sessions cut", extra={"shard": name, "sessions": cut})
 
     # -- reconcile -------------------------------------------------------------------------------
 
@@ -162,11 +279,15 @@ class ShardController:
         if shard is None:
             self.sessions.drop(name)
             self._last.pop(name, None)
+            self._disk_suspects.discard(name)
+            self.links.forget(name)
             return None
         generation = shard["metadata"].get("generation")
+        spec: ShardSpec | None
         try:
             spec = parse_shard(shard)
         except ValidationError:
+            spec = None
             health = Health(ShardReason.UNREACHABLE, "the Shard's spec is invalid")
         else:
             health = self._health(name, spec, generation)
@@ -192,6 +313,8 @@ class ShardController:
                 WEAK_CREATEROLE_MESSAGE if health.weak_createrole else "CREATEROLE manages only its own roles",
                 generation,
             )
+        if spec is not None and spec.engine == Engine.CLOUDBERRY:
+            set_scaling(conditions, health, generation)
         observed = ShardStatus(
             observed_generation=generation,
             database_count=self.databases.count_by_index(BY_SHARD, name),

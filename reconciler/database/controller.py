@@ -4,7 +4,8 @@
   no SQL at all (deletion.py) -> soft delete or recovery (deletion.py) -> placement, persisted
   before any SQL, ends the pass (placement.py) -> shard -> credentials Secret, written before the role: the
   source of the password (secret.py) -> Ready path: no SQL unless the database's own inputs
-  changed (ready.py) -> provisioning (provisioning.py).
+  changed (ready.py) -> provisioning, then a login with the database's own credentials
+  (provisioning.py, login.py).
 
 The work queue has a lane per shard (`lane`): a pass runs with the workers of the shard its
 Database is placed on, and placement, which runs no SQL, has a lane of its own. So a pass that
@@ -13,7 +14,8 @@ places ends there; the placement's event brings the key back in its shard's lane
 Each step reads and changes the typed `Database` (state.py). SQL runs through `ShardSql` (shard_sql.py):
 a failure goes into status with its sanitized class and is retried with backoff
 (`ReconcileError`), or, when retrying cannot help, raised as `TerminalError`; driver errors never
-escape.
+escape. While the placed shard is not Ready the pass ends in `Waiting` (reason ShardNotReady, the
+phase kept): no SQL, no retry spent, looked at again when the Shard turns Ready.
 """
 
 from __future__ import annotations
@@ -38,10 +40,11 @@ from informers import Informer, Rest
 from reconciler.admin import AdminEndpointCache, AdminPolicy, AdminSessions
 from reconciler.database.deletion import Deletion
 from reconciler.database.finalizers import Finalizers, finalizers
+from reconciler.database.login import LoginCheck
 from reconciler.database.placement import Placer
 from reconciler.database.provisioning import Provisioner
 from reconciler.database.ready import ReadyPath
-from reconciler.database.report import Reporter
+from reconciler.database.report import Reporter, Waiting
 from reconciler.database.secret import CredentialsSecrets
 from reconciler.database.shard_sql import ShardSql, client_endpoint, shard_spec
 from reconciler.database.state import Database
@@ -85,15 +88,16 @@ class DatabaseController:
         self.placer = Placer(config, self.placement, rest, shards, self.writes, self.report, self.sql)
         self.deletion = Deletion(config, shards, self.sql, self.writes, self.report, self.finalizers, clock)
         self.ready = ReadyPath(config, rest, self.secrets, self.sql, self.writes, self.report)
-        self.provisioner = Provisioner(config, self.sql, self.writes, self.report)
+        login = LoginCheck(config, admin_endpoints.policy, self.sessions, self.report, admin_host_override)
+        self.provisioner = Provisioner(config, self.sql, self.writes, self.report, login)
 
     @property
-    def on_shard_trouble(self) -> Callable[[str], None] | None:
-        """Called with a shard's name when its SQL failed as if the shard were down (set by setup)."""
+    def on_shard_trouble(self) -> Callable[[str, str], None] | None:
+        """Called with a shard's name and the failure class when its SQL failed as if the shard were in trouble."""
         return self.sql.on_shard_trouble
 
     @on_shard_trouble.setter
-    def on_shard_trouble(self, callback: Callable[[str], None] | None) -> None:
+    def on_shard_trouble(self, callback: Callable[[str, str], None] | None) -> None:
         self.sql.on_shard_trouble = callback
 
     def lane(self, key: str) -> str:
@@ -113,6 +117,12 @@ class DatabaseController:
         return restore.partition("/")[0] or UNPLACED
 
     def reconcile(self, key: str) -> Result | None:
+        try:
+            return self._reconcile(key)
+        except Waiting as waiting:  # the status says what it waits for; no failure
+            return Result(requeue_after=waiting.requeue_after)
+
+    def _reconcile(self, key: str) -> Result | None:
         cached = self.databases.get(key)
         if cached is None:
             self.writes.forget(key)

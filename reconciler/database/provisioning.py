@@ -1,4 +1,5 @@
-"""Provisioning: the tenant's role and database on the placed shard (ensure_tenant), then Ready."""
+"""Provisioning: the tenant's role and database on the placed shard (ensure_tenant), a fresh login
+with its own credentials (login.py: Ready means usable), then Ready."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 from domain.config import InstallConfig
 from domain.constants import ANNOTATION_ROTATE_REQUESTED_AT, DatabaseReason, EventReason, Phase
 from reconciler.database import secret as credentials
+from reconciler.database.login import LoginCheck
 from reconciler.database.placement import check_size_class, owner
 from reconciler.database.ready import set_drift
 from reconciler.database.report import Reporter
@@ -23,12 +25,13 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Provisioner:
-    """A placed database that is not Ready yet: ensure_tenant, then phase Ready."""
+    """A placed database that is not Ready yet: ensure_tenant, a login as the tenant, then phase Ready."""
 
     config: InstallConfig
     sql: ShardSql
     writes: DatabaseWrites
     report: Reporter
+    login: LoginCheck
 
     def provision(self, database: Database, shard: dict[str, Any], secret: dict[str, Any]) -> None:
         limit = check_size_class(self.config, database, self.report)
@@ -49,6 +52,7 @@ class Provisioner:
             session_reason=DatabaseReason.ADMIN_UNAVAILABLE,
         )
         credentials.password_applied(database, secret)
+        self.login.verify(database, shard, secret)
         database.update(
             phase=Phase.READY,
             applied_size_class=database.spec.size_class,

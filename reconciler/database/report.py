@@ -14,6 +14,18 @@ from reconciler.runtime import ReconcileError, TerminalError
 log = logging.getLogger(__name__)
 
 
+class Waiting(Exception):
+    """Ends a pass that waits for something outside the Database (its shard is not Ready): the status
+    says so already; this is no failure (no backoff, no error counted). The controller looks again
+    after `requeue_after` seconds, and at once when the awaited object changes (a Shard that turns
+    Ready enqueues its databases)."""
+
+    def __init__(self, reason: str, message: str, requeue_after: float) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+        self.requeue_after = requeue_after
+
+
 @dataclass
 class Reporter:
     """Status conditions, Events and failures of a pass (every failure path raises what `failure` returns)."""
@@ -53,13 +65,23 @@ class Reporter:
         *,
         terminal: bool = False,
         requeue_after: float | None = None,
+        retry_cap: float | None = None,
     ) -> ReconcileError:
         """Record a failure in status and return the exception the caller raises:
-        `raise report.failure(...)` is retried with backoff, or (terminal) not."""
+        `raise report.failure(...)` is retried with backoff (at most `retry_cap` apart), or (terminal) not."""
         database.update(phase=phase)
         self.ready(database, False, reason, message)
         self.writes.status(database)
         log.warning("database not ready", extra={"database": database.name, "reason": reason, "detail": message})
         if terminal:
             return TerminalError(reason, message, requeue_after=requeue_after)
-        return ReconcileError(reason, message)
+        return ReconcileError(reason, message, retry_cap=retry_cap)
+
+    def waiting(self, database: Database, phase: Phase, reason: str, message: str, requeue_after: float) -> Waiting:
+        """Record that the pass waits (phase kept, Ready False with `reason`) and return what the caller
+        raises: `raise report.waiting(...)` ends the pass without an error."""
+        database.update(phase=phase)
+        self.ready(database, False, reason, message)
+        self.writes.status(database)
+        log.info("database waiting", extra={"database": database.name, "reason": reason, "detail": message})
+        return Waiting(reason, message, requeue_after)

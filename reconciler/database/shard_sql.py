@@ -1,12 +1,19 @@
 """Running one SQL operation on the placed shard: the admin session, and what a failure means.
 
-Every SQL step of the controller goes through `ShardSql.run`: it gets the shard's admin session
-(or fails with the step's reason while the shard is not Ready or its admin Secret is unusable),
-runs the operation, and turns a `SqlFailure` into a recorded failure with its sanitized class:
+Every SQL step of the controller goes through `ShardSql.run`: it gets the shard's admin session,
+runs the operation, and turns a `SqlFailure` into a recorded failure with its sanitized class.
 
+- The shard is not Ready, or the Shard controller found it not answering (`shard_not_answering`:
+  its sessions were cut): the work waits (`Waiting`, reason `ShardNotReady`, the phase kept). No
+  SQL is tried, no retry is spent and no error is counted; the pass runs again when the Shard
+  turns Ready (its event enqueues its databases), at the latest after `SHARD_WAIT_RETRY`.
+- An unusable admin Secret: the step's reason, retried with backoff.
 - retryable (`SqlFailure.retryable`, classified once in reconciler.sql.errors.RETRYABLE):
   `ReconcileError`, retried with backoff (timeouts, a lost connection, a lock held, an unreachable
-  shard, the admin connection refused, an unknown cause);
+  shard, the admin connection refused, an unknown cause). When the class says more about the shard
+  than about this database (`SHARD_TROUBLE`), the Shard controller checks the shard at once and the
+  retries stay at most `SHARD_TROUBLE_RETRY_CAP` apart, so a shard that recovers is used within a
+  minute;
 - terminal (name_taken, insufficient_privilege, invalid_provisioner, not_found, dependent_objects):
   `TerminalError`, counted with `retryable="false"` and not retried with backoff. A person has to
   fix something first; the pass runs again on the next change of the Database, of its Shard
@@ -26,13 +33,13 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from domain.conditions import is_condition_true
-from domain.constants import Phase, ShardConditionType
+from domain.conditions import READY, condition_reason, is_condition_true, object_conditions
+from domain.constants import DatabaseReason, Phase, ShardConditionType
 from domain.credentials import Endpoint
 from domain.settings import SETTINGS
 from domain.specs import ShardSpec, parse_shard
 from reconciler.admin import AdminEndpointCache, AdminSecretInvalid, AdminSessions
-from reconciler.database.report import Reporter
+from reconciler.database.report import Reporter, Waiting
 from reconciler.database.state import Database
 from reconciler.runtime import ReconcileError
 from reconciler.sql import errors as sqlerrors
@@ -52,8 +59,15 @@ SHARD_TROUBLE = frozenset(
         sqlerrors.AUTH_FAILED,
         sqlerrors.INSECURE_AUTH_REFUSED,
         sqlerrors.TLS_FAILED,
+        sqlerrors.READ_ONLY,
+        sqlerrors.DISK_FULL,
+        sqlerrors.TOO_MANY_CONNECTIONS,
     }
 )
+SHARD_TROUBLE_RETRY_CAP = SETTINGS.sql.shard_trouble_retry_cap
+# A database waiting for its shard looks again this often without any event (the Shard turning Ready
+# enqueues it at once); like an unplaced database waiting for a Ready shard.
+SHARD_WAIT_RETRY = SETTINGS.retry.shards_unavailable
 
 Operation = Callable[[AdminSession], object]
 
@@ -83,14 +97,17 @@ class ShardSql:
     sessions: AdminSessions
     admin_endpoints: AdminEndpointCache
     report: Reporter
-    # Called with a shard's name when its SQL failed as if the shard were down (set by setup).
-    on_shard_trouble: Callable[[str], None] | None = None
+    # Called with a shard's name and the failure's class when its SQL failed as if the shard were in
+    # trouble (set by setup: the Shard controller checks it now).
+    on_shard_trouble: Callable[[str, str], None] | None = None
 
     def session(self, database: Database, shard: dict[str, Any], phase: Phase, reason: str) -> AdminSession:
-        """An admin session for the placed shard, or a recorded failure (retried with backoff)."""
+        """An admin session for the placed shard; `Waiting` while it is not Ready, or a recorded
+        failure (retried with backoff) when its admin Secret is unusable."""
         name = shard["metadata"]["name"]
-        if not is_condition_true((shard.get("status") or {}).get("conditions"), ShardConditionType.READY):
-            raise self.report.failure(database, phase, reason, f"shard {name} is not Ready; retrying")
+        if not is_condition_true(object_conditions(shard), ShardConditionType.READY):
+            why = condition_reason(object_conditions(shard), READY) or "not checked yet"
+            raise self.wait_for_shard(database, name, phase, why)
         spec = shard_spec(shard)
         if spec is None:
             raise self.report.failure(database, phase, reason, f"shard {name} has an invalid spec; retrying")
@@ -123,13 +140,34 @@ class ShardSql:
         except SqlFailure as failure:
             raise self.failed(database, shard["metadata"]["name"], phase, reason, failure) from None
 
-    def failed(self, database: Database, shard: str, phase: Phase, reason: str, failure: SqlFailure) -> ReconcileError:
-        """Forget the shard's session and admin Secret (the retry reads them again); the failure to raise."""
+    def wait_for_shard(self, database: Database, shard: str, phase: Phase, why: str) -> Waiting:
+        """The work on this database waits for its shard (see the module docstring)."""
+        return self.report.waiting(
+            database,
+            phase,
+            DatabaseReason.SHARD_NOT_READY,
+            f"shard {shard} is not Ready ({why}); waiting, the work goes on when it is Ready",
+            SHARD_WAIT_RETRY,
+        )
+
+    def failed(
+        self, database: Database, shard: str, phase: Phase, reason: str, failure: SqlFailure
+    ) -> ReconcileError | Waiting:
+        """Forget the shard's session and admin Secret (the retry reads them again); what to raise."""
         self.sessions.drop(shard)
         self.admin_endpoints.forget(shard)
-        if failure.error_class in SHARD_TROUBLE and self.on_shard_trouble is not None:
-            self.on_shard_trouble(shard)  # let the Shard controller look now, not at its next ping
+        if failure.error_class == sqlerrors.SHARD_NOT_ANSWERING:
+            return self.wait_for_shard(database, shard, phase, "Unreachable: it stopped answering")
+        trouble = failure.error_class in SHARD_TROUBLE
+        if trouble and self.on_shard_trouble is not None:
+            self.on_shard_trouble(shard, failure.error_class)  # the Shard controller looks now
         terminal = is_terminal(failure)
         return self.report.failure(
-            database, phase, reason, str(failure), terminal=terminal, requeue_after=TERMINAL_RETRY if terminal else None
+            database,
+            phase,
+            reason,
+            str(failure),
+            terminal=terminal,
+            requeue_after=TERMINAL_RETRY if terminal else None,
+            retry_cap=SHARD_TROUBLE_RETRY_CAP if trouble else None,
         )

@@ -5,7 +5,9 @@ The contract (controller-runtime's):
   (or None). `Result(requeue_after=s)` asks for another pass in s seconds: success only.
 - Raising = failure: the key is retried with per-key exponential backoff (1 s .. 5 min) and
   counted in `dbprovider_reconcile_errors_total{controller, reason, retryable="true"}` (reason
-  from `ReconcileError.reason`, else "Other"). `TerminalError` is counted with
+  from `ReconcileError.reason`, else "Other"). A `ReconcileError` with `retry_cap` is retried
+  with the same backoff but never more than that many seconds apart (a failure caused by a
+  flaky shard: the retry after its recovery must not be minutes away). `TerminalError` is counted with
   `retryable="false"` and not retried with backoff: the next event of the object brings it back,
   or its `requeue_after` (a slow fixed requeue, if the raiser gives one).
 - An HTTP 409 (an `ApiException` with status 409 anywhere in the exception's cause chain) is a
@@ -52,12 +54,16 @@ class Result:
 
 
 class ReconcileError(Exception):
-    """A reconcile failure with a reason (a condition reason: `AdminUnavailable`, ...) for the metric."""
+    """A reconcile failure with a reason (a condition reason: `AdminUnavailable`, ...) for the metric.
 
-    def __init__(self, reason: str, message: str = "") -> None:
+    `retry_cap` (seconds) bounds the backoff of this failure's retry (see the module docstring).
+    """
+
+    def __init__(self, reason: str, message: str = "", *, retry_cap: float | None = None) -> None:
         super().__init__(f"{reason}: {message}" if message else reason)
         self.reason = reason
         self.message = message
+        self.retry_cap = retry_cap
 
 
 class TerminalError(ReconcileError):
@@ -133,6 +139,16 @@ def describe_error(exc: BaseException) -> str:
     if isinstance(exc, ApiException):
         return f"HTTP {exc.status} {exc.reason or ''}".strip()
     return type(exc).__name__
+
+
+def _retry_later(queue: WorkQueue, key: str, exc: Exception) -> float:
+    """Queue a failed key again after its backoff, at most its error's `retry_cap`; the delay used."""
+    cap = exc.retry_cap if isinstance(exc, ReconcileError) else None
+    if cap is None:
+        return queue.add_rate_limited(key)
+    delay = min(cap, queue.rate_limiter.when(key))
+    queue.add_after(key, delay)
+    return delay
 
 
 Reconcile = Callable[[str], "Result | None"]
@@ -342,7 +358,7 @@ class Controller:
                 if exc.requeue_after is not None:
                     queue.add_after(key, exc.requeue_after)
                 return
-            delay = queue.add_rate_limited(key)
+            delay = _retry_later(queue, key, exc)
             log.warning(
                 "controller %s: reconcile of %s failed (%s), retry in %.0fs: %s",
                 self.name,

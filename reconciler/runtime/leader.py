@@ -7,7 +7,9 @@ running after the lease is lost. Here:
 - Other API errors (403, 5xx, timeouts) are logged with their status and retried every
   `retry_period`; if no renewal succeeded for `renew_deadline`, we stop leading at once
   (`on_stopped_leading` runs before anything else happens). Each request's timeout is bounded
-  by the time left until the deadline, so a hung apiserver cannot keep us leading.
+  by the time left until the deadline, in total (connect, TLS, answer), on a client of its own
+  that never retries behind our back (`Rest.without_retries`: urllib3 would retry a timed-out PUT
+  three times), so a hung or cut-off apiserver cannot keep us leading past the deadline.
 - `is_leading()` is also time-based: it turns False as soon as the renew deadline has passed,
   even before the elector thread notices. Controllers consult it before every write.
 - A renewal that succeeds after the renew deadline had passed (the apiserver answered late, or
@@ -73,7 +75,8 @@ class LeaderElector:
         self.timings: LeaseTimings = replace(
             SETTINGS.lease, duration=lease_duration, renew_deadline=renew_deadline, retry_period=retry_period
         )
-        self.rest = api_client if isinstance(api_client, Rest) else Rest(api_client)
+        shared = api_client if isinstance(api_client, Rest) else Rest(api_client)
+        self.rest = shared.without_retries()  # closed when the elector stops
         self.namespace = namespace
         self.name = name
         self.identity = identity or default_identity()
@@ -131,12 +134,15 @@ class LeaderElector:
     # -- loop ------------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            if self._attempt(deadline=None):
-                self._lead()
-                if self._stop.is_set():
-                    break
-            self._stop.wait(self.retry_period * random.uniform(1.0, 1.0 + self.timings.retry_jitter))
+        try:
+            while not self._stop.is_set():
+                if self._attempt(deadline=None):
+                    self._lead()
+                    if self._stop.is_set():
+                        break
+                self._stop.wait(self.retry_period * random.uniform(1.0, 1.0 + self.timings.retry_jitter))
+        finally:
+            self.rest.api_client.close()
 
     def _attempt(self, deadline: float | None) -> bool:
         """One try to acquire or renew; False if someone else holds it or on an API error."""
@@ -225,10 +231,10 @@ class LeaderElector:
 
     # -- the lease -------------------------------------------------------------------------------
 
-    def _timeout(self, deadline: float | None) -> tuple[float, float]:
+    def _timeout(self, deadline: float | None) -> float:
+        """The whole request's bound (urllib3 `total`: connect, TLS and answer together)."""
         budget = self.renew_deadline if deadline is None else deadline - time.monotonic()
-        budget = max(self.timings.min_request_timeout, min(budget, self.renew_deadline))
-        return (budget, budget)
+        return max(self.timings.min_request_timeout, min(budget, self.renew_deadline))
 
     def _observe(self, lease: dict[str, Any]) -> dict[str, Any]:
         spec = lease.get("spec") or {}
@@ -286,7 +292,7 @@ class LeaderElector:
         self._last_renew = started
         return True
 
-    def _refresh_observation(self, timeout: tuple[float, float]) -> None:
+    def _refresh_observation(self, timeout: float) -> None:
         try:
             self._observe(self.rest.get(LEASES, self.name, self.namespace, timeout=timeout))
         except Exception as exc:  # noqa: BLE001 - best effort; the caller already treats this as lost
@@ -315,7 +321,7 @@ class LeaderElector:
         spec.update(holderIdentity=None, leaseDurationSeconds=1, renewTime=_micro_time())
         body = _lease_body(lease["metadata"], spec)
         try:
-            self.rest.replace(LEASES, body, timeout=(self.timings.release_timeout,) * 2)
+            self.rest.replace(LEASES, body, timeout=self.timings.release_timeout)
             log.info("%r: released the lease", self)
         except Exception as exc:  # noqa: BLE001 - nothing left to do; the lease expires by itself
             log.warning("%r: could not release the lease (it expires by itself): %s", self, _short(exc))

@@ -26,6 +26,7 @@ from reconciler.runtime.leader import LeaderElector
 from reconciler.runtime.metrics import RuntimeMetrics
 
 log = logging.getLogger(__name__)
+OPTIONAL_SYNC_WAIT = 5.0  # seconds an optional informer may delay the start
 
 
 class ControllerManager:
@@ -53,6 +54,7 @@ class ControllerManager:
         # along with the alert rules' windows.
         self.max_backoff = max_backoff
         self.controllers: list[Controller] = []
+        self._on_stopping: list[Callable[[], None]] = []
         self._after_stop: list[Callable[[], None]] = []
         self._lock = threading.Lock()  # serializes starting and stopping controllers
         self._started = False
@@ -67,7 +69,7 @@ class ControllerManager:
                 renew_deadline=renew_deadline,
                 retry_period=retry_period,
                 on_started_leading=self._start_controllers,
-                on_stopped_leading=self._stop_controllers,
+                on_stopped_leading=self._lost_lease,
                 on_resumed_leading=self.resync,
             )
 
@@ -84,6 +86,12 @@ class ControllerManager:
             controller.guard = self.elector.is_leading
         self.controllers.append(controller)
         return controller
+
+    def when_controllers_stopping(self, hook: Callable[[], None]) -> None:
+        """Call `hook` as soon as the controllers are told to stop, before waiting for their in-flight
+        reconciles (e.g. cut the shards' admin sessions, so a worker blocked on a hung shard returns
+        now and a replica that lost its Lease holds no session past its renew deadline)."""
+        self._on_stopping.append(hook)
 
     def after_controllers_stop(self, hook: Callable[[], None]) -> None:
         """Call `hook` each time the controllers have stopped: on a lost Lease as on shutdown
@@ -133,6 +141,12 @@ class ControllerManager:
         if not self.informers.wait_for_sync(self.sync_timeout):
             problems = "; ".join(f"{i!r}: {i.sync_problem()}" for i in self.informers.unsynced())
             raise TimeoutError(f"informers not synced within {self.sync_timeout:.0f}s: {problems}")
+        # An optional engine's kind: give it a moment (its CRD is usually there), but never wait for
+        # it long; while it is not synced its shards say so and everything else runs.
+        deadline = time.monotonic() + min(self.sync_timeout, OPTIONAL_SYNC_WAIT)
+        for informer in self.informers.optional():
+            if not informer.wait_for_sync(max(0.0, deadline - time.monotonic())):
+                log.warning("optional informer %r not synced: %s", informer, informer.sync_problem())
         if self.elector is not None:
             self.elector.start()
         else:
@@ -152,16 +166,26 @@ class ControllerManager:
             for controller in self.controllers:
                 controller.start()
 
+    def _lost_lease(self) -> None:
+        """The elector stopped leading: stop at once, and wait for in-flight reconciles only so long
+        (one blocked on a cut-off apiserver must not keep this replica from campaigning again)."""
+        self._stop_controllers(timeout=self.elector.renew_deadline if self.elector is not None else None)
+
     def _stop_controllers(self, timeout: float | None = None) -> None:
         # Signal everyone first (no further keys, ensure_active() raises), then wait.
         for controller in self.controllers:
             controller.signal_stop()
+        self._run_hooks(self._on_stopping)
         with self._lock:
             for controller in self.controllers:
                 if not controller.stop(timeout):
                     log.warning("controller %s: reconciles still running after stop", controller.name)
-            for hook in self._after_stop:
-                try:
-                    hook()
-                except Exception:  # noqa: BLE001 - a failing hook must not keep the others from running
-                    log.exception("after-stop hook %r failed", hook)
+            self._run_hooks(self._after_stop)
+
+    @staticmethod
+    def _run_hooks(hooks: list[Callable[[], None]]) -> None:
+        for hook in hooks:
+            try:
+                hook()
+            except Exception:  # noqa: BLE001 - a failing hook must not keep the others from running
+                log.exception("stop hook %r failed", hook)

@@ -35,6 +35,9 @@ OBJECT_IN_USE = "object_in_use"
 DEPENDENT_OBJECTS = "dependent_objects"
 CONFLICT = "conflict"
 RESTORE_REFUSED = "restore_refused"
+DISK_FULL = "disk_full"
+# The Shard controller found the shard not answering: its sessions were cut and no new one is opened.
+SHARD_NOT_ANSWERING = "shard_not_answering"
 OTHER = "other"
 
 RETRYABLE: dict[str, bool] = {
@@ -59,6 +62,8 @@ RETRYABLE: dict[str, bool] = {
     DEPENDENT_OBJECTS: False,
     CONFLICT: True,
     RESTORE_REFUSED: False,
+    DISK_FULL: True,  # space may be freed; the Shard is not Ready (DiskFull) meanwhile
+    SHARD_NOT_ANSWERING: True,
     OTHER: True,  # an unknown cause may well be transient: never give up on it silently
 }
 
@@ -128,6 +133,7 @@ _BY_CLASS: tuple[tuple[type[BaseException], str], ...] = (
     (pgerrors.CannotConnectNow, UNREACHABLE),  # 57P03 starting up / in recovery
     (pgerrors.TooManyConnections, TOO_MANY_CONNECTIONS),  # 53300
     (pgerrors.ReadOnlySqlTransaction, READ_ONLY),  # 25006 a standby (failover in progress)
+    (pgerrors.DiskFull, DISK_FULL),  # 53100 could not extend a file: no space left
     (pgerrors.ObjectInUse, OBJECT_IN_USE),  # 55006 database is being accessed by other users
     (pgerrors.DependentObjectsStillExist, DEPENDENT_OBJECTS),  # 2BP01
     (pgerrors.UndefinedObject, NOT_FOUND),  # 42704 role does not exist
@@ -164,6 +170,8 @@ _CONNECT_MESSAGES: tuple[tuple[str, str], ...] = (
 )
 
 _CONNECT_PREFIXES = ("connection failed:", "connection is bad:")
+# psycopg resolves host names itself; a name that does not resolve never reaches libpq.
+_RESOLVE_PREFIX = "failed to resolve host"
 
 
 def classify(exc: BaseException, operation: str) -> SqlFailure:
@@ -186,6 +194,8 @@ def classify(exc: BaseException, operation: str) -> SqlFailure:
 
 def _classify_connection_message(message: str) -> str:
     text = message.lower()
+    if text.startswith(_RESOLVE_PREFIX):
+        return UNREACHABLE
     if not text.startswith(_CONNECT_PREFIXES):
         # An established session that broke: "server closed the connection unexpectedly",
         # "consuming input failed", "the connection is lost", a socket cut at our deadline.

@@ -14,6 +14,14 @@ Fencing: an `AdminSession` built with a `fence` calls it before each attempt of 
 before every statement it sends (its connections' cursors check first), so a replica that lost
 its Lease sends nothing more, even in the middle of an operation. Whatever the fence raises
 passes through `run_operation` unchanged (it is not a SQL failure).
+
+A shard that stops answering: every session has TCP keepalives and a tcp_user_timeout (a peer gone
+from the network ends it within seconds), and its connect timeout is the shard check's (`gate`,
+`connect_timeout`, kept current by `AdminSessions`). An operation that has waited `suspect_after`
+seconds for an answer calls `on_slow` (the Shard controller checks the shard now); if the shard no
+longer answers, `sever()` cuts its sessions from another thread and the `gate` refuses new ones
+(`shard_not_answering`, not retried inside the operation), so the work ends within the check's
+bounds instead of the operation's two minutes.
 """
 
 from __future__ import annotations
@@ -46,12 +54,16 @@ ADMIN_DATABASE = "postgres"
 # backoff's pauses. Always within the operation's deadline.
 RECONNECT_RETRIES = SETTINGS.sql.reconnect_retries
 RECONNECT_BACKOFF = SETTINGS.sql.reconnect
+SUSPECT_AFTER = SETTINGS.shard_checks.suspect_after
 # Failures that a new session may cure (the old one is gone or the primary moved).
 _RECONNECTABLE = frozenset({errors.CONNECTION_LOST, errors.UNREACHABLE, errors.READ_ONLY})
+# Failures after which the session is dropped (the next operation opens a new one).
+_UNUSABLE_AFTER = _RECONNECTABLE | {errors.TIMEOUT, errors.SHARD_NOT_ANSWERING}
 
 T = TypeVar("T")
 Connector = Callable[[float], psycopg.Connection]
 Fence = Callable[[], None]
+Gate = Callable[[], "str | None"]  # why no session may be opened now (None: it may)
 
 
 def _fenced_cursor(fence: Fence) -> type[psycopg.Cursor]:
@@ -96,6 +108,38 @@ def session_options(statement_timeout: str = STATEMENT_TIMEOUT, lock_timeout: st
     return f"-c statement_timeout={statement_timeout} -c lock_timeout={lock_timeout} -c search_path=pg_catalog"
 
 
+def keepalive_options() -> dict[str, int]:
+    """libpq's TCP keepalive and user-timeout parameters of every admin session (SETTINGS.sql)."""
+    sql_timings = SETTINGS.sql
+    return {
+        "keepalives": 1,
+        "keepalives_idle": sql_timings.keepalives_idle,
+        "keepalives_interval": sql_timings.keepalives_interval,
+        "keepalives_count": sql_timings.keepalives_count,
+        "tcp_user_timeout": sql_timings.tcp_user_timeout_ms,
+    }
+
+
+def connect_params(endpoint: AdminEndpoint, application_name: str, connect_timeout: float) -> dict[str, object]:
+    """The libpq parameters of a new autocommit session to `endpoint`: SCRAM only, keepalives, the
+    CA for verify-ca/-full, at least libpq's 2 s to connect."""
+    tls = {"sslrootcert": endpoint.sslrootcert} if endpoint.sslrootcert is not None else {}
+    return {
+        "host": endpoint.host,
+        "port": int(endpoint.port),
+        "user": endpoint.user,
+        "password": endpoint.password,
+        "dbname": endpoint.dbname,
+        "sslmode": endpoint.sslmode,
+        "require_auth": REQUIRE_AUTH,
+        "application_name": application_name,
+        "connect_timeout": max(2, math.ceil(connect_timeout)),
+        "autocommit": True,
+        **tls,
+        **keepalive_options(),
+    }
+
+
 def connect_admin(
     endpoint: AdminEndpoint,
     application_name: str = APPLICATION_NAME,
@@ -108,28 +152,15 @@ def connect_admin(
 
     Never log a raw connection error of psycopg: its `pgconn` attribute carries the password.
     """
-    tls: dict[str, str] = {}
-    if endpoint.sslmode != SslMode.DISABLE:
-        tls["channel_binding"] = "require"
-    if endpoint.sslrootcert is not None:
-        tls["sslrootcert"] = endpoint.sslrootcert
+    binding = {"channel_binding": "require"} if endpoint.sslmode != SslMode.DISABLE else {}
     try:
         return psycopg.connect(
-            host=endpoint.host,
-            port=int(endpoint.port),
-            user=endpoint.user,
-            password=endpoint.password,
-            dbname=endpoint.dbname,
-            sslmode=endpoint.sslmode,
-            require_auth=REQUIRE_AUTH,
-            **tls,
-            application_name=application_name,
-            connect_timeout=max(2, math.ceil(connect_timeout)),
+            **connect_params(endpoint, application_name, connect_timeout),
+            **binding,
             options=session_options(statement_timeout, lock_timeout),
-            autocommit=True,
         )
     except psycopg.Error as exc:
-        _release(exc)  # close a half-open connection now (see _release)
+        release_exception(exc)  # close a half-open connection now (see release_exception)
         raise
 
 
@@ -145,11 +176,14 @@ class AdminSession:
         self, connect: Connector, connect_timeout: float = CONNECT_TIMEOUT, fence: Fence | None = None
     ) -> None:
         self._connect = connect
-        self._connect_timeout = connect_timeout
+        self.connect_timeout = connect_timeout  # replaceable: AdminSessions keeps it at the shard check's
         self._conn: psycopg.Connection | None = None
         self.fence = fence
         self._cursor_factory = _fenced_cursor(fence) if fence is not None else None
         self.connects = 0  # sessions opened so far (observability and tests)
+        self.gate: Gate | None = None  # asked before every attempt: may a session be used now?
+        self.on_slow: Callable[[], None] | None = None  # called once per attempt after SUSPECT_AFTER s
+        self.suspect_after = SUSPECT_AFTER
 
     @classmethod
     def for_endpoint(
@@ -178,7 +212,7 @@ class AdminSession:
         if self._conn is not None and not self._conn.broken and not self._conn.closed:
             return self._conn
         self.discard()
-        limit = self._connect_timeout if timeout is None else min(self._connect_timeout, timeout)
+        limit = self.connect_timeout if timeout is None else min(self.connect_timeout, timeout)
         self._conn = self._connect(limit)
         if self._cursor_factory is not None:
             self._conn.cursor_factory = self._cursor_factory
@@ -197,6 +231,13 @@ class AdminSession:
     def close(self) -> None:
         self.discard()
 
+    def sever(self) -> None:
+        """Cut the open session's socket, from any thread: a statement blocked on it returns at once
+        with a lost connection (the session is replaced on the next operation)."""
+        conn = self._conn
+        if conn is not None:
+            _sever(conn)
+
     def __enter__(self) -> AdminSession:
         return self
 
@@ -208,28 +249,52 @@ Admin = psycopg.Connection | AdminSession
 
 
 class _Watchdog:
-    """Cuts the session's socket at the deadline, so a hung server cannot block the caller.
+    """Cuts the session's socket at the deadline, so a hung server cannot block the caller; and
+    calls `on_slow` (if given) once the attempt has run `suspect_after` seconds.
 
     Shutting the socket down makes the blocked libpq call return at once with a connection error;
     the session is unusable afterwards (an `AdminSession` replaces it on the next operation).
     """
 
-    def __init__(self, conn: psycopg.Connection, deadline: float) -> None:
+    def __init__(
+        self,
+        conn: psycopg.Connection,
+        deadline: float,
+        on_slow: Callable[[], None] | None = None,
+        suspect_after: float = SUSPECT_AFTER,
+    ) -> None:
         self._conn = conn
         self._lock = threading.Lock()
         self._done = False
         self.fired = False
         self._timer = threading.Timer(max(0.0, deadline - time.monotonic()), self._fire)
         self._timer.daemon = True
+        self._suspicion: threading.Timer | None = None
+        if on_slow is not None and time.monotonic() + suspect_after < deadline:
+            self._suspicion = threading.Timer(suspect_after, self._suspect, args=(on_slow,))
+            self._suspicion.daemon = True
 
     def __enter__(self) -> _Watchdog:
         self._timer.start()
+        if self._suspicion is not None:
+            self._suspicion.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._timer.cancel()
+        if self._suspicion is not None:
+            self._suspicion.cancel()
         with self._lock:
             self._done = True
+
+    def _suspect(self, on_slow: Callable[[], None]) -> None:
+        with self._lock:
+            if self._done:
+                return
+        try:
+            on_slow()
+        except Exception:  # noqa: BLE001 - a hint only; the deadline still holds
+            pass
 
     def _fire(self) -> None:
         with self._lock:
@@ -277,7 +342,7 @@ def run_operation(
         if isinstance(outcome, _Success):
             return outcome.value  # type: ignore[return-value]
         failure = outcome
-        if session is not None and failure.error_class in _RECONNECTABLE | {errors.TIMEOUT}:
+        if session is not None and failure.error_class in _UNUSABLE_AFTER:
             session.discard()
         pause = RECONNECT_BACKOFF.delay(attempt)
         if (
@@ -291,7 +356,7 @@ def run_operation(
         time.sleep(pause)
 
 
-def _release(exc: BaseException) -> None:
+def release_exception(exc: BaseException) -> None:
     """Drop the frames a failed connect keeps alive, so its socket closes now, not at the next GC.
 
     After a connect timeout psycopg's exception references (through a reference cycle of
@@ -324,13 +389,18 @@ def _attempt(
         return SqlFailure(operation, errors.TIMEOUT)
     if session is not None and session.fence is not None:
         session.fence()  # not even a connection attempt from a replica that may not write
+    if session is not None and session.gate is not None and (why := session.gate()) is not None:
+        session.discard()
+        return SqlFailure(operation, errors.SHARD_NOT_ANSWERING, detail=why)
     try:
         conn = session.connection(remaining) if session is not None else admin
     except psycopg.Error as exc:  # classified, never re-raised with driver text
-        _release(exc)
+        release_exception(exc)
         return classify(exc, operation)
     assert isinstance(conn, psycopg.Connection)
-    watchdog = _Watchdog(conn, deadline)
+    on_slow = session.on_slow if session is not None else None
+    suspect_after = session.suspect_after if session is not None else SUSPECT_AFTER
+    watchdog = _Watchdog(conn, deadline, on_slow, suspect_after)
     try:
         with watchdog:
             return _Success(body(conn))
@@ -338,4 +408,6 @@ def _attempt(
         failure = classify(exc, operation)
     if watchdog.fired:
         return SqlFailure(operation, errors.TIMEOUT)
+    if session is not None and session.gate is not None and (why := session.gate()) is not None:
+        return SqlFailure(operation, errors.SHARD_NOT_ANSWERING, detail=why)  # cut by sever(): say why
     return failure

@@ -239,9 +239,9 @@ def _only(alerts: dict[str, list[dict[str, Any]]], name: str, **labels: str) -> 
 
 
 EXPECTED_FAULT_ALERTS = {
-    "DBProviderShardNotReady": {"shard": DOWN_SHARD, "reason": "Unreachable"},
+    "DBProviderShardNotReady": {"shard": DOWN_SHARD},  # per shard; the reason is in the description
     "DBProviderShardNearCapacity": {"shard": MAIN_SHARD},
-    "DBProviderDatabaseFailed": {"shard": "unplaced", "reason": "NoCapacity"},
+    "DBProviderDatabaseFailed": {"shard": "unplaced"},
     "DBProviderDeletionHeld": {"shard": MAIN_SHARD},
     "DBProviderDatabaseStuckProvisioning": {"shard": MAIN_SHARD},
     "DBProviderReconcileErrors": {"controller": "database", "reason": "CredentialsSecretConflict"},
@@ -328,7 +328,8 @@ def _drive_faults_and_check(
         assert "reason Unreachable" in described["DBProviderShardNotReady"]
         assert "has been 100% full" in described["DBProviderShardNearCapacity"]
         assert described["DBProviderDatabaseFailed"].startswith(f"1 database(s) in namespace {NAMESPACE}")
-        assert "reason NoCapacity" in described["DBProviderDatabaseFailed"]
+        assert "reason NoCapacity (1)" in described["DBProviderDatabaseFailed"]
+        assert "reason" not in _only(firing, "DBProviderShardNotReady", shard=DOWN_SHARD)["labels"]
         assert described["DBProviderDeletionHeld"].startswith(f"1 database(s) in namespace {NAMESPACE}")
         assert "reason CredentialsSecretConflict" in described["DBProviderReconcileErrors"]
         assert "by Ready reason: CredentialsSecretConflict (1)." in described["DBProviderDatabaseStuckProvisioning"]

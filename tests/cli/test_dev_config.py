@@ -92,7 +92,7 @@ def test_dev_with_cloudberry_values_lets_a_shard_follow_its_database_cluster(tmp
                 return wait_for(probe, timeout=60, what=f"the shard to report {reason}")
 
             shard_reason("ClusterNotRunning")  # no phase yet: Keldon has not reported Running
-            for phase, reason in (("Running", "Ok"), ("Scaling", "ClusterNotRunning"), ("Running", "Ok")):
+            for phase, reason in (("Running", "Ok"), ("Scaling", "ClusterScaling"), ("Running", "Ok")):
                 patched = api.merge_patch(cluster, {"status": {"phase": phase}}, subresource="status")
                 assert patched.status == 200, patched.message
                 shard_reason(reason)

@@ -112,15 +112,23 @@ class Fleet(BaseFleet):
     # -- Shards --------------------------------------------------------------------------------
 
     def cloudberry_shard(
-        self, server: PostgresServer, cluster: str, *, name: str | None = None, max_databases: int = 50
+        self,
+        server: PostgresServer,
+        cluster: str,
+        *,
+        name: str | None = None,
+        max_databases: int = 50,
+        client_host: str = "127.0.0.1",
     ) -> str:
-        """A cloudberry Shard on `cluster`; the admin Service defaults to the cluster's client Service."""
+        """A cloudberry Shard on `cluster`; the admin Service defaults to the cluster's client Service,
+        the client endpoint is the server itself (by `client_host`)."""
         spec = {
             "engine": "cloudberry",
             "maxDatabases": max_databases,
             "keldonCluster": {"namespace": KELDON_NAMESPACE, "name": cluster},
             "admin": {"port": server.port, "sslmode": "require", "secretRef": self.admin_secret(server)},
-            "client": {"host": f"{cluster}.analytics.example.com", "port": 5432, "sslmode": "require"},
+            # The server itself: a new database is Ready only once its credentials log in there.
+            "client": {"host": client_host, "port": server.port, "sslmode": "require"},
         }
         return self.create_shard(name or self.name("cb"), spec, server)
 

@@ -88,12 +88,16 @@ def test_provisioning_during_coordinator_failover_is_retried_and_completes(
         fleet.set_phase(cluster, "CoordinatorFailover")
         fleet.wait_shard(shard, "ClusterNotRunning", "(phase CoordinatorFailover)")
         with coordinator_refusing_provisioner(pg15):
-            db = fleet.wait_reason(name, "Provisioning", "AdminUnavailable")
-            assert condition(db, "Ready")["message"] == f"shard {shard} is not Ready; retrying"
-            # Retried with backoff while the failover lasts, and still only waiting.
-            wait_for(lambda: manager.errors("database", "AdminUnavailable") >= 2, what="two retries")
+            db = fleet.wait_reason(name, "Provisioning", "ShardNotReady")
+            assert condition(db, "Ready")["message"] == (
+                f"shard {shard} is not Ready (ClusterNotRunning); waiting, the work goes on when it is Ready"
+            )
+            # It waits for the failover to end: no retries spent, no errors counted, still Provisioning.
+            errors = manager.errors("database", "EnsureFailed")
             db = fleet.get_database(name)
-            assert (db["status"]["phase"], condition(db, "Ready")["reason"]) == ("Provisioning", "AdminUnavailable")
+            assert (db["status"]["phase"], condition(db, "Ready")["reason"]) == ("Provisioning", "ShardNotReady")
+            assert manager.errors("database", "ShardNotReady") == 0
+            assert manager.errors("database", "EnsureFailed") == errors
 
     # The promoted coordinator serves: Keldon reports Running, the provider reconnects and finishes.
     fleet.set_phase(cluster, RUNNING)
@@ -119,16 +123,17 @@ def test_scaling_keeps_databases_ready_and_working_and_retries_their_sql(
 
     fleet.scale(cluster, 4)
     fleet.set_phase(cluster, "Scaling")
-    fleet.wait_shard(shard, "ClusterNotRunning", "(phase Scaling)")
+    fleet.wait_shard(shard, "ClusterScaling", "is Scaling")
     # The database stays Ready (its condition untouched) and its tenant keeps working.
     assert condition(fleet.get_database(name), "Ready") == condition(before, "Ready")
     with tenant_connection(pg15, old) as conn:
         conn.execute("INSERT INTO facts VALUES (2)")
         conn.commit()
 
-    # SQL it needs meanwhile (a rotation) waits and is retried, the phase stays Ready.
+    # SQL it needs meanwhile (a rotation) waits for the cluster, the phase stays Ready.
     requested = fleet.request_rotation(name)
-    db = fleet.wait_reason(name, "Ready", "AdminUnavailable")
+    db = fleet.wait_reason(name, "Ready", "ShardNotReady")
+    assert "(ClusterScaling)" in condition(db, "Ready")["message"]
     assert "rotationApplied" not in db["status"]
     with tenant_connection(pg15, old) as conn:  # the role was not touched yet
         conn.execute("SELECT 1")

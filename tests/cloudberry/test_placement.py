@@ -29,7 +29,10 @@ def test_placement_pauses_while_not_running_and_resumes(pg15: PostgresServer, fl
     cluster = fleet.cluster(phase)
     shard = fleet.cloudberry_shard(pg15, cluster)
     start_manager()
-    fleet.wait_shard(shard, "ClusterNotRunning", f"(phase {phase})")
+    if phase == "Scaling":
+        fleet.wait_shard(shard, "ClusterScaling", "is Scaling")
+    else:
+        fleet.wait_shard(shard, "ClusterNotRunning", f"(phase {phase})")
 
     waiting = fleet.database("waiting")
     _unplaced_waiting(fleet, waiting, "cloudberry")
@@ -41,21 +44,34 @@ def test_placement_pauses_while_not_running_and_resumes(pg15: PostgresServer, fl
 
 
 def test_scaling_stops_new_placements_only(pg15: PostgresServer, fleet: Fleet, start_manager):
-    """Keldon scaling (Running -> Scaling -> Running): new databases wait, existing ones stay Ready."""
+    """Keldon scaling (Running -> Scaling -> Running): placement pauses with a reason of its own (not
+    an outage: ClusterScaling, which the critical alert leaves alone), the Scaling condition records
+    since when, new databases wait, existing ones stay Ready."""
     cluster, shard, _ = fleet.serving_shard(pg15, start_manager)
     before = fleet.wait_ready(fleet.database("before"))
+    assert condition(fleet.get_shard(shard), "Scaling")["status"] == "False"
 
     fleet.scale(cluster, 4)
     fleet.set_phase(cluster, "Scaling")
-    fleet.wait_shard(shard, "ClusterNotRunning", "(phase Scaling)")
+    ready = condition(fleet.wait_shard(shard, "ClusterScaling", "is Scaling"), "Ready")
+    assert ready["status"] == "False"
+    assert "no new databases are placed" in ready["message"] and "keep working" in ready["message"]
+    scaling = condition(fleet.get_shard(shard), "Scaling")
+    assert (scaling["status"], scaling["reason"]) == ("True", "ClusterScaling")
     during = fleet.database("during")
     _unplaced_waiting(fleet, during, "cloudberry")
     still = fleet.get_database(before["metadata"]["name"])
     assert condition(still, "Ready") == condition(before, "Ready")  # untouched, not even re-stamped
 
+    # Scaling goes on: the condition keeps its start (what dbprovider_shard_scaling_seconds counts from).
+    fleet.scale(cluster, 6)
+    wait_for(lambda: fleet.get_shard(shard)["metadata"]["generation"] >= 1, what="the shard seen again")
+    assert condition(fleet.get_shard(shard), "Scaling")["lastTransitionTime"] == scaling["lastTransitionTime"]
+
     fleet.set_phase(cluster, RUNNING)
     assert fleet.wait_ready(during, timeout=30)["status"]["shard"] == shard
     wait_for(lambda: fleet.get_shard(shard)["status"].get("databaseCount") == 2, what="databaseCount 2")
+    assert condition(fleet.get_shard(shard), "Scaling")["status"] == "False"
 
 
 def test_engines_never_mix(pg15: PostgresServer, fleet: Fleet, start_manager):
@@ -63,7 +79,7 @@ def test_engines_never_mix(pg15: PostgresServer, fleet: Fleet, start_manager):
     # Same server behind both shards: only the Shard objects decide. The postgres shard sorts first.
     postgres = fleet.shard(pg15, name=f"cbtest-a-pg-{fleet.suffix}")
     cluster = fleet.cluster(RUNNING)
-    cloudberry = fleet.cloudberry_shard(pg15, cluster, name=f"cbtest-b-cb-{fleet.suffix}")
+    cloudberry = fleet.cloudberry_shard(pg15, cluster, name=f"cbtest-b-cb-{fleet.suffix}", client_host="localhost")
     start_manager()
     fleet.wait_shard(postgres, "Ok")
     fleet.wait_shard(cloudberry, "Ok")
@@ -87,7 +103,7 @@ def test_engines_never_mix(pg15: PostgresServer, fleet: Fleet, start_manager):
         ("cb-2", cloudberry),
         ("cb-3", cloudberry),
     ]
-    assert fleet.credentials(fleet.databases[2])["host"] == f"{cluster}.analytics.example.com"
+    assert fleet.credentials(fleet.databases[2])["host"] == "localhost"  # the cloudberry shard's client block
 
 
 def test_cloudberry_database_with_only_postgres_shards_is_no_capacity(pg15, fleet: Fleet, start_manager):

@@ -26,6 +26,7 @@ ALERTS = {
     # name: (severity, for)
     "DBProviderDown": ("critical", "10m"),
     "DBProviderShardNotReady": ("critical", "5m"),
+    "DBProviderShardScalingTooLong": ("warning", None),
     "DBProviderDatabaseStuckProvisioning": ("warning", None),
     "DBProviderShardNearCapacity": ("warning", "10m"),
     "DBProviderReconcileErrors": ("warning", "15m"),
@@ -106,7 +107,7 @@ def test_every_alert_has_a_firing_and_a_quiet_case_in_the_cluster_scoped_tests()
     assert quiet == set(ALERTS) | set(CLUSTER_ONLY_ALERTS)
 
 
-def test_the_seven_alerts_with_severities_and_durations() -> None:
+def test_the_eight_alerts_with_severities_and_durations() -> None:
     config = load_install_config({"tls": {"secretName": "tls"}, "prometheusRule": {"enabled": True}})
     (group,) = render_prometheus_rule(config)["spec"]["groups"]
     found = {rule["alert"]: (rule["labels"]["severity"], rule.get("for")) for rule in group["rules"]}

@@ -416,7 +416,7 @@ def _exprs(data: dict[str, Any]) -> list[str]:
 
 def test_every_expression_selects_the_job_and_the_cluster() -> None:
     exprs = _exprs(VALUES)
-    assert len(exprs) == 8  # the seven alerts and the guard DBProviderClusterLabelMissing
+    assert len(exprs) == 9  # the eight alerts and the guard DBProviderClusterLabelMissing
     for expr in exprs:
         selectors = [part.split("}")[0] for part in expr.split("{")[1:]]
         # cluster="" (series without the label) only where the guard looks for misconfigured scrapes.
@@ -463,6 +463,7 @@ def test_install_guide_documents_every_config_key() -> None:
     for alert in (
         "DBProviderDown",
         "DBProviderShardNotReady",
+        "DBProviderShardScalingTooLong",
         "DBProviderDatabaseStuckProvisioning",
         "DBProviderShardNearCapacity",
         "DBProviderReconcileErrors",

@@ -63,7 +63,7 @@ def test_crash_after_any_statement_converges(postgres: PostgresServer, fleet, st
 
 
 def test_ready_databases_run_no_sql_on_restart_and_client_change(logged_pg, fleet, start_manager, admin_rest):
-    shard = fleet.shard(logged_pg, client_host="old.example.com")
+    shard = fleet.shard(logged_pg, client_host="localhost")
     manager = start_manager()
     names = [fleet.database(f"quiet-{i}") for i in range(3)]
     for name in names:

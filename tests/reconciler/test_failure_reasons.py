@@ -270,7 +270,7 @@ def test_set_limit_failed_while_an_open_transaction_holds_the_role(pg18, fleet, 
         assert su.execute("SELECT rolconnlimit FROM pg_roles WHERE rolname = %s", (tenant,)).fetchone() == (50,)
 
 
-def test_admin_unavailable_when_the_admin_secret_breaks_before_a_rotation(
+def test_a_rotation_waits_with_shard_not_ready_when_the_admin_secret_breaks(
     pg18, fleet, start_manager, admin_rest, tenants
 ):
     shard = fleet.shard(pg18)
@@ -285,9 +285,12 @@ def test_admin_unavailable_when_the_admin_secret_breaks_before_a_rotation(
     fleet.wait_shard(shard, "AdminAuthFailed")
     stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     admin_rest.patch(DATABASES, name, {"metadata": {"annotations": {ANNOTATION_ROTATE_REQUESTED_AT: stamp}}}, NAMESPACE)
-    db = wait_reason(fleet, name, "AdminUnavailable")
+    db = wait_reason(fleet, name, "ShardNotReady")
     ready = condition(db, "Ready")
-    assert ready["message"] == f"shard {shard} is not Ready; retrying"
+    assert ready["message"] == (
+        f"shard {shard} is not Ready (AdminAuthFailed); waiting, the work goes on when it is Ready"
+    )
+    assert db["status"]["phase"] == "Ready"  # its tenant still works with the old password
     assert_warning(admin_rest, db, ready, "wrong-admin-password", pg18.provisioner_password)
 
     # The admin Secret is fixed: the Shard is Ready again and the rotation is applied.

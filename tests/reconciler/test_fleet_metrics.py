@@ -81,3 +81,43 @@ def test_gauges() -> None:
     for line in expected:
         assert line in text, line
     assert "consumer-secret-name" not in text and "ext-secret-id" not in text
+
+
+def test_scaling_seconds_count_from_the_scaling_condition() -> None:
+    """A cloudberry shard whose cluster began Scaling 30 minutes ago: 1800 s; every other shard: 0."""
+    from datetime import UTC, datetime
+
+    began = datetime.fromtimestamp(NOW - 1800, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    scaling = {
+        "metadata": {"name": "cb1"},
+        "spec": {"maxDatabases": 10, "engine": "cloudberry"},
+        "status": {
+            "conditions": [
+                {"type": "Ready", "status": "False", "reason": "ClusterScaling"},
+                {"type": "Scaling", "status": "True", "reason": "ClusterScaling", "lastTransitionTime": began},
+            ]
+        },
+    }
+    done = {
+        "metadata": {"name": "cb2"},
+        "spec": {"maxDatabases": 10, "engine": "cloudberry"},
+        "status": {"conditions": [{"type": "Scaling", "status": "False", "reason": "Ok", "lastTransitionTime": began}]},
+    }
+    registry = CollectorRegistry()
+    registry.register(FleetCollector(lambda: [*SHARDS, scaling, done], lambda: [], clock=lambda: NOW))
+    text = generate_latest(registry).decode()
+    assert 'dbprovider_shard_scaling_seconds{shard="cb1"} 1800.0' in text
+    assert 'dbprovider_shard_scaling_seconds{shard="cb2"} 0.0' in text
+    assert 'dbprovider_shard_scaling_seconds{shard="s1"} 0.0' in text
+    assert 'dbprovider_shard_ready{reason="ClusterScaling",shard="cb1"} 0.0' in text
+
+
+def test_engine_availability() -> None:
+    from reconciler.fleet_metrics import EngineCollector
+
+    available = {"cloudberry": False}
+    registry = CollectorRegistry()
+    registry.register(EngineCollector({"cloudberry": lambda: available["cloudberry"]}))
+    assert 'dbprovider_engine_available{engine="cloudberry"} 0.0' in generate_latest(registry).decode()
+    available["cloudberry"] = True
+    assert 'dbprovider_engine_available{engine="cloudberry"} 1.0' in generate_latest(registry).decode()

@@ -3,13 +3,14 @@
 A failure retrying cannot fix (a foreign object holds the tenant's name) is recorded with its reason
 and counted with retryable="false": the key waits for the next change of its Database or Shard (or
 one slow requeue after 5 minutes) instead of retrying every few seconds as if the shard timed out.
-A shard that is down is retried with backoff (retryable="true") until it is back. Real kube-apiserver
-and PostgreSQL 18; the statement log and the shard's health checks in it are the clock that shows
-nothing was retried meanwhile.
+Work on a shard that is down waits for it (reason ShardNotReady) without spending retries, and goes on
+as soon as the Shard is Ready again. Real kube-apiserver and PostgreSQL 18; the statement log and the
+shard's health checks in it are the clock that shows nothing was retried meanwhile.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -124,9 +125,9 @@ def converges_after_a_change(
     assert manager.errors("database", "EnsureFailed", retryable="true") == 0
 
 
-def test_a_shard_that_is_down_is_retried_with_backoff_until_it_is_back(fleet, start_manager, admin_rest):
+def test_work_on_a_shard_that_is_down_waits_without_spending_retries(fleet, start_manager, admin_rest):
     with PostgresServer("18", durable=True) as server:  # killed below
-        fleet.shard(server)
+        shard = fleet.shard(server)
         manager = start_manager()
         name = fleet.database("shard-down")
         key = f"{NAMESPACE}/{name}"
@@ -137,15 +138,23 @@ def test_a_shard_that_is_down_is_retried_with_backoff_until_it_is_back(fleet, st
         admin_rest.patch(
             DATABASES, name, {"metadata": {"annotations": {ANNOTATION_ROTATE_REQUESTED_AT: stamp}}}, NAMESPACE
         )
-        wait_for(
-            lambda: manager.errors("database", "AdminUnavailable", retryable="true") >= 3,
-            timeout=60,
-            what="three retries with backoff",
-        )
-        assert database_queue(manager).num_requeues(key) >= 2  # the backoff grows
-        assert manager.errors("database", "AdminUnavailable", retryable="false") == 0
-        assert condition(fleet.get_database(name), "Ready")["reason"] == "AdminUnavailable"
+        # Once the Shard says it is not Ready, the rotation waits for it: the reason says so, and
+        # neither errors nor backoff grow (a shard that is back is used at once, not minutes later).
+        db = wait_reason(fleet, name, "ShardNotReady")
+        assert condition(db, "Ready")["message"].startswith(f"shard {shard} is not Ready (Unreachable)")
+        assert db["status"]["phase"] == "Ready"
+        fleet.wait_shard(shard, "Unreachable")
+        queue = database_queue(manager)
+        wait_for(lambda: (due := queue.due_in(key)) is not None and due > 20, what="the 30 s look of a wait")
+        errors, requeues = manager.errors("database", "AdminUnavailable"), queue.num_requeues(key)
+        time.sleep(6)  # longer than a shard re-check (5 s) and the first backoff steps: nothing retried
+        assert (manager.errors("database", "AdminUnavailable"), queue.num_requeues(key)) == (errors, requeues)
+        assert manager.errors("database", "ShardNotReady") == 0  # waiting is no failure
+        assert condition(fleet.get_database(name), "Ready")["reason"] == "ShardNotReady"
 
         server.restart()  # the shard is back: the rotation is applied without anyone touching anything
+        fleet.wait_shard(shard, "Ok", timeout=60)
+        ready = time.monotonic()
         db = fleet.wait_database(name, lambda d: d["status"].get("rotationApplied") == stamp, timeout=90)
+        assert time.monotonic() - ready < 15  # the Shard turning Ready wakes it, not its 30 s requeue
         assert condition(db, "Ready")["status"] == "True"

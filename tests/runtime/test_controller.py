@@ -174,6 +174,27 @@ def test_a_terminal_error_may_ask_for_one_slow_requeue_instead_of_backoff(env: H
     assert len(attempts) == 2
 
 
+def test_a_retry_cap_keeps_the_backoff_of_a_flaky_cause_short(env: Harness) -> None:
+    """ReconcileError(retry_cap=s): retried with the growing backoff, but never more than s apart (a
+    failure caused by a flaky shard: once the shard recovers, the key is retried soon, not minutes later)."""
+    attempts: list[float] = []
+
+    def reconcile(key: str) -> Result:
+        attempts.append(time.monotonic())
+        raise ReconcileError("EnsureFailed", "create failed: connection_lost", retry_cap=0.15)
+
+    key = env.create("capped")
+    controller = env.controller("capped", reconcile)
+    controller.start()
+    wait_for(lambda: controller.queue.num_requeues(key) >= 8, what="eight retries")
+    # Without the cap the backoff would be at 0.05 * 2**7 = 6.4 s, capped at FAST's 0.4 s.
+    due = wait_for(lambda: controller.queue.due_in(key), what="the next retry")
+    assert due <= 0.15
+    gaps = [b - a for a, b in zip(attempts, attempts[1:], strict=False)]
+    assert max(gaps) < 0.15 + 0.1, gaps
+    assert env.errors("capped", "EnsureFailed", retryable="true") >= 8
+
+
 def test_a_write_conflict_is_requeued_and_counted_as_conflict_not_error(env: Harness) -> None:
     """The reconcile writes from the cached object with its resourceVersion; another writer
     changed the object first, so the apiserver answers 409. The retry (after backoff) reads the

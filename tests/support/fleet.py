@@ -75,14 +75,15 @@ class Fleet:
         name: str | None = None,
         max_databases: int = 50,
         accepting: bool = True,
-        client_host: str = "pg.example.com",
+        client_host: str = "127.0.0.1",
+        client_port: int | None = None,
         password: str | None = None,
         port: int | None = None,
         sslmode: str = "require",
         secret_ref: dict[str, str] | None = None,
     ) -> str:
         """A postgres Shard on `postgres`; `secret_ref` replaces the listed admin Secret the fleet
-        writes (tests of unlisted ones)."""
+        writes (tests of unlisted ones); the client endpoint is the server itself unless given."""
         name = name or self.name(f"pg{postgres.major}")
         spec = {
             "accepting": accepting,
@@ -94,7 +95,8 @@ class Fleet:
                 "sslmode": sslmode,
                 "secretRef": secret_ref or self.admin_secret(postgres, password),
             },
-            "client": {"host": client_host, "port": 6432, "sslmode": "require"},
+            # The server itself by default: a new database is Ready only once its credentials log in there.
+            "client": {"host": client_host, "port": client_port or postgres.port, "sslmode": "require"},
         }
         return self.create_shard(name, spec, postgres)
 

@@ -50,6 +50,8 @@ def test_the_rendered_crds_serve_every_path_the_controllers_and_the_api_call() -
                 "DisableFailed",
                 "DropFailed",
                 "RestoreRefused",
+                "ShardNotReady",
+                "LoginFailed",
             ],
         ),
         (

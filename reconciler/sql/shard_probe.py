@@ -1,0 +1,89 @@
+"""The Shard controller's probe of a shard on a fresh admin session: who am I, can I write, how far away.
+
+One operation ("check") of one statement: the provisioner's role and the server version (what
+provisioner.read_provisioner reads), whether the server can write, and the round trip of that
+statement, which the controller uses to size its next timeouts (one round trip matters on a slow
+link). A server that cannot write is not a shard placements can use, however well it answers: a
+standby (`pg_is_in_recovery()`, e.g. the admin Service points at a replica after a failover) or a
+server whose new sessions are read-only (`default_transaction_read_only`, e.g. set by an operator
+or by a disk-space guard).
+
+A full disk does not show in any setting: a write fails with `disk_full` (53100). `probe_write` is
+such a write, small and side-effect free (about 256 kB into a temporary table that is dropped with
+its transaction: extending a file needs free space, as any CREATE DATABASE or catalog change does).
+The Shard controller runs it only for a shard whose SQL failed with `disk_full`, until it passes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import psycopg
+
+from reconciler.sql.provisioner import ProvisionerInfo
+from reconciler.sql.session import OPERATION_TIMEOUT, Admin, run_operation
+
+_PROBE = """
+SELECT current_setting('server_version_num')::int, rolname, rolsuper, rolcreatedb, rolcreaterole,
+       rolinherit, rolcanlogin,
+       pg_catalog.pg_is_in_recovery(),
+       pg_catalog.current_setting('default_transaction_read_only')::bool,
+       pg_catalog.current_setting('transaction_read_only')::bool
+  FROM pg_catalog.pg_roles
+ WHERE rolname = current_user
+"""
+_PROVISIONER_COLUMNS = 7
+
+
+@dataclass(frozen=True)
+class Writability:
+    """Whether a new session on the shard could write."""
+
+    in_recovery: bool
+    default_read_only: bool
+    read_only: bool
+
+    def problem(self) -> str | None:
+        """Why nothing can be written, or None."""
+        if self.in_recovery:
+            return "the server is in recovery (a standby) and cannot write; is the admin Service the primary's?"
+        if self.default_read_only or self.read_only:
+            return "new sessions are read-only (default_transaction_read_only is on)"
+        return None
+
+
+@dataclass(frozen=True)
+class ShardProbe:
+    info: ProvisionerInfo
+    writability: Writability
+    round_trip: float  # seconds of one statement on the open session
+
+
+def read_probe(conn: psycopg.Connection) -> ShardProbe:
+    """The probe's one statement, timed."""
+    started = time.monotonic()
+    row = conn.execute(_PROBE).fetchone()
+    round_trip = time.monotonic() - started
+    info = ProvisionerInfo(*row[:_PROVISIONER_COLUMNS])
+    return ShardProbe(info, Writability(*row[_PROVISIONER_COLUMNS:]), round_trip)
+
+
+def probe_shard(admin: Admin, *, timeout: float = OPERATION_TIMEOUT) -> ShardProbe:
+    """Run the probe (operation "check"; a SqlFailure on failure)."""
+    return run_operation(admin, "check", read_probe, timeout=timeout)
+
+
+_PROBE_TABLE = "CREATE TEMPORARY TABLE dbprovider_write_probe (filler text) ON COMMIT DROP"
+_PROBE_WRITE = "INSERT INTO dbprovider_write_probe SELECT repeat('x', 1000) FROM generate_series(1, 256)"
+
+
+def write_something(conn: psycopg.Connection) -> None:
+    with conn.transaction():
+        conn.execute(_PROBE_TABLE)
+        conn.execute(_PROBE_WRITE)
+
+
+def probe_write(admin: Admin, *, timeout: float = OPERATION_TIMEOUT) -> None:
+    """A small write that needs free disk space (operation "write probe"; SqlFailure disk_full if none)."""
+    run_operation(admin, "write probe", write_something, timeout=timeout)
