@@ -39,6 +39,7 @@ from harness.statement_log import LoggedStatement, StatementLog, keywords
 from informers import LEASES, Informer, Rest
 from reconciler.resources import DATABASES
 from reconciler.sql.login import TenantLogin, log_in
+from reconciler.sql.session import AdminSession
 from reconciler.sql.tenant import OwnerRecord, TenantSpec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -302,6 +303,42 @@ class ProvisionerStatements:
 def bench_owner() -> OwnerRecord:
     """The ownership record a baseline tenant gets, as the controller writes one for each Database."""
     return OwnerRecord("bench-consumer", str(uuid.uuid4()))
+
+
+def run_on_sessions(
+    jobs: Sequence[tuple[AdminSession, queue.Queue[TenantSpec]]],
+    work: Callable[[AdminSession, TenantSpec], None],
+    label: str,
+) -> float:
+    """A baseline's SQL: each admin session takes tenants from its queue (sessions may share one) and
+    runs `work` on each, every session released at once. Returns the seconds from the release until
+    the last one is done; raises if any tenant failed."""
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(len(jobs) + 1)
+
+    def worker(admin: AdminSession, tenants: queue.Queue[TenantSpec]) -> None:
+        barrier.wait()
+        while True:
+            try:
+                spec = tenants.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                work(admin, spec)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=job) for job in jobs]
+    for thread in threads:
+        thread.start()
+    barrier.wait()
+    started = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - started
+    if errors:
+        raise RuntimeError(f"baseline {label}: {len(errors)} failures, first: {errors[0]!r}")
+    return elapsed
 
 
 def log_in_as_tenant(server: PostgresServer, spec: TenantSpec, timeout: float = 10.0) -> None:

@@ -65,6 +65,7 @@ from bench.common import (
     metric_sum,
     put_all,
     report_targets,
+    run_on_sessions,
     summarize_collapsed,
     table,
     wait_for,
@@ -173,48 +174,33 @@ class Phase:
 
 
 def baseline(fleet: Fleet, label: str, per_shard: dict[str, int], sessions: int, meter: CpuMeter) -> Phase:
-    """ensure_tenant for per_shard[s] new tenants on each shard s, `sessions` sessions per shard, all at once."""
+    """ensure_tenant and a login as the tenant for per_shard[s] new tenants on each shard s, `sessions`
+    sessions per shard, all at once."""
     work: dict[str, queue.Queue[TenantSpec]] = {}
+    shard_of: dict[str, str] = {}  # tenant -> its shard
     for shard, count in per_shard.items():
         work[shard] = queue.Queue()
         for i in range(count):
-            work[shard].put(TenantSpec(f"t_{label}_{shard.replace('-', '_')}_{i:04d}", new_password(), 5,
-                                       owner=bench_owner()))
+            spec = TenantSpec(f"t_{label}_{shard.replace('-', '_')}_{i:04d}", new_password(), 5, owner=bench_owner())
+            work[shard].put(spec)
+            shard_of[spec.name] = shard
     admins = [(shard, AdminSession.for_endpoint(fleet.endpoint(shard))) for shard in per_shard for _ in range(sessions)]
     with ThreadPoolExecutor(16) as pool:  # connected before the clock starts, as the workers' sessions are
         list(pool.map(lambda pair: pair[1].connection(), admins))
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(len(admins) + 1)
 
-    def worker(shard: str, admin: AdminSession) -> None:
-        barrier.wait()
-        while True:
-            try:
-                spec = work[shard].get_nowait()
-            except queue.Empty:
-                return
-            try:
-                ensure_tenant(admin, spec)
-                log_in_as_tenant(fleet.servers[shard], spec)  # the Shard's client endpoint: direct
-            except BaseException as exc:  # noqa: BLE001 - reported below
-                errors.append(exc)
+    def provision(admin: AdminSession, spec: TenantSpec) -> None:
+        ensure_tenant(admin, spec)
+        log_in_as_tenant(fleet.servers[shard_of[spec.name]], spec)  # the Shard's client endpoint: direct
 
     statements = ProvisionerStatements(*(fleet.servers[s] for s in per_shard))
-    threads = [threading.Thread(target=worker, args=pair) for pair in admins]
-    for thread in threads:
-        thread.start()
     cpu_before, busy_before = meter.snapshot(), machine_busy()
-    barrier.wait()
-    started = time.perf_counter()
-    for thread in threads:
-        thread.join()
-    elapsed = time.perf_counter() - started
+    try:
+        elapsed = run_on_sessions([(admin, work[shard]) for shard, admin in admins], provision, label)
+    finally:
+        for _, admin in admins:
+            admin.close()
     cpu = meter.delta(meter.snapshot(), cpu_before)
     busy = machine_busy() - busy_before
-    for _, admin in admins:
-        admin.close()
-    if errors:
-        raise RuntimeError(f"baseline {label}: {len(errors)} failures, first: {errors[0]!r}")
     found = statements.expect(f"baseline {label} (ensure_tenant x{sum(per_shard.values())})")
     return Phase(elapsed, cpu, busy, found)
 

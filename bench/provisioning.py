@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import queue
 import statistics
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -48,6 +47,7 @@ from bench.common import (
     percentile,
     put_all,
     report_targets,
+    run_on_sessions,
     summarize_collapsed,
     table,
     wait_for,
@@ -83,41 +83,23 @@ def baseline(
     admins = [AdminSession.for_endpoint(endpoint) for _ in range(sessions)]
     for admin in admins:
         admin.connection()  # connected before the clock starts, as the controller's sessions are
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(sessions + 1)
 
-    def worker(admin: AdminSession) -> None:
-        barrier.wait()
-        while True:
-            try:
-                spec = work.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                ensure_tenant(admin, spec)
-                if set_new_password:
-                    set_password(admin, spec.name, spec.password)
-                log_in_as_tenant(pg, spec)
-            except BaseException as exc:  # noqa: BLE001 - reported below
-                errors.append(exc)
+    def provision(admin: AdminSession, spec: TenantSpec) -> None:
+        ensure_tenant(admin, spec)
+        if set_new_password:
+            set_password(admin, spec.name, spec.password)
+        log_in_as_tenant(pg, spec)
 
     statements = ProvisionerStatements(pg)
-    threads = [threading.Thread(target=worker, args=(a,)) for a in admins]
-    for thread in threads:
-        thread.start()
     cpu = CpuMeter()
     cpu_before, busy_before = cpu.snapshot(), machine_busy()
-    barrier.wait()
-    started = time.perf_counter()
-    for thread in threads:
-        thread.join()
-    elapsed = time.perf_counter() - started
+    try:
+        elapsed = run_on_sessions([(admin, work) for admin in admins], provision, label)
+    finally:
+        for admin in admins:
+            admin.close()
     cpu_used = cpu.delta(cpu.snapshot(), cpu_before)
     busy = machine_busy() - busy_before
-    for admin in admins:
-        admin.close()
-    if errors:
-        raise RuntimeError(f"baseline {label}: {len(errors)} failures, first: {errors[0]}")
     return Phase(elapsed, cpu_used.get("postgres", 0.0), busy), statements.expect(
         f"baseline {label} (ensure_tenant x{count})", detail=True
     )
