@@ -328,13 +328,7 @@ def run_on_sessions(
             except BaseException as exc:  # noqa: BLE001 - reported below
                 errors.append(exc)
 
-    threads = [threading.Thread(target=worker, args=job) for job in jobs]
-    for thread in threads:
-        thread.start()
-    barrier.wait()
-    started = time.perf_counter()
-    for thread in threads:
-        thread.join()
+    started = _run_released_at_once([threading.Thread(target=worker, args=job) for job in jobs], barrier)
     elapsed = time.perf_counter() - started
     if errors:
         raise RuntimeError(f"baseline {label}: {len(errors)} failures, first: {errors[0]!r}")
@@ -453,14 +447,20 @@ def put_all(
                 break
         session.close()
 
-    threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
+    started = _run_released_at_once([threading.Thread(target=client, args=(n,)) for n in range(clients)], barrier)
+    return started, time.perf_counter() - started, answers, sent
+
+
+def _run_released_at_once(threads: list[threading.Thread], barrier: threading.Barrier) -> float:
+    """Start `threads` (each waits on `barrier` first), release them together, wait for all of them;
+    returns the release time (perf_counter)."""
     for thread in threads:
         thread.start()
     barrier.wait()
     started = time.perf_counter()
     for thread in threads:
         thread.join()
-    return started, time.perf_counter() - started, answers, sent
+    return started
 
 
 # -- a `dbprovider manager` process ----------------------------------------------------------------
