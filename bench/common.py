@@ -37,7 +37,7 @@ from harness.process import free_port, spawn
 from harness.process import stop as stop_process
 from harness.statement_log import LoggedStatement, StatementLog, keywords
 from informers import LEASES, Informer, Rest
-from reconciler.resources import DATABASES
+from reconciler.resources import DATABASES, SHARDS
 from reconciler.sql.login import TenantLogin, log_in
 from reconciler.sql.session import AdminSession
 from reconciler.sql.tenant import OwnerRecord, TenantSpec
@@ -358,6 +358,15 @@ def drop_all_tenants(server: PostgresServer) -> int:
         for role in roles:
             conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
     return len(names)
+
+
+def shards_ready(rest: Rest, names: Iterable[str]) -> bool:
+    """Every one of the Shards `names` is Ready (its checks pass: the provider can work on it)."""
+    for name in names:
+        conditions = (rest.get(SHARDS, name).get("status") or {}).get("conditions") or []
+        if not any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
+            return False
+    return True
 
 
 class ReadyWatch:

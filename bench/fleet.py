@@ -66,6 +66,7 @@ from bench.common import (
     put_all,
     report_targets,
     run_on_sessions,
+    shards_ready,
     summarize_collapsed,
     table,
     wait_for,
@@ -152,14 +153,6 @@ def register_shards(rest: Rest, fleet: Fleet, max_databases: int, dev_shard: str
                 "client": {"host": "127.0.0.1", "port": server.port, "sslmode": "require"},
             },
         })
-
-
-def shards_ready(rest: Rest, names: list[str]) -> bool:
-    for name in names:
-        conditions = (rest.get(SHARDS, name).get("status") or {}).get("conditions") or []
-        if not any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
-            return False
-    return True
 
 
 # -- baselines ---------------------------------------------------------------------------------

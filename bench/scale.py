@@ -41,8 +41,10 @@ from bench.common import (
     machine_line,
     metric_sum,
     report_targets,
+    shards_ready,
     summarize_collapsed,
     table,
+    wait_for,
 )
 from domain.constants import (
     API_VERSION,
@@ -83,10 +85,10 @@ def create_shards(rest: Rest, stack: Stack, count: int, per_shard: int) -> list[
                 "admin": {
                     "serviceName": f"{name}-primary",
                     "port": pg.port,
-                    "sslmode": "disable",
-                    "secretRef": {"namespace": dev.namespace, "name": f"{dev.shard}-provisioner"},
+                    "sslmode": "require",
+                    "secretRef": {"namespace": dev.shard_secrets_namespace, "name": dev.admin_secret},
                 },
-                "client": {"host": "127.0.0.1", "port": pg.port, "sslmode": "disable"},
+                "client": {"host": "127.0.0.1", "port": pg.port, "sslmode": "require"},
             },
         })
     rest.delete(SHARDS, dev.shard)  # exactly `count` shards (the DevStack's one holds no database)
@@ -118,7 +120,7 @@ def create_databases(rest: Rest, stack: Stack, shards: list[str], count: int, th
     dev, pg = stack.dev, stack.postgres
     assert dev is not None and pg is not None
     consumer, namespace = dev.consumer, dev.namespace
-    endpoint = Endpoint("127.0.0.1", pg.port, "disable")
+    endpoint = Endpoint("127.0.0.1", pg.port, "require")
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     done = Counter[str]()
     lock = threading.Lock()
@@ -256,7 +258,11 @@ def main(argv: list[str] | None = None) -> int:
         caught_up = milestones["caught_up"]
         rss_caught_up = sampler.samples[-1][2]
         writes_start = counter_delta(stack.apiserver_writes(), writes_before)
-        log(f"caught up after {caught_up:.1f} s; idle window of {args.idle_seconds:.0f} s")
+        # Only then is "no SQL for Ready databases" evidence: a database of a shard that is not Ready
+        # waits without SQL whatever the controller would do (the Shards' admin Secret was once wrong
+        # here, and every count read 0).
+        wait_for(lambda: shards_ready(rest, shards), 120, f"all {args.shards} Shards Ready", 0.5)
+        log(f"caught up after {caught_up:.1f} s, every Shard Ready; idle window of {args.idle_seconds:.0f} s")
 
         idle_before = sampler.sample()
         writes_idle_before = stack.apiserver_writes()
