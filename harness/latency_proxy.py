@@ -19,7 +19,9 @@ import argparse
 import asyncio
 import contextlib
 import signal
+import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from harness.process import free_port, spawn, stop, wait_for_port
@@ -35,7 +37,7 @@ class LatencyProxy:
         self.log = log
         self.host = host
         self.routes = {target: free_port() for target in targets}
-        self._proc = None
+        self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 30.0) -> LatencyProxy:
         argv = [sys.executable, "-m", "harness.latency_proxy", "--delay", str(self.delay), "--host", self.host]
@@ -98,9 +100,11 @@ async def _serve(host: str, routes: dict[int, int], delay: float) -> None:
             return
         await asyncio.gather(_forward(client_r, server_w, delay), _forward(server_r, client_w, delay))
 
+    def handler(target: int) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
+        return lambda client_r, client_w: handle(target, client_r, client_w)
+
     servers = [
-        await asyncio.start_server(lambda r, w, t=target: handle(t, r, w), host, listen, backlog=512)
-        for listen, target in routes.items()
+        await asyncio.start_server(handler(target), host, listen, backlog=512) for listen, target in routes.items()
     ]
     stopped = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopped.set)
