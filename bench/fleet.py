@@ -71,7 +71,7 @@ from bench.common import (
     table,
     wait_for,
 )
-from domain.constants import API_VERSION, CORE_API_VERSION, KIND_CONSUMER, KIND_SECRET, KIND_SHARD
+from domain.constants import API_VERSION, CORE_API_VERSION, KIND_CONSUMER, KIND_SECRET, KIND_SHARD, UNPLACED
 from domain.credentials import encode_secret_value, new_password
 from domain.specs import DEFAULT_TOKEN_KEY
 from domain.tokens import hash_token
@@ -189,11 +189,11 @@ def baseline(fleet: Fleet, label: str, per_shard: dict[str, int], sessions: int,
     cpu_before, busy_before = meter.snapshot(), machine_busy()
     try:
         elapsed = run_on_sessions([(admin, work[shard]) for shard, admin in admins], provision, label)
+        cpu = meter.delta(meter.snapshot(), cpu_before)  # before the sessions close: a backend's CPU leaves with it
+        busy = machine_busy() - busy_before
     finally:
         for _, admin in admins:
             admin.close()
-    cpu = meter.delta(meter.snapshot(), cpu_before)
-    busy = machine_busy() - busy_before
     found = statements.expect(f"baseline {label} (ensure_tenant x{sum(per_shard.values())})")
     return Phase(elapsed, cpu, busy, found)
 
@@ -212,6 +212,7 @@ class Burst:
     statements: Counter[str]
     ready_seconds: float = 0.0  # first PUT -> the last database of interest Ready
     in_flight_peak: dict[str, float] = field(default_factory=dict)
+    waiting_peak: dict[str, float] = field(default_factory=dict)
     passes: float = 0.0  # Database reconciles during the burst
     writes: Counter[str] = field(default_factory=Counter)  # apiserver requests, by "resource VERB"
     reads: Counter[str] = field(default_factory=Counter)
@@ -238,12 +239,14 @@ def create_consumers(rest: Rest, namespace: str, count: int, max_databases: int)
 
 
 class InFlightSampler:
-    """The peak of dbprovider_database_workers_in_flight per shard, from the manager's /metrics."""
+    """The peaks of dbprovider_database_workers_in_flight and dbprovider_database_queue_depth per lane
+    (each shard, and `unplaced`: placement), from the manager's /metrics every 0.5 s."""
 
     def __init__(self, manager: ManagerProcess, shards: list[str]) -> None:
         self.manager = manager
-        self.shards = shards
-        self.peak: dict[str, float] = dict.fromkeys(shards, 0.0)
+        self.shards = [*shards, UNPLACED]
+        self.peak: dict[str, float] = dict.fromkeys(self.shards, 0.0)
+        self.waiting_peak: dict[str, float] = dict.fromkeys(self.shards, 0.0)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -256,6 +259,8 @@ class InFlightSampler:
             for shard in self.shards:
                 value = metric_sum(text, "dbprovider_database_workers_in_flight", shard=shard)
                 self.peak[shard] = max(self.peak[shard], value)
+                waiting = metric_sum(text, "dbprovider_database_queue_depth", shard=shard)
+                self.waiting_peak[shard] = max(self.waiting_peak[shard], waiting)
 
     def __enter__(self) -> InFlightSampler:
         self._thread.start()
@@ -294,6 +299,7 @@ def run_burst(stack: Stack, fleet: Fleet, manager: ManagerProcess, watch: ReadyW
     writes_after, reads_after = stack.apiserver_requests()
     return Burst(started, answered, answers, set(ids), cpu, busy,
                  statements.expect(f"burst {label} ({len(wanted)} new databases)"), ready, sampler.peak,
+                 sampler.waiting_peak,
                  metric_sum(manager.metrics(), "dbprovider_reconciles_total", controller="database") - passes_before,
                  counter_delta(writes_after, writes_before), counter_delta(reads_after, reads_before))
 
@@ -427,6 +433,13 @@ def main(argv: list[str] | None = None) -> int:
               [(name, r0_placed.get(name, 0), r1_placed.get(name, 0), f"{r1.in_flight_peak.get(name, 0):.0f}")
                for name in names], ("shard", "r0", "r1", "r1 in flight (peak)"))
         print(f"\n{stuck} databases of r1 were placed on {hung} before it was found hung; they wait for it.")
+        placing = {n: (b.in_flight_peak[UNPLACED], b.waiting_peak[UNPLACED]) for n, b in (("r0", r0), ("r1", r1))}
+        shard_waiting = {n: max(v for k, v in b.waiting_peak.items() if k not in (UNPLACED, hung))
+                         for n, b in (("r0", r0), ("r1", r1))}
+        print(f"placement lane ({UNPLACED}), peaks in flight / waiting: "
+              + ", ".join(f"{n} {busy:.0f} / {waiting:.0f}" for n, (busy, waiting) in placing.items())
+              + "; the most waiting in a healthy shard's lane (peak): "
+              + ", ".join(f"{n} {v:.0f}" for n, v in shard_waiting.items()))
         phases = {"b0": (b0.seconds, b0.cpu, b0.machine_cpu), "r0": (r0.ready_seconds, r0.cpu, r0.machine_cpu),
                   "b1": (b1.seconds, b1.cpu, b1.machine_cpu), "r1": (r1.ready_seconds, r1.cpu, r1.machine_cpu),
                   "b2": (b2.seconds, b2.cpu, b2.machine_cpu)}

@@ -95,11 +95,11 @@ def baseline(
     cpu_before, busy_before = cpu.snapshot(), machine_busy()
     try:
         elapsed = run_on_sessions([(admin, work) for admin in admins], provision, label)
+        cpu_used = cpu.delta(cpu.snapshot(), cpu_before)  # before the sessions close: a backend's CPU leaves with it
+        busy = machine_busy() - busy_before
     finally:
         for admin in admins:
             admin.close()
-    cpu_used = cpu.delta(cpu.snapshot(), cpu_before)
-    busy = machine_busy() - busy_before
     return Phase(elapsed, cpu_used.get("postgres", 0.0), busy), statements.expect(
         f"baseline {label} (ensure_tenant x{count})", detail=True
     )
