@@ -376,7 +376,7 @@ class InstallConfig(ConfigModel):
     api: ApiConfig = ApiConfig()
     readiness: ReadinessConfig = ReadinessConfig()
     # The Database controller's workers (docs/runtime.md, "Workers and lanes"): at most workersPerShard
-    # on one shard's databases, workersTotal in all (placement, which runs no SQL, included).
+    # on one shard's databases (and on placement), workersTotal in all.
     workers_per_shard: Annotated[StrictInt, Field(ge=1, le=MAX_WORKERS_PER_SHARD)] = 4
     workers_total: Annotated[StrictInt, Field(ge=1, le=MAX_WORKERS_TOTAL)] = 64
 

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from domain.conditions import READY, get_condition, object_conditions
 from domain.config import InstallConfig
-from domain.constants import CREDENTIALS_SECRET_SELECTOR, CREDENTIALS_SECRET_SUFFIX, UNPLACED, Engine
+from domain.constants import CREDENTIALS_SECRET_SELECTOR, CREDENTIALS_SECRET_SUFFIX, Engine
 from domain.specs import ShardSpec, parse_shard
 from informers import SECRETS, Informer, Rest
 from informers.informer import Handler
@@ -187,15 +187,13 @@ def register_controllers(
         admin_host_override,
         policy=policy,
     )
-    # A lane per shard: at most workersPerShard passes on one shard's databases at once, workersTotal
-    # in all, the lanes taking turns; a hung shard holds only its own lane's workers. Placement (the
-    # unplaced lane) runs no SQL and its reservations keep it exact at any concurrency: it is bounded
-    # by workersTotal only (with workersPerShard, 4 placements at a time fed 20 shards too slowly).
+    # A lane per shard: at most workersPerShard passes on one shard's databases (and on placement) at
+    # once, workersTotal in all, the lanes taking turns; a hung shard holds only its own lane's workers.
     db_controller = Controller(
         "database",
         db_logic.reconcile,
         workers=config.workers_total,
-        lanes=Lanes(db_logic.lane, config.workers_per_shard, {UNPLACED: config.workers_total}),
+        lanes=Lanes(db_logic.lane, config.workers_per_shard),
     )
     manager.metrics.registry.register(
         DatabaseWorkersCollector(

@@ -29,7 +29,7 @@ class DatabaseWorkersCollector(Collector):
         lanes = sorted(set(self._shard_names()) | {UNPLACED} | set(stats))
         in_flight = GaugeMetricFamily(
             "dbprovider_database_workers_in_flight",
-            "Database workers busy with the shard's databases, at most workersPerShard (shard=unplaced: placement).",
+            "Database workers busy with the shard's databases (shard=unplaced: placement); at most workersPerShard.",
             labels=["shard"],
         )
         depth = GaugeMetricFamily(

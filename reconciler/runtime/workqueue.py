@@ -11,9 +11,8 @@
 Lanes (optional, `Lanes(of, limit)`; the Database controller has one per shard):
 - every key belongs to a lane, `of(key)`, read again when the key is handed out, so a key that
   changed lane while it waited (a Database just placed) is handed out in its new lane;
-- at most `limit` keys of one lane are in flight (`limits` sets another for a named lane: the
-  Database controller's placement lane, which runs no SQL); a key of a full lane waits while keys
-  of other lanes are handed out, and lanes with keys ready take turns (round robin), so one lane's burst
+- at most `limit` keys of one lane are in flight; a key of a full lane waits while keys of other
+  lanes are handed out, and lanes with keys ready take turns (round robin), so one lane's burst
   of 1,000 keys delays another lane's next key by at most one key per busy lane;
 - each key in flight holds one of its lane's `limit` numbered slots (`slot(key)`): a worker can
   keep one shard session per slot, so a lane never has more than `limit` sessions either.
@@ -28,7 +27,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from domain.settings import SETTINGS, Backoff
@@ -67,18 +66,14 @@ class ExponentialBackoff:
 @dataclass(frozen=True)
 class Lanes:
     """Which lane a key belongs to (`of`, read from a cache: cheap, never blocking) and how many
-    keys of one lane may be in flight at once (`limit`; a lane named in `limits` has its own)."""
+    keys of one lane may be in flight at once (`limit`)."""
 
     of: Callable[[str], str]
     limit: int
-    limits: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.limit < 1 or any(n < 1 for n in self.limits.values()):
+        if self.limit < 1:
             raise ValueError("a lane needs at least one slot")
-
-    def limit_of(self, lane: str) -> int:
-        return self.limits.get(lane, self.limit)
 
 
 @dataclass(frozen=True)
@@ -123,15 +118,19 @@ class WorkQueue:
             log.exception("work queue: no lane for %s; using the default lane", key)
             return DEFAULT_LANE
 
-    def _has_room(self, name: str, lane: _Lane) -> bool:
-        return self.lanes is None or len(lane.busy) < self.lanes.limit_of(name)
+    def _limit(self) -> int | None:
+        return None if self.lanes is None else self.lanes.limit
+
+    def _has_room(self, lane: _Lane) -> bool:
+        limit = self._limit()
+        return limit is None or len(lane.busy) < limit
 
     def _offer(self, name: str) -> None:
         """Give lane `name` a turn (once) and wake a worker if it has a key ready and a free slot."""
         lane = self._lanes.get(name)
         if lane is None:
             return
-        if lane.ready and self._has_room(name, lane):
+        if lane.ready and self._has_room(lane):
             if name not in self._in_turns:
                 self._in_turns.add(name)
                 self._turns.append(name)

@@ -44,25 +44,6 @@ def test_a_full_lane_waits_while_other_lanes_are_handed_out() -> None:
     assert queue.get(timeout=1) == "a2"  # a slot of lane a came free
 
 
-def test_a_lane_with_a_limit_of_its_own_takes_that_many_and_the_others_keep_theirs() -> None:
-    """The Database controller's placement lane (no SQL) is wider than a shard's."""
-    lanes = {f"p{i}": "unplaced" for i in range(10)} | {f"s{i}": "s" for i in range(5)}
-    queue = WorkQueue(lanes=Lanes(lambda key: lanes[key], 2, {"unplaced": 6}))
-    for key in lanes:
-        queue.add(key)
-
-    taken = take(queue, 8)
-    assert nothing_ready_for_a_worker(queue)
-    assert Counter(lanes[key] for key in taken) == {"unplaced": 6, "s": 2}
-    assert queue.lane_stats() == {"unplaced": (4, 6), "s": (3, 2)}
-    assert sorted(queue.slot(key).index for key in taken if lanes[key] == "unplaced") == list(range(6))
-
-
-def test_a_lane_limit_below_one_is_refused() -> None:
-    with pytest.raises(ValueError, match="at least one slot"):
-        Lanes(lambda key: key, 2, {"unplaced": 0})
-
-
 def test_lanes_take_turns_so_a_burst_delays_another_lane_by_one_key_per_busy_lane() -> None:
     lanes = {f"a{i:03d}": "a" for i in range(1000)} | {f"b{i}": "b" for i in range(3)} | {"c0": "c"}
     queue = lane_queue(lanes, limit=1000)
