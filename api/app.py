@@ -62,14 +62,14 @@ def create_app(
     max_body_bytes: int = MAX_BODY_BYTES,
     ready_checks: Iterable[Callable[[], bool]] = (),
     openapi_path: Path = OPENAPI_PATH,
-) -> falcon.App:
+) -> falcon.App[falcon.Request, falcon.Response]:
     """The WSGI app. `registry` receives the request metrics (or pass `metrics` built on one).
 
     /readyz is 200 once the store's and the token index's informers have synced (and every extra
     `ready_checks` callable returns True); /healthz is 200 while the process serves requests.
     """
     metrics = metrics if metrics is not None else ApiMetrics(registry)
-    app = falcon.App(
+    app: falcon.App[falcon.Request, falcon.Response] = falcon.App(
         middleware=[ObservabilityMiddleware(metrics), AuthMiddleware(tokens)],
         cors_enable=False,
     )
@@ -91,7 +91,7 @@ def create_app(
 
 @dataclass(frozen=True)
 class ApiComponents:
-    app: falcon.App
+    app: falcon.App[falcon.Request, falcon.Response]
     store: DatabaseStore
     tokens: TokenIndex
     metrics: ApiMetrics

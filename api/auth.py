@@ -29,7 +29,8 @@ from typing import Any, Protocol
 import falcon
 from pydantic import ValidationError
 
-from api.errors import Unauthorized, Unavailable
+from api.admission import AUTHENTICATED_HOOK
+from api.errors import TooManyRequests, Unauthorized, Unavailable
 from api.kube import CONSUMERS, SECRETS, metadata
 from domain.credentials import secret_data_bytes
 from domain.specs import parse_consumer
@@ -183,14 +184,14 @@ class TokenIndex:
             key[len(prefix) :] for key in self.consumers.index_values(INDEX_TOKEN_SECRET) if key.startswith(prefix)
         )
 
-    def _on_consumer(self, event_type: str, old: dict | None, new: dict | None) -> None:
+    def _on_consumer(self, event_type: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         self._want_secrets()
         name = metadata(new if new is not None else old or {}).get("name")
         if name:
             with self._lock:
                 self._recompute(name)
 
-    def _on_secret(self, event_type: str, old: dict | None, new: dict | None) -> None:
+    def _on_secret(self, event_type: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         secret = new if new is not None else old
         if secret is None:
             return
@@ -291,8 +292,9 @@ class TokenIndex:
 class AuthMiddleware:
     """Authenticates every request to a resource whose `auth_required` is not False.
 
-    The consumer's name goes to `req.context.consumer`. Any failure raises `Unauthorized` (the same bare
-    401 whatever the cause); before the caches are synced the answer is 503 instead.
+    The consumer's name goes to `req.context.consumer`, and to the front door's hook (its bounds per
+    consumer: 429 when the consumer has too many requests in progress). Any failure raises
+    `Unauthorized` (the same bare 401 whatever the cause); before the caches are synced the answer is 503.
     """
 
     def __init__(self, tokens: TokenIndex) -> None:
@@ -313,3 +315,6 @@ class AuthMiddleware:
         if consumer is None:
             raise Unauthorized()
         req.context.consumer = consumer
+        bound = req.env.get(AUTHENTICATED_HOOK)  # the front door's per-consumer bound (api/admission.py)
+        if bound is not None and not bound(consumer):
+            raise TooManyRequests()

@@ -86,6 +86,17 @@ class QuotaExceeded(
     """A create beyond Consumer.spec.maxDatabases."""
 
 
+class TooManyRequests(
+    ApiError,
+    status=falcon.HTTP_429,
+    code="too_many_requests",
+    message="too many requests of this consumer at once; retry after the time in Retry-After",
+):
+    """The consumer already has api.maxRequestsPerConsumer requests in progress (answered with Retry-After)."""
+
+    retry_after = 1
+
+
 class CredentialsUnavailable(
     ApiError,
     status=falcon.HTTP_503,
@@ -114,7 +125,7 @@ _FALCON_ERRORS = {
 }
 
 
-def _write(resp: falcon.Response, status: str, code: str, message: str) -> None:
+def _write(resp: falcon.Response, status: str | int, code: str, message: str) -> None:
     resp.status = status
     resp.content_type = falcon.MEDIA_JSON
     resp.text = json.dumps({"error": code, "message": message})
@@ -132,6 +143,8 @@ def _handle_api_error(req: falcon.Request, resp: falcon.Response, ex: ApiError, 
         _write_unauthorized(resp)
         return
     _write(resp, ex.status, ex.code, ex.message)
+    if isinstance(ex, TooManyRequests):
+        resp.set_header("Retry-After", str(ex.retry_after))
 
 
 def _handle_invalid_external_id(
@@ -152,7 +165,7 @@ def _handle_http_error(
 ) -> None:
     code, message = _FALCON_ERRORS.get(ex.status_code, ("error", "the request failed"))
     _write(resp, ex.status, code, message)
-    for name, value in (ex.headers or {}).items():
+    for name, value in dict(ex.headers or {}).items():
         resp.set_header(name, value)
 
 
@@ -177,7 +190,7 @@ def _handle_unexpected(req: falcon.Request, resp: falcon.Response, ex: Exception
     _write(resp, falcon.HTTP_500, "internal_error", "internal error")
 
 
-def register_error_handlers(app: falcon.App) -> None:
+def register_error_handlers(app: falcon.App[falcon.Request, falcon.Response]) -> None:
     """Map every exception to the JSON error body; Falcon picks the most specific handler by class."""
     app.add_error_handler(Exception, _handle_unexpected)
     app.add_error_handler(ApiException, _handle_kube_error)

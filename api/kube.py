@@ -4,13 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from domain.constants import GROUP, PLURAL_CONSUMERS, PLURAL_DATABASES, VERSION
-from informers import SECRETS, Resource
+from domain.resources import CONSUMERS, DATABASES
+from informers import SECRETS
 
-CONSUMERS = Resource(GROUP, VERSION, PLURAL_CONSUMERS)
-DATABASES = Resource(GROUP, VERSION, PLURAL_DATABASES)
-
-__all__ = ["CONSUMERS", "DATABASES", "SECRETS", "annotations", "metadata", "spec", "status"]
+__all__ = ["CONSUMERS", "DATABASES", "SECRETS", "metadata", "object_annotations", "spec", "status"]
 
 Obj = dict[str, Any]
 
@@ -29,7 +26,7 @@ def status(obj: Obj) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def annotations(obj: Obj) -> dict[str, str]:
+def object_annotations(obj: Obj) -> dict[str, str]:
     value = metadata(obj).get("annotations")
     return value if isinstance(value, dict) else {}
 

@@ -14,7 +14,7 @@ from urllib.parse import quote
 from pydantic import ValidationError
 
 from api.errors import InvalidBody, UnsupportedMediaType
-from api.kube import annotations, metadata, status
+from api.kube import metadata, status
 from domain.conditions import READY, condition_reason
 from domain.config import InstallConfig, UnknownSizeClass
 from domain.constants import (
@@ -24,7 +24,8 @@ from domain.constants import (
     Engine,
     Phase,
 )
-from domain.specs import DatabaseSpec, parse_database
+from domain.objects import DatabaseObject
+from domain.specs import DatabaseSpec
 from domain.status import DatabaseStatus
 from domain.timefmt import format_time
 
@@ -98,13 +99,27 @@ def parse_create_body(raw: bytes, content_type: str | None, config: InstallConfi
     return CreateDatabase(size_class=size_class, engine=Engine(engine))
 
 
-def database_spec(obj: Obj) -> DatabaseSpec | None:
-    """The typed spec of a Database object; None if it does not validate (such an object is no one's)."""
+def read_database(obj: Obj) -> DatabaseObject | None:
+    """The Database parsed once (metadata, spec, status): the API's read boundary.
+
+    None if its metadata or spec do not validate (such an object is no one's: never shown). A status that
+    does not validate reads as empty: nothing is handed out and the database shows as Provisioning.
+    """
     try:
-        return parse_database(obj)
+        db, status_valid = DatabaseObject.parse_lenient_status(obj)
     except ValidationError:
+        # the one raw read left here: the name of an object that did not parse, for the log
         log.warning("Database %s: spec does not validate; not shown", metadata(obj).get("name"))
         return None
+    if not status_valid:
+        log.warning("Database %s: status does not validate; shown as not reconciled", db.name)
+    return db
+
+
+def database_spec(obj: Obj) -> DatabaseSpec | None:
+    """The typed spec of a Database object; None if it does not validate (such an object is no one's)."""
+    db = read_database(obj)
+    return None if db is None else db.spec
 
 
 def database_status(obj: Obj) -> DatabaseStatus:
@@ -120,47 +135,54 @@ def database_status(obj: Obj) -> DatabaseStatus:
         return _NO_STATUS
 
 
-def is_delete_requested(obj: Obj, db_status: DatabaseStatus | None = None) -> bool:
+def _typed(db: Obj | DatabaseObject) -> DatabaseObject:
+    """The typed Database; a raw one is parsed (the store's callers hold only objects whose spec validates)."""
+    if isinstance(db, DatabaseObject):
+        return db
+    parsed = read_database(db)
+    if parsed is None:
+        raise ValueError("a Database whose spec does not validate has no state to show")
+    return parsed
+
+
+def is_delete_requested(db: Obj | DatabaseObject) -> bool:
     """Deleting, Deleted, the delete annotation or a Kubernetes deletion: the database is going away."""
-    phase = (database_status(obj) if db_status is None else db_status).phase
+    db = _typed(db)
     return (
-        phase in (Phase.DELETING, Phase.DELETED)
-        or ANNOTATION_DELETE_REQUESTED_AT in annotations(obj)
-        or bool(metadata(obj).get("deletionTimestamp"))
+        db.status.phase in (Phase.DELETING, Phase.DELETED)
+        or ANNOTATION_DELETE_REQUESTED_AT in db.metadata.annotations
+        or db.metadata.deleting
     )
 
 
-def is_ready(obj: Obj, db_status: DatabaseStatus | None = None) -> bool:
+def is_ready(db: Obj | DatabaseObject) -> bool:
     """Ready and not on its way out: credentials may be handed out and rotated."""
-    if db_status is None:
-        db_status = database_status(obj)
-    return db_status.phase == Phase.READY and not is_delete_requested(obj, db_status)
+    db = _typed(db)
+    return db.status.phase == Phase.READY and not is_delete_requested(db)
 
 
-def database_view(obj: Obj, config: InstallConfig) -> dict[str, Any]:
+def database_view(db: DatabaseObject, config: InstallConfig) -> dict[str, Any]:
     """The consumer's view of a Database object: state and settings, never secrets or shard internals."""
-    db_spec, db_status, notes = database_spec(obj), database_status(obj), annotations(obj)
-    if db_spec is None:  # the store never hands one out (not the consumer's); no view to make of it
-        raise ValueError("a Database whose spec does not validate has no view")
-    limit = db_status.applied_connection_limit
+    spec, state, notes = db.spec, db.status, db.metadata.annotations
+    limit = state.applied_connection_limit
     if limit is None:
         try:
-            limit = config.resolve_connection_limit(db_spec.size_class)
+            limit = config.resolve_connection_limit(spec.size_class)
         except UnknownSizeClass:
             limit = None
     rotate_requested = notes.get(ANNOTATION_ROTATE_REQUESTED_AT)
     return {
-        "externalId": db_spec.external_id,
-        "phase": (db_status.phase or Phase.PROVISIONING).value,
-        "reason": condition_reason(db_status.conditions, READY),
-        "sizeClass": db_spec.size_class,
+        "externalId": spec.external_id,
+        "phase": (state.phase or Phase.PROVISIONING).value,
+        "reason": condition_reason(state.conditions, READY),
+        "sizeClass": spec.size_class,
         "connectionLimit": limit,
-        "engine": db_spec.engine.value,
-        "createdAt": metadata(obj).get("creationTimestamp"),
+        "engine": spec.engine.value,
+        "createdAt": db.metadata.creation_timestamp,
         "deleteRequestedAt": notes.get(ANNOTATION_DELETE_REQUESTED_AT),
-        "dropAfter": format_time(db_status.drop_after) if db_status.drop_after is not None else None,
+        "dropAfter": format_time(state.drop_after) if state.drop_after is not None else None,
         "rotateRequestedAt": rotate_requested,
-        "rotationPending": bool(rotate_requested) and db_status.rotation_applied != rotate_requested,
+        "rotationPending": bool(rotate_requested) and state.rotation_applied != rotate_requested,
     }
 
 

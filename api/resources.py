@@ -8,7 +8,7 @@ from typing import Any
 import falcon
 
 from api.errors import PayloadTooLarge, Unavailable
-from api.models import database_view, parse_create_body, parse_rotate_body
+from api.models import database_view, parse_create_body, parse_rotate_body, read_database
 from api.store import DatabaseStore
 from domain.config import InstallConfig
 
@@ -27,7 +27,7 @@ def read_body(req: falcon.Request, limit: int) -> bytes:
         if req.content_length <= DRAIN_FACTOR * limit:
             _drain(req, DRAIN_FACTOR * limit)
         raise too_large
-    raw = _body_stream(req).read(limit + 1)
+    raw: bytes = _body_stream(req).read(limit + 1)
     if len(raw) > limit:
         _drain(req, DRAIN_FACTOR * limit)
         raise too_large
@@ -59,7 +59,8 @@ class DatabaseCollection:
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         consumer = req.context.consumer
-        resp.media = {"items": [database_view(db, self.config) for db in self.store.list(consumer)]}
+        databases = [db for obj in self.store.list(consumer) if (db := read_database(obj)) is not None]
+        resp.media = {"items": [database_view(db, self.config) for db in databases]}
         resp.cache_control = [NO_STORE]
 
 
@@ -71,7 +72,10 @@ class _DatabaseAction:
         self.store = store
         self.max_body_bytes = max_body_bytes
 
-    def _answer(self, resp: falcon.Response, db: dict[str, Any], status: str = falcon.HTTP_200) -> None:
+    def _answer(self, resp: falcon.Response, obj: dict[str, Any], status: str = falcon.HTTP_200) -> None:
+        db = read_database(obj)
+        if db is None:  # the store hands out only the consumer's own databases, whose spec validates
+            raise ValueError("a Database whose spec does not validate has no view")
         resp.status = status
         resp.media = database_view(db, self.config)
         resp.cache_control = [NO_STORE]

@@ -6,17 +6,23 @@
     server.stop()      # stops accepting, finishes in-flight requests, frees the port
 
 Why not a thread per connection (cheroot, as before): a client that is slow or silent holds what it
-occupies. Here one event loop owns every socket, and a connection costs a few KiB until it has sent
-a whole, well-framed request; only then is the app called, on `threads` workers. So:
+occupies. Here one event loop owns every socket, and a connection costs its TLS state and the bytes it
+sent (api/channel.py: TLS through memory BIOs, about 30 KiB idle; docs/api.md) until it has sent a
+whole, well-framed request; only then is the app called, on `threads` workers. So:
 
 - accepting never waits: the TLS handshake runs on the loop, after admission;
 - each connection has one deadline for the handshake plus its request headers (`header_timeout`),
   one for its body (`body_timeout`), one for sending the answer, and an idle keep-alive connection is
   closed after `idle_timeout`;
-- open connections are bounded overall and per client address; a refused connection is closed at
-  once and logged (at most every 10 s, with a count);
+- open connections are bounded overall and, until one of their requests authenticates, per client
+  address; a consumer's requests in the app are bounded per consumer, and app calls take turns by
+  consumer or address (api/admission.py). A full server makes room by closing the connection that
+  waited longest without a request in the app; over the per-address bound a connection waits its turn;
+- every app call has a deadline (`request_timeout`): past it the client gets 503 with Retry-After;
+- the probe paths (/healthz, /readyz) run on threads of their own, never behind app requests;
 - framing is strict (api/http1.py): ambiguous requests get 400 and the connection is closed, and so
   does a connection whose request body the app left unread;
+- every refusal, deadline drop and framing error is counted by reason and logged (api/refusals.py);
 - TLS 1.2 or 1.3, and on 1.2 only ECDHE with AEAD ciphers.
 
 The certificate and key are files (the tls.secretName Secret mounted into the pod). They are re-read
@@ -27,10 +33,12 @@ certificate is served without a restart. docs/api.md says how this server was ch
 from __future__ import annotations
 
 import asyncio
+import errno
 import io
 import json
 import logging
 import os
+import re
 import socket
 import ssl
 import sys
@@ -43,17 +51,21 @@ from http import HTTPStatus
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
-from api.http1 import BadRequest, RequestHead, parse_chunk_size, parse_head
+from api.admission import AUTHENTICATED_HOOK, Connections, ConsumerRequests, Lanes, Slot, State
+from api.channel import Channel
+from api.http1 import DEFAULT_MAX_CHUNKS, BadRequest, RequestHead, RequestParser
+from api.refusals import FrontDoorEvents
 from domain.config import ApiConfig
 from domain.settings import SETTINGS
 
 log = logging.getLogger(__name__)
 
 DEFAULT_THREADS = 16
-# The front door's guard; the app answers 413 from 16 KiB on (with metrics and a JSON body).
-DEFAULT_MAX_BODY_BYTES = 64 * 1024
+# The front door's guard on the wire: the app answers 413 from 16 KiB of body on (with metrics); this
+# leaves room for a chunked body's size lines, and bounds what a connection in the middle of a body holds.
+DEFAULT_MAX_BODY_BYTES = 24 * 1024
 DEFAULT_MAX_HEADER_BYTES = 16 * 1024
 # Deadlines and connection bounds: the install config's `api` defaults (one place: domain/config.py).
 _API_DEFAULTS = ApiConfig()
@@ -62,13 +74,28 @@ DEFAULT_BODY_TIMEOUT = _API_DEFAULTS.body_timeout.total_seconds()
 DEFAULT_IDLE_TIMEOUT = _API_DEFAULTS.idle_timeout.total_seconds()
 DEFAULT_MAX_CONNECTIONS = _API_DEFAULTS.max_connections
 DEFAULT_MAX_CONNECTIONS_PER_CLIENT = _API_DEFAULTS.max_connections_per_client
+DEFAULT_REQUEST_TIMEOUT = _API_DEFAULTS.request_timeout.total_seconds()
+DEFAULT_MAX_REQUESTS_PER_CONSUMER = _API_DEFAULTS.max_requests_per_consumer
 DEFAULT_SHUTDOWN_TIMEOUT = 10.0
+# The probes run on threads of their own, and answer 503 within this (the kubelet waits 3 s).
+PROBE_THREADS, PROBE_TIMEOUT = 2, 2.0
+RETRY_AFTER_SECONDS = 1
+_HELD_BY = "dbprovider.consumer_held"  # environ: the consumer whose request slot this request holds
 # TLS 1.2 suites: forward secrecy and AEAD only (TLS 1.3 suites are all AEAD).
 TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
-REFUSAL_LOG_INTERVAL = 10.0
-# After a refused request: drop the client's further input for up to 2 s, until it pauses for 0.2 s.
-LINGER_SECONDS, LINGER_QUIET, LINGER_READS = 2.0, 0.2, 32
-_ERROR_CODES = {413: "payload_too_large", 431: "headers_too_large", 500: "internal_error"}
+# After a refused request: drop the client's further input for up to 2 s, until it pauses for 0.2 s or
+# has sent 16 KiB more (a client streaming junk costs its decryption, so that is bounded too).
+LINGER_SECONDS, LINGER_QUIET, LINGER_BYTES = 2.0, 0.2, 16 * 1024
+_ERROR_CODES = {
+    413: "payload_too_large",
+    431: "headers_too_large",
+    500: "internal_error",
+    501: "not_implemented",
+    503: "unavailable",
+    505: "http_version_not_supported",
+}
+_STATUS_RE = re.compile(r"[1-5][0-9]{2} [\t -~]*")
+_HEADER_NAME_RE = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length"})
 _NO_BODY_STATUSES = frozenset({204, 304})
 
@@ -81,6 +108,8 @@ def front_door_options(config: ApiConfig) -> dict[str, Any]:
         "idle_timeout": config.idle_timeout.total_seconds(),
         "max_connections": config.max_connections,
         "max_connections_per_client": config.max_connections_per_client,
+        "request_timeout": config.request_timeout.total_seconds(),
+        "max_requests_per_consumer": config.max_requests_per_consumer,
     }
 
 
@@ -133,77 +162,6 @@ class ReloadingTlsContext:
         return self.context
 
 
-class ConnectionLimits:
-    """Open connections, bounded overall and per client address (loop thread only).
-
-    With a registry: dbprovider_api_connections_open and dbprovider_api_connections_refused_total{limit}.
-    """
-
-    def __init__(self, total: int, per_client: int, registry: CollectorRegistry | None = None) -> None:
-        self.max_total = total
-        self.max_per_client = per_client
-        self.total = 0
-        self.by_client: dict[str, int] = {}
-        self._refused_since_log = 0
-        self._last_log = -REFUSAL_LOG_INTERVAL
-        self._open: Gauge | None = None
-        self._refused: Counter | None = None
-        if registry is not None:
-            self._open = Gauge("dbprovider_api_connections_open", "Open API connections.", registry=registry)
-            self._refused = Counter(
-                "dbprovider_api_connections_refused",
-                "API connections closed at once because a connection bound was reached.",
-                ["limit"],
-                registry=registry,
-            )
-            for limit in ("maxConnections", "maxConnectionsPerClient"):  # 0 from the start, so rate() sees them
-                self._refused.labels(limit)
-
-    def admit(self, client: str) -> str | None:
-        """Take a slot for `client`, or say which bound refuses it."""
-        if self.total >= self.max_total:
-            self._count_refusal("maxConnections")
-            return f"{self.total} connections open (maxConnections {self.max_total})"
-        count = self.by_client.get(client, 0)
-        if count >= self.max_per_client:
-            self._count_refusal("maxConnectionsPerClient")
-            return f"{count} connections open from this address (maxConnectionsPerClient {self.max_per_client})"
-        self.total += 1
-        self.by_client[client] = count + 1
-        if self._open is not None:
-            self._open.inc()
-        return None
-
-    def _count_refusal(self, limit: str) -> None:
-        if self._refused is not None:
-            self._refused.labels(limit).inc()
-
-    def release(self, client: str) -> None:
-        if self._open is not None:
-            self._open.dec()
-        self.total -= 1
-        count = self.by_client[client] - 1
-        if count:
-            self.by_client[client] = count
-        else:
-            del self.by_client[client]
-
-    def log_refusal(self, client: str, why: str) -> None:
-        """A warning for the first refusal, then at most one every REFUSAL_LOG_INTERVAL with a count."""
-        self._refused_since_log += 1
-        now = time.monotonic()
-        if now - self._last_log < REFUSAL_LOG_INTERVAL:
-            return
-        log.warning(
-            "API connection refused from %s: %s (%d refused since the last such message)",
-            client,
-            why,
-            self._refused_since_log,
-        )
-        self._refused_since_log = 0
-        self._last_log = now
-
-
 class _Input(io.BytesIO):
     """wsgi.input: the whole body, read before the app is called; tells whether the app read it all."""
 
@@ -231,13 +189,42 @@ def _date_header() -> bytes:
     return _date_cache[1]
 
 
-def _error_response(status: int, reason: str) -> bytes:
+def _error_response(status: int, reason: str, retry_after: int | None = None) -> bytes:
+    """An answer of the front door itself: the API's JSON error body, and the connection closed."""
     body = json.dumps({"error": _ERROR_CODES.get(status, "bad_request"), "message": reason}).encode()
     phrase = HTTPStatus(status).phrase
+    retry = f"Retry-After: {retry_after}\r\n" if retry_after is not None else ""
     return (
         f"HTTP/1.1 {status} {phrase}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-        "Connection: close\r\n"
+        f"{retry}Connection: close\r\n"
     ).encode("ascii") + _date_header() + b"\r\n" + body
+
+
+def _internal_error() -> _Response:
+    failed = _Response()
+    failed.status = "500 Internal Server Error"
+    failed.headers = [("Content-Type", "application/json")]
+    failed.chunks = [b'{"error": "internal_error", "message": "internal error"}']
+    return failed
+
+
+def _lane(environ: dict[str, Any]) -> str:
+    """Requests with the same credentials take turns in one lane, others by address (api/admission.py).
+
+    The lane is not an authentication: an unknown token only gets a lane of its own, and a 401.
+    """
+    credentials = environ.get("HTTP_AUTHORIZATION")
+    if credentials:
+        return f"credentials:{hash(credentials):x}"  # the process' randomized hash; never logged
+    return f"address:{environ['REMOTE_ADDR']}"
+
+
+class _Dropped(Exception):
+    """The connection is closed without an answer (a deadline); `reason` is the metric label."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 class ApiServer:
@@ -259,6 +246,10 @@ class ApiServer:
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         max_connections_per_client: int = DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        max_requests_per_consumer: int = DEFAULT_MAX_REQUESTS_PER_CONSUMER,
+        max_chunks: int = DEFAULT_MAX_CHUNKS,
+        probe_paths: Iterable[str] = (SETTINGS.probes.liveness, SETTINGS.probes.readiness),
         shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
         reload_interval: float = 10.0,
         registry: CollectorRegistry | None = None,
@@ -266,8 +257,8 @@ class ApiServer:
     ) -> None:
         if tls and (cert_file is None or key_file is None):
             raise ValueError("cert_file and key_file are required (tls=False only for local experiments)")
-        if threads < 1 or max_connections < 1 or max_connections_per_client < 1:
-            raise ValueError("threads and connection limits must be at least 1")
+        if min(threads, max_connections, max_connections_per_client, max_requests_per_consumer) < 1:
+            raise ValueError("threads and connection and request limits must be at least 1")
         self.app = app
         self.host = host
         self.requested_port = port
@@ -279,18 +270,25 @@ class ApiServer:
         self.header_timeout = header_timeout
         self.body_timeout = body_timeout
         self.idle_timeout = idle_timeout
+        self.request_timeout = request_timeout
+        self.max_chunks = max_chunks
+        self.probe_paths = frozenset(probe_paths)
         self.shutdown_timeout = shutdown_timeout
         self.reload_interval = reload_interval
         self.tls = tls
-        self.limits = ConnectionLimits(max_connections, max_connections_per_client, registry)
+        self.limits = Connections(max_connections, max_connections_per_client)
+        self.consumer_requests = ConsumerRequests(max_requests_per_consumer)
+        self.events = FrontDoorEvents(registry)
+        self.lanes: Lanes | None = None
         self.tls_context: ReloadingTlsContext | None = None
         self.port: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._listener: socket.socket | None = None
         self._executor: ThreadPoolExecutor | None = None
+        self._probe_executor: ThreadPoolExecutor | None = None
         self._accepting: asyncio.Task[None] | None = None
-        self._connections: dict[asyncio.Task[None], bool] = {}  # task -> busy with a request
+        self._connections: dict[asyncio.Task[None], Slot] = {}
         self._stopping = False
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -309,6 +307,8 @@ class ApiServer:
         self._listener = listener
         self._stopping = False
         self._executor = ThreadPoolExecutor(self.threads, thread_name_prefix="api-worker")
+        self._probe_executor = ThreadPoolExecutor(PROBE_THREADS, thread_name_prefix="api-probe")
+        self.lanes = Lanes(self._executor, self.threads, max(1, self.consumer_requests.per_consumer))
         loop = asyncio.new_event_loop()
         self._loop = loop
         ready = threading.Event()
@@ -327,7 +327,7 @@ class ApiServer:
         loop.call_soon(ready.set)
         try:
             loop.run_forever()
-        except Exception:  # noqa: BLE001 - reported, the manager decides what to do (readiness fails)
+        except Exception:  # reported, the manager decides what to do (readiness fails)
             log.exception("API server stopped unexpectedly")
         finally:
             loop.close()
@@ -348,9 +348,10 @@ class ApiServer:
         finally:
             loop.call_soon_threadsafe(loop.stop)
             thread.join(wait)
-            if self._executor is not None:
-                self._executor.shutdown(wait=False, cancel_futures=True)
-            self._loop = self._thread = self._executor = None
+            for executor in (self._executor, self._probe_executor):
+                if executor is not None:
+                    executor.shutdown(wait=False, cancel_futures=True)
+            self._loop = self._thread = self._executor = self._probe_executor = None
             log.info("API server stopped")
 
     async def _shutdown(self) -> None:
@@ -360,8 +361,8 @@ class ApiServer:
         if self._listener is not None:
             self._listener.close()
             self._listener = None
-        for task, busy in list(self._connections.items()):
-            if not busy:
+        for task, slot in list(self._connections.items()):
+            if slot.state is not State.BUSY:
                 task.cancel()  # waiting for a request: nothing in flight
         busy_tasks = list(self._connections)
         if busy_tasks:
@@ -380,175 +381,239 @@ class ApiServer:
     # -- connections -------------------------------------------------------------------------------
 
     async def _accept(self, listener: socket.socket) -> None:
-        """Accept, admit or refuse, and hand over: nothing here waits on a client."""
+        """Accept, admit (or park, or make room, or refuse) and hand over: nothing here waits on a client."""
         loop = asyncio.get_running_loop()
         while True:
             try:
                 conn, address = await loop.sock_accept(listener)
             except asyncio.CancelledError:
                 raise
-            except OSError as exc:  # EMFILE and friends: back off briefly instead of spinning
-                log.warning("API accept failed (%s)", type(exc).__name__)
-                await asyncio.sleep(0.1)
+            except OSError as exc:
+                self.events.accept_failed(exc)
+                if exc.errno in (errno.EMFILE, errno.ENFILE) and (victim := self.limits.evict_one()) is not None:
+                    self._evict(victim)  # out of descriptors: free one, as at maxConnections
+                    if victim.task is not None:
+                        await asyncio.wait({victim.task}, timeout=0.5)
+                    await asyncio.sleep(0)  # the transport closes its socket on the next turn
+                    continue
+                await asyncio.sleep(0.1)  # instead of spinning
                 continue
             client = str(address[0])
-            refusal = self.limits.admit(client)
-            if refusal is not None:
+            slot, victim, refusal = self.limits.admit(client)
+            if victim is not None:
+                self._evict(victim)
+            if slot is None:
                 conn.close()
-                self.limits.log_refusal(client, refusal)
+                self.events.connection_refused("maxConnections", client, refusal or "")
                 continue
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            task = loop.create_task(self._connection(conn, address))
-            self._connections[task] = False
+            self.events.open.inc()
+            task = loop.create_task(self._connection(conn, address, slot))
+            slot.task = task
+            self._connections[task] = slot
 
-    async def _connection(self, conn: socket.socket, address: Any) -> None:
+    def _evict(self, victim: Slot) -> None:
+        self.events.connection_refused(
+            "evicted", victim.client, f"closed to make room (it was {victim.state.value}; maxConnections)"
+        )
+        if victim.task is not None:
+            victim.task.cancel()
+
+    async def _connection(self, conn: socket.socket, address: Any, slot: Slot) -> None:
         task = asyncio.current_task()
         assert task is not None
-        client = str(address[0])
-        streams: list[asyncio.StreamWriter] = []
+        client = slot.client
+        channel: Channel | None = None
         try:
-            await self._serve(task, conn, address, streams)
-        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, OSError) as exc:
-            # Silent, slow or broken clients, plain HTTP on the TLS port: connection-level noise.
+            if slot.turn is not None and not slot.turn.done():  # parked: over its address' bound
+                try:
+                    async with asyncio.timeout(self.header_timeout):
+                        await slot.turn
+                except TimeoutError:
+                    raise _Dropped("parkedTimeout") from None
+            channel = Channel(self.tls_context.current() if self.tls_context is not None else None)
+            await asyncio.get_running_loop().connect_accepted_socket(lambda: channel, conn)
+            await self._serve(slot, channel, address)
+        except _Dropped as dropped:
+            self.events.connection_dropped(dropped.reason, client)
+        except (TimeoutError, ConnectionError, ssl.SSLError, OSError) as exc:
+            # Clients that go away, plain HTTP on the TLS port: connection-level noise.
             log.debug("API connection from %s closed: %s", client, type(exc).__name__)
         except asyncio.CancelledError:
             pass
         except Exception as exc:  # noqa: BLE001 - a bug here must cost one connection, not the loop
             log.error("API connection failed: %s", type(exc).__name__)
         finally:
-            self.limits.release(client)
+            self.limits.release(slot)
+            self.events.open.dec()
             self._connections.pop(task, None)
-            if streams:
-                streams[0].transport.abort()  # no-op after a graceful close
+            if channel is not None:
+                channel.abort()  # a no-op after a graceful close
             else:
                 conn.close()
 
-    async def _serve(
-        self, task: asyncio.Task[None], conn: socket.socket, address: Any, streams: list[asyncio.StreamWriter]
-    ) -> None:
+    async def _serve(self, slot: Slot, channel: Channel, address: Any) -> None:
         """The connection's requests in turn, until EOF, an error, a deadline or `Connection: close`."""
-        async with asyncio.timeout(self.header_timeout):
-            reader, writer = await self._open(conn)
-            streams.append(writer)
-            block = await self._read_head(reader)
-        while block is not None:
-            self._connections[task] = True
-            keep_alive = await self._exchange(reader, writer, block, address)
-            self._connections[task] = False
+        parser = RequestParser(self.max_header_bytes, self.max_body_bytes, self.max_chunks)
+        try:
+            async with asyncio.timeout(self.header_timeout):
+                try:
+                    await channel.handshake()
+                except ssl.SSLError:  # not TLS, or no suite in common (a client that just closes is not counted)
+                    raise _Dropped("tlsHandshake") from None
+                head = await self._read_head(channel, parser)
+        except TimeoutError:
+            raise _Dropped("headerTimeout") from None
+        while head is not None:
+            self.limits.move(slot, State.BUSY)
+            keep_alive = await self._exchange(slot, channel, parser, head, address)
             if not keep_alive or self._stopping:
                 break
-            block = await self._next_head(reader)
-        writer.close()  # flushes what is still buffered; a client that does not read it is aborted
+            self.limits.move(slot, State.IDLE)
+            head = await self._next_head(channel, parser)
+        channel.close()  # flushes what is still buffered; a client that does not read it is aborted
         async with asyncio.timeout(self.body_timeout):
-            await writer.wait_closed()
+            await channel.wait_closed()
 
-    async def _open(self, conn: socket.socket) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """Streams over the accepted socket, after a TLS handshake on the loop when TLS is on."""
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader(limit=self.max_header_bytes, loop=loop)
-        protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
-        context = self.tls_context.current() if self.tls_context is not None else None
-        transport, _ = await loop.connect_accepted_socket(
-            lambda: protocol, conn, ssl=context, ssl_handshake_timeout=self.header_timeout if context else None
-        )
-        return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
+    @staticmethod
+    async def _read_head(channel: Channel, parser: RequestParser) -> RequestHead | BadRequest | None:
+        """The next request's head (or why it is refused); None at a clean EOF before a request."""
+        while True:
+            try:
+                head = parser.head()
+            except BadRequest as refused:
+                return refused
+            if head is not None:
+                return head
+            data = await channel.receive()
+            if not data:
+                if not parser.buffered:
+                    return None
+                raise ConnectionResetError("closed in the middle of a request head")
+            parser.feed(data)
 
-    async def _read_head(self, reader: asyncio.StreamReader, first: bytes = b"") -> bytes | BadRequest | None:
-        """The header block without its final CRLFCRLF; None at a clean EOF before a request."""
-        try:
-            block = await reader.readuntil(b"\r\n\r\n")
-        except asyncio.LimitOverrunError:
-            return BadRequest("request header block too large", 431)
-        except asyncio.IncompleteReadError as exc:
-            if not first and not exc.partial:
-                return None
-            raise
-        return first + block[:-4]
-
-    async def _next_head(self, reader: asyncio.StreamReader) -> bytes | BadRequest | None:
+    async def _next_head(self, channel: Channel, parser: RequestParser) -> RequestHead | BadRequest | None:
         """Keep-alive: wait up to idle_timeout for a first byte, then header_timeout for the rest."""
-        async with asyncio.timeout(self.idle_timeout):
-            first = await reader.read(1)
-        if not first:
-            return None
-        async with asyncio.timeout(self.header_timeout):
-            return await self._read_head(reader, first)
+        if not parser.buffered:
+            try:
+                async with asyncio.timeout(self.idle_timeout):
+                    data = await channel.receive()
+            except TimeoutError:
+                return None  # the normal end of a keep-alive connection
+            if not data:
+                return None
+            parser.feed(data)
+        try:
+            async with asyncio.timeout(self.header_timeout):
+                return await self._read_head(channel, parser)
+        except TimeoutError:
+            raise _Dropped("headerTimeout") from None
 
     async def _exchange(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, block: bytes | BadRequest, address: Any
+        self, slot: Slot, channel: Channel, parser: RequestParser, head: RequestHead | BadRequest, address: Any
     ) -> bool:
         """One request and its answer; True if the connection may serve another."""
         try:
-            if isinstance(block, BadRequest):
-                raise block
-            head = parse_head(block)
-            if head.content_length > self.max_body_bytes:
-                raise BadRequest("request body too large", 413)
-            if head.expect_continue and (head.content_length or head.chunked):
-                writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            async with asyncio.timeout(self.body_timeout):
-                body = await self._read_body(reader, head)
-        except BadRequest as exc:
-            await self._send(writer, _error_response(exc.status, exc.reason))
-            log.debug("API request refused: %s", exc.reason)
-            await self._linger(reader)
+            if isinstance(head, BadRequest):
+                raise head
+            if head.expect_continue and (head.content_length or head.chunked) and not parser.buffered:
+                channel.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+            try:
+                async with asyncio.timeout(self.body_timeout):
+                    body = await self._read_body(channel, parser)
+            except TimeoutError:
+                raise _Dropped("bodyTimeout") from None
+        except BadRequest as refused:
+            self.events.request_refused(refused.code, refused.status, slot.client, refused.reason)
+            await self._send(channel, _error_response(refused.status, refused.reason))
+            await self._linger(channel)
             return False
         environ = self._environ(head, body, address)
-        loop = asyncio.get_running_loop()
-        assert self._executor is not None
-        response = await loop.run_in_executor(self._executor, self._call_app, environ)
+        if head.method in ("GET", "HEAD") and environ["PATH_INFO"] in self.probe_paths:
+            response = await self._call_probe(slot, environ)
+        else:
+            response = await self._call(slot, environ)
+        if isinstance(response, bytes):  # the front door's own answer (a deadline)
+            await self._send(channel, response)
+            return False
         keep_alive = head.keep_alive and environ["wsgi.input"].fully_read() and not self._stopping
-        await self._send(writer, self._serialize(head, response, keep_alive))
+        await self._send(channel, self._serialize(head, response, keep_alive))
         return keep_alive
 
-    async def _read_body(self, reader: asyncio.StreamReader, head: RequestHead) -> bytes:
-        if not head.chunked:
-            return await reader.readexactly(head.content_length) if head.content_length else b""
-        parts: list[bytes] = []
-        size = 0
-        while True:
-            try:
-                line = await reader.readuntil(b"\r\n")
-            except asyncio.LimitOverrunError:
-                raise BadRequest("chunk size line too long") from None
-            chunk = parse_chunk_size(line[:-2])
-            size += chunk
-            if size > self.max_body_bytes:
-                raise BadRequest("request body too large", 413)
-            if chunk == 0:
-                break
-            data = await reader.readexactly(chunk + 2)
-            if data[-2:] != b"\r\n":
-                raise BadRequest("chunk without its CRLF")
-            parts.append(data[:-2])
-        trailer_bytes = 0
-        while True:  # trailer fields are read and dropped, within the header size bound
-            try:
-                line = await reader.readuntil(b"\r\n")
-            except asyncio.LimitOverrunError:
-                raise BadRequest("trailer too long") from None
-            trailer_bytes += len(line)
-            if line == b"\r\n":
-                return b"".join(parts)
-            if trailer_bytes > self.max_header_bytes:
-                raise BadRequest("trailer too long", 431)
+    async def _call(self, slot: Slot, environ: dict[str, Any]) -> _Response | bytes:
+        """The app on a worker in the connection's lane, within request_timeout (else a 503 answer)."""
+        loop = asyncio.get_running_loop()
+        environ[AUTHENTICATED_HOOK] = self._authentication_hook(slot, environ, loop)
+        assert self.lanes is not None
+        try:
+            async with asyncio.timeout(self.request_timeout):
+                return await self.lanes.run(_lane(environ), self._call_app, environ)
+        except TimeoutError:
+            why = f"no answer from the app within {self.request_timeout:g}s ({environ['REQUEST_METHOD']})"
+            self.events.request_refused("requestTimeout", 503, slot.client, why)
+            return _error_response(503, "the request took too long; try again", RETRY_AFTER_SECONDS)
+
+    async def _call_probe(self, slot: Slot, environ: dict[str, Any]) -> _Response | bytes:
+        """A probe on the probe threads, never queued behind app requests; 503 after PROBE_TIMEOUT."""
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(min(PROBE_TIMEOUT, self.request_timeout)):
+                return await loop.run_in_executor(self._probe_executor, self._call_app, environ)
+        except TimeoutError:
+            self.events.request_refused("probeTimeout", 503, slot.client, f"{environ['PATH_INFO']} did not answer")
+            return _error_response(503, "the probe did not answer in time", RETRY_AFTER_SECONDS)
+
+    def _authentication_hook(
+        self, slot: Slot, environ: dict[str, Any], loop: asyncio.AbstractEventLoop
+    ) -> Callable[[str], bool]:
+        """What the app calls (on its worker) once a request authenticated: False = over the consumer's bound."""
+
+        def authenticated(consumer: str) -> bool:
+            loop.call_soon_threadsafe(self.limits.authenticated, slot, consumer)
+            if not self.consumer_requests.acquire(consumer):
+                self.events.request_refused(
+                    "consumerConcurrency",
+                    429,
+                    slot.client,
+                    f"consumer {consumer} has {self.consumer_requests.per_consumer} requests in the app",
+                )
+                return False
+            environ[_HELD_BY] = consumer
+            return True
+
+        return authenticated
+
+    async def _read_body(self, channel: Channel, parser: RequestParser) -> bytes:
+        while (body := parser.body()) is None:
+            data = await channel.receive()
+            if not data:
+                raise ConnectionResetError("closed in the middle of a request body")
+            parser.feed(data)
+        return body
 
     @staticmethod
-    async def _linger(reader: asyncio.StreamReader) -> None:
+    async def _linger(channel: Channel) -> None:
         """Read and drop what the client is still sending (briefly): closing a socket with unread
         input resets it, and a reset can destroy the answer before the client has read it."""
         try:
+            dropped = 0
             async with asyncio.timeout(LINGER_SECONDS):
-                for _ in range(LINGER_READS):
-                    if not await asyncio.wait_for(reader.read(65536), LINGER_QUIET):
+                while dropped < LINGER_BYTES:
+                    async with asyncio.timeout(LINGER_QUIET):
+                        data = await channel.receive()
+                    if not data:
                         return
+                    dropped += len(data)
         except (TimeoutError, ConnectionError, ssl.SSLError, OSError):
             return
 
-    async def _send(self, writer: asyncio.StreamWriter, data: bytes) -> None:
-        writer.write(data)
-        async with asyncio.timeout(self.body_timeout):  # a client that does not read its answer
-            await writer.drain()
+    async def _send(self, channel: Channel, data: bytes) -> None:
+        channel.send(data)
+        try:
+            async with asyncio.timeout(self.body_timeout):  # a client that does not read its answer
+                await channel.drain()
+        except TimeoutError:
+            raise _Dropped("sendTimeout") from None
 
     # -- WSGI ----------------------------------------------------------------------------------------
 
@@ -603,21 +668,31 @@ class ApiServer:
                     close()
         except Exception as exc:  # noqa: BLE001 - the app's handlers answer; this is a last resort
             log.error("API app failed: %s", type(exc).__name__)
-            failed = _Response()
-            failed.headers = [("Content-Type", "application/json")]
-            failed.chunks = [b'{"error": "internal_error", "message": "internal error"}']
-            return failed
+            return _internal_error()
+        finally:
+            consumer = environ.pop(_HELD_BY, None)
+            if consumer is not None:
+                self.consumer_requests.release(consumer)
         return response
 
     def _serialize(self, head: RequestHead, response: _Response, keep_alive: bool) -> bytes:
+        """The app's answer on the wire; an answer that cannot be sent as it is becomes a 500."""
+        try:
+            return self._encode(head, response, keep_alive)
+        except (ValueError, TypeError, UnicodeEncodeError) as exc:
+            log.error("API app returned an answer that cannot be sent (%s); answering 500", exc)
+            return self._encode(head, _internal_error(), keep_alive)
+
+    def _encode(self, head: RequestHead, response: _Response, keep_alive: bool) -> bytes:
+        if not isinstance(response.status, str) or not _STATUS_RE.fullmatch(response.status):
+            raise ValueError("a malformed status line")
         body = b"".join(response.chunks)
         code = int(response.status[:3])
         lines = [f"HTTP/1.1 {response.status}\r\n"]
         declared = None
         for name, value in response.headers:
-            if any(c in name or c in value for c in "\r\n"):
-                log.error("API app returned a header with a line break; answering 500")
-                return _error_response(500, "internal error")
+            if not _HEADER_NAME_RE.fullmatch(name) or any(c in value for c in "\r\n\x00"):
+                raise ValueError("a malformed header field")
             lowered = name.lower()
             if lowered == "content-length":
                 declared = value

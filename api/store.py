@@ -47,7 +47,7 @@ from api.errors import (
     Unauthorized,
     Unavailable,
 )
-from api.kube import CONSUMERS, DATABASES, SECRETS, annotations, metadata, status
+from api.kube import CONSUMERS, DATABASES, SECRETS, metadata, object_annotations, status
 from api.models import CreateDatabase, Credentials, database_spec, database_status, is_delete_requested, is_ready
 from domain.config import InstallConfig
 from domain.constants import (
@@ -71,13 +71,14 @@ from domain.credentials import (
     password_pending,
 )
 from domain.naming import credentials_secret_name, database_object_name, label_value, validate_external_id
+from domain.resources import BY_CONSUMER, database_consumer
 from domain.specs import DatabaseSpec, database_consumer_name, parse_consumer
 from domain.timefmt import format_micro_time
 from informers import Informer, Resource, Rest, SharedInformers
 
 log = logging.getLogger(__name__)
 
-INDEX_BY_CONSUMER = "api:consumer"
+INDEX_BY_CONSUMER = BY_CONSUMER  # the index the Consumer controller reads too (one index on the shared informer)
 INDEX_NOT_DELETED_BY_CONSUMER = "api:consumer-not-deleted"
 PENDING_TTL_SECONDS = 300.0
 ANNOTATE_ATTEMPTS = 5
@@ -92,13 +93,7 @@ Obj = dict[str, Any]
 Clock = Callable[[], datetime]
 
 
-def databases_by_consumer(db: Obj) -> list[str]:
-    """Index function: the owning consumer (from the spec: a label is not an identity).
-
-    Index functions run on every event of every Database: they read the one field, not the whole model.
-    """
-    consumer = database_consumer_name(db)
-    return [consumer] if consumer is not None else []
+databases_by_consumer = database_consumer  # domain.resources: the index function, written once
 
 
 def not_deleted_databases_by_consumer(db: Obj) -> list[str]:
@@ -270,7 +265,7 @@ class DatabaseStore:
         """Set the delete annotation (with the request time) unless set; never deletes the object."""
 
         def decide(db: Obj) -> dict[str, str | None] | None:
-            if ANNOTATION_DELETE_REQUESTED_AT in annotations(db):
+            if ANNOTATION_DELETE_REQUESTED_AT in object_annotations(db):
                 return None
             return {ANNOTATION_DELETE_REQUESTED_AT: format_micro_time(self.clock())}
 
@@ -288,7 +283,7 @@ class DatabaseStore:
                 raise NotReady()
             moment = self.clock()
             value = format_micro_time(moment)
-            if value == annotations(db).get(ANNOTATION_ROTATE_REQUESTED_AT):  # same microsecond: still new
+            if value == object_annotations(db).get(ANNOTATION_ROTATE_REQUESTED_AT):  # same microsecond: still new
                 value = format_micro_time(moment + timedelta(microseconds=1))
             end = value if end_sessions else None  # None removes a flag left by an earlier request
             return {ANNOTATION_ROTATE_REQUESTED_AT: value, ANNOTATION_ROTATE_END_SESSIONS: end}
@@ -400,8 +395,10 @@ class DatabaseStore:
         if obj is None:
             return
         consumer, name = database_consumer_name(obj), metadata(obj).get("name")
+        if consumer is None:
+            return
         with self._pending_lock:
-            entries = self._pending.get(consumer) if consumer is not None else None
+            entries = self._pending.get(consumer)
             if entries and name in entries:
                 del entries[name]
                 if not entries:

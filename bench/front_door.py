@@ -1,26 +1,34 @@
-"""Choosing the API's server by measurement: each candidate serves the same bare Falcon app over TLS
-while the attacks of issue 14 run, and a legitimate client makes requests beside them.
+"""The API's front door under attack, with the real manager: legitimate requests' throughput and p99
+under each attack as ratios to the same run without it, and the memory each kind of connection costs.
 
-    python -m bench.front_door [--seconds 20] [--candidates ours,cheroot,uvicorn,granian]
+    python -m bench.front_door [--seconds 10] [--rounds 3] [--connections 300]
+    python -m bench.front_door --compare [--seconds 20] [--candidates ours,cheroot,uvicorn,granian]
 
-Candidates: `ours` (api/server.py: asyncio front door, strict framing), `cheroot` (the server before
-it: 16 threads, 15 s socket timeout, 5 s handshake timeout on the accepting thread), `uvicorn` (h11,
-the WSGI app through a2wsgi on 16 threads; the measurement needs `pip install uvicorn a2wsgi`) and
-`granian` (Rust/hyper, WSGI, 1 worker with 16 blocking threads, header read timeout 10 s; needs
-`pip install granian`). Neither uvicorn nor granian is a dependency of the product.
+Default run (issue 25), one `dbprovider manager` on a real apiserver and PostgreSQL:
+- a legitimate client makes authenticated GETs of /v1/databases, each on a new TLS connection with a
+  kubelet probe's 3 s timeout, for `--seconds` per phase, in rounds of: alone, under the chunk attack
+  (50 TLS connections sending request bodies in 1-byte chunks as fast as they can, reconnecting when
+  refused), alone, under the idle-TLS attack (400 TLS connections from 8 addresses that send nothing,
+  reopened when dropped). The attackers run in a process of their own at nice 10: on a shared 2-core
+  machine their CPU would otherwise be measured instead of the server's.
+  Ratios per round against the mean of the two runs alone around it; the median over rounds is the figure.
+- memory (first, each kind on a fresh manager): its RSS before and after `--connections` connections of
+  each kind (idle TLS, mid-handshake, mid-body with 8 KiB and with 22 KiB of the body sent), per
+  connection; and whether api.maxConnections times the worst of them
+  fits the budget the install config is checked against (domain/config.py).
 
-Per candidate: a legitimate client opens a new TLS connection per GET, as a kubelet probe does (3 s
-timeout), alone for `--seconds`/4, then with the attack for `--seconds`: 8 silent TCP sockets,
-16 TLS connections sending their headers one byte every 2 s, and 20 TLS connections idle after the
-handshake, each reopened when the server drops it. Then the framing cases of the issue (answered 400
-and closed?) and a TLS 1.2 CBC-only client (refused?).
+`--compare` is the measurement the front door was chosen by (issue 14): each candidate serves the
+same bare Falcon app over TLS while the attacks of issue 14 run. Candidates: `ours`, `cheroot` (the
+server before it), `uvicorn` (h11; `pip install uvicorn a2wsgi`) and `granian` (`pip install granian`).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import ssl
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -144,9 +152,11 @@ def _wait_port(port: int) -> None:
 # -- clients and attacks -------------------------------------------------------------------------------
 
 
-def legit(port: int, ca: Path, seconds: float) -> dict[str, Any]:
+def legit(port: int, ca: Path, seconds: float, path: str = "/healthz", token: str | None = None) -> dict[str, Any]:
     """New TLS connection per GET, 3 s timeout, back to back for `seconds`."""
     context = ssl.create_default_context(cafile=str(ca))
+    auth = f"Authorization: Bearer {token}\r\n".encode() if token else b""
+    request = f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n".encode() + auth + b"\r\n"
     ok, failed, latencies = 0, 0, []
     end = time.monotonic() + seconds
     while time.monotonic() < end:
@@ -155,7 +165,7 @@ def legit(port: int, ca: Path, seconds: float) -> dict[str, Any]:
             with socket.create_connection(("127.0.0.1", port), timeout=3) as raw, context.wrap_socket(
                 raw, server_hostname="127.0.0.1"
             ) as tls:
-                tls.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                tls.sendall(request)
                 data = b""
                 while chunk := tls.recv(65536):
                     data += chunk
@@ -207,11 +217,321 @@ def cbc_refused(port: int, ca: Path) -> bool:
         return True
 
 
+# -- issue 25: the real manager under attack ---------------------------------------------------------
+
+ATTACKS: dict[str, dict[str, int]] = {"chunk": {"chunks": 50}, "idle TLS": {"idle": 400}}
+SOURCES = tuple(f"127.0.0.{n}" for n in range(2, 10))
+THROUGHPUT_TARGET, P99_TARGET = 0.8, 2.0
+
+
+def run_attacker(kind: str, port: int, seconds: float) -> None:
+    """In the attacker process: the attack until `seconds` pass."""
+    from harness.attacks import HostileClients
+
+    with HostileClients(port, **ATTACKS[kind], sources=SOURCES, max_seconds=seconds) as attack:
+        time.sleep(seconds)
+    print(f"{kind}: {attack.opened} connections opened", file=sys.stderr)
+
+
+def attacked(port: int, ca: Path, token: str, seconds: float, kind: str | None, server: int) -> dict[str, Any]:
+    """The legitimate client for `seconds`, alone or with attack `kind` running in its own process;
+    with the server's (pid `server`) CPU seconds meanwhile."""
+    import psutil
+
+    process = psutil.Process(server)
+
+    def measured() -> dict[str, Any]:
+        before = sum(process.cpu_times()[:2])
+        run = legit(port, ca, seconds, "/v1/databases", token)
+        run["server_cpu"] = sum(process.cpu_times()[:2]) - before
+        return run
+
+    if kind is None:
+        return measured()
+    argv = [sys.executable, "-m", "bench.front_door", "--attacker", kind, "--port", str(port),
+            "--seconds", str(seconds + 4)]
+    attacker = subprocess.Popen(["nice", "-n", "10", *argv], cwd=Path(__file__).resolve().parents[1])
+    try:
+        time.sleep(3)  # the attackers connect
+        return measured()
+    finally:
+        attacker.terminate()
+        attacker.wait(30)
+
+
+MEMORY_KINDS = ("idle TLS", "mid-handshake", "mid-body 8 KiB", "mid-body 22 KiB")
+
+
+def open_connections(kind: str, port: int, ca: Path, count: int) -> list[Any]:
+    """`count` connections held in state `kind`, spread over 8 source addresses."""
+    context = ssl.create_default_context(cafile=str(ca))
+    held: list[Any] = []
+    for n in range(count):
+        raw = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(SOURCES[n % 8], 0))
+        if kind == "mid-handshake":  # the ClientHello sent, the server's answer never read
+            incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+            client = context.wrap_bio(incoming, outgoing, server_hostname="127.0.0.1")
+            try:
+                client.do_handshake()
+            except ssl.SSLWantReadError:
+                pass
+            raw.sendall(outgoing.read())
+            held.append((raw, client))
+            continue
+        tls = context.wrap_socket(raw, server_hostname="127.0.0.1")
+        if kind.startswith("mid-body"):  # most of a body sent: 8 KiB of 16 KiB, or 22 KiB of the 24 KiB limit
+            sent, declared = (8 * 1024, 16 * 1024) if kind == "mid-body 8 KiB" else (22 * 1024, 24 * 1024)
+            tls.sendall(b"PUT /v1/databases/x HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: %d\r\n\r\n" % declared + b" " * sent)
+        held.append(tls)
+    return held
+
+
+def memory_per_connection(stack: Any, count: int) -> dict[str, float]:
+    """RSS growth per connection of each kind, in KiB, each kind on a fresh manager (memory freed by one
+    kind would otherwise be reused by the next and hide its cost)."""
+    import psutil
+
+    from bench.common import ManagerProcess, wait_for
+
+    figures = {}
+    for n, kind in enumerate(MEMORY_KINDS):
+        manager = ManagerProcess(stack, name=f"bench-memory-{n}")
+        try:
+            wait_for(manager.ready, 120, "manager /readyz", 0.2)
+            time.sleep(3)
+            process = psutil.Process(manager.pid)
+            before = process.memory_info().rss
+            started = time.monotonic()
+            held = open_connections(kind, manager.api_port, stack.dev.ca_file, count)
+            time.sleep(1.5)
+            after = process.memory_info().rss
+            if time.monotonic() - started > 9:
+                print(f"WARNING: opening {count} {kind} connections took longer than the header deadline")
+            figures[kind] = (after - before) / count / 1024
+            for item in held:
+                (item[0] if isinstance(item, tuple) else item).close()
+        finally:
+            manager.stop()
+    return figures
+
+
+def parser_figures(rounds: int = 5) -> list[list[str]]:
+    """Microseconds to frame a typical PUT (headers and a JSON body) and a body of 256 one-byte chunks,
+    with our parser, h11 and llhttp (httptools), each fed what one TLS record holds (16 KiB)."""
+    import h11
+    import httptools
+
+    from api.http1 import RequestParser
+
+    put = (b"PUT /v1/databases/orders HTTP/1.1\r\nHost: api\r\nAuthorization: Bearer " + b"a" * 64
+           + b"\r\nContent-Type: application/json\r\nContent-Length: 22\r\nUser-Agent: bench\r\n\r\n"
+           + b'{"sizeClass": "small"}')
+    chunked = (b"PUT /v1/databases/orders HTTP/1.1\r\nHost: api\r\nTransfer-Encoding: chunked\r\n\r\n"
+               + b"1\r\nx\r\n" * 256 + b"0\r\n\r\n")
+
+    def ours(data: bytes) -> None:
+        parser = RequestParser(16384, 65536, max_chunks=1024)
+        for i in range(0, len(data), 16384):
+            parser.feed(data[i : i + 16384])
+            if parser.head() is not None and parser.body() is not None:
+                return
+        raise AssertionError("not framed")
+
+    def with_h11(data: bytes) -> None:
+        connection = h11.Connection(h11.SERVER)
+        connection.receive_data(data)
+        while not isinstance(connection.next_event(), h11.EndOfMessage):
+            pass
+
+    class Sink:
+        done = False
+
+        def on_message_complete(self) -> None:
+            self.done = True
+
+    def with_llhttp(data: bytes) -> None:
+        sink = Sink()
+        httptools.HttpRequestParser(sink).feed_data(data)
+        assert sink.done
+
+    rows = []
+    for name, frame in (("ours (api/http1.py)", ours), ("h11 0.16", with_h11), ("llhttp (httptools 0.9)", with_llhttp)):
+        cells = [name]
+        for data, count in ((put, 2000), (chunked, 200)):
+            best = min(_timed(frame, data, count) for _ in range(rounds))
+            cells.append(f"{best * 1e6:.1f}")
+        rows.append(cells)
+    return rows
+
+
+def _timed(frame: Callable[[bytes], None], data: bytes, count: int) -> float:
+    started = time.perf_counter()
+    for _ in range(count):
+        frame(data)
+    return (time.perf_counter() - started) / count
+
+
+def probes_and_deadline(cert: Path, key: Path, ca: Path) -> list[list[str]]:
+    """The issue's case: 40 clients on a handler that takes 2 s keep all 16 workers busy; how long do
+    /healthz and /readyz take meanwhile, and when does a handler stuck for 60 s get its 503?"""
+    import threading
+
+    import falcon
+
+    from api.server import ApiServer
+    from harness.process import free_port
+
+    class Slow:
+        def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+            time.sleep(float(req.get_param("s") or 2))
+            resp.media = {"ok": True}
+
+    class Probe:
+        def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+            resp.media = {"status": "ok"}
+
+    slow_app = falcon.App()
+    slow_app.add_route("/slow", Slow())
+    slow_app.add_route("/healthz", Probe())
+    slow_app.add_route("/readyz", Probe())
+    port = free_port()
+    server = ApiServer(slow_app, "127.0.0.1", port, cert, key, threads=16).start()
+    context = ssl.create_default_context(cafile=str(ca))
+    stop = threading.Event()
+
+    def get(path: str, timeout: float) -> tuple[int, float]:
+        started = time.monotonic()
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as raw, context.wrap_socket(
+            raw, server_hostname="127.0.0.1"
+        ) as tls:
+            tls.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            data = b""
+            while chunk := tls.recv(65536):
+                data += chunk
+        return int(data[9:12]), time.monotonic() - started
+
+    def client() -> None:
+        while not stop.is_set():
+            try:
+                get("/slow?s=2", 30)
+            except OSError:
+                pass
+
+    clients = [threading.Thread(target=client, daemon=True) for _ in range(40)]
+    try:
+        for thread in clients:
+            thread.start()
+        time.sleep(3)
+        probes = [get(path, 3) for _ in range(10) for path in ("/healthz", "/readyz")]
+        stuck = get("/slow?s=60", 30)
+    finally:
+        stop.set()
+        server.stop()
+    worst = max(seconds for _, seconds in probes)
+    ok = sum(1 for status, _ in probes if status == 200)
+    return [
+        ["/healthz and /readyz while 40 clients keep the 16 workers busy with 2 s requests",
+         f"{ok} of {len(probes)} answered 200, slowest {worst * 1000:.0f} ms (kubelet timeout 3 s)"],
+        ["a handler stuck for 60 s (api.requestTimeout 10 s)", f"answered {stuck[0]} after {stuck[1]:.1f} s"],
+    ]
+
+
+def manager_run(args: argparse.Namespace) -> int:
+    from bench.common import ManagerProcess, Stack, Target, log, report_targets
+    from domain.settings import SETTINGS
+    from harness.certs import CertificateAuthority
+
+    parts = set(args.parts.split(","))
+    print(f"machine: {machine_line()}")
+    table("parsers: microseconds to frame one request (best of 5 rounds)", parser_figures(),
+          ["parser", "PUT with a JSON body", "256 one-byte chunks"])
+    if "probes" in parts:
+        bench_ca = CertificateAuthority(Path(tempfile.mkdtemp(prefix="front-door-")), "bench")
+        bench_cert = bench_ca.issue_server("bench")
+        log("probes and the request deadline, on a bare app")
+        table("probes and the request deadline (a bare app with the front door's defaults)",
+              probes_and_deadline(bench_cert.cert_file, bench_cert.key_file, bench_ca.ca_file), ["case", "figure"])
+    stack = Stack("front-door")
+    manager = None
+    targets = []
+    try:
+        stack.start()
+        assert stack.dev is not None
+        if "memory" in parts:
+            log(f"memory per connection ({args.connections} of each kind, each on a fresh manager)")
+            memory = memory_per_connection(stack, args.connections)
+            table("manager RSS per connection", [[k, f"{v:.1f} KiB"] for k, v in memory.items()], ["kind", "RSS"])
+            worst, per = max(memory.values()) * 1024, SETTINGS.pod.connection_bytes
+            budget, default_max = SETTINGS.pod.connections_bytes, stack.dev.config.api.max_connections
+            targets.append(Target(f"worst connection {worst / 1024:.0f} KiB measured, {per / 1024:.0f} KiB assumed "
+                                  "by the install config check", "measured <= assumed", worst <= per))
+            needed = default_max * worst
+            targets.append(Target(f"maxConnections {default_max} x {worst / 1024:.0f} KiB = {needed / 2**20:.0f} MiB",
+                                  f"<= {budget / 2**20:.0f} MiB (pod limit less the manager)", needed <= budget))
+        if "attacks" in parts:
+            manager = ManagerProcess(stack)
+            manager.wait_leading(stack.admin_rest())
+            targets += attack_ratios(args, manager.api_port, stack.dev.ca_file, stack.dev.token, manager.pid)
+        report_targets(targets)
+    finally:
+        stack.close(manager)
+    return 0
+
+
+def attack_ratios(args: argparse.Namespace, port: int, ca: Path, token: str, server: int) -> list[Any]:
+    """Rounds of alone / attacked / alone per attack; the medians of the ratios as target lines."""
+    from bench.common import Target, log
+
+    rows, ratios = [], {kind: {"throughput": [], "p99": []} for kind in ATTACKS}
+    for n in range(args.rounds):
+        for kind in ATTACKS:
+            log(f"round {n}: alone, then under the {kind} attack, then alone")
+            runs = [attacked(port, ca, token, args.seconds, k, server) for k in (None, kind, None)]
+            alone_rate = statistics.mean(r["ok"] for r in (runs[0], runs[2])) / args.seconds
+            alone_p99 = statistics.mean(percentile(r["latencies"], 99) for r in (runs[0], runs[2]))
+            hostile = runs[1]
+            rate = hostile["ok"] / args.seconds
+            p99 = percentile(hostile["latencies"], 99) if hostile["latencies"] else float("inf")
+            ratios[kind]["throughput"].append(rate / alone_rate)
+            ratios[kind]["p99"].append(p99 / alone_p99)
+            alone_cpu = statistics.mean(100 * r["server_cpu"] / args.seconds for r in (runs[0], runs[2]))
+            rows.append([n, kind, f"{alone_rate:.1f}", f"{rate:.1f}", hostile["failed"],
+                         f"{alone_p99 * 1000:.0f}", f"{p99 * 1000:.0f}",
+                         f"{rate / alone_rate:.2f}x", f"{p99 / alone_p99:.2f}x",
+                         f"{alone_cpu:.0f}% / {100 * hostile['server_cpu'] / args.seconds:.0f}%",
+                         f"{os.getloadavg()[0]:.1f}"])
+    table("legitimate authenticated GETs, a new TLS connection each (alone = mean of the runs before and after)",
+          rows, ["round", "attack", "alone/s", "attacked/s", "failed", "alone p99 ms", "attacked p99 ms",
+                 "throughput", "p99", "server CPU alone / attacked", "load"])
+    targets = []
+    for kind, figures in ratios.items():
+        throughput, p99 = statistics.median(figures["throughput"]), statistics.median(figures["p99"])
+        targets.append(Target(f"{kind} attack: legitimate throughput {throughput:.2f}x of alone",
+                              f">= {THROUGHPUT_TARGET}x", throughput >= THROUGHPUT_TARGET))
+        targets.append(Target(f"{kind} attack: legitimate p99 {p99:.2f}x of alone", f"<= {P99_TARGET}x",
+                              p99 <= P99_TARGET))
+    return targets
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--seconds", type=float, default=None, help="per phase (default 10; --compare: 20)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--connections", type=int, default=300, help="per kind, for the memory figures")
+    parser.add_argument("--parts", default="probes,memory,attacks", help="of the default run (comma-separated)")
+    parser.add_argument("--compare", action="store_true", help="the candidate servers of issue 14")
     parser.add_argument("--candidates", default=",".join(CANDIDATES))
+    parser.add_argument("--attacker", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.attacker:
+        run_attacker(args.attacker, args.port, args.seconds)
+        return 0
+    if not args.compare:
+        args.seconds = args.seconds or 10.0
+        return manager_run(args)
+    args.seconds = args.seconds or 20.0
     from harness.attacks import HostileClients
     from harness.certs import CertificateAuthority
     from harness.process import free_port

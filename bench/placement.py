@@ -56,7 +56,7 @@ class _IdleStream:
     def __init__(self) -> None:
         self._stop = threading.Event()
 
-    def lines(self):  # noqa: ANN201
+    def lines(self):
         self._stop.wait()
         return iter(())
 
@@ -96,7 +96,8 @@ def shard_object(name: str, max_databases: int, labels: dict[str, str] | None = 
                       "secretRef": {"namespace": "dbprovider", "name": f"{name}-provisioner"}},
             "client": {"host": f"{name}.db.example", "port": 5432},
         },
-        "status": {"conditions": copy.deepcopy(READY_CONDITIONS), "databaseCount": 0, "observedGeneration": 1},
+        "status": {"conditions": copy.deepcopy(READY_CONDITIONS), "databaseCount": 0, "observedGeneration": 1,
+                   "connectionBudget": 1_000_000},
     }
 
 

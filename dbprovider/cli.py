@@ -7,9 +7,10 @@ import os
 import sys
 from collections.abc import Sequence
 
-from dbprovider import consumer_cmd, lint
+from dbprovider import consumer_cmd, lint, upgrade_check
 from dbprovider.clitools import subcommand
 from domain.settings import SETTINGS
+from domain.version import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dbprovider",
         description="Places tenant PostgreSQL databases on shards and hands credentials to consumers.",
     )
+    parser.add_argument("--version", action="version", version=f"dbprovider {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     dev = subcommand(
@@ -131,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     consumer_cmd.add_parser(commands)
     lint.add_parser(commands)
+    upgrade_check.add_parser(commands)
     return parser
 
 
@@ -149,8 +152,18 @@ def _run_manager(args: argparse.Namespace) -> int:
 
 
 def _run_dev(args: argparse.Namespace) -> int:
-    from dbprovider.dev import run_dev
-
+    try:
+        from dbprovider.dev import run_dev
+    except ModuleNotFoundError as exc:
+        if exc.name != "harness":
+            raise
+        # The wheel and the image ship the runtime only; dev starts the test harness' servers.
+        print(
+            "dbprovider dev: runs from a source checkout of dbprovider (`make dev` there): it starts the test "
+            "harness' kube-apiserver, etcd and PostgreSQL, which the installed package does not include",
+            file=sys.stderr,
+        )
+        return 2
     return run_dev(postgres_flavor=args.postgres, state_dir=args.state_dir, values_file=args.config)
 
 
@@ -168,7 +181,8 @@ def _run_render(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.handler(args)
+    exit_code: int = args.handler(args)
+    return exit_code
 
 
 if __name__ == "__main__":

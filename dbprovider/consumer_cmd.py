@@ -30,7 +30,6 @@ from dbprovider.clitools import (
 )
 from dbprovider.landscape import (
     CONSUMER_FILE_SUFFIX,
-    DEFAULT_TOKEN_KEY,
     TOKEN_SECRET_FILE_SUFFIX,
     SecretValueError,
     consumer_object,
@@ -43,7 +42,7 @@ from dbprovider.landscape import (
 )
 from domain.config import DEFAULT_NAMESPACE
 from domain.naming import InvalidName, validate_dns1123_subdomain
-from domain.specs import ConsumerSpec
+from domain.specs import DEFAULT_TOKEN_KEY, ConsumerSpec
 from domain.tokens import SHA256_HEX_RE, hash_token
 from domain.validation import validation_problems
 from infra.render import dump_yaml

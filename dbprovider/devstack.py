@@ -10,7 +10,6 @@ manager needs: its install config and a kubeconfig with a real token of its Serv
 from __future__ import annotations
 
 import secrets
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,15 +35,10 @@ from domain.tokens import hash_token
 from harness import KubeControlPlane, PostgresServer
 from harness.certs import CertificateAuthority
 from harness.keldon import KELDON_CRD
+from harness.process import free_port
 from informers import SECRETS, Rest
 from infra.render import config_yaml, dump_yaml, render_manifests
 from reconciler.resources import CONSUMERS, SHARDS
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

@@ -11,6 +11,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from domain.conditions import is_condition_true, object_conditions
 from informers import Rest
 
 FIELD_MANAGER = "dbprovider-dev"
@@ -77,5 +78,4 @@ class Applier:
             crd = self.rest.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
         except ApiException:
             return False
-        conditions = (crd.get("status") or {}).get("conditions") or []
-        return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
+        return is_condition_true(object_conditions(crd), "Established")

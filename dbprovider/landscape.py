@@ -13,6 +13,7 @@ from typing import Any
 
 from domain.constants import API_VERSION, CORE_API_VERSION, KIND_CONSUMER, KIND_SECRET
 from domain.credentials import decode_secret_value, encode_secret_value
+from domain.metadata import Identity
 from domain.specs import DEFAULT_TOKEN_KEY
 
 # File names `consumer new` writes into --out; the suffixes keep any two consumers' files apart.
@@ -21,14 +22,17 @@ TOKEN_SECRET_FILE_SUFFIX = ".token-secret.yaml"
 
 
 def is_secret(doc: Any) -> bool:
-    return isinstance(doc, dict) and doc.get("apiVersion") == CORE_API_VERSION and doc.get("kind") == KIND_SECRET
+    identity = Identity.of(doc)
+    return isinstance(doc, dict) and (identity.api_version, identity.kind) == (CORE_API_VERSION, KIND_SECRET)
 
 
 def token_secret_name(consumer: str) -> str:
     return f"{consumer}-token"
 
 
-def consumer_object(name: str, namespace: str, max_databases: int | None, key: str = DEFAULT_TOKEN_KEY) -> dict:
+def consumer_object(
+    name: str, namespace: str, max_databases: int | None, key: str = DEFAULT_TOKEN_KEY
+) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "tokenSecretRef": {"namespace": namespace, "name": token_secret_name(name), "key": key},
     }
@@ -37,7 +41,9 @@ def consumer_object(name: str, namespace: str, max_databases: int | None, key: s
     return {"apiVersion": API_VERSION, "kind": KIND_CONSUMER, "metadata": {"name": name}, "spec": spec}
 
 
-def hash_secret_object(name: str, namespace: str, hash_lines: list[str], key: str = DEFAULT_TOKEN_KEY) -> dict:
+def hash_secret_object(
+    name: str, namespace: str, hash_lines: list[str], key: str = DEFAULT_TOKEN_KEY
+) -> dict[str, Any]:
     return {
         "apiVersion": CORE_API_VERSION,
         "kind": KIND_SECRET,

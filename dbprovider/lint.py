@@ -6,7 +6,8 @@ domain's name rules, and the install values by domain.config's own parser, so a 
 there is checked here without touching this file. On top come the rules that otherwise only show at
 run time, between objects: a hash on two Consumers (both denied), a Consumer without a quota, a
 tokenSecretRef outside the release namespace or to a missing key, a Shard whose admin Secret is not in
-shardSecrets (or a cloudberry Shard while that engine is off), duplicate names, and, with
+shardSecrets, whose admin.sslmode may go without TLS or whose admin endpoint is not the one its
+shardSecrets entry binds (or a cloudberry Shard while that engine is off), duplicate names, and, with
 --kubeconfig, a Shard whose maxDatabases is below what is already placed on it.
 
 Which files: every *.yaml / *.yml under the given paths. A document with apiVersion/kind is checked if
@@ -33,17 +34,19 @@ from pydantic import BaseModel, ValidationError
 
 from dbprovider.clitools import EXIT_FINDINGS, EXIT_INVALID, EXIT_OK, UsageError
 from dbprovider.landscape import SecretValueError, decode_data_value, is_secret, read_secret_value
+from domain.admin_access import EndpointBinding, tls_refusal
 from domain.config import ConfigError, InstallConfig, load_install_config
 from domain.constants import (
-    API_VERSION,
     GROUP,
     KIND_CONSUMER,
     KIND_DATABASE,
     KIND_SECRET,
     KIND_SHARD,
     KINDS,
+    SERVED_API_VERSIONS,
     Engine,
 )
+from domain.metadata import Identity
 from domain.naming import InvalidName, validate_dns1123_label, validate_dns1123_subdomain, validate_secret_key
 from domain.specs import ConsumerSpec, DatabaseSpec, ShardSpec
 from domain.tokens import parse_token_hashes
@@ -67,6 +70,8 @@ RULE_QUOTA = "consumer-quota"
 RULE_TOKEN_NAMESPACE = "token-secret-namespace"
 RULE_TOKEN_SECRET = "token-secret"
 RULE_SHARD_SECRET = "shard-secret"
+RULE_SHARD_TLS = "shard-admin-tls"
+RULE_SHARD_ENDPOINT = "shard-admin-endpoint"
 RULE_ENGINE = "engine-disabled"
 RULE_CAPACITY = "shard-capacity"
 RULE_NO_VALUES = "no-values"
@@ -145,19 +150,15 @@ class Document:
 
     @property
     def kind(self) -> str:
-        return str(self.data.get("kind", "")) if isinstance(self.data, dict) else ""
+        return Identity.of(self.data).kind
 
     @property
     def name(self) -> str:
-        meta = self.data.get("metadata") if isinstance(self.data, dict) else None
-        value = meta.get("name") if isinstance(meta, dict) else None
-        return value if isinstance(value, str) else ""
+        return Identity.of(self.data).name
 
     @property
     def namespace(self) -> str:
-        meta = self.data.get("metadata") if isinstance(self.data, dict) else None
-        value = meta.get("namespace") if isinstance(meta, dict) else None
-        return value if isinstance(value, str) else ""
+        return Identity.of(self.data).namespace
 
     @property
     def label(self) -> str:
@@ -206,15 +207,14 @@ class Linter:
                 self.add_values(doc)
 
     def add_object(self, doc: Document) -> None:
-        data = doc.data
-        api_version = data.get("apiVersion")
-        if is_secret(data):
+        api_version = Identity.of(doc.data).api_version
+        if is_secret(doc.data):
             self._check_secret(doc)
             self.secrets.append(doc)
             return
-        if not isinstance(api_version, str) or api_version.split("/")[0] != GROUP:
+        if api_version.split("/")[0] != GROUP:
             return  # not ours: a rendered install, a Flux object...
-        if api_version != API_VERSION or doc.kind not in _SPEC_MODELS:
+        if api_version not in SERVED_API_VERSIONS or doc.kind not in _SPEC_MODELS:
             self.report(doc, ["kind"], f"the apiserver serves no {api_version} {doc.kind}", RULE_SCHEMA)
             return
         self.objects.append((doc, self._check_object(doc)))
@@ -450,6 +450,20 @@ class Linter:
                     "in the install values' shardSecrets: the provider will not use it and the Shard stays "
                     "not Ready (AdminSecretInvalid)",
                     RULE_SHARD_SECRET,
+                )
+            refusal = tls_refusal(doc.name, spec.admin.sslmode, config.shard_tls.cleartext_shards)
+            if refusal is not None:
+                self.report(
+                    doc, ["spec", "admin", "sslmode"], f"{refusal}: the Shard stays not Ready (AdminTlsRequired)",
+                    RULE_SHARD_TLS,
+                )
+            entry = next((s for s in config.shard_secrets if (s.namespace, s.name) == (ref.namespace, ref.name)), None)
+            binding = EndpointBinding(entry.host, entry.port) if entry is not None else EndpointBinding()
+            mismatch = binding.refusal(f"{ref.namespace}/{ref.name}", spec.admin_host, spec.admin.port)
+            if mismatch:
+                self.report(
+                    doc, ["spec", "admin"], f"{mismatch} (its shardSecrets entry): the Shard stays not Ready "
+                    "(AdminEndpointMismatch)", RULE_SHARD_ENDPOINT,
                 )
             if spec.engine == Engine.CLOUDBERRY and not config.engines.cloudberry.enabled:
                 self.report(

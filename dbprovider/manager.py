@@ -7,24 +7,32 @@ consumer API (served by every replica), serves /metrics, and stops in order on S
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
+import platform
+import resource
 import signal
 import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import kubernetes
 import prometheus_client
 from kubernetes.client import ApiClient
+from pydantic import ValidationError
 
 from api import ApiServer, build_api
 from api.server import DEFAULT_THREADS, front_door_options
 from dbprovider.logs import configure_logging
-from domain.config import InstallConfig, load_install_config_file
+from domain.config import InstallConfig, load_install_config, read_install_values
+from domain.connection_budget import database_limit
 from domain.settings import SETTINGS
+from domain.version import __version__
 from reconciler.fleet_metrics import FleetCollector
 from reconciler.resources import DATABASES, SHARDS
 from reconciler.runtime import ControllerManager, MetricsServer, start_metrics_server
@@ -32,6 +40,9 @@ from reconciler.setup import register_controllers
 
 log = logging.getLogger(__name__)
 CONNECTION_POOL_SIZE = 48  # one per watch plus the API's threads and the Shard and Consumer workers
+# File descriptors kept free of API connections: watches and apiserver connections (CONNECTION_POOL_SIZE),
+# shard sessions (about 5 per shard: its workers' sessions and the ping), metrics, log and TLS files.
+FD_RESERVE = 1024
 
 
 @dataclass
@@ -77,6 +88,15 @@ def kube_client(kubeconfig: str | None, identity: str | None = None, workers: in
     return client
 
 
+def register_build_info(registry: prometheus_client.CollectorRegistry) -> None:
+    """`dbprovider_build_info{version, python} 1`: which release each replica runs (two versions at
+    once during a rollout; `count by (version)` shows how far it got)."""
+    build = prometheus_client.Info(
+        "dbprovider_build", "The release this replica runs (and its Python).", registry=registry
+    )
+    build.info({"version": __version__, "python": platform.python_version()})
+
+
 class Manager:
     """A running replica: `start()`, then `stop()` (from a signal handler's thread of choice)."""
 
@@ -108,7 +128,10 @@ class Manager:
         registry = self.controllers.metrics.registry
         informers = self.controllers.informers
         shards, databases = informers.informer(SHARDS), informers.informer(DATABASES, options.namespace)
-        registry.register(FleetCollector(shards.list, databases.list))
+        registry.register(
+            FleetCollector(shards.list, databases.list, connection_limit=partial(database_limit, config=options.config))
+        )
+        register_build_info(registry)
         self.api = build_api(
             options.config, informers, registry=registry, apiserver_reachable=self.controllers.apiserver_reachable
         )
@@ -175,6 +198,68 @@ def run_manager(options: ManagerOptions, stop: threading.Event | None = None) ->
     return 0
 
 
+def raise_fd_limit(max_connections: int) -> str | None:
+    """Raise the soft RLIMIT_NOFILE to the hard limit; why api.maxConnections does not fit, or None.
+
+    A container starts with the runtime's soft limit (often 1024); API connections, watches and shard
+    sessions all need descriptors, and a process out of them fails everywhere at once.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the file descriptor limit from %s to %s (%s)", soft, hard, type(exc).__name__)
+    log.info("file descriptor limit %s", soft)
+    if soft != resource.RLIM_INFINITY and max_connections + FD_RESERVE > soft:
+        return (
+            f"api.maxConnections {max_connections} leaves no room for watches, shard sessions and metrics under the "
+            f"file descriptor limit of {soft} (it needs {FD_RESERVE} more): lower api.maxConnections to at most "
+            f"{max(soft - FD_RESERVE, 0)} or raise the container's RLIMIT_NOFILE"
+        )
+    return None
+
+
+def load_rendered_config(path: str) -> InstallConfig:
+    """The install config as a release's render wrote it (the mounted ConfigMap).
+
+    During a rolling update the ConfigMap is the newer release's while pods of this one still run,
+    and one of them may restart: keys this release does not know are ignored with a warning (as an
+    older reader ignores a Kubernetes object's newer fields), so it starts. Every other problem
+    (a wrong value, a missing key) fails the start as before. `render` and `lint` stay strict.
+    """
+    data = read_install_values(path)
+    if isinstance(data, dict):
+        unknown = _unknown_keys(data)
+        if unknown:
+            log.warning(
+                "install config keys this release does not know are ignored (a newer release rendered them?)",
+                extra={"keys": [".".join(str(part) for part in loc) for loc in unknown]},
+            )
+            data = _without(data, unknown)
+    return load_install_config(data)
+
+
+def _unknown_keys(data: dict[str, Any]) -> list[tuple[str | int, ...]]:
+    try:
+        InstallConfig.model_validate(data)
+    except ValidationError as exc:
+        return [tuple(error["loc"]) for error in exc.errors(include_input=False) if error["type"] == "extra_forbidden"]
+    return []
+
+
+def _without(data: Any, paths: list[tuple[str | int, ...]]) -> Any:
+    """A copy of `data` without the keys at `paths`."""
+    data = copy.deepcopy(data)
+    for path in paths:
+        node = data
+        for part in path[:-1]:
+            node = node[part]
+        node.pop(path[-1], None)
+    return data
+
+
 def shard_ca_problem(path: str) -> str | None:
     """Why `path` cannot be the shard CA bundle (missing, unreadable, no PEM certificate), or None."""
     try:
@@ -196,7 +281,7 @@ def main_from_args(
     shard_ca_file: str | None = None,
 ) -> int:
     configure_logging()
-    config = load_install_config_file(config_path)
+    config = load_rendered_config(config_path)
     env = SETTINGS.env
     options = ManagerOptions(
         config=config,
@@ -212,6 +297,9 @@ def main_from_args(
     )
     if not Path(options.tls_cert).is_file():
         log.error("TLS certificate not found", extra={"path": options.tls_cert})
+        return 2
+    if (problem := raise_fd_limit(config.api.max_connections)) is not None:
+        log.error(problem)
         return 2
     if shard_ca_file is not None and (problem := shard_ca_problem(shard_ca_file)) is not None:
         # At startup, not as every verify-ca/-full shard turning Unreachable (tls_failed) later.

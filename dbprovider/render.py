@@ -35,7 +35,6 @@ FORMATS = {
 
 EXIT_OK = 0
 EXIT_INVALID = 2
-EXIT_ERROR = 1
 
 
 def run_render(
@@ -69,20 +68,16 @@ def run_render(
             file=err,
         )
         return EXIT_INVALID
-    try:
-        if only == ONLY_DASHBOARD:
-            text = _dashboard(config, fmt)
-            warnings: list[str] = []
-        elif only == ONLY_PROMETHEUS_RULE:
-            rule = render.render_prometheus_rule(config, time_scale)
-            text = render.dump_yaml([render.rule_groups(rule) if fmt == FORMAT_RULES else rule])
-            warnings = render.prometheus_rule_warnings(config)
-        else:
-            text = render.dump_yaml(render.render_manifests(config))
-            warnings = render.install_warnings(config) + render.prometheus_rule_warnings(config)
-    except render.TemplatesNotFound as exc:
-        print(f"dbprovider render: {exc}", file=err)
-        return EXIT_ERROR
+    if only == ONLY_DASHBOARD:
+        text = _dashboard(config, fmt)
+        warnings: list[str] = []
+    elif only == ONLY_PROMETHEUS_RULE:
+        rule = render.render_prometheus_rule(config, time_scale)
+        text = render.dump_yaml([render.rule_groups(rule) if fmt == FORMAT_RULES else rule])
+        warnings = render.prometheus_rule_warnings(config)
+    else:
+        text = render.dump_yaml(render.render_manifests(config))
+        warnings = render.install_warnings(config) + render.prometheus_rule_warnings(config)
     for warning in warnings:
         print(f"dbprovider render: warning: {warning}", file=err)
     if output == "-":

@@ -1,22 +1,151 @@
-"""Reading Kubernetes-style conditions (`status.conditions`, a list of metav1.Condition).
+"""Kubernetes-style conditions (`status.conditions`, a list of metav1.Condition): the one API.
 
-The controllers, the fleet metrics and the API all ask the same questions of a condition list ("is
-Ready True?", "why not?"); they ask them here, so a condition type or status is never matched by a
-literal of its own. A condition is a dict as the apiserver returns it, or a typed
-`domain.status.Condition`. Writing conditions stays with the controllers (reconciler.runtime.status).
+Typed: `Condition` is the frozen model every status of ours carries (domain.status: `conditions: Conditions`).
+Read with `find_condition`, `condition_is_true` and `condition_reason`; change with `with_condition` and
+`without_condition`, which return a new tuple and whether anything changed (lastTransitionTime moves only
+with the status). The controllers, the fleet metrics and the API ask these questions here, so a condition
+type or status is never matched by a literal of its own.
+
+For objects that are not ours and have no model (a CRD's Established condition), `get_condition`,
+`is_condition_true` and `object_conditions` read condition dicts as the apiserver returns them
+(`condition_reason` takes both). For our own kinds they are deprecated: parse the object (domain.objects)
+instead. They remain there for reconciler/placement.py, reconciler/setup.py, reconciler/fleet_metrics.py
+and reconciler/database/shard_sql.py, which other branches are rewriting this round;
+reconciler.runtime.status.set_condition is the dict form of `with_condition` for the Shard controller
+until its status is typed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any, Final, TypeVar
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Annotated, Any, Final, TypeVar
+
+from pydantic import Field, PlainSerializer, StrictInt, StrictStr
 
 from domain.constants import ConditionStatus
+from domain.timefmt import format_time
+from domain.validation import SpecModel
 
 # The condition type every kind of ours carries (Shard, Consumer, Database): the object's summary.
 READY: Final = "Ready"
 
 C = TypeVar("C")
+
+# metav1.Condition's own limits, so generic tooling (kubectl wait, kstatus) reads our conditions.
+CONDITION_TYPE_RE = (
+    "^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
+)
+CONDITION_REASON_RE = "^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+CONDITION_MESSAGE_MAX_LENGTH = 32768
+
+Generation = Annotated[StrictInt, Field(ge=0)]
+
+# UTC, whole seconds, `Z` (domain.timefmt): the one format status timestamps are stored in, so re-dumping
+# an unchanged status gives back exactly what is stored (and a pass that changes nothing writes nothing).
+StatusTime = Annotated[datetime, PlainSerializer(format_time, return_type=str, when_used="json")]
+
+
+class Condition(SpecModel):
+    """One observation about the object (the shape of metav1.Condition)."""
+
+    type: Annotated[StrictStr, Field(max_length=316, pattern=CONDITION_TYPE_RE)] = Field(
+        description="Condition type, e.g. Ready, DeletionHeld, ConnectionLimitDrift, AdminAuthFailed."
+    )
+    status: ConditionStatus = Field(description="True, False or Unknown.")
+    observed_generation: Generation | None = Field(
+        default=None, description="The metadata.generation this condition was computed for."
+    )
+    last_transition_time: StatusTime = Field(description="When the status last changed (not when it was last checked).")
+    reason: Annotated[StrictStr, Field(min_length=1, max_length=1024, pattern=CONDITION_REASON_RE)] = Field(
+        description="Machine-readable CamelCase reason, e.g. Ok, Unreachable, NoCapacity, Provisioned."
+    )
+    message: Annotated[StrictStr, Field(max_length=CONDITION_MESSAGE_MAX_LENGTH)] = Field(
+        description="Human-readable detail; a sanitized error class at most, never driver text or credentials."
+    )
+
+
+Conditions = Annotated[
+    tuple[Condition, ...],
+    Field(
+        description="Current conditions, one per type.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    ),
+]
+
+
+# -- reading and changing typed conditions --------------------------------------------------------
+# The models are frozen: these return a new tuple (and whether anything changed) instead of mutating.
+
+
+def find_condition(conditions: Sequence[Condition], type_: str) -> Condition | None:
+    """Condition `type_`, or None."""
+    return next((c for c in conditions if c.type == type_), None)
+
+
+def condition_is_true(conditions: Sequence[Condition], type_: str) -> bool:
+    found = find_condition(conditions, type_)
+    return found is not None and found.status == ConditionStatus.TRUE
+
+
+def with_condition(
+    conditions: Sequence[Condition],
+    type_: str,
+    status: bool | ConditionStatus,
+    reason: str,
+    message: str,
+    observed_generation: int | None,
+    *,
+    now: datetime,
+) -> tuple[tuple[Condition, ...], bool]:
+    """`conditions` with `type_` set (in its place, or appended), and whether anything changed.
+
+    lastTransitionTime changes only when the status changes (or the condition is new); reason,
+    message and observedGeneration (when given) are updated without touching it.
+    """
+    if isinstance(status, bool):
+        status = ConditionStatus.TRUE if status else ConditionStatus.FALSE
+    current = find_condition(conditions, type_)
+    if current is None:
+        new = Condition(
+            type=type_,
+            status=status,
+            reason=reason,
+            message=message,
+            last_transition_time=now,
+            **({} if observed_generation is None else {"observed_generation": observed_generation}),
+        )
+        return (*conditions, new), True
+    update: dict[str, object] = {}
+    if current.status != status:
+        update.update(status=status, last_transition_time=now)
+    if current.reason != reason:
+        update["reason"] = reason
+    if current.message != message:
+        update["message"] = message
+    if observed_generation is not None and current.observed_generation != observed_generation:
+        update["observed_generation"] = observed_generation
+    if not update:
+        return tuple(conditions), False
+    changed = Condition.model_validate({**current.model_dump(exclude_unset=True), **update})
+    return tuple(changed if c is current else c for c in conditions), True
+
+
+def without_condition(conditions: Sequence[Condition], type_: str) -> tuple[tuple[Condition, ...], bool]:
+    """`conditions` without `type_`, and whether it was there."""
+    kept = tuple(c for c in conditions if c.type != type_)
+    return kept, len(kept) != len(conditions)
+
+
+def condition_reason(conditions: Iterable[Any] | None, type_: str) -> str | None:
+    """The reason of condition `type_` now (a value, not the dict a writer may change); None if absent or
+    empty. Takes typed conditions, or dicts for the deprecated callers."""
+    condition = get_condition(conditions, type_)
+    reason = None if condition is None else _field(condition, "reason")
+    return reason if isinstance(reason, str) and reason else None
+
+
+# -- readers of raw condition dicts (kinds that are not ours; deprecated for ours) ---------------------------
 
 
 def _field(condition: object, name: str) -> Any:
@@ -38,13 +167,6 @@ def is_condition_true(conditions: Iterable[Any] | None, type_: str) -> bool:
     """True only if condition `type_` is present with status True (absent or Unknown is not True)."""
     condition = get_condition(conditions, type_)
     return condition is not None and _field(condition, "status") == ConditionStatus.TRUE
-
-
-def condition_reason(conditions: Iterable[Any] | None, type_: str) -> str | None:
-    """The reason of condition `type_` now (a value, not the dict a writer may change); None if absent or empty."""
-    condition = get_condition(conditions, type_)
-    reason = None if condition is None else _field(condition, "reason")
-    return reason if isinstance(reason, str) and reason else None
 
 
 def object_conditions(obj: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:

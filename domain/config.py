@@ -30,11 +30,13 @@ from pydantic import (
 
 from domain.constants import SIZE_CLASS_MAX_LENGTH
 from domain.naming import DNS1035_LABEL_RE, DNS1123_SUBDOMAIN_RE, LABEL_VALUE_MAX_LENGTH, LABEL_VALUE_RE
-from domain.validation import ConfigModel, Namespace, ObjectName, SecretKey, validation_problems
+from domain.settings import SETTINGS
+from domain.validation import ClientHost, ConfigModel, Namespace, ObjectName, Port, SecretKey, validation_problems
+from domain.version import __version__
 
 DEFAULT_NAMESPACE = "dbprovider"
 DEFAULT_RELEASE_NAME = "dbprovider"
-DEFAULT_IMAGE = "ghcr.io/bnerd/dbprovider:0.1.0"
+DEFAULT_IMAGE = f"ghcr.io/bnerd/dbprovider:{__version__}"
 DEFAULT_BREAK_GLASS_GROUPS = ("system:masters",)
 METRICS_SERVICE_SUFFIX = "-metrics"
 # The release name prefixes Service names like `<release>-metrics`, which must stay DNS-1035 labels.
@@ -188,10 +190,16 @@ class TlsConfig(ConfigModel):
 
 
 class SecretObjectRef(ConfigModel):
-    """A Secret outside the release namespace the provider may `get` by name (shard admin Secrets)."""
+    """A Secret the provider may `get` by name and use as shard admin credentials (shardSecrets).
+
+    `host` and `port` bind it to the one admin endpoint its password may be sent to; unset, the
+    Secret's own `host` and `port` keys do (Percona's pguser Secrets carry them); neither: unbound.
+    """
 
     namespace: Namespace
     name: ObjectName
+    host: ClientHost | None = None
+    port: Port | None = None
 
 
 class KeyRef(ConfigModel):
@@ -222,6 +230,10 @@ class ShardTlsConfig(ConfigModel):
     """
 
     ca_bundle: CaBundleRef | None = None
+    # Shards whose admin connection may go without TLS (admin.sslmode disable, allow or prefer). Every
+    # other Shard in such a mode is refused (AdminTlsRequired) before a connection is opened: without
+    # TLS there is no channel binding, and a relay on the way can take the logged-in session over.
+    cleartext_shards: tuple[ObjectName, ...] = ()
 
 
 class SizeClass(ConfigModel):
@@ -234,6 +246,14 @@ class ConnectionLimitConfig(ConfigModel):
     """The connection limit of databases created without a size class."""
 
     default: ConnectionLimit = 10
+
+
+class ConnectionBudgetConfig(ConfigModel):
+    """What each shard keeps free besides its tenants' connection limits and the provider's own sessions."""
+
+    # Connections for roles that are neither tenants nor the provider: monitoring, the operator's own
+    # users, an operator's psql. Raising it can overcommit a shard (reported, never enforced on tenants).
+    reserved: Annotated[StrictInt, Field(ge=0)] = 5
 
 
 class DeletionProtectionConfig(ConfigModel):
@@ -339,14 +359,29 @@ def _check_api_timeout(value: timedelta) -> timedelta:
 ApiTimeout = Annotated[Duration, AfterValidator(_check_api_timeout)]
 
 
+def _check_max_connections(value: int) -> int:
+    """maxConnections times what a connection may cost must fit the pod's memory limit with room."""
+    pod = SETTINGS.pod
+    if value > pod.max_connections:
+        raise ValueError(
+            f"{value} connections of up to {pod.connection_bytes // 1024} KiB each need "
+            f"{value * pod.connection_bytes // 2**20} MiB, more than the {pod.connections_bytes // 2**20} MiB that "
+            f"the pod's memory limit of {pod.memory_limit_mib}Mi leaves beside the manager; at most "
+            f"{pod.max_connections}"
+        )
+    return value
+
+
 class ApiConfig(ConfigModel):
     """Deadlines and connection bounds of the consumer API's server (api/server.py, docs/api.md)."""
 
     header_timeout: ApiTimeout = timedelta(seconds=10)
     body_timeout: ApiTimeout = timedelta(seconds=10)
     idle_timeout: ApiTimeout = timedelta(seconds=30)
-    max_connections: Annotated[StrictInt, Field(ge=1, le=100_000)] = 1000
+    request_timeout: ApiTimeout = timedelta(seconds=10)
+    max_connections: Annotated[StrictInt, Field(ge=1), AfterValidator(_check_max_connections)] = 1000
     max_connections_per_client: Annotated[StrictInt, Field(ge=1, le=100_000)] = 100
+    max_requests_per_consumer: Annotated[StrictInt, Field(ge=1, le=1000)] = 8
 
 
 MAX_WORKERS_PER_SHARD = 64  # each is a session on the shard
@@ -367,6 +402,7 @@ class InstallConfig(ConfigModel):
     shard_tls: ShardTlsConfig = Field(default=ShardTlsConfig(), alias="shardTLS")
     size_classes: dict[SizeClassName, SizeClass] = Field(default_factory=dict)
     connection_limit: ConnectionLimitConfig = ConnectionLimitConfig()
+    connection_budget: ConnectionBudgetConfig = ConnectionBudgetConfig()
     deletion_protection: DeletionProtectionConfig = DeletionProtectionConfig()
     metrics: MetricsConfig = MetricsConfig()
     prometheus_rule: PrometheusRuleConfig = PrometheusRuleConfig()

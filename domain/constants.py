@@ -12,8 +12,16 @@ from dataclasses import dataclass
 from domain.settings import SETTINGS
 
 GROUP = "db.bnerd.com"
+# The version the provider reads and writes, and the storage version of the CRDs.
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
+# Every version the CRDs serve, with one schema (conversion None: the apiserver only rewrites
+# apiVersion). Same schema because a write through one version prunes what only the other one has.
+# v1alpha1 stays the storage version while a rollback to 0.1.0 (which serves only v1alpha1) must
+# work; docs/upgrade.md ("CRD versions") says how storage moves to v1beta1 later.
+SERVED_VERSIONS = ("v1alpha1", "v1beta1")
+STORAGE_VERSION = VERSION
+SERVED_API_VERSIONS = tuple(f"{GROUP}/{version}" for version in SERVED_VERSIONS)
 
 # Kinds, plurals (the REST resource names) and singulars, as the CRDs declare them.
 KIND_SHARD = "Shard"
@@ -73,6 +81,10 @@ ANNOTATION_ROTATE_END_SESSIONS = f"{GROUP}/rotate-end-sessions"
 ANNOTATION_RESTORE_TENANT = f"{GROUP}/restore-tenant"
 FINALIZER_TENANT = f"{GROUP}/tenant"
 
+# On the leader Lease: which release holds it, and the lease duration replicas of that release (and
+# newer ones) honour; older releases see only spec.leaseDurationSeconds (reconciler.runtime.leader).
+ANNOTATION_LEADER = f"{GROUP}/leader"
+
 # On the credentials Secret: a random id that changes with every new password (never derived from
 # it). The Database's status.passwordApplied holds the id whose password is set on the role; while
 # the two differ, a new password is pending and the API does not hand it out.
@@ -114,6 +126,11 @@ class SslMode(enum.StrEnum):
     VERIFY_CA = "verify-ca"
     VERIFY_FULL = "verify-full"
 
+    @property
+    def always_tls(self) -> bool:
+        """libpq connects only over TLS in this mode (disable, allow and prefer may go without it)."""
+        return self in (SslMode.REQUIRE, SslMode.VERIFY_CA, SslMode.VERIFY_FULL)
+
 
 # Where the pod finds the install's shardTLS.caBundle (mounted by the Deployment template; see settings).
 SHARD_CA_FILE = SETTINGS.files.shard_ca
@@ -145,6 +162,7 @@ class DatabaseConditionType(enum.StrEnum):
     CONNECTION_LIMIT_DRIFT = "ConnectionLimitDrift"
     TENANT_DISABLED = "TenantDisabled"
     TENANT_DROPPED = "TenantDropped"
+    OWNERSHIP_RECORDED = "OwnershipRecorded"
 
 
 class DatabaseReason(enum.StrEnum):
@@ -170,6 +188,17 @@ class DatabaseReason(enum.StrEnum):
     LOGIN_FAILED = "LoginFailed"
 
 
+class OwnershipReason(enum.StrEnum):
+    """Reasons of the OwnershipRecorded condition: does the tenant role's ownership record name this
+    Database (checked once per Ready database; tenants made before records existed are adopted)?"""
+
+    RECORDED = "Recorded"
+    ADOPTED = "Adopted"
+    FOREIGN_ROLE = "ForeignRole"
+    OWNED_BY_OTHER = "OwnedByOther"
+    TENANT_MISSING = "TenantMissing"
+
+
 class DriftReason(enum.StrEnum):
     """Reasons of the ConnectionLimitDrift condition."""
 
@@ -181,13 +210,15 @@ class ShardConditionType(enum.StrEnum):
     """Condition types on a Shard.
 
     WEAK_ROLE_ISOLATION is True on servers before PostgreSQL 16 (and Cloudberry), where CREATEROLE may
-    manage any non-superuser role, not only the ones the provisioner created.
+    manage any non-superuser role, not only the ones the provisioner created. CONNECTION_BUDGET_EXCEEDED
+    is True while the databases placed on the shard commit more connections than its budget.
     """
 
     READY = "Ready"
     ADMIN_AUTH_FAILED = "AdminAuthFailed"
     UNREACHABLE = "Unreachable"
     WEAK_ROLE_ISOLATION = "WeakRoleIsolation"
+    CONNECTION_BUDGET_EXCEEDED = "ConnectionBudgetExceeded"
     SCALING = "Scaling"  # cloudberry only: True while the DatabaseCluster is Scaling (since lastTransitionTime)
 
 
@@ -196,6 +227,11 @@ class ShardReason(enum.StrEnum):
 
     PROVISIONER_INHERITS: a pre-16 server whose provisioner role has INHERIT (refused: it would gain the
     tenants' privileges). SERVER_BEFORE_16 is the reason of the WeakRoleIsolation condition.
+    ADMIN_TLS_REQUIRED: admin.sslmode may go without TLS (disable, allow, prefer) and the shard is not in
+    the install's shardTLS.cleartextShards; ADMIN_ENDPOINT_MISMATCH: the admin Secret is bound to another
+    host or port than the Shard names. Both are decided before any connection is opened.
+    OVERCOMMITTED is the reason of the ConnectionBudgetExceeded condition (the databases placed there
+    commit more connections than the shard's budget).
     """
 
     OK = "Ok"
@@ -206,6 +242,9 @@ class ShardReason(enum.StrEnum):
     PROVISIONER_INHERITS = "ProvisionerInherits"
     PROVISIONER_INVALID = "ProvisionerInvalid"
     SERVER_BEFORE_16 = "ServerBefore16"
+    ADMIN_TLS_REQUIRED = "AdminTlsRequired"
+    ADMIN_ENDPOINT_MISMATCH = "AdminEndpointMismatch"
+    OVERCOMMITTED = "Overcommitted"
     # The shard answers but cannot write: new sessions are read-only, it is a standby, or its disk is full.
     READ_ONLY = "ReadOnly"
     IN_RECOVERY = "InRecovery"
@@ -225,3 +264,4 @@ class EventReason(enum.StrEnum):
     DISABLED = "Disabled"
     DROPPED = "Dropped"
     DELETION_HELD = "DeletionHeld"
+    TENANT_ADOPTED = "TenantAdopted"

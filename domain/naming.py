@@ -78,43 +78,43 @@ def is_dns1035_label(value: object) -> TypeGuard[str]:
     return _matches(value, DNS1035_LABEL_RE, DNS1123_LABEL_MAX_LENGTH)
 
 
+# What each name rule says when a value breaks it (never the value itself).
+_DNS1123_LABEL_RULE = (
+    f"must be a DNS label: at most {DNS1123_LABEL_MAX_LENGTH} characters, lowercase letters, digits and '-', "
+    "starting and ending with a letter or digit"
+)
+_DNS1123_SUBDOMAIN_RULE = (
+    f"must be a DNS-1123 subdomain: at most {DNS1123_SUBDOMAIN_MAX_LENGTH} characters, lowercase letters, "
+    "digits, '-' and '.', each dot-separated part starting and ending with a letter or digit"
+)
+_DNS1035_LABEL_RULE = (
+    f"must be a DNS-1035 label: at most {DNS1123_LABEL_MAX_LENGTH} characters, lowercase letters, digits and "
+    "'-', starting with a letter and ending with a letter or digit"
+)
+_SECRET_KEY_RULE = (
+    f"must be a Secret key: at most {SECRET_KEY_MAX_LENGTH} characters, letters, digits, '-', '_' and '.'"
+)
+
+
 def validate_dns1123_label(value: object) -> str:
     """Return a valid DNS label (e.g. a namespace) or raise InvalidName."""
-    return _named(
-        is_dns1123_label(value),
-        value,
-        f"must be a DNS label: at most {DNS1123_LABEL_MAX_LENGTH} characters, lowercase letters, digits and '-', "
-        "starting and ending with a letter or digit",
-    )
+    return _named(is_dns1123_label(value), value, _DNS1123_LABEL_RULE)
 
 
 def validate_dns1123_subdomain(value: object) -> str:
     """Return a valid Kubernetes object name or raise InvalidName."""
-    return _named(
-        is_dns1123_subdomain(value),
-        value,
-        f"must be a DNS-1123 subdomain: at most {DNS1123_SUBDOMAIN_MAX_LENGTH} characters, lowercase letters, "
-        "digits, '-' and '.', each dot-separated part starting and ending with a letter or digit",
-    )
+    return _named(is_dns1123_subdomain(value), value, _DNS1123_SUBDOMAIN_RULE)
 
 
 def validate_dns1035_label(value: object) -> str:
     """Return a valid Service name or raise InvalidName."""
-    return _named(
-        is_dns1035_label(value),
-        value,
-        f"must be a DNS-1035 label: at most {DNS1123_LABEL_MAX_LENGTH} characters, lowercase letters, digits and "
-        "'-', starting with a letter and ending with a letter or digit",
-    )
+    return _named(is_dns1035_label(value), value, _DNS1035_LABEL_RULE)
 
 
 def validate_secret_key(value: object) -> str:
     """Return a valid Secret data key or raise InvalidName."""
-    return _named(
-        _matches(value, SECRET_KEY_RE, SECRET_KEY_MAX_LENGTH) and value not in (".", ".."),
-        value,
-        f"must be a Secret key: at most {SECRET_KEY_MAX_LENGTH} characters, letters, digits, '-', '_' and '.'",
-    )
+    valid = _matches(value, SECRET_KEY_RE, SECRET_KEY_MAX_LENGTH) and value not in (".", "..")
+    return _named(valid, value, _SECRET_KEY_RULE)
 
 
 def is_valid_external_id(value: object) -> TypeGuard[str]:

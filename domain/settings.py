@@ -3,7 +3,7 @@
 These are the constants the install config (domain/config.py, the user's YAML) does NOT expose: the
 ports and files the rendered Deployment and the manager must agree on, the Lease timings, and every
 retry, backoff and check interval of the runtime. Each value is written here once; the manifests
-(infra/render.py passes them to templates/), the `dbprovider manager` defaults (cli.py, manager.py),
+(infra/render.py passes them to infra/templates/), the `dbprovider manager` defaults (cli.py, manager.py),
 the leader elector, the work queue, the informers, the Shard and Database controllers and the SQL
 layer read them from here. Tests shorten timings by passing other values to the constructors, never
 by changing this object (it is frozen).
@@ -13,11 +13,13 @@ by changing this object (it is frozen).
     SETTINGS.env.config / .tls_cert / .tls_key      environment variables naming those files
     SETTINGS.env.shard_ca                           (and --shard-ca-file) the shard CA bundle outside a pod
     SETTINGS.probes.liveness / .readiness           the API's health paths (the Deployment's probes)
+    SETTINGS.termination                            the pod's preStop drain and termination grace period
     SETTINGS.lease                                  Lease duration, renew deadline, retry period
     SETTINGS.retry                                  reconcile backoff, Database requeue intervals
     SETTINGS.watch                                  informer relist backoff, watch and request timeouts
     SETTINGS.shard_checks                           Shard ping intervals and timeouts
     SETTINGS.sql                                    SQL operation bounds and reconnect backoff
+    SETTINGS.pod                                    the Deployment's memory and what API connections may use
 
 A `Backoff` (base, factor, cap) is the one exponential scheme: the work queue, the informers' relist
 and the SQL reconnects each hold one, with different numbers.
@@ -103,6 +105,21 @@ class Probes:
 
 
 @dataclass(frozen=True)
+class Termination:
+    """How a replica leaves its pod without failing a request (the Deployment's preStop and grace period).
+
+    When a pod is deleted, SIGTERM and the removal of its address from the Services race: kube-proxy (or
+    a load balancer) may still send new connections for a moment. So the pod first sleeps `drain`
+    seconds serving as usual (a preStop sleep, while the Services stop sending it traffic), and only
+    then gets SIGTERM: the manager stops accepting, finishes the requests in flight, stops its
+    controllers and releases the Lease, all well within `grace` seconds.
+    """
+
+    drain: int = 5
+    grace: int = 30
+
+
+@dataclass(frozen=True)
 class LeaseTimings:
     """Leader election on the `<release>-manager` Lease, with client-go's defaults.
 
@@ -124,10 +141,17 @@ class LeaseTimings:
     # (and at least `min_contact_window` seconds): a slow answer or two is no outage.
     contact_periods: int = 3
     min_contact_window: float = 5.0
+    # What a replica of an OLDER release waits before it takes the Lease from one of this release (the
+    # Lease's leaseDurationSeconds, which is all an older release reads; replicas of this release read
+    # the real `duration` from the Lease's annotation): during a rollout, and after a newer replica's
+    # crash, an older replica never leads again while a newer one is around (docs/upgrade.md).
+    older_release_wait: float = 300.0
 
     def __post_init__(self) -> None:
         if not self.duration > self.renew_deadline > self.retry_period > 0:
             raise ValueError("need lease_duration > renew_deadline > retry_period > 0")
+        if self.older_release_wait < self.duration:
+            raise ValueError("need older_release_wait >= lease_duration")
 
 
 @dataclass(frozen=True)
@@ -228,6 +252,34 @@ class SqlTimings:
     blocked_attempts: int = 4
 
 
+_MIB = 2**20
+
+
+@dataclass(frozen=True)
+class PodResources:
+    """The manager container's memory (the Deployment's requests and limits), and the share of the limit
+    that API connections may take: what the install config's api.maxConnections is checked against.
+
+    The manager itself keeps `manager_room` (143 MB RSS at 10,000 Databases, docs/performance.md, with
+    room to grow); each connection is counted at `connection_bytes`, the worst kind measured by
+    `python -m bench.front_door` (a connection in the middle of a request body), rounded up.
+    """
+
+    memory_request_mib: int = 192
+    memory_limit_mib: int = 512
+    manager_room_mib: int = 256
+    connection_bytes: int = 96 * 1024
+
+    @property
+    def connections_bytes(self) -> int:
+        """The memory left for API connections."""
+        return (self.memory_limit_mib - self.manager_room_mib) * _MIB
+
+    @property
+    def max_connections(self) -> int:
+        return self.connections_bytes // self.connection_bytes
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything above, as one value (see the module docstring)."""
@@ -236,12 +288,14 @@ class Settings:
     files: MountedFiles = field(default_factory=MountedFiles)
     env: EnvNames = field(default_factory=EnvNames)
     probes: Probes = field(default_factory=Probes)
+    termination: Termination = field(default_factory=Termination)
     run_as_uid: int = 10001  # the image's USER (Dockerfile); the Deployment's runAsUser/runAsGroup/fsGroup
     lease: LeaseTimings = field(default_factory=LeaseTimings)
     retry: RetryTimings = field(default_factory=RetryTimings)
     watch: WatchTimings = field(default_factory=WatchTimings)
     shard_checks: ShardChecks = field(default_factory=ShardChecks)
     sql: SqlTimings = field(default_factory=SqlTimings)
+    pod: PodResources = field(default_factory=PodResources)
 
 
 SETTINGS = Settings()

@@ -8,9 +8,10 @@ exist twice by necessity, in Python (`_check_engine_refs`) and as CEL in the JSO
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr, model_validator
+from pydantic.config import JsonValue
 from pydantic_core import PydanticCustomError
 
 from domain.constants import SIZE_CLASS_MAX_LENGTH, Engine, SslMode
@@ -26,10 +27,11 @@ from domain.validation import (
 )
 
 SSLMODES: tuple[str, ...] = tuple(mode.value for mode in SslMode)
+DESCRIPTION_MAX_LENGTH = 256
 DEFAULT_PORT = 5432
 DEFAULT_TOKEN_KEY = "sha256"
 
-_IMMUTABLE = [{"rule": "self == oldSelf", "message": "is immutable"}]
+_IMMUTABLE: list[JsonValue] = [{"rule": "self == oldSelf", "message": "is immutable"}]
 _ENGINE_EXPR = "(has(self.engine) ? self.engine : 'postgres')"
 
 # (CEL rule on ShardSpec, message): the CRD's form of ShardSpec._check_engine_refs.
@@ -47,6 +49,18 @@ SHARD_CEL_RULES: tuple[tuple[str, str], ...] = (
         "admin.serviceName is required when engine is postgres",
     ),
 )
+
+
+# Added in 0.2.0 (optional: objects without it, and releases that do not know it, keep working).
+Description = Annotated[
+    StrictStr | None,
+    Field(
+        default=None,
+        max_length=DESCRIPTION_MAX_LENGTH,
+        description="Free text for people (owning team, ticket); the provider does not act on it. Shown by "
+        "`kubectl get -o wide`.",
+    ),
+]
 
 
 class ClusterRef(SpecModel):
@@ -114,6 +128,7 @@ class ShardSpec(SpecModel):
     )
     admin: AdminEndpoint = Field(description="The provider's DDL connection.")
     client: ClientEndpoint = Field(description="The endpoint handed to consumers.")
+    description: Description = None
 
     @model_validator(mode="before")
     @classmethod
@@ -188,6 +203,7 @@ class ConsumerSpec(SpecModel):
         description="Quota of databases not yet Deleted; unset means unlimited (set it on every consumer).",
     )
     disabled: StrictBool = Field(default=False, description="true makes every call of this consumer 401.")
+    description: Description = None
 
 
 class DatabaseSpec(SpecModel):

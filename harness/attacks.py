@@ -6,7 +6,9 @@
 
 - silent: a TCP connection that never sends a TLS hello;
 - slow: a TLS connection that sends its request headers one byte every `byte_every` seconds;
-- idle: a TLS connection that completes the handshake and sends nothing.
+- idle: a TLS connection that completes the handshake and sends nothing;
+- chunks: a TLS connection that sends a chunked request body in 1-byte chunks, as fast as it can,
+  until the server refuses it (issue 25: tiny chunks cost the server per chunk).
 
 Bounded: one thread per connection, and every thread stops by itself after `max_seconds` even if the
 block is never left. `sources` spreads the connections over loopback source addresses (127.0.0.x),
@@ -22,6 +24,8 @@ import time
 from collections.abc import Sequence
 
 SLOW_REQUEST = b"GET /healthz HTTP/1.1\r\nHost: api\r\nX-Slow: " + b"a" * 4000
+CHUNKED_HEAD = b"PUT /v1/databases/chunks HTTP/1.1\r\nHost: api\r\nTransfer-Encoding: chunked\r\n\r\n"
+TINY_CHUNKS = b"1\r\nx\r\n" * 500
 
 
 class HostileClients:
@@ -34,6 +38,7 @@ class HostileClients:
         silent: int = 0,
         slow: int = 0,
         idle: int = 0,
+        chunks: int = 0,
         byte_every: float = 1.0,
         sources: Sequence[str] = ("127.0.0.1",),
         max_seconds: float = 120.0,
@@ -49,7 +54,7 @@ class HostileClients:
         self._lock = threading.Lock()
         self.opened = 0
         self.dropped = 0
-        kinds = ["silent"] * silent + ["slow"] * slow + ["idle"] * idle
+        kinds = ["silent"] * silent + ["slow"] * slow + ["idle"] * idle + ["chunks"] * chunks
         self.threads = [
             threading.Thread(target=self._run, args=(kind, sources[n % len(sources)]), daemon=True)
             for n, kind in enumerate(kinds)
@@ -85,7 +90,7 @@ class HostileClients:
                         self._hold(raw)
                     else:
                         with self.context.wrap_socket(raw, server_hostname="api") as tls:
-                            self._hold(tls) if kind == "idle" else self._trickle(tls)
+                            {"idle": self._hold, "slow": self._trickle, "chunks": self._chunks}[kind](tls)
             except (OSError, ssl.SSLError):
                 pass
             self._count(dropped=1)
@@ -97,9 +102,14 @@ class HostileClients:
                 return
             tls.sendall(bytes([byte]))
 
+    def _chunks(self, tls: ssl.SSLSocket) -> None:
+        tls.sendall(CHUNKED_HEAD)
+        while not self._over():
+            tls.sendall(TINY_CHUNKS)  # raises once the server refused the body and closed
+
     def _hold(self, sock: socket.socket) -> None:
         """Until the server closes the connection (or the attack ends)."""
-        sock.settimeout(0.5)
+        sock.settimeout(2.0)  # few wakeups: 400 idle attackers must not cost the machine they run on
         while not self._over():
             try:
                 if sock.recv(1) == b"":

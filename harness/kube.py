@@ -64,8 +64,8 @@ class KubeControlPlane:
                 )
         self._own_workdir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="dbprovider-kube-"))
-        self._etcd: subprocess.Popen | None = None
-        self._apiserver: subprocess.Popen | None = None
+        self._etcd: subprocess.Popen[bytes] | None = None
+        self._apiserver: subprocess.Popen[bytes] | None = None
         self._clients: dict[tuple[str, tuple[str, ...]], CertFiles] = {}
         self.port = 0
         self._etcd_ports: tuple[int, int] | None = None
@@ -227,12 +227,19 @@ class KubeControlPlane:
         with self.admin_client() as api:
             core = kubernetes.client.CoreV1Api(api)
             try:
-                core.create_namespaced_service_account(namespace, {"metadata": {"name": name}})
+                account = kubernetes.client.V1ServiceAccount(metadata=kubernetes.client.V1ObjectMeta(name=name))
+                core.create_namespaced_service_account(namespace, account)
             except ApiException as exc:
                 if exc.status != 409:
                     raise
-            request = {"spec": {"audiences": ["https://kubernetes.default.svc"], "expirationSeconds": seconds}}
+            request = kubernetes.client.AuthenticationV1TokenRequest(
+                spec=kubernetes.client.V1TokenRequestSpec(
+                    audiences=["https://kubernetes.default.svc"], expiration_seconds=seconds
+                )
+            )
             result = core.create_namespaced_service_account_token(name, namespace, request)
+            if result.status is None or not result.status.token:
+                raise RuntimeError(f"TokenRequest for {namespace}/{name} returned no token")
             return result.status.token
 
     def service_account_client(self, namespace: str, name: str) -> ApiClient:
@@ -241,7 +248,8 @@ class KubeControlPlane:
     def ensure_namespace(self, name: str) -> None:
         with self.admin_client() as api:
             try:
-                kubernetes.client.CoreV1Api(api).create_namespace({"metadata": {"name": name}})
+                namespace = kubernetes.client.V1Namespace(metadata=kubernetes.client.V1ObjectMeta(name=name))
+                kubernetes.client.CoreV1Api(api).create_namespace(namespace)
             except ApiException as exc:
                 if exc.status != 409:
                     raise

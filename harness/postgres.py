@@ -8,6 +8,12 @@ authentication over TCP (the harness itself uses the Unix socket as superuser), 
 `provisioner` role created as the seed describes: LOGIN CREATEDB CREATEROLE, not superuser. Before
 PostgreSQL 16 the provisioner is also NOINHERIT, which the pre-16 SQL dialect relies on.
 
+Every server is prepared as docs/sql.md asks of a shard ("Preparing a shard"): PUBLIC may not
+connect to `postgres` and `template1` (the provisioner keeps CONNECT on `postgres`, its admin
+database), and before 15 PUBLIC may not create in their `public` schemas. So what a tenant can do
+in a test is what it can do on a prepared shard. A test of an unprepared shard says so with
+`unprepared()`, which undoes the preparation for its block.
+
 Commits are fast, not durable (`synchronous_commit=off`): an acknowledged commit may still wait in
 shared memory, and a SIGKILL loses it, which no production server would. A server that a test
 kills or crashes is started with `durable=True` (`synchronous_commit=on`); `kill()` and `crash()`
@@ -33,8 +39,11 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -107,7 +116,7 @@ _SHARD_CA: CertificateAuthority | None = None
 
 def shard_ca() -> CertificateAuthority:
     """The CA of every harness server's certificate in this process (one file for a CA bundle)."""
-    global _SHARD_CA
+    global _SHARD_CA  # noqa: PLW0603 - one CA per process, made on first use
     if _SHARD_CA is None:
         directory = Path(tempfile.mkdtemp(prefix="dbprovider-shard-ca-"))
         atexit.register(shutil.rmtree, directory, True)
@@ -162,7 +171,7 @@ class PostgresServer:
         self.ca_file = shard_ca().ca_file
         self.port = 0
         self.provisioner_password = secrets.token_urlsafe(24)
-        self._proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
         self._frozen: list[int] = []
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -172,6 +181,7 @@ class PostgresServer:
             self._initdb()
             self._launch(timeout)
             self._create_provisioner()
+            self._prepare_shard()
         except BaseException:
             self.close()
             raise
@@ -286,6 +296,55 @@ class PostgresServer:
                     sql.Identifier(self.PROVISIONER), sql.Literal(self.provisioner_password)
                 )
             )
+
+    def _preparation(self) -> list[tuple[str, sql.SQL | sql.Composed, sql.SQL | sql.Composed]]:
+        """(database, statement, its undo): docs/sql.md's shard preparation, as a superuser runs it."""
+        provisioner = sql.Identifier(self.PROVISIONER)
+        steps: list[tuple[str, sql.SQL | sql.Composed, sql.SQL | sql.Composed]] = [
+            (
+                "postgres",
+                sql.SQL("REVOKE CONNECT ON DATABASE template1 FROM PUBLIC"),
+                sql.SQL("GRANT CONNECT ON DATABASE template1 TO PUBLIC"),
+            ),
+            (
+                "postgres",
+                sql.SQL("REVOKE CONNECT ON DATABASE postgres FROM PUBLIC"),
+                sql.SQL("GRANT CONNECT ON DATABASE postgres TO PUBLIC"),
+            ),
+            (
+                "postgres",
+                sql.SQL("GRANT CONNECT ON DATABASE postgres TO {}").format(provisioner),
+                sql.SQL("REVOKE CONNECT ON DATABASE postgres FROM {}").format(provisioner),
+            ),
+        ]
+        if self.major < 15:  # 15 and later revoke it by default
+            for database in ("template1", "postgres"):
+                steps.append(
+                    (
+                        database,
+                        sql.SQL("REVOKE CREATE ON SCHEMA public FROM PUBLIC"),
+                        sql.SQL("GRANT CREATE ON SCHEMA public TO PUBLIC"),
+                    )
+                )
+        return steps
+
+    def _prepare_shard(self) -> None:
+        for database, statement, _ in self._preparation():
+            with self.superuser_connection(database) as conn:
+                conn.execute(statement)
+
+    @contextmanager
+    def unprepared(self) -> Iterator[PostgresServer]:
+        """The server as initdb leaves it (PUBLIC may connect to postgres and template1) for the block:
+        tests of what the shard preparation prevents. Prepared again afterwards."""
+        steps = self._preparation()
+        for database, _, undo in reversed(steps):
+            with self.superuser_connection(database) as conn:
+                conn.execute(undo)
+        try:
+            yield self
+        finally:
+            self._prepare_shard()
 
     def close(self) -> None:
         self.thaw()  # a stopped process would ignore the shutdown signal
@@ -402,7 +461,7 @@ class PostgresServer:
             host=str(self.socket_dir), port=self.port, user=self.SUPERUSER, dbname=dbname, autocommit=True
         )
 
-    def connect(self, user: str, password: str, dbname: str = "postgres", **kwargs: object) -> psycopg.Connection:
+    def connect(self, user: str, password: str, dbname: str = "postgres", **kwargs: Any) -> psycopg.Connection:
         """A password-authenticated TCP session, as a shard's clients have."""
         return psycopg.connect(
             host="127.0.0.1", port=self.port, user=user, password=password, dbname=dbname,

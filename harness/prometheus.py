@@ -49,7 +49,7 @@ class PrometheusServer:
             files.append(str(workdir / name))
         self.config = {**config, **({"rule_files": files} if files else {})}
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(self.config, sort_keys=False))
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -99,7 +99,8 @@ class PrometheusServer:
         return body["data"]
 
     def alerts(self) -> list[dict[str, Any]]:
-        return self.api("alerts")["alerts"]
+        alerts: list[dict[str, Any]] = self.api("alerts")["alerts"]
+        return alerts
 
     def rules(self) -> list[dict[str, Any]]:
         return [rule for group in self.api("rules")["groups"] for rule in group["rules"]]

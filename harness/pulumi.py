@@ -29,7 +29,7 @@ class MissingPulumiError(RuntimeError):
 
 def binaries_dir() -> Path:
     """Where hack/build-pulumi.sh puts the binaries (DBPROVIDER_PULUMI_BIN overrides)."""
-    return built_dir(BUILD_SCRIPT, "DBPROVIDER_PULUMI_BIN")
+    return built_dir(BUILD_SCRIPT, "DBPROVIDER_PULUMI_BIN", late="pulumi")
 
 
 class PulumiWorkspace:

@@ -1,6 +1,7 @@
 """Generic list+watch caches of Kubernetes objects as plain dicts, shared by API and controllers.
 
-Depends on nothing of ours (not `api`, not `reconciler`, not `harness`).
+Of ours it depends on `domain` only (the shared contracts: timings from domain.settings); never on `api`,
+`reconciler`, `infra`, `dbprovider` or `harness` (import-linter checks it).
 """
 
 from informers.informer import ADDED, DELETED, MODIFIED, Informer, strip_managed_fields

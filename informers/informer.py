@@ -17,6 +17,7 @@ Behaviour, in the order a reader needs it:
 
 from __future__ import annotations
 
+import builtins
 import json
 import logging
 import random
@@ -50,7 +51,8 @@ def strip_managed_fields(obj: Obj) -> Obj:
 
 
 def _resource_version(obj: Obj) -> str | None:
-    return obj.get("metadata", {}).get("resourceVersion")
+    version: str | None = obj.get("metadata", {}).get("resourceVersion")
+    return version
 
 
 class GoneError(Exception):
@@ -167,7 +169,7 @@ class Informer:
         with self._lock:
             return list(self._items.values())
 
-    def keys(self) -> list[str]:
+    def keys(self) -> builtins.list[str]:
         with self._lock:
             return list(self._items)
 
@@ -196,13 +198,13 @@ class Informer:
                     index.setdefault(value, set()).add(key)
             self._indices[name] = index
 
-    def by_index(self, name: str, value: str) -> list[Obj]:
+    def by_index(self, name: str, value: str) -> builtins.list[Obj]:
         """Objects whose index `name` yields `value` (shared, do not mutate)."""
         with self._lock:
             keys = self._index(name).get(value, ())
             return [self._items[k] for k in keys]
 
-    def index_keys(self, name: str, value: str) -> list[str]:
+    def index_keys(self, name: str, value: str) -> builtins.list[str]:
         with self._lock:
             return list(self._index(name).get(value, ()))
 
@@ -210,7 +212,7 @@ class Informer:
         with self._lock:
             return len(self._index(name).get(value, ()))
 
-    def index_values(self, name: str) -> list[str]:
+    def index_values(self, name: str) -> builtins.list[str]:
         """Every value index `name` currently holds (e.g. every shard that has databases)."""
         with self._lock:
             return list(self._index(name))
@@ -224,7 +226,7 @@ class Informer:
     def _index_values(self, name: str, fn: IndexFunc, obj: Obj) -> set[str]:
         try:
             return {v for v in fn(obj) if v is not None}
-        except Exception:  # noqa: BLE001 - a broken index function must not kill the informer
+        except Exception:  # a broken index function must not kill the informer
             log.exception("index %r failed on %s %s", name, self.resource, object_key(obj))
             return set()
 
@@ -264,10 +266,10 @@ class Informer:
     def _call(self, handler: Handler, event_type: str, old: Obj | None, new: Obj | None) -> None:
         try:
             handler(event_type, old, new)
-        except Exception:  # noqa: BLE001 - one broken handler must not stop the others
+        except Exception:  # one broken handler must not stop the others
             log.exception("event handler %r failed for %s", handler, self.resource)
 
-    def _dispatch(self, events: list[tuple[str, Obj | None, Obj | None]]) -> None:
+    def _dispatch(self, events: builtins.list[tuple[str, Obj | None, Obj | None]]) -> None:
         with self._dispatch_lock:
             for event_type, old, new in events:
                 for handler in list(self._handlers):
@@ -306,7 +308,7 @@ class Informer:
         """The pause after `failures` consecutive failures (from 1): the backoff, jittered downwards."""
         return self._backoff.delay(failures - 1) * random.uniform(1.0 - SETTINGS.watch.relist_jitter, 1.0)
 
-    def _selector_query(self) -> list[tuple[str, str]]:
+    def _selector_query(self) -> builtins.list[tuple[str, str]]:
         query = []
         if self.label_selector:
             query.append(("labelSelector", self.label_selector))
@@ -344,7 +346,7 @@ class Informer:
             metadata = page.get("metadata") or {}
             continue_token = metadata.get("continue")
             if not continue_token:
-                resource_version = metadata["resourceVersion"]
+                resource_version = str(metadata["resourceVersion"])
                 break
             if self._stop.is_set():
                 raise InterruptedError("stopped during list")
@@ -374,8 +376,9 @@ class Informer:
                 if key not in fresh:
                     events.append((DELETED, old, None))
             for _event_type, old, new in events:
-                key = object_key(new if new is not None else old)
-                self._reindex(key, old, new)
+                changed = new if new is not None else old
+                if changed is not None:  # always: an event has an old or a new object, or both
+                    self._reindex(object_key(changed), old, new)
             self._items = fresh
             self.resource_version = resource_version
         if not self._synced.is_set():

@@ -1,42 +1,16 @@
-"""Which resource an informer or a REST call is about, and how objects are keyed."""
+"""Which resource an informer or a REST call is about, and how objects are keyed.
+
+`Resource` itself is a shared contract (domain.resources, with our own kinds); the core kinds the
+runtime uses are named here.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
 
+from domain.resources import Resource
 
-@dataclass(frozen=True)
-class Resource:
-    """One API resource: `Resource("", "v1", "configmaps")`, `Resource("db.bnerd.com", "v1alpha1", "databases")`.
-
-    The core group is the empty string. Paths are built without knowing the scope: pass a namespace
-    for namespaced objects, none for cluster-scoped ones (or to list a namespaced kind everywhere).
-    """
-
-    group: str
-    version: str
-    plural: str
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
-
-    def _prefix(self) -> str:
-        return f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
-
-    def collection_path(self, namespace: str | None = None) -> str:
-        if namespace:
-            return f"{self._prefix()}/namespaces/{quote(namespace, safe='')}/{self.plural}"
-        return f"{self._prefix()}/{self.plural}"
-
-    def object_path(self, name: str, namespace: str | None = None, subresource: str | None = None) -> str:
-        path = f"{self.collection_path(namespace)}/{quote(name, safe='')}"
-        return f"{path}/{subresource}" if subresource else path
-
-    def __str__(self) -> str:
-        return f"{self.plural}.{self.group}/{self.version}" if self.group else f"{self.plural}/{self.version}"
+__all__ = ["CONFIGMAPS", "EVENTS", "LEASES", "SECRETS", "Resource", "object_key", "split_key"]
 
 
 CONFIGMAPS = Resource("", "v1", "configmaps")

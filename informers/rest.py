@@ -32,6 +32,7 @@ STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
 
 Query = list[tuple[str, str]]
+Obj = dict[str, Any]  # a Kubernetes object as JSON
 
 
 def _raise_for_status(response: Any) -> None:
@@ -180,7 +181,7 @@ class Rest:
 
     def get(
         self, resource: Resource, name: str, namespace: str | None = None, *, timeout: Timeout = DEFAULT_TIMEOUT
-    ) -> dict:
+    ) -> Obj:
         return self.request("GET", resource.object_path(name, namespace), timeout=timeout)
 
     def list(
@@ -190,18 +191,18 @@ class Rest:
         *,
         query: Query | None = None,
         timeout: Timeout = DEFAULT_TIMEOUT,
-    ) -> dict:
+    ) -> Obj:
         return self.request("GET", resource.collection_path(namespace), query=query, timeout=timeout)
 
     def create(
-        self, resource: Resource, body: dict, namespace: str | None = None, *, timeout: Timeout = DEFAULT_TIMEOUT
-    ) -> dict:
+        self, resource: Resource, body: Obj, namespace: str | None = None, *, timeout: Timeout = DEFAULT_TIMEOUT
+    ) -> Obj:
         namespace = namespace or body.get("metadata", {}).get("namespace")
         return self.request("POST", resource.collection_path(namespace), body=body, timeout=timeout)
 
     def replace(
-        self, resource: Resource, body: dict, *, subresource: str | None = None, timeout: Timeout = DEFAULT_TIMEOUT
-    ) -> dict:
+        self, resource: Resource, body: Obj, *, subresource: str | None = None, timeout: Timeout = DEFAULT_TIMEOUT
+    ) -> Obj:
         """PUT the whole object; its `metadata.resourceVersion` makes it conditional (409 if stale)."""
         metadata = body["metadata"]
         path = resource.object_path(metadata["name"], metadata.get("namespace"), subresource)
@@ -218,7 +219,7 @@ class Rest:
         content_type: str = MERGE_PATCH,
         query: Query | None = None,
         timeout: Timeout = DEFAULT_TIMEOUT,
-    ) -> dict:
+    ) -> dict[str, Any]:
         path = resource.object_path(name, namespace, subresource)
         return self.request("PATCH", path, body=patch, content_type=content_type, query=query, timeout=timeout)
 
@@ -230,7 +231,7 @@ class Rest:
         *,
         resource_version: str | None = None,
         timeout: Timeout = DEFAULT_TIMEOUT,
-    ) -> dict:
+    ) -> dict[str, Any]:
         body = None
         if resource_version is not None:
             body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"resourceVersion": resource_version}}

@@ -21,10 +21,12 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from domain.config import InstallConfig
+from domain.metadata import ObjectMeta
 from infra.dashboard import dashboard_configmap, dashboard_json
 from infra.render import (
     dump_yaml,
     install_warnings,
+    object_key,
     prometheus_rule_warnings,
     render_manifests,
     render_prometheus_rule,
@@ -84,9 +86,7 @@ def resource_name(obj: dict[str, Any]) -> str:
 
     Names need to be unique per resource type only (the type is part of the URN); one DbProvider per stack.
     """
-    meta = obj["metadata"]
-    namespace = meta.get("namespace")
-    return f"{namespace}/{meta['name']}" if namespace else meta["name"]
+    return ObjectMeta.model_validate(obj["metadata"]).key
 
 
 def create_object(name: str, obj: dict[str, Any], opts: pulumi.ResourceOptions) -> pulumi.CustomResource:
@@ -101,7 +101,7 @@ def create_object(name: str, obj: dict[str, Any], opts: pulumi.ResourceOptions) 
             api_version=obj["apiVersion"],
             kind=obj["kind"],
             metadata=obj["metadata"],
-            spec=obj.get("spec"),
+            spec=obj.get("spec"),  # a CustomResource may have none: passed on as it is
             opts=opts,
         )
     cls = _RESOURCE_CLASSES.get(key)
@@ -121,7 +121,8 @@ def required_namespaces(
     of a missing namespace fails `pulumi preview` and `pulumi up` before anything is created, with
     `kubernetes:core/v1:Namespace (<prefix>must-exist/<ns>): ... resource '<ns>' does not exist`.
     """
-    names = sorted({obj["metadata"]["namespace"] for obj in manifests if obj["metadata"].get("namespace")})
+    metas = [ObjectMeta.model_validate(obj["metadata"]) for obj in manifests]
+    names = sorted({meta.namespace for meta in metas if meta.namespace})
     return [
         k8s.core.v1.Namespace.get(
             f"{prefix}must-exist/{namespace}",
@@ -207,7 +208,6 @@ class DbProvider(pulumi.ComponentResource):
 
     def _add(self, obj: dict[str, Any], opts: pulumi.ResourceOptions) -> None:
         resource = create_object(resource_name(obj), obj, opts)
-        meta = obj["metadata"]
-        self.objects[(obj["apiVersion"], obj["kind"], meta.get("namespace", ""), meta["name"])] = resource
+        self.objects[object_key(obj)] = resource
         if obj["kind"] == KIND_CRD:
             self.crds.append(resource)

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from domain.constants import API_VERSION, KINDS, SINGULAR_CONSUMER, SINGULAR_DATABASE, SINGULAR_SHARD
+from domain.constants import GROUP, KINDS, SERVED_VERSIONS, SINGULAR_CONSUMER, SINGULAR_DATABASE, SINGULAR_SHARD
 from domain.specs import ConsumerSpec, DatabaseSpec, ShardSpec
 from domain.status import ConsumerStatus, DatabaseStatus, ShardStatus
 
@@ -113,7 +113,7 @@ def _structural(node: dict[str, Any], path: str, *, keep_defaults: bool) -> dict
     return {**{k: out[k] for k in first}, **{k: v for k, v in out.items() if k not in first}}
 
 
-def structural_schema(model: type[BaseModel], *, keep_defaults: bool = True, description: str = "") -> dict:
+def structural_schema(model: type[BaseModel], *, keep_defaults: bool = True, description: str = "") -> dict[str, Any]:
     """The structural OpenAPI v3 schema of `model` (camelCase keys, as the apiserver stores the object)."""
     raw = model.model_json_schema(by_alias=True, mode="validation")
     defs = raw.pop("$defs", {})
@@ -166,7 +166,8 @@ def object_schema(key: str) -> dict[str, Any]:
         "properties": {
             "apiVersion": {
                 "type": "string",
-                "description": f"APIVersion of this object: {API_VERSION}.",
+                "description": f"APIVersion of this object: {' or '.join(f'{GROUP}/{v}' for v in SERVED_VERSIONS)} "
+                "(one schema).",
             },
             "kind": {"type": "string", "description": f"Kind of this object: {kind}."},
             "metadata": {"type": "object"},  # the apiserver allows nothing else here

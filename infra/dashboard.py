@@ -148,13 +148,31 @@ PANELS: tuple[_Panel, ...] = (
         ],
     ),
     (
-        "API connections: open, and refused by bound",
+        "API connections: open, and refused or evicted by bound",
         "short",
         [
             ("sum by (cluster) (dbprovider_api_connections_open{{{sel}}})", "{{{{cluster}}}} open"),
             (
                 "sum by (cluster, limit) (rate(dbprovider_api_connections_refused_total{{{sel}}}[$__rate_interval]))",
                 "{{{{limit}}}} refused/s",
+            ),
+        ],
+    ),
+    (
+        "API front door: connections dropped, requests refused, accept errors (by reason)",
+        "ops",
+        [
+            (
+                "sum by (cluster, reason) (rate(dbprovider_api_connections_dropped_total{{{sel}}}[$__rate_interval]))",
+                "dropped {{{{reason}}}}",
+            ),
+            (
+                "sum by (cluster, reason) (rate(dbprovider_api_requests_refused_total{{{sel}}}[$__rate_interval]))",
+                "refused {{{{reason}}}}",
+            ),
+            (
+                "sum by (cluster, errno) (rate(dbprovider_api_accept_errors_total{{{sel}}}[$__rate_interval]))",
+                "accept {{{{errno}}}}",
             ),
         ],
     ),

@@ -1,4 +1,4 @@
-"""Render the install's Kubernetes manifests from the jinja2 templates in templates/.
+"""Render the install's Kubernetes manifests from the jinja2 templates in infra/templates/.
 
 Both the Pulumi program (infra.component) and `dbprovider render` call these functions, so a GitOps
 landscape repo and `pulumi up` get the very same objects. Pure: no Pulumi, no Kubernetes client.
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
+import typing
 from collections.abc import Iterable
 from datetime import timedelta
 from functools import lru_cache
@@ -24,6 +24,8 @@ from typing import Any
 
 import jinja2
 import yaml
+from pydantic import BaseModel, TypeAdapter
+from pydantic.fields import FieldInfo
 
 from domain.config import InstallConfig, format_duration
 from domain.constants import (
@@ -31,21 +33,25 @@ from domain.constants import (
     KELDON_GROUP,
     KELDON_PLURAL_DATABASE_CLUSTERS,
     KINDS,
+    SERVED_VERSIONS,
     SINGULAR_CONSUMER,
     SINGULAR_DATABASE,
     SINGULAR_SHARD,
-    VERSION,
+    STORAGE_VERSION,
     ShardReason,
 )
+from domain.metadata import ObjectMeta
 from domain.naming import DNS1123_LABEL_RE, label_value
 from domain.settings import SETTINGS
+from domain.version import __version__
 from infra.crds import crd_schemas
 
 # A cloudberry cluster that is Scaling is planned work, not an outage: DBProviderShardNotReady leaves
 # it to DBProviderShardScalingTooLong.
 SCALING_REASON = ShardReason.CLUSTER_SCALING.value
 
-TEMPLATES_DIR = Path(os.environ.get("DBPROVIDER_TEMPLATES") or Path(__file__).resolve().parent.parent / "templates")
+# Package data (pyproject.toml): found next to this module in a checkout, a wheel and the image alike.
+TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
 
 MANIFEST_TEMPLATES = (
     "crds.yaml.j2",
@@ -60,6 +66,8 @@ MANIFEST_TEMPLATES = (
 PROMETHEUS_RULE_TEMPLATE = "prometheusrule.yaml.j2"
 
 LABEL_CLUSTER = f"{GROUP}/cluster"
+LABEL_VERSION = "app.kubernetes.io/version"
+METRICS_COMPONENT = {"app.kubernetes.io/component": "metrics"}
 WARNING_NO_CLUSTER = (
     "prometheusRule.cluster is not set: the alert rules match every cluster that reports this job, and "
     "DBProviderDown cannot notice one cluster's provider vanishing. Set prometheusRule.cluster to the "
@@ -72,17 +80,8 @@ def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-class TemplatesNotFound(FileNotFoundError):
-    """The templates/ directory is missing (an installed package without DBPROVIDER_TEMPLATES)."""
-
-
 @lru_cache(maxsize=1)
 def _environment(templates_dir: Path) -> jinja2.Environment:
-    if not (templates_dir / PROMETHEUS_RULE_TEMPLATE).is_file():
-        raise TemplatesNotFound(
-            f"the manifest templates are not in {templates_dir}: set DBPROVIDER_TEMPLATES to the templates/ "
-            "directory of the dbprovider sources"
-        )
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir)),
         undefined=jinja2.StrictUndefined,
@@ -98,14 +97,71 @@ def cel_string(value: str) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+# Install config keys added since the release a rolling update comes from (0.1.0), left out of the
+# rendered config while they hold their default (the manager resolves the same default): a pod mounts
+# the ConfigMap by name, so an old pod that restarts mid-rollout reads this release's config, and 0.1.0
+# refuses keys it does not know. From 0.2.0 on the manager ignores unknown keys, so this list ends
+# with the release after 0.2.0 (tests/upgrade/test_config_compat.py holds it to account). A path is
+# key names by alias; "*" stands for every item of a list.
+ADDED_SINCE_PREVIOUS_RELEASE: tuple[tuple[str, ...], ...] = (
+    ("api", "requestTimeout"),
+    ("api", "maxRequestsPerConsumer"),
+    ("shardTLS", "cleartextShards"),
+    ("shardSecrets", "*", "host"),
+    ("shardSecrets", "*", "port"),
+    ("connectionBudget",),
+    ("readiness",),
+    ("engines", "cloudberry", "scalingAlertAfter"),
+    ("workersPerShard",),
+    ("workersTotal",),
+)
+
+
 def config_yaml(config: InstallConfig) -> str:
-    """The install config with every default resolved, as the manager reads it from its ConfigMap."""
+    """The install config with every default resolved, as the manager reads it from its ConfigMap
+    (keys added since the previous release only when they differ from their default)."""
     data = config.model_dump(by_alias=True, mode="json")
+    for path in ADDED_SINCE_PREVIOUS_RELEASE:
+        _drop_if_default(data, path, _field_at(InstallConfig, path))
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True)
 
 
+def _field_at(model: type[BaseModel], path: tuple[str, ...]) -> FieldInfo:
+    """The model field at `path` (aliases; "*" an item of a list or tuple)."""
+    annotation: Any = model
+    field: FieldInfo | None = None
+    for part in path:
+        if part == "*":
+            annotation = typing.get_args(annotation)[0]
+            continue
+        field = {f.alias or name: f for name, f in annotation.model_fields.items()}[part]
+        annotation = field.annotation
+    assert field is not None
+    return field
+
+
+def _drop_if_default(node: Any, path: tuple[str, ...], field: FieldInfo) -> None:
+    """Remove the value at `path` where it is the field's default (compared as parsed values, so
+    "10s" equals timedelta(seconds=10))."""
+    head, rest = path[0], path[1:]
+    if head == "*":
+        for item in node if isinstance(node, list) else ():
+            _drop_if_default(item, rest, field)
+    elif not isinstance(node, dict) or head not in node:
+        return
+    elif rest:
+        _drop_if_default(node[head], rest, field)
+    else:
+        adapter: TypeAdapter[Any] = TypeAdapter(field.rebuild_annotation())
+        parsed = adapter.validate_python(node[head])
+        if parsed == field.get_default(call_default_factory=True):
+            del node[head]
+
+
 def common_labels(config: InstallConfig) -> dict[str, str]:
-    return {**selector_labels(config), "app.kubernetes.io/part-of": "dbprovider"}
+    """On every object: the selector labels, the product and the release version that rendered it
+    (never in a selector: a selector cannot change, the version does with every upgrade)."""
+    return {**selector_labels(config), "app.kubernetes.io/part-of": "dbprovider", LABEL_VERSION: __version__}
 
 
 def selector_labels(config: InstallConfig) -> dict[str, str]:
@@ -221,7 +277,9 @@ def _context(config: InstallConfig, time_scale: int = 1) -> dict[str, Any]:
         "shard_secret_roles": shard_secret_roles,
         "common_labels": labels,
         "selector_labels": selector_labels(config),
-        "metrics_labels": {**labels, "app.kubernetes.io/component": "metrics"},
+        "metrics_labels": {**labels, **METRICS_COMPONENT},
+        # The ServiceMonitor's selector: no version in it (it would stop matching during a rollout).
+        "metrics_selector": {**selector_labels(config), **METRICS_COMPONENT},
         "rule_labels": rule_labels,
         "rule_name": prometheus_rule_name(config),
         "sel": promql_selector(config),
@@ -237,7 +295,7 @@ def _context(config: InstallConfig, time_scale: int = 1) -> dict[str, Any]:
         "service_monitor_interval": format_duration(monitor.interval),
         "service_monitor_timeout": format_duration(monitor.scrape_timeout) if monitor.scrape_timeout else "",
         "group": GROUP,
-        "version": VERSION,
+        "versions": [{"name": version, "storage": version == STORAGE_VERSION} for version in SERVED_VERSIONS],
         "plurals": {key: names.plural for key, names in KINDS.items()},
         "crd_kinds": [
             {"key": key, "kind": names.kind, "plural": names.plural, "singular": names.singular, "scope": scope}
@@ -254,6 +312,8 @@ def _context(config: InstallConfig, time_scale: int = 1) -> dict[str, Any]:
         "files": SETTINGS.files,
         "env": SETTINGS.env,
         "probes": SETTINGS.probes,
+        "pod": SETTINGS.pod,
+        "termination": SETTINGS.termination,
         "uid": SETTINGS.run_as_uid,
     }
 
@@ -313,8 +373,8 @@ def rule_groups(rule: dict[str, Any]) -> dict[str, Any]:
 
 def object_key(obj: dict[str, Any]) -> tuple[str, str, str, str]:
     """(apiVersion, kind, namespace, name) of a manifest."""
-    meta = obj.get("metadata", {})
-    return (obj["apiVersion"], obj["kind"], meta.get("namespace", ""), meta["name"])
+    meta = ObjectMeta.model_validate(obj["metadata"])
+    return (obj["apiVersion"], obj["kind"], meta.namespace or "", meta.name)
 
 
 class _Dumper(yaml.SafeDumper):

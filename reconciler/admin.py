@@ -1,9 +1,20 @@
 """The admin (provisioner) connection of a shard: its Secret, its endpoint and reusable sessions.
 
-Only a Secret listed in the install's shardSecrets is ever used as admin credentials, in every
-namespace including the release namespace (`AdminPolicy`): whoever may write a Shard must not be
-able to send another Secret (a consumer's password, the API's TLS key) to a host of their choice.
-An unlisted Secret is refused before anything is read or any connection is made.
+Whoever may write a Shard chooses the host, port and sslmode the provisioner logs in to. The
+credential must still only reach the server it belongs to (`AdminPolicy`), so three rules hold
+before any connection is opened, each refusal naming the Shard's Ready reason (`AdminRefused`):
+
+- only a Secret listed in the install's shardSecrets is ever used as admin credentials, in every
+  namespace including the release namespace: no other Secret (a consumer's password, the API's TLS
+  key) goes to a host of the Shard writer's choice (AdminSecretInvalid, before the Secret is read);
+- the login goes only over TLS, where SCRAM is bound to the TLS channel (`channel_binding=require`):
+  a relay between provider and shard, whether it passes TLS through or terminates it, can neither
+  read the exchange nor use it for a session of its own. An sslmode that may go without TLS
+  (disable, allow, prefer) is refused unless the install names the shard in
+  shardTLS.cleartextShards (AdminTlsRequired);
+- a Secret bound to an endpoint (its shardSecrets entry's host and port, else the Secret's own
+  `host` and `port` keys, as Percona's pguser Secrets have) is sent only to that endpoint: the
+  Shard's admin Service and port must be it (AdminEndpointMismatch).
 
 The admin Secret is read by name, never through an informer (the provider may `get` exactly the
 names in shardSecrets and has no list/watch). The Shard controller reads it on every health check,
@@ -17,13 +28,14 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from kubernetes.client.exceptions import ApiException
 
+from domain.admin_access import EndpointBinding, tls_refusal
 from domain.config import InstallConfig
-from domain.constants import SHARD_CA_FILE, SslMode
+from domain.constants import SHARD_CA_FILE, ShardReason, SslMode
 from domain.credentials import secret_values
 from domain.settings import SETTINGS
 from domain.specs import ShardSpec, parse_shard
@@ -33,35 +45,81 @@ from reconciler.shard_links import ShardLinks
 from reconciler.sql.session import APPLICATION_NAME, AdminEndpoint, AdminSession, Fence
 
 
-class AdminSecretInvalid(Exception):
-    """The admin Secret is missing, unreadable or lacks a key; the message names which (no values)."""
+class AdminRefused(Exception):
+    """The provider will not log in to this Shard with these settings; `reason` is its Ready reason.
+
+    The message says why (names of Secrets and hosts, never a value of the Secret).
+    """
+
+    reason = ShardReason.ADMIN_SECRET_INVALID
+
+
+class AdminSecretInvalid(AdminRefused):
+    """The admin Secret is unlisted, missing, unreadable or lacks a key; the message names which."""
+
+    reason = ShardReason.ADMIN_SECRET_INVALID
+
+
+class AdminTlsRequired(AdminRefused):
+    """admin.sslmode may go without TLS and the install does not allow that for this shard."""
+
+    reason = ShardReason.ADMIN_TLS_REQUIRED
+
+
+class AdminEndpointMismatch(AdminRefused):
+    """The admin Secret is bound to another endpoint than the one the Shard names."""
+
+    reason = ShardReason.ADMIN_ENDPOINT_MISMATCH
 
 
 @dataclass(frozen=True)
 class AdminPolicy:
-    """Which Secrets may be admin credentials (shardSecrets), and the CA file for verify-ca/-full.
+    """Which Secrets may be admin credentials and where to (shardSecrets), the shards that may log
+    in without TLS (shardTLS.cleartextShards), and the CA file for verify-ca/-full.
 
     The default allows no Secret at all: a caller that forgets the install config connects nowhere.
     """
 
     listed: frozenset[tuple[str, str]] = frozenset()
     ca_file: str | None = None
+    cleartext_shards: frozenset[str] = frozenset()
+    bindings: Mapping[tuple[str, str], EndpointBinding] = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, config: InstallConfig, ca_file: str | None = None) -> AdminPolicy:
         """shardSecrets, and the mounted shardTLS.caBundle (`ca_file` overrides the path outside a pod)."""
         if ca_file is None and config.shard_tls.ca_bundle is not None:
             ca_file = SHARD_CA_FILE
-        return cls(frozenset((ref.namespace, ref.name) for ref in config.shard_secrets), ca_file)
+        return cls(
+            frozenset((ref.namespace, ref.name) for ref in config.shard_secrets),
+            ca_file,
+            frozenset(config.shard_tls.cleartext_shards),
+            {
+                (ref.namespace, ref.name): EndpointBinding(ref.host, ref.port)
+                for ref in config.shard_secrets
+                if ref.host is not None or ref.port is not None
+            },
+        )
 
-    def check(self, spec: ShardSpec) -> None:
-        """AdminSecretInvalid unless the Shard's admin Secret is listed in shardSecrets."""
+    def check(self, shard: str, spec: ShardSpec) -> None:
+        """AdminRefused unless the Shard's admin Secret is listed and its sslmode keeps TLS on."""
         ref = spec.admin.secret_ref
         if (ref.namespace, ref.name) not in self.listed:
             raise AdminSecretInvalid(
                 f"admin Secret {ref.namespace}/{ref.name} is not listed in the install's shardSecrets; "
                 "it is not read and no connection is made"
             )
+        refusal = tls_refusal(shard, spec.admin.sslmode, self.cleartext_shards)
+        if refusal is not None:
+            raise AdminTlsRequired(f"{refusal}; no connection is made")
+
+    def check_binding(self, spec: ShardSpec, values: Mapping[str, str]) -> None:
+        """AdminEndpointMismatch unless the Shard's admin endpoint is the one its Secret is bound to."""
+        ref = spec.admin.secret_ref
+        binding = self.bindings.get((ref.namespace, ref.name)) or EndpointBinding.of_secret(values) or EndpointBinding()
+        refusal = binding.refusal(f"{ref.namespace}/{ref.name}", spec.admin_host, spec.admin.port)
+        if refusal is not None:
+            raise AdminEndpointMismatch(f"{refusal}; no connection is made")
 
     def sslrootcert(self, sslmode: str) -> str | None:
         """The CAs that verify the server: the CA bundle, else the system trust store (verify-* only).
@@ -74,9 +132,10 @@ class AdminPolicy:
         return self.ca_file or "system"
 
 
-def read_admin_secret(rest: Rest, spec: ShardSpec, policy: AdminPolicy) -> tuple[str, str]:
-    """(user, password) from the Shard's admin Secret, read from the apiserver now, if it is listed."""
-    policy.check(spec)
+def read_admin_secret(rest: Rest, shard: str, spec: ShardSpec, policy: AdminPolicy) -> tuple[str, str]:
+    """(user, password) from the Shard's admin Secret, read from the apiserver now, if the policy
+    lets this Shard use it (AdminRefused otherwise)."""
+    policy.check(shard, spec)
     ref = spec.admin.secret_ref
     try:
         secret = rest.get(SECRETS, ref.name, ref.namespace)
@@ -94,18 +153,20 @@ def read_admin_secret(rest: Rest, spec: ShardSpec, policy: AdminPolicy) -> tuple
         raise AdminSecretInvalid(
             f"admin Secret {ref.namespace}/{ref.name} lacks key {' and '.join(repr(k) for k in missing)}"
         )
+    policy.check_binding(spec, values)
     return values[ref.user_key], values[ref.password_key]
 
 
 def admin_endpoint(
-    rest: Rest, spec: ShardSpec, policy: AdminPolicy, host_override: str | None = None
+    rest: Rest, shard: str, spec: ShardSpec, policy: AdminPolicy, host_override: str | None = None
 ) -> AdminEndpoint:
-    """Where and as whom to run DDL on this shard (AdminSecretInvalid if its Secret is not listed).
+    """Where and as whom to run DDL on this shard (AdminRefused when the policy forbids it).
 
     `host_override` replaces the in-cluster Service DNS name (kept: each shard's port) and exists
-    for running the manager outside a cluster (`dbprovider dev`, tests).
+    for running the manager outside a cluster (`dbprovider dev`, tests); the Secret's binding is
+    checked against the Shard's own admin endpoint.
     """
-    user, password = read_admin_secret(rest, spec, policy)
+    user, password = read_admin_secret(rest, shard, spec, policy)
     sslmode = str(spec.admin.sslmode)
     return AdminEndpoint(
         host=host_override or spec.admin_host,
@@ -114,6 +175,7 @@ def admin_endpoint(
         password=password,
         sslmode=sslmode,
         sslrootcert=policy.sslrootcert(sslmode),
+        cleartext_allowed=shard in policy.cleartext_shards,
     )
 
 
@@ -147,14 +209,14 @@ class AdminEndpointCache:
         self._entries: dict[str, tuple[str, float, AdminEndpoint]] = {}
 
     def get(self, shard: str, spec: ShardSpec) -> AdminEndpoint:
-        """The endpoint of `shard`; AdminSecretInvalid or ApiException when its Secret cannot be used."""
+        """The endpoint of `shard`; AdminRefused or ApiException when its Secret cannot be used."""
         key = spec.admin.model_dump_json() + (self.host_override or spec.admin_host)
         now = self.clock()
         with self._lock:
             entry = self._entries.get(shard)
         if entry is not None and entry[0] == key and now - entry[1] < self.ttl:
             return entry[2]
-        endpoint = admin_endpoint(self.rest, spec, self.policy, self.host_override)
+        endpoint = admin_endpoint(self.rest, shard, spec, self.policy, self.host_override)
         with self._lock:
             self.reads += 1
             self._entries[shard] = (key, now, endpoint)
@@ -206,6 +268,7 @@ class AdminSessions:
     @staticmethod
     def _fingerprint(endpoint: AdminEndpoint) -> str:
         fields = [endpoint.host, str(endpoint.port), endpoint.user, endpoint.password, endpoint.sslmode]
+        fields.append("cleartext" if endpoint.cleartext_allowed else "tls")
         raw = "\0".join([*fields, endpoint.sslrootcert or ""])
         return hashlib.sha256(raw.encode()).hexdigest()
 

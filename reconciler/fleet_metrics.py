@@ -16,6 +16,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from domain.conditions import READY, condition_reason, get_condition, is_condition_true, object_conditions
+from domain.connection_budget import Commitments
 from domain.constants import UNPLACED, DatabaseConditionType, Phase, ShardConditionType
 from domain.timefmt import parse_time
 
@@ -49,10 +50,19 @@ def _created_at(obj: Mapping[str, Any]) -> float | None:
 class FleetCollector(Collector):
     """Reads shards and databases from the caches on every scrape."""
 
-    def __init__(self, shards: Objects, databases: Objects, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        shards: Objects,
+        databases: Objects,
+        clock: Callable[[], float] = time.time,
+        connection_limit: Callable[[Mapping[str, Any]], int | None] | None = None,
+    ) -> None:
+        """`connection_limit`: what a Database commits (domain.connection_budget.database_limit); without
+        it no connection gauges are exported."""
         self._shards = shards
         self._databases = databases
         self._clock = clock
+        self._connection_limit = connection_limit
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         now = self._clock()
@@ -64,6 +74,7 @@ class FleetCollector(Collector):
         held: Counter[str] = Counter()
         drift: Counter[str] = Counter()
         oldest: dict[str, float] = defaultdict(float)
+        commitments: dict[str, Commitments] = defaultdict(Commitments)
         for db in self._databases():
             status = db.get("status") or {}
             shard = status.get("shard") or UNPLACED
@@ -71,6 +82,8 @@ class FleetCollector(Collector):
             per_phase[(shard, phase, _ready_reason(db))] += 1
             if shard != UNPLACED and phase != Phase.DELETED:
                 in_use[shard] += 1
+                if self._connection_limit is not None:
+                    commitments[shard] = commitments[shard].plus(self._connection_limit(db))
             if _condition_true(db, DatabaseConditionType.DELETION_HELD):
                 held[shard] += 1
             if phase == Phase.READY and _condition_true(db, DatabaseConditionType.CONNECTION_LIMIT_DRIFT):
@@ -114,6 +127,8 @@ class FleetCollector(Collector):
         yield scaling
         yield slots
         yield limit
+        if self._connection_limit is not None:
+            yield from self._connection_gauges(shard_objects, commitments)
 
         labels = sorted(set(shard_names) | {UNPLACED} | set(oldest) | set(held) | set(drift))
         provisioning = GaugeMetricFamily(
@@ -138,6 +153,31 @@ class FleetCollector(Collector):
         yield provisioning
         yield held_family
         yield drift_family
+
+    @staticmethod
+    def _connection_gauges(
+        shard_objects: list[Mapping[str, Any]], commitments: Mapping[str, Commitments]
+    ) -> Iterator[GaugeMetricFamily]:
+        """Budget (status.connectionBudget, once the shard was checked) and what its databases commit."""
+        budget_family, committed_family = (
+            GaugeMetricFamily(name, documentation, labels=["shard"])
+            for name, documentation in (
+                ("dbprovider_shard_connection_budget", "Connections the shard's tenants may commit."),
+                (
+                    "dbprovider_shard_connections_committed",
+                    "Connection limits of the databases placed on the shard (an unlimited one: the whole budget).",
+                ),
+            )
+        )
+        for shard in shard_objects:
+            name = shard["metadata"]["name"]
+            budget = (shard.get("status") or {}).get("connectionBudget")
+            if not isinstance(budget, int):
+                continue  # not checked yet: no figure rather than a wrong one
+            budget_family.add_metric([name], budget)
+            committed_family.add_metric([name], commitments.get(name, Commitments()).total(budget))
+        yield budget_family
+        yield committed_family
 
 
 class EngineCollector(Collector):

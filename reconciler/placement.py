@@ -1,9 +1,11 @@
 """Capacity-aware placement: pick the shard a new Database goes to, from the informer caches alone.
 
 The rule: the usable shard (of the engine, accepting, Ready, not being deleted, below
-`maxDatabases`) with the fewest databases; ties go to the smallest name. The count per shard is the
-number of Database objects placed there (Deleting ones included: they still hold a slot until
-they are dropped). A Shard whose spec does not validate is never a candidate.
+`maxDatabases`) with the fewest databases where the new database's connection limit fits the
+shard's connection budget (domain.connection_budget.fits); ties go to the smallest name. The count
+per shard is the number of Database objects placed there (Deleting ones included: they still hold
+a slot until they are dropped), the committed connections their limits. A Shard whose spec does
+not validate, or whose budget was never read, is never a candidate.
 
 `PlacementIndex` keeps the usable shards of each engine ordered by (count, name), updated by the
 Shard and Database informers' events, so placing one database costs the same with 20 or 200
@@ -12,8 +14,9 @@ shards: no API call, no SQL, no scan of the fleet.
 Placement is exact under a burst: `reserve` chooses a shard and counts the database on it at once,
 under the index's lock, before the placement is written. The reservation counts until the
 Database informer shows the database placed (or gone), or until `release` (the write failed).
-So concurrent workers, and the cache's lag behind their writes, never put a shard over
-`maxDatabases`.
+A reservation counts the database's connection limit against the shard's budget the same way. So
+concurrent workers, and the cache's lag behind their writes, never put a shard over `maxDatabases`
+or over its connection budget.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pydantic import ValidationError
 from sortedcontainers import SortedList
 
 from domain.conditions import READY, is_condition_true, object_conditions
+from domain.connection_budget import Commitments, fits
 from domain.specs import parse_shard
 from informers import Informer, object_key
 
@@ -44,18 +48,25 @@ class ShardCandidate:
     ready: bool
     max_databases: int
     being_deleted: bool = False
+    connection_budget: int | None = None  # status.connectionBudget; None: not read yet
 
     @classmethod
     def from_object(cls, shard: Mapping[str, Any]) -> ShardCandidate:
-        """The candidate of a Shard object; pydantic.ValidationError if its spec does not validate."""
+        """The candidate of a Shard object; pydantic.ValidationError if its spec does not validate.
+
+        Ready only with a known budget: a shard whose check has not read it yet waits like one not Ready.
+        """
         spec = parse_shard(shard)
+        budget = (shard.get("status") or {}).get("connectionBudget")
+        budget = budget if isinstance(budget, int) and not isinstance(budget, bool) else None
         return cls(
             name=shard["metadata"]["name"],
             engine=spec.engine,
             accepting=spec.accepting,
-            ready=is_condition_true(object_conditions(shard), READY),
+            ready=is_condition_true(object_conditions(shard), READY) and budget is not None,
             max_databases=spec.max_databases,
             being_deleted=bool(shard["metadata"].get("deletionTimestamp")),
+            connection_budget=budget,
         )
 
     def open(self) -> bool:
@@ -63,9 +74,9 @@ class ShardCandidate:
         return self.accepting and self.ready and not self.being_deleted
 
     def fits(self, databases: int) -> bool:
-        """Does one more database fit next to `databases` (placed and reserved)?
+        """Does one more database fit next to `databases` (placed and reserved) under maxDatabases?
 
-        The one place capacity is decided: the connection budget (issue #24) joins maxDatabases here.
+        The connection budget depends on the database's limit: PlacementIndex._first_fit checks it.
         """
         return databases < self.max_databases
 
@@ -85,13 +96,20 @@ class PlacementIndex:
     its first.
     """
 
-    def __init__(self, database_shard: Callable[[Obj], Iterable[str]]) -> None:
+    def __init__(
+        self,
+        database_shard: Callable[[Obj], Iterable[str]],
+        database_limit: Callable[[Obj], int | None] = lambda _: None,
+    ) -> None:
+        """`database_limit`: the CONNECTION LIMIT a Database commits (domain.connection_budget.database_limit)."""
         self._database_shard = database_shard
+        self._database_limit = database_limit
         self._lock = threading.Lock()
         self._candidates: dict[str, ShardCandidate] = {}
         self._counts: Counter[str] = Counter()  # placed (cache) + reserved, per shard
-        self._reserved: dict[str, str] = {}  # database key -> the shard reserved for it
-        self._usable: dict[str, SortedList] = {}  # engine -> SortedList of (count, name)
+        self._commitments: dict[str, Commitments] = {}  # shard -> what its placed and reserved databases commit
+        self._reserved: dict[str, tuple[str, int | None]] = {}  # database key -> (shard reserved, its limit)
+        self._usable: dict[str, SortedList[tuple[int, str]]] = {}  # engine -> SortedList of (count, name)
         self._entries: dict[str, tuple[str, tuple[int, str]]] = {}  # shard -> (engine, its entry)
 
     def watch(self, shards: Informer, databases: Informer) -> PlacementIndex:
@@ -100,14 +118,15 @@ class PlacementIndex:
         shards.add_handler(self.shard_event)
         return self
 
-    def choose(self, engine: str) -> str | None:
-        """The shard a new database of `engine` would go to now; None = no capacity. Reserves nothing:
-        a placement uses `reserve`."""
+    def choose(self, engine: str, connection_limit: int | None = None) -> str | None:
+        """The shard a new database of `engine` (and of that connection limit) would go to now; None = no
+        capacity. Reserves nothing: a placement uses `reserve`."""
         with self._lock:
-            return self._first_fit(engine)
+            return self._first_fit(engine, connection_limit)
 
-    def reserve(self, engine: str, database: str) -> str | None:
-        """Choose the shard for `database` (its key) and count it there at once; None = no capacity.
+    def reserve(self, engine: str, database: str, connection_limit: int | None = None) -> str | None:
+        """Choose the shard for `database` (its key) and count it there at once, one database and its
+        connection limit; None = no capacity.
 
         The reservation holds until the Database informer shows the database placed or deleted, or
         until `release(database)`: call that when the placement write was refused. When its outcome is
@@ -116,9 +135,10 @@ class PlacementIndex:
         """
         with self._lock:
             self._release_locked(database)
-            chosen = self._first_fit(engine)
+            chosen = self._first_fit(engine, connection_limit)
             if chosen is not None:
-                self._reserved[database] = chosen
+                self._reserved[database] = (chosen, connection_limit)
+                self._commit(chosen, connection_limit)
                 self._counts[chosen] += 1
                 self._refresh(chosen)
             return chosen
@@ -131,21 +151,30 @@ class PlacementIndex:
     def reserved(self) -> dict[str, str]:
         """Database key -> shard of every reservation the cache does not show yet (tests, debugging)."""
         with self._lock:
-            return dict(self._reserved)
+            return {key: shard for key, (shard, _) in self._reserved.items()}
 
-    def _first_fit(self, engine: str) -> str | None:
+    def _first_fit(self, engine: str, connection_limit: int | None) -> str | None:
         """The first shard (fewest databases, then name) of `engine` that the next database fits on.
 
-        Every filed shard fits one more (`_refresh` files only `usable` ones), so that is the first
-        entry; a check that depends on the database (its connection limit) would scan on from it.
+        Every filed shard fits one more database (`_refresh` files only `usable` ones); the first of
+        them whose connection budget also fits the limit (None: connections not counted) is chosen.
         """
-        usable = self._usable.get(engine)
-        return usable[0][1] if usable else None
+        for _, name in self._usable.get(engine, ()):
+            committed, budget = self._commitments.get(name, Commitments()), self._candidates[name].connection_budget
+            if connection_limit is None or fits(connection_limit, committed, budget):
+                return name
+        return None
 
     def _release_locked(self, database: str) -> None:
-        shard = self._reserved.pop(database, None)
-        if shard is not None:
+        reservation = self._reserved.pop(database, None)
+        if reservation is not None:
+            shard, limit = reservation
+            self._commit(shard, limit, -1)
             self._uncount(shard)
+
+    def _commit(self, shard: str, limit: int | None, count: int = 1) -> None:
+        """Count (count=-1: no longer count) one database of CONNECTION LIMIT `limit` on `shard` (lock held)."""
+        self._commitments[shard] = self._commitments.get(shard, Commitments()).plus(limit, count)
 
     def not_ready(self, engine: str) -> list[str]:
         """Shards of `engine` that would be considered but are not Ready (sorted names).
@@ -186,11 +215,17 @@ class PlacementIndex:
         if obj is None:
             return
         key = object_key(obj)
-        if before == after and not (key in self._reserved and (new is None or after)):
+        if not (before or after) and key not in self._reserved:
             return
+        limit_before = self._database_limit(old) if old is not None and before else None
+        limit_after = self._database_limit(new) if new is not None and after else None
         with self._lock:
             if new is None or after:
                 self._release_locked(key)  # the cache shows where it went (or that it is gone): counted below
+            for name in before:
+                self._commit(name, limit_before, -1)
+            for name in after:
+                self._commit(name, limit_after)
             for name in before - after:
                 self._uncount(name)
             for name in after - before:

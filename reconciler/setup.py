@@ -34,6 +34,7 @@ from reconciler.resources import (
     database_shard,
 )
 from reconciler.runtime import Controller, ControllerManager, Lanes
+from reconciler.shard_budget import ShardBudgets
 from reconciler.shard_controller import PING_INTERVAL, ShardController
 from reconciler.sql.session import APPLICATION_NAME
 from reconciler.worker_metrics import DatabaseWorkersCollector
@@ -73,7 +74,7 @@ def _coalesced(controller: Controller, keys: Callable[[dict[str, Any]], list[str
     work queue keeps the earliest pending time of a key).
     """
 
-    def handler(event_type: str, old: dict | None, new: dict | None) -> None:
+    def handler(event_type: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         for obj in (old, new):
             if obj is not None:
                 for key in keys(obj):
@@ -90,7 +91,7 @@ def _typed_spec(shard: dict[str, Any]) -> ShardSpec | None:
 
 
 def _shard_inputs(shard: dict[str, Any] | None) -> tuple[Any, ...]:
-    """What of a Shard the Database controller depends on: spec (client block...) and readiness.
+    """What of a Shard the Database controller depends on: spec (client block...), readiness, budget.
 
     A spec that does not validate counts as itself (raw), so fixing or breaking it wakes the databases too.
     """
@@ -98,7 +99,8 @@ def _shard_inputs(shard: dict[str, Any] | None) -> tuple[Any, ...]:
         return (None,)
     spec = _typed_spec(shard)
     ready = get_condition(object_conditions(shard), READY)
-    return (shard.get("spec") if spec is None else spec, None if ready is None else ready.get("status"))
+    budget = (shard.get("status") or {}).get("connectionBudget")  # a larger budget may fit a waiting database
+    return (shard.get("spec") if spec is None else spec, None if ready is None else ready.get("status"), budget)
 
 
 def register_controllers(
@@ -152,6 +154,7 @@ def register_controllers(
         admin_host_override,
         ping_interval=shard_ping_interval,
         policy=policy,
+        budgets=ShardBudgets(config, databases, config.workers_per_shard),
     )
     # Several workers: each checks a different shard, so a dead shard's timeout delays no other.
     shard_controller = Controller("shard", shard_logic.reconcile, workers=SHARD_WORKERS)
@@ -214,7 +217,7 @@ def register_controllers(
 
     db_controller.watch(secrets, credentials_owner)
 
-    def on_shard(event_type: str, old: dict | None, new: dict | None) -> None:
+    def on_shard(event_type: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         if _shard_inputs(old) == _shard_inputs(new):
             return  # e.g. only databaseCount changed: nothing for the databases
         name = (new or old or {}).get("metadata", {}).get("name")

@@ -11,16 +11,17 @@ workers), so dead shards do not delay the others.
 
 A ping passes when the provisioner logs in, its role fits (provisioner.dialect_problem) and the
 server can write (shard_probe.Writability: not a standby, new sessions not read-only; and, once a
-Database worker's write failed with disk_full, a small test write passes: DiskFull until then). Its
-timeouts follow the link (`ShardLinks`: from the measured round trip, bounded), and a Ready shard
-gets a second try with the longer timeouts before it is declared Unreachable, so a slow or flaky
-link that still answers stays Ready. A shard that does not answer is marked so in `ShardLinks`:
-the Database workers' sessions to it are cut at once and no new ones are opened until a ping
-passes, so its work waits instead of hanging.
+Database worker's write failed with disk_full, a small test write passes: DiskFull until then). The
+same statement reads the server's connection slots, from which the shard's connection budget is
+recorded (reconciler.shard_budget). Its timeouts follow the link (`ShardLinks`: from the measured
+round trip, bounded), and a Ready shard gets a second try with the longer timeouts before it is
+declared Unreachable, so a slow or flaky link that still answers stays Ready. A shard that does not
+answer is marked so in `ShardLinks`: the Database workers' sessions to it are cut at once and no new
+ones are opened until a ping passes, so its work waits instead of hanging.
 
 The Ready condition's reason says what is wrong (Ok, AdminAuthFailed, AdminSecretInvalid,
-Unreachable, ReadOnly, InRecovery, DiskFull, ClusterNotRunning, ClusterScaling, EngineUnavailable,
-ProvisionerInherits/ProvisionerInvalid);
+AdminTlsRequired, AdminEndpointMismatch, Unreachable, ReadOnly, InRecovery, DiskFull,
+ClusterNotRunning, ClusterScaling, EngineUnavailable, ProvisionerInherits/ProvisionerInvalid);
 messages carry a sanitized error class only. A shard that is not Ready gets no placements
 (reconciler.placement reads this condition).
 """
@@ -37,15 +38,17 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
+from domain.connection_budget import ServerSlots
 from domain.constants import KELDON_PHASE_RUNNING, KELDON_PHASE_SCALING, Engine, ShardConditionType, ShardReason
 from domain.settings import SETTINGS
 from domain.specs import ShardSpec, parse_shard
 from domain.status import ShardStatus
 from domain.validation import dump_set_fields
 from informers import Informer, Rest
-from reconciler.admin import AdminPolicy, AdminSecretInvalid, AdminSessions, admin_endpoint
+from reconciler.admin import AdminPolicy, AdminRefused, AdminSessions, admin_endpoint
 from reconciler.resources import BY_SHARD, SHARDS
 from reconciler.runtime import Result, set_condition, update_status
+from reconciler.shard_budget import ShardBudgets
 from reconciler.shard_links import ShardLinks
 from reconciler.sql import errors as sqlerrors
 from reconciler.sql.errors import SqlFailure, is_auth_failure
@@ -78,6 +81,7 @@ class Health:
     message: str
     server_version: str | None = None
     weak_createrole: bool = False
+    slots: ServerSlots | None = None  # the server's connection slots, as this check read them
 
     @property
     def ready(self) -> bool:
@@ -109,8 +113,10 @@ class ShardController:
         admin_host_override: str | None = None,
         ping_interval: float = PING_INTERVAL,
         policy: AdminPolicy | None = None,
+        budgets: ShardBudgets | None = None,
     ) -> None:
         self.rest = rest
+        self.budgets = budgets  # the connection budget in the status (reconciler.shard_budget)
         self.policy = policy or AdminPolicy()  # shardSecrets: without it no admin Secret is used
         self.shards = shards
         self.databases = databases
@@ -183,9 +189,9 @@ class ShardController:
         if cluster is not None:
             return cluster
         try:
-            endpoint = admin_endpoint(self.rest, spec, self.policy, self.admin_host_override)
-        except AdminSecretInvalid as exc:
-            return Health(ShardReason.ADMIN_SECRET_INVALID, str(exc))
+            endpoint = admin_endpoint(self.rest, name, spec, self.policy, self.admin_host_override)
+        except AdminRefused as exc:
+            return Health(exc.reason, str(exc))
         except ApiException as exc:
             return Health(ShardReason.ADMIN_SECRET_INVALID, f"admin Secret not readable (HTTP {exc.status})")
         last = self._last.get(name)
@@ -205,14 +211,16 @@ class ShardController:
                 full = self._disk_full(name, session, timeouts.total) if probe.writability.problem() is None else None
         except SqlFailure as failure:
             if is_auth_failure(failure):
-                return Health(ShardReason.ADMIN_AUTH_FAILED, f"admin login failed: {failure.error_class}"), False
+                detail = f" ({failure.detail})" if failure.detail else ""  # e.g. a relay terminating TLS
+                message = f"admin login failed: {failure.error_class}{detail}"
+                return Health(ShardReason.ADMIN_AUTH_FAILED, message), False
             timed_out = failure.error_class == sqlerrors.TIMEOUT
             if timed_out:
                 self.links.timed_out(name)
             message = f"{failure} after {timeouts.total:.0f}s" if timed_out else str(failure)
             return Health(ShardReason.UNREACHABLE, message), timed_out
         self.links.measured(name, probe.round_trip)
-        info = probe.info
+        info, slots = probe.info, probe.slots
         version = f"{info.major}.{info.server_version_num % 10000}"
         problem = dialect_problem(info)
         if problem is not None:
@@ -221,14 +229,14 @@ class ShardController:
                 if info.inherit and info.weak_createrole
                 else (ShardReason.PROVISIONER_INVALID)
             )
-            return Health(reason, problem, version, info.weak_createrole), False
+            return Health(reason, problem, version, info.weak_createrole, slots), False
         problem = probe.writability.problem()
         if problem is not None:
             reason = ShardReason.IN_RECOVERY if probe.writability.in_recovery else ShardReason.READ_ONLY
-            return Health(reason, problem, version, info.weak_createrole), False
+            return Health(reason, problem, version, info.weak_createrole, slots), False
         if full is not None:
-            return Health(ShardReason.DISK_FULL, full, version, info.weak_createrole), False
-        return Health(ShardReason.OK, "admin connection healthy", version, info.weak_createrole), False
+            return Health(ShardReason.DISK_FULL, full, version, info.weak_createrole, slots), False
+        return Health(ShardReason.OK, "admin connection healthy", version, info.weak_createrole, slots), False
 
     def _disk_full(self, name: str, session: AdminSession, timeout: float) -> str | None:
         """For a shard whose SQL failed with disk_full: why a small write still fails, or None (it passed)."""
@@ -321,6 +329,8 @@ class ShardController:
             server_version=health.server_version,  # None (not checked this time): the last one stays
         )
         status.update(dump_set_fields(observed))
+        if self.budgets is not None:
+            self.budgets.record(name, self.budgets.of(name, health.slots, status), status, conditions, generation)
         if update_status(self.rest, SHARDS, shard, status) is not None and not health.ready:
             log.warning("shard not ready", extra={"shard": name, "reason": str(health.reason)})
         return Result(requeue_after=self.ping_interval if health.ready else min(NOT_READY_RECHECK, self.ping_interval))

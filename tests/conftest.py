@@ -2,16 +2,58 @@
 
 The helpers and the fixtures the suites share live in tests/support; DBPROVIDER_PG_FLAVORS (see
 tests/support/postgres.py) selects the PostgreSQL majors the `postgres` fixture runs over.
+
+Tiers: a test that uses a fixture starting a server (SERVER_FIXTURES, directly or through another
+fixture) is marked `server` here; a test that starts one itself carries `pytest.mark.server`.
+`make test-fast` runs the rest (`-m "not server"`) with harness.process.NO_SERVERS_ENV set, so a test
+that starts a server without the mark fails there instead of slowing the inner loop.
+
+`make test` runs everything but the SERIAL_SUITES on two pytest-xdist workers (each with its own session
+servers: ports are chosen at run time, so they never meet), then the serial suites alone.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from harness import KubeControlPlane, PostgresServer
 from tests.support.postgres import PG_FLAVORS, PostgresPool
+
+# Fixtures that start a kube-apiserver, PostgreSQL, or both (the suites' own ones included).
+SERVER_FIXTURES = frozenset(
+    {"kube", "postgres_pool", "logged_pg", "clusters", "stack", "compacting_kube", "node", "cluster"}
+)
+# Suites that kill or pause processes and measure recovery, run a real Prometheus on its own clock, or
+# roll pods on a one-node Kubernetes while a client counts failed calls: `make test` runs them after the
+# others, alone on the machine, never beside another worker.
+SERIAL_SUITES = frozenset({"faults", "alerts", "cluster"})
+# Suites whose binaries hack/late-builds.sh may still be building in the background (CI), in the order of
+# their builds there: they run after every other test of their pytest run.
+LATE_SUITES = ("pulumi", "cluster")
+TESTS = Path(__file__).resolve().parent
+
+
+def _suite(item: pytest.Item) -> str | None:
+    parts = item.path.relative_to(TESTS).parts if item.path.is_relative_to(TESTS) else ()
+    return parts[0] if parts else None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Markers (server, serial) by fixtures and suite; the late suites last, each in its own order."""
+    for item in items:
+        if SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.server)
+        if _suite(item) in SERIAL_SUITES:
+            item.add_marker(pytest.mark.serial)
+
+    def lateness(item: pytest.Item) -> int:
+        suite = _suite(item)
+        return LATE_SUITES.index(suite) + 1 if suite in LATE_SUITES else 0
+
+    items.sort(key=lateness)
 
 
 @pytest.fixture(scope="session")

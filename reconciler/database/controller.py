@@ -4,8 +4,8 @@
   no SQL at all (deletion.py) -> soft delete or recovery (deletion.py) -> placement, persisted
   before any SQL, ends the pass (placement.py) -> shard -> credentials Secret, written before the role: the
   source of the password (secret.py) -> Ready path: no SQL unless the database's own inputs
-  changed (ready.py) -> provisioning, then a login with the database's own credentials
-  (provisioning.py, login.py).
+  changed (ready.py), and once per database the ownership check (ownership.py) -> provisioning,
+  then a login with the database's own credentials (provisioning.py, login.py).
 
 The work queue has a lane per shard (`lane`): a pass runs with the workers of the shard its
 Database is placed on, and placement, which runs no SQL, has a lane of its own. So a pass that
@@ -22,10 +22,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import partial
 
 from pydantic import ValidationError
 
 from domain.config import InstallConfig
+from domain.connection_budget import database_limit
 from domain.constants import (
     ANNOTATION_DELETE_REQUESTED_AT,
     ANNOTATION_RESTORE_TENANT,
@@ -41,6 +43,7 @@ from reconciler.admin import AdminEndpointCache, AdminPolicy, AdminSessions
 from reconciler.database.deletion import Deletion
 from reconciler.database.finalizers import Finalizers, finalizers
 from reconciler.database.login import LoginCheck
+from reconciler.database.ownership import OwnershipConfirmation
 from reconciler.database.placement import Placer
 from reconciler.database.provisioning import Provisioner
 from reconciler.database.ready import ReadyPath
@@ -78,7 +81,7 @@ class DatabaseController:
         self.sessions = sessions or AdminSessions()
         admin_endpoints = AdminEndpointCache(rest, policy or AdminPolicy.from_config(config), admin_host_override)
         # Before any handler that enqueues Databases: a woken worker places with the event applied.
-        self.placement = PlacementIndex(database_shard).watch(shards, databases)
+        self.placement = PlacementIndex(database_shard, partial(database_limit, config=config)).watch(shards, databases)
 
         self.writes = DatabaseWrites(rest)
         self.report = Reporter(self.writes, events)
@@ -90,6 +93,7 @@ class DatabaseController:
         self.ready = ReadyPath(config, rest, self.secrets, self.sql, self.writes, self.report)
         login = LoginCheck(config, admin_endpoints.policy, self.sessions, self.report, admin_host_override)
         self.provisioner = Provisioner(config, self.sql, self.writes, self.report, login)
+        self.ownership = OwnershipConfirmation(self.sql, self.writes, self.report)
 
     @property
     def on_shard_trouble(self) -> Callable[[str, str], None] | None:
@@ -169,6 +173,7 @@ class DatabaseController:
 
         if database.status.phase == Phase.READY:
             self.ready.converge(database, shard, secret)
+            return self.ownership.confirm(database, shard)  # SQL once per database, then never again
         else:
             self.provisioner.provision(database, shard, secret)
         return None

@@ -73,4 +73,7 @@ class LoginCheck:
             dbname=values["database"],
             sslmode=sslmode,
             sslrootcert=self.policy.sslrootcert(sslmode),
+            # The tenant's own password, sent as its consumers send it (the client block's sslmode,
+            # or the admin endpoint's, whose cleartext the Shard controller already refuses unless allowed).
+            cleartext_allowed=True,
         )

@@ -72,12 +72,12 @@ class Placer:
 
     def place(self, database: Database) -> Result | None:
         """Choose the shard and the tenant name and persist both before any SQL."""
-        check_size_class(self.config, database, self.report)
+        limit = check_size_class(self.config, database, self.report)
         restore = database.annotations.get(ANNOTATION_RESTORE_TENANT)
         if restore is not None:
             return self.adopt(database, restore)
         engine = database.spec.engine
-        chosen = self.placement.reserve(engine, database.key)
+        chosen = self.placement.reserve(engine, database.key, limit)
         if chosen is None and (waiting := self.placement.not_ready(engine)):
             database.update(phase=Phase.PROVISIONING)
             self.report.ready(
@@ -95,7 +95,8 @@ class Placer:
                 database,
                 False,
                 DatabaseReason.NO_CAPACITY,
-                f"no accepting, ready {engine} shard below maxDatabases; retrying every 5 minutes",
+                f"no accepting, ready {engine} shard below maxDatabases with room for "
+                f"{'an unlimited number of' if limit == -1 else limit} connections; retrying every 5 minutes",
             )
             self.writes.status(database)
             return Result(requeue_after=NO_CAPACITY_RETRY)

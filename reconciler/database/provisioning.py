@@ -11,6 +11,7 @@ from domain.config import InstallConfig
 from domain.constants import ANNOTATION_ROTATE_REQUESTED_AT, DatabaseReason, EventReason, Phase
 from reconciler.database import secret as credentials
 from reconciler.database.login import LoginCheck
+from reconciler.database.ownership import recorded_at_creation
 from reconciler.database.placement import check_size_class, owner
 from reconciler.database.ready import set_drift
 from reconciler.database.report import Reporter
@@ -63,6 +64,7 @@ class Provisioner:
         if rotation is not None:
             database.update(rotation_applied=rotation)
         self.report.ready(database, True, DatabaseReason.PROVISIONED, "tenant exists on the shard")
+        recorded_at_creation(database)  # ensure_tenant wrote or found this Database's record
         set_drift(self.config, database, self.report)
         self.writes.status(database)
         self.report.event(database, EventReason.READY, "ready")

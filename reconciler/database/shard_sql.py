@@ -38,7 +38,7 @@ from domain.constants import DatabaseReason, Phase, ShardConditionType
 from domain.credentials import Endpoint
 from domain.settings import SETTINGS
 from domain.specs import ShardSpec, parse_shard
-from reconciler.admin import AdminEndpointCache, AdminSecretInvalid, AdminSessions
+from reconciler.admin import AdminEndpointCache, AdminRefused, AdminSessions
 from reconciler.database.report import Reporter, Waiting
 from reconciler.database.state import Database
 from reconciler.runtime import ReconcileError
@@ -113,8 +113,8 @@ class ShardSql:
             raise self.report.failure(database, phase, reason, f"shard {name} has an invalid spec; retrying")
         try:
             endpoint = self.admin_endpoints.get(name, spec)
-        except (AdminSecretInvalid, ApiException) as exc:
-            detail = str(exc) if isinstance(exc, AdminSecretInvalid) else f"HTTP {exc.status}"
+        except (AdminRefused, ApiException) as exc:
+            detail = str(exc) if isinstance(exc, AdminRefused) else f"HTTP {exc.status}"
             raise self.report.failure(
                 database, phase, reason, f"no usable admin connection to shard {name}: {detail}"
             ) from None

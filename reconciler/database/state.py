@@ -11,9 +11,9 @@ the status write that records the change succeeded (`after_write`, sent by `Data
 a write that fails (409: another writer came first) drops them, and the next pass, which sees the
 old status again, decides them anew, so one change becomes one Event, not one per attempt.
 
-Status keys the model does not know are dropped by the parse: that is safe because the Database
-status has one writer (this controller) and the CRD's status schema is generated from the same
-model, so the apiserver prunes any other key anyway.
+Status keys the model does not know (written by a newer release, whose CRD has them) are kept as they
+are: the dump puts them back, so the merge patch never removes them. A release that dropped them
+(0.1.0 did) would remove a newer release's fields on every write (docs/upgrade.md, mixed versions).
 """
 
 from __future__ import annotations
@@ -23,15 +23,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from domain.conditions import Condition, condition_is_true, find_condition, with_condition, without_condition
 from domain.specs import DatabaseSpec
-from domain.status import (
-    Condition,
-    DatabaseStatus,
-    condition_is_true,
-    find_condition,
-    with_condition,
-    without_condition,
-)
+from domain.status import DatabaseStatus
 
 
 def _now() -> datetime:
@@ -71,7 +65,8 @@ class Database:
 
     @property
     def meta(self) -> dict[str, Any]:
-        return self.db["metadata"]
+        meta: dict[str, Any] = self.db["metadata"]
+        return meta
 
     @property
     def name(self) -> str:
@@ -144,14 +139,21 @@ class Database:
         return changed
 
     def status_body(self) -> dict[str, Any]:
-        """The status as the apiserver stores it: camelCase, only stored or set keys, stored time format."""
-        return self.status.model_dump(by_alias=True, exclude_none=True, exclude_unset=True, mode="json")
+        """The status as the apiserver stores it: camelCase, only stored or set keys, stored time format,
+        and every stored key the model does not know, unchanged."""
+        stored = self.db.get("status") or {}
+        unknown = {key: value for key, value in stored.items() if key not in _STATUS_KEYS}
+        return {**unknown, **self.status.model_dump(by_alias=True, exclude_none=True, exclude_unset=True, mode="json")}
 
     def describe(self) -> str:
         """consumer, externalId and shard: what events and logs say about a database."""
         return (
             f"consumer={self.spec.consumer} externalId={self.spec.external_id} shard={self.status.shard or 'unplaced'}"
         )
+
+
+# The camelCase keys DatabaseStatus reads and writes; any other stored key belongs to a newer release.
+_STATUS_KEYS = frozenset(field.alias or name for name, field in DatabaseStatus.model_fields.items())
 
 
 def _parse_status(db: dict[str, Any]) -> DatabaseStatus:

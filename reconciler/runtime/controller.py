@@ -222,7 +222,7 @@ class Controller:
         """
         mapper = keys or _own_key
 
-        def handler(event_type: str, old: dict | None, new: dict | None) -> None:
+        def handler(event_type: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
             if not self._running:
                 return
             for obj in (old, new):
@@ -333,7 +333,7 @@ class Controller:
             result = self.reconcile(key)
             if result is not None and not isinstance(result, Result):
                 raise TypeError(f"reconcile returned {type(result).__name__}, expected Result or None")
-        except Exception as exc:  # noqa: BLE001 - every failure is requeued or counted
+        except Exception as exc:  # every failure is requeued or counted
             if _in_chain(exc, lambda e: isinstance(e, ControllerStopping)):
                 if self._running and not self._stopping.is_set():
                     # Only the guard said no (leadership blipped): the key must not be lost.

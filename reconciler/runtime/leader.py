@@ -19,12 +19,23 @@ running after the lease is lost. Here:
 - Another replica takes a lease only after it has seen no change of it for leaseDurationSeconds
   (measured on its own clock, as client-go does, so clock skew does not matter); with
   lease_duration > renew_deadline the old leader has stopped before anyone else can start.
-- `stop()` stops leading (callbacks) and then releases the lease (empty holder), so another
-  replica takes over on its next retry instead of after the lease duration.
+- `stop()` stops leading (callbacks) and then releases the lease, so another replica takes over on
+  its next retry instead of after the lease duration.
+
+Releases side by side (a rolling update, a rollback): the leader marks the Lease with its release
+and its real lease duration (annotation `db.bnerd.com/leader`, `LeaderMark`) and writes the much
+longer `older_release_wait` into spec.leaseDurationSeconds, the only field an older release reads.
+So an older replica never takes the Lease from a newer one that is alive, nor after it crashed,
+until `older_release_wait` passed without a renewal; a release by `stop()` is taken at once only by
+replicas of the same or a newer release. Replicas of one release wait the real duration, as always.
+Why: an older leader after a newer one would rewrite what the newer one wrote (status it does not
+know, conditions it judges otherwise), and leadership alternating during a rollout would repeat
+that each time. A leader of an older release (unmarked Lease) is waited for by its own duration.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -33,15 +44,17 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
+from domain.constants import ANNOTATION_LEADER
 from domain.settings import SETTINGS, LeaseTimings
 from domain.timefmt import format_micro_time
+from domain.version import __version__, parse_version
 from informers import LEASES, Rest
 
 log = logging.getLogger(__name__)
@@ -54,6 +67,53 @@ def default_identity() -> str:
 
 def _micro_time() -> str:
     return format_micro_time(datetime.now(UTC))
+
+
+@dataclass(frozen=True)
+class LeaderMark:
+    """What a leader of this release writes on the Lease beside its spec: who, which release, the
+    lease duration it renews within, and whether it released the Lease on shutdown."""
+
+    holder: str
+    release: tuple[int, int, int]
+    duration: int
+    released: bool = False
+
+    def annotation(self) -> str:
+        return json.dumps(
+            {
+                "holder": self.holder,
+                "release": ".".join(str(part) for part in self.release),
+                "leaseDurationSeconds": self.duration,
+                "released": self.released,
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def of(cls, lease: dict[str, Any]) -> LeaderMark | None:
+        """The mark on `lease`; None when there is none or it is malformed (then spec alone counts)."""
+        value = ((lease.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_LEADER)
+        try:
+            data: Any = json.loads(value) if isinstance(value, str) else None
+            if not isinstance(data, dict):
+                return None
+            holder, duration, released = data["holder"], data["leaseDurationSeconds"], data["released"]
+            if not isinstance(holder, str) or type(duration) is not int or duration < 1 or type(released) is not bool:
+                return None
+            return cls(holder, parse_version(data["release"]), duration, released)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return None
+
+
+def lease_holder(lease: dict[str, Any]) -> str | None:
+    """Who leads according to `lease`: its holderIdentity, or None when empty or released by its
+    holder (a released Lease keeps the holder's name for older releases' sake, see above)."""
+    holder = (lease.get("spec") or {}).get("holderIdentity") or None
+    mark = LeaderMark.of(lease)
+    if holder is not None and mark is not None and mark.holder == holder and mark.released:
+        return None
+    return holder
 
 
 class LeaderElector:
@@ -70,11 +130,18 @@ class LeaderElector:
         on_started_leading: Callable[[], None] | None = None,
         on_stopped_leading: Callable[[], None] | None = None,
         on_resumed_leading: Callable[[], None] | None = None,
+        older_release_wait: float = SETTINGS.lease.older_release_wait,
+        release: str = __version__,
     ) -> None:
         # The other timings (jitter, request bounds) are SETTINGS'; LeaseTimings checks the three.
         self.timings: LeaseTimings = replace(
-            SETTINGS.lease, duration=lease_duration, renew_deadline=renew_deadline, retry_period=retry_period
+            SETTINGS.lease,
+            duration=lease_duration,
+            renew_deadline=renew_deadline,
+            retry_period=retry_period,
+            older_release_wait=older_release_wait,
         )
+        self.release = parse_version(release)
         shared = api_client if isinstance(api_client, Rest) else Rest(api_client)
         self.rest = shared.without_retries()  # closed when the elector stops
         self.namespace = namespace
@@ -97,6 +164,7 @@ class LeaderElector:
         self._leading = False
         self._last_renew = 0.0  # monotonic time of our last successful write
         self._observed_spec: dict[str, Any] | None = None
+        self._observed_mark: LeaderMark | None = None
         self._observed_time = 0.0
         self._lease: dict[str, Any] | None = None  # last lease object read or written by us
         self._became_leader = threading.Event()
@@ -172,7 +240,7 @@ class LeaderElector:
         try:
             assert self.on_started_leading is not None
             self.on_started_leading()
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("%r: on_started_leading failed", self)
 
     def _renew_until_lost(self) -> None:
@@ -200,7 +268,7 @@ class LeaderElector:
         if self.on_resumed_leading is not None:
             try:
                 self.on_resumed_leading()
-            except Exception:  # noqa: BLE001 - the lease is ours either way
+            except Exception:  # the lease is ours either way
                 log.exception("%r: on_resumed_leading failed", self)
 
     def _stop_leading(self) -> None:
@@ -210,7 +278,7 @@ class LeaderElector:
         if self.on_stopped_leading is not None:
             try:
                 self.on_stopped_leading()
-            except Exception:  # noqa: BLE001 - must not keep us "leading"
+            except Exception:  # must not keep us "leading"
                 log.exception("%r: on_stopped_leading failed", self)
 
     def _holder(self) -> str | None:
@@ -222,8 +290,16 @@ class LeaderElector:
         holder = spec.get("holderIdentity")
         if not holder or holder == self.identity:
             return False
-        duration = spec.get("leaseDurationSeconds") or self.lease_duration
-        return time.monotonic() < self._observed_time + duration
+        return time.monotonic() < self._observed_time + self._holder_duration(holder, spec)
+
+    def _holder_duration(self, holder: str, spec: dict[str, Any]) -> float:
+        """How long after its last observed change the lease of `holder` counts as held."""
+        mark = self._observed_mark
+        if mark is None or mark.holder != holder:  # a leader of an older release: its own duration
+            return spec.get("leaseDurationSeconds") or self.lease_duration
+        if mark.release > self.release:  # a newer release's: what older releases are told to wait
+            return spec.get("leaseDurationSeconds") or self.timings.older_release_wait
+        return 0.0 if mark.released else mark.duration
 
     def _lease_taken_by_other(self) -> bool:
         holder = self._holder()
@@ -238,11 +314,19 @@ class LeaderElector:
 
     def _observe(self, lease: dict[str, Any]) -> dict[str, Any]:
         spec = lease.get("spec") or {}
-        if spec != self._observed_spec:
+        mark = LeaderMark.of(lease)
+        if spec != self._observed_spec or mark != self._observed_mark:
             self._observed_spec = spec
+            self._observed_mark = mark
             self._observed_time = time.monotonic()
         self._lease = lease
         return spec
+
+    def _marked(self, metadata: dict[str, Any], *, released: bool = False) -> dict[str, Any]:
+        """`metadata` with this replica's LeaderMark (other annotations kept)."""
+        mark = LeaderMark(self.identity, self.release, self._lease_seconds(), released)
+        annotations = {**(metadata.get("annotations") or {}), ANNOTATION_LEADER: mark.annotation()}
+        return {**metadata, "annotations": annotations}
 
     def _try_acquire_or_renew(self, deadline: float | None) -> bool:
         # Our lead is counted from BEFORE the request: the write may commit at any point until the
@@ -266,17 +350,26 @@ class LeaderElector:
         if self._held_by_other():
             return False  # held by another replica and not expired
         new_spec = dict(spec)
-        new_spec.update(holderIdentity=self.identity, leaseDurationSeconds=self._lease_seconds(), renewTime=now)
-        if holder != self.identity:
+        new_spec.update(holderIdentity=self.identity, leaseDurationSeconds=self._advertised_seconds(), renewTime=now)
+        if holder != self.identity or self._released_by_self():
             new_spec["acquireTime"] = now
             new_spec["leaseTransitions"] = (spec.get("leaseTransitions") or 0) + 1
-        body = _lease_body(lease["metadata"], new_spec)
+        body = _lease_body(self._marked(lease["metadata"]), new_spec)
         timeout = self._timeout(deadline)
         replace_lease = lambda: self.rest.replace(LEASES, body, timeout=timeout)  # noqa: E731
         return self._write(replace_lease, deadline, started, "lost the race for the lease")
 
     def _lease_seconds(self) -> int:
         return max(1, round(self.lease_duration))
+
+    def _advertised_seconds(self) -> int:
+        """spec.leaseDurationSeconds: the wait of replicas of older releases (see the module docstring)."""
+        return max(self._lease_seconds(), round(self.timings.older_release_wait))
+
+    def _released_by_self(self) -> bool:
+        """The observed Lease is one this identity released (a restart under the same pod name)."""
+        mark = self._observed_mark
+        return mark is not None and mark.released and mark.holder == self.identity
 
     def _write(self, request: Callable[[], dict[str, Any]], deadline: float | None, started: float, race: str) -> bool:
         """Send a write of the Lease; on 409 another replica wrote first: re-read it, we do not lead."""
@@ -302,24 +395,28 @@ class LeaderElector:
     def _create(self, now: str, deadline: float | None, started: float) -> bool:
         spec = {
             "holderIdentity": self.identity,
-            "leaseDurationSeconds": self._lease_seconds(),
+            "leaseDurationSeconds": self._advertised_seconds(),
             "acquireTime": now,
             "renewTime": now,
             "leaseTransitions": 0,
         }
-        body = _lease_body({"name": self.name, "namespace": self.namespace}, spec)
+        body = _lease_body(self._marked({"name": self.name, "namespace": self.namespace}), spec)
         timeout = self._timeout(deadline)
         create_lease = lambda: self.rest.create(LEASES, body, self.namespace, timeout=timeout)  # noqa: E731
         return self._write(create_lease, deadline, started, "another replica created the lease first")
 
     def _release(self) -> None:
-        """Give the lease up (empty holder, 1 s duration) so another replica takes it at once."""
+        """Give the lease up, so a replica of this release or a newer one takes it at once.
+
+        The holder stays and the mark says `released`: an older release would take an empty holder
+        at once, and must not (see the module docstring); it waits `older_release_wait`.
+        """
         lease = self._lease
         if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
             return
         spec = dict(lease["spec"])
-        spec.update(holderIdentity=None, leaseDurationSeconds=1, renewTime=_micro_time())
-        body = _lease_body(lease["metadata"], spec)
+        spec.update(leaseDurationSeconds=self._advertised_seconds(), renewTime=_micro_time())
+        body = _lease_body(self._marked(lease["metadata"], released=True), spec)
         try:
             self.rest.replace(LEASES, body, timeout=self.timings.release_timeout)
             log.info("%r: released the lease", self)

@@ -187,5 +187,5 @@ class ControllerManager:
         for hook in hooks:
             try:
                 hook()
-            except Exception:  # noqa: BLE001 - a failing hook must not keep the others from running
+            except Exception:  # a failing hook must not keep the others from running
                 log.exception("stop hook %r failed", hook)

@@ -66,7 +66,7 @@ class MetricsServer:
         self._thread.join(timeout)
 
 
-def start_metrics_server(port: int, registry: CollectorRegistry, addr: str = "0.0.0.0") -> MetricsServer:
+def start_metrics_server(port: int, registry: CollectorRegistry, addr: str = "0.0.0.0") -> MetricsServer:  # noqa: S104 - the Service routes to it
     """Serve `registry` on http://addr:port/metrics from a daemon thread (port 0 = a free port)."""
     server, thread = start_http_server(port, addr=addr, registry=registry)
     return MetricsServer(server, thread)

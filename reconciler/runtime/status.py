@@ -18,32 +18,23 @@ import copy
 from datetime import UTC, datetime
 from typing import Any
 
-from domain.conditions import get_condition
-from domain.timefmt import format_time
+from domain.conditions import Condition, with_condition
+from domain.constants import ConditionStatus
+from domain.timefmt import format_time, parse_time
 from informers import Resource, Rest
 from reconciler.runtime.controller import ensure_active
-
-TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
 
 
 def now_rfc3339() -> str:
     return format_time(datetime.now(UTC))
 
 
-# -- conditions ------------------------------------------------------------------------------------
-
-
-def _status_string(status: str | bool) -> str:
-    if isinstance(status, bool):
-        return TRUE if status else FALSE
-    if status not in (TRUE, FALSE, UNKNOWN):
-        raise ValueError(f"condition status must be True, False or Unknown, not {status!r}")
-    return status
+# -- conditions (deprecated dict form) ------------------------------------------------------------
 
 
 def set_condition(
     conditions: list[dict[str, Any]],
-    type: str,  # noqa: A002 - the Kubernetes field name
+    type: str,  # the Kubernetes field name
     status: str | bool,
     reason: str,
     message: str,
@@ -51,48 +42,37 @@ def set_condition(
     *,
     now: str | None = None,
 ) -> bool:
-    """Set condition `type` in the list `conditions` (in place); True if anything changed.
-
-    `lastTransitionTime` changes only when the status changes (or the condition is new);
-    reason, message and observedGeneration are updated without touching it. Mutates the list:
-    pass a copy of the cached object's conditions, never the cached list itself.
+    """Deprecated: domain.conditions.with_condition on a list of condition dicts (changed in place); True if
+    anything changed. Kept for the Shard controller, which builds its status as a dict until it moves to
+    ShardStatus; new code changes typed conditions. Pass a copy of the cached list, never the list itself.
     """
-    status = _status_string(status)
-    current = get_condition(conditions, type)
-    if current is None:
-        condition: dict[str, Any] = {
-            "type": type,
-            "status": status,
-            "reason": reason,
-            "message": message,
-            "lastTransitionTime": now or now_rfc3339(),
-        }
-        if observed_generation is not None:
-            condition["observedGeneration"] = observed_generation
-        conditions.append(condition)
-        return True
-    changed = False
-    if current.get("status") != status:
-        current["status"] = status
-        current["lastTransitionTime"] = now or now_rfc3339()
-        changed = True
-    for field, value in (("reason", reason), ("message", message)):
-        if current.get(field) != value:
-            current[field] = value
-            changed = True
-    if observed_generation is not None and current.get("observedGeneration") != observed_generation:
-        current["observedGeneration"] = observed_generation
-        changed = True
+    index = next((i for i, c in enumerate(conditions) if c.get("type") == type), None)
+    current = () if index is None else (Condition.model_validate(conditions[index]),)
+    moment = parse_time(now) if now is not None else datetime.now(UTC)
+    if moment is None:
+        raise ValueError(f"now must be an RFC 3339 time, not {now!r}")
+    updated, changed = with_condition(
+        current, type, _condition_status(status), reason, message, observed_generation, now=moment
+    )
+    if changed:
+        written = updated[0].model_dump(by_alias=True, exclude_none=True, mode="json")
+        if index is None:
+            conditions.append(written)
+        else:
+            conditions[index] = written
     return changed
 
 
-def remove_condition(conditions: list[dict[str, Any]], type: str) -> bool:  # noqa: A002
-    """Remove condition `type` (in place); True if it was there."""
-    for i, condition in enumerate(conditions):
-        if condition.get("type") == type:
-            del conditions[i]
-            return True
-    return False
+def remove_condition(conditions: list[dict[str, Any]], type: str) -> bool:
+    """Deprecated (dict form of domain.conditions.without_condition): remove `type` in place; True if it was there."""
+    index = next((i for i, c in enumerate(conditions) if c.get("type") == type), None)
+    if index is not None:
+        del conditions[index]
+    return index is not None
+
+
+def _condition_status(status: str | bool) -> bool | ConditionStatus:
+    return status if isinstance(status, bool) else ConditionStatus(status)  # ValueError for anything else
 
 
 # -- merge patches ---------------------------------------------------------------------------------

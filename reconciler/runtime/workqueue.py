@@ -114,7 +114,7 @@ class WorkQueue:
             return DEFAULT_LANE
         try:
             return self.lanes.of(key)
-        except Exception:  # noqa: BLE001 - a broken lane function must not lose the key
+        except Exception:
             log.exception("work queue: no lane for %s; using the default lane", key)
             return DEFAULT_LANE
 

@@ -208,6 +208,11 @@ def _classify_connection_message(message: str) -> str:
 
 def _connect_detail(error_class: str, message: str) -> str | None:
     """Our own explanation of a refused connection where the class alone would puzzle an operator."""
+    if error_class == INSECURE_AUTH_REFUSED and "channel binding check failed" in message.lower():
+        return (
+            "the server refused the login's channel binding: something between the provider and the shard "
+            "terminates TLS; no password was sent"
+        )
     if error_class == INSECURE_AUTH_REFUSED:
         return "the server did not offer SCRAM authentication (with channel binding under TLS); no password was sent"
     if error_class == TLS_FAILED and "sslrootcert=system" in message.lower():

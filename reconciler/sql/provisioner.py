@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import psycopg
 
+from domain.connection_budget import ServerSlots
 from reconciler.sql.session import OPERATION_TIMEOUT, Admin, run_operation
 
 SET_OPTION_MAJOR = 16  # GRANT ... WITH SET/INHERIT, and CREATEROLE limited to own roles
@@ -58,6 +59,8 @@ SELECT current_setting('server_version_num')::int, rolname, rolsuper, rolcreated
 def read_provisioner(conn: psycopg.Connection) -> ProvisionerInfo:
     """The catalog read itself, on a plain connection and without a bound (used inside operations)."""
     row = conn.execute(_INSPECT).fetchone()
+    if row is None:  # the session's own role always exists
+        raise RuntimeError("the provisioner query returned no row")
     return ProvisionerInfo(*row)
 
 
@@ -95,3 +98,20 @@ WEAK_CREATEROLE_MESSAGE = (
     "not only the tenant roles it created; the provider never does so, but the shard does not "
     "enforce it"
 )
+
+
+# The server's connection slots; reserved_connections exists from 16 on (missing_ok gives NULL before).
+# `dbprovider upgrade check` reads them so; the Shard controller's probe in its one statement.
+_SLOTS = """
+SELECT current_setting('max_connections')::int,
+       current_setting('superuser_reserved_connections')::int,
+       coalesce(current_setting('reserved_connections', true)::int, 0)
+"""
+
+
+def server_slots(conn: psycopg.Connection) -> ServerSlots:
+    """The connection slots the server allows, on an open session."""
+    row = conn.execute(_SLOTS).fetchone()
+    if row is None:
+        raise RuntimeError("the settings query returned no row")
+    return ServerSlots(*row)

@@ -3,7 +3,9 @@
 `connect_admin` opens one autocommit session with the provider's session settings (application
 name, `search_path=pg_catalog`, `statement_timeout`, `lock_timeout`). The password goes only to a
 server that proves SCRAM (`require_auth=scram-sha-256`: libpq refuses a cleartext or md5 request
-instead of answering it), bound to the TLS channel when TLS is on (`channel_binding=require`).
+instead of answering it), over TLS and bound to the TLS channel (`channel_binding=require`); an
+`AdminEndpoint` in a mode that may go without TLS exists only when the install allows it for that
+shard (`cleartext_allowed`, reconciler.admin).
 `AdminSession` keeps such a session for one worker and reopens it after a connection loss.
 `run_operation` runs one operation: bounded by a deadline that cuts the session's socket if the
 shard stops answering (a stopped or partitioned server never enforces its own statement_timeout),
@@ -70,11 +72,11 @@ def _fenced_cursor(fence: Fence) -> type[psycopg.Cursor]:
     """A cursor class that calls `fence()` before it sends anything (installed as cursor_factory)."""
 
     class FencedCursor(psycopg.Cursor):
-        def execute(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        def execute(self, *args: Any, **kwargs: Any) -> Any:
             fence()
             return super().execute(*args, **kwargs)
 
-        def executemany(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        def executemany(self, *args: Any, **kwargs: Any) -> None:
             fence()
             return super().executemany(*args, **kwargs)
 
@@ -92,10 +94,15 @@ class AdminEndpoint:
     sslmode: str = SslMode.REQUIRE.value
     dbname: str = ADMIN_DATABASE
     sslrootcert: str | None = None  # a CA file, "system", or None (libpq's default)
+    # An sslmode that may go without TLS (disable, allow, prefer) only when the install allows it for
+    # this shard (shardTLS.cleartextShards): without TLS nothing binds the login to the server.
+    cleartext_allowed: bool = False
 
     def __post_init__(self) -> None:
         if self.sslmode not in {mode.value for mode in SslMode}:
             raise ValueError(f"unknown sslmode {self.sslmode!r}")
+        if not SslMode(self.sslmode).always_tls and not self.cleartext_allowed:
+            raise ValueError(f"sslmode {self.sslmode} may go without TLS: only with cleartext_allowed")
         if not 0 < int(self.port) < 65536:
             raise ValueError("port must be between 1 and 65535")
 
@@ -120,7 +127,7 @@ def keepalive_options() -> dict[str, int]:
     }
 
 
-def connect_params(endpoint: AdminEndpoint, application_name: str, connect_timeout: float) -> dict[str, object]:
+def connect_params(endpoint: AdminEndpoint, application_name: str, connect_timeout: float) -> dict[str, Any]:
     """The libpq parameters of a new autocommit session to `endpoint`: SCRAM only, keepalives, the
     CA for verify-ca/-full, at least libpq's 2 s to connect."""
     tls = {"sslrootcert": endpoint.sslrootcert} if endpoint.sslrootcert is not None else {}
@@ -152,7 +159,11 @@ def connect_admin(
 
     Never log a raw connection error of psycopg: its `pgconn` attribute carries the password.
     """
-    binding = {"channel_binding": "require"} if endpoint.sslmode != SslMode.DISABLE else {}
+    # SCRAM bound to the TLS channel: a relay (even one terminating TLS) cannot use the login. In the
+    # modes that may go without TLS (allowed per shard) binding is used whenever TLS is there.
+    binding: dict[str, Any] = {"channel_binding": "require" if SslMode(endpoint.sslmode).always_tls else "prefer"}
+    if endpoint.sslmode == SslMode.DISABLE:
+        binding["channel_binding"] = "disable"
     try:
         return psycopg.connect(
             **connect_params(endpoint, application_name, connect_timeout),
@@ -263,7 +274,8 @@ class _Watchdog:
         on_slow: Callable[[], None] | None = None,
         suspect_after: float = SUSPECT_AFTER,
     ) -> None:
-        self._conn = conn
+        self._conns = [conn]
+        self.deadline = deadline
         self._lock = threading.Lock()
         self._done = False
         self.fired = False
@@ -276,16 +288,26 @@ class _Watchdog:
 
     def __enter__(self) -> _Watchdog:
         self._timer.start()
+        _running.watchdog = self
         if self._suspicion is not None:
             self._suspicion.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        _running.watchdog = None
         self._timer.cancel()
         if self._suspicion is not None:
             self._suspicion.cancel()
         with self._lock:
             self._done = True
+
+    def also(self, conn: psycopg.Connection) -> None:
+        """Cut this session too at the deadline (a second session of the same operation)."""
+        with self._lock:
+            self._conns.append(conn)
+            fired = self.fired
+        if fired:
+            _sever(conn)
 
     def _suspect(self, on_slow: Callable[[], None]) -> None:
         with self._lock:
@@ -301,7 +323,43 @@ class _Watchdog:
             if self._done:
                 return
             self.fired = True
-            _sever(self._conn)
+            conns = list(self._conns)
+        for conn in conns:
+            _sever(conn)
+
+
+# The watchdog of the operation running on this thread (set while its body runs).
+_running = threading.local()
+
+
+def connect_database(conn: psycopg.Connection, dbname: str) -> psycopg.Connection:
+    """A second session like `conn` (same server, role, TLS and session settings) in database `dbname`.
+
+    For the few statements that must run inside another database (PostgreSQL keeps most of a
+    database's catalog to itself). Inside `run_operation` it is bounded by the operation's deadline
+    like `conn` (cut by the same watchdog) and fenced like it; the caller closes it. Raises psycopg
+    errors (see `errors.classify`); never log them raw (their `pgconn` carries the password).
+    """
+    params: dict[str, Any] = {key: value for key, value in conn.info.get_parameters().items() if key != "dbname"}
+    watchdog: _Watchdog | None = getattr(_running, "watchdog", None)
+    timeout = float(params.pop("connect_timeout", CONNECT_TIMEOUT))
+    if watchdog is not None:
+        timeout = min(timeout, watchdog.deadline - time.monotonic())
+    try:
+        other = psycopg.connect(
+            **params,
+            password=conn.info.password,
+            dbname=dbname,
+            connect_timeout=max(2, math.ceil(timeout)),
+            autocommit=True,
+        )
+    except psycopg.Error as exc:
+        release_exception(exc)
+        raise
+    other.cursor_factory = conn.cursor_factory
+    if watchdog is not None:
+        watchdog.also(other)
+    return other
 
 
 def _sever(conn: psycopg.Connection) -> None:

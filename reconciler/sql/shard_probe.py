@@ -1,12 +1,14 @@
-"""The Shard controller's probe of a shard on a fresh admin session: who am I, can I write, how far away.
+"""The Shard controller's probe of a shard on a fresh admin session: who am I, can I write, how far
+away, how many connections the server allows.
 
 One operation ("check") of one statement: the provisioner's role and the server version (what
-provisioner.read_provisioner reads), whether the server can write, and the round trip of that
-statement, which the controller uses to size its next timeouts (one round trip matters on a slow
-link). A server that cannot write is not a shard placements can use, however well it answers: a
-standby (`pg_is_in_recovery()`, e.g. the admin Service points at a replica after a failover) or a
-server whose new sessions are read-only (`default_transaction_read_only`, e.g. set by an operator
-or by a disk-space guard).
+provisioner.read_provisioner reads), whether the server can write, its connection slots (the input
+of the shard's connection budget, reconciler.shard_budget), and the round trip of that statement,
+which the controller uses to size its next timeouts (one round trip matters on a slow link). A
+server that cannot write is not a shard placements can use, however well it answers: a standby
+(`pg_is_in_recovery()`, e.g. the admin Service points at a replica after a failover) or a server
+whose new sessions are read-only (`default_transaction_read_only`, e.g. set by an operator or by a
+disk-space guard).
 
 A full disk does not show in any setting: a write fails with `disk_full` (53100). `probe_write` is
 such a write, small and side-effect free (about 256 kB into a temporary table that is dropped with
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 
 import psycopg
 
+from domain.connection_budget import ServerSlots
 from reconciler.sql.provisioner import ProvisionerInfo
 from reconciler.sql.session import OPERATION_TIMEOUT, Admin, run_operation
 
@@ -29,11 +32,15 @@ SELECT current_setting('server_version_num')::int, rolname, rolsuper, rolcreated
        rolinherit, rolcanlogin,
        pg_catalog.pg_is_in_recovery(),
        pg_catalog.current_setting('default_transaction_read_only')::bool,
-       pg_catalog.current_setting('transaction_read_only')::bool
+       pg_catalog.current_setting('transaction_read_only')::bool,
+       current_setting('max_connections')::int,
+       current_setting('superuser_reserved_connections')::int,
+       coalesce(current_setting('reserved_connections', true)::int, 0)
   FROM pg_catalog.pg_roles
  WHERE rolname = current_user
 """
 _PROVISIONER_COLUMNS = 7
+_WRITABILITY_COLUMNS = 3  # then the server's slots; reserved_connections exists from 16 on (NULL before)
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,7 @@ class Writability:
 class ShardProbe:
     info: ProvisionerInfo
     writability: Writability
+    slots: ServerSlots
     round_trip: float  # seconds of one statement on the open session
 
 
@@ -65,8 +73,12 @@ def read_probe(conn: psycopg.Connection) -> ShardProbe:
     started = time.monotonic()
     row = conn.execute(_PROBE).fetchone()
     round_trip = time.monotonic() - started
+    if row is None:
+        raise RuntimeError("the provisioner's own role is not in pg_roles")
     info = ProvisionerInfo(*row[:_PROVISIONER_COLUMNS])
-    return ShardProbe(info, Writability(*row[_PROVISIONER_COLUMNS:]), round_trip)
+    slots_at = _PROVISIONER_COLUMNS + _WRITABILITY_COLUMNS
+    writability = Writability(*row[_PROVISIONER_COLUMNS:slots_at])
+    return ShardProbe(info, writability, ServerSlots(*row[slots_at:]), round_trip)
 
 
 def probe_shard(admin: Admin, *, timeout: float = OPERATION_TIMEOUT) -> ShardProbe:

@@ -32,14 +32,15 @@ are ended, and is tried again (ending sessions again) when it meets `lock_timeou
 from __future__ import annotations
 
 import base64
+import enum
 import hashlib
 import hmac
 import json
 import os
 import re
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 from psycopg import errors as pgerrors
@@ -49,12 +50,15 @@ from domain.naming import PG_IDENTIFIER_MAX_BYTES, PG_IDENTIFIER_RE
 from domain.settings import SETTINGS
 from reconciler.sql import errors
 from reconciler.sql.errors import SqlFailure
+from reconciler.sql.foreign_grants import drop_role
 from reconciler.sql.provisioner import SET_OPTION_MAJOR
+from reconciler.sql.roles import as_role as _as_role
+from reconciler.sql.roles import end_sessions as _end_sessions
+from reconciler.sql.roles import has_sessions as _has_sessions
 from reconciler.sql.session import OPERATION_TIMEOUT, Admin, run_operation
 
 SCRAM_ITERATIONS = 4096  # PostgreSQL's default scram_iterations
 SCRAM_SALT_BYTES = 16
-TERMINATE_WAIT_MS = 5000  # pg_terminate_backend(pid, timeout) waits for the backend to exit (14+)
 # Disable and drop: attempts of the whole close sequence when a tenant session blocks it (each
 # ends the tenant's sessions first); each attempt waits at most the session's lock_timeout.
 SESSION_RETRIES = SETTINGS.sql.blocked_attempts
@@ -69,6 +73,7 @@ OP_ENABLE = "enable"
 OP_DROP = "drop"
 OP_INSPECT = "inspect"
 OP_RESTORE = "restore"
+OP_OWNERSHIP = "ownership"
 
 
 # -- desired and observed state ----------------------------------------------------------------
@@ -265,17 +270,6 @@ def _ident(name: str) -> sql.Identifier:
     return sql.Identifier(name)
 
 
-@contextmanager
-def _as_role(conn: psycopg.Connection, name: str) -> Iterator[None]:
-    """Run owner-only statements as the tenant role (needs SET on it), then return to ourselves."""
-    conn.execute(sql.SQL("SET ROLE {}").format(_ident(name)))
-    try:
-        yield
-    finally:
-        if not conn.broken and not conn.closed:
-            conn.execute("RESET ROLE")
-
-
 def _check_owner(state: TenantState) -> None:
     if state.database_exists and not state.owned_by_role:
         raise _refuse(errors.NAME_TAKEN, "a database of this name exists and is not owned by the tenant role")
@@ -292,8 +286,8 @@ def _ensure_membership(conn: psycopg.Connection, name: str, role_oid: int) -> No
                               AND m.set_option)
             """,
             {"role": role_oid},
-        ).fetchone()
-        if not row[0]:
+        )
+        if not _only_row(row)[0]:
             conn.execute(
                 sql.SQL("GRANT {} TO CURRENT_USER WITH SET TRUE, INHERIT FALSE").format(_ident(name))
             )
@@ -306,8 +300,8 @@ def _ensure_membership(conn: psycopg.Connection, name: str, role_oid: int) -> No
                    (SELECT rolinherit FROM pg_catalog.pg_roles WHERE rolname = current_user)
             """,
             {"role": role_oid},
-        ).fetchone()
-        member, inherit = row
+        )
+        member, inherit = _only_row(row)
         if inherit:
             raise _refuse(
                 errors.INVALID_PROVISIONER,
@@ -317,8 +311,8 @@ def _ensure_membership(conn: psycopg.Connection, name: str, role_oid: int) -> No
         if not member:
             conn.execute(sql.SQL("GRANT {} TO CURRENT_USER").format(_ident(name)))
     # Whatever the dialect or the server's createrole_self_grant: never hold the tenant's privileges.
-    row = conn.execute("SELECT pg_catalog.pg_has_role(current_user, %(role)s::oid, 'USAGE')", {"role": role_oid})
-    if row.fetchone()[0]:
+    has_role = conn.execute("SELECT pg_catalog.pg_has_role(current_user, %(role)s::oid, 'USAGE')", {"role": role_oid})
+    if _only_row(has_role)[0]:
         raise _refuse(
             errors.INVALID_PROVISIONER,
             "the provisioner role inherits the tenant role's privileges (check NOINHERIT and "
@@ -339,28 +333,12 @@ def _open(conn: psycopg.Connection, name: str, state: TenantState) -> None:
             conn.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS true").format(_ident(name)))
 
 
-def _terminate_sessions(conn: psycopg.Connection, role_oid: int) -> None:
-    """End every session of the tenant role. Must run under SET ROLE tenant.
-
-    Signalling another backend needs the privileges of its role (or pg_signal_backend). The
-    provisioner does not inherit the tenant's privileges, so it cannot do this as itself on 15, 16
-    or 18; as the tenant (SET ROLE) it can, and only for the tenant's own sessions.
-    """
-    # pg_terminate_backend(pid, timeout) (14+) waits until the backend has gone.
-    if conn.info.server_version >= 140000:
-        conn.execute(_TERMINATE_AND_WAIT, {"role": role_oid, "wait": TERMINATE_WAIT_MS}).fetchall()
-    else:
-        conn.execute(_TERMINATE, {"role": role_oid}).fetchall()
-
-
-_TERMINATE_AND_WAIT = """
-SELECT pg_catalog.pg_terminate_backend(pid, %(wait)s::bigint) FROM pg_catalog.pg_stat_activity
- WHERE usesysid = %(role)s AND pid <> pg_catalog.pg_backend_pid()
-"""
-_TERMINATE = """
-SELECT pg_catalog.pg_terminate_backend(pid) FROM pg_catalog.pg_stat_activity
- WHERE usesysid = %(role)s AND pid <> pg_catalog.pg_backend_pid()
-"""
+def _only_row(cursor: psycopg.Cursor[tuple[Any, ...]]) -> tuple[Any, ...]:
+    """The row of a query that always returns exactly one (SELECT EXISTS ..., a function call)."""
+    row = cursor.fetchone()
+    if row is None:
+        raise RuntimeError("the query returned no row")
+    return row
 
 
 def _one_statement(statement: sql.Composed) -> Callable[[psycopg.Connection], None]:
@@ -368,15 +346,6 @@ def _one_statement(statement: sql.Composed) -> Callable[[psycopg.Connection], No
         conn.execute(statement)
 
     return body
-
-
-def _has_sessions(conn: psycopg.Connection, role_oid: int) -> bool:
-    row = conn.execute(
-        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity"
-        " WHERE usesysid = %(role)s AND pid <> pg_catalog.pg_backend_pid())",
-        {"role": role_oid},
-    ).fetchone()
-    return bool(row[0])
 
 
 # -- provisioning steps (each: check the catalog, then at most its own statements) --------------
@@ -417,12 +386,35 @@ def _comment(conn: psycopg.Connection, name: str, owner: OwnerRecord) -> None:
 
 
 def _ensure_owner(conn: psycopg.Connection, spec: TenantSpec, state: TenantState) -> None:
-    """Write a missing ownership record (tenants made before records existed); refuse another owner's."""
+    """Provisioning found the role already there: it must be this Database's (its record), or one the
+    provisioner made without a record (a build before records existed, interrupted), which gets one.
+
+    Made by the provisioner is provable from PostgreSQL 16 on only (it holds ADMIN on what it
+    created); before 16 CREATEROLE may comment on any role, so a role without a record is refused
+    there: it may be somebody else's (docs/upgrade.md says how to check and record it by hand).
+    """
     if spec.owner is None or state.owner == spec.owner:
         return
     if state.owner is not None:
         raise _refuse(errors.NAME_TAKEN, "the tenant role carries another Database's ownership record")
+    problem = unrecorded_role_problem(conn, state)
+    if problem is not None:
+        raise _refuse(errors.NAME_TAKEN, problem)
     _comment(conn, spec.name, spec.owner)
+
+
+def unrecorded_role_problem(conn: psycopg.Connection, state: TenantState) -> str | None:
+    """Why provisioning must not take over the role of the tenant's name, which has no ownership
+    record (None: the provisioner provably made it, and it is a plain tenant role)."""
+    assert state.role_oid is not None
+    evidence = read_role_evidence(conn, state.role_oid)
+    if evidence.provisioner_admin is None:
+        return (
+            "a role of this name exists without an ownership record; before PostgreSQL 16 the provider cannot "
+            "tell who made it"
+        )
+    problems = role_problems(evidence)
+    return f"a role of this name exists that the provider did not make: {problems[0]}" if problems else None
 
 
 def ensure_membership(conn: psycopg.Connection, spec: TenantSpec) -> None:
@@ -514,13 +506,6 @@ def set_password(
     run_operation(admin, OP_ROTATE, body, timeout=timeout)
 
 
-def _end_sessions(conn: psycopg.Connection, name: str, role_oid: int) -> None:
-    """End every session of the tenant, as the tenant (the only way the provisioner may)."""
-    if _has_sessions(conn, role_oid):
-        with _as_role(conn, name):
-            _terminate_sessions(conn, role_oid)
-
-
 def _close(conn: psycopg.Connection, name: str, state: TenantState) -> None:
     """NOLOGIN, ALLOW_CONNECTIONS false, no session left. Needs SET on the role.
 
@@ -577,9 +562,11 @@ def _drop_steps(conn: psycopg.Connection, name: str, state: TenantState) -> None
             # Waits up to 5 s for the ended backends to exit, else object_in_use (tried again).
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(_ident(name)))
         # What the tenant made in the admin database (objects where PUBLIC may create, default
-        # privileges anyone may set) would otherwise make DROP ROLE fail with dependent_objects.
-        conn.execute(sql.SQL("DROP OWNED BY {}").format(_ident(name)))
-    conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(_ident(name)))
+        # privileges anyone may set, and what another tenant built on them) would otherwise make
+        # DROP ROLE fail with dependent_objects.
+        conn.execute(sql.SQL("DROP OWNED BY {} CASCADE").format(_ident(name)))
+    # What other tenants granted to the role, in their own databases too, goes first (issue 24).
+    drop_role(conn, name, state.role_oid)
 
 
 def disable_tenant(admin: Admin, name: str, *, timeout: float = OPERATION_TIMEOUT) -> None:
@@ -648,10 +635,7 @@ def claim_tenant(
 
     def body(conn: psycopg.Connection) -> None:
         with conn.transaction():
-            conn.execute(
-                "SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended(%(key)s, 0))",
-                {"key": f"dbprovider restore {name}"},
-            )
+            _lock_tenant(conn, name)
             state = read_state(conn, name)
             if not state.role_exists or not state.database_exists:
                 raise _restore_refused("there is no tenant role and database of this name on the shard")
@@ -672,6 +656,151 @@ def claim_tenant(
 
 def _restore_refused(detail: str) -> SqlFailure:
     return SqlFailure(OP_RESTORE, errors.RESTORE_REFUSED, detail=detail)
+
+
+# -- ownership of tenants made before ownership records existed --------------------------------
+
+
+@dataclass(frozen=True)
+class RoleEvidence:
+    """What the catalog tells about who made a role: the provider's tenant roles are plain LOGIN roles,
+    members of no role, owning no database but their own, and (from 16 on) administered by the
+    provisioner, which holds ADMIN on every role it created."""
+
+    attributes: tuple[str, ...]  # superuser, createdb, createrole, replication, bypassrls: the ones it has
+    member_of: int
+    other_databases: int
+    provisioner_admin: bool | None  # None before PostgreSQL 16 (no such proof there)
+
+
+_EVIDENCE = """
+SELECT r.rolsuper, r.rolcreatedb, r.rolcreaterole, r.rolreplication, r.rolbypassrls,
+       (SELECT count(*) FROM pg_catalog.pg_auth_members m WHERE m.member = r.oid),
+       (SELECT count(*) FROM pg_catalog.pg_database d WHERE d.datdba = r.oid AND d.datname <> r.rolname),
+       EXISTS (SELECT 1 FROM pg_catalog.pg_auth_members m
+                WHERE m.roleid = r.oid AND m.admin_option
+                  AND m.member = (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = current_user))
+  FROM pg_catalog.pg_roles r WHERE r.oid = %(role)s
+"""
+_ATTRIBUTES = ("superuser", "createdb", "createrole", "replication", "bypassrls")
+
+
+def read_role_evidence(conn: psycopg.Connection, role_oid: int) -> RoleEvidence:
+    row = conn.execute(_EVIDENCE, {"role": role_oid}).fetchone()
+    assert row is not None
+    attributes = tuple(name for name, has in zip(_ATTRIBUTES, row[:5], strict=True) if has)
+    admin = row[7] if conn.info.server_version >= SET_OPTION_MAJOR * 10000 else None
+    return RoleEvidence(attributes, row[5], row[6], admin)
+
+
+def role_problems(evidence: RoleEvidence) -> list[str]:
+    """Why a role does not look like one the provisioner made (empty: it does)."""
+    problems = []
+    if evidence.attributes:
+        problems.append(f"the role has {', '.join(evidence.attributes)}")
+    if evidence.member_of:
+        problems.append("the role is a member of other roles")
+    if evidence.other_databases:
+        problems.append("the role owns other databases")
+    if evidence.provisioner_admin is False:
+        problems.append("the provisioner does not hold ADMIN on the role, so it did not create it")
+    return problems
+
+
+class Ownership(enum.StrEnum):
+    """What a tenant's ownership record says about a Database that is Ready on it."""
+
+    RECORDED = "recorded"  # the record names this Database
+    ADOPTABLE = "adoptable"  # no record, and role and database are as the provider makes them
+    ADOPTED = "adopted"  # was adoptable; the record has just been written
+    FOREIGN = "foreign"  # no record, and something does not look like the provider's work
+    OTHER_OWNER = "other_owner"  # the record names another Database
+    MISSING = "missing"  # no role or no database of this name
+
+
+@dataclass(frozen=True)
+class OwnershipCheck:
+    """The verdict on one tenant, and why (`problems`, sentences of the provider's own)."""
+
+    verdict: Ownership
+    problems: tuple[str, ...] = ()
+
+
+def ownership_problems(state: TenantState, evidence: RoleEvidence, connection_limit: int | None) -> list[str]:
+    """Why a provisioned tenant without a record is not adoptable: its role and database must be
+    exactly as `ensure_tenant` leaves them, with the connection limit its Database recorded."""
+    problems = role_problems(evidence)
+    if not state.owned_by_role:
+        problems.append("the database of this name is not owned by the role")
+    if not (state.public_revoked and state.tenant_can_connect):
+        problems.append("the database's privileges are not the provider's (PUBLIC revoked, CONNECT for the role)")
+    if connection_limit is not None and state.connection_limit != connection_limit:
+        problems.append("the role's connection limit is not the one its Database recorded")
+    return problems
+
+
+def inspect_ownership(conn: psycopg.Connection, name: str, owner: OwnerRecord, connection_limit: int | None) -> (
+    OwnershipCheck
+):
+    """The verdict on tenant `name` for the Database `owner` (reads only; the upgrade check uses it too)."""
+    state = read_state(conn, name)
+    if state.owner == owner:
+        return OwnershipCheck(Ownership.RECORDED)
+    if state.owner is not None:
+        return OwnershipCheck(Ownership.OTHER_OWNER, ("the role's ownership record names another Database",))
+    if not state.role_exists or not state.database_exists or state.role_oid is None:
+        return OwnershipCheck(Ownership.MISSING, ("there is no role and database of this name",))
+    problems = ownership_problems(state, read_role_evidence(conn, state.role_oid), connection_limit)
+    return OwnershipCheck(Ownership.FOREIGN if problems else Ownership.ADOPTABLE, tuple(problems))
+
+
+def inspect_provisioning(conn: psycopg.Connection, name: str, owner: OwnerRecord) -> OwnershipCheck:
+    """The verdict on tenant `name` for a Database still to be provisioned (reads only): what
+    `ensure_tenant` will find. MISSING (nothing there yet) is the usual case."""
+    state = read_state(conn, name)
+    if not state.role_exists:
+        return OwnershipCheck(Ownership.MISSING)
+    if state.owner == owner:
+        return OwnershipCheck(Ownership.RECORDED)
+    if state.owner is not None:
+        return OwnershipCheck(Ownership.OTHER_OWNER, ("the role's ownership record names another Database",))
+    problem = unrecorded_role_problem(conn, state)
+    return OwnershipCheck(Ownership.ADOPTABLE) if problem is None else OwnershipCheck(Ownership.FOREIGN, (problem,))
+
+
+def confirm_ownership(
+    admin: Admin, name: str, owner: OwnerRecord, connection_limit: int | None, *, timeout: float = OPERATION_TIMEOUT
+) -> OwnershipCheck:
+    """Operation "ownership": the record of a provisioned tenant names `owner`, or is written now.
+
+    A tenant without a record (made before records existed) is adopted when it is adoptable
+    (`ownership_problems`); the record is then written under the lock `claim_tenant` takes, after
+    reading the catalog again. Anything else is only reported. One catalog read when the record is
+    there already.
+    """
+    validate_tenant_name(name)
+
+    def body(conn: psycopg.Connection) -> OwnershipCheck:
+        check = inspect_ownership(conn, name, owner, connection_limit)
+        if check.verdict != Ownership.ADOPTABLE:
+            return check
+        with conn.transaction():
+            _lock_tenant(conn, name)
+            check = inspect_ownership(conn, name, owner, connection_limit)
+            if check.verdict != Ownership.ADOPTABLE:
+                return check
+            _comment(conn, name, owner)
+        return OwnershipCheck(Ownership.ADOPTED)
+
+    return run_operation(admin, OP_OWNERSHIP, body, timeout=timeout)
+
+
+def _lock_tenant(conn: psycopg.Connection, name: str) -> None:
+    """Serialize the writers of a tenant's ownership record (restore, adoption) until the transaction ends."""
+    conn.execute(
+        "SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended(%(key)s, 0))",
+        {"key": f"dbprovider restore {name}"},
+    )
 
 
 def tenant_state(admin: Admin, name: str, *, timeout: float = OPERATION_TIMEOUT) -> TenantState:

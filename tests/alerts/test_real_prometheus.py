@@ -144,7 +144,7 @@ def stack(kube: KubeControlPlane, postgres_pool, tmp_path_factory) -> Iterator[D
         for name in (MAIN_SHARD, DOWN_SHARD):
             try:
                 rest.delete(SHARDS, name)
-            except Exception:  # noqa: BLE001, S110 - already gone
+            except Exception:  # noqa: BLE001 - already gone
                 pass
 
 
@@ -425,7 +425,7 @@ def _foreign_secret(name: str) -> dict[str, Any]:
 def _get_db(rest: Rest, name: str) -> dict[str, Any] | None:
     try:
         return rest.get(DATABASES, name, NAMESPACE)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         if getattr(exc, "status", None) == 404:
             return None
         raise

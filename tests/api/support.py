@@ -136,7 +136,7 @@ class ApiEnv:
         self.remember(value.strip())
         try:
             self.admin.create(SECRETS, body, namespace)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if getattr(exc, "status", None) != 409:
                 raise
             self.admin.replace(SECRETS, {**body, "metadata": {"name": name, "namespace": namespace}})
@@ -264,7 +264,7 @@ class ApiEnv:
         body = {"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "data": encoded}
         try:
             created = self.admin.create(SECRETS, body, NAMESPACE)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if getattr(exc, "status", None) != 409:
                 raise
             created = self.admin.replace(SECRETS, body)
@@ -277,7 +277,7 @@ class ApiEnv:
     def delete_secret(self, name: str) -> None:
         try:
             self.admin.delete(SECRETS, name, NAMESPACE)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if getattr(exc, "status", None) != 404:
                 raise
         wait_for(lambda: self.components.store.secrets.get(f"{NAMESPACE}/{name}") is None, what="secret gone")
@@ -348,7 +348,7 @@ def stop_env(env: ApiEnv) -> None:
     for name in env.consumers_created:
         try:
             env.admin.delete(CONSUMERS, name)
-        except Exception:  # noqa: BLE001, S110 - best effort
+        except Exception:  # noqa: BLE001 - best effort
             pass
     for kind_path in (
         f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{RELEASE}",
@@ -356,6 +356,6 @@ def stop_env(env: ApiEnv) -> None:
     ):
         try:
             env.admin.request("DELETE", kind_path)
-        except Exception:  # noqa: BLE001, S110 - best effort
+        except Exception:  # noqa: BLE001 - best effort
             pass
     env.admin.api_client.close()

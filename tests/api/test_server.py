@@ -240,11 +240,12 @@ def _trusted(url: str, ca_file: Path) -> bool:
 
 
 def test_connection_errors_go_to_logging(env: ApiEnv, caplog: pytest.LogCaptureFixture) -> None:
-    with socket.create_connection(("127.0.0.1", env.server.port), timeout=5) as raw:
-        raw.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")  # plain HTTP on the TLS port
-        try:
-            raw.recv(1024)
-        except ConnectionResetError:
-            pass
-    wait_for(lambda: any(r.name == "api.server" for r in caplog.records), timeout=5, what="a server log record")
+    with Served(_tiny_app(), env) as base:
+        with socket.create_connection(("127.0.0.1", int(base.rsplit(":", 1)[1])), timeout=5) as raw:
+            raw.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")  # plain HTTP on the TLS port
+            try:
+                raw.recv(1024)
+            except ConnectionResetError:
+                pass
+        wait_for(lambda: any("tlsHandshake" in r.getMessage() for r in caplog.records), timeout=5, what="a log record")
     assert all(r.levelno <= logging.INFO for r in caplog.records if r.name == "api.server")

@@ -58,8 +58,13 @@ def run(*args: str, cwd: Path, env: dict[str, str] | None = None) -> Result:
 
 def run_on_terminal(*args: str, cwd: Path) -> Result:
     """`dbprovider ARGS` with stdout on a pseudo-terminal, as in an interactive shell; stderr captured."""
+    return run_argv_on_terminal([str(DBPROVIDER), *args], cwd)
+
+
+def run_argv_on_terminal(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> Result:
+    """`argv` with stdout on a pseudo-terminal (and stderr captured), until it closes the terminal."""
     main, child = pty.openpty()
-    proc = subprocess.Popen([str(DBPROVIDER), *args], cwd=cwd, stdout=child, stderr=subprocess.PIPE, text=False)
+    proc = subprocess.Popen(argv, cwd=cwd, stdout=child, stderr=subprocess.PIPE, text=False, env=env)
     os.close(child)
     chunks: list[bytes] = []
     deadline = time.monotonic() + 120

@@ -58,6 +58,7 @@ VALUES = {
 }
 
 
+@pytest.mark.server  # `dbprovider dev` starts an apiserver and a PostgreSQL server
 def test_dev_with_cloudberry_values_lets_a_shard_follow_its_database_cluster(tmp_path: Path) -> None:
     write_yaml(tmp_path / "values.yaml", VALUES)
     state = tmp_path / "state"

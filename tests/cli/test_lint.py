@@ -124,6 +124,27 @@ CASES = [
         id="admin-secret-not-in-shardSecrets",
     ),
     pytest.param(
+        lambda repo: _edit(repo / "shards" / "shard01.yaml", lambda s: s["spec"]["admin"].update(sslmode="prefer")),
+        [("shards/shard01.yaml", "Shard shard01 spec.admin.sslmode", "shard-admin-tls")],
+        id="admin-sslmode-that-may-go-without-tls",
+    ),
+    pytest.param(
+        lambda repo: (
+            _edit(repo / "shards" / "shard01.yaml", lambda s: s["spec"]["admin"].update(sslmode="disable")),
+            _edit(repo / "dbprovider-values.yaml", lambda v: v.update(shardTLS={"cleartextShards": ["shard01"]})),
+        ),
+        [],
+        id="admin-sslmode-disable-allowed-for-the-shard",
+    ),
+    pytest.param(
+        lambda repo: _edit(
+            repo / "dbprovider-values.yaml",
+            lambda v: v["shardSecrets"][0].update(host="pg-shard02-primary.databases.svc", port=5432),
+        ),
+        [("shards/shard01.yaml", "Shard shard01 spec.admin", "shard-admin-endpoint")],
+        id="admin-secret-bound-to-another-endpoint",
+    ),
+    pytest.param(
         lambda repo: write_yaml(repo / "shards" / "copy.yaml", shard("shard01")),
         [("shards/shard01.yaml", "Shard shard01 metadata.name", "duplicate-name")],
         id="duplicate-shard-name",
@@ -316,3 +337,17 @@ def test_an_unreachable_cluster_is_bad_input(repo: Path, tmp_path: Path) -> None
     result = lint(repo, "--kubeconfig", str(kubeconfig))
     assert result.returncode == 2
     assert "--kubeconfig" in result.stderr
+
+
+def test_v1beta1_objects_and_descriptions_are_checked_like_v1alpha1(repo: Path) -> None:
+    """0.2.0 serves v1beta1 beside v1alpha1 with one schema, and adds the optional spec.description."""
+    _edit(repo / "shards" / "shard01.yaml", lambda s: s.update(apiVersion="db.bnerd.com/v1beta1"))
+    _edit(repo / "shards" / "shard01.yaml", lambda s: s["spec"].update(description="team payments, OPS-123"))
+    assert lint(repo).returncode == 0
+    _edit(repo / "shards" / "shard01.yaml", lambda s: s["spec"].update(description="x" * 257, maxDatabases=0))
+    result = lint(repo)
+    got = sorted((f["rule"], f["rest"].split(": ")[1]) for f in findings(result.stdout))
+    assert [rule for rule, _ in got] == ["schema", "schema"], result.stdout
+    _edit(repo / "shards" / "shard01.yaml", lambda s: s.update(apiVersion="db.bnerd.com/v1"))
+    (finding,) = findings(lint(repo).stdout)
+    assert "serves no db.bnerd.com/v1 Shard" in finding["rest"]

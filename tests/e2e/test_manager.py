@@ -4,10 +4,12 @@ leader election with failover, metrics, and logs that never carry a token, hash 
 from __future__ import annotations
 
 import os
+import platform
+import resource
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
@@ -15,12 +17,15 @@ import pytest
 import requests
 
 from dbprovider.devstack import DevStack, free_port
+from dbprovider.manager import FD_RESERVE
 from domain.settings import SETTINGS
 from domain.tokens import hash_token
+from domain.version import __version__
 from harness import KubeControlPlane, PostgresServer
 from harness.certs import CertificateAuthority
 from informers import LEASES, Rest
 from reconciler.resources import CONSUMERS, SHARDS
+from reconciler.runtime.leader import lease_holder
 from tests.support.common import condition, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -95,7 +100,7 @@ def _holder(kube: KubeControlPlane) -> str | None:
             lease = Rest(client).get(LEASES, "e2etest-manager", "e2etest-system")
         except Exception:  # noqa: BLE001
             return None
-    return lease["spec"].get("holderIdentity")
+    return lease_holder(lease)
 
 
 def test_two_replicas_serve_the_consumer_flow_and_fail_over(stack: DevStack, kube: KubeControlPlane, tmp_path):
@@ -124,6 +129,9 @@ def test_two_replicas_serve_the_consumer_flow_and_fail_over(stack: DevStack, kub
         assert "_created" not in metrics  # prometheus_client's *_created series are switched off
         assert 'route="/v1/databases/{externalId}"' in follower.metrics()
         assert "dbprovider_reconcile_conflicts_total" in metrics
+        # Which release each replica runs (one version source: domain/version.py).
+        build_info = f'dbprovider_build_info{{python="{platform.python_version()}",version="{__version__}"}} 1.0'
+        assert build_info in metrics and build_info in follower.metrics()
         assert 'dbprovider_database_workers_in_flight{shard="e2etest-pg"} ' in metrics  # a gauge per shard
         assert "dbprovider_database_workers_per_shard 4.0" in metrics
 
@@ -140,7 +148,7 @@ def test_two_replicas_serve_the_consumer_flow_and_fail_over(stack: DevStack, kub
                  timeout=60, what="orders removed")
 
         assert follower.stop() == 0
-        assert wait_for(lambda: _holder(kube) in (None, ""), timeout=10, what="lease released on SIGTERM")
+        assert wait_for(lambda: _holder(kube) is None, timeout=10, what="lease released on SIGTERM")
     finally:
         for replica in replicas.values():
             replica.stop(signal.SIGKILL)
@@ -260,3 +268,59 @@ def test_a_bad_shard_ca_file_stops_the_manager_at_startup(stack: DevStack, tmp_p
     finally:
         replica.stop(signal.SIGKILL)
     assert "--shard-ca-file (DBPROVIDER_SHARD_CA_FILE)" in replica.log.read_text()
+
+
+# -- the file descriptor limit (issue 25): raised to the hard limit at start; a maxConnections without
+# room for watches, shard sessions and metrics stops the manager, naming the key.
+
+
+def start_limited(stack: DevStack, log: Path, soft: int, hard: int) -> tuple[subprocess.Popen[bytes], int]:
+    """A manager whose RLIMIT_NOFILE starts at (soft, hard), as a container runtime would set it."""
+    limits: Callable[[], None] = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))  # noqa: E731
+    api_port = free_port()
+    env = {**os.environ, **stack.manager_env(), "POD_NAME": f"fd-{log.stem}"}
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            stack.manager_argv(sys.executable, api_port, free_port()), stdout=out, stderr=subprocess.STDOUT,
+            env=env, cwd=REPO, preexec_fn=limits,
+        )
+    return process, api_port
+
+
+def open_files_limit(pid: int) -> tuple[str, str]:
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            soft, hard = line.split()[3:5]
+            return soft, hard
+    raise AssertionError("no open files limit")
+
+
+def test_the_soft_limit_is_raised_to_the_hard_limit(stack: DevStack, tmp_path: Path) -> None:
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    process, api_port = start_limited(stack, tmp_path / "raised.log", 1024, hard)
+    try:
+        def ready() -> bool:
+            assert process.poll() is None, (tmp_path / "raised.log").read_text()
+            try:
+                url = f"https://127.0.0.1:{api_port}/healthz"
+                return requests.get(url, verify=str(stack.ca_file), timeout=2).status_code == 200
+            except requests.RequestException:
+                return False
+
+        wait_for(ready, 60, "the manager to answer")
+        assert open_files_limit(process.pid) == (str(hard), str(hard))
+    finally:
+        process.terminate()
+        process.wait(60)
+
+
+def test_max_connections_without_room_stops_the_manager(stack: DevStack, tmp_path: Path) -> None:
+    limit = 1000 + FD_RESERVE - 1  # the default api.maxConnections (1000) does not fit
+    process, _ = start_limited(stack, tmp_path / "refused.log", limit, limit)
+    try:
+        assert process.wait(timeout=60) == 2
+    finally:
+        process.kill()
+    log = (tmp_path / "refused.log").read_text()
+    assert "api.maxConnections 1000 leaves no room" in log
+    assert f"at most {limit - FD_RESERVE}" in log

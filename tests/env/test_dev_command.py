@@ -13,12 +13,15 @@ from pathlib import Path
 import kubernetes
 import psutil
 import psycopg
+import pytest
 import requests
+from psycopg.conninfo import make_conninfo
 
 from tests.support.common import wait_for
 from tests.support.dev_command import read_env_file, wait_ready_line
 
 
+@pytest.mark.server  # `dbprovider dev` starts an apiserver and a PostgreSQL server
 def test_dev_runs_the_consumer_flow_and_stops_cleanly(tmp_path: Path) -> None:
     state = tmp_path / "state"
     proc = subprocess.Popen(
@@ -50,6 +53,9 @@ def test_dev_runs_the_consumer_flow_and_stops_cleanly(tmp_path: Path) -> None:
         credentials = session.get(f"{base}/orders/credentials", timeout=10).json()
         with psycopg.connect(credentials["uri"]) as conn:
             assert conn.execute("SELECT current_user").fetchone()[0] == credentials["user"]
+        for elsewhere in ("postgres", "template1"):  # dev's shard is prepared as docs/sql.md says
+            with pytest.raises(psycopg.OperationalError, match="permission denied for database"):
+                psycopg.connect(make_conninfo(credentials["uri"], dbname=elsewhere))
 
         api = kubernetes.config.new_client_from_config(config_file=env["KUBECONFIG"])
         with api:

@@ -64,6 +64,7 @@ def test_provisioner_cannot_read_another_roles_database(postgres: PostgresServer
             conn.execute(sql.SQL("DROP DATABASE {}").format(sql.Identifier(dbname)))
 
 
+@pytest.mark.server  # starts servers of its own
 def test_close_leaves_nothing_behind() -> None:
     server = PostgresServer("15").start()
     port, workdir, proc = server.port, server.workdir, server._proc
@@ -74,6 +75,7 @@ def test_close_leaves_nothing_behind() -> None:
         assert sock.connect_ex(("127.0.0.1", port)) != 0
 
 
+@pytest.mark.server  # starts servers of its own
 def test_a_crashed_server_restarts_on_its_data_and_accepts_sessions_when_start_returns() -> None:
     """start()/restart() return only once a session opens (not when the port listens): crash
     recovery refuses logins with "the database system is starting up" for a while."""
@@ -93,6 +95,7 @@ def test_a_crashed_server_restarts_on_its_data_and_accepts_sessions_when_start_r
         server.close()
 
 
+@pytest.mark.server  # starts servers of its own
 def test_only_a_durable_server_may_be_killed_and_it_commits_durably() -> None:
     """synchronous_commit=off (fast) would lose acknowledged commits to a kill: killing such a
     server is refused, and a durable one (what every killing suite starts) commits synchronously."""
@@ -115,3 +118,16 @@ def test_only_a_durable_server_may_be_killed_and_it_commits_durably() -> None:
             assert conn.execute("SELECT v FROM acknowledged").fetchall() == [(1,)]
     with pytest.raises(ValueError, match="synchronous_commit=on"):
         PostgresServer("18", settings={"synchronous_commit": "off"}, durable=True)
+
+
+def test_the_server_is_prepared_as_docs_sql_md_asks(postgres: PostgresServer) -> None:
+    """PUBLIC may not connect to postgres and template1; the provisioner keeps postgres, its admin database."""
+    with postgres.superuser_connection() as admin:
+        rows = admin.execute(
+            "SELECT datname, has_database_privilege('public', oid, 'CONNECT'),"
+            " has_database_privilege('provisioner', oid, 'CONNECT')"
+            " FROM pg_database WHERE datname IN ('postgres', 'template1') ORDER BY 1"
+        ).fetchall()
+    assert rows == [("postgres", False, True), ("template1", False, False)]
+    with postgres.provisioner_connection() as conn:
+        assert conn.execute("SELECT current_database()").fetchone() == ("postgres",)

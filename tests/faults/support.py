@@ -13,12 +13,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -29,13 +27,16 @@ import requests
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from dbprovider.devstack import DevStack, free_port
+from dbprovider.devstack import DevStack
 from domain.constants import ANNOTATION_ROTATE_REQUESTED_AT, LABEL_CONSUMER
 from harness import KubeControlPlane, PostgresServer
 from harness.statement_log import parse_statement_log
 from informers import LEASES, SECRETS, Rest
 from reconciler.resources import CONSUMERS, DATABASES, SHARDS
+from reconciler.runtime.leader import lease_holder
+from tests.support.audit import Write, audited_control_plane, controller_writes, leading_intervals
 from tests.support.common import b64, decoded, wait_for
+from tests.support.manager_process import ManagerProcess
 
 REPO = Path(__file__).resolve().parents[2]
 RELEASE = "faults"
@@ -44,21 +45,9 @@ CONSUMER = "faults-consumer"
 LEASE = f"{RELEASE}-manager"
 SHARD_A, SHARD_B = "faults-pg-a", "faults-pg-b"
 SHARD_SECRETS_NAMESPACE = f"{NAMESPACE}-shards"  # where DevStack keeps the admin Secrets
-CONTROLLER_AGENT = "dbprovider-controllers/"  # + replica name: the controllers' writes (audit log)
 SQL_APP = "dbprovider/"  # + replica name: the application_name of every admin session
-WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
 # A statement already on the wire when a replica logs "stopped leading" (shutdown) lands a little later.
 IN_FLIGHT = 1.0
-
-AUDIT_POLICY = """\
-apiVersion: audit.k8s.io/v1
-kind: Policy
-omitStages: ["RequestReceived"]
-rules:
-  - level: None
-    verbs: ["get", "list", "watch"]
-  - level: Metadata
-"""
 
 # One measured row per fault and quantity, printed at the end of the run (see conftest) and written
 # to $DBPROVIDER_FAULT_TIMINGS if set: docs/reliability.md quotes these numbers.
@@ -79,86 +68,22 @@ def timed(check: Callable[[], Any], timeout: float, what: str) -> float:
 # -- processes ---------------------------------------------------------------------------------
 
 
-class Replica:
-    """One `dbprovider manager` subprocess; its name is its Lease identity and application_name.
+class Replica(ManagerProcess):
+    """One `dbprovider manager` subprocess of the stack; its name is its Lease identity and application_name.
 
     `kubeconfig` replaces the stack's (a replica that reaches the apiserver through a proxy)."""
 
     def __init__(self, stack: DevStack, name: str, log_dir: Path, kubeconfig: Path | None = None) -> None:
-        self.name = name
-        self.api_port, self.metrics_port = free_port(), free_port()
-        self.log = log_dir / f"{name}.log"
-        self.ca = str(stack.ca_file)
+        super().__init__(name, log_dir / f"{name}.log", str(stack.ca_file))
         self.token = stack.token
-        env = {**os.environ, **stack.manager_env(), "POD_NAME": name}
         argv = stack.manager_argv(sys.executable, self.api_port, self.metrics_port)
         if kubeconfig is not None:
             argv[argv.index("--kubeconfig") + 1] = str(kubeconfig)
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True,
-            )
-        self.paused = False
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def url(self, path: str) -> str:
-        return f"https://127.0.0.1:{self.api_port}{path}"
+        self.spawn(argv, {**os.environ, **stack.manager_env()}, REPO)
 
     def call(self, method: str, path: str, timeout: float = 15, **kwargs: Any) -> requests.Response:
         headers = {"Authorization": f"Bearer {self.token}"}
         return requests.request(method, self.url(path), headers=headers, verify=self.ca, timeout=timeout, **kwargs)
-
-    def readyz(self) -> int:
-        try:
-            return requests.get(self.url("/readyz"), verify=self.ca, timeout=3).status_code
-        except requests.RequestException:
-            return 0
-
-    def wait_ready(self, timeout: float = 90) -> None:
-        def ready() -> bool:
-            assert self.proc.poll() is None, f"{self.name} exited: {self.log.read_text()[-3000:]}"
-            return self.readyz() == 200
-
-        wait_for(ready, timeout, f"{self.name} /readyz 200")
-
-    def pause(self) -> None:
-        os.kill(self.pid, signal.SIGSTOP)
-        self.paused = True
-
-    def resume(self) -> None:
-        os.kill(self.pid, signal.SIGCONT)
-        self.paused = False
-
-    def kill(self) -> None:
-        if self.paused:
-            self.resume()
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=30)
-
-    def stop(self) -> None:
-        """SIGTERM (the Lease is released), SIGKILL if it does not exit within 60 s."""
-        if self.paused:
-            self.resume()
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=30)
-
-    def events(self) -> Iterator[dict[str, Any]]:
-        """The JSON log lines (anything else, e.g. a Python warning, is skipped)."""
-        for line in self.log.read_text(errors="replace").splitlines():
-            if line.startswith("{"):
-                try:
-                    yield json.loads(line)
-                except ValueError:
-                    continue
 
 
 # -- the stack ---------------------------------------------------------------------------------
@@ -176,17 +101,7 @@ class FaultStack:
     reported: set[str] = field(default_factory=set)
 
     def start(self) -> FaultStack:
-        kube_dir = self.root / "kube"
-        kube_dir.mkdir(parents=True)
-        policy = kube_dir / "audit-policy.yaml"
-        policy.write_text(AUDIT_POLICY)
-        self.audit_log = kube_dir / "audit.log"
-        self.kube = KubeControlPlane(
-            workdir=kube_dir,
-            extra_args=[
-                f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}", "--audit-log-mode=blocking",
-            ],
-        ).start()
+        self.kube, self.audit_log = audited_control_plane(self.root / "kube")
         # Every statement when it arrives, and a duration line once it completed: a statement cut
         # off by a crash has none, so the DDL count sees what took effect. And durable commits, as
         # on a real shard (durable=True: synchronous_commit=on, see harness.postgres).
@@ -200,6 +115,9 @@ class FaultStack:
             config_overrides={
                 "releaseName": RELEASE, "namespace": NAMESPACE, "tls": {"secretName": f"{RELEASE}-tls"},
                 "deletionProtection": {"enabled": False}, "softDelete": {"retention": "0"},
+                # The suite keeps every database it makes (well over 100 on two servers of 200
+                # connections): with a limit of 1 each they all fit the shards' connection budgets.
+                "sizeClasses": {"small": {"connectionLimit": 1}},
                 "shardSecrets": [
                     {"namespace": SHARD_SECRETS_NAMESPACE, "name": f"{name}-provisioner"} for name in (SHARD_A, SHARD_B)
                 ],
@@ -279,7 +197,7 @@ class FaultStack:
 
     def holder(self) -> str | None:
         try:
-            return self.rest.get(LEASES, LEASE, NAMESPACE)["spec"].get("holderIdentity")
+            return lease_holder(self.rest.get(LEASES, LEASE, NAMESPACE))
         except ApiException:
             return None
 
@@ -348,46 +266,9 @@ class FaultStack:
 _TENANT_DDL = re.compile(r'(CREATE ROLE|CREATE DATABASE|DROP ROLE IF EXISTS|DROP DATABASE IF EXISTS) "([^"]+)"')
 
 
-@dataclass(frozen=True)
-class Write:
-    """One write a replica sent: an apiserver request or a SQL statement, with its wall-clock time."""
-
-    replica: str
-    when: datetime
-    what: str
-
-
-def _parse_iso(value: str) -> datetime:
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
-
-
-def leading_intervals(replica: Replica) -> list[tuple[datetime, datetime | None]]:
-    """[started leading, stopped leading) of one replica, from its own log."""
-    intervals: list[tuple[datetime, datetime | None]] = []
-    for event in replica.events():
-        message = event.get("message", "")
-        if message.endswith(": started leading"):
-            intervals.append((_parse_iso(event["time"]), None))
-        elif message.endswith(": stopped leading") and intervals and intervals[-1][1] is None:
-            intervals[-1] = (intervals[-1][0], _parse_iso(event["time"]))
-    return intervals
-
-
 def audit_writes(stack: FaultStack) -> list[Write]:
     """The controllers' apiserver writes that were applied (2xx; the Lease itself excluded)."""
-    writes = []
-    for line in stack.audit_log.read_text(errors="replace").splitlines():
-        entry = json.loads(line)
-        agent = entry.get("userAgent") or ""
-        resource = (entry.get("objectRef") or {}).get("resource")
-        applied = 200 <= ((entry.get("responseStatus") or {}).get("code") or 0) < 300  # a 409 changed nothing
-        if agent.startswith(CONTROLLER_AGENT) and entry.get("verb") in WRITE_VERBS and resource != "leases" and applied:
-            writes.append(Write(
-                agent[len(CONTROLLER_AGENT):],
-                _parse_iso(entry["requestReceivedTimestamp"]),
-                f"{entry['verb']} {resource}/{(entry.get('objectRef') or {}).get('name')}",
-            ))
-    return writes
+    return controller_writes(stack.audit_log)
 
 
 def statement_log(stack: FaultStack) -> list[tuple[datetime, str, str, str, bool]]:

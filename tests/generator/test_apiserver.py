@@ -128,8 +128,15 @@ def test_crds_are_established_with_names_scopes_and_status_subresources(installe
         assert crd["spec"]["scope"] == scope
         assert crd["spec"]["names"]["shortNames"] == short_names
         assert "dbc" not in crd["spec"]["names"]["shortNames"]  # Keldon's
-        (version,) = crd["spec"]["versions"]
-        assert version["subresources"] == {"status": {}}
+        versions = crd["spec"]["versions"]
+        assert [(v["name"], v["served"], v["storage"]) for v in versions] == [
+            ("v1alpha1", True, True), ("v1beta1", True, False)
+        ]
+        assert crd["spec"]["conversion"] == {"strategy": "None"}
+        for version in versions:  # one schema for both: the apiserver rewrites apiVersion and nothing else
+            assert version["subresources"] == {"status": {}}
+            assert version["schema"] == versions[0]["schema"]
+            assert version["additionalPrinterColumns"] == versions[0]["additionalPrinterColumns"]
         conditions = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
         assert conditions["Established"] == "True"
         assert conditions["NamesAccepted"] == "True"
@@ -344,13 +351,14 @@ def test_printer_columns_show_what_the_seed_promises(installed: Installed, clean
         cleanup(obj)
     now = now_stamp()
     ready = {"type": "Ready", "status": "True", "reason": "Ok", "message": "", "lastTransitionTime": now}
-    assert api.merge_patch(sh, {"status": {"databaseCount": 12, "conditions": [ready]}}, "status").status == 200
+    shard_status = {"databaseCount": 12, "connectionsCommitted": 95, "connectionBudget": 180, "conditions": [ready]}
+    assert api.merge_patch(sh, {"status": shard_status}, "status").status == 200
     assert api.merge_patch(co, {"status": {"databaseCount": 3}}, "status").status == 200
     assert api.merge_patch(db, {"status": {"phase": "Ready", "shard": "gentest-columns"}}, "status").status == 200
 
     names, rows = _table(api, api.object_path(sh))
-    assert names[:6] == ["Name", "Accepting", "Databases", "Max", "Ready", "Age"]
-    assert rows[0][:5] == ["gentest-columns", False, 12, 150, "True"]
+    assert names[:8] == ["Name", "Accepting", "Databases", "Max", "Connections", "Budget", "Ready", "Age"]
+    assert rows[0][:7] == ["gentest-columns", False, 12, 150, 95, 180, "True"]
 
     names, rows = _table(api, api.object_path(co))
     assert names[:4] == ["Name", "Disabled", "Databases", "Max"]

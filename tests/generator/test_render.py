@@ -16,7 +16,9 @@ from dbprovider.cli import main
 from domain.config import load_install_config
 from domain.constants import SHARD_CA_FILE
 from domain.settings import SETTINGS
+from domain.version import __version__
 from infra.render import (
+    TEMPLATES_DIR,
     WARNING_NO_CLUSTER,
     _environment,
     config_yaml,
@@ -196,7 +198,7 @@ def test_the_console_script_renders(tmp_path: Path) -> None:
 
 
 def test_templates_use_strict_undefined(tmp_path: Path) -> None:
-    env = _environment(REPO_ROOT / "templates")
+    env = _environment(TEMPLATES_DIR)
     assert env.undefined is jinja2.StrictUndefined
     with pytest.raises(jinja2.UndefinedError):
         env.from_string("name: {{ not_defined }}").render({})
@@ -212,7 +214,7 @@ def test_deployment() -> None:
     (container,) = pod["containers"]
     assert container["command"] == ["dbprovider"]
     assert container["args"] == ["manager", "--config", CONFIG_PATH]
-    assert container["image"] == "ghcr.io/bnerd/dbprovider:0.1.0"
+    assert container["image"] == f"ghcr.io/bnerd/dbprovider:{__version__}"
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"https": API_PORT, "metrics": METRICS_PORT}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "https", "scheme": "HTTPS"}

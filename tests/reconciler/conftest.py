@@ -79,9 +79,14 @@ def is_shard_check(statement: LoggedStatement) -> bool:
     return statement.keyword == "SELECT" and "current_setting('server_version_num')" in statement.text
 
 
+def is_budget_read(statement: LoggedStatement) -> bool:
+    """The second statement of the Shard controller's check: the server's connection slots."""
+    return statement.keyword == "SELECT" and "current_setting('max_connections')" in statement.text
+
+
 def tenant_sql(statements: list[LoggedStatement]) -> list[LoggedStatement]:
     """What is left after the Shard controller's health checks: SQL about databases."""
-    return [s for s in statements if not is_shard_check(s)]
+    return [s for s in statements if not is_shard_check(s) and not is_budget_read(s)]
 
 
 def wait_for_later_shard_check(server: PostgresServer) -> None:

@@ -11,7 +11,7 @@ from harness import PostgresServer
 from informers import SECRETS
 from reconciler.resources import DATABASES, SHARDS
 from reconciler.sql.session import AdminEndpoint, AdminSession
-from reconciler.sql.tenant import PROVISIONING_STEPS, TenantSpec, read_state
+from reconciler.sql.tenant import PROVISIONING_STEPS, OwnerRecord, TenantSpec, read_state
 from tests.reconciler.conftest import (
     NAMESPACE,
     condition,
@@ -42,11 +42,12 @@ def test_crash_after_any_statement_converges(postgres: PostgresServer, fleet, st
     db = admin_rest.get(DATABASES, name, NAMESPACE)
     password = new_password()
     admin_rest.create(SECRETS, build_secret(db, tenant, password, Endpoint("pg.example.com", 6432, "require")))
-    endpoint = AdminEndpoint("127.0.0.1", postgres.port, postgres.PROVISIONER, postgres.provisioner_password, "disable")
+    endpoint = AdminEndpoint("127.0.0.1", postgres.port, postgres.PROVISIONER, postgres.provisioner_password)
     with AdminSession.for_endpoint(endpoint) as session:
         conn = session.connection()
+        owner = OwnerRecord(db["spec"]["consumer"], db["metadata"]["uid"])  # in step 1, as the manager writes it
         for step in PROVISIONING_STEPS[:steps_done]:
-            step(conn, TenantSpec(tenant, password, 10))
+            step(conn, TenantSpec(tenant, password, 10, owner))
 
     start_manager()
     fleet.wait_phase(name, "Ready")

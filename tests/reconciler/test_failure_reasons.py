@@ -188,7 +188,10 @@ def test_ensure_failed_when_a_foreign_role_has_the_tenant_name(pg18, fleet, star
     start_manager()
     db = wait_reason(fleet, name, "EnsureFailed")
     ready = condition(db, "Ready")
-    assert ready["message"] == "create failed: insufficient_privilege"
+    assert ready["message"] == (
+        "create failed: name_taken (a role of this name exists that the provider did not make: the provisioner "
+        "does not hold ADMIN on the role, so it did not create it)"
+    )
     assert_warning(admin_rest, db, ready, password_of(admin_rest, name), pg18.provisioner_password)
     with pg18.superuser_connection() as su:
         row = su.execute("SELECT rolconnlimit FROM pg_roles WHERE rolname = %s", (tenant,)).fetchone()
@@ -361,7 +364,9 @@ def test_placement_failures_are_warned(fleet, start_manager, admin_rest):
     invalid = fleet.database("bad-size", size_class="gigantic")
     db = wait_reason(fleet, unplaced, "NoCapacity")
     ready = condition(db, "Ready")
-    assert ready["message"] == "no accepting, ready postgres shard below maxDatabases; retrying every 5 minutes"
+    assert ready["message"] == (
+        "no accepting, ready postgres shard below maxDatabases with room for 10 connections; retrying every 5 minutes"
+    )
     assert_warning(admin_rest, db, ready)
     db = wait_reason(fleet, invalid, "InvalidSizeClass")
     ready = condition(db, "Ready")

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from prometheus_client import CollectorRegistry, generate_latest
 
+from domain.config import load_install_config
+from domain.connection_budget import database_limit
 from reconciler.fleet_metrics import FleetCollector
 
 NOW = 1_800_000_000.0
@@ -81,6 +85,46 @@ def test_gauges() -> None:
     for line in expected:
         assert line in text, line
     assert "consumer-secret-name" not in text and "ext-secret-id" not in text
+
+
+def test_connection_gauges_count_limits_against_the_recorded_budget() -> None:
+    """Committed: the applied limit, else the size class's; an unlimited database commits the whole budget;
+    Deleted ones nothing. No series for a shard whose budget was never read."""
+    config = load_install_config({"tls": {"secretName": "t"}, "sizeClasses": {"large": {"connectionLimit": 50}}})
+    shards = [
+        {"metadata": {"name": "s1"}, "spec": {"maxDatabases": 10}, "status": {"connectionBudget": 120}},
+        {"metadata": {"name": "s2"}, "spec": {"maxDatabases": 10}, "status": {"connectionBudget": 40}},
+        {"metadata": {"name": "s3"}, "spec": {"maxDatabases": 10}, "status": {}},
+    ]
+
+    def placed(name: str, shard: str, phase: str, size_class: str = "", applied: int | None = None) -> dict:
+        status: dict = {"shard": shard, "phase": phase}
+        if applied is not None:
+            status["appliedConnectionLimit"] = applied
+        return {"metadata": {"name": name}, "spec": {"sizeClass": size_class}, "status": status}
+
+    databases = [
+        placed("a", "s1", "Ready", applied=50),
+        placed("b", "s1", "Provisioning", size_class="large"),  # not applied yet: its class, 50
+        placed("c", "s1", "Deleting", applied=10),  # still holds its slots
+        placed("d", "s1", "Deleted", applied=10),  # dropped: nothing
+        placed("e", "s2", "Ready", applied=-1),  # unlimited: the whole budget
+        placed("f", "s3", "Ready", applied=5),
+    ]
+    registry = CollectorRegistry()
+    registry.register(
+        FleetCollector(lambda: shards, lambda: databases, clock=lambda: NOW,
+                       connection_limit=partial(database_limit, config=config))
+    )
+    text = generate_latest(registry).decode()
+    for line in (
+        'dbprovider_shard_connection_budget{shard="s1"} 120.0',
+        'dbprovider_shard_connections_committed{shard="s1"} 110.0',
+        'dbprovider_shard_connection_budget{shard="s2"} 40.0',
+        'dbprovider_shard_connections_committed{shard="s2"} 40.0',
+    ):
+        assert line in text, text
+    assert not [line for line in text.splitlines() if "_shard_connection" in line and 'shard="s3"' in line]
 
 
 def test_scaling_seconds_count_from_the_scaling_condition() -> None:

@@ -4,6 +4,8 @@ tenant; a rotation can end the sessions opened with the old password."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -39,7 +41,7 @@ def test_a_tenant_idle_on_template1_does_not_stop_another_consumers_create(postg
     start_manager()
     first = fleet.database(f"tmpl-a{postgres.major}", consumer="rectest-consumer")
     fleet.wait_phase(first, "Ready")
-    with _tenant_session(postgres, _creds(admin_rest, first), "template1") as idle:
+    with postgres.unprepared(), _tenant_session(postgres, _creds(admin_rest, first), "template1") as idle:
         assert idle.execute("SELECT current_database()").fetchone() == ("template1",)
 
         second = fleet.database(f"tmpl-b{postgres.major}", consumer="rectest-other")
@@ -185,3 +187,61 @@ def test_rotation_ends_old_sessions_only_when_asked(postgres, fleet, start_manag
     assert new["password"] != old["password"]
     with postgres.connect(new["user"], new["password"], new["database"]) as conn:
         assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+# -- another tenant's grants (issue 24) --------------------------------------------------------------
+
+
+def test_another_tenants_grants_do_not_keep_a_database_from_being_dropped(postgres, fleet, start_manager, admin_rest):
+    """A grants B's role what it may in A's own database and keeps granting while B is deleted: B's
+    DELETE ends in Deleted (the object goes), and A's objects and data stay."""
+    fleet.shard(postgres)
+    manager = start_manager()
+    granter = fleet.database(f"grants-a{postgres.major}", consumer="rectest-consumer")
+    victim = fleet.database(f"grants-b{postgres.major}", consumer="rectest-other")
+    fleet.wait_phase(granter, "Ready")
+    victim_tenant = fleet.wait_phase(victim, "Ready")["status"]["tenantName"]
+    a = _creds(admin_rest, granter)
+    b = sql.Identifier(victim_tenant)
+    with postgres.connect(a["user"], a["password"], a["database"], autocommit=True) as conn:
+        conn.execute("CREATE TABLE orders (id int)")
+        conn.execute("INSERT INTO orders VALUES (1), (2)")
+        for statement in (
+            "GRANT CONNECT ON DATABASE {a} TO {b}",
+            "GRANT USAGE ON SCHEMA public TO {b}",
+            "GRANT SELECT ON orders TO {b} WITH GRANT OPTION",
+            "ALTER DEFAULT PRIVILEGES GRANT SELECT ON TABLES TO {b}",
+            "ALTER TABLE orders ENABLE ROW LEVEL SECURITY",
+            "CREATE POLICY for_b ON orders TO {b} USING (true)",
+        ):
+            conn.execute(sql.SQL(statement).format(a=sql.Identifier(a["database"]), b=b))
+    stop, made = threading.Event(), [0]
+
+    def keep_granting() -> None:
+        while not stop.is_set():
+            try:
+                with postgres.connect(a["user"], a["password"], a["database"], autocommit=True) as conn:
+                    while not stop.is_set():
+                        conn.execute(sql.SQL("GRANT INSERT ON orders TO {}").format(b))
+                        made[0] += 1
+                        time.sleep(0.01)
+            except psycopg.Error:
+                continue
+
+    thread = threading.Thread(target=keep_granting, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: made[0] > 5, what="A granting")
+        fleet.request_delete(victim)
+
+        wait_for(lambda: fleet.get_database(victim) is None, timeout=90, what=f"{victim} dropped and removed")
+    finally:
+        stop.set()
+        thread.join(10)
+    assert tenant_exists(postgres, victim_tenant) == (False, False)
+    wait_events(admin_rest, victim, {"Dropped"})
+    assert manager.errors("database", "DropFailed") == 0
+    with postgres.connect(a["user"], a["password"], a["database"]) as conn:
+        assert conn.execute("SELECT id FROM orders ORDER BY id").fetchall() == [(1,), (2,)]
+        assert conn.execute("SELECT count(*) FROM pg_policy").fetchone() == (0,)  # the policy only B had
+    assert condition(fleet.get_database(granter), "Ready")["status"] == "True"

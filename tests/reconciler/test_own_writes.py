@@ -16,7 +16,7 @@ def test_a_pass_on_a_lagging_cache_runs_no_sql_and_writes_nothing(logged_pg, fle
     shard = fleet.shard(logged_pg)
     now = now_stamp()
     ready = {"type": "Ready", "status": "True", "reason": "Ok", "message": "test", "lastTransitionTime": now}
-    admin_rest.patch(SHARDS, shard, {"status": {"conditions": [ready]}}, subresource="status")
+    admin_rest.patch(SHARDS, shard, {"status": {"conditions": [ready], "connectionBudget": 1000}}, subresource="status")
     name = fleet.database("lagging")
     key = f"{NAMESPACE}/{name}"
 

@@ -12,10 +12,13 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import pytest
 
+from domain.config import load_install_config
+from domain.connection_budget import Commitments, database_limit, fits
 from reconciler.placement import PlacementIndex, ShardCandidate
 from reconciler.resources import database_shard
 
@@ -24,7 +27,7 @@ NOT_READY = [{"type": "Ready", "status": "False", "reason": "Unreachable"}]
 
 
 def shard(name: str, *, engine: str = "postgres", accepting: bool = True, ready: bool = True,
-          max_databases: int = 10, deleting: bool = False, rv: int = 1) -> dict[str, Any]:
+          max_databases: int = 10, deleting: bool = False, rv: int = 1, budget: int | None = 1000) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "resourceVersion": str(rv)}
     if deleting:
         meta["deletionTimestamp"] = "2026-11-30T00:00:00Z"
@@ -33,16 +36,24 @@ def shard(name: str, *, engine: str = "postgres", accepting: bool = True, ready:
     return {"metadata": meta,
             "spec": {"engine": engine, "accepting": accepting, "maxDatabases": max_databases, **cluster,
                      "admin": admin, "client": {"host": f"{name}.example.com"}},
-            "status": {"conditions": READY if ready else NOT_READY}}
+            "status": {"conditions": READY if ready else NOT_READY,
+                       **({"connectionBudget": budget} if budget is not None else {})}}
 
 
-def database(i: int, shard_name: str | None) -> dict[str, Any]:
-    return {"metadata": {"name": f"db{i}.c", "namespace": "dbprovider"},
-            "status": {"shard": shard_name} if shard_name else {}}
+def database(i: int, shard_name: str | None, limit: int | None = None) -> dict[str, Any]:
+    """A Database; `limit` its applied CONNECTION LIMIT (else its size class's, connectionLimit.default 10)."""
+    status: dict[str, Any] = {"shard": shard_name} if shard_name else {}
+    if limit is not None:
+        status["appliedConnectionLimit"] = limit
+    return {"metadata": {"name": f"db{i}.c", "namespace": "dbprovider"}, "spec": {}, "status": status}
+
+
+CONFIG = load_install_config({"tls": {"secretName": "t"}, "connectionLimit": {"default": 10}})
+LIMIT = partial(database_limit, config=CONFIG)
 
 
 def index_with(shards: list[dict[str, Any]], counts: dict[str, int]) -> PlacementIndex:
-    index = PlacementIndex(database_shard)
+    index = PlacementIndex(database_shard, LIMIT)
     n = 0
     for name, count in counts.items():
         for _ in range(count):
@@ -72,6 +83,44 @@ def index_with(shards: list[dict[str, Any]], counts: dict[str, int]) -> Placemen
 )
 def test_choose(shards, counts, engine, expected) -> None:
     assert index_with(shards, counts).choose(engine) == expected
+
+
+@pytest.mark.parametrize(
+    ("budgets", "limits", "new_limit", "expected"),
+    [
+        pytest.param({"a": 100, "b": 100}, {"a": [60], "b": [10, 10]}, 50, "b", id="fewest-databases-that-fits"),
+        pytest.param({"a": 100, "b": 100}, {"a": [90], "b": [40, 40]}, 30, None, id="fits-nowhere"),
+        pytest.param({"a": 100, "b": 100}, {"a": [], "b": [50, 20]}, 30, "a", id="fits-exactly"),
+        pytest.param({"a": 100, "b": 50}, {"a": [60], "b": []}, 45, "b", id="skips-the-one-it-does-not-fit"),
+        pytest.param({"a": 100}, {"a": [10]}, -1, None, id="unlimited-needs-an-empty-shard"),
+        pytest.param({"a": 100, "b": 100}, {"a": [10]}, -1, "b", id="unlimited-on-the-empty-one"),
+        pytest.param({"a": 100}, {"a": [-1]}, 1, None, id="nothing-beside-an-unlimited-one"),
+        pytest.param({"a": 100}, {"a": [-1]}, 0, "a", id="a-zero-limit-fits-anywhere"),
+        pytest.param({"a": None}, {}, 1, None, id="budget-not-read-yet"),
+    ],
+)
+def test_choose_by_connection_budget(budgets, limits, new_limit, expected) -> None:
+    index = PlacementIndex(database_shard, LIMIT)
+    n = 0
+    for name, shard_limits in limits.items():
+        for limit in shard_limits:
+            index.database_event("ADDED", None, database(n, name, limit))
+            n += 1
+    for name, budget in budgets.items():
+        index.shard_event("ADDED", None, shard(name, budget=budget))
+    assert index.choose("postgres", new_limit) == expected
+
+
+def test_a_database_commits_its_size_class_until_its_applied_limit_is_known() -> None:
+    index = index_with([shard("a", budget=25)], {})
+    index.database_event("ADDED", None, database(1, "a"))  # placed, not provisioned: the default class, 10
+    assert index.choose("postgres", 15) == "a" and index.choose("postgres", 16) is None
+    index.database_event("MODIFIED", database(1, "a"), database(1, "a", limit=20))  # provisioned with 20
+    assert index.choose("postgres", 5) == "a" and index.choose("postgres", 6) is None
+    deleted = database(1, "a", limit=20)
+    deleted["status"]["phase"] = "Deleted"
+    index.database_event("MODIFIED", database(1, "a", limit=20), deleted)  # dropped: commits nothing
+    assert index.choose("postgres", 25) == "a"
 
 
 def test_a_shard_whose_spec_does_not_validate_is_never_placed_on() -> None:
@@ -115,30 +164,37 @@ def test_follows_database_placement_moves_and_deletion() -> None:
     assert index.choose("postgres") == "b"
 
 
-def reference_choice(shards: dict[str, dict[str, Any]], placed: dict[int, str], engine: str) -> str | None:
-    """The rule as written in the operator guide, computed from scratch."""
+def reference_choice(
+    shards: dict[str, dict[str, Any]], placed: dict[int, tuple[str, int]], engine: str, limit: int
+) -> str | None:
+    """The rule as written in the operator guide (and the connection budget), computed from scratch."""
     counts: dict[str, int] = {}
-    for name in placed.values():
+    limits: dict[str, list[int]] = {}
+    for name, db_limit in placed.values():
         counts[name] = counts.get(name, 0) + 1
+        limits.setdefault(name, []).append(db_limit)
     usable = [(counts.get(n, 0), n) for n, s in shards.items()
-              if (c := ShardCandidate.from_object(s)).engine == engine and c.usable(counts.get(n, 0))]
+              if (c := ShardCandidate.from_object(s)).engine == engine and c.usable(counts.get(n, 0))
+              and fits(limit, Commitments.of(limits.get(n, [])), c.connection_budget)]
     return min(usable)[1] if usable else None
 
 
 @pytest.mark.parametrize("seed", range(20))
 def test_agrees_with_the_rule_over_random_event_sequences(seed: int) -> None:
     rng = random.Random(seed)
-    index = PlacementIndex(database_shard)
+    index = PlacementIndex(database_shard, LIMIT)
     shards: dict[str, dict[str, Any]] = {}
-    placed: dict[int, str] = {}
+    placed: dict[int, tuple[str, int]] = {}
     names = [f"s{i:02d}" for i in range(12)]
+    limits = [-1, 0, 5, 10, 20, 50]
     for step in range(600):
         roll = rng.random()
         if roll < 0.2:
             name = rng.choice(names)
             new = shard(name, engine=rng.choice(["postgres", "postgres", "cloudberry"]),
                         accepting=rng.random() < 0.8, ready=rng.random() < 0.8,
-                        max_databases=rng.randint(1, 8), deleting=rng.random() < 0.05, rv=step)
+                        max_databases=rng.randint(1, 8), deleting=rng.random() < 0.05, rv=step,
+                        budget=rng.choice([None, 20, 60, 200]))
             index.shard_event("MODIFIED" if name in shards else "ADDED", shards.get(name), new)
             shards[name] = new
         elif roll < 0.25 and shards:
@@ -146,16 +202,17 @@ def test_agrees_with_the_rule_over_random_event_sequences(seed: int) -> None:
             index.shard_event("DELETED", shards.pop(name), None)
         elif roll < 0.8:
             i = rng.randrange(80)
-            target = rng.choice([*names, "unknown"])
-            old = database(i, placed.get(i))
-            index.database_event("MODIFIED" if i in placed else "ADDED", old if i in placed else None,
-                                 database(i, target))
-            placed[i] = target
+            target, limit = rng.choice([*names, "unknown"]), rng.choice(limits)
+            old = database(i, *placed[i]) if i in placed else None
+            index.database_event("MODIFIED" if old else "ADDED", old, database(i, target, limit))
+            placed[i] = (target, limit)
         elif placed:
             i = rng.choice(sorted(placed))
-            index.database_event("DELETED", database(i, placed.pop(i)), None)
+            index.database_event("DELETED", database(i, *placed.pop(i)), None)
+        limit = rng.choice((5, 50, -1))
         for engine in ("postgres", "cloudberry"):
-            assert index.choose(engine) == reference_choice(shards, placed, engine), (seed, step, engine)
+            expected = reference_choice(shards, placed, engine, limit)
+            assert index.choose(engine, limit) == expected, (seed, step, engine, limit)
 
 
 # -- reservations: exact under a burst -----------------------------------------------------------------
@@ -233,4 +290,53 @@ def test_concurrent_placements_never_overfill_a_shard(seed: int) -> None:
     per_shard = Counter(placed.values())
     assert all(per_shard[n] <= m for n, m in limits.items()), (per_shard, limits)
     assert sum(per_shard.values()) == sum(limits.values())  # 40 wanted more than there was: all used
+    assert index.reserved() == {}
+
+
+def test_a_reservation_commits_its_connection_limit_until_the_cache_shows_it() -> None:
+    """The connection budget is exact under a burst too: a reserved database's limit counts at once."""
+    index = index_with([shard("a", max_databases=10, budget=30)], {})
+    assert index.reserve("postgres", key(1), 20) == "a"
+    assert index.reserve("postgres", key(2), 20) is None  # 20 reserved + 20 > 30, none placed yet
+    assert index.reserve("postgres", key(2), 10) == "a"
+    index.database_event("MODIFIED", database(1, None), database(1, "a", limit=20))  # the write shows
+    assert index.reserved() == {key(2): "a"}
+    assert index.choose("postgres", 1) is None  # 20 placed + 10 reserved: the budget is used up
+    index.release(key(2))  # its write was refused
+    assert index.reserve("postgres", key(3), 10) == "a"
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_concurrent_placements_never_overcommit_a_budget(seed: int) -> None:
+    """Workers reserve databases of random limits and write them late or not at all: the limits
+    placed on a shard never add up to more than its connection budget, nor its count over maxDatabases."""
+    rng = random.Random(seed)
+    budgets = {f"s{i}": rng.randint(10, 60) for i in range(4)}
+    index = index_with([shard(n, max_databases=6, budget=b) for n, b in budgets.items()], {})
+    limits = {i: rng.choice((5, 10, 20)) for i in range(40)}
+    placed: dict[str, str] = {}
+    lock = threading.Lock()
+
+    def place(i: int) -> None:
+        for _attempt in range(5):
+            chosen = index.reserve("postgres", key(i), limits[i])
+            if chosen is None:
+                return
+            time.sleep(rng.random() / 1000)
+            if rng.random() < 0.2:
+                index.release(key(i))
+                continue
+            with lock:
+                placed[key(i)] = chosen
+            time.sleep(rng.random() / 1000)
+            index.database_event("MODIFIED", database(i, None), database(i, chosen, limits[i]))
+            return
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(place, range(40)))
+    committed: Counter[str] = Counter()
+    for k, name in placed.items():
+        committed[name] += limits[int(k.removeprefix("dbprovider/db").removesuffix(".c"))]
+    assert all(committed[n] <= b for n, b in budgets.items()), (committed, budgets)
+    assert all(n <= 6 for n in Counter(placed.values()).values())
     assert index.reserved() == {}

@@ -58,7 +58,7 @@ class Objects:
         for name in self.consumers:
             try:
                 self.rest.delete(CONSUMERS, name)
-            except Exception:  # noqa: BLE001, S110 - deleted by the test
+            except Exception:  # noqa: BLE001 - deleted by the test
                 pass
         for name in self.secrets:
             self.rest.delete(SECRETS, name, NAMESPACE)

@@ -30,7 +30,7 @@ def test_no_password_goes_to_a_server_asking_for_cleartext_or_md5(pg18, fleet, s
     password = f"phish-me-{uuid.uuid4().hex}"
     with HostilePostgres(auth_code) as hostile:
         name = fleet.shard(pg18, port=hostile.port, sslmode="disable", password=password)
-        start_manager()
+        start_manager(install_config(shardTLS={"cleartextShards": [name]}))  # an install that allows cleartext
         shard = fleet.wait_shard(name, "AdminAuthFailed")
         assert hostile.hung_up.wait(15), "the provider neither answered nor hung up"
         assert hostile.startups and hostile.startups[0]["user"] == pg18.PROVISIONER  # it did try to log in
@@ -38,7 +38,10 @@ def test_no_password_goes_to_a_server_asking_for_cleartext_or_md5(pg18, fleet, s
     assert not sent.startswith(b"p"), "a PasswordMessage was sent"
     assert password.encode() not in sent
     message = condition(shard, "Ready")["message"]
-    assert message == "admin login failed: insecure_auth_refused"
+    assert message == (
+        "admin login failed: insecure_auth_refused (the server did not offer SCRAM authentication "
+        "(with channel binding under TLS); no password was sent)"
+    )
     assert password not in str(shard)
 
 

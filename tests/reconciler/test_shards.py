@@ -8,7 +8,7 @@ import pytest
 
 from harness import PostgresServer
 from informers import SECRETS
-from tests.reconciler.conftest import condition
+from tests.reconciler.conftest import condition, install_config
 
 
 def _closed_port() -> int:
@@ -32,10 +32,10 @@ def pg16(postgres_pool) -> PostgresServer:
     return postgres_pool.get("16")
 
 
-@pytest.mark.parametrize("sslmode", ["require", "disable"])  # TLS by default; disable stays possible
+@pytest.mark.parametrize("sslmode", ["require", "disable"])  # TLS by default; disable where the install allows it
 def test_healthy_shard_is_ready_ok(pg16, fleet, start_manager, sslmode):
     name = fleet.shard(pg16, sslmode=sslmode)
-    start_manager()
+    start_manager(install_config(shardTLS={"cleartextShards": [name]} if sslmode == "disable" else {}))
     shard = _ready(fleet, name, "Ok")
     assert condition(shard, "Ready")["status"] == "True"
     assert condition(shard, "AdminAuthFailed")["status"] == "False"

@@ -48,7 +48,7 @@ def touch_shard(fleet: Fleet, shard: str) -> None:
 
 @contextmanager
 def foreign_role(server: PostgresServer, name: str) -> Iterator[None]:
-    """A role of the tenant's name that the provisioner did not create (insufficient_privilege)."""
+    """A role of the tenant's name that the provisioner did not create (name_taken)."""
     with server.superuser_connection() as su:
         su.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(name)))
     try:
@@ -66,7 +66,13 @@ def foreign_role(server: PostgresServer, name: str) -> Iterator[None]:
             "shard",
             id="name-taken-then-shard-change",
         ),
-        pytest.param(foreign_role, "create failed: insufficient_privilege", "database", id="privilege-then-db-change"),
+        pytest.param(
+            foreign_role,
+            "create failed: name_taken (a role of this name exists that the provider did not make: the provisioner "
+            "does not hold ADMIN on the role, so it did not create it)",
+            "database",
+            id="foreign-role-then-db-change",
+        ),
     ],
 )
 def test_a_terminal_failure_waits_for_a_change_then_converges(
@@ -76,7 +82,8 @@ def test_a_terminal_failure_waits_for_a_change_then_converges(
     # Ready before the manager starts: the first pass places at once (no ShardsUnavailable requeue,
     # whose 30 s would hide the terminal failure's own requeue).
     ready = {"type": "Ready", "status": "True", "reason": "Ok", "message": "test", "lastTransitionTime": NOW}
-    admin_rest.patch(SHARDS, shard, {"status": {"conditions": [ready]}}, subresource="status")
+    status = {"conditions": [ready], "connectionBudget": 1000}
+    admin_rest.patch(SHARDS, shard, {"status": status}, subresource="status")
     name = fleet.database(f"terminal-{fix_trigger}")
     tenant = tenant_of(admin_rest, name)
     try:

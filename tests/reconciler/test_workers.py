@@ -43,6 +43,8 @@ def second_provisioner(postgres_pool) -> Iterator[tuple[str, str]]:
                 sql.Identifier(role), sql.Literal(password)
             )
         )
+        # A prepared shard (docs/sql.md) lets only its provisioners connect to `postgres`.
+        conn.execute(sql.SQL("GRANT CONNECT ON DATABASE postgres TO {}").format(sql.Identifier(role)))
     yield role, password
 
 

@@ -16,9 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from domain.settings import SETTINGS
+from domain.version import __version__, parse_version
 from harness import KubeControlPlane
 from informers import LEASES, Rest
 from reconciler.runtime import LeaderElector
+from reconciler.runtime.leader import LeaderMark
 from tests.runtime.support import follower_sees_renewals
 from tests.support.common import unique, wait_for
 
@@ -91,7 +94,10 @@ def test_only_one_leads_and_a_graceful_stop_hands_over_well_within_the_lease_dur
     follower_sees_renewals(a, b, 4)
     lease = admin_rest.get(LEASES, "lock", namespace)
     assert lease["spec"]["holderIdentity"] == "replica-a"
-    assert lease["spec"]["leaseDurationSeconds"] == 2
+    # Replicas of this release read the real duration from the mark; older releases read the spec's
+    # much longer one (they never take the Lease from this release: tests/upgrade/test_lease.py).
+    assert LeaderMark.of(lease) == LeaderMark("replica-a", parse_version(__version__), 2)
+    assert lease["spec"]["leaseDurationSeconds"] == round(SETTINGS.lease.older_release_wait)
 
     stopped_at = time.monotonic()
     a.stop()  # releases the lease

@@ -17,17 +17,19 @@ from tests.support.common import wait_for
 
 # -- conditions (pure) -------------------------------------------------------------------------------
 
+T1, T2, T3, T9 = "2026-12-01T10:00:01Z", "2026-12-01T10:00:02Z", "2026-12-01T10:00:03Z", "2026-12-01T10:00:09Z"
+
 
 def test_set_condition_adds_a_new_condition() -> None:
     conditions: list[dict] = []
-    assert runtime.set_condition(conditions, "Ready", False, "Provisioning", "placed", 3, now="T1")
+    assert runtime.set_condition(conditions, "Ready", False, "Provisioning", "placed", 3, now=T1)
     assert conditions == [
         {
             "type": "Ready",
             "status": "False",
             "reason": "Provisioning",
             "message": "placed",
-            "lastTransitionTime": "T1",
+            "lastTransitionTime": T1,
             "observedGeneration": 3,
         }
     ]
@@ -35,21 +37,21 @@ def test_set_condition_adds_a_new_condition() -> None:
 
 def test_set_condition_keeps_the_transition_time_unless_the_status_changes() -> None:
     conditions: list[dict] = []
-    runtime.set_condition(conditions, "Ready", "False", "Provisioning", "placed", 1, now="T1")
-    assert runtime.set_condition(conditions, "Ready", "False", "AdminUnavailable", "timeout", 2, now="T2")
-    assert runtime.get_condition(conditions, "Ready")["lastTransitionTime"] == "T1"
+    runtime.set_condition(conditions, "Ready", "False", "Provisioning", "placed", 1, now=T1)
+    assert runtime.set_condition(conditions, "Ready", "False", "AdminUnavailable", "timeout", 2, now=T2)
+    assert runtime.get_condition(conditions, "Ready")["lastTransitionTime"] == T1
     assert runtime.get_condition(conditions, "Ready")["reason"] == "AdminUnavailable"
     assert runtime.get_condition(conditions, "Ready")["observedGeneration"] == 2
-    assert runtime.set_condition(conditions, "Ready", True, "Provisioned", "", 2, now="T3")
-    assert runtime.get_condition(conditions, "Ready")["lastTransitionTime"] == "T3"
+    assert runtime.set_condition(conditions, "Ready", True, "Provisioned", "", 2, now=T3)
+    assert runtime.get_condition(conditions, "Ready")["lastTransitionTime"] == T3
     assert runtime.is_condition_true(conditions, "Ready")
 
 
 def test_set_condition_reports_no_change_when_nothing_changed() -> None:
     conditions: list[dict] = []
-    runtime.set_condition(conditions, "Ready", True, "Ok", "", 4, now="T1")
+    runtime.set_condition(conditions, "Ready", True, "Ok", "", 4, now=T1)
     before = copy.deepcopy(conditions)
-    assert not runtime.set_condition(conditions, "Ready", "True", "Ok", "", 4, now="T9")
+    assert not runtime.set_condition(conditions, "Ready", "True", "Ok", "", 4, now=T9)
     assert conditions == before
 
 

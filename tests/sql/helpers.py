@@ -16,13 +16,15 @@ from reconciler.sql.tenant import PROVISIONING_STEPS, TenantSpec
 def admin_endpoint(
     server: PostgresServer, user: str | None = None, password: str | None = None, sslmode: str = "require"
 ) -> AdminEndpoint:
-    """The provisioner's endpoint; TLS (the default sslmode) as in production."""
+    """The provisioner's endpoint; TLS (the default sslmode) as in production, or a mode without it as
+    an install that names the shard in shardTLS.cleartextShards allows."""
     return AdminEndpoint(
         host="127.0.0.1",
         port=server.port,
         user=user or server.PROVISIONER,
         password=password or server.provisioner_password,
         sslmode=sslmode,
+        cleartext_allowed=sslmode in ("disable", "allow", "prefer"),
     )
 
 

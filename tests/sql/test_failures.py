@@ -54,7 +54,7 @@ def _nologin_role(server: PostgresServer) -> None:
 
 
 def _nothing_listening(server: PostgresServer) -> None:
-    connect_admin(AdminEndpoint("127.0.0.1", free_port(), "provisioner", "x", "disable"))
+    connect_admin(AdminEndpoint("127.0.0.1", free_port(), "provisioner", "x"))
 
 
 def _missing_database(server: PostgresServer) -> None:
@@ -144,7 +144,7 @@ class TestOperationsFailSanitized:
         assert failure.value.__cause__ is None and failure.value.__context__ is None
 
     def test_an_unreachable_shard_is_retried_within_the_bound(self, tenant: TenantSpec) -> None:
-        session = AdminSession.for_endpoint(AdminEndpoint("127.0.0.1", free_port(), "provisioner", "x", "disable"))
+        session = AdminSession.for_endpoint(AdminEndpoint("127.0.0.1", free_port(), "provisioner", "x"))
         started = time.monotonic()
         with pytest.raises(SqlFailure) as failure:
             ensure_tenant(session, tenant, timeout=1.5)

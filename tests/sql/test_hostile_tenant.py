@@ -37,7 +37,7 @@ class TestTemplate:
     def test_a_tenant_session_on_template1_does_not_block_another_create(
         self, postgres: PostgresServer, admin: AdminSession, provisioned: TenantSpec, other_tenant: TenantSpec
     ) -> None:
-        with postgres.connect(provisioned.name, provisioned.password, "template1") as idle:
+        with postgres.unprepared(), postgres.connect(provisioned.name, provisioned.password, "template1") as idle:
             assert idle.execute("SELECT current_database()").fetchone() == ("template1",)
 
             ensure_tenant(admin, other_tenant)
@@ -50,11 +50,14 @@ class TestTemplate:
     def test_objects_planted_in_template1_do_not_reach_a_later_tenant(
         self, postgres: PostgresServer, admin: AdminSession, provisioned: TenantSpec, other_tenant: TenantSpec
     ) -> None:
-        # Before PostgreSQL 15 (and on Cloudberry) PUBLIC may CREATE in public; grant it here to be that server.
+        # Before PostgreSQL 15 (and on Cloudberry) PUBLIC may CREATE in public; grant it here to be that
+        # server, unprepared.
         with postgres.superuser_connection("template1") as su:
             su.execute("GRANT CREATE ON SCHEMA public TO PUBLIC")
         try:
-            with postgres.connect(provisioned.name, provisioned.password, "template1") as planter:
+            with postgres.unprepared(), postgres.connect(
+                provisioned.name, provisioned.password, "template1"
+            ) as planter:
                 planter.execute("CREATE TABLE public.planted (v text)")
                 planter.execute("CREATE FUNCTION public.lower(text) RETURNS text LANGUAGE sql AS 'SELECT $1'")
                 planter.commit()
@@ -94,8 +97,8 @@ def _hold_table_lock(conn: psycopg.Connection, spec: TenantSpec) -> None:
 
 
 HOLDERS: dict[str, tuple[Callable[[psycopg.Connection, TenantSpec], None], str]] = {
-    "role-row": (_hold_role_lock, "postgres"),
-    "database-row": (_hold_database_lock, "postgres"),
+    "role-row": (_hold_role_lock, "tenant"),
+    "database-row": (_hold_database_lock, "tenant"),
     "table-in-tenant-db": (_hold_table_lock, "tenant"),
 }
 
@@ -190,7 +193,7 @@ class TestRotationAndOpenSessions:
     ) -> None:
         old = [
             postgres.connect(provisioned.name, provisioned.password, provisioned.name),
-            postgres.connect(provisioned.name, provisioned.password, "postgres"),
+            postgres.connect(provisioned.name, provisioned.password, provisioned.name),
         ]
         try:
             set_password(admin, provisioned.name, "the-new-password-after-a-leak", end_sessions=True)
@@ -206,12 +209,13 @@ class TestRotationAndOpenSessions:
 def test_what_a_tenant_left_in_the_admin_database_does_not_stop_its_drop(
     postgres: PostgresServer, admin: AdminSession, provisioned: TenantSpec
 ) -> None:
-    """Default privileges anyone may set (and objects where PUBLIC may create) depend on the role."""
+    """On an unprepared shard: default privileges anyone may set (and objects where PUBLIC may
+    create) depend on the role."""
     with postgres.superuser_connection() as su:
         su.execute("CREATE SCHEMA IF NOT EXISTS open_to_all")
         su.execute("GRANT CREATE, USAGE ON SCHEMA open_to_all TO PUBLIC")
     try:
-        with postgres.connect(provisioned.name, provisioned.password, "postgres") as conn:
+        with postgres.unprepared(), postgres.connect(provisioned.name, provisioned.password, "postgres") as conn:
             conn.execute("ALTER DEFAULT PRIVILEGES GRANT SELECT ON TABLES TO PUBLIC")
             conn.execute(sql.SQL("CREATE TABLE open_to_all.{} (v int)").format(sql.Identifier(provisioned.name)))
             conn.commit()
@@ -224,36 +228,29 @@ def test_what_a_tenant_left_in_the_admin_database_does_not_stop_its_drop(
             su.execute("DROP SCHEMA open_to_all CASCADE")
 
 
-@contextmanager
-def _prepared_shard(postgres: PostgresServer) -> Iterator[None]:
-    """The shard preparation docs/sql.md asks for, undone afterwards (the server is shared by the run)."""
-    with postgres.superuser_connection() as su:
-        su.execute("REVOKE CONNECT ON DATABASE template1 FROM PUBLIC")
-        su.execute("REVOKE CONNECT ON DATABASE postgres FROM PUBLIC")
-        su.execute(sql.SQL("GRANT CONNECT ON DATABASE postgres TO {}").format(sql.Identifier(postgres.PROVISIONER)))
-    try:
-        yield
-    finally:
-        with postgres.superuser_connection() as su:
-            su.execute("GRANT CONNECT ON DATABASE template1 TO PUBLIC")
-            su.execute("GRANT CONNECT ON DATABASE postgres TO PUBLIC")
-            su.execute(
-                sql.SQL("REVOKE CONNECT ON DATABASE postgres FROM {}").format(sql.Identifier(postgres.PROVISIONER))
-            )
-
-
 def test_on_a_prepared_shard_a_tenant_reaches_only_its_own_database_and_the_provider_still_works(
     postgres: PostgresServer, admin: AdminSession, tenant: TenantSpec
 ) -> None:
-    with _prepared_shard(postgres):
-        admin.discard()  # a new admin session, under the prepared grants
-        ensure_tenant(admin, tenant)
+    """Every harness server is prepared as docs/sql.md says (harness/postgres.py)."""
+    ensure_tenant(admin, tenant)
 
-        assert can_connect(postgres, tenant.name, tenant.password, tenant.name)
+    assert can_connect(postgres, tenant.name, tenant.password, tenant.name)
+    for elsewhere in ("postgres", "template1"):
+        with pytest.raises(psycopg.OperationalError, match="permission denied for database"):
+            postgres.connect(tenant.name, tenant.password, elsewhere)
+    with postgres.connect(tenant.name, tenant.password, tenant.name) as session:
+        disable_tenant(admin, tenant.name)
+        assert not is_alive(session)
+    drop_tenant(admin, tenant.name)
+    assert catalog_counts(postgres, tenant.name) == (0, 0)
+
+
+def test_unprepared_lets_a_tenant_into_postgres_and_template1_for_its_block_only(
+    postgres: PostgresServer, admin: AdminSession, provisioned: TenantSpec
+) -> None:
+    """Control of the test above: the same tenant, on the server as initdb leaves it."""
+    with postgres.unprepared():
         for elsewhere in ("postgres", "template1"):
-            assert not can_connect(postgres, tenant.name, tenant.password, elsewhere)
-        with postgres.connect(tenant.name, tenant.password, tenant.name) as session:
-            disable_tenant(admin, tenant.name)
-            assert not is_alive(session)
-        drop_tenant(admin, tenant.name)
-        assert catalog_counts(postgres, tenant.name) == (0, 0)
+            assert can_connect(postgres, provisioned.name, provisioned.password, elsewhere)
+    for elsewhere in ("postgres", "template1"):
+        assert not can_connect(postgres, provisioned.name, provisioned.password, elsewhere)

@@ -56,12 +56,14 @@ def drop_as_superuser(server: PostgresServer, *names: str) -> None:
 
 @contextmanager
 def login_role(server: PostgresServer, prefix: str, attributes: str = "LOGIN") -> Iterator[tuple[str, str]]:
-    """A throwaway role created by the superuser; yields (name, password)."""
+    """A throwaway role created by the superuser, with CONNECT on `postgres` as the shard preparation
+    leaves it to admin and monitoring roles; yields (name, password)."""
     name, password = f"{prefix}_{uuid.uuid4().hex[:10]}", secrets.token_urlsafe(18)
     with server.superuser_connection() as conn:
         conn.execute(
             sql.SQL("CREATE ROLE {} " + attributes + " PASSWORD {}").format(sql.Identifier(name), sql.Literal(password))
         )
+        conn.execute(sql.SQL("GRANT CONNECT ON DATABASE postgres TO {}").format(sql.Identifier(name)))
     try:
         yield name, password
     finally:
@@ -70,6 +72,15 @@ def login_role(server: PostgresServer, prefix: str, attributes: str = "LOGIN") -
             # Tenants a throwaway provisioner created are the test's to drop; its grants go with it.
             conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
             conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
+
+
+def role_comment(server: PostgresServer, role: str) -> str | None:
+    """The comment on `role` (a tenant's ownership record), None without one or without the role."""
+    with server.superuser_connection() as conn:
+        row = conn.execute(
+            "SELECT shobj_description(oid, 'pg_authid') FROM pg_roles WHERE rolname = %s", (role,)
+        ).fetchone()
+    return row[0] if row else None
 
 
 def catalog_counts(server: PostgresServer, name: str) -> tuple[int, int]:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from domain import config as dc
+from domain.version import __version__
 
 MINIMAL: dict[str, Any] = {"tls": {"secretName": "dbprovider-tls"}}
 
@@ -28,7 +29,7 @@ def test_defaults() -> None:
     config = load()
     assert config.release_name == "dbprovider"
     assert config.namespace == "dbprovider"
-    assert config.image == "ghcr.io/bnerd/dbprovider:0.1.0"
+    assert config.image == f"ghcr.io/bnerd/dbprovider:{__version__}"
     assert config.replicas == 2
     assert config.tls.secret_name == "dbprovider-tls"
     assert config.shard_secrets == ()

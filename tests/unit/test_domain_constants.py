@@ -56,9 +56,10 @@ def test_the_rendered_crds_serve_every_path_the_controllers_and_the_api_call() -
         ),
         (
             c.DatabaseConditionType,
-            ["Ready", "DeletionHeld", "ConnectionLimitDrift", "TenantDisabled", "TenantDropped"],
+            ["Ready", "DeletionHeld", "ConnectionLimitDrift", "TenantDisabled", "TenantDropped", "OwnershipRecorded"],
         ),
         (c.DriftReason, ["ConfigChanged", "UnknownSizeClass"]),
+        (c.OwnershipReason, ["Recorded", "Adopted", "ForeignRole", "OwnedByOther", "TenantMissing"]),
         (c.Engine, ["postgres", "cloudberry"]),
         (c.SslMode, ["disable", "allow", "prefer", "require", "verify-ca", "verify-full"]),
     ],

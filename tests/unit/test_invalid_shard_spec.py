@@ -17,7 +17,7 @@ READY = {"type": "Ready", "status": "True", "reason": "Ok", "message": "", "last
 BROKEN = {
     "metadata": {"name": "broken", "generation": 3, "resourceVersion": "7"},
     "spec": {"maxDatabases": 5, "perconaCluster": {"namespace": "pg", "name": "broken"}},  # no admin, no client
-    "status": {"conditions": [READY]},
+    "status": {"conditions": [READY], "connectionBudget": 100},
 }
 
 

@@ -131,6 +131,8 @@ def test_the_front_door_defaults_are_the_install_configs() -> None:
         "idle_timeout": server.idle_timeout,
         "max_connections": server.limits.max_total,
         "max_connections_per_client": server.limits.max_per_client,
+        "request_timeout": server.request_timeout,
+        "max_requests_per_consumer": server.consumer_requests.per_consumer,
     }
 
 
@@ -147,3 +149,16 @@ def test_one_backoff_type_gives_each_scheme_its_sequence() -> None:
         Backoff(0.0)
     with pytest.raises(Exception, match="cannot assign"):
         SETTINGS.ports.api = 1  # type: ignore[misc]
+
+
+def test_the_pod_drains_before_sigterm_and_stops_within_its_grace_period() -> None:
+    """The preStop sleep keeps the pod serving while the Services drop it (tests/cluster measures that
+    a rollout fails no request); after SIGTERM the manager's own bounded steps fit the grace period."""
+    pod = _deployment()["spec"]["template"]["spec"]
+    assert _container()["lifecycle"]["preStop"] == {"exec": {"command": ["sleep", str(SETTINGS.termination.drain)]}}
+    assert pod["terminationGracePeriodSeconds"] == SETTINGS.termination.grace
+    server = ApiServer(lambda *_: None, cert_file="c", key_file="k")
+    # Manager.stop(): the API (its in-flight requests), the controllers (30 s bound, in practice quick),
+    # then the Lease release; the drain runs before SIGTERM, inside the same grace period.
+    steps = SETTINGS.termination.drain + server.shutdown_timeout + SETTINGS.lease.release_timeout
+    assert steps < SETTINGS.termination.grace

@@ -87,7 +87,7 @@ HOST_VECTORS: list[tuple[str, bool, str]] = [
     # --- IPv4 that is fine ---
     ("192.0.2.200", True, "documentation address"),
     ("10.0.0.1", True, "private address"),
-    ("0.0.0.0", True, "all zeros"),
+    ("0.0.0.0", True, "all zeros"),  # noqa: S104 - a host name to validate, nothing binds it
     ("255.255.255.255", True, "broadcast"),
     ("127.0.0.1", True, "loopback"),
     ("1.2.3.4", True, "single-digit octets"),

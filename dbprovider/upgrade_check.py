@@ -1,0 +1,281 @@
+"""`dbprovider upgrade check`: what this release will refuse on a live cluster, before the upgrade.
+
+Run it with the CLI of the release you are about to install, against the DB cluster that runs the
+current one. It reads (dbprovider.upgrade_facts) and changes nothing. Each rule is one small
+function in `CHECKS`: a rule another change adds (a new refusal of this release) is one more row.
+Findings are errors (this release refuses it: fix it first), warnings (it keeps working but is
+reported differently) or notices (what the upgrade will do, or what was not checked). Exit 1 on
+any error, 2 when the cluster cannot be read.
+
+    dbprovider upgrade check --kubeconfig eu-1.kubeconfig
+    dbprovider upgrade check --kubeconfig eu-1.kubeconfig --shard-sql   # also ask each shard (in the cluster)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from dbprovider.clitools import EXIT_FINDINGS, EXIT_INVALID, EXIT_OK
+from dbprovider.upgrade_facts import LiveInstall, LiveInstallError, read_live_install
+from domain.admin_access import tls_refusal
+from domain.config import DEFAULT_NAMESPACE, DEFAULT_RELEASE_NAME
+from domain.connection_budget import Commitments, budget, provider_sessions
+from domain.constants import SERVED_VERSIONS, Phase, ShardReason
+from domain.settings import SETTINGS
+from domain.version import UPGRADES_FROM, __version__, parse_version
+from reconciler.sql.errors import INSECURE_AUTH_REFUSED
+from reconciler.sql.tenant import Ownership
+
+ERROR, WARNING, NOTICE = "error", "warning", "notice"
+
+
+@dataclass(frozen=True)
+class Finding:
+    severity: str
+    rule: str
+    obj: str  # "Shard/pg-1", "Database/ns/name", "install"
+    message: str
+
+    def text(self) -> str:
+        return f"{self.severity}: {self.obj}: {self.message} [{self.rule}]"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One rule: its id, what it makes sure of, and the function that finds what breaks it."""
+
+    rule: str
+    ensures: str
+    find: Callable[[LiveInstall], Iterable[tuple[str, str, str]]]  # (severity, object, message)
+
+
+# -- the rules ----------------------------------------------------------------------------------------
+
+
+def _release_path(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
+    if live.deployment is None:
+        yield NOTICE, "install", f"no Deployment {live.release} in {live.namespace}: the running release is unknown"
+        return
+    installed = live.installed_version or UPGRADES_FROM  # 0.1.0 labelled nothing with its version
+    where = f"Deployment/{live.namespace}/{live.release}"
+    if parse_version(installed) > parse_version(__version__):
+        yield ERROR, where, (
+            f"runs {installed}, newer than {__version__}: this is a rollback, see docs/upgrade.md (\"Rolling back\")"
+        )
+    elif parse_version(installed) < parse_version(UPGRADES_FROM):
+        yield ERROR, where, f"runs {installed}: upgrade to {UPGRADES_FROM} first (one release at a time)"
+    elif installed == __version__:
+        yield NOTICE, where, f"runs {__version__} already"
+
+
+def _install_config(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
+    for path, message in live.config_problems:
+        yield ERROR, "install", f"{live.config_source}: {path}: {message} (this release refuses to render or start)"
+
+
+def _stored_versions(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
+    for crd in live.crds.values():
+        stored = (crd.get("status") or {}).get("storedVersions") or []
+        for version in stored:
+            if version not in SERVED_VERSIONS:
+                yield ERROR, f"CustomResourceDefinition/{crd['metadata']['name']}", (
+                    f"objects are stored as {version}, which this release does not serve: its CRD cannot be "
+                    "applied until they are migrated (docs/upgrade.md, \"CRD versions\")"
+                )
+
+
+def _admin_secrets_listed(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
+    if live.config is None:
+        return
+    listed = {(ref.namespace, ref.name) for ref in live.config.shard_secrets}
+    for name in sorted(live.shards):
+        spec = live.shard_spec(name)
+        if spec is None:
+            continue
+        ref = spec.admin.secret_ref
+        if (ref.namespace, ref.name) not in listed:
+            yield ERROR, f"Shard/{name}", (
+                f"its admin Secret {ref.namespace}/{ref.name} is not in shardSecrets: it is never read, the shard "
+                "is not Ready (AdminSecretInvalid). Add it to shardSecrets, also in the release namespace"
+            )
+
+
+def _admin_tls(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
+    cleartext = live.config.shard_tls.cleartext_shards if live.config is not None else ()
+    for name in sorted(live.shards):
+        spec = live.shard_spec(name)
+        refusal = None if spec is None else tls_refusal(name, spec.admin.sslmode, cleartext)
+        if refusal is not None:
+            yield ERROR, f"Shard/{name}", (
+                f"{refusal}: the shard would be AdminTlsRequired (no placements, no SQL). Turn TLS on, or only "
+                "where the server cannot do TLS, add the shard to shardTLS.cleartextShards in the new config"
+            )
+
+
+def _admin_endpoint(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
+    if live.shard_sql is None:
+        return  # the Secrets are read with --shard-sql only; tenant-ownership says it was not run
+    for shard, fact in sorted(live.shard_sql.items()):
+        if fact.refusal is not None and fact.refusal[0] == ShardReason.ADMIN_ENDPOINT_MISMATCH:
+            yield ERROR, f"Shard/{shard}", (
+                f"{fact.refusal[1]}: the shard would be AdminEndpointMismatch (no placements, no SQL). Point "
+                "spec.admin at the Service the Secret names, or bind the Secret in shardSecrets[].host/port"
+            )
+
+
+def _connection_budget(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
+    if live.shard_sql is None or live.config is None:
+        return
+    provider = provider_sessions(live.config.workers_per_shard)  # the new config's, as the new leader counts
+    for shard, fact in sorted(live.shard_sql.items()):
+        if fact.slots is None:
+            continue
+        shard_budget = budget(fact.slots, provider, live.config.connection_budget.reserved)
+        limits = (db.connection_limit for db in live.databases if db.shard == shard and db.phase != Phase.DELETED)
+        committed = Commitments.of(limits).total(shard_budget)
+        if committed > shard_budget:
+            yield WARNING, f"Shard/{shard}", (
+                f"its databases commit {committed} connections, more than its budget of {shard_budget} "
+                f"(max_connections {fact.slots.max_connections}): it keeps working but takes no new databases "
+                "(ConnectionBudgetExceeded). Raise max_connections or lower connectionBudget.reserved"
+            )
+
+
+def _admin_scram(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
+    for name in sorted(live.shards):
+        conditions = (live.shards[name].get("status") or {}).get("conditions") or []
+        ready: dict[str, Any] = next((c for c in conditions if c.get("type") == "Ready"), {})
+        message = ready.get("message", "")
+        seen = ready.get("reason") == ShardReason.ADMIN_AUTH_FAILED and INSECURE_AUTH_REFUSED in message
+        sql = (live.shard_sql or {}).get(name)
+        if seen or (sql is not None and sql.error_class == INSECURE_AUTH_REFUSED):
+            yield ERROR, f"Shard/{name}", (
+                "the server offers the provisioner only md5 or cleartext, never SCRAM: the provider sends it no "
+                "password. Set password_encryption = scram-sha-256, set the provisioner's password again, and use "
+                "scram-sha-256 in pg_hba.conf"
+            )
+
+
+def _tenant_ownership(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
+    if live.shard_sql is None:
+        yield NOTICE, "install", (
+            "tenant ownership records not checked: run with --shard-sql where the shards' admin Services are "
+            "reachable (in the cluster, or with --admin-host-override)"
+        )
+        return
+    for shard, fact in sorted(live.shard_sql.items()):
+        if fact.error_class is not None and fact.error_class != INSECURE_AUTH_REFUSED:
+            yield WARNING, f"Shard/{shard}", f"not asked: {fact.error_class}"
+    databases = {db.name: db for db in live.databases}
+    for fact in live.shard_sql.values():
+        for name, check in sorted(fact.tenants.items()):
+            db = databases[name]
+            if db.phase == Phase.DELETING:
+                continue  # the drop needs no record; a recovered one is checked once it is Ready
+            where = f"Database/{live.namespace}/{name}"
+            why = f" ({'; '.join(check.problems)})" if check.problems else ""
+            if not db.provisioned:
+                if check.verdict in (Ownership.FOREIGN, Ownership.OTHER_OWNER):
+                    yield ERROR, where, f"a role of its tenant's name is not its own{why}: provisioning fails with " \
+                        "name_taken. Check whose role it is; drop it, or record it (docs/upgrade.md)"
+                elif check.verdict == Ownership.ADOPTABLE:
+                    yield NOTICE, where, "its tenant role has no ownership record: provisioning records it"
+            elif check.verdict == Ownership.ADOPTABLE and db.held:
+                yield WARNING, where, (
+                    "its tenant has no ownership record and the Database is held (no SQL while held): "
+                    "restore-tenant refuses it until the record is written (docs/operations.md)"
+                )
+            elif check.verdict == Ownership.ADOPTABLE:
+                yield NOTICE, where, "its tenant has no ownership record: it is adopted once (TenantAdopted)"
+            elif check.verdict in (Ownership.FOREIGN, Ownership.OTHER_OWNER):
+                yield WARNING, where, f"{check.verdict.value.replace('_', ' ')}{why}: keeps working, reported as " \
+                    "OwnershipRecorded=False, not adopted (docs/operations.md)"
+            elif check.verdict == Ownership.MISSING:
+                yield WARNING, where, "its tenant is not on its shard (OwnershipRecorded=False, TenantMissing)"
+
+
+CHECKS: tuple[Check, ...] = (
+    Check("release-path", "the installed release upgrades to this one directly", _release_path),
+    Check("install-config", "the install config is valid for this release", _install_config),
+    Check("crd-stored-versions", "every stored version of the CRDs is served by this release", _stored_versions),
+    Check("admin-secret-listed", "every Shard's admin Secret is listed in shardSecrets", _admin_secrets_listed),
+    Check("admin-tls", "every Shard's admin connection uses TLS", _admin_tls),
+    Check("admin-endpoint", "every admin Secret goes only to the endpoint it names", _admin_endpoint),
+    Check("admin-scram", "every shard offers the provisioner SCRAM", _admin_scram),
+    Check("connection-budget", "no shard's databases commit more connections than its budget", _connection_budget),
+    Check("tenant-ownership", "every tenant carries its Database's ownership record, or gets it", _tenant_ownership),
+)
+
+
+def run_checks(live: LiveInstall, checks: Iterable[Check] = CHECKS) -> list[Finding]:
+    return [
+        Finding(severity, check.rule, obj, message) for check in checks for severity, obj, message in check.find(live)
+    ]
+
+
+# -- the command --------------------------------------------------------------------------------------
+
+
+def add_parser(commands: Any) -> None:
+    upgrade = commands.add_parser(
+        "upgrade",
+        help="before an upgrade: what this release will refuse on a live cluster (read-only)",
+        description="Commands for upgrading a running install to this release (docs/upgrade.md).",
+    )
+    steps = upgrade.add_subparsers(dest="upgrade_command", required=True, metavar="COMMAND")
+    check = steps.add_parser(
+        "check",
+        help="list what this release will refuse or change on the live cluster; changes nothing",
+        description=(
+            f"Reads the install (its ConfigMap, Deployment, CRDs, Shards, Consumers, Databases) and reports what "
+            f"{__version__} will refuse (errors), report differently (warnings) or do once (notices). One line per "
+            "finding; exit 1 if any error, 2 if the cluster cannot be read. Read-only: GETs only, and with "
+            "--shard-sql read-only admin sessions."
+        ),
+    )
+    check.add_argument("--kubeconfig", required=True, metavar="FILE", help="the DB cluster's kubeconfig")
+    check.add_argument(
+        "--namespace", default=DEFAULT_NAMESPACE, help=f"release namespace (default {DEFAULT_NAMESPACE})"
+    )
+    check.add_argument("--release", default=DEFAULT_RELEASE_NAME, help=f"release name (default {DEFAULT_RELEASE_NAME})")
+    check.add_argument(
+        "--config", metavar="FILE", help="the install values you will upgrade with (default: the live ConfigMap's)"
+    )
+    check.add_argument(
+        "--shard-sql",
+        action="store_true",
+        help="also read each shard's catalog over a read-only admin session (tenant ownership records, SCRAM)",
+    )
+    check.add_argument(
+        "--admin-host-override", metavar="HOST", help="reach every shard's admin port on this host (port-forwards)"
+    )
+    check.add_argument(
+        "--shard-ca-file", metavar="PATH", help=f"CA bundle for verify-ca/-full shards (as ${SETTINGS.env.shard_ca})"
+    )
+    check.set_defaults(handler=run_upgrade_check)
+
+
+def run_upgrade_check(args: argparse.Namespace, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+    out, err = stdout or sys.stdout, stderr or sys.stderr
+    try:
+        live = read_live_install(
+            args.kubeconfig, args.namespace, args.release, args.config, shard_sql=args.shard_sql,
+            admin_host_override=args.admin_host_override, shard_ca_file=args.shard_ca_file,
+        )
+    except (LiveInstallError, OSError) as exc:
+        print(f"dbprovider upgrade check: {exc}", file=err)
+        return EXIT_INVALID
+    findings = run_checks(live)
+    for finding in findings:
+        print(finding.text(), file=out)
+    counts = {severity: sum(1 for f in findings if f.severity == severity) for severity in (ERROR, WARNING, NOTICE)}
+    print(
+        f"dbprovider upgrade check ({__version__}): {counts[ERROR]} error(s), {counts[WARNING]} warning(s), "
+        f"{counts[NOTICE]} notice(s)",
+        file=err,
+    )
+    return EXIT_FINDINGS if counts[ERROR] else EXIT_OK

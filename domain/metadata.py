@@ -1,0 +1,84 @@
+"""Typed `metadata` of the Kubernetes objects the provider reads: the ObjectMeta fields it uses.
+
+Parsed once where an object comes in (domain.objects), so code outside domain/ reads `meta.generation`
+instead of `obj["metadata"].get("generation")`. Lenient as a reader must be: every field but the name is
+optional, unknown fields (managedFields, ...) are ignored, and timestamps stay the strings the apiserver
+sent (the API shows creationTimestamp as it is; deletionTimestamp only matters by being there).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pydantic import Field, StrictBool, StrictInt, StrictStr
+
+from domain.validation import SpecModel
+
+
+class OwnerReference(SpecModel):
+    """metav1.OwnerReference: who owns the object (the Database owns its credentials Secret)."""
+
+    api_version: StrictStr
+    kind: StrictStr
+    name: StrictStr
+    uid: StrictStr
+    controller: StrictBool | None = None
+    block_owner_deletion: StrictBool | None = None
+
+
+class ObjectMeta(SpecModel):
+    """The subset of metav1.ObjectMeta the provider reads."""
+
+    name: StrictStr
+    namespace: StrictStr | None = None
+    uid: StrictStr | None = None
+    generation: StrictInt | None = None
+    resource_version: StrictStr | None = None
+    creation_timestamp: StrictStr | None = None
+    deletion_timestamp: StrictStr | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    finalizers: tuple[str, ...] = ()
+    owner_references: tuple[OwnerReference, ...] = ()
+
+    @property
+    def key(self) -> str:
+        """The informer's key: "namespace/name", or "name" for cluster-scoped objects."""
+        return f"{self.namespace}/{self.name}" if self.namespace else self.name
+
+    @property
+    def deleting(self) -> bool:
+        """A Kubernetes delete was requested (the object waits for its finalizers)."""
+        return bool(self.deletion_timestamp)
+
+    def controlled_by(self, uid: str | None) -> bool:
+        """True if the owner reference marked `controller` is the object with this uid."""
+        return uid is not None and any(ref.uid == uid and ref.controller is True for ref in self.owner_references)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What a document of unknown shape says it is (a landscape file under review), so a reader can name
+    the document before it validates it: "" where a part is missing (or, but for the kind, not a string)."""
+
+    api_version: str
+    kind: str
+    name: str
+    namespace: str
+
+    @classmethod
+    def of(cls, doc: object) -> Identity:
+        data = doc if isinstance(doc, Mapping) else {}
+        meta = data.get("metadata")
+        meta = meta if isinstance(meta, Mapping) else {}
+        return cls(
+            api_version=_text(data.get("apiVersion")),
+            kind=str(data.get("kind", "")),  # shown as written, whatever it is: "the apiserver serves no ..."
+            name=_text(meta.get("name")),
+            namespace=_text(meta.get("namespace")),
+        )
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""

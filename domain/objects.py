@@ -1,0 +1,76 @@
+"""Shard, Consumer and Database objects, typed whole: metadata, spec and status parsed in one step.
+
+This is the boundary: an object from the informer cache or the REST client is parsed here once
+(`DatabaseObject.parse(obj)`), and the code behind it reads typed fields. A spec that does not validate
+raises pydantic.ValidationError, as domain.specs does; so does a status that does not (the callers that
+must show such an object anyway choose what to do, e.g. `parse_lenient_status`).
+
+The status is written back from the typed model: `dump_status()` gives the camelCase body with only the
+fields that were stored or set (see domain.status), for the status merge patch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Generic, Self, TypeVar
+
+from pydantic import BaseModel, Field, ValidationError
+
+from domain.metadata import ObjectMeta
+from domain.specs import ConsumerSpec, DatabaseSpec, ShardSpec
+from domain.status import ConsumerStatus, DatabaseStatus, ShardStatus
+from domain.validation import SpecModel
+
+SpecT = TypeVar("SpecT", bound=BaseModel)
+StatusT = TypeVar("StatusT", bound=BaseModel)
+
+
+class KubeObject(SpecModel, Generic[SpecT, StatusT]):
+    """One object of ours as the apiserver returns it (apiVersion and kind are implied by the class)."""
+
+    metadata: ObjectMeta
+    spec: SpecT
+    status: StatusT
+
+    @classmethod
+    def parse(cls, obj: Mapping[str, Any]) -> Self:
+        """Parse an object from the apiserver or the cache; a missing or null status is an empty one."""
+        return cls.model_validate({**obj, "status": obj.get("status") or {}})
+
+    @classmethod
+    def parse_lenient_status(cls, obj: Mapping[str, Any]) -> tuple[Self, bool]:
+        """Like `parse`, but a status that does not validate reads as empty: (object, whether it did).
+
+        For readers that show an object before its status is trusted (the API shows it as not reconciled
+        yet); a spec or metadata that does not validate still raises.
+        """
+        try:
+            return cls.parse(obj), True
+        except ValidationError as exc:
+            if any(error["loc"][:1] != ("status",) for error in exc.errors()):
+                raise
+        return cls.parse({**obj, "status": {}}), False
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    @property
+    def key(self) -> str:
+        return self.metadata.key
+
+    def dump_status(self) -> dict[str, Any]:
+        """The status as the apiserver stores it: camelCase, only stored or set keys, the stored time format."""
+        return self.status.model_dump(by_alias=True, exclude_none=True, exclude_unset=True, mode="json")
+
+
+class ShardObject(KubeObject[ShardSpec, ShardStatus]):
+    status: ShardStatus = Field(default_factory=ShardStatus)
+
+
+class ConsumerObject(KubeObject[ConsumerSpec, ConsumerStatus]):
+    status: ConsumerStatus = Field(default_factory=ConsumerStatus)
+
+
+class DatabaseObject(KubeObject[DatabaseSpec, DatabaseStatus]):
+    status: DatabaseStatus = Field(default_factory=DatabaseStatus)

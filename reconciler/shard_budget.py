@@ -1,0 +1,100 @@
+"""A Shard's connection budget in its status (issue 24): the budget from its last check, what the
+databases placed on it commit (from the Database cache), the condition ConnectionBudgetExceeded,
+and one log line each time a shard becomes overcommitted or stops being so.
+
+Kept apart from the Shard controller's health checks: the check only reads the server's slots
+(reconciler.sql.shard_probe, in its one statement); everything else is computed here. Nothing is ever
+changed on the tenants: an overcommitted shard (a lower max_connections, a larger
+connectionBudget.reserved, an operator's resize) is reported and gets no more placements, and its
+databases keep their limits.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from domain.config import InstallConfig
+from domain.connection_budget import Commitments, ServerSlots, budget, database_limit, provider_sessions
+from domain.constants import ShardConditionType, ShardReason
+from informers import Informer
+from reconciler.resources import BY_SHARD
+from reconciler.runtime import set_condition
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ShardBudget:
+    """The budget (None: never read) and what is committed against it (None while the budget is unknown)."""
+
+    budget: int | None
+    committed: int | None
+
+    @property
+    def exceeded(self) -> bool:
+        return self.budget is not None and self.committed is not None and self.committed > self.budget
+
+    def message(self) -> str:
+        if self.budget is None:
+            return "connection budget not read yet"
+        if not self.exceeded:
+            return f"the databases placed here commit {self.committed} of {self.budget} connections"
+        return (
+            f"the databases placed here commit {self.committed} connections, more than the budget of {self.budget}: "
+            "no new databases are placed here, existing ones keep their limits"
+        )
+
+
+class ShardBudgets:
+    """Computes and records each shard's budget; `workers_per_shard` sizes the provider's own sessions."""
+
+    def __init__(self, config: InstallConfig, databases: Informer, workers_per_shard: int) -> None:
+        self.config = config
+        self.databases = databases
+        self.provider = provider_sessions(workers_per_shard)
+
+    def of(self, shard: str, slots: ServerSlots | None, status: dict[str, Any]) -> ShardBudget:
+        """From the slots just read, else the budget last recorded (a check that did not get that far)."""
+        if slots is not None:
+            shard_budget: int | None = budget(slots, self.provider, self.config.connection_budget.reserved)
+        else:
+            recorded = status.get("connectionBudget")
+            shard_budget = recorded if isinstance(recorded, int) else None
+        if shard_budget is None:
+            return ShardBudget(None, None)
+        limits = (database_limit(db, self.config) for db in self.databases.by_index(BY_SHARD, shard))
+        return ShardBudget(shard_budget, Commitments.of(limits).total(shard_budget))
+
+    def record(
+        self,
+        shard: str,
+        view: ShardBudget,
+        status: dict[str, Any],
+        conditions: list[dict[str, Any]],
+        generation: int | None,
+    ) -> None:
+        """Status fields and the condition; a log line when the shard turns overcommitted or back."""
+        was_exceeded = any(
+            c.get("type") == ShardConditionType.CONNECTION_BUDGET_EXCEEDED and c.get("status") == "True"
+            for c in conditions
+        )
+        if view.budget is None:
+            return
+        status["connectionBudget"] = view.budget
+        status["connectionsCommitted"] = view.committed
+        set_condition(
+            conditions,
+            ShardConditionType.CONNECTION_BUDGET_EXCEEDED,
+            view.exceeded,
+            ShardReason.OVERCOMMITTED if view.exceeded else ShardReason.OK,
+            view.message(),
+            generation,
+        )
+        if view.exceeded != was_exceeded:
+            extra = {"shard": shard, "budget": view.budget, "committed": view.committed}
+            if view.exceeded:
+                log.warning("shard connection budget exceeded", extra=extra)
+            else:
+                log.info("shard connection budget no longer exceeded", extra=extra)

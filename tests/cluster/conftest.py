@@ -1,0 +1,297 @@
+"""Fixtures of the cluster suite: a one-node Kubernetes, the image built here, a shard behind a Service,
+and a Pulumi stack that installs the provider as a platform engineer does. See README.md here.
+
+Everything is module-scoped: test_install.py follows one install through its life, in file order.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import ssl
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kubernetes.client
+import pytest
+import yaml
+from psycopg import sql
+
+from domain.settings import SETTINGS
+from domain.tokens import hash_token
+from harness import PostgresServer
+from harness.certs import CertFiles, CertificateAuthority
+from harness.images import Image, build_image
+from harness.node import ExposedService, KubeNode
+from harness.pulumi import REPO_ROOT, PulumiWorkspace
+from informers import LEASES, SECRETS, Resource, Rest
+from reconciler.resources import CONSUMERS, SHARDS
+from tests.support.common import b64, wait_for
+
+NAMESPACE = "dbprovider"  # the install's defaults: release `dbprovider` in namespace `dbprovider`
+RELEASE = "dbprovider"
+TLS_SECRET = "dbprovider-tls"
+API_HOST = f"{RELEASE}.{NAMESPACE}.svc"  # the name consumers reach the API by (the certificate's name)
+SHARDS_NAMESPACE = "shards"
+SHARD = "shard1"
+ADMIN_SECRET = "shard1-provisioner"
+CONSUMER = "team-a"
+STACK = "node"
+POD_SELECTOR = f"app.kubernetes.io/name=dbprovider,app.kubernetes.io/instance={RELEASE}"
+PODS = Resource("", "v1", "pods")
+# Figures measured on the way (seconds, bytes), printed at the end of the module and, with
+# DBPROVIDER_CLUSTER_FIGURES=<file>, written there as JSON (docs/install.md quotes them).
+FIGURES: dict[str, Any] = {}
+
+
+@pytest.fixture(scope="module")
+def image() -> Image:
+    """The provider image from this checkout's Dockerfile (hack/build-image.sh, cached by hash)."""
+    return build_image()
+
+
+@pytest.fixture(scope="module")
+def node(image: Image) -> Iterator[KubeNode]:
+    with KubeNode() as started:
+        started.load_image(image)
+        yield started
+
+
+@pytest.fixture(scope="module")
+def rest(node: KubeNode) -> Iterator[Rest]:
+    with node.admin_client() as client:
+        yield Rest(client)
+
+
+@dataclass
+class Shard:
+    server: PostgresServer
+    service: ExposedService
+
+
+@pytest.fixture(scope="module")
+def shard(node: KubeNode) -> Iterator[Shard]:
+    """PostgreSQL 18 prepared as docs/sql.md says, offered to pods as the Service shard1-primary.shards.
+    Its connection budget (max_connections 400, size class small 1 connection) holds the burst test's 200
+    databases besides the others: placement counts connections, not only databases."""
+    with PostgresServer("18", settings={"max_connections": "400"}) as server:
+        with server.superuser_connection() as conn:
+            conn.execute("REVOKE CONNECT ON DATABASE template1 FROM PUBLIC")
+            conn.execute("REVOKE CONNECT ON DATABASE postgres FROM PUBLIC")
+            conn.execute(sql.SQL("GRANT CONNECT ON DATABASE postgres TO {}").format(sql.Identifier(server.PROVISIONER)))
+        yield Shard(server, node.expose_service(SHARDS_NAMESPACE, f"{SHARD}-primary", 5432, server.port))
+
+
+@dataclass
+class Stack:
+    """The Pulumi stack and what its first `pulumi up` took."""
+
+    workspace: PulumiWorkspace
+    ca: CertificateAuthority
+    up_seconds: float
+
+    def up(self, *config: tuple[str, str]) -> float:
+        """`pulumi config set` each (key, value), then `pulumi up`; returns how long the up took."""
+        for key, value in config:
+            self.workspace.ok("config", "set", "--path", "--plaintext", key, value)
+        started = time.monotonic()
+        self.workspace.ok("up", "--yes", "--skip-preview", timeout=900)
+        return time.monotonic() - started
+
+
+def _tls_secret(ca: CertificateAuthority, stem: str) -> dict[str, Any]:
+    cert = ca.issue_server(stem, (API_HOST, f"{API_HOST}.cluster.local"), ())
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "kubernetes.io/tls",
+        "metadata": {"name": TLS_SECRET, "namespace": NAMESPACE},
+        "data": {"tls.crt": b64(cert.cert_file.read_bytes()), "tls.key": b64(cert.key_file.read_bytes())},
+    }
+
+
+def renewed_certificate(stack: Stack, stem: str) -> tuple[dict[str, Any], CertFiles]:
+    """A new serving certificate from the same CA, as the TLS Secret a renewal writes."""
+    secret = _tls_secret(stack.ca, stem)
+    return secret, CertFiles(stack.ca.directory / f"{stem}.crt", stack.ca.directory / f"{stem}.key")
+
+
+@pytest.fixture(scope="module")
+def stack(node: KubeNode, rest: Rest, image: Image, shard: Shard, tmp_path_factory: pytest.TempPathFactory) -> Stack:
+    """What docs/install.md asks for first (the namespaces, the TLS Secret, the shard's admin Secret),
+    then the README's `pulumi` lines with the image built here, and `pulumi up`."""
+    workdir = tmp_path_factory.mktemp("cluster-pulumi")
+    node.ensure_namespace(NAMESPACE)
+    ca = CertificateAuthority(workdir / "api-pki", "dbprovider-api")
+    rest.create(SECRETS, _tls_secret(ca, "api"), NAMESPACE)
+    rest.create(SECRETS, {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": ADMIN_SECRET, "namespace": SHARDS_NAMESPACE},
+        "data": {"user": b64(shard.server.PROVISIONER), "password": b64(shard.server.provisioner_password)},
+    }, SHARDS_NAMESPACE)
+    project = workdir / "project"
+    project.mkdir()
+    settings = yaml.safe_load((REPO_ROOT / "Pulumi.yaml").read_text())
+    (project / "Pulumi.yaml").write_text(yaml.safe_dump(settings))  # main: infra/, the program unchanged
+    (project / "infra").symlink_to(REPO_ROOT / "infra")
+    kubeconfig = node.write_kubeconfig(workdir / "kubeconfig")
+    workspace = PulumiWorkspace(workdir, project, kubeconfig)
+    workspace.ok("stack", "init", STACK)
+    stack = Stack(workspace, ca, 0.0)
+    stack.up_seconds = stack.up(
+        ("dbprovider:image", image.tag),
+        ("dbprovider:tls.secretName", TLS_SECRET),
+        ("dbprovider:shardSecrets[0].namespace", SHARDS_NAMESPACE),
+        ("dbprovider:shardSecrets[0].name", ADMIN_SECRET),
+        ("dbprovider:sizeClasses.small.connectionLimit", "1"),
+        ("dbprovider:softDelete.retention", "0"),
+    )
+    return stack
+
+
+@pytest.fixture(scope="module")
+def consumer(stack: Stack, rest: Rest) -> str:
+    """A Consumer with a fresh token (its hash in a Secret); returns the token."""
+    token = os.urandom(32).hex()
+    rest.create(SECRETS, {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": f"{CONSUMER}-token", "namespace": NAMESPACE},
+        "data": {"token": b64(hash_token(token))},
+    }, NAMESPACE)
+    rest.create(CONSUMERS, {
+        "apiVersion": "db.bnerd.com/v1alpha1",
+        "kind": "Consumer",
+        "metadata": {"name": CONSUMER},
+        "spec": {"tokenSecretRef": {"namespace": NAMESPACE, "name": f"{CONSUMER}-token", "key": "token"},
+                 "maxDatabases": 400},
+    })
+    return token
+
+
+@pytest.fixture(scope="module")
+def shard_ready(stack: Stack, rest: Rest, shard: Shard) -> str:
+    """The Shard, Ready: the leader reached PostgreSQL by the Service's name through cluster DNS."""
+    rest.create(SHARDS, {
+        "apiVersion": "db.bnerd.com/v1alpha1",
+        "kind": "Shard",
+        "metadata": {"name": SHARD},
+        "spec": {
+            "maxDatabases": 400,
+            "perconaCluster": {"namespace": SHARDS_NAMESPACE, "name": SHARD},
+            "admin": {"serviceName": shard.service.name, "port": shard.service.port, "sslmode": "require",
+                      "secretRef": {"namespace": SHARDS_NAMESPACE, "name": ADMIN_SECRET}},
+            "client": {"host": shard.service.host, "port": shard.service.port, "sslmode": "require"},
+        },
+    })
+
+    def ready() -> bool:
+        conditions = (rest.get(SHARDS, SHARD).get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    wait_for(ready, timeout=90, what=f"Shard {SHARD} Ready")
+    return SHARD
+
+
+class ApiClient:
+    """The consumer API through its Service (ClusterIP:443), one TLS connection per request, checking
+    the certificate against the Service's name as a consumer in the cluster would."""
+
+    def __init__(self, node: KubeNode, cluster_ip: str, ca_file: Path, token: str) -> None:
+        self.node = node
+        self.port = node.forward(cluster_ip, 443)
+        self.context = ssl.create_default_context(cafile=str(ca_file))
+        self.token = token
+
+    def connection(self, timeout: float = 10, port: int | None = None) -> http.client.HTTPSConnection:
+        connection = http.client.HTTPSConnection(API_HOST, 443, timeout=timeout, context=self.context)
+        raw = socket.create_connection(("127.0.0.1", port or self.port), timeout=timeout)
+        connection.sock = self.context.wrap_socket(raw, server_hostname=API_HOST)
+        return connection
+
+    def call(self, method: str, path: str, body: Any = None, timeout: float = 10) -> tuple[int, Any]:
+        connection = self.connection(timeout)
+        try:
+            headers = {"Authorization": f"Bearer {self.token}", "Connection": "close"}
+            payload = None
+            if body is not None:
+                payload = json.dumps(body).encode()
+                headers["Content-Type"] = "application/json"
+            connection.request(method, path, body=payload, headers=headers)
+            response = connection.getresponse()
+            data = response.read()
+            return response.status, json.loads(data) if data else None
+        finally:
+            connection.close()
+
+    def served_certificate(self, pod_ip: str | None = None) -> bytes:
+        """The DER certificate the API presents right now (through the Service, or by one pod)."""
+        connection = self.connection(port=self.node.forward(pod_ip, SETTINGS.ports.api) if pod_ip else None)
+        try:
+            return connection.sock.getpeercert(binary_form=True)
+        finally:
+            connection.close()
+
+
+@pytest.fixture(scope="module")
+def api(node: KubeNode, stack: Stack, consumer: str) -> ApiClient:
+    with node.admin_client() as client:
+        service = kubernetes.client.CoreV1Api(client).read_namespaced_service(RELEASE, NAMESPACE)
+    return ApiClient(node, service.spec.cluster_ip, stack.ca.ca_file, consumer)
+
+
+# -- reading the pods ------------------------------------------------------------------------------
+
+
+def pods(rest: Rest) -> list[dict[str, Any]]:
+    """The provider's pods that are not terminating, by name."""
+    found = rest.list(PODS, NAMESPACE, query=[("labelSelector", POD_SELECTOR)])["items"]
+    return sorted((p for p in found if not p["metadata"].get("deletionTimestamp")), key=lambda p: p["metadata"]["name"])
+
+
+def ready_pods(rest: Rest) -> list[dict[str, Any]]:
+    return [p for p in pods(rest) if any(c["type"] == "Ready" and c["status"] == "True"
+                                         for c in p["status"].get("conditions") or [])]
+
+
+def leader(rest: Rest) -> str:
+    return rest.get(LEASES, f"{RELEASE}-manager", NAMESPACE)["spec"].get("holderIdentity") or ""
+
+
+def container(pod: dict[str, Any]) -> dict[str, Any]:
+    (status,) = pod["status"]["containerStatuses"]
+    return status
+
+
+def exec_in(node: KubeNode, pod: str, *argv: str, stdin: str | None = None) -> str:
+    """Run a command in the manager container (kubectl exec, through the apiserver and the kubelet)."""
+    args = ["-n", NAMESPACE, "exec", *(["-i"] if stdin is not None else []), pod, "-c", "manager", "--", *argv]
+    result = node.kubectl(*args, stdin=stdin)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def rss_bytes(node: KubeNode, pod: dict[str, Any]) -> int:
+    """Resident memory of the pod's manager container (its processes' VmRSS, as the host reads it)."""
+    total = 0
+    for pid in node.container_pids(container(pod)["containerID"]):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report() -> Iterator[None]:
+    yield
+    if FIGURES:
+        text = json.dumps(FIGURES, indent=1, sort_keys=True)
+        print(f"\ncluster figures: {text}")
+        if target := os.environ.get("DBPROVIDER_CLUSTER_FIGURES"):
+            Path(target).write_text(text + "\n")

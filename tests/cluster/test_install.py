@@ -1,0 +1,343 @@
+"""The provider as it is installed: `pulumi up` with the image built here, on a real one-node Kubernetes.
+
+One install, followed through its life in file order: pods Ready and one leader, the pod as it really
+runs, a shard reached by its Service name, the consumer flow through the API's Service, metrics through
+the metrics Service, a renewed certificate, a burst of PUTs, rolling updates while a client calls every
+100 ms, and the loss of the leader pod and of the manager process inside its container.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import kubernetes.client
+import pytest
+from cryptography import x509
+
+from harness.images import Image
+from harness.node import KubeNode
+from informers import SECRETS, Rest
+from reconciler.resources import DATABASES
+from tests.cluster.conftest import (
+    FIGURES,
+    NAMESPACE,
+    RELEASE,
+    TLS_SECRET,
+    ApiClient,
+    Shard,
+    Stack,
+    container,
+    exec_in,
+    leader,
+    pods,
+    ready_pods,
+    renewed_certificate,
+    rss_bytes,
+)
+from tests.support.common import wait_for
+
+MEMORY_LIMIT = 512 * 1024 * 1024  # the Deployment's limit (infra/templates/deployment.yaml.j2)
+
+
+def test_pulumi_up_waits_for_two_ready_pods_and_one_leader(node: KubeNode, stack: Stack, rest: Rest) -> None:
+    # `pulumi up` (no skipAwait: this cluster has a kubelet) returned only after the rollout finished.
+    FIGURES["pulumi_up_to_ready_pods_seconds"] = round(stack.up_seconds, 1)
+    ready = ready_pods(rest)
+    assert len(ready) == 2, [p["metadata"]["name"] for p in pods(rest)]
+    wait_for(lambda: leader(rest) in {p["metadata"]["name"] for p in ready}, timeout=30, what="a pod holding the Lease")
+    for pod in ready:
+        assert container(pod)["restartCount"] == 0
+    FIGURES["rss_per_pod_after_apply_bytes"] = [rss_bytes(node, pod) for pod in ready]
+
+
+def test_the_pod_runs_as_non_root_read_only_without_capabilities(node: KubeNode, stack: Stack, rest: Rest) -> None:
+    for pod in ready_pods(rest):
+        name = pod["metadata"]["name"]
+        assert exec_in(node, name, "id", "-u").strip() == "10001"
+        status = dict(
+            line.split(":\t", 1) for line in exec_in(node, name, "cat", "/proc/1/status").splitlines() if ":\t" in line
+        )
+        assert int(status["CapEff"], 16) == 0 and int(status["CapPrm"], 16) == 0, status["CapEff"]
+        assert status["NoNewPrivs"].strip() == "1"
+        assert status["Seccomp"].strip() == "2"  # RuntimeDefault: a filter
+        refused = node.kubectl("-n", NAMESPACE, "exec", name, "--", "sh", "-c", "echo x > /opt/dbprovider/x")
+        assert refused.returncode != 0 and "Read-only file system" in refused.stderr
+        exec_in(node, name, "sh", "-c", "echo x > /tmp/x && rm /tmp/x")  # the one writable place
+
+
+def test_the_shard_is_reached_by_its_service_name(
+    node: KubeNode, shard_ready: str, rest: Rest, shard: Shard
+) -> None:
+    # The Shard is Ready (shard_ready waited for it): the leader connected to shard1-primary.shards.svc.
+    # With no admin-host override in the pod, that name was resolved by cluster DNS to the Service.
+    for pod in ready_pods(rest):
+        (manager,) = pod["spec"]["containers"]
+        assert not [a for a in manager.get("args", []) if "override" in a]
+        assert not [e for e in manager.get("env", []) if "OVERRIDE" in e["name"]]
+        resolved = exec_in(node, pod["metadata"]["name"], "getent", "hosts", shard.service.host)
+        assert resolved.split()[0] == shard.service.cluster_ip, resolved
+
+
+def _wait_phase(api: ApiClient, external_id: str, phase: str, timeout: float = 90) -> dict[str, Any]:
+    last: list[object] = [None]
+
+    def probe() -> dict[str, Any] | None:
+        status, body = api.call("GET", f"/v1/databases/{external_id}")
+        last[0] = (status, body)
+        return body if status == 200 and body.get("phase") == phase else None
+
+    try:
+        return wait_for(probe, timeout=timeout, what=f"database {external_id} {phase}")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last answer: {last[0]}") from None
+
+
+def test_consumer_flow_through_the_service(
+    node: KubeNode, api: ApiClient, shard_ready: str, shard: Shard, rest: Rest
+) -> None:
+    status, body = api.call("PUT", "/v1/databases/orders", {"sizeClass": "small"})
+    assert status == 201, body
+    _wait_phase(api, "orders", "Ready")
+    status, credentials = api.call("GET", "/v1/databases/orders/credentials")
+    assert status == 200
+    assert credentials["host"] == shard.service.host  # consumers in the cluster reach it by this name
+    # Log in with them from inside the cluster (a pod's network, cluster DNS, the shard's Service).
+    pod = ready_pods(rest)[0]["metadata"]["name"]
+    script = (
+        "import json, sys, psycopg\n"
+        "c = json.load(sys.stdin)\n"
+        "with psycopg.connect(c['uri'], connect_timeout=10) as conn:\n"
+        "    conn.execute('CREATE TABLE hello (id int)')\n"
+        "    print(conn.execute('SELECT current_user, current_database()').fetchone())\n"
+    )
+    out = exec_in(node, pod, "python", "-c", script, stdin=json.dumps(credentials))
+    assert credentials["user"] in out and credentials["database"] in out
+    status, _ = api.call("DELETE", "/v1/databases/orders")
+    assert status == 202
+    wait_for(lambda: api.call("GET", "/v1/databases/orders")[0] == 404, timeout=90, what="orders gone")
+    with shard.server.superuser_connection() as conn:
+        database = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (credentials["database"],))
+        assert database.fetchone() is None
+        assert conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (credentials["user"],)).fetchone() is None
+
+
+def test_metrics_are_scraped_through_the_metrics_service(node: KubeNode, shard_ready: str, rest: Rest) -> None:
+    with node.admin_client() as client:
+        service = kubernetes.client.CoreV1Api(client).read_namespaced_service(f"{RELEASE}-metrics", NAMESPACE)
+    port = node.forward(service.spec.cluster_ip, service.spec.ports[0].port)
+
+    def scrape() -> str:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        try:
+            connection.request("GET", "/metrics")
+            response = connection.getresponse()
+            assert response.status == 200
+            return response.read().decode()
+        finally:
+            connection.close()
+
+    assert "dbprovider_shard_ready{" in scrape()
+    # The kubelet's probes hit the API's real port and paths (counted by the API itself; the liveness
+    # probe starts 10 s after the container, and each scrape reaches either replica).
+    wait_for(lambda: all(f'route="{path}"' in scrape() for path in ("/healthz", "/readyz")), timeout=60,
+             what="a scrape counting the kubelet's probe requests")
+
+
+def test_a_renewed_certificate_is_served_without_a_restart(
+    node: KubeNode, stack: Stack, api: ApiClient, rest: Rest
+) -> None:
+    before = {p["metadata"]["name"]: container(p)["restartCount"] for p in ready_pods(rest)}
+    old = api.served_certificate()
+    secret, renewed = renewed_certificate(stack, "api-renewed")
+    current = rest.get(SECRETS, TLS_SECRET, NAMESPACE)
+    secret["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+    started = time.monotonic()
+    rest.replace(SECRETS, secret)
+    wanted = x509.load_pem_x509_certificate(renewed.cert_file.read_bytes()).serial_number
+
+    def serials() -> set[int]:  # each replica, at its pod's address
+        return {x509.load_der_x509_certificate(api.served_certificate(p["status"]["podIP"])).serial_number
+                for p in ready_pods(rest)}
+
+    wait_for(lambda: serials() == {wanted}, timeout=180, what="the renewed certificate from every replica")
+    FIGURES["certificate_renewal_served_seconds"] = round(time.monotonic() - started, 1)
+    assert old != api.served_certificate()
+    after = {p["metadata"]["name"]: container(p)["restartCount"] for p in ready_pods(rest)}
+    assert after == before  # same pods, no restarts
+
+
+def test_a_burst_of_200_puts_stays_within_the_memory_limit(
+    node: KubeNode, api: ApiClient, shard_ready: str, rest: Rest
+) -> None:
+    ids = [f"burst-{i}" for i in range(200)]
+    with ThreadPoolExecutor(8) as pool:
+        statuses = list(pool.map(lambda i: api.call("PUT", f"/v1/databases/{i}", {"sizeClass": "small"})[0], ids))
+    assert statuses == [201] * 200
+    for external_id in ids:
+        _wait_phase(api, external_id, "Ready", timeout=300)
+    for pod in ready_pods(rest):
+        state = container(pod)
+        assert state["restartCount"] == 0, state.get("lastState")
+        assert "terminated" not in (state.get("lastState") or {}), state["lastState"]
+        rss = rss_bytes(node, pod)
+        assert 0 < rss < MEMORY_LIMIT
+        FIGURES.setdefault("rss_after_200_puts_bytes", []).append(rss)
+
+
+@dataclass
+class Caller:
+    """A consumer calling the API through its Service every 100 ms (a GET and an idempotent PUT of an
+    existing database, in turn), each call on a new connection; it records every call that failed."""
+
+    api: ApiClient
+    external_id: str
+    calls: int = 0
+    longest_pause: float = 0.0  # seconds between the starts of two calls in a row
+    failures: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> Caller:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        started = last = time.monotonic()
+        while not self._stop.is_set():
+            now = time.monotonic()
+            self.longest_pause, last = max(self.longest_pause, now - last), now
+            method, body = ("GET", None) if self.calls % 2 == 0 else ("PUT", {"sizeClass": "small"})
+            try:
+                status, body = self.api.call(method, f"/v1/databases/{self.external_id}", body)
+                if status != 200:
+                    self.failures.append(f"{time.monotonic() - started:.1f}s {method} {status} {body}")
+            except Exception as exc:  # noqa: BLE001 - every kind of failure is what we count
+                self.failures.append(f"{time.monotonic() - started:.1f}s {method} {type(exc).__name__}: {exc}")
+            self.calls += 1
+            self._stop.wait(0.1)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        assert self._thread is not None
+        self._thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def steady(api: ApiClient, shard_ready: str) -> Iterator[str]:
+    """A Ready database the caller reads and re-puts during rollouts."""
+    status, body = api.call("PUT", "/v1/databases/steady", {"sizeClass": "small"})
+    assert status in (200, 201), body
+    _wait_phase(api, "steady", "Ready")
+    yield "steady"
+
+
+def _roll(stack: Stack, api: ApiClient, rest: Rest, steady: str, figure: str, *config: tuple[str, str]) -> None:
+    before = {p["metadata"]["name"] for p in pods(rest)}
+    with Caller(api, steady) as caller:
+        seconds = stack.up(*config)
+    FIGURES[figure] = round(seconds, 1)
+    FIGURES[f"{figure}_calls"] = caller.calls
+    FIGURES[f"{figure}_longest_pause"] = round(caller.longest_pause, 2)
+    assert caller.failures == [], caller.failures
+    assert caller.longest_pause < 2.0, caller.longest_pause  # it kept calling throughout the rollout
+    after = ready_pods(rest)
+    assert len(after) == 2
+    assert not before & {p["metadata"]["name"] for p in after}  # every pod was replaced
+
+
+def test_a_new_image_tag_rolls_the_pods_without_a_failed_request(
+    node: KubeNode, stack: Stack, api: ApiClient, rest: Rest, image: Image, steady: str
+) -> None:
+    rolled = node.tag_image(image, f"{image.tag}-rolled")
+    _roll(stack, api, rest, steady, "rollout_image_seconds", ("dbprovider:image", rolled.tag))
+    assert {p["spec"]["containers"][0]["image"] for p in ready_pods(rest)} == {rolled.tag}
+
+
+def test_a_config_change_rolls_the_pods_without_a_failed_request(
+    stack: Stack, api: ApiClient, rest: Rest, steady: str
+) -> None:
+    checksum = {p["metadata"]["annotations"]["checksum/config"] for p in ready_pods(rest)}
+    _roll(stack, api, rest, steady, "rollout_config_seconds", ("dbprovider:api.idleTimeout", "20s"))
+    assert {p["metadata"]["annotations"]["checksum/config"] for p in ready_pods(rest)}.isdisjoint(checksum)
+
+
+def _put_all(api: ApiClient, prefix: str, count: int) -> list[str]:
+    ids = [f"{prefix}-{i}" for i in range(count)]
+    for external_id in ids:
+        status, body = api.call("PUT", f"/v1/databases/{external_id}", {"sizeClass": "small"})
+        assert status == 201, body
+    return ids
+
+
+def _all_databases_ready(rest: Rest) -> bool:
+    items = rest.list(DATABASES, NAMESPACE)["items"]
+    return bool(items) and all((d.get("status") or {}).get("phase") in ("Ready",) for d in items)
+
+
+def test_deleting_the_leader_pod_hands_over_the_lease(
+    node: KubeNode, api: ApiClient, rest: Rest, steady: str
+) -> None:
+    old = leader(rest)
+    assert old
+    ids = _put_all(api, "during-delete", 10)
+    with Caller(api, steady) as caller:
+        started = time.monotonic()
+        deleted = node.kubectl("-n", NAMESPACE, "delete", "pod", old, "--wait=false")
+        assert deleted.returncode == 0, deleted.stderr
+        wait_for(lambda: leader(rest) not in ("", old), timeout=60, what="another replica holding the Lease")
+        FIGURES["leader_pod_deleted_lease_moved_seconds"] = round(time.monotonic() - started, 1)
+        wait_for(lambda: len(ready_pods(rest)) == 2, timeout=120, what="two Ready pods again")
+        FIGURES["leader_pod_deleted_two_ready_seconds"] = round(time.monotonic() - started, 1)
+    assert caller.failures == [], caller.failures  # a deleted pod drains like a rolled one
+    for external_id in ids:
+        _wait_phase(api, external_id, "Ready")
+    wait_for(lambda: _all_databases_ready(rest), timeout=300, what="every Database Ready")
+
+
+def test_sigkill_of_the_leaders_manager_hands_over_and_restarts_it(
+    node: KubeNode, api: ApiClient, rest: Rest, steady: str
+) -> None:
+    old = leader(rest)
+    pod = next(p for p in ready_pods(rest) if p["metadata"]["name"] == old)
+    restarts = container(pod)["restartCount"]
+    pids = node.container_pids(container(pod)["containerID"])
+    assert pids
+    ids = _put_all(api, "during-kill", 10)
+    caller = Caller(api, steady).__enter__()
+    started = time.monotonic()
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+
+    def restarted() -> dict[str, Any] | None:
+        current = next((p for p in pods(rest) if p["metadata"]["name"] == old), None)
+        return current if current is not None and container(current)["restartCount"] == restarts + 1 else None
+
+    after = wait_for(restarted, timeout=120, what=f"{old}'s manager restarted by the kubelet")
+    terminated = container(after)["lastState"]["terminated"]
+    assert terminated["exitCode"] == 137 and terminated["reason"] != "OOMKilled", terminated
+    wait_for(lambda: len(ready_pods(rest)) == 2, timeout=120, what="two Ready pods again")
+    wait_for(lambda: leader(rest) in {p["metadata"]["name"] for p in ready_pods(rest)}, timeout=60,
+             what="a Ready replica holding the Lease")
+    FIGURES["manager_sigkilled_leader_and_two_ready_seconds"] = round(time.monotonic() - started, 1)
+    caller.__exit__()
+    # What consumers saw: calls that reached the killed replica before its endpoint was removed failed.
+    FIGURES["manager_sigkilled_failed_calls"] = f"{len(caller.failures)} of {caller.calls}"
+    for external_id in ids:
+        _wait_phase(api, external_id, "Ready")
+    wait_for(lambda: _all_databases_ready(rest), timeout=300, what="every Database Ready")
+
+
+def test_rss_per_pod_at_the_end(node: KubeNode, rest: Rest) -> None:
+    rss = [rss_bytes(node, pod) for pod in ready_pods(rest)]
+    FIGURES["rss_per_pod_at_end_bytes"] = rss
+    assert all(0 < value < MEMORY_LIMIT for value in rss)

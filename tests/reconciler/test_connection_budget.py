@@ -1,0 +1,139 @@
+"""A shard's capacity counts connections (issue 24, item 4), against real servers with a small
+max_connections: the Shard reports its budget and what is committed, placement puts a database only
+where its size class's limit fits, and an install config change that overcommits is reported, never
+applied to the tenants.
+
+The test release's size classes: small 5, large 50, no class 10. The provider's own sessions on a
+shard are 2 per Database worker of the shard (workersPerShard, 4) plus the check's: 9;
+connectionBudget.reserved defaults to 5.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from domain.connection_budget import provider_sessions
+from harness import PostgresServer
+from tests.reconciler.conftest import condition, install_config
+from tests.support.common import wait_for
+
+MAX_CONNECTIONS = 40
+SUPERUSER_RESERVED = 3  # PostgreSQL's default
+PROVIDER = provider_sessions(install_config().workers_per_shard)
+RESERVED = 5  # connectionBudget.reserved's default
+
+
+@pytest.fixture(scope="module", params=["18", "15"], ids=["pg18", "pg15"])
+def small(request: pytest.FixtureRequest) -> Iterator[PostgresServer]:
+    """A server with max_connections 40; on 18 also reserved_connections 2 (a setting of 16 and later)."""
+    settings = {"max_connections": str(MAX_CONNECTIONS)}
+    if request.param == "18":
+        settings["reserved_connections"] = "2"
+    with PostgresServer(request.param, settings=settings) as server:
+        yield server
+
+
+def _expected_budget(server: PostgresServer, reserved: int = RESERVED) -> int:
+    server_reserved = 2 if server.major >= 16 else 0
+    return MAX_CONNECTIONS - SUPERUSER_RESERVED - server_reserved - PROVIDER - reserved
+
+
+def _status(fleet, name: str) -> dict:
+    return fleet.get_shard(name).get("status") or {}
+
+
+def _wait_committed(fleet, name: str, committed: int) -> dict:
+    return wait_for(
+        lambda: (s := _status(fleet, name)).get("connectionsCommitted") == committed and s,
+        timeout=30,
+        what=f"{name} to commit {committed} connections",
+    )
+
+
+def test_the_shard_reads_its_budget_from_the_server(small, fleet, start_manager):
+    name = fleet.shard(small)
+    start_manager()
+
+    status = _wait_committed(fleet, name, 0)
+
+    assert status["connectionBudget"] == _expected_budget(small)
+    budget_condition = condition(fleet.get_shard(name), "ConnectionBudgetExceeded")
+    assert (budget_condition["status"], budget_condition["reason"]) == ("False", "Ok")
+
+
+def test_placement_puts_a_database_only_where_its_limit_fits(small, fleet, start_manager):
+    """Budget 23 on 15, 21 on 18: two databases of 10 fit; a third, one of 5 or one of 50 waits for capacity."""
+    name = fleet.shard(small, max_databases=50)
+    start_manager()
+    fleet.wait_shard(name, "Ok")
+    budget = _expected_budget(small)
+
+    first = fleet.database(f"budget-a{small.major}")
+    second = fleet.database(f"budget-b{small.major}")
+    for db in (first, second):
+        assert fleet.wait_phase(db, "Ready")["status"]["appliedConnectionLimit"] == 10
+    _wait_committed(fleet, name, 20)
+
+    assert 20 <= budget < 20 + 5  # the arithmetic the rest relies on
+    third = fleet.database(f"budget-c{small.major}")
+    small_one = fleet.database(f"budget-small{small.major}", size_class="small")
+    large = fleet.database(f"budget-large{small.major}", size_class="large")
+    for db in (third, small_one, large):
+        failed = fleet.wait_reason(db, "Failed", "NoCapacity")
+        assert not failed["status"].get("shard")
+    assert "with room for 10 connections" in condition(fleet.get_database(third), "Ready")["message"]
+    assert _status(fleet, name)["connectionsCommitted"] == 20
+    assert len(fleet.get_shard(name)["status"]) and fleet.get_shard(name)["status"]["databaseCount"] == 2
+
+
+def test_placement_prefers_the_shard_it_fits_over_the_emptier_one(small, postgres_pool, fleet, start_manager):
+    roomy = fleet.shard(postgres_pool.get("18"), max_databases=50)  # max_connections 200
+    tight = fleet.shard(small, max_databases=50)
+    start_manager()
+    fleet.wait_shard(tight, "Ok")
+    fleet.wait_shard(roomy, "Ok")
+    # Fill the roomy shard with more databases than the tight one will hold, so by count the tight
+    # one is preferred...
+    for i in range(2):
+        db = fleet.database(f"roomy-{i}-{small.major}")
+        assert fleet.wait_phase(db, "Ready")["status"]["shard"] in (roomy, tight)
+    # ...but a large database (50) fits only the roomy one.
+    large = fleet.database(f"pref-large{small.major}", size_class="large")
+    assert fleet.wait_phase(large, "Ready")["status"]["shard"] == roomy
+
+
+def test_an_install_config_that_overcommits_is_reported_not_applied(small, fleet, start_manager, caplog):
+    name = fleet.shard(small, max_databases=50)
+    manager = start_manager()
+    dbs = [fleet.database(f"over-{i}-{small.major}") for i in range(2)]
+    tenants = [fleet.wait_phase(db, "Ready")["status"]["tenantName"] for db in dbs]
+    _wait_committed(fleet, name, 20)
+    manager.stop()
+
+    # Reserving more for other roles leaves less than the 20 connections already committed.
+    caplog.set_level(logging.WARNING, logger="reconciler.shard_budget")
+    tighter = _expected_budget(small, reserved=RESERVED + 10)
+    start_manager(install_config(connectionBudget={"reserved": RESERVED + 10}))
+
+    shard = wait_for(
+        lambda: (s := fleet.get_shard(name))
+        and (c := condition(s, "ConnectionBudgetExceeded")) is not None
+        and c["status"] == "True"
+        and s,
+        timeout=30,
+        what=f"{name} reported overcommitted",
+    )
+    exceeded = condition(shard, "ConnectionBudgetExceeded")
+    assert exceeded["reason"] == "Overcommitted"
+    assert f"commit 20 connections, more than the budget of {tighter}" in exceeded["message"]
+    assert shard["status"]["connectionBudget"] == tighter
+    assert condition(shard, "Ready")["status"] == "True"  # the shard itself is healthy
+    assert any("shard connection budget exceeded" in r.getMessage() for r in caplog.records)
+    with small.superuser_connection() as su:  # nothing was changed on the tenants
+        limits = su.execute("SELECT rolconnlimit FROM pg_roles WHERE rolname = ANY(%s)", (tenants,)).fetchall()
+    assert sorted(limits) == [(10,), (10,)]
+    newcomer = fleet.database(f"over-new-{small.major}", size_class="small")
+    fleet.wait_reason(newcomer, "Failed", "NoCapacity")
