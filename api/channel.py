@@ -43,6 +43,7 @@ class Channel(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         self._writable: asyncio.Future[None] | None = None
         self._paused = False
+        self._ignoring = False
 
     # -- asyncio.Protocol ---------------------------------------------------------------------------
 
@@ -159,6 +160,17 @@ class Channel(asyncio.Protocol):
             self._transport.abort()
         self._closed = True
 
+    def ignore_input(self) -> None:
+        """Stop reading for good and drop what was received: the client's further bytes wait in the
+        kernel (its window closes, so it stops sending) and cost no CPU; `receive()` returns nothing more."""
+        self._ignoring = True
+        self._plain.clear()
+        if self._incoming is not None:
+            self._incoming.read()
+        if self._transport is not None and not self._closed and not self._paused:
+            self._transport.pause_reading()
+            self._paused = True
+
     @property
     def buffered(self) -> int:
         """Plaintext waiting for the parser."""
@@ -192,7 +204,7 @@ class Channel(asyncio.Protocol):
 
     def _flow(self) -> None:
         transport = self._transport
-        if transport is None or self._closed:
+        if transport is None or self._closed or self._ignoring:
             return
         pending = len(self._plain) + (self._incoming.pending if self._incoming is not None else 0)
         if pending > MAX_PENDING and not self._paused:

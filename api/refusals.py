@@ -5,8 +5,9 @@ Metrics, on the registry passed in (the manager's, served on :8080):
 - dbprovider_api_connections_refused_total{limit}: connections closed at accept (maxConnections,
   maxConnectionsPerClient) and connections evicted to make room (evicted);
 - dbprovider_api_connections_dropped_total{reason}: a deadline broken (headerTimeout, bodyTimeout,
-  sendTimeout, parkedTimeout) or a TLS handshake that failed (tlsHandshake); idle keep-alive
-  connections closed after idleTimeout are not counted, that is their normal end;
+  sendTimeout, parkedTimeout), a TLS handshake that failed (tlsHandshake), or a client that went on
+  sending after its request was refused, held for the header deadline (sendingAfterRefusal); idle
+  keep-alive connections closed after idleTimeout are not counted, that is their normal end;
 - dbprovider_api_requests_refused_total{reason}: answers of the front door itself: the framing codes
   of api/http1.py (400/413/431/505), consumerConcurrency (429), requestTimeout and probeTimeout (503);
 - dbprovider_api_accept_errors_total{errno}: accept() failures such as EMFILE.
@@ -30,7 +31,7 @@ log = logging.getLogger("api.server")
 
 LOG_INTERVAL = 10.0
 CONNECTION_LIMITS = ("maxConnections", "maxConnectionsPerClient", "evicted")
-DROP_REASONS = ("headerTimeout", "bodyTimeout", "sendTimeout", "parkedTimeout", "tlsHandshake")
+DROP_REASONS = ("headerTimeout", "bodyTimeout", "sendTimeout", "parkedTimeout", "tlsHandshake", "sendingAfterRefusal")
 REQUEST_REASONS = (
     "requestLine",
     "version",

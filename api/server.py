@@ -84,8 +84,10 @@ _HELD_BY = "dbprovider.consumer_held"  # environ: the consumer whose request slo
 # TLS 1.2 suites: forward secrecy and AEAD only (TLS 1.3 suites are all AEAD).
 TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
 # After a refused request: drop the client's further input for up to 2 s, until it pauses for 0.2 s or
-# has sent 16 KiB more (a client streaming junk costs its decryption, so that is bounded too).
-LINGER_SECONDS, LINGER_QUIET, LINGER_BYTES = 2.0, 0.2, 16 * 1024
+# has sent 64 KiB more (the rest of an oversized request sent at once). A client still sending then is
+# held (`_hold`), reading nothing, for the header deadline: each connection it opens costs the server a TLS
+# handshake, so one that ends in a refusal must not be cheaper to repeat than an idle one.
+LINGER_SECONDS, LINGER_QUIET, LINGER_BYTES = 2.0, 0.2, 64 * 1024
 _ERROR_CODES = {
     413: "payload_too_large",
     431: "headers_too_large",
@@ -526,7 +528,8 @@ class ApiServer:
         except BadRequest as refused:
             self.events.request_refused(refused.code, refused.status, slot.client, refused.reason)
             await self._send(channel, _error_response(refused.status, refused.reason))
-            await self._linger(channel)
+            if await self._linger(channel):
+                await self._hold(slot, channel)
             return False
         environ = self._environ(head, body, address)
         if head.method in ("GET", "HEAD") and environ["PATH_INFO"] in self.probe_paths:
@@ -592,20 +595,41 @@ class ApiServer:
         return body
 
     @staticmethod
-    async def _linger(channel: Channel) -> None:
+    async def _linger(channel: Channel) -> bool:
         """Read and drop what the client is still sending (briefly): closing a socket with unread
-        input resets it, and a reset can destroy the answer before the client has read it."""
+        input resets it, and a reset can destroy the answer before the client has read it.
+        True if the client was still sending when the linger ended (its budget of time or bytes spent)."""
+        dropped = 0
         try:
-            dropped = 0
             async with asyncio.timeout(LINGER_SECONDS):
                 while dropped < LINGER_BYTES:
-                    async with asyncio.timeout(LINGER_QUIET):
-                        data = await channel.receive()
+                    try:
+                        async with asyncio.timeout(LINGER_QUIET):
+                            data = await channel.receive()
+                    except TimeoutError:
+                        return False  # it paused: it is reading its answer
                     if not data:
-                        return
+                        return False
                     dropped += len(data)
-        except (TimeoutError, ConnectionError, ssl.SSLError, OSError):
-            return
+        except TimeoutError:
+            return True
+        except (ConnectionError, ssl.SSLError, OSError):
+            return False
+        return True
+
+    async def _hold(self, slot: Slot, channel: Channel) -> None:
+        """A client that goes on sending after its refusal: read nothing more, keep its connection (and
+        its place in its address' bound) for the header deadline, then drop it. A client that reconnects
+        as soon as it is refused (the chunk attack) so opens one connection per header deadline, as an
+        idle one does, instead of one per refusal. A full server may close it to make room (it waits)."""
+        channel.ignore_input()
+        self.limits.move(slot, State.IDLE)
+        try:
+            async with asyncio.timeout(self.header_timeout):
+                await channel.wait_closed()
+        except TimeoutError:
+            pass
+        raise _Dropped("sendingAfterRefusal")
 
     async def _send(self, channel: Channel, data: bytes) -> None:
         channel.send(data)

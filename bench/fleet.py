@@ -84,9 +84,11 @@ from reconciler.sql.tenant import TenantSpec, ensure_tenant
 
 TARGET_RATIO = 1.5
 SHARD_PREFIX = "fleet"
-# Twenty servers on a 2-core machine: small buffers and few connections (4 workers, 4 baseline
-# sessions, the Shard check and the harness' own).
-SMALL_SERVER = {"shared_buffers": "16MB", "max_connections": "30", "wal_buffers": "512kB", "work_mem": "1MB"}
+# Twenty servers on a 2-core machine: small buffers. Placement counts connections (the Shard's
+# budget: max_connections less the reserve and the provider's own sessions), and the databases of
+# r0 stay placed during r1: up to about 105 per shard, of size class small at 1 connection each.
+SMALL_SERVER = {"shared_buffers": "16MB", "max_connections": "150", "wal_buffers": "512kB", "work_mem": "1MB"}
+SIZE_CLASSES = {"sizeClasses": {"small": {"connectionLimit": 1}}}
 
 
 @dataclass
@@ -357,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     if experiment:
         print(f"EXPERIMENT: {experiment} (defaults: workersPerShard 4, workersTotal 64)")
     stack = Stack("fleet", log_statements=True, postgres_settings=SMALL_SERVER,
-                  config={**fleet_config(names, "dbprovider-shards"), **experiment})
+                  config={**fleet_config(names, "dbprovider-shards"), **SIZE_CLASSES, **experiment})
     fleet: Fleet | None = None
     manager: ManagerProcess | None = None
     watch: ReadyWatch | None = None

@@ -1,7 +1,7 @@
 """The API's front door under attack, with the real manager: legitimate requests' throughput and p99
 under each attack as ratios to the same run without it, and the memory each kind of connection costs.
 
-    python -m bench.front_door [--seconds 10] [--rounds 3] [--connections 300]
+    python -m bench.front_door [--seconds 10] [--rounds 3] [--connections 300] [--attacks chunk,idle TLS]
     python -m bench.front_door --compare [--seconds 20] [--candidates ours,cheroot,uvicorn,granian]
 
 Default run (issue 25), one `dbprovider manager` on a real apiserver and PostgreSQL:
@@ -9,7 +9,8 @@ Default run (issue 25), one `dbprovider manager` on a real apiserver and Postgre
   kubelet probe's 3 s timeout, for `--seconds` per phase, in rounds of: alone, under the chunk attack
   (50 TLS connections sending request bodies in 1-byte chunks as fast as they can, reconnecting when
   refused), alone, under the idle-TLS attack (400 TLS connections from 8 addresses that send nothing,
-  reopened when dropped). The attackers run in a process of their own at nice 10: on a shared 2-core
+  reopened when dropped); beside each attacked run the attacker's CPU and the connections the server
+  refused or dropped per second. The attackers run in a process of their own at nice 10: on a shared 2-core
   machine their CPU would otherwise be measured instead of the server's.
   Ratios per round against the mean of the two runs alone around it; the median over rounds is the figure.
 - memory (first, each kind on a fresh manager): its RSS before and after `--connections` connections of
@@ -233,17 +234,32 @@ def run_attacker(kind: str, port: int, seconds: float) -> None:
     print(f"{kind}: {attack.opened} connections opened", file=sys.stderr)
 
 
-def attacked(port: int, ca: Path, token: str, seconds: float, kind: str | None, server: int) -> dict[str, Any]:
+def ended_connections(metrics: str) -> float:
+    """Connections the server refused, dropped or answered in its own name so far (the attackers' ends)."""
+    from bench.common import metric_sum
+
+    return sum(metric_sum(metrics, name) for name in (
+        "dbprovider_api_connections_refused_total", "dbprovider_api_connections_dropped_total",
+        "dbprovider_api_requests_refused_total"))
+
+
+def attacked(
+    port: int, ca: Path, token: str, seconds: float, kind: str | None, server: int, metrics: Callable[[], str]
+) -> dict[str, Any]:
     """The legitimate client for `seconds`, alone or with attack `kind` running in its own process;
-    with the server's (pid `server`) CPU seconds meanwhile."""
+    with the server's (pid `server`) and the attacker's CPU seconds meanwhile, and how many connections
+    the server refused or dropped (from its metrics)."""
     import psutil
 
     process = psutil.Process(server)
 
-    def measured() -> dict[str, Any]:
-        before = sum(process.cpu_times()[:2])
+    def measured(attacker: Any = None) -> dict[str, Any]:
+        before, ended = sum(process.cpu_times()[:2]), ended_connections(metrics())
+        attacker_before = sum(attacker.cpu_times()[:2]) if attacker is not None else 0.0
         run = legit(port, ca, seconds, "/v1/databases", token)
         run["server_cpu"] = sum(process.cpu_times()[:2]) - before
+        run["attacker_cpu"] = sum(attacker.cpu_times()[:2]) - attacker_before if attacker is not None else 0.0
+        run["ended"] = ended_connections(metrics()) - ended
         return run
 
     if kind is None:
@@ -253,7 +269,7 @@ def attacked(port: int, ca: Path, token: str, seconds: float, kind: str | None, 
     attacker = subprocess.Popen(["nice", "-n", "10", *argv], cwd=Path(__file__).resolve().parents[1])
     try:
         time.sleep(3)  # the attackers connect
-        return measured()
+        return measured(psutil.Process(attacker.pid))
     finally:
         attacker.terminate()
         attacker.wait(30)
@@ -472,22 +488,25 @@ def manager_run(args: argparse.Namespace) -> int:
         if "attacks" in parts:
             manager = ManagerProcess(stack)
             manager.wait_leading(stack.admin_rest())
-            targets += attack_ratios(args, manager.api_port, stack.dev.ca_file, stack.dev.token, manager.pid)
+            targets += attack_ratios(args, manager, stack.dev.ca_file, stack.dev.token)
         report_targets(targets)
     finally:
         stack.close(manager)
     return 0
 
 
-def attack_ratios(args: argparse.Namespace, port: int, ca: Path, token: str, server: int) -> list[Any]:
+def attack_ratios(args: argparse.Namespace, manager: Any, ca: Path, token: str) -> list[Any]:
     """Rounds of alone / attacked / alone per attack; the medians of the ratios as target lines."""
     from bench.common import Target, log
 
-    rows, ratios = [], {kind: {"throughput": [], "p99": []} for kind in ATTACKS}
+    port, server = manager.api_port, manager.pid
+
+    kinds = [kind for kind in ATTACKS if kind in args.attacks.split(",")]
+    rows, ratios = [], {kind: {"throughput": [], "p99": []} for kind in kinds}
     for n in range(args.rounds):
-        for kind in ATTACKS:
+        for kind in kinds:
             log(f"round {n}: alone, then under the {kind} attack, then alone")
-            runs = [attacked(port, ca, token, args.seconds, k, server) for k in (None, kind, None)]
+            runs = [attacked(port, ca, token, args.seconds, k, server, manager.metrics) for k in (None, kind, None)]
             alone_rate = statistics.mean(r["ok"] for r in (runs[0], runs[2])) / args.seconds
             alone_p99 = statistics.mean(percentile(r["latencies"], 99) for r in (runs[0], runs[2]))
             hostile = runs[1]
@@ -500,10 +519,11 @@ def attack_ratios(args: argparse.Namespace, port: int, ca: Path, token: str, ser
                          f"{alone_p99 * 1000:.0f}", f"{p99 * 1000:.0f}",
                          f"{rate / alone_rate:.2f}x", f"{p99 / alone_p99:.2f}x",
                          f"{alone_cpu:.0f}% / {100 * hostile['server_cpu'] / args.seconds:.0f}%",
-                         f"{os.getloadavg()[0]:.1f}"])
+                         f"{100 * hostile['attacker_cpu'] / args.seconds:.0f}%",
+                         f"{hostile['ended'] / args.seconds:.1f}", f"{os.getloadavg()[0]:.1f}"])
     table("legitimate authenticated GETs, a new TLS connection each (alone = mean of the runs before and after)",
           rows, ["round", "attack", "alone/s", "attacked/s", "failed", "alone p99 ms", "attacked p99 ms",
-                 "throughput", "p99", "server CPU alone / attacked", "load"])
+                 "throughput", "p99", "server CPU alone / attacked", "attacker CPU", "refused+dropped/s", "load"])
     targets = []
     for kind, figures in ratios.items():
         throughput, p99 = statistics.median(figures["throughput"]), statistics.median(figures["p99"])
@@ -520,6 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--connections", type=int, default=300, help="per kind, for the memory figures")
     parser.add_argument("--parts", default="probes,memory,attacks", help="of the default run (comma-separated)")
+    parser.add_argument("--attacks", default=",".join(ATTACKS), help="of the attacks part (comma-separated)")
     parser.add_argument("--compare", action="store_true", help="the candidate servers of issue 14")
     parser.add_argument("--candidates", default=",".join(CANDIDATES))
     parser.add_argument("--attacker", help=argparse.SUPPRESS)

@@ -196,8 +196,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers_per_shard is not None:
         print(f"EXPERIMENT: workersPerShard {args.workers_per_shard} (the default is 4, as the baseline's sessions)")
     print(f"machine: {machine_line()}")
+    # Placement counts connections (the Shard's budget, max_connections less the reserve): the 650 databases
+    # of size class small at 1 connection each fit a server with max_connections 1000 (at 5 each in 200,
+    # 38 were placed and the rest never got Ready).
     experiment = {"workersPerShard": args.workers_per_shard} if args.workers_per_shard is not None else {}
-    stack = Stack("provisioning", log_statements=True, config=experiment)
+    stack = Stack("provisioning", log_statements=True, postgres_settings={"max_connections": "1000"},
+                  config={"sizeClasses": {"small": {"connectionLimit": 1}}, **experiment})
     manager: ManagerProcess | None = None
     watch: ReadyWatch | None = None
     try:

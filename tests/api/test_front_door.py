@@ -170,6 +170,66 @@ def test_parked_connection_is_dropped_after_the_header_deadline(env: ApiEnv) -> 
     assert registry.get_sample_value("dbprovider_api_connections_dropped_total", {"reason": "parkedTimeout"}) >= 1
 
 
+def test_a_client_streaming_chunks_after_its_refusal_is_held_and_cannot_reconnect_at_once(
+    env: ApiEnv, consumer: Consumer
+) -> None:
+    """The chunk attack (issue 25): 8 clients send 1-byte chunks as fast as they can; the server refuses
+    each body at its chunk bound (413), and they reconnect the moment their connection ends. Each refused
+    connection whose client goes on sending is held, reading nothing, for the header deadline, then
+    dropped and counted: an attacker gets one TLS handshake per deadline out of the server, not one per
+    refusal (hundreds a second before), and every legitimate request succeeds meanwhile."""
+    registry = CollectorRegistry()
+    attackers, deadline = 8, 2
+    held = {"reason": "sendingAfterRefusal"}
+    with Served(env.components.app, env, header_timeout=deadline, registry=registry) as base:
+        started = time.monotonic()
+        with HostileClients(port_of(base), chunks=attackers, sources=ATTACK_SOURCES) as attack:
+            statuses: list[int] = []
+            give_up = started + 60
+            while (
+                registry.get_sample_value("dbprovider_api_connections_dropped_total", held) or 0
+            ) < 2 * attackers or time.monotonic() < started + 3 * deadline:
+                statuses += legit_round(env, base, consumer)
+                assert time.monotonic() < give_up, "refused attackers were never held and dropped"
+        elapsed = time.monotonic() - started
+        opened = attack.opened
+    refused = registry.get_sample_value("dbprovider_api_requests_refused_total", {"reason": "tooManyChunks"})
+    assert statuses and set(statuses) == {200}
+    assert refused is not None and refused >= 2 * attackers
+    # Each attacker's connection lasts at least the deadline, so it opens at most one per deadline.
+    assert opened <= attackers * (elapsed / deadline + 2), f"{opened} connections in {elapsed:.1f} s"
+
+
+def test_a_dripped_chunked_body_is_dropped_at_the_body_deadline(env: ApiEnv, consumer: Consumer) -> None:
+    """A chunked body dripped one tiny chunk at a time, never finished: the connection is dropped without
+    an answer at the body deadline and counted, and every legitimate request succeeds meanwhile."""
+    registry = CollectorRegistry()
+    ended = threading.Event()
+    with Served(env.components.app, env, body_timeout=2, registry=registry) as base:
+        with tls_connection(env, port_of(base), source="127.0.0.2") as tls:
+            tls.sendall(b"PUT /v1/databases/drip HTTP/1.1\r\nHost: api\r\nTransfer-Encoding: chunked\r\n\r\n")
+
+            def drip() -> None:
+                try:
+                    while not ended.wait(0.2):
+                        tls.sendall(b"1\r\nx\r\n")
+                except OSError:
+                    ended.set()
+
+            dripper = threading.Thread(target=drip, daemon=True)
+            dripper.start()
+            statuses: list[int] = []
+            give_up = time.monotonic() + 30
+            while not ended.is_set():
+                statuses += legit_round(env, base, consumer)
+                assert time.monotonic() < give_up, "the dripping connection was never dropped"
+            dripper.join(5)
+            answer = read_to_eof(tls)
+    assert answer == b""  # dropped, not answered
+    assert registry.get_sample_value("dbprovider_api_connections_dropped_total", {"reason": "bodyTimeout"}) == 1
+    assert statuses and set(statuses) == {200}
+
+
 def test_a_burst_from_one_address_is_served_without_resets(env: ApiEnv, consumer: Consumer) -> None:
     """What a consumer cluster behind one egress address does (bench.provisioning): many requests at once,
     each on a new connection, over the per-address bound; every one is answered."""
