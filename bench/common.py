@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import os
+import queue
 import re
 import shutil
 import signal
@@ -18,7 +19,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -26,12 +29,18 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import requests
+from psycopg import sql
 
 from dbprovider.devstack import DevStack
 from harness import KubeControlPlane, PostgresServer
 from harness.process import free_port, spawn
 from harness.process import stop as stop_process
-from informers import LEASES, Rest
+from harness.statement_log import LoggedStatement, StatementLog, keywords
+from informers import LEASES, Informer, Rest
+from reconciler.resources import DATABASES, SHARDS
+from reconciler.sql.login import TenantLogin, log_in
+from reconciler.sql.session import AdminSession
+from reconciler.sql.tenant import OwnerRecord, TenantSpec
 
 REPO = Path(__file__).resolve().parents[1]
 WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "DELETE", "APPLY"})
@@ -147,7 +156,10 @@ BENCH_CONFIG: dict[str, Any] = {
 
 
 class Stack:
-    """kube-apiserver + etcd, PostgreSQL 18 and the installed product (`DevStack`); `close()` stops all."""
+    """kube-apiserver + etcd, PostgreSQL 18 and the installed product (`DevStack`); `close()` stops all.
+
+    `config` adds install config keys to BENCH_CONFIG (e.g. workersPerShard for an experiment).
+    """
 
     def __init__(
         self,
@@ -159,10 +171,10 @@ class Stack:
         postgres_settings: dict[str, str] | None = None,
     ) -> None:
         self.name = name
-        self.postgres_settings = postgres_settings
-        self.config = {**BENCH_CONFIG, **(config or {})}
         self.log_statements = log_statements
         self.kube_args = kube_args
+        self.postgres_settings = postgres_settings
+        self.config = {**BENCH_CONFIG, **(config or {})}
         self.state_dir = Path(tempfile.mkdtemp(prefix=f"dbprovider-bench-{name}-"))
         self.kube: KubeControlPlane | None = None
         self.postgres: PostgresServer | None = None
@@ -255,6 +267,211 @@ def counter_delta(after: Counter[str], before: Counter[str]) -> Counter[str]:
     return Counter({k: after[k] - before.get(k, 0) for k in after if after[k] - before.get(k, 0) > 0})
 
 
+# -- the statements the shards received ----------------------------------------------------------
+
+
+class BlindStatementLog(RuntimeError):
+    """The statement log shows no statement where some must exist: every count from it would be 0."""
+
+
+class ProvisionerStatements:
+    """What the provisioner sends to one or more servers from now on, read with the one reader of tests
+    and benchmarks (harness.statement_log, the servers' jsonlog). The servers need log_statement=all."""
+
+    def __init__(self, *servers: PostgresServer, user: str = PostgresServer.PROVISIONER) -> None:
+        self.user = user
+        self.logs = [StatementLog(server) for server in servers]
+
+    def statements(self) -> list[LoggedStatement]:
+        return [s for log in self.logs for s in log.statements(self.user)]
+
+    def keywords(self, detail: bool = False) -> Counter[str]:
+        """By first keyword (SELECT, CREATE...), or with `detail` by their first 72 characters."""
+        return keywords(self.statements(), detail)
+
+    def expect(self, what: str, detail: bool = False) -> Counter[str]:
+        """`keywords`, refusing loudly when there is none although `what` must have sent some."""
+        found = self.keywords(detail)
+        if not found:
+            raise BlindStatementLog(
+                f"the statement log shows no {self.user} statement at all, but {what} must have sent some: "
+                "a count from it would read 0 (is log_statement=all set, and the reader reading the right log?)"
+            )
+        return found
+
+
+def bench_owner() -> OwnerRecord:
+    """The ownership record a baseline tenant gets, as the controller writes one for each Database."""
+    return OwnerRecord("bench-consumer", str(uuid.uuid4()))
+
+
+def run_on_sessions(
+    jobs: Sequence[tuple[AdminSession, queue.Queue[TenantSpec]]],
+    work: Callable[[AdminSession, TenantSpec], None],
+    label: str,
+) -> float:
+    """A baseline's SQL: each admin session takes tenants from its queue (sessions may share one) and
+    runs `work` on each, every session released at once. Returns the seconds from the release until
+    the last one is done; raises if any tenant failed."""
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(len(jobs) + 1)
+
+    def worker(admin: AdminSession, tenants: queue.Queue[TenantSpec]) -> None:
+        barrier.wait()
+        while True:
+            try:
+                spec = tenants.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                work(admin, spec)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+    started = _run_released_at_once([threading.Thread(target=worker, args=job) for job in jobs], barrier)
+    elapsed = time.perf_counter() - started
+    if errors:
+        raise RuntimeError(f"baseline {label}: {len(errors)} failures, first: {errors[0]!r}")
+    return elapsed
+
+
+def log_in_as_tenant(server: PostgresServer, spec: TenantSpec, timeout: float = 10.0) -> None:
+    """What the product does before a new database is Ready, for a baseline: a login as the tenant on
+    a fresh TLS session at the server itself (the Shard's client endpoint in the benchmarks)."""
+    log_in(TenantLogin("127.0.0.1", server.port, spec.name, spec.password, sslmode="require", dbname=spec.name),
+           timeout, "bench")
+
+
+def drop_all_tenants(server: PostgresServer) -> int:
+    """Drop every database and role but the server's own (not timed: frees a throwaway server's disk
+    between phases); returns how many databases went."""
+    with server.superuser_connection() as conn:
+        names = [row[0] for row in conn.execute(
+            "SELECT datname FROM pg_database WHERE datname NOT IN ('postgres', 'template0', 'template1')"
+        )]
+        for name in names:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        roles = [row[0] for row in conn.execute(
+            "SELECT rolname FROM pg_roles WHERE rolname NOT LIKE 'pg\\_%%' AND rolname NOT IN (%s, %s)",
+            (PostgresServer.SUPERUSER, PostgresServer.PROVISIONER),
+        )]
+        for role in roles:
+            conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+    return len(names)
+
+
+def shards_ready(rest: Rest, names: Iterable[str]) -> bool:
+    """Every one of the Shards `names` is Ready (its checks pass: the provider can work on it)."""
+    for name in names:
+        conditions = (rest.get(SHARDS, name).get("status") or {}).get("conditions") or []
+        if not any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
+            return False
+    return True
+
+
+class ReadyWatch:
+    """Records when each Database (by externalId) is first seen Ready, and its shard, through a real watch."""
+
+    def __init__(self, stack: Stack, namespace: str) -> None:
+        self.ready_at: dict[str, float] = {}
+        self.shard_of: dict[str, str] = {}
+        self.lock = threading.Lock()
+        self.informer = Informer(stack.admin_rest(4), DATABASES, namespace)
+        self.informer.add_handler(self._on_event)
+
+    def _on_event(self, event_type: str, old: dict | None, new: dict | None) -> None:
+        if new is None:
+            return
+        status = new.get("status") or {}
+        external_id = (new.get("spec") or {}).get("externalId")
+        now = time.perf_counter()
+        with self.lock:
+            if status.get("shard"):
+                self.shard_of.setdefault(external_id, status["shard"])
+            if status.get("phase") == "Ready":
+                self.ready_at.setdefault(external_id, now)
+
+    def start(self) -> ReadyWatch:
+        self.informer.start()
+        self.informer.wait_for_sync(60)
+        return self
+
+    def count(self, ids: set[str]) -> int:
+        with self.lock:
+            return sum(1 for i in ids if i in self.ready_at)
+
+    def stop(self) -> None:
+        self.informer.stop()
+
+
+# -- bursts of PUTs ------------------------------------------------------------------------------
+
+
+def put_all(
+    manager: ManagerProcess, tokens: list[str], ids: list[str], clients: int
+) -> tuple[float, float, Counter[str], dict[str, float]]:
+    """PUT every id from `clients` TLS clients released at once, the ids dealt out over the consumers
+    (`tokens`), each client working for one consumer on one keep-alive connection (with as many
+    clients as ids: one connection per PUT). Connection errors and 5xx answers are retried and
+    counted. Returns (the release time, all answered after, answers, id -> its first send time)."""
+    answers: Counter[str] = Counter()
+    sent: dict[str, float] = {}
+    lock = threading.Lock()
+    work: list[queue.Queue[str]] = [queue.Queue() for _ in tokens]
+    for n, external_id in enumerate(ids):
+        work[n % len(tokens)].put(external_id)
+    barrier = threading.Barrier(clients + 1)
+    ca = str(manager.dev.ca_file)
+    one_each = clients >= len(ids)  # a client done early must not take a second id on its warm connection
+
+    def client(n: int) -> None:
+        session = requests.Session()  # verify per request: REQUESTS_CA_BUNDLE would override session.verify
+        headers = {"Authorization": f"Bearer {tokens[n % len(tokens)]}"}
+        mine = work[n % len(tokens)]
+        barrier.wait()
+        while True:
+            try:
+                external_id = mine.get_nowait()
+            except queue.Empty:
+                break
+            with lock:
+                sent[external_id] = time.perf_counter()
+            for attempt in range(60):
+                try:
+                    response = session.put(manager.url(f"/v1/databases/{external_id}"), json={"sizeClass": "small"},
+                                           headers=headers, verify=ca, timeout=60)
+                except requests.RequestException as exc:
+                    with lock:
+                        answers[f"client error {type(exc).__name__}: {str(exc)[:100]}"] += 1
+                    time.sleep(0.05 * (attempt + 1))
+                    continue
+                with lock:
+                    answers[f"HTTP {response.status_code}"] += 1
+                    if response.status_code not in (200, 201):  # which error (the body has no secret)
+                        answers[f"HTTP {response.status_code}: {response.text[:120]}"] += 1
+                if response.status_code < 500:
+                    break
+                time.sleep(0.05 * (attempt + 1))
+            if one_each:
+                break
+        session.close()
+
+    started = _run_released_at_once([threading.Thread(target=client, args=(n,)) for n in range(clients)], barrier)
+    return started, time.perf_counter() - started, answers, sent
+
+
+def _run_released_at_once(threads: list[threading.Thread], barrier: threading.Barrier) -> float:
+    """Start `threads` (each waits on `barrier` first), release them together, wait for all of them;
+    returns the release time (perf_counter)."""
+    for thread in threads:
+        thread.start()
+    barrier.wait()
+    started = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    return started
+
+
 # -- a `dbprovider manager` process ----------------------------------------------------------------
 
 
@@ -266,7 +483,6 @@ class ManagerProcess:
         stack: Stack,
         name: str = "bench-manager",
         python: str = sys.executable,
-        database_workers: int | None = None,
     ) -> None:
         assert stack.dev is not None
         self.stack = stack
@@ -276,9 +492,6 @@ class ManagerProcess:
         self.log_file = stack.state_dir / f"{name}.log"
         env = {**os.environ, **self.dev.manager_env(), "POD_NAME": name, "PYTHONPATH": str(REPO)}
         argv = self.dev.manager_argv(python, self.api_port, self.metrics_port)
-        if database_workers is not None:  # an experiment: see bench/manager_workers.py
-            assert argv[1:3] == ["-m", "dbprovider.cli"], argv
-            argv[1:3] = ["-m", "bench.manager_workers", str(database_workers)]
         self.started = time.monotonic()
         self.proc: subprocess.Popen = spawn(argv, self.log_file, env=env)
 
@@ -342,18 +555,22 @@ def metric_sum(text: str, name: str, **labels: str) -> float:
 
 @dataclass
 class PySpy:
-    """`py-spy record` attached to a running process (every thread), as collapsed stacks."""
+    """`py-spy record` attached to a running process (every thread), as collapsed stacks.
+
+    `idle=True` samples blocked threads too (where time goes); `idle=False` only threads on the CPU
+    (where CPU goes)."""
 
     pid: int
     out: Path
     rate: int = 50
+    idle: bool = True
     proc: subprocess.Popen | None = field(default=None, init=False)
 
     def start(self) -> PySpy:
         exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
         self.proc = subprocess.Popen(
             [exe, "record", "--pid", str(self.pid), "--format", "raw", "--rate", str(self.rate),
-             "--nonblocking", "--threads", "--idle", "-o", str(self.out)],
+             "--nonblocking", "--threads", *(["--idle"] if self.idle else []), "-o", str(self.out)],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
         )
         time.sleep(1.0)  # attach before the measured window
@@ -486,20 +703,24 @@ class CpuMeter:
     """CPU seconds (user + system) used by each component this benchmark started, between snapshots.
 
     Components are found among this process' descendants by name: kube-apiserver, etcd, postgres
-    (the postmaster and its backends), the manager (by pid), and this benchmark process itself.
-    Backends that exit between two snapshots are missed, so PostgreSQL's figure is a lower bound.
+    (the postmaster and its backends), the manager (by pid), `extra` ones by pid (name -> pid), and
+    this benchmark process itself. Backends that exit between two snapshots are missed, so
+    PostgreSQL's figure is a lower bound.
     """
 
-    def __init__(self, manager_pid: int | None = None) -> None:
+    def __init__(self, manager_pid: int | None = None, extra: dict[str, int] | None = None) -> None:
         import psutil
 
         self._psutil = psutil
         self.manager_pid = manager_pid
+        self.extra = {pid: name for name, pid in (extra or {}).items()}
 
     def _component(self, proc: Any) -> str | None:
         try:
             if proc.pid == self.manager_pid:
                 return "manager"
+            if proc.pid in self.extra:
+                return self.extra[proc.pid]
             name = proc.name()
         except self._psutil.Error:
             return None

@@ -43,6 +43,7 @@ import requests
 
 from bench.common import (
     ManagerProcess,
+    ProvisionerStatements,
     PySpy,
     Stack,
     Target,
@@ -51,6 +52,7 @@ from bench.common import (
     machine_line,
     metric_sum,
     report_targets,
+    shards_ready,
     summarize_collapsed,
     table,
     wait_for,
@@ -69,7 +71,6 @@ from domain.constants import (
 from domain.credentials import Endpoint, build_secret, new_password, password_id
 from domain.naming import database_object_name, label_value, tenant_name
 from domain.tokens import hash_token
-from harness.statement_log import parse_statement_log
 from informers import SECRETS, Rest
 from reconciler.resources import DATABASES, SHARDS
 
@@ -341,14 +342,6 @@ def token_change(rest: Rest, stack: Stack, manager: ManagerProcess, consumer: st
     return {"a hash added -> the new token authenticates": added, "a hash removed -> the old token is refused": removed}
 
 
-def statements(log_file: Path, offset: int) -> Counter[str]:
-    """The provisioner's statements logged after `offset`, by first keyword (harness/statement_log.py)."""
-    with open(log_file, "rb") as handle:
-        handle.seek(offset)
-        text = handle.read().decode(errors="replace")
-    return Counter(s.keyword for s in parse_statement_log(text, user="provisioner"))
-
-
 @dataclass
 class Fleet:
     """What the setup made: the stack, an admin client, the consumers and their tokens."""
@@ -357,6 +350,7 @@ class Fleet:
     rest: Rest
     count: int
     tokens: dict[str, str]
+    shards: list[str]
 
     @property
     def consumers(self) -> list[str]:
@@ -368,7 +362,7 @@ def measure_start(fleet: Fleet, run: int, args: argparse.Namespace) -> list[Targ
     stack, rest, count = fleet.stack, fleet.rest, fleet.count
     assert stack.postgres is not None
     first_consumer = fleet.consumers[0]
-    log_offset = stack.postgres.log_file.stat().st_size
+    provisioner = ProvisionerStatements(stack.postgres)
     writes_before = stack.apiserver_writes()
     watches_before = watches(stack)
     manager: ManagerProcess | None = ManagerProcess(stack, f"scale-manager-{run}")
@@ -391,14 +385,18 @@ def measure_start(fleet: Fleet, run: int, args: argparse.Namespace) -> list[Targ
         fleet.tokens.update(extra)
         changes = token_change(rest, stack, manager, first_consumer, fleet.tokens[first_consumer])
 
-        log(f"run {run}: idle window of {args.idle_seconds:.0f} s")
+        # Only then is "no SQL for Ready databases" evidence: a database of a shard that is not Ready
+        # waits without SQL whatever the controller would do (the Shards' admin Secret was once wrong
+        # here, and every count read 0).
+        wait_for(lambda: shards_ready(rest, fleet.shards), 120, f"all {len(fleet.shards)} Shards Ready", 0.5)
+        log(f"run {run}: every Shard Ready; idle window of {args.idle_seconds:.0f} s")
         idle_before = sampler.sample()
         writes_idle_before = stack.apiserver_writes()
         time.sleep(args.idle_seconds)
         idle_after = sampler.sample()
         writes_idle = counter_delta(stack.apiserver_writes(), writes_idle_before)
         idle_cpu = 100 * (idle_after[1] - idle_before[1]) / (idle_after[0] - idle_before[0])
-        found = statements(stack.postgres.log_file, log_offset)
+        found = provisioner.expect(f"the Shard checks of {len(fleet.shards)} shards over the idle window")
         sql_changes = sum(n for k, n in found.items() if k in CHANGES)
     finally:
         first.stop()
@@ -491,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
         setup_total = time.monotonic() - setup_started
         log(f"created in {setup_seconds:.0f} s")
         sizes = stack_sizes(stack)
-        fleet = Fleet(stack, rest, count, tokens)
+        fleet = Fleet(stack, rest, count, tokens, shards)
         targets: list[Target] = []
         for run in range(1, args.runs + 1):
             targets += measure_start(fleet, run, args)

@@ -19,6 +19,10 @@ shared memory, and a SIGKILL loses it, which no production server would. A serve
 kills or crashes is started with `durable=True` (`synchronous_commit=on`); `kill()` and `crash()`
 refuse any other, so a fault test never reports a loss the harness made up.
 
+The server logs through its logging collector as jsonlog only (`log/postgres.json`, no rotation): the
+one format `harness.statement_log` reads. `log_file` keeps what the postmaster printed before the
+collector started (startup failures).
+
 TLS is on (`ssl=on`, clients may still choose sslmode disable): the server certificate is issued
 for 127.0.0.1 and `tls_names` by one CA per test process (`shard_ca()`, file `ca_file`), so the
 provider's sslmodes require, verify-ca and verify-full can all be exercised.
@@ -46,6 +50,7 @@ from psycopg import sql
 
 from harness.certs import CertificateAuthority
 from harness.process import free_port, spawn, stop, wait_for_port
+from harness.statement_log import MARK
 
 SHARED_CACHE = Path(os.environ.get("DBPROVIDER_PG_CACHE", "/var/tmp/dbprovider-postgres"))
 
@@ -156,7 +161,9 @@ class PostgresServer:
         self.data_dir = data_dir or self.workdir / "data"
         self.wal_dir = self.workdir / "wal" if data_dir is not None else None
         self.socket_dir = self.workdir / "socket"
-        self.log_file = self.workdir / "postgres.log"
+        self.log_file = self.workdir / "postgres.log"  # the postmaster's output until the collector runs
+        self.log_dir = self.workdir / "log"
+        self.json_log_file = self.log_dir / "postgres.json"  # log_filename postgres.log: jsonlog's is .json
         self.cert_file = self.workdir / "server.crt"
         self.key_file = self.workdir / "server.key"
         self.tls_names = tls_names
@@ -189,8 +196,9 @@ class PostgresServer:
 
     def _initdb(self) -> None:
         self.socket_dir.mkdir()
+        self.log_dir.mkdir()
         self.log_file.touch()
-        self._chown(self.workdir, self.socket_dir, self.log_file)
+        self._chown(self.workdir, self.socket_dir, self.log_dir, self.log_file)
         result = subprocess.run(
             [
                 str(self.bin_dir / "initdb"),
@@ -241,7 +249,13 @@ class PostgresServer:
             "max_connections": "200",
             "shared_buffers": "32MB",
             "log_statement": "all" if self.log_statements else "none",
-            "log_line_prefix": "%m [%p] user=%u db=%d app=%a ",
+            "logging_collector": "on",
+            "log_destination": "jsonlog",
+            "log_directory": str(self.log_dir),
+            "log_filename": "postgres.log",
+            "log_rotation_age": "0",
+            "log_rotation_size": "0",
+            "log_line_prefix": "%m [%p] user=%u db=%d app=%a ",  # what reaches log_file before the collector
             "log_timezone": "UTC",
             **self.extra_settings,
         }
@@ -458,5 +472,27 @@ class PostgresServer:
         return self.connect(self.PROVISIONER, self.provisioner_password, dbname, autocommit=True)
 
     def statement_log(self) -> str:
-        """The server log; with log_statements=True it records every statement and its user."""
-        return self.log_file.read_text(errors="replace")
+        """The server's jsonlog (read it with harness.statement_log); with log_statements=True it
+        records every statement with its role, backend and application."""
+        self.mark_log()
+        return self.json_log_file.read_text(errors="replace") if self.json_log_file.exists() else ""
+
+    def mark_log(self, timeout: float = 10.0) -> None:
+        """Return once everything logged so far is in `json_log_file`: the collector writes a moment
+        after a backend logs, so log a mark of our own and wait until the file has it. A server that
+        is stopped or frozen logs nothing more: nothing to wait for."""
+        if self.pid is None or self._frozen:
+            return
+        mark = f"{MARK} {secrets.token_hex(8)}"
+        start = self.json_log_file.stat().st_size if self.json_log_file.exists() else 0
+        with self.superuser_connection() as conn:
+            conn.execute(sql.SQL("DO $$BEGIN RAISE LOG {}; END$$").format(sql.Literal(mark)))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.json_log_file.exists():
+                with open(self.json_log_file, "rb") as handle:
+                    handle.seek(start)
+                    if mark.encode() in handle.read():
+                        return
+            time.sleep(0.01)
+        raise TimeoutError(f"the log collector did not write a mark within {timeout:.0f}s: {self.json_log_file}")

@@ -93,6 +93,18 @@ PANELS: tuple[_Panel, ...] = (
         ],
     ),
     (
+        "Database workers per shard: busy and waiting",
+        "short",
+        [
+            # Only the leader has a work queue (the others report 0): sum, not max, over the replicas.
+            (
+                "sum by (cluster, shard) (dbprovider_database_workers_in_flight{{{sel}, {shard}}})",
+                "{{{{shard}}}} busy",
+            ),
+            ("sum by (cluster, shard) (dbprovider_database_queue_depth{{{sel}, {shard}}})", "{{{{shard}}}} waiting"),
+        ],
+    ),
+    (
         "Held deletions and connection limit drift",
         "short",
         [

@@ -276,7 +276,8 @@ class AdminSessions:
         """The caller's sessions by shard: its lane slot's, or its thread's."""
         slot = current_slot()
         if slot is None:
-            return self._local.__dict__.setdefault("sessions", {})  # type: ignore[no-any-return]
+            mine: dict[str, _Entry] = self._local.__dict__.setdefault("sessions", {})
+            return mine
         with self._lock:
             return self._by_slot.setdefault(slot, {})
 

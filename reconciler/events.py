@@ -2,10 +2,13 @@
 
 Messages carry consumer, externalId and shard, and a sanitized error class at most: never a
 password, hash or token. Recording is best effort and asynchronous, like client-go's event
-broadcaster: `record` queues the Event and one sender thread writes the queue to the apiserver in
-order, so a reconcile never waits for its audit write (2 of the 6 writes of a new database) while
-its admin session idles. A full queue drops the Event with a warning; a failed write never fails a
-reconcile. `close` sends what is queued (bounded) when the manager stops.
+broadcaster: `record` queues the Event and sender threads write the queues to the apiserver, so a
+reconcile never waits for its audit write (2 of the 6 writes of a new database) while its admin
+session idles. The Events of one object always go to the same sender, in the order recorded;
+several senders keep up with the Database workers of a whole fleet (`workersTotal` of them: one
+sender, one request at a time, fell behind a 20-shard burst and dropped Events). A full queue drops
+the Event with a warning; a failed write never fails a reconcile. `close` sends what is queued
+(bounded) when the manager stops.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import logging
 import queue
 import secrets
 import threading
+import zlib
 from typing import Any
 
 from informers import EVENTS, Rest
@@ -21,61 +25,80 @@ from reconciler.runtime.status import now_rfc3339
 
 log = logging.getLogger(__name__)
 COMPONENT = "dbprovider"
-QUEUE_SIZE = 1000  # client-go's broadcaster queue length
+QUEUE_SIZE = 1000  # per sender; client-go's broadcaster queue length
+SENDERS = 8
+
+
+class _Marker:
+    """A queue entry that only says "everything before me was handled" (for flush)."""
+
+    def __init__(self, done: threading.Event) -> None:
+        self.done = done
+
+
+_Entry = dict[str, Any] | _Marker | None  # an Event, a flush marker, or the end of a sender
 
 
 class EventRecorder:
-    def __init__(self, rest: Rest, instance: str, *, queue_size: int = QUEUE_SIZE) -> None:
+    def __init__(self, rest: Rest, instance: str, *, queue_size: int = QUEUE_SIZE, senders: int = SENDERS) -> None:
         self.rest = rest
         self.instance = instance
-        self._queue: queue.Queue[dict[str, Any] | _Marker | None] = queue.Queue(queue_size)
+        self._queues: list[queue.Queue[_Entry]] = [queue.Queue(queue_size) for _ in range(senders)]
         self._lock = threading.Lock()
-        self._sender: threading.Thread | None = None
+        self._senders: list[threading.Thread] = []
         self._closed = False
 
     def record(self, obj: dict[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
         """Queue an Event about `obj` (returns at once)."""
         event = self._event(obj, reason, message, warning)
+        meta = obj["metadata"]
+        lane = zlib.crc32(f"{meta['namespace']}/{meta['name']}".encode()) % len(self._queues)
         with self._lock:
             if self._closed:
                 log.warning("event not recorded", extra={"reason": reason, "error": "RecorderClosed"})
                 return
-            if self._sender is None:
-                self._sender = threading.Thread(target=self._send_all, name="event-sender", daemon=True)
-                self._sender.start()
+            if not self._senders:
+                for n, events in enumerate(self._queues):
+                    sender = threading.Thread(target=self._send_all, args=(events,), name=f"event-sender-{n}",
+                                              daemon=True)
+                    sender.start()
+                    self._senders.append(sender)
             try:
-                self._queue.put_nowait(event)
+                self._queues[lane].put_nowait(event)
             except queue.Full:
                 log.warning("event not recorded", extra={"reason": reason, "error": "QueueFull"})
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every queued Event was sent (or dropped); False on timeout."""
-        done = threading.Event()
         with self._lock:
-            if self._sender is None or self._closed:
+            if not self._senders or self._closed:
                 return True
+        markers = [_Marker(threading.Event()) for _ in self._queues]
         try:
-            self._queue.put(_Marker(done), timeout=timeout)
+            for events, marker in zip(self._queues, markers, strict=True):
+                events.put(marker, timeout=timeout)
         except queue.Full:
             return False
-        return done.wait(timeout)
+        return all(marker.done.wait(timeout) for marker in markers)
 
     def close(self, timeout: float = 5.0) -> None:
-        """Send what is queued (at most `timeout` seconds), then stop the sender."""
+        """Send what is queued (at most `timeout` seconds), then stop the senders."""
         with self._lock:
             self._closed = True
-            sender = self._sender
-        if sender is None:
+            senders = list(self._senders)
+        if not senders:
             return
-        try:
-            self._queue.put(None, timeout=timeout)
-        except queue.Full:
-            pass
-        sender.join(timeout)
+        for events in self._queues:
+            try:
+                events.put(None, timeout=timeout)
+            except queue.Full:
+                pass
+        for sender in senders:
+            sender.join(timeout)
 
-    def _send_all(self) -> None:
+    def _send_all(self, events: queue.Queue[_Entry]) -> None:
         while True:
-            event = self._queue.get()
+            event = events.get()
             if event is None:
                 return
             if isinstance(event, _Marker):
@@ -111,10 +134,3 @@ class EventRecorder:
             "lastTimestamp": now,
             "count": 1,
         }
-
-
-class _Marker:
-    """A queue entry that only says "everything before me was handled" (for flush)."""
-
-    def __init__(self, done: threading.Event) -> None:
-        self.done = done

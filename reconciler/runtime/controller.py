@@ -328,6 +328,7 @@ class Controller:
 
     def _process(self, queue: WorkQueue, key: str) -> None:
         assert self.metrics is not None
+        self.metrics.reconciles.labels(controller=self.name).inc()
         try:
             result = self.reconcile(key)
             if result is not None and not isinstance(result, Result):

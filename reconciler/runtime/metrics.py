@@ -29,6 +29,12 @@ class RuntimeMetrics:
             ["controller", "reason", "retryable"],
             registry=self.registry,
         )
+        self.reconciles = Counter(
+            "dbprovider_reconciles_total",
+            "Reconciles run (passes over one key), whatever their outcome.",
+            ["controller"],
+            registry=self.registry,
+        )
         self.reconcile_conflicts = Counter(
             "dbprovider_reconcile_conflicts_total",
             "Write conflicts (HTTP 409), requeued with backoff and not counted as errors.",
@@ -38,6 +44,7 @@ class RuntimeMetrics:
 
     def init_controller(self, controller: str) -> None:
         """Export zero-valued series for a controller so rate() and alerts see it from the start."""
+        self.reconciles.labels(controller=controller)
         self.reconcile_conflicts.labels(controller=controller)
         for retryable in (True, False):
             self.reconcile_errors.labels(

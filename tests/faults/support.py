@@ -18,7 +18,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from kubernetes.client.exceptions import ApiException
 from dbprovider.devstack import DevStack
 from domain.constants import ANNOTATION_ROTATE_REQUESTED_AT, LABEL_CONSUMER
 from harness import KubeControlPlane, PostgresServer
+from harness.statement_log import parse_statement_log
 from informers import LEASES, SECRETS, Rest
 from reconciler.resources import CONSUMERS, DATABASES, SHARDS
 from reconciler.runtime.leader import lease_holder
@@ -263,10 +264,6 @@ class FaultStack:
 # -- the invariant checker ---------------------------------------------------------------------
 
 _TENANT_DDL = re.compile(r'(CREATE ROLE|CREATE DATABASE|DROP ROLE IF EXISTS|DROP DATABASE IF EXISTS) "([^"]+)"')
-_PG_LINE = re.compile(
-    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}) UTC \[(\d+)\] user=\S* db=\S* app=(\S*) "
-    r"LOG:  (?:(?:statement|execute [^:]*): (.*)|duration: .*)$"
-)
 
 
 def audit_writes(stack: FaultStack) -> list[Write]:
@@ -277,40 +274,32 @@ def audit_writes(stack: FaultStack) -> list[Write]:
 def statement_log(stack: FaultStack) -> list[tuple[datetime, str, str, str, bool]]:
     """(time, application_name, statement, shard, completed) of every statement the shards received.
 
-    `completed`: the statement finished and took effect. Inside an explicit transaction (BEGIN ...
-    COMMIT, as psycopg's `conn.transaction()` sends them) a finished statement takes effect only with
-    the COMMIT: a crash before it rolls the statement back, and the retry running it again is no
-    second execution.
+    `completed`: the statement finished (the server logged its duration) and took effect. Inside an
+    explicit transaction (BEGIN ... COMMIT, as psycopg's `conn.transaction()` sends them) a finished
+    statement takes effect only with the COMMIT: a crash before it rolls the statement back, and the
+    retry running it again is no second execution.
     """
     rows: list[tuple[datetime, str, str, str, bool]] = []
     for shard, server in stack.shards.items():
-        last: dict[str, int] = {}  # backend pid -> its last statement's row
-        open_tx: dict[str, list[int]] = {}  # backend pid -> finished statements of its open transaction
-        for line in server.statement_log().splitlines():
-            match = _PG_LINE.match(line)
-            if not match:
+        open_tx: dict[int, list[int]] = {}  # backend pid -> finished statements of its open transaction
+        for statement in parse_statement_log(server.statement_log()):
+            index = len(rows)
+            assert statement.time is not None
+            rows.append((statement.time, statement.application, statement.text, shard, False))
+            if not statement.finished:
                 continue
-            pid = match[2]
-            if match[4] is None:  # "duration: ...": that backend's last statement completed
-                if pid not in last:
-                    continue
-                index = last.pop(pid)
-                verb = rows[index][2].strip().rstrip(";").upper()
-                if verb in ("BEGIN", "START TRANSACTION"):
-                    open_tx[pid] = []
-                elif verb in ("COMMIT", "END"):
-                    for done in open_tx.pop(pid, []):
-                        rows[done] = (*rows[done][:4], True)
-                elif verb == "ROLLBACK":
-                    open_tx.pop(pid, None)
-                elif pid in open_tx:
-                    open_tx[pid].append(index)
-                    continue
-                rows[index] = (*rows[index][:4], True)
+            verb = statement.text.strip().rstrip(";").upper()
+            if verb in ("BEGIN", "START TRANSACTION"):
+                open_tx[statement.pid] = []
+            elif verb in ("COMMIT", "END"):
+                for done in open_tx.pop(statement.pid, []):
+                    rows[done] = (*rows[done][:4], True)
+            elif verb == "ROLLBACK":
+                open_tx.pop(statement.pid, None)
+            elif statement.pid in open_tx:
+                open_tx[statement.pid].append(index)
                 continue
-            when = datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=UTC)
-            last[pid] = len(rows)
-            rows.append((when, match[3], match[4], shard, False))
+            rows[index] = (*rows[index][:4], True)
     return rows
 
 

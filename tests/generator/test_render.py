@@ -340,6 +340,8 @@ def test_render_only_dashboard_as_json_and_as_a_sidecar_configmap(tmp_path: Path
         "dbprovider_database_provisioning_oldest_seconds",
         "dbprovider_databases_deletion_held",
         "dbprovider_databases_connection_limit_drift",
+        "dbprovider_database_workers_in_flight",
+        "dbprovider_database_queue_depth",
         "dbprovider_reconcile_errors_total",
         "dbprovider_reconcile_conflicts_total",
         "dbprovider_api_requests_total",

@@ -54,6 +54,7 @@ def test_metrics_endpoint_serves_both_counters_and_stop_frees_the_port(admin_res
         assert errors + '"Other",retryable="true"} 0.0' in body
         assert errors + '"Other",retryable="false"} 0.0' in body
         assert "# TYPE dbprovider_reconcile_errors_total counter" in body
+        assert 'dbprovider_reconciles_total{controller="database"} 3.0' in body  # every pass, whatever it did
     finally:
         controller.stop()
         server.stop()

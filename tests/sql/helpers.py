@@ -1,4 +1,5 @@
-"""Helpers of the shard SQL tests: endpoints, tenant specs, catalog reads as superuser, the statement log."""
+"""Helpers of the shard SQL tests: endpoints, tenant specs, catalog reads as superuser (the statement
+log is harness.statement_log's `StatementLog`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import uuid
 import psycopg
 
 from harness import PostgresServer
-from harness.statement_log import LoggedStatement, parse_statement_log
 from reconciler.sql.session import AdminEndpoint, connect_admin
 from reconciler.sql.tenant import PROVISIONING_STEPS, TenantSpec
 
@@ -37,20 +37,6 @@ def run_steps(server: PostgresServer, spec: TenantSpec, count: int) -> None:
     with connect_admin(admin_endpoint(server)) as conn:
         for step in PROVISIONING_STEPS[:count]:
             step(conn, spec)
-
-
-class StatementLog:
-    """Statements the server logged after this point (read from its log file)."""
-
-    def __init__(self, server: PostgresServer) -> None:
-        self.server = server
-        self.offset = len(server.statement_log())
-
-    def text(self) -> str:
-        return self.server.statement_log()[self.offset :]
-
-    def statements(self, user: str | None = None) -> list[LoggedStatement]:
-        return parse_statement_log(self.text(), user)
 
 
 def backend_pids(server: PostgresServer, application_name: str, waiting: bool = False) -> list[int]:

@@ -9,6 +9,7 @@ import pytest
 from psycopg import sql
 
 from harness import PostgresServer
+from harness.statement_log import StatementLog
 from reconciler.sql.errors import SqlFailure
 from reconciler.sql.session import AdminSession, connect_admin
 from reconciler.sql.tenant import (
@@ -21,7 +22,7 @@ from reconciler.sql.tenant import (
     inspect_ownership,
     tenant_state,
 )
-from tests.sql.helpers import StatementLog, admin_endpoint, can_connect
+from tests.sql.helpers import admin_endpoint, can_connect
 from tests.support.postgres import drop_as_superuser, role_comment
 
 OWNER = OwnerRecord("consumer-a", "6f1b3c1e-0000-4000-8000-000000000001")

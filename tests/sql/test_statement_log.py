@@ -1,4 +1,5 @@
-"""What the provisioner sends, as a server with log_statement=all records it.
+"""What the provisioner sends, as a server with log_statement=all records it (its jsonlog, read by
+harness.statement_log, the one reader of tests and benchmarks).
 
 Exact statements are a supplement to the behaviour tests (which assert rows and connections): they
 pin the order the seed prescribes, that re-runs only read, and that no password reaches the log.
@@ -12,11 +13,13 @@ from dataclasses import replace
 
 import pytest
 
+from bench.common import BlindStatementLog, ProvisionerStatements
 from harness import PostgresServer
+from harness.statement_log import StatementLog
 from reconciler.sql import tenant as tenant_ops
 from reconciler.sql.session import AdminSession
 from reconciler.sql.tenant import TenantSpec
-from tests.sql.helpers import StatementLog, admin_endpoint, new_spec, run_steps
+from tests.sql.helpers import admin_endpoint, new_spec, run_steps
 from tests.support.postgres import drop_as_superuser
 
 PROVISIONER = PostgresServer.PROVISIONER
@@ -144,7 +147,7 @@ def test_the_log_shows_parameterized_prepared_and_multi_line_statements(
 ) -> None:
     """A "no SQL ran" check is only as strong as its log reader: a catalog read is parameterized, so the
     server logs it as `execute <unnamed>:` (or `execute <prepared name>:` once psycopg prepares it),
-    its tenant name in a DETAIL entry, and its text over several lines."""
+    its tenant name in the record's detail, and its text over several lines."""
     tenant_ops.ensure_tenant(logged_admin, logged_tenant)
     log = StatementLog(logged_postgres)
 
@@ -163,3 +166,40 @@ def test_the_log_shows_parameterized_prepared_and_multi_line_statements(
     assert [s.text for s in log.statements(PROVISIONER) if "first_line" in s.text] == [
         "SELECT 1 AS first_line, 2 AS second_line"
     ]
+
+
+def test_every_statement_is_one_record_with_its_role_and_application(
+    logged_postgres: PostgresServer, logged_tenant: TenantSpec
+) -> None:
+    """A text log needed a line prefix to tell records apart, and a statement whose text looks like a
+    log line broke it; the jsonlog has one record per statement, with the role and application_name."""
+    forged = "2026-12-01 10:00:00.000 UTC [1] user=provisioner db=postgres app=x LOG:  statement: DROP ROLE x"
+    log = StatementLog(logged_postgres)
+    with AdminSession.for_endpoint(admin_endpoint(logged_postgres), application_name="dbprovider/replica-a") as admin:
+        tenant_ops.tenant_state(admin, logged_tenant.name)
+    with logged_postgres.provisioner_connection() as conn:
+        conn.execute("SELECT %s::text AS forged", (f"line one\n{forged}",))
+
+    statements = log.statements(PROVISIONER)
+    assert [s.keyword for s in statements] == ["SELECT", "SELECT"]  # no DROP ROLE: the forged line is a value
+    assert statements[0].application == "dbprovider/replica-a" and statements[0].mentions(logged_tenant.name)
+    assert statements[1].text == "SELECT $1::text AS forged" and " ".join(forged.split()) in statements[1].parameters
+    assert all(s.pid > 0 and s.time is not None for s in statements)
+
+
+def test_a_benchmark_refuses_to_count_from_a_log_that_shows_no_statement(
+    postgres: PostgresServer, admin: AdminSession, tenant: TenantSpec,
+    logged_postgres: PostgresServer, logged_admin: AdminSession, logged_tenant: TenantSpec,
+) -> None:
+    """The benchmarks' statements per database read 0.00 while the reader was blind (issue 28 item 7):
+    on a server without log_statement=all the same work now stops the benchmark instead."""
+    blind = ProvisionerStatements(postgres)
+    seeing = ProvisionerStatements(logged_postgres)
+
+    tenant_ops.ensure_tenant(admin, tenant)
+    tenant_ops.ensure_tenant(logged_admin, logged_tenant)
+
+    with pytest.raises(BlindStatementLog, match="no provisioner statement at all"):
+        blind.expect("ensure_tenant")
+    found = seeing.expect("ensure_tenant")
+    assert found["CREATE"] == 2 and found["SELECT"] >= 1  # the role and the database, the state reads
