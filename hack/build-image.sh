@@ -136,5 +136,11 @@ else
     -t "$tag" -f "$source_dir/Dockerfile" "$source_dir" >/dev/null
   save "$tag" "$out"
 fi
+touch "$out"  # last used: the pruning below keeps the images in use
+# Each tree edit is a new key (~570 MB): keep the 4 images used last, so the cache never fills the disk
+# (a full disk makes the node's kubelet evict pods). An image pruned here is rebuilt when asked for.
+ls -1t "$cache"/dbprovider-*.tar 2>/dev/null | tail -n +5 | while read -r old; do
+  (exec 8>"$old.lock"; flock -n 8 && rm -f "$old" "$old.lock") || true
+done
 echo "$tag"
 echo "$out"
