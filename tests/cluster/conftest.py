@@ -291,17 +291,19 @@ class Caller:
     external_id: str
     calls: int = 0
     longest_pause: float = 0.0  # seconds between the starts of two calls in a row
-    failures: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)  # "<seconds from `started`>s <method> <what>"
+    started: float = 0.0  # time.monotonic() when it began calling
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
     def __enter__(self) -> Caller:
+        self.started = time.monotonic()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         return self
 
     def _run(self) -> None:
-        started = last = time.monotonic()
+        started = last = self.started
         while not self._stop.is_set():
             now = time.monotonic()
             self.longest_pause, last = max(self.longest_pause, now - last), now
