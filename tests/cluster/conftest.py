@@ -291,7 +291,7 @@ class Caller:
     external_id: str
     calls: int = 0
     longest_pause: float = 0.0  # seconds between the starts of two calls in a row
-    failures: list[str] = field(default_factory=list)  # "<seconds from `started`>s <method> <what>"
+    failures: list[str] = field(default_factory=list)  # "<sent, seconds from `started`>s <method> <what>"
     started: float = 0.0  # time.monotonic() when it began calling
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -311,9 +311,10 @@ class Caller:
             try:
                 status, body = self.api.call(method, f"/v1/databases/{self.external_id}", body)
                 if status != 200:
-                    self.failures.append(f"{time.monotonic() - started:.1f}s {method} {status} {body}")
+                    self.failures.append(f"{now - started:.1f}s {method} {status} {body}")
             except Exception as exc:  # noqa: BLE001 - every kind of failure is what we count
-                self.failures.append(f"{time.monotonic() - started:.1f}s {method} {type(exc).__name__}: {exc}")
+                took = time.monotonic() - now
+                self.failures.append(f"{now - started:.1f}s {method} {type(exc).__name__} after {took:.1f}s: {exc}")
             self.calls += 1
             self._stop.wait(0.1)
 

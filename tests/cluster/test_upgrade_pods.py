@@ -87,7 +87,11 @@ class StoppingPods:
         with self.node.admin_client() as client:
             rest = Rest(client)
             while not self._stop.is_set():
-                for pod in all_pods(rest):
+                try:
+                    found = all_pods(rest)
+                except Exception:  # noqa: BLE001 - a missed poll (apiserver busy) leaves the windows as they were
+                    found = []
+                for pod in found:
                     now = time.monotonic()
                     name = pod["metadata"]["name"]
                     if image_of(pod) != self.image:
@@ -103,7 +107,8 @@ class StoppingPods:
         self._thread.join(30)
 
     def outside(self, caller: Caller, slack: float = 0.5) -> list[str]:
-        """The caller's failures that did not happen while a pod of `image` was stopping."""
+        """The caller's failures sent when no pod of `image` was stopping (a call to a pod that is gone
+        fails seconds later: the relay's connect to its address finds no host)."""
         def during_a_stop(failure: str) -> bool:
             when = caller.started + float(failure.split("s ", 1)[0])
             return any(first - slack <= when <= last + slack for first, last in self.windows.values())
@@ -223,8 +228,16 @@ def installed(
     ca = prepare_install(node, rest, shard, workdir)
     old = built_release(previous)
     seconds = apply_release(node, render(old, previous_image.tag, workdir))
-    token = create_consumer(rest)
-    return Installed(old, this_checkout(__version__), ca, workdir, api_client(node, ca, token), seconds)
+    api = api_client(node, ca, create_consumer(rest))
+
+    def answers() -> bool:  # as `pulumi up` awaits the Service's endpoints: kube-proxy rejects until then
+        try:
+            return api.call("GET", "/v1/databases")[0] == 200  # the token too, once the pods' caches have it
+        except OSError:
+            return False
+
+    wait_for(answers, timeout=60, what="the API answering the consumer through its Service")
+    return Installed(old, this_checkout(__version__), ca, workdir, api, seconds)
 
 
 @dataclass
