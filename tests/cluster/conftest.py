@@ -11,9 +11,10 @@ import json
 import os
 import socket
 import ssl
+import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -121,11 +122,9 @@ def renewed_certificate(stack: Stack, stem: str) -> tuple[dict[str, Any], CertFi
     return secret, CertFiles(stack.ca.directory / f"{stem}.crt", stack.ca.directory / f"{stem}.key")
 
 
-@pytest.fixture(scope="module")
-def stack(node: KubeNode, rest: Rest, image: Image, shard: Shard, tmp_path_factory: pytest.TempPathFactory) -> Stack:
-    """What docs/install.md asks for first (the namespaces, the TLS Secret, the shard's admin Secret),
-    then the README's `pulumi` lines with the image built here, and `pulumi up`."""
-    workdir = tmp_path_factory.mktemp("cluster-pulumi")
+def prepare_install(node: KubeNode, rest: Rest, shard: Shard, workdir: Path) -> CertificateAuthority:
+    """What docs/install.md asks for before the install: the release namespace, the API's TLS Secret
+    (from a throwaway CA, returned) and the shard's admin Secret in its own namespace."""
     node.ensure_namespace(NAMESPACE)
     ca = CertificateAuthority(workdir / "api-pki", "dbprovider-api")
     rest.create(SECRETS, _tls_secret(ca, "api"), NAMESPACE)
@@ -135,6 +134,15 @@ def stack(node: KubeNode, rest: Rest, image: Image, shard: Shard, tmp_path_facto
         "metadata": {"name": ADMIN_SECRET, "namespace": SHARDS_NAMESPACE},
         "data": {"user": b64(shard.server.PROVISIONER), "password": b64(shard.server.provisioner_password)},
     }, SHARDS_NAMESPACE)
+    return ca
+
+
+@pytest.fixture(scope="module")
+def stack(node: KubeNode, rest: Rest, image: Image, shard: Shard, tmp_path_factory: pytest.TempPathFactory) -> Stack:
+    """What docs/install.md asks for first (the namespaces, the TLS Secret, the shard's admin Secret),
+    then the README's `pulumi` lines with the image built here, and `pulumi up`."""
+    workdir = tmp_path_factory.mktemp("cluster-pulumi")
+    ca = prepare_install(node, rest, shard, workdir)
     project = workdir / "project"
     project.mkdir()
     settings = yaml.safe_load((REPO_ROOT / "Pulumi.yaml").read_text())
@@ -157,6 +165,10 @@ def stack(node: KubeNode, rest: Rest, image: Image, shard: Shard, tmp_path_facto
 
 @pytest.fixture(scope="module")
 def consumer(stack: Stack, rest: Rest) -> str:
+    return create_consumer(rest)
+
+
+def create_consumer(rest: Rest) -> str:
     """A Consumer with a fresh token (its hash in a Secret); returns the token."""
     token = os.urandom(32).hex()
     rest.create(SECRETS, {
@@ -177,6 +189,10 @@ def consumer(stack: Stack, rest: Rest) -> str:
 
 @pytest.fixture(scope="module")
 def shard_ready(stack: Stack, rest: Rest, shard: Shard) -> str:
+    return create_shard(rest, shard)
+
+
+def create_shard(rest: Rest, shard: Shard) -> str:
     """The Shard, Ready: the leader reached PostgreSQL by the Service's name through cluster DNS."""
     rest.create(SHARDS, {
         "apiVersion": "db.bnerd.com/v1alpha1",
@@ -241,9 +257,71 @@ class ApiClient:
 
 @pytest.fixture(scope="module")
 def api(node: KubeNode, stack: Stack, consumer: str) -> ApiClient:
+    return api_client(node, stack.ca, consumer)
+
+
+def api_client(node: KubeNode, ca: CertificateAuthority, token: str) -> ApiClient:
+    """A consumer of `token` calling the API's Service."""
     with node.admin_client() as client:
         service = kubernetes.client.CoreV1Api(client).read_namespaced_service(RELEASE, NAMESPACE)
-    return ApiClient(node, service.spec.cluster_ip, stack.ca.ca_file, consumer)
+    return ApiClient(node, service.spec.cluster_ip, ca.ca_file, token)
+
+
+def wait_phase(api: ApiClient, external_id: str, phase: str, timeout: float = 90) -> dict[str, Any]:
+    """The database as the consumer reads it once it is in `phase`; else the last answer in the error."""
+    last: list[object] = [None]
+
+    def probe() -> dict[str, Any] | None:
+        status, body = api.call("GET", f"/v1/databases/{external_id}")
+        last[0] = (status, body)
+        return body if status == 200 and body.get("phase") == phase else None
+
+    try:
+        return wait_for(probe, timeout=timeout, what=f"database {external_id} {phase}")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last answer: {last[0]}") from None
+
+
+@dataclass
+class Caller:
+    """A consumer calling the API through its Service every 100 ms (a GET and an idempotent PUT of an
+    existing database, in turn), each call on a new connection; it records every call that failed."""
+
+    api: ApiClient
+    external_id: str
+    calls: int = 0
+    longest_pause: float = 0.0  # seconds between the starts of two calls in a row
+    failures: list[str] = field(default_factory=list)  # "<sent, seconds from `started`>s <method> <what>"
+    started: float = 0.0  # time.monotonic() when it began calling
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> Caller:
+        self.started = time.monotonic()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        started = last = self.started
+        while not self._stop.is_set():
+            now = time.monotonic()
+            self.longest_pause, last = max(self.longest_pause, now - last), now
+            method, body = ("GET", None) if self.calls % 2 == 0 else ("PUT", {"sizeClass": "small"})
+            try:
+                status, body = self.api.call(method, f"/v1/databases/{self.external_id}", body)
+                if status != 200:
+                    self.failures.append(f"{now - started:.1f}s {method} {status} {body}")
+            except Exception as exc:  # noqa: BLE001 - every kind of failure is what we count
+                took = time.monotonic() - now
+                self.failures.append(f"{now - started:.1f}s {method} {type(exc).__name__} after {took:.1f}s: {exc}")
+            self.calls += 1
+            self._stop.wait(0.1)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        assert self._thread is not None
+        self._thread.join(30)
 
 
 # -- reading the pods ------------------------------------------------------------------------------

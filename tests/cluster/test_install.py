@@ -12,11 +12,9 @@ import http.client
 import json
 import os
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 import kubernetes.client
@@ -33,6 +31,7 @@ from tests.cluster.conftest import (
     RELEASE,
     TLS_SECRET,
     ApiClient,
+    Caller,
     Shard,
     Stack,
     container,
@@ -42,6 +41,7 @@ from tests.cluster.conftest import (
     ready_pods,
     renewed_certificate,
     rss_bytes,
+    wait_phase,
 )
 from tests.support.common import wait_for
 
@@ -87,26 +87,12 @@ def test_the_shard_is_reached_by_its_service_name(
         assert resolved.split()[0] == shard.service.cluster_ip, resolved
 
 
-def _wait_phase(api: ApiClient, external_id: str, phase: str, timeout: float = 90) -> dict[str, Any]:
-    last: list[object] = [None]
-
-    def probe() -> dict[str, Any] | None:
-        status, body = api.call("GET", f"/v1/databases/{external_id}")
-        last[0] = (status, body)
-        return body if status == 200 and body.get("phase") == phase else None
-
-    try:
-        return wait_for(probe, timeout=timeout, what=f"database {external_id} {phase}")
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}; last answer: {last[0]}") from None
-
-
 def test_consumer_flow_through_the_service(
     node: KubeNode, api: ApiClient, shard_ready: str, shard: Shard, rest: Rest
 ) -> None:
     status, body = api.call("PUT", "/v1/databases/orders", {"sizeClass": "small"})
     assert status == 201, body
-    _wait_phase(api, "orders", "Ready")
+    wait_phase(api, "orders", "Ready")
     status, credentials = api.call("GET", "/v1/databases/orders/credentials")
     assert status == 200
     assert credentials["host"] == shard.service.host  # consumers in the cluster reach it by this name
@@ -183,7 +169,7 @@ def test_a_burst_of_200_puts_stays_within_the_memory_limit(
         statuses = list(pool.map(lambda i: api.call("PUT", f"/v1/databases/{i}", {"sizeClass": "small"})[0], ids))
     assert statuses == [201] * 200
     for external_id in ids:
-        _wait_phase(api, external_id, "Ready", timeout=300)
+        wait_phase(api, external_id, "Ready", timeout=300)
     for pod in ready_pods(rest):
         state = container(pod)
         assert state["restartCount"] == 0, state.get("lastState")
@@ -193,51 +179,12 @@ def test_a_burst_of_200_puts_stays_within_the_memory_limit(
         FIGURES.setdefault("rss_after_200_puts_bytes", []).append(rss)
 
 
-@dataclass
-class Caller:
-    """A consumer calling the API through its Service every 100 ms (a GET and an idempotent PUT of an
-    existing database, in turn), each call on a new connection; it records every call that failed."""
-
-    api: ApiClient
-    external_id: str
-    calls: int = 0
-    longest_pause: float = 0.0  # seconds between the starts of two calls in a row
-    failures: list[str] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def __enter__(self) -> Caller:
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        started = last = time.monotonic()
-        while not self._stop.is_set():
-            now = time.monotonic()
-            self.longest_pause, last = max(self.longest_pause, now - last), now
-            method, body = ("GET", None) if self.calls % 2 == 0 else ("PUT", {"sizeClass": "small"})
-            try:
-                status, body = self.api.call(method, f"/v1/databases/{self.external_id}", body)
-                if status != 200:
-                    self.failures.append(f"{time.monotonic() - started:.1f}s {method} {status} {body}")
-            except Exception as exc:  # noqa: BLE001 - every kind of failure is what we count
-                self.failures.append(f"{time.monotonic() - started:.1f}s {method} {type(exc).__name__}: {exc}")
-            self.calls += 1
-            self._stop.wait(0.1)
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        assert self._thread is not None
-        self._thread.join(30)
-
-
 @pytest.fixture(scope="module")
 def steady(api: ApiClient, shard_ready: str) -> Iterator[str]:
     """A Ready database the caller reads and re-puts during rollouts."""
     status, body = api.call("PUT", "/v1/databases/steady", {"sizeClass": "small"})
     assert status in (200, 201), body
-    _wait_phase(api, "steady", "Ready")
+    wait_phase(api, "steady", "Ready")
     yield "steady"
 
 
@@ -300,7 +247,7 @@ def test_deleting_the_leader_pod_hands_over_the_lease(
         FIGURES["leader_pod_deleted_two_ready_seconds"] = round(time.monotonic() - started, 1)
     assert caller.failures == [], caller.failures  # a deleted pod drains like a rolled one
     for external_id in ids:
-        _wait_phase(api, external_id, "Ready")
+        wait_phase(api, external_id, "Ready")
     wait_for(lambda: _all_databases_ready(rest), timeout=300, what="every Database Ready")
 
 
@@ -333,7 +280,7 @@ def test_sigkill_of_the_leaders_manager_hands_over_and_restarts_it(
     # What consumers saw: calls that reached the killed replica before its endpoint was removed failed.
     FIGURES["manager_sigkilled_failed_calls"] = f"{len(caller.failures)} of {caller.calls}"
     for external_id in ids:
-        _wait_phase(api, external_id, "Ready")
+        wait_phase(api, external_id, "Ready")
     wait_for(lambda: _all_databases_ready(rest), timeout=300, what="every Database Ready")
 
 
