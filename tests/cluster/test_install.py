@@ -254,8 +254,11 @@ def test_deleting_the_leader_pod_hands_over_the_lease(
 def test_sigkill_of_the_leaders_manager_hands_over_and_restarts_it(
     node: KubeNode, api: ApiClient, rest: Rest, steady: str
 ) -> None:
-    old = leader(rest)
-    pod = next(p for p in ready_pods(rest) if p["metadata"]["name"] == old)
+    # The previous test's replacement pod may still be starting, or a loaded machine may fail one
+    # readiness probe: wait for a Ready Lease holder rather than assume one.
+    pod = wait_for(lambda: next((p for p in ready_pods(rest) if p["metadata"]["name"] == leader(rest)), None),
+                   timeout=120, what="a Ready pod holding the Lease")
+    old = pod["metadata"]["name"]
     restarts = container(pod)["restartCount"]
     pids = node.container_pids(container(pod)["containerID"])
     assert pids
