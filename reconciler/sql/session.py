@@ -319,13 +319,14 @@ class _Watchdog:
             pass
 
     def _fire(self) -> None:
+        # Under the lock: the cut wakes the caller at once, and its __exit__ then waits here until the
+        # duplicated descriptors are closed too, so no socket of the operation outlives it.
         with self._lock:
             if self._done:
                 return
             self.fired = True
-            conns = list(self._conns)
-        for conn in conns:
-            _sever(conn)
+            for conn in self._conns:
+                _sever(conn)
 
 
 # The watchdog of the operation running on this thread (set while its body runs).
