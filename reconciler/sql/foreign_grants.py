@@ -67,15 +67,28 @@ def _ident(*names: str) -> sql.Identifier:
     return sql.Identifier(*names)
 
 
+def _grants_to_role(*selects: tuple[str, str]) -> str:
+    """The UNION of `selects` (a SELECT over a catalog, the name of its ACL column), each narrowed to the
+    grants another role made to %(role)s, the grantor joined as `g`: one spelling of that join."""
+    return "\n" + "UNION\n".join(
+        objects
+        + f" CROSS JOIN LATERAL pg_catalog.aclexplode({acl}) a\n"
+        + "  JOIN pg_catalog.pg_roles g ON g.oid = a.grantor\n"
+        + " WHERE a.grantee = %(role)s AND a.grantor <> %(role)s\n"
+        for objects, acl in selects
+    )
+
+
 # -- 1. database-level grants --------------------------------------------------------------------
 
-_DATABASE_GRANTS = """
-SELECT DISTINCT d.datname, g.rolname, g.oid
+_DATABASE_GRANTS = _grants_to_role(
+    (
+        """SELECT DISTINCT d.datname, g.rolname, g.oid
   FROM pg_catalog.pg_database d
- CROSS JOIN LATERAL pg_catalog.aclexplode(d.datacl) a
-  JOIN pg_catalog.pg_roles g ON g.oid = a.grantor
- WHERE a.grantee = %(role)s AND a.grantor <> %(role)s
-"""
+""",
+        "d.datacl",
+    ),
+)
 
 
 def _revoke_database_grants(conn: psycopg.Connection, victim: str, oid: int, involved: Involved) -> None:
@@ -89,45 +102,47 @@ def _revoke_database_grants(conn: psycopg.Connection, victim: str, oid: int, inv
 
 # -- 2. grants and objects inside other databases ----------------------------------------------
 
-_OBJECT_GRANTS = """
-SELECT 'SCHEMA', NULL, n.nspname, g.rolname, g.oid
+_OBJECT_GRANTS = _grants_to_role(
+    (
+        """SELECT 'SCHEMA', NULL, n.nspname, g.rolname, g.oid
   FROM pg_catalog.pg_namespace n
- CROSS JOIN LATERAL pg_catalog.aclexplode(n.nspacl) a
-  JOIN pg_catalog.pg_roles g ON g.oid = a.grantor
- WHERE a.grantee = %(role)s AND a.grantor <> %(role)s
-UNION
-SELECT CASE c.relkind WHEN 'S' THEN 'SEQUENCE' ELSE 'TABLE' END, n.nspname, c.relname, g.rolname, g.oid
+""",
+        "n.nspacl",
+    ),
+    (
+        """SELECT CASE c.relkind WHEN 'S' THEN 'SEQUENCE' ELSE 'TABLE' END, n.nspname, c.relname, g.rolname, g.oid
   FROM pg_catalog.pg_class c
   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
- CROSS JOIN LATERAL pg_catalog.aclexplode(c.relacl) a
-  JOIN pg_catalog.pg_roles g ON g.oid = a.grantor
- WHERE a.grantee = %(role)s AND a.grantor <> %(role)s
-UNION
-SELECT 'TABLE', n.nspname, c.relname, g.rolname, g.oid
+""",
+        "c.relacl",
+    ),
+    (
+        """SELECT 'TABLE', n.nspname, c.relname, g.rolname, g.oid
   FROM pg_catalog.pg_attribute t
   JOIN pg_catalog.pg_class c ON c.oid = t.attrelid
   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
- CROSS JOIN LATERAL pg_catalog.aclexplode(t.attacl) a
-  JOIN pg_catalog.pg_roles g ON g.oid = a.grantor
- WHERE a.grantee = %(role)s AND a.grantor <> %(role)s
-UNION
-SELECT CASE t.typtype WHEN 'd' THEN 'DOMAIN' ELSE 'TYPE' END, n.nspname, t.typname, g.rolname, g.oid
+""",
+        "t.attacl",
+    ),
+    (
+        """SELECT CASE t.typtype WHEN 'd' THEN 'DOMAIN' ELSE 'TYPE' END, n.nspname, t.typname, g.rolname, g.oid
   FROM pg_catalog.pg_type t
   JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace
- CROSS JOIN LATERAL pg_catalog.aclexplode(t.typacl) a
-  JOIN pg_catalog.pg_roles g ON g.oid = a.grantor
- WHERE a.grantee = %(role)s AND a.grantor <> %(role)s
-UNION
-SELECT 'LARGE OBJECT', NULL, l.oid::text, g.rolname, g.oid
+""",
+        "t.typacl",
+    ),
+    (
+        """SELECT 'LARGE OBJECT', NULL, l.oid::text, g.rolname, g.oid
   FROM pg_catalog.pg_largeobject_metadata l
- CROSS JOIN LATERAL pg_catalog.aclexplode(l.lomacl) a
-  JOIN pg_catalog.pg_roles g ON g.oid = a.grantor
- WHERE a.grantee = %(role)s AND a.grantor <> %(role)s
-"""
+""",
+        "l.lomacl",
+    ),
+)
 
 # Routines are named with their argument types (schema-qualified type names: `pg_catalog._int4` is int4[]).
-_ROUTINE_GRANTS = """
-SELECT DISTINCT n.nspname, p.proname, g.rolname, g.oid,
+_ROUTINE_GRANTS = _grants_to_role(
+    (
+        """SELECT DISTINCT n.nspname, p.proname, g.rolname, g.oid,
        ARRAY(SELECT tn.nspname FROM unnest(p.proargtypes::oid[]) WITH ORDINALITY AS u(typ, i)
                JOIN pg_catalog.pg_type ty ON ty.oid = u.typ
                JOIN pg_catalog.pg_namespace tn ON tn.oid = ty.typnamespace ORDER BY u.i),
@@ -135,10 +150,10 @@ SELECT DISTINCT n.nspname, p.proname, g.rolname, g.oid,
                JOIN pg_catalog.pg_type ty ON ty.oid = u.typ ORDER BY u.i)
   FROM pg_catalog.pg_proc p
   JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
- CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) a
-  JOIN pg_catalog.pg_roles g ON g.oid = a.grantor
- WHERE a.grantee = %(role)s AND a.grantor <> %(role)s
-"""
+""",
+        "p.proacl",
+    ),
+)
 
 _DEFAULT_PRIVILEGES = """
 SELECT DISTINCT r.rolname, r.oid, n.nspname, d.defaclobjtype
