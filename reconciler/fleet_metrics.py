@@ -19,6 +19,7 @@ from domain.conditions import READY, condition_reason, get_condition, is_conditi
 from domain.connection_budget import Commitments
 from domain.constants import UNPLACED, DatabaseConditionType, Phase, ShardConditionType
 from domain.timefmt import parse_time
+from reconciler.runtime.metrics import shard_gauges
 
 NO_REASON = "Unknown"  # no Ready condition yet
 Objects = Callable[[], Iterable[Mapping[str, Any]]]
@@ -131,28 +132,24 @@ class FleetCollector(Collector):
             yield from self._connection_gauges(shard_objects, commitments)
 
         labels = sorted(set(shard_names) | {UNPLACED} | set(oldest) | set(held) | set(drift))
-        provisioning = GaugeMetricFamily(
-            "dbprovider_database_provisioning_oldest_seconds",
-            "Age of the oldest Database still Provisioning (0 if none).",
-            labels=["shard"],
+        yield from shard_gauges(
+            labels,
+            (
+                "dbprovider_database_provisioning_oldest_seconds",
+                "Age of the oldest Database still Provisioning (0 if none).",
+                lambda shard: oldest.get(shard, 0.0),
+            ),
+            (
+                "dbprovider_databases_deletion_held",
+                "Databases deleted without the delete annotation (held, no SQL).",
+                lambda shard: held[shard],
+            ),
+            (
+                "dbprovider_databases_connection_limit_drift",
+                "Ready Databases whose applied connection limit differs from the install config.",
+                lambda shard: drift[shard],
+            ),
         )
-        held_family = GaugeMetricFamily(
-            "dbprovider_databases_deletion_held",
-            "Databases deleted without the delete annotation (held, no SQL).",
-            labels=["shard"],
-        )
-        drift_family = GaugeMetricFamily(
-            "dbprovider_databases_connection_limit_drift",
-            "Ready Databases whose applied connection limit differs from the install config.",
-            labels=["shard"],
-        )
-        for name in labels:
-            provisioning.add_metric([name], oldest.get(name, 0.0))
-            held_family.add_metric([name], held[name])
-            drift_family.add_metric([name], drift[name])
-        yield provisioning
-        yield held_family
-        yield drift_family
 
     @staticmethod
     def _connection_gauges(

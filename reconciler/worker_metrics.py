@@ -13,6 +13,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from domain.constants import UNPLACED
+from reconciler.runtime.metrics import shard_gauges
 
 LaneStats = Callable[[], dict[str, tuple[int, int]]]  # lane -> (keys ready, keys in flight)
 
@@ -27,27 +28,27 @@ class DatabaseWorkersCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         stats = self._lane_stats()
         lanes = sorted(set(self._shard_names()) | {UNPLACED} | set(stats))
-        in_flight = GaugeMetricFamily(
-            "dbprovider_database_workers_in_flight",
-            "Database workers busy with the shard's databases (shard=unplaced: placement); at most workersPerShard.",
-            labels=["shard"],
+        yield from shard_gauges(
+            lanes,
+            (
+                "dbprovider_database_workers_in_flight",
+                "Database workers busy with the shard's databases (shard=unplaced: placement); "
+                "at most workersPerShard.",
+                lambda lane: stats.get(lane, (0, 0))[1],
+            ),
+            (
+                "dbprovider_database_queue_depth",
+                "Databases of the shard waiting for a worker (not counting retries waiting for their backoff).",
+                lambda lane: stats.get(lane, (0, 0))[0],
+            ),
         )
-        depth = GaugeMetricFamily(
-            "dbprovider_database_queue_depth",
-            "Databases of the shard waiting for a worker (not counting retries waiting for their backoff).",
-            labels=["shard"],
-        )
-        for lane in lanes:
-            ready, busy = stats.get(lane, (0, 0))
-            in_flight.add_metric([lane], busy)
-            depth.add_metric([lane], ready)
-        yield in_flight
-        yield depth
         yield GaugeMetricFamily(
-            "dbprovider_database_workers_per_shard", "workersPerShard: the Database workers one shard may use.",
+            "dbprovider_database_workers_per_shard",
+            "workersPerShard: the Database workers one shard may use.",
             value=self._per_shard,
         )
         yield GaugeMetricFamily(
-            "dbprovider_database_workers", "workersTotal: the Database workers of the leading replica.",
+            "dbprovider_database_workers",
+            "workersTotal: the Database workers of the leading replica.",
             value=self._total,
         )

@@ -7,11 +7,26 @@ process (API, shard gauges) in `metrics.registry`; nothing is registered at impo
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterable
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, start_http_server
+from prometheus_client.core import GaugeMetricFamily
 
 OTHER_REASON = "Other"
+
+
+def shard_gauges(shards: Iterable[str], *gauges: tuple[str, str, Callable[[str], float]]) -> list[GaugeMetricFamily]:
+    """One gauge family per (name, help, value of a shard), labelled `shard`, with a sample for every
+    shard in `shards` order: the shape of every per-shard gauge the collectors export."""
+    shards = list(shards)
+    families = []
+    for name, documentation, value_of in gauges:
+        family = GaugeMetricFamily(name, documentation, labels=["shard"])
+        for shard in shards:
+            family.add_metric([shard], value_of(shard))
+        families.append(family)
+    return families
 
 
 def retryable_label(retryable: bool) -> str:
