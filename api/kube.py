@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from domain.objects import Obj
 from domain.resources import CONSUMERS, DATABASES
 from informers import SECRETS
 
 __all__ = ["CONSUMERS", "DATABASES", "SECRETS", "metadata", "object_annotations", "spec", "status"]
-
-Obj = dict[str, Any]
 
 
 def metadata(obj: Obj) -> dict[str, Any]:

@@ -24,14 +24,13 @@ from domain.constants import (
     Engine,
     Phase,
 )
-from domain.objects import DatabaseObject
+from domain.objects import DatabaseObject, Obj
 from domain.specs import DatabaseSpec
 from domain.status import DatabaseStatus
 from domain.timefmt import format_time
 
 log = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
 _NO_STATUS = DatabaseStatus()
 BODY_FIELDS = ("sizeClass", "engine")
 ROTATE_BODY_FIELDS = ("terminateSessions",)

@@ -36,6 +36,7 @@ from api.errors import QuotaExceeded, Unavailable
 from api.kube import DATABASES, metadata
 from domain.constants import LABEL_CONSUMER
 from domain.naming import label_value, quota_ledger_name
+from domain.objects import Obj
 from domain.quota import (
     Holder,
     QuotaLedger,
@@ -56,7 +57,6 @@ from informers.rest import JSON_PATCH, MERGE_PATCH
 
 log = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
 LIST_PAGE = 500
 DECISION_TIMEOUT = 60.0  # a safety net: every write gives up within the create deadline
 

@@ -70,6 +70,7 @@ from domain.credentials import (
     password_pending,
 )
 from domain.naming import credentials_secret_name, database_object_name, label_value, validate_external_id
+from domain.objects import Obj
 from domain.resources import BY_CONSUMER, database_consumer
 from domain.specs import DatabaseSpec, database_consumer_name, database_external_id, parse_consumer
 from domain.timefmt import format_micro_time
@@ -87,7 +88,6 @@ REQUEST_BUDGET = 1.0
 # Seconds of a read's live fallback (a cache miss): as before this budget, a slow answer is still one.
 READ_BUDGET = 5.0
 
-Obj = dict[str, Any]
 Clock = Callable[[], datetime]
 
 

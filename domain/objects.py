@@ -21,6 +21,9 @@ from domain.specs import ConsumerSpec, DatabaseSpec, ShardSpec
 from domain.status import ConsumerStatus, DatabaseStatus, ShardStatus
 from domain.validation import SpecModel
 
+# A Kubernetes object as JSON, before (or instead of) parsing: the one spelling of that type.
+Obj = dict[str, Any]
+
 SpecT = TypeVar("SpecT", bound=BaseModel)
 StatusT = TypeVar("StatusT", bound=BaseModel)
 

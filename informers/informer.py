@@ -32,6 +32,7 @@ from typing import Any
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
+from domain.objects import Obj
 from domain.settings import SETTINGS, Backoff
 from informers.resource import Resource, object_key
 from informers.rest import METADATA_ACCEPT, METADATA_LIST_ACCEPT, Rest, WatchStream
@@ -42,7 +43,6 @@ ADDED = "ADDED"
 MODIFIED = "MODIFIED"
 DELETED = "DELETED"
 
-Obj = dict[str, Any]
 Handler = Callable[[str, Obj | None, Obj | None], None]
 IndexFunc = Callable[[Obj], Iterable[str]]
 Transform = Callable[[Obj], Obj]

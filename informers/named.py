@@ -27,6 +27,7 @@ from collections.abc import Iterable
 
 from kubernetes.client.exceptions import ApiException
 
+from domain.objects import Obj
 from domain.settings import SETTINGS, Backoff
 from informers.informer import (
     ADDED,
@@ -34,7 +35,6 @@ from informers.informer import (
     MODIFIED,
     Handler,
     Informer,
-    Obj,
     resource_version_of,
     strip_managed_fields,
 )

@@ -20,6 +20,7 @@ from typing import Any
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
+from domain.objects import Obj
 from domain.settings import SETTINGS
 from informers.resource import Resource
 
@@ -36,7 +37,6 @@ METADATA_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s
 METADATA_ACCEPT = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 
 Query = list[tuple[str, str]]
-Obj = dict[str, Any]  # a Kubernetes object as JSON
 
 
 def _raise_for_status(response: Any) -> None:

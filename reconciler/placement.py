@@ -32,10 +32,9 @@ from sortedcontainers import SortedList
 
 from domain.conditions import READY, is_condition_true, object_conditions
 from domain.connection_budget import Commitments, fits
+from domain.objects import Obj
 from domain.specs import parse_shard
 from informers import Informer, object_key
-
-Obj = dict[str, Any]
 
 
 @dataclass(frozen=True)
