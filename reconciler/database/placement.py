@@ -49,12 +49,10 @@ def check_size_class(config: InstallConfig, database: Database, report: Reporter
     try:
         return config.resolve_connection_limit(database.spec.size_class)
     except UnknownSizeClass:
-        raise report.failure(
+        raise report.terminal(
             database,
-            Phase.FAILED,
             DatabaseReason.INVALID_SIZE_CLASS,
             f"size class {database.spec.size_class!r} is not in sizeClasses",
-            terminal=True,
         ) from None
 
 
@@ -121,12 +119,10 @@ class Placer:
         """An operator re-creates a lost Database on its existing tenant: no placement, same data."""
         shard, _, tenant = restore.partition("/")
         if not shard or len(tenant) > 63 or not re.fullmatch(PG_IDENTIFIER_RE, tenant):
-            raise self.report.failure(
+            raise self.report.terminal(
                 database,
-                Phase.FAILED,
                 DatabaseReason.ENSURE_FAILED,
                 f"annotation {ANNOTATION_RESTORE_TENANT} must be <shard>/<tenant name>",
-                terminal=True,
             )
         self._claim(database, shard, tenant)
         database.update(shard=shard, tenant_name=tenant, phase=Phase.PROVISIONING)
@@ -179,10 +175,8 @@ class Placer:
             ) from None
 
     def _refusal(self, database: Database, message: str) -> ReconcileError:
-        return self.report.failure(
+        return self.report.terminal(
             database,
-            Phase.FAILED,
             DatabaseReason.RESTORE_REFUSED,
             f"annotation {ANNOTATION_RESTORE_TENANT} refused, nothing was changed: {message}",
-            terminal=True,
         )

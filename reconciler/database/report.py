@@ -77,6 +77,11 @@ class Reporter:
             return TerminalError(reason, message, requeue_after=requeue_after)
         return ReconcileError(reason, message, retry_cap=retry_cap)
 
+    def terminal(self, database: Database, reason: str, message: str) -> ReconcileError:
+        """A failure retrying cannot cure (the spec or an annotation must change): phase Failed, no
+        backoff; `raise report.terminal(...)`."""
+        return self.failure(database, Phase.FAILED, reason, message, terminal=True)
+
     def waiting(self, database: Database, phase: Phase, reason: str, message: str, requeue_after: float) -> Waiting:
         """Record that the pass waits (phase kept, Ready False with `reason`) and return what the caller
         raises: `raise report.waiting(...)` ends the pass without an error."""
