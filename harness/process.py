@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
@@ -42,6 +43,38 @@ def wait_for_late_build(name: str, argv: list[str]) -> None:
         log = LATE_BUILDS / f"{name}.log"
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:]) if log.exists() else ""
         raise LateBuildFailed(f"the background build `{name}` of hack/late-builds.sh {status}; {log} ends:\n{tail}")
+
+
+def wait_for_background_builds(names: Iterable[str], state: Path = LATE_BUILDS, poll: float = 2.0) -> None:
+    """Block while hack/late-builds.sh's background runner still has one of `names` pending or running.
+
+    Unbounded on purpose: a cold build takes what the machine takes (the Pulumi CLI about half an hour on
+    2 cores), so tests/conftest.py calls this before pytest-timeout starts a test's clock. Returns at once
+    when no background runner holds its lock (none started, or it died): `wait_for_late_build` then builds
+    or reports the failure itself.
+    """
+    while any(_status(state, name) in ("pending", "running") for name in names) and _runner_alive(state):
+        time.sleep(poll)
+
+
+def _status(state: Path, name: str) -> str:
+    status_file = state / f"{name}.status"
+    return status_file.read_text().strip() if status_file.exists() else ""
+
+
+def _runner_alive(state: Path) -> bool:
+    """True while the background runner holds runner.lock (hack/late-builds.sh --background)."""
+    lock = state / "runner.lock"
+    if not lock.exists():
+        return False
+    fd = os.open(lock, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops the lock if this process got it
+    return False
 
 
 def built_dir(build_script: Path, override_env: str, *args: str, late: str | None = None) -> Path:

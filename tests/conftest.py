@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from harness import KubeControlPlane, PostgresServer
+from harness.process import wait_for_background_builds
 from tests.support.postgres import PG_FLAVORS, PostgresPool
 
 # Fixtures that start a kube-apiserver, PostgreSQL, or both (the suites' own ones included).
@@ -31,8 +32,9 @@ SERVER_FIXTURES = frozenset(
 # others, alone on the machine, never beside another worker.
 SERIAL_SUITES = frozenset({"faults", "alerts", "cluster"})
 # Suites whose binaries hack/late-builds.sh may still be building in the background (CI), in the order of
-# their builds there: they run after every other test of their pytest run.
-LATE_SUITES = ("pulumi", "cluster")
+# their builds there, each with the builds it needs: they run after every other test of their pytest run.
+LATE_BUILDS_OF = {"pulumi": ("pulumi",), "cluster": ("pulumi", "node", "coredns", "image", "pause")}
+LATE_SUITES = tuple(LATE_BUILDS_OF)
 TESTS = Path(__file__).resolve().parent
 
 
@@ -54,6 +56,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return LATE_SUITES.index(suite) + 1 if suite in LATE_SUITES else 0
 
     items.sort(key=lateness)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    """A late suite's test first waits for its background builds, before pytest-timeout (whose hook runs
+    inside this one) starts the test's clock: a cold build is the machine's time, not the test's. Without
+    this a cold CI run failed every tests/pulumi test after 600 s of waiting for the Pulumi build."""
+    builds = LATE_BUILDS_OF.get(_suite(item) or "")
+    if builds:
+        wait_for_background_builds(builds)
+    yield
 
 
 @pytest.fixture(scope="session")
