@@ -250,8 +250,12 @@ def test_a_renewal_past_the_renew_deadline_keeps_the_lease_and_resyncs_every_key
     assert a.manager.is_leading()
     a.manager.fence()  # writes are allowed again
     assert a.controller.running and a.after_stops == 0  # no stop: the lease was never lost
-    wait_for(lambda: len(a.reconciles) > reconciled_before + 3, what="the keys reconciled again")
-    assert {key for _, key in a.reconciles[reconciled_before:]} == {f"{namespace}/obj-{i}" for i in range(3)}
+    every_key = {f"{namespace}/obj-{i}" for i in range(3)}
+    # Each key comes back on its own 50 ms requeue, so four reconciles need not name all three (one key may
+    # come twice first, as a cold CI run once saw): wait for the set itself.
+    wait_for(
+        lambda: {key for _, key in a.reconciles[reconciled_before:]} == every_key, what="every key reconciled again"
+    )
 
 
 def test_the_fenced_client_sends_no_write_without_the_lease(
