@@ -145,18 +145,6 @@ class KubeObject(StatusOf[StatusT], Generic[SpecT, StatusT]):
     spec: SpecT
 
 
-class ShardObject(KubeObject[ShardSpec, ShardStatus]):
-    status: ShardStatus = Field(default_factory=ShardStatus)
-
-
-class ConsumerObject(KubeObject[ConsumerSpec, ConsumerStatus]):
-    status: ConsumerStatus = Field(default_factory=ConsumerStatus)
-
-
-class DatabaseObject(KubeObject[DatabaseSpec, DatabaseStatus]):
-    status: DatabaseStatus = Field(default_factory=DatabaseStatus)
-
-
 class ShardState(StatusOf[ShardStatus]):
     """A Shard's metadata and status: what the Shard controller writes, also for a Shard whose spec is invalid."""
 
@@ -216,3 +204,15 @@ def _mapping(value: object) -> Mapping[str, Any]:
 
 def _text(value: object) -> str:
     return value if isinstance(value, str) else ""
+
+
+class ShardObject(KubeObject[ShardSpec, ShardStatus]):
+    status: ShardStatus = Field(default_factory=ShardStatus)
+
+
+class ConsumerObject(KubeObject[ConsumerSpec, ConsumerStatus]):
+    status: ConsumerStatus = Field(default_factory=ConsumerStatus)
+
+
+class DatabaseObject(KubeObject[DatabaseSpec, DatabaseStatus]):
+    status: DatabaseStatus = Field(default_factory=DatabaseStatus)
