@@ -19,6 +19,7 @@ import copy
 from datetime import UTC, datetime
 from typing import Any
 
+from domain.metadata import ObjectMeta
 from domain.objects import StatusOf
 from domain.timefmt import format_time
 from informers import Resource, Rest
@@ -90,18 +91,12 @@ def update_status(
     Sends only the difference, conditional on obj's resourceVersion unless `conditional=False`.
     Returns the updated object, or None when nothing had to be written.
     """
-    patch = merge_patch(obj.get("status") or {}, desired_status)
+    patch = merge_patch(obj.get("status") or {}, desired_status)  # the dict form: the status as stored
     if not patch:
         return None
-    metadata = obj["metadata"]
-    return patch_status(
-        rest,
-        resource,
-        metadata["name"],
-        patch,
-        namespace=metadata.get("namespace"),
-        resource_version=metadata.get("resourceVersion") if conditional else None,
-    )
+    meta = ObjectMeta.model_validate(obj["metadata"])
+    version = meta.resource_version if conditional else None
+    return patch_status(rest, resource, meta.name, patch, namespace=meta.namespace, resource_version=version)
 
 
 def write_status(rest: Rest, resource: Resource, obj: StatusOf[Any]) -> dict[str, Any] | None:
