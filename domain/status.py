@@ -31,8 +31,8 @@ class ObjectStatus(SpecModel):
     """
 
     if TYPE_CHECKING:
-        observed_generation: int | None
-        conditions: tuple[Condition, ...]
+        observed_generation: int | None = None
+        conditions: tuple[Condition, ...] = ()
 
 
 class ShardStatus(ObjectStatus):
