@@ -81,4 +81,4 @@ def test_a_glance_at_a_database_reads_what_the_gauges_need_and_tolerates_odd_val
     for odd in ({}, {"status": "x", "metadata": None}, {"status": {"shard": 7, "conditions": ["Ready", {"type": 1}]}}):
         glance = DatabaseGlance.of(odd)
         assert (glance.shard, glance.phase, glance.creation_timestamp) == (None, None, None)
-        assert not glance.conditions
+        assert not glance.is_true("Ready") and glance.reason("Ready") is None
