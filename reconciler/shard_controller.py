@@ -32,6 +32,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
@@ -90,14 +91,17 @@ class Health:
         return self.reason != ShardReason.UNREACHABLE
 
 
-def observe(shard: ShardState, health: Health, database_count: int, *, cloudberry: bool) -> ShardState:
-    """The Shard's status after one check: its conditions, databaseCount and (when read) serverVersion."""
-    shard = shard.with_condition(ShardConditionType.READY, health.ready, health.reason, health.message)
+def observe(
+    shard: ShardState, health: Health, database_count: int, *, cloudberry: bool, now: datetime | None = None
+) -> ShardState:
+    """The Shard's status after one check: its conditions, databaseCount and (when read) serverVersion.
+    Conditions that change in one check change at the same moment (`now`)."""
+    now = now or datetime.now(UTC).replace(microsecond=0)
+    shard = shard.with_condition(ShardConditionType.READY, health.ready, health.reason, health.message, now=now)
     for type_, reason, message_when_fine in FAILURE_CONDITIONS:
         failed = health.reason == reason
-        shard = shard.with_condition(
-            type_, failed, reason if failed else ShardReason.OK, health.message if failed else message_when_fine
-        )
+        message = health.message if failed else message_when_fine
+        shard = shard.with_condition(type_, failed, reason if failed else ShardReason.OK, message, now=now)
     if health.server_version is not None:
         weak = health.weak_createrole
         shard = shard.with_condition(
@@ -105,6 +109,7 @@ def observe(shard: ShardState, health: Health, database_count: int, *, cloudberr
             weak,
             ShardReason.SERVER_BEFORE_16 if weak else ShardReason.OK,
             WEAK_CREATEROLE_MESSAGE if weak else "CREATEROLE manages only its own roles",
+            now=now,
         )
     if cloudberry:
         # True while its cluster is Scaling; its lastTransitionTime is when scaling began
@@ -115,6 +120,7 @@ def observe(shard: ShardState, health: Health, database_count: int, *, cloudberr
             scaling,
             ShardReason.CLUSTER_SCALING if scaling else ShardReason.OK,
             "the DatabaseCluster is Scaling" if scaling else "the DatabaseCluster is not Scaling",
+            now=now,
         )
     observed = {
         "observed_generation": shard.metadata.generation,
