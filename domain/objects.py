@@ -113,7 +113,8 @@ class StatusOf(SpecModel, Generic[StatusT]):
         return self._stored_status
 
     def with_status(self, **fields: Any) -> Self:
-        """A copy with these status fields set, by their Python names (None: not written)."""
+        """A copy with these status fields set, by their Python names (None removes a field from the stored
+        status on the next write)."""
         unknown = fields.keys() - type(self.status).model_fields.keys()
         if unknown:  # model_copy would keep a misspelt key, and the apiserver would prune it silently
             raise TypeError(f"{type(self.status).__name__} has no field {', '.join(sorted(unknown))}")
