@@ -6,20 +6,17 @@ Read with `find_condition`, `condition_is_true` and `condition_reason`; change w
 with the status). The controllers, the fleet metrics and the API ask these questions here, so a condition
 type or status is never matched by a literal of its own.
 
-For objects that are not ours and have no model (a CRD's Established condition), `get_condition`,
-`is_condition_true` and `object_conditions` read condition dicts as the apiserver returns them
-(`condition_reason` takes both). For our own kinds they are deprecated: parse the object (domain.objects)
-instead. They remain there for reconciler/placement.py, reconciler/setup.py, reconciler/fleet_metrics.py
-and reconciler/database/shard_sql.py, which other branches are rewriting this round;
-reconciler.runtime.status.set_condition is the dict form of `with_condition` for the Shard controller
-until its status is typed.
+Our own kinds are parsed (domain.objects) and their conditions are these models; a writer changes them
+on the parsed object (`StatusOf.with_condition`) and writes the status back from it. Only objects that
+are not ours and have no model (a CRD's Established condition, dbprovider.kubeapply) are read as dicts,
+with `object_conditions`, `get_condition` and `is_condition_true`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Annotated, Any, Final, TypeVar
+from typing import Annotated, Any, Final
 
 from pydantic import Field, PlainSerializer, StrictInt, StrictStr
 
@@ -29,8 +26,6 @@ from domain.validation import SpecModel
 
 # The condition type every kind of ours carries (Shard, Consumer, Database): the object's summary.
 READY: Final = "Ready"
-
-C = TypeVar("C")
 
 # metav1.Condition's own limits, so generic tooling (kubectl wait, kstatus) reads our conditions.
 CONDITION_TYPE_RE = (
@@ -137,28 +132,19 @@ def without_condition(conditions: Sequence[Condition], type_: str) -> tuple[tupl
     return kept, len(kept) != len(conditions)
 
 
-def condition_reason(conditions: Iterable[Any] | None, type_: str) -> str | None:
-    """The reason of condition `type_` now (a value, not the dict a writer may change); None if absent or
-    empty. Takes typed conditions, or dicts for the deprecated callers."""
-    condition = get_condition(conditions, type_)
-    reason = None if condition is None else _field(condition, "reason")
-    return reason if isinstance(reason, str) and reason else None
+def condition_reason(conditions: Sequence[Condition], type_: str) -> str | None:
+    """The reason of condition `type_`; None if absent or empty."""
+    found = find_condition(conditions, type_)
+    return found.reason if found is not None and found.reason else None
 
 
-# -- readers of raw condition dicts (kinds that are not ours; deprecated for ours) ---------------------------
+# -- readers of raw condition dicts: kinds that are not ours and have no model -------------------------
 
 
-def _field(condition: object, name: str) -> Any:
-    """A field of a condition dict (camelCase keys) or of a typed Condition (the same names here)."""
-    if isinstance(condition, Mapping):
-        return condition.get(name)
-    return getattr(condition, name, None)
-
-
-def get_condition(conditions: Iterable[C] | None, type_: str) -> C | None:
-    """The condition of type `type_` in `conditions` (the first one), or None."""
+def get_condition(conditions: Iterable[Any] | None, type_: str) -> Mapping[str, Any] | None:
+    """The condition dict of type `type_` in `conditions` (the first one), or None."""
     for condition in conditions or ():
-        if _field(condition, "type") == type_:
+        if isinstance(condition, Mapping) and condition.get("type") == type_:
             return condition
     return None
 
@@ -166,7 +152,7 @@ def get_condition(conditions: Iterable[C] | None, type_: str) -> C | None:
 def is_condition_true(conditions: Iterable[Any] | None, type_: str) -> bool:
     """True only if condition `type_` is present with status True (absent or Unknown is not True)."""
     condition = get_condition(conditions, type_)
-    return condition is not None and _field(condition, "status") == ConditionStatus.TRUE
+    return condition is not None and condition.get("status") == ConditionStatus.TRUE
 
 
 def object_conditions(obj: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:

@@ -12,7 +12,7 @@ generation the rest of the status describes. Conditions and how to change them: 
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field, StrictInt, StrictStr
 
@@ -20,9 +20,22 @@ from domain.conditions import Condition, Conditions, Generation, StatusTime
 from domain.constants import SIZE_CLASS_MAX_LENGTH, Phase
 from domain.validation import ObjectName, SpecModel
 
-__all__ = ["Condition", "ConsumerStatus", "DatabaseStatus", "ShardStatus"]
+__all__ = ["Condition", "ConsumerStatus", "DatabaseStatus", "ObjectStatus", "ShardStatus"]
 
-class ShardStatus(SpecModel):
+
+class ObjectStatus(SpecModel):
+    """Base of the statuses of our kinds, so generic code (domain.objects) sets conditions on any of them.
+
+    Each status declares `observedGeneration` and `conditions` itself, with its own description and in its
+    own place in the CRD schema; they are declared here for the type checker only (no pydantic field).
+    """
+
+    if TYPE_CHECKING:
+        observed_generation: int | None = None
+        conditions: tuple[Condition, ...] = ()
+
+
+class ShardStatus(ObjectStatus):
     """Observed state of a Shard, written by the Shard controller (periodic admin check every 60 s)."""
 
     observed_generation: Generation | None = Field(
@@ -53,7 +66,7 @@ class ShardStatus(SpecModel):
     )
 
 
-class ConsumerStatus(SpecModel):
+class ConsumerStatus(ObjectStatus):
     """Observed state of a Consumer."""
 
     observed_generation: Generation | None = Field(
@@ -67,7 +80,7 @@ class ConsumerStatus(SpecModel):
     )
 
 
-class DatabaseStatus(SpecModel):
+class DatabaseStatus(ObjectStatus):
     """Observed state of a Database; placement and tenant name are written once, before any SQL."""
 
     observed_generation: Generation | None = Field(

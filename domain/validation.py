@@ -49,12 +49,6 @@ class ConfigModel(BaseModel):
     model_config = _MODEL_CONFIG | ConfigDict(extra="forbid")
 
 
-def dump_set_fields(model: BaseModel) -> dict[str, Any]:
-    """The fields given to `model` with a value (None is left out), camelCase and JSON-ready: what a
-    controller merges into the status it writes, so a field it does not set now is left as it is."""
-    return model.model_dump(by_alias=True, exclude_unset=True, exclude_none=True, mode="json")
-
-
 def _string_schema(max_length: int, pattern: str) -> WithJsonSchema:
     """The CRD schema of a non-empty string field checked by a pattern (what its validator checks)."""
     return WithJsonSchema({"type": "string", "minLength": 1, "maxLength": max_length, "pattern": pattern})

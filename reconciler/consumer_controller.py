@@ -1,19 +1,18 @@
 """The Consumer controller: keeps status.databaseCount (shown by `kubectl get consumer`) current.
 
 The count is the consumer's Databases that count against its quota (domain.quota: not yet Deleted),
-the rule the API's quota applies to spec.maxDatabases.
+the rule the API's quota applies to spec.maxDatabases. The Consumer's metadata and status are parsed
+once (domain.objects.ConsumerState) and the status is written back from them: an unchanged count writes
+nothing, and status keys a newer release wrote are kept.
 """
 
 from __future__ import annotations
 
-import copy
-
+from domain.objects import ConsumerState
 from domain.quota import counts_against_quota
-from domain.status import ConsumerStatus
-from domain.validation import dump_set_fields
 from informers import Informer, Rest
 from reconciler.resources import BY_CONSUMER, CONSUMERS
-from reconciler.runtime import Result, update_status
+from reconciler.runtime import Result, write_status
 
 
 class ConsumerController:
@@ -23,11 +22,12 @@ class ConsumerController:
         self.databases = databases
 
     def reconcile(self, name: str) -> Result | None:
-        consumer = self.consumers.get(name)
-        if consumer is None:
+        cached = self.consumers.get(name)
+        if cached is None:
             return None
+        consumer, _ = ConsumerState.parse_lenient_status(cached)
         count = sum(1 for db in self.databases.by_index(BY_CONSUMER, name) if counts_against_quota(db))
-        observed = ConsumerStatus(database_count=count, observed_generation=consumer["metadata"].get("generation"))
-        status = {**copy.deepcopy(consumer.get("status") or {}), **dump_set_fields(observed)}
-        update_status(self.rest, CONSUMERS, consumer, status)
+        observed = {"database_count": count, "observed_generation": consumer.metadata.generation}
+        consumer = consumer.with_status(**{field: value for field, value in observed.items() if value is not None})
+        write_status(self.rest, CONSUMERS, consumer)
         return None

@@ -15,9 +15,10 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from domain.conditions import READY, condition_reason, get_condition, is_condition_true, object_conditions
+from domain.conditions import READY, condition_is_true, condition_reason, find_condition
 from domain.connection_budget import Commitments
-from domain.constants import UNPLACED, DatabaseConditionType, Phase, ShardConditionType
+from domain.constants import UNPLACED, ConditionStatus, DatabaseConditionType, Phase, ShardConditionType
+from domain.objects import DatabaseGlance, ShardState
 from domain.timefmt import parse_time
 from reconciler.runtime.metrics import shard_gauges
 
@@ -25,31 +26,25 @@ NO_REASON = "Unknown"  # no Ready condition yet
 Objects = Callable[[], Iterable[Mapping[str, Any]]]
 
 
-def _condition_true(obj: Mapping[str, Any], condition_type: str) -> bool:
-    return is_condition_true(object_conditions(obj), condition_type)
-
-
-def _ready_reason(obj: Mapping[str, Any]) -> str:
-    """The Ready condition's reason (the same type name on a Shard and a Database)."""
-    return condition_reason(object_conditions(obj), READY) or NO_REASON
-
-
-def _scaling_since(shard: Mapping[str, Any]) -> float | None:
+def _scaling_since(shard: ShardState) -> float | None:
     """When the shard's cloudberry cluster began Scaling (its Scaling condition's transition), or None."""
-    condition = get_condition(object_conditions(shard), ShardConditionType.SCALING)
-    if condition is None or not _condition_true(shard, ShardConditionType.SCALING):
+    condition = find_condition(shard.status.conditions, ShardConditionType.SCALING)
+    if condition is None or condition.status != ConditionStatus.TRUE:
         return None
-    since = parse_time(condition.get("lastTransitionTime"))
-    return None if since is None else since.timestamp()
+    return condition.last_transition_time.timestamp()
 
 
-def _created_at(obj: Mapping[str, Any]) -> float | None:
-    created = parse_time(obj.get("metadata", {}).get("creationTimestamp"))
+def _created_at(db: DatabaseGlance) -> float | None:
+    created = parse_time(db.creation_timestamp)
     return None if created is None else created.timestamp()
 
 
 class FleetCollector(Collector):
-    """Reads shards and databases from the caches on every scrape."""
+    """Reads shards and databases from the caches on every scrape.
+
+    Shards (a few hundred at most) are parsed (metadata and status; a status that does not validate reads
+    as empty); Databases (up to 100,000) are not: `DatabaseGlance` reads the few fields the gauges need.
+    """
 
     def __init__(
         self,
@@ -67,8 +62,9 @@ class FleetCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         now = self._clock()
-        shard_objects = list(self._shards())
-        shard_names = [s["metadata"]["name"] for s in shard_objects]
+        raw_shards = list(self._shards())
+        shard_objects = [ShardState.parse_lenient_status(shard)[0] for shard in raw_shards]
+        shard_names = [shard.name for shard in shard_objects]
 
         per_phase: Counter[tuple[str, str, str]] = Counter()
         in_use: Counter[str] = Counter()
@@ -77,20 +73,20 @@ class FleetCollector(Collector):
         oldest: dict[str, float] = defaultdict(float)
         commitments: dict[str, Commitments] = defaultdict(Commitments)
         for db in self._databases():
-            status = db.get("status") or {}
-            shard = status.get("shard") or UNPLACED
-            phase = status.get("phase") or Phase.PROVISIONING
-            per_phase[(shard, phase, _ready_reason(db))] += 1
+            glance = DatabaseGlance.of(db)
+            shard = glance.shard or UNPLACED
+            phase = glance.phase or Phase.PROVISIONING
+            per_phase[(shard, phase, glance.reason(READY) or NO_REASON)] += 1
             if shard != UNPLACED and phase != Phase.DELETED:
                 in_use[shard] += 1
                 if self._connection_limit is not None:
                     commitments[shard] = commitments[shard].plus(self._connection_limit(db))
-            if _condition_true(db, DatabaseConditionType.DELETION_HELD):
+            if glance.is_true(DatabaseConditionType.DELETION_HELD):
                 held[shard] += 1
-            if phase == Phase.READY and _condition_true(db, DatabaseConditionType.CONNECTION_LIMIT_DRIFT):
+            if phase == Phase.READY and glance.is_true(DatabaseConditionType.CONNECTION_LIMIT_DRIFT):
                 drift[shard] += 1
             if phase == Phase.PROVISIONING:
-                created = _created_at(db)
+                created = _created_at(glance)
                 if created is not None:
                     oldest[shard] = max(oldest[shard], now - created)
 
@@ -115,15 +111,17 @@ class FleetCollector(Collector):
         )
         slots = GaugeMetricFamily("dbprovider_shard_databases", "Database slots in use on the shard.", labels=["shard"])
         limit = GaugeMetricFamily("dbprovider_shard_max_databases", "spec.maxDatabases of the shard.", labels=["shard"])
-        for shard in shard_objects:
-            name = shard["metadata"]["name"]
+        for state, raw in zip(shard_objects, raw_shards, strict=True):
+            name, conditions = state.name, state.status.conditions
             ready.add_metric(
-                [name, _ready_reason(shard)], 1.0 if _condition_true(shard, ShardConditionType.READY) else 0.0
+                [name, condition_reason(conditions, READY) or NO_REASON],
+                1.0 if condition_is_true(conditions, ShardConditionType.READY) else 0.0,
             )
-            since = _scaling_since(shard)
+            since = _scaling_since(state)
             scaling.add_metric([name], 0.0 if since is None else max(0.0, now - since))
             slots.add_metric([name], in_use[name])
-            limit.add_metric([name], float((shard.get("spec") or {}).get("maxDatabases") or 0))
+            # Read raw: the limit is shown even when another part of the spec does not validate.
+            limit.add_metric([name], float((raw.get("spec") or {}).get("maxDatabases") or 0))
         yield ready
         yield scaling
         yield slots
@@ -153,7 +151,7 @@ class FleetCollector(Collector):
 
     @staticmethod
     def _connection_gauges(
-        shard_objects: list[Mapping[str, Any]], commitments: Mapping[str, Commitments]
+        shard_objects: list[ShardState], commitments: Mapping[str, Commitments]
     ) -> Iterator[GaugeMetricFamily]:
         """Budget (status.connectionBudget, once the shard was checked) and what its databases commit."""
         budget_family, committed_family = (
@@ -167,9 +165,8 @@ class FleetCollector(Collector):
             )
         )
         for shard in shard_objects:
-            name = shard["metadata"]["name"]
-            budget = (shard.get("status") or {}).get("connectionBudget")
-            if not isinstance(budget, int):
+            name, budget = shard.name, shard.status.connection_budget
+            if budget is None:
                 continue  # not checked yet: no figure rather than a wrong one
             budget_family.add_metric([name], budget)
             committed_family.add_metric([name], commitments.get(name, Commitments()).total(budget))

@@ -30,10 +30,9 @@ from typing import Any
 from pydantic import ValidationError
 from sortedcontainers import SortedList
 
-from domain.conditions import READY, is_condition_true, object_conditions
+from domain.conditions import READY, condition_is_true
 from domain.connection_budget import Commitments, fits
-from domain.objects import Obj
-from domain.specs import parse_shard
+from domain.objects import Obj, ShardObject
 from informers import Informer, object_key
 
 
@@ -51,21 +50,20 @@ class ShardCandidate:
 
     @classmethod
     def from_object(cls, shard: Mapping[str, Any]) -> ShardCandidate:
-        """The candidate of a Shard object; pydantic.ValidationError if its spec does not validate.
+        """The candidate of a Shard object; pydantic.ValidationError if its spec (or metadata) does not validate.
 
         Ready only with a known budget: a shard whose check has not read it yet waits like one not Ready.
         """
-        spec = parse_shard(shard)
-        budget = (shard.get("status") or {}).get("connectionBudget")
-        budget = budget if isinstance(budget, int) and not isinstance(budget, bool) else None
+        parsed, _ = ShardObject.parse_lenient_status(shard)  # a status that does not validate: not Ready
+        spec, status = parsed.spec, parsed.status
         return cls(
-            name=shard["metadata"]["name"],
+            name=parsed.name,
             engine=spec.engine,
             accepting=spec.accepting,
-            ready=is_condition_true(object_conditions(shard), READY) and budget is not None,
+            ready=condition_is_true(status.conditions, READY) and status.connection_budget is not None,
             max_databases=spec.max_databases,
-            being_deleted=bool(shard["metadata"].get("deletionTimestamp")),
-            connection_budget=budget,
+            being_deleted=parsed.metadata.deleting,
+            connection_budget=status.connection_budget,
         )
 
     def open(self) -> bool:
@@ -193,12 +191,14 @@ class PlacementIndex:
             )
 
     def shard_event(self, event_type: str, old: Obj | None, new: Obj | None) -> None:
+        obj = new if new is not None else old
+        if obj is None:
+            return
+        name = object_key(obj)  # a Shard's key is its name (cluster-scoped)
         with self._lock:
             if new is None:
-                name = (old or {})["metadata"]["name"]
                 self._candidates.pop(name, None)
             else:
-                name = new["metadata"]["name"]
                 try:
                     self._candidates[name] = ShardCandidate.from_object(new)
                 except ValidationError:

@@ -12,11 +12,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from domain.conditions import READY, get_condition, object_conditions
+from domain.conditions import READY, find_condition
 from domain.config import InstallConfig
 from domain.constants import CREDENTIALS_SECRET_SELECTOR, CREDENTIALS_SECRET_SUFFIX, Engine
+from domain.objects import ShardState
 from domain.specs import ShardSpec, parse_shard
-from informers import SECRETS, Informer, Rest
+from informers import SECRETS, Informer, Rest, object_key, split_key
 from informers.informer import Handler
 from reconciler.admin import AdminPolicy, AdminSessions
 from reconciler.consumer_controller import ConsumerController
@@ -91,16 +92,19 @@ def _typed_spec(shard: dict[str, Any]) -> ShardSpec | None:
 
 
 def _shard_inputs(shard: dict[str, Any] | None) -> tuple[Any, ...]:
-    """What of a Shard the Database controller depends on: spec (client block...), readiness, budget.
+    """What of a Shard the Database controller depends on: spec (client block...), readiness, budget
+    (a larger budget may fit a waiting database). A status that does not validate reads as empty.
 
-    A spec that does not validate counts as itself (raw), so fixing or breaking it wakes the databases too.
+    A spec that does not validate counts as itself (raw: it has no model), so fixing or breaking it wakes
+    the databases too.
     """
     if shard is None:
         return (None,)
     spec = _typed_spec(shard)
-    ready = get_condition(object_conditions(shard), READY)
-    budget = (shard.get("status") or {}).get("connectionBudget")  # a larger budget may fit a waiting database
-    return (shard.get("spec") if spec is None else spec, None if ready is None else ready.get("status"), budget)
+    status = ShardState.parse_lenient_status(shard)[0].status
+    ready = find_condition(status.conditions, READY)
+    readiness = None if ready is None else ready.status
+    return (shard.get("spec") if spec is None else spec, readiness, status.connection_budget)
 
 
 def register_controllers(
@@ -165,10 +169,9 @@ def register_controllers(
     if clusters is not None:
 
         def shards_of_cluster(cluster: dict[str, Any]) -> list[str]:
-            meta = cluster["metadata"]
-            ref = (meta.get("namespace"), meta["name"])
+            ref = split_key(object_key(cluster))  # (namespace, name) of the Keldon DatabaseCluster
             return [
-                s["metadata"]["name"]
+                object_key(s)
                 for s in shards.list()
                 if (spec := _typed_spec(s)) is not None
                 and spec.keldon_cluster is not None
@@ -201,7 +204,7 @@ def register_controllers(
     manager.metrics.registry.register(
         DatabaseWorkersCollector(
             lambda: db_controller.queue.lane_stats(),
-            lambda: (s["metadata"]["name"] for s in shards.list()),
+            shards.keys,
             config.workers_per_shard,
             config.workers_total,
         )
@@ -210,22 +213,23 @@ def register_controllers(
     db_controller.watch(databases)
 
     def credentials_owner(secret: dict[str, Any]) -> list[str]:
-        name = secret["metadata"]["name"]
-        if not name.endswith(CREDENTIALS_SECRET_SUFFIX):
+        key = object_key(secret)  # namespace/name
+        if not key.endswith(CREDENTIALS_SECRET_SUFFIX):
             return []
-        return [f"{secret['metadata']['namespace']}/{name[: -len(CREDENTIALS_SECRET_SUFFIX)]}"]
+        return [key[: -len(CREDENTIALS_SECRET_SUFFIX)]]
 
     db_controller.watch(secrets, credentials_owner)
 
     def on_shard(event_type: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         if _shard_inputs(old) == _shard_inputs(new):
             return  # e.g. only databaseCount changed: nothing for the databases
-        name = (new or old or {}).get("metadata", {}).get("name")
-        for key in databases.index_keys(BY_SHARD, name):
+        shard = new if new is not None else old
+        assert shard is not None  # an event has an object
+        for key in databases.index_keys(BY_SHARD, object_key(shard)):
             db_controller.enqueue(key)
         for db in databases.list():  # unplaced databases may fit now
-            if not (db.get("status") or {}).get("shard"):
-                db_controller.enqueue(f"{db['metadata']['namespace']}/{db['metadata']['name']}")
+            if not database_shard(db):
+                db_controller.enqueue(object_key(db))
 
     shards.add_handler(on_shard, replay=False)
 

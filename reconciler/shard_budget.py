@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
 
+from domain.conditions import condition_is_true
 from domain.config import InstallConfig
 from domain.connection_budget import Commitments, ServerSlots, budget, database_limit, provider_sessions
 from domain.constants import ShardConditionType, ShardReason
+from domain.objects import ShardState
+from domain.status import ShardStatus
 from informers import Informer
 from reconciler.resources import BY_SHARD
-from reconciler.runtime import set_condition
 
 log = logging.getLogger(__name__)
 
@@ -55,46 +56,33 @@ class ShardBudgets:
         self.databases = databases
         self.provider = provider_sessions(workers_per_shard)
 
-    def of(self, shard: str, slots: ServerSlots | None, status: dict[str, Any]) -> ShardBudget:
+    def of(self, shard: str, slots: ServerSlots | None, status: ShardStatus) -> ShardBudget:
         """From the slots just read, else the budget last recorded (a check that did not get that far)."""
         if slots is not None:
             shard_budget: int | None = budget(slots, self.provider, self.config.connection_budget.reserved)
         else:
-            recorded = status.get("connectionBudget")
-            shard_budget = recorded if isinstance(recorded, int) else None
+            shard_budget = status.connection_budget
         if shard_budget is None:
             return ShardBudget(None, None)
         limits = (database_limit(db, self.config) for db in self.databases.by_index(BY_SHARD, shard))
         return ShardBudget(shard_budget, Commitments.of(limits).total(shard_budget))
 
-    def record(
-        self,
-        shard: str,
-        view: ShardBudget,
-        status: dict[str, Any],
-        conditions: list[dict[str, Any]],
-        generation: int | None,
-    ) -> None:
-        """Status fields and the condition; a log line when the shard turns overcommitted or back."""
-        was_exceeded = any(
-            c.get("type") == ShardConditionType.CONNECTION_BUDGET_EXCEEDED and c.get("status") == "True"
-            for c in conditions
-        )
+    def record(self, shard: ShardState, view: ShardBudget) -> ShardState:
+        """`shard` with the budget's status fields and condition; a log line when it turns overcommitted or back."""
         if view.budget is None:
-            return
-        status["connectionBudget"] = view.budget
-        status["connectionsCommitted"] = view.committed
-        set_condition(
-            conditions,
+            return shard
+        was_exceeded = condition_is_true(shard.status.conditions, ShardConditionType.CONNECTION_BUDGET_EXCEEDED)
+        shard = shard.with_status(connection_budget=view.budget, connections_committed=view.committed)
+        shard = shard.with_condition(
             ShardConditionType.CONNECTION_BUDGET_EXCEEDED,
             view.exceeded,
             ShardReason.OVERCOMMITTED if view.exceeded else ShardReason.OK,
             view.message(),
-            generation,
         )
         if view.exceeded != was_exceeded:
-            extra = {"shard": shard, "budget": view.budget, "committed": view.committed}
+            extra = {"shard": shard.name, "budget": view.budget, "committed": view.committed}
             if view.exceeded:
                 log.warning("shard connection budget exceeded", extra=extra)
             else:
                 log.info("shard connection budget no longer exceeded", extra=extra)
+        return shard

@@ -28,26 +28,24 @@ messages carry a sanitized error class only. A shard that is not Ready gets no p
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from datetime import UTC, datetime
 
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from domain.connection_budget import ServerSlots
 from domain.constants import KELDON_PHASE_RUNNING, KELDON_PHASE_SCALING, Engine, ShardConditionType, ShardReason
+from domain.objects import ShardState, cluster_phase
 from domain.settings import SETTINGS
 from domain.specs import ShardSpec, parse_shard
-from domain.status import ShardStatus
-from domain.validation import dump_set_fields
 from informers import Informer, Rest
 from reconciler.admin import AdminPolicy, AdminRefused, AdminSessions, admin_endpoint
 from reconciler.resources import BY_SHARD, SHARDS
-from reconciler.runtime import Result, set_condition, update_status
+from reconciler.runtime import Result, write_status
 from reconciler.shard_budget import ShardBudgets
 from reconciler.shard_links import ShardLinks
 from reconciler.sql import errors as sqlerrors
@@ -93,13 +91,43 @@ class Health:
         return self.reason != ShardReason.UNREACHABLE
 
 
-def set_scaling(conditions: list[dict[str, Any]], health: Health, generation: int | None) -> None:
-    """The Scaling condition of a cloudberry shard: True while its cluster is Scaling; its
-    lastTransitionTime is when scaling began (dbprovider_shard_scaling_seconds counts from it)."""
-    scaling = health.reason == ShardReason.CLUSTER_SCALING
-    message = "the DatabaseCluster is Scaling" if scaling else "the DatabaseCluster is not Scaling"
-    reason = ShardReason.CLUSTER_SCALING if scaling else ShardReason.OK
-    set_condition(conditions, ShardConditionType.SCALING, scaling, reason, message, generation)
+def observe(
+    shard: ShardState, health: Health, database_count: int, *, cloudberry: bool, now: datetime | None = None
+) -> ShardState:
+    """The Shard's status after one check: its conditions, databaseCount and (when read) serverVersion.
+    Conditions that change in one check change at the same moment (`now`)."""
+    now = now or datetime.now(UTC).replace(microsecond=0)
+    shard = shard.with_condition(ShardConditionType.READY, health.ready, health.reason, health.message, now=now)
+    for type_, reason, message_when_fine in FAILURE_CONDITIONS:
+        failed = health.reason == reason
+        message = health.message if failed else message_when_fine
+        shard = shard.with_condition(type_, failed, reason if failed else ShardReason.OK, message, now=now)
+    if health.server_version is not None:
+        weak = health.weak_createrole
+        shard = shard.with_condition(
+            ShardConditionType.WEAK_ROLE_ISOLATION,
+            weak,
+            ShardReason.SERVER_BEFORE_16 if weak else ShardReason.OK,
+            WEAK_CREATEROLE_MESSAGE if weak else "CREATEROLE manages only its own roles",
+            now=now,
+        )
+    if cloudberry:
+        # True while its cluster is Scaling; its lastTransitionTime is when scaling began
+        # (dbprovider_shard_scaling_seconds counts from it).
+        scaling = health.reason == ShardReason.CLUSTER_SCALING
+        shard = shard.with_condition(
+            ShardConditionType.SCALING,
+            scaling,
+            ShardReason.CLUSTER_SCALING if scaling else ShardReason.OK,
+            "the DatabaseCluster is Scaling" if scaling else "the DatabaseCluster is not Scaling",
+            now=now,
+        )
+    observed = {
+        "observed_generation": shard.metadata.generation,
+        "database_count": database_count,
+        "server_version": health.server_version,  # None (not checked this time): the last one stays
+    }
+    return shard.with_status(**{field: value for field, value in observed.items() if value is not None})
 
 
 class ShardController:
@@ -168,7 +196,7 @@ class ShardController:
         cluster = self.clusters.get(f"{ref.namespace}/{ref.name}")
         if cluster is None:
             return Health(ShardReason.CLUSTER_NOT_RUNNING, f"DatabaseCluster {ref.namespace}/{ref.name} not found")
-        phase = (cluster.get("status") or {}).get("phase") or "Unknown"
+        phase = cluster_phase(cluster) or "Unknown"
         if phase == KELDON_PHASE_RUNNING:
             return None
         if phase == KELDON_PHASE_SCALING:
@@ -283,54 +311,28 @@ class ShardController:
     # -- reconcile -------------------------------------------------------------------------------
 
     def reconcile(self, name: str) -> Result | None:
-        shard = self.shards.get(name)
-        if shard is None:
+        cached = self.shards.get(name)
+        if cached is None:
             self.sessions.drop(name)
             self._last.pop(name, None)
             self._disk_suspects.discard(name)
             self.links.forget(name)
             return None
-        generation = shard["metadata"].get("generation")
+        # Metadata and status typed once; a status that does not validate is written anew (its keys a
+        # newer release wrote are kept), and the spec apart: an invalid one is reported, not raised.
+        shard, _ = ShardState.parse_lenient_status(cached)
         spec: ShardSpec | None
         try:
-            spec = parse_shard(shard)
+            spec = parse_shard(cached)
         except ValidationError:
             spec = None
             health = Health(ShardReason.UNREACHABLE, "the Shard's spec is invalid")
         else:
-            health = self._health(name, spec, generation)
-        status = copy.deepcopy(shard.get("status") or {})
-        conditions: list[dict[str, Any]] = status.setdefault("conditions", [])
-        set_condition(conditions, ShardConditionType.READY, health.ready, health.reason, health.message, generation)
-        for type_, reason, message_when_fine in FAILURE_CONDITIONS:
-            failed = health.reason == reason
-            set_condition(
-                conditions,
-                type_,
-                failed,
-                reason if failed else ShardReason.OK,
-                health.message if failed else message_when_fine,
-                generation,
-            )
-        if health.server_version is not None:
-            set_condition(
-                conditions,
-                ShardConditionType.WEAK_ROLE_ISOLATION,
-                health.weak_createrole,
-                ShardReason.SERVER_BEFORE_16 if health.weak_createrole else ShardReason.OK,
-                WEAK_CREATEROLE_MESSAGE if health.weak_createrole else "CREATEROLE manages only its own roles",
-                generation,
-            )
-        if spec is not None and spec.engine == Engine.CLOUDBERRY:
-            set_scaling(conditions, health, generation)
-        observed = ShardStatus(
-            observed_generation=generation,
-            database_count=self.databases.count_by_index(BY_SHARD, name),
-            server_version=health.server_version,  # None (not checked this time): the last one stays
-        )
-        status.update(dump_set_fields(observed))
+            health = self._health(name, spec, shard.metadata.generation)
+        cloudberry = spec is not None and spec.engine == Engine.CLOUDBERRY
+        shard = observe(shard, health, self.databases.count_by_index(BY_SHARD, name), cloudberry=cloudberry)
         if self.budgets is not None:
-            self.budgets.record(name, self.budgets.of(name, health.slots, status), status, conditions, generation)
-        if update_status(self.rest, SHARDS, shard, status) is not None and not health.ready:
+            shard = self.budgets.record(shard, self.budgets.of(name, health.slots, shard.status))
+        if write_status(self.rest, SHARDS, shard) is not None and not health.ready:
             log.warning("shard not ready", extra={"shard": name, "reason": str(health.reason)})
         return Result(requeue_after=self.ping_interval if health.ready else min(NOT_READY_RECHECK, self.ping_interval))

@@ -18,6 +18,7 @@ from domain.config import InstallConfig
 from domain.constants import DatabaseReason, Phase
 from domain.credentials import secret_values
 from domain.specs import ShardSpec
+from informers import object_key
 from reconciler.admin import AdminPolicy, AdminSessions
 from reconciler.database.report import Reporter
 from reconciler.database.shard_sql import SHARD_TROUBLE_RETRY_CAP, shard_spec
@@ -38,7 +39,7 @@ class LoginCheck:
     def verify(self, database: Database, shard: dict[str, Any], secret: dict[str, Any]) -> None:
         """Log in as the tenant on a new session, or record LoginFailed and raise (retried)."""
         spec = shard_spec(shard)
-        name = shard["metadata"]["name"]
+        name = object_key(shard)  # a Shard is cluster-scoped: its key is its name
         if spec is None:
             raise self.report.failure(
                 database, Phase.PROVISIONING, DatabaseReason.LOGIN_FAILED, f"shard {name} has an invalid spec"

@@ -24,13 +24,12 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from domain.conditions import is_condition_true
-from domain.constants import DatabaseConditionType, EventReason, OwnershipReason, ShardConditionType
+from domain.constants import DatabaseConditionType, EventReason, OwnershipReason
 from domain.settings import SETTINGS
 from reconciler.admin import AdminSecretInvalid
 from reconciler.database.placement import owner
 from reconciler.database.report import Reporter
-from reconciler.database.shard_sql import ShardSql, shard_spec
+from reconciler.database.shard_sql import ShardSql, shard_ready, shard_spec, shard_state
 from reconciler.database.state import Database
 from reconciler.database.writes import DatabaseWrites
 from reconciler.runtime import Result
@@ -98,10 +97,9 @@ class OwnershipConfirmation:
 
     def _ask(self, database: Database, shard: dict[str, Any]) -> OwnershipCheck | None:
         """The verdict from the shard, or None when it cannot be asked right now."""
-        name = shard["metadata"]["name"]
-        spec = shard_spec(shard)
-        ready = is_condition_true((shard.get("status") or {}).get("conditions"), ShardConditionType.READY)
-        if spec is None or not ready:
+        state = shard_state(shard)
+        name, spec = state.name, shard_spec(shard)
+        if spec is None or not shard_ready(state):
             return None
         try:
             session = self.sql.sessions.get(name, self.sql.admin_endpoints.get(name, spec))

@@ -126,7 +126,7 @@ class ReadyPath:
         credentials.password_applied(database, secret)
         if work.rotation is not None:
             database.update(rotation_applied=work.rotation)
-        log.info("credentials rotated", extra={"database": database.name, "shard": shard["metadata"]["name"]})
+        log.info("credentials rotated", extra={"database": database.name, "shard": database.shard})
 
     def _resize(self, database: Database, shard: dict[str, Any]) -> None:
         """Apply the new size class's connection limit (an unknown class is reported as drift)."""

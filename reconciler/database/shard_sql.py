@@ -33,11 +33,13 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from domain.conditions import READY, condition_reason, is_condition_true, object_conditions
-from domain.constants import DatabaseReason, Phase, ShardConditionType
+from domain.conditions import READY, condition_is_true, condition_reason
+from domain.constants import DatabaseReason, Phase
 from domain.credentials import Endpoint
+from domain.objects import Obj, ShardState
 from domain.settings import SETTINGS
 from domain.specs import ShardSpec, parse_shard
+from informers import object_key
 from reconciler.admin import AdminEndpointCache, AdminRefused, AdminSessions
 from reconciler.database.report import Reporter, Waiting
 from reconciler.database.state import Database
@@ -85,6 +87,16 @@ def shard_spec(shard: dict[str, Any]) -> ShardSpec | None:
         return None
 
 
+def shard_state(shard: Obj) -> ShardState:
+    """The Shard's metadata and status, typed; a status that does not validate reads as empty (not Ready)."""
+    return ShardState.parse_lenient_status(shard)[0]
+
+
+def shard_ready(state: ShardState) -> bool:
+    """Its Ready condition is True: SQL may run on it."""
+    return condition_is_true(state.status.conditions, READY)
+
+
 def client_endpoint(spec: ShardSpec) -> Endpoint:
     """What consumers are told to connect to (the Shard's client block, defaults from the model)."""
     return Endpoint.of_shard(spec)
@@ -104,9 +116,10 @@ class ShardSql:
     def session(self, database: Database, shard: dict[str, Any], phase: Phase, reason: str) -> AdminSession:
         """An admin session for the placed shard; `Waiting` while it is not Ready, or a recorded
         failure (retried with backoff) when its admin Secret is unusable."""
-        name = shard["metadata"]["name"]
-        if not is_condition_true(object_conditions(shard), ShardConditionType.READY):
-            why = condition_reason(object_conditions(shard), READY) or "not checked yet"
+        state = shard_state(shard)
+        name = state.name
+        if not shard_ready(state):
+            why = condition_reason(state.status.conditions, READY) or "not checked yet"
             raise self.wait_for_shard(database, name, phase, why)
         spec = shard_spec(shard)
         if spec is None:
@@ -138,7 +151,7 @@ class ShardSql:
         try:
             operation(session)
         except SqlFailure as failure:
-            raise self.failed(database, shard["metadata"]["name"], phase, reason, failure) from None
+            raise self.failed(database, object_key(shard), phase, reason, failure) from None
 
     def wait_for_shard(self, database: Database, shard: str, phase: Phase, why: str) -> Waiting:
         """The work on this database waits for its shard (see the module docstring)."""

@@ -2,7 +2,6 @@
 workers, leader election, status helpers, metrics and the manager. Knows no concrete controller.
 """
 
-from domain.conditions import get_condition, is_condition_true
 from reconciler.runtime.controller import (
     Controller,
     ControllerStopping,
@@ -20,9 +19,8 @@ from reconciler.runtime.metrics import MetricsServer, RuntimeMetrics, start_metr
 from reconciler.runtime.status import (
     merge_patch,
     patch_status,
-    remove_condition,
-    set_condition,
     update_status,
+    write_status,
 )
 from reconciler.runtime.workqueue import ExponentialBackoff, Lanes, Slot, WorkQueue
 
@@ -43,13 +41,10 @@ __all__ = [
     "current_slot",
     "ensure_active",
     "holding_slot",
-    "get_condition",
-    "is_condition_true",
     "is_conflict",
     "merge_patch",
     "patch_status",
-    "remove_condition",
-    "set_condition",
     "start_metrics_server",
     "update_status",
+    "write_status",
 ]

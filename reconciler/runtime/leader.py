@@ -52,6 +52,8 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 from domain.constants import ANNOTATION_LEADER
+from domain.lease import Lease, LeaseSpec
+from domain.objects import Obj
 from domain.settings import SETTINGS, LeaseTimings
 from domain.timefmt import format_micro_time
 from domain.version import __version__, parse_version
@@ -91,9 +93,9 @@ class LeaderMark:
         )
 
     @classmethod
-    def of(cls, lease: dict[str, Any]) -> LeaderMark | None:
+    def of(cls, lease: Lease | Obj) -> LeaderMark | None:
         """The mark on `lease`; None when there is none or it is malformed (then spec alone counts)."""
-        value = ((lease.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_LEADER)
+        value = _typed(lease).metadata.annotations.get(ANNOTATION_LEADER)
         try:
             data: Any = json.loads(value) if isinstance(value, str) else None
             if not isinstance(data, dict):
@@ -106,10 +108,11 @@ class LeaderMark:
             return None
 
 
-def lease_holder(lease: dict[str, Any]) -> str | None:
+def lease_holder(lease: Lease | Obj) -> str | None:
     """Who leads according to `lease`: its holderIdentity, or None when empty or released by its
     holder (a released Lease keeps the holder's name for older releases' sake, see above)."""
-    holder = (lease.get("spec") or {}).get("holderIdentity") or None
+    lease = _typed(lease)
+    holder = lease.spec.holder_identity or None
     mark = LeaderMark.of(lease)
     if holder is not None and mark is not None and mark.holder == holder and mark.released:
         return None
@@ -163,10 +166,10 @@ class LeaderElector:
         self._release_on_stop = True
         self._leading = False
         self._last_renew = 0.0  # monotonic time of our last successful write
-        self._observed_spec: dict[str, Any] | None = None
+        self._observed_spec: LeaseSpec | None = None
         self._observed_mark: LeaderMark | None = None
         self._observed_time = 0.0
-        self._lease: dict[str, Any] | None = None  # last lease object read or written by us
+        self._lease: Lease | None = None  # last lease object read or written by us
         self._became_leader = threading.Event()
         self.last_error: BaseException | None = None
 
@@ -282,23 +285,23 @@ class LeaderElector:
                 log.exception("%r: on_stopped_leading failed", self)
 
     def _holder(self) -> str | None:
-        return (self._observed_spec or {}).get("holderIdentity")
+        return None if self._observed_spec is None else self._observed_spec.holder_identity
 
     def _held_by_other(self) -> bool:
         """Another replica holds the lease as last observed, and it has not run out (our clock)."""
-        spec = self._observed_spec or {}
-        holder = spec.get("holderIdentity")
+        spec = self._observed_spec or LeaseSpec()
+        holder = spec.holder_identity
         if not holder or holder == self.identity:
             return False
         return time.monotonic() < self._observed_time + self._holder_duration(holder, spec)
 
-    def _holder_duration(self, holder: str, spec: dict[str, Any]) -> float:
+    def _holder_duration(self, holder: str, spec: LeaseSpec) -> float:
         """How long after its last observed change the lease of `holder` counts as held."""
         mark = self._observed_mark
         if mark is None or mark.holder != holder:  # a leader of an older release: its own duration
-            return spec.get("leaseDurationSeconds") or self.lease_duration
+            return spec.lease_duration_seconds or self.lease_duration
         if mark.release > self.release:  # a newer release's: what older releases are told to wait
-            return spec.get("leaseDurationSeconds") or self.timings.older_release_wait
+            return spec.lease_duration_seconds or self.timings.older_release_wait
         return 0.0 if mark.released else mark.duration
 
     def _lease_taken_by_other(self) -> bool:
@@ -312,21 +315,21 @@ class LeaderElector:
         budget = self.renew_deadline if deadline is None else deadline - time.monotonic()
         return max(self.timings.min_request_timeout, min(budget, self.renew_deadline))
 
-    def _observe(self, lease: dict[str, Any]) -> dict[str, Any]:
-        spec = lease.get("spec") or {}
+    def _observe(self, obj: Obj) -> Lease:
+        """Parse a Lease just read or written (once) and note whether it changed since the last one."""
+        lease = Lease.parse(obj)
         mark = LeaderMark.of(lease)
-        if spec != self._observed_spec or mark != self._observed_mark:
-            self._observed_spec = spec
+        if lease.spec != self._observed_spec or mark != self._observed_mark:
+            self._observed_spec = lease.spec
             self._observed_mark = mark
             self._observed_time = time.monotonic()
         self._lease = lease
-        return spec
+        return lease
 
-    def _marked(self, metadata: dict[str, Any], *, released: bool = False) -> dict[str, Any]:
-        """`metadata` with this replica's LeaderMark (other annotations kept)."""
+    def _marked(self, lease: Lease, *, released: bool = False) -> Obj:
+        """The body writing `lease` with this replica's LeaderMark (other annotations kept)."""
         mark = LeaderMark(self.identity, self.release, self._lease_seconds(), released)
-        annotations = {**(metadata.get("annotations") or {}), ANNOTATION_LEADER: mark.annotation()}
-        return {**metadata, "annotations": annotations}
+        return lease.body({**lease.metadata.annotations, ANNOTATION_LEADER: mark.annotation()})
 
     def _try_acquire_or_renew(self, deadline: float | None) -> bool:
         # Our lead is counted from BEFORE the request: the write may commit at any point until the
@@ -345,16 +348,15 @@ class LeaderElector:
                 return False
             return self._create(now, deadline, started)
         self.last_contact = time.monotonic()
-        spec = self._observe(lease)
-        holder = spec.get("holderIdentity")
+        current = self._observe(lease)
         if self._held_by_other():
             return False  # held by another replica and not expired
-        new_spec = dict(spec)
-        new_spec.update(holderIdentity=self.identity, leaseDurationSeconds=self._advertised_seconds(), renewTime=now)
-        if holder != self.identity or self._released_by_self():
-            new_spec["acquireTime"] = now
-            new_spec["leaseTransitions"] = (spec.get("leaseTransitions") or 0) + 1
-        body = _lease_body(self._marked(lease["metadata"]), new_spec)
+        renewed = current.with_spec(
+            holder_identity=self.identity, lease_duration_seconds=self._advertised_seconds(), renew_time=now
+        )
+        if current.spec.holder_identity != self.identity or self._released_by_self():
+            renewed = renewed.with_spec(acquire_time=now, lease_transitions=(current.spec.lease_transitions or 0) + 1)
+        body = self._marked(renewed)
         timeout = self._timeout(deadline)
         replace_lease = lambda: self.rest.replace(LEASES, body, timeout=timeout)  # noqa: E731
         return self._write(replace_lease, deadline, started, "lost the race for the lease")
@@ -390,17 +392,17 @@ class LeaderElector:
             self._observe(self.rest.get(LEASES, self.name, self.namespace, timeout=timeout))
         except Exception as exc:  # noqa: BLE001 - best effort; the caller already treats this as lost
             log.info("%r: could not re-read the lease after a conflict: %s", self, _short(exc))
-            self._observed_spec = {"holderIdentity": "<unknown>"}
+            self._observed_spec = LeaseSpec(holder_identity="<unknown>")
 
     def _create(self, now: str, deadline: float | None, started: float) -> bool:
-        spec = {
-            "holderIdentity": self.identity,
-            "leaseDurationSeconds": self._advertised_seconds(),
-            "acquireTime": now,
-            "renewTime": now,
-            "leaseTransitions": 0,
-        }
-        body = _lease_body(self._marked({"name": self.name, "namespace": self.namespace}), spec)
+        lease = Lease.new(self.name, self.namespace).with_spec(
+            holder_identity=self.identity,
+            lease_duration_seconds=self._advertised_seconds(),
+            acquire_time=now,
+            renew_time=now,
+            lease_transitions=0,
+        )
+        body = self._marked(lease)
         timeout = self._timeout(deadline)
         create_lease = lambda: self.rest.create(LEASES, body, self.namespace, timeout=timeout)  # noqa: E731
         return self._write(create_lease, deadline, started, "another replica created the lease first")
@@ -412,11 +414,10 @@ class LeaderElector:
         at once, and must not (see the module docstring); it waits `older_release_wait`.
         """
         lease = self._lease
-        if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
+        if lease is None or lease.spec.holder_identity != self.identity:
             return
-        spec = dict(lease["spec"])
-        spec.update(leaseDurationSeconds=self._advertised_seconds(), renewTime=_micro_time())
-        body = _lease_body(self._marked(lease["metadata"], released=True), spec)
+        released = lease.with_spec(lease_duration_seconds=self._advertised_seconds(), renew_time=_micro_time())
+        body = self._marked(released, released=True)
         try:
             self.rest.replace(LEASES, body, timeout=self.timings.release_timeout)
             log.info("%r: released the lease", self)
@@ -424,10 +425,8 @@ class LeaderElector:
             log.warning("%r: could not release the lease (it expires by itself): %s", self, _short(exc))
 
 
-def _lease_body(metadata: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
-    """A Lease to write: `metadata` (with the resourceVersion read, for a conditional PUT) and `spec`."""
-    metadata = {k: v for k, v in metadata.items() if k != "managedFields"}
-    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata, "spec": spec}
+def _typed(lease: Lease | Obj) -> Lease:
+    return lease if isinstance(lease, Lease) else Lease.parse(lease)
 
 
 def _short(exc: BaseException) -> str:

@@ -8,8 +8,9 @@ whole object) and spec/metadata can never be written back by mistake. Why the pr
 merge patches replace lists whole, so without it two writers would silently overwrite each
 other's `conditions`. Pass `resource_version=None` only for fields no one else writes.
 
-A reconcile that changes nothing must write nothing: build the desired status from a copy of
-the current one, then `update_status(...)` writes only the difference (or nothing).
+A reconcile that changes nothing must write nothing: parse the object once (domain.objects), change
+its typed status, then `write_status(rest, resource, obj)` writes only the difference from the status as
+read (or nothing). `update_status` is the same for a status built as a dict.
 """
 
 from __future__ import annotations
@@ -18,61 +19,15 @@ import copy
 from datetime import UTC, datetime
 from typing import Any
 
-from domain.conditions import Condition, with_condition
-from domain.constants import ConditionStatus
-from domain.timefmt import format_time, parse_time
+from domain.metadata import ObjectMeta
+from domain.objects import StatusOf
+from domain.timefmt import format_time
 from informers import Resource, Rest
 from reconciler.runtime.controller import ensure_active
 
 
 def now_rfc3339() -> str:
     return format_time(datetime.now(UTC))
-
-
-# -- conditions (deprecated dict form) ------------------------------------------------------------
-
-
-def set_condition(
-    conditions: list[dict[str, Any]],
-    type: str,  # the Kubernetes field name
-    status: str | bool,
-    reason: str,
-    message: str,
-    observed_generation: int | None,
-    *,
-    now: str | None = None,
-) -> bool:
-    """Deprecated: domain.conditions.with_condition on a list of condition dicts (changed in place); True if
-    anything changed. Kept for the Shard controller, which builds its status as a dict until it moves to
-    ShardStatus; new code changes typed conditions. Pass a copy of the cached list, never the list itself.
-    """
-    index = next((i for i, c in enumerate(conditions) if c.get("type") == type), None)
-    current = () if index is None else (Condition.model_validate(conditions[index]),)
-    moment = parse_time(now) if now is not None else datetime.now(UTC)
-    if moment is None:
-        raise ValueError(f"now must be an RFC 3339 time, not {now!r}")
-    updated, changed = with_condition(
-        current, type, _condition_status(status), reason, message, observed_generation, now=moment
-    )
-    if changed:
-        written = updated[0].model_dump(by_alias=True, exclude_none=True, mode="json")
-        if index is None:
-            conditions.append(written)
-        else:
-            conditions[index] = written
-    return changed
-
-
-def remove_condition(conditions: list[dict[str, Any]], type: str) -> bool:
-    """Deprecated (dict form of domain.conditions.without_condition): remove `type` in place; True if it was there."""
-    index = next((i for i, c in enumerate(conditions) if c.get("type") == type), None)
-    if index is not None:
-        del conditions[index]
-    return index is not None
-
-
-def _condition_status(status: str | bool) -> bool | ConditionStatus:
-    return status if isinstance(status, bool) else ConditionStatus(status)  # ValueError for anything else
 
 
 # -- merge patches ---------------------------------------------------------------------------------
@@ -136,17 +91,25 @@ def update_status(
     Sends only the difference, conditional on obj's resourceVersion unless `conditional=False`.
     Returns the updated object, or None when nothing had to be written.
     """
-    patch = merge_patch(obj.get("status") or {}, desired_status)
+    patch = merge_patch(obj.get("status") or {}, desired_status)  # the dict form: the status as stored
     if not patch:
         return None
-    metadata = obj["metadata"]
+    meta = ObjectMeta.model_validate(obj["metadata"])
+    version = meta.resource_version if conditional else None
+    return patch_status(rest, resource, meta.name, patch, namespace=meta.namespace, resource_version=version)
+
+
+def write_status(rest: Rest, resource: Resource, obj: StatusOf[Any]) -> dict[str, Any] | None:
+    """Write the typed status of `obj` (parsed from the cache, then changed) if it differs from the status
+    as read; else write nothing. Conditional on the resourceVersion read; unknown stored keys are kept
+    (domain.objects.status_body). Returns the updated object, or None when nothing had to be written.
+    """
+    patch = merge_patch(dict(obj.stored_status), obj.status_body())
+    if not patch:
+        return None
+    meta = obj.metadata
     return patch_status(
-        rest,
-        resource,
-        metadata["name"],
-        patch,
-        namespace=metadata.get("namespace"),
-        resource_version=metadata.get("resourceVersion") if conditional else None,
+        rest, resource, meta.name, patch, namespace=meta.namespace, resource_version=meta.resource_version
     )
 
 

@@ -31,16 +31,21 @@ def db(name: str, shard: str | None, phase: str | None, age: float = 0, **condit
     }
 
 
+def condition(type_: str, status: str, reason: str, since: str = "2026-11-30T00:00:00Z") -> dict:
+    """A condition as the Shard controller writes it (every field the CRD requires)."""
+    return {"type": type_, "status": status, "reason": reason, "message": "", "lastTransitionTime": since}
+
+
 SHARDS = [
     {
         "metadata": {"name": "s1"},
         "spec": {"maxDatabases": 10},
-        "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "Ok"}]},
+        "status": {"conditions": [condition("Ready", "True", "Ok")]},
     },
     {
         "metadata": {"name": "s2"},
         "spec": {"maxDatabases": 5},
-        "status": {"conditions": [{"type": "Ready", "status": "False", "reason": "Unreachable"}]},
+        "status": {"conditions": [condition("Ready", "False", "Unreachable")]},
     },
 ]
 
@@ -137,15 +142,15 @@ def test_scaling_seconds_count_from_the_scaling_condition() -> None:
         "spec": {"maxDatabases": 10, "engine": "cloudberry"},
         "status": {
             "conditions": [
-                {"type": "Ready", "status": "False", "reason": "ClusterScaling"},
-                {"type": "Scaling", "status": "True", "reason": "ClusterScaling", "lastTransitionTime": began},
+                condition("Ready", "False", "ClusterScaling"),
+                condition("Scaling", "True", "ClusterScaling", began),
             ]
         },
     }
     done = {
         "metadata": {"name": "cb2"},
         "spec": {"maxDatabases": 10, "engine": "cloudberry"},
-        "status": {"conditions": [{"type": "Scaling", "status": "False", "reason": "Ok", "lastTransitionTime": began}]},
+        "status": {"conditions": [condition("Scaling", "False", "Ok", began)]},
     }
     registry = CollectorRegistry()
     registry.register(FleetCollector(lambda: [*SHARDS, scaling, done], lambda: [], clock=lambda: NOW))

@@ -22,8 +22,9 @@ from domain.connection_budget import Commitments, database_limit, fits
 from reconciler.placement import PlacementIndex, ShardCandidate
 from reconciler.resources import database_shard
 
-READY = [{"type": "Ready", "status": "True", "reason": "Ok"}]
-NOT_READY = [{"type": "Ready", "status": "False", "reason": "Unreachable"}]
+SINCE = "2026-11-30T00:00:00Z"
+READY = [{"type": "Ready", "status": "True", "reason": "Ok", "message": "", "lastTransitionTime": SINCE}]
+NOT_READY = [{"type": "Ready", "status": "False", "reason": "Unreachable", "message": "", "lastTransitionTime": SINCE}]
 
 
 def shard(name: str, *, engine: str = "postgres", accepting: bool = True, ready: bool = True,

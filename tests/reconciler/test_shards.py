@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 
 import pytest
 
@@ -43,6 +44,20 @@ def test_healthy_shard_is_ready_ok(pg16, fleet, start_manager, sslmode):
     assert condition(shard, "WeakRoleIsolation")["status"] == "False"
     assert shard["status"]["serverVersion"].startswith("16.")
     assert shard["status"]["databaseCount"] == 0
+
+
+def test_checks_that_find_the_shard_as_it_was_write_nothing(pg16, fleet, start_manager):
+    """The status is written back from the parsed Shard only where it changed: the checks of a healthy
+    shard (every 2 s here) leave the object alone, so watchers and the apiserver see no churn."""
+    name = fleet.shard(pg16)
+    start_manager(install_config())
+    _ready(fleet, name, "Ok")
+    time.sleep(2.5)  # the check after the first: anything it still settles is written now
+    before = fleet.get_shard(name)
+    time.sleep(7)  # three more checks
+    after = fleet.get_shard(name)
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    assert after["status"] == before["status"] and condition(after, "Ready")["reason"] == "Ok"
 
 
 def test_wrong_password_is_admin_auth_failed(pg16, fleet, start_manager):

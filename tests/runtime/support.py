@@ -125,10 +125,9 @@ def follower_sees_renewals(
 
     def enough() -> bool:
         assert (leader.is_leading(), follower.is_leading()) == (True, False)
-        lease = follower._lease or {}  # the Lease as the follower last read it
-        spec = lease.get("spec") or {}
-        if spec.get("holderIdentity") == leader.identity and lease["metadata"]["uid"] != old_uid:
-            seen.add(spec["renewTime"])
+        lease = follower._lease  # the Lease as the follower last read it
+        if lease is not None and lease.spec.holder_identity == leader.identity and lease.metadata.uid != old_uid:
+            seen.add(lease.spec.renew_time)
         return len(seen) >= renewals
 
     wait_for(enough, timeout, f"{follower.identity} to see {renewals} renewals by {leader.identity}")

@@ -1,68 +1,23 @@
-"""Status writes through the status subresource and condition bookkeeping: a reconcile that
-changes nothing writes nothing, a stale read is a 409, lastTransitionTime moves only with status."""
+"""Status writes through the status subresource: a reconcile that changes nothing writes nothing, and a
+stale read is a 409 (conditions: tests/unit/test_domain_conditions.py)."""
 
 from __future__ import annotations
 
 import copy
 import threading
+from datetime import UTC, datetime
 
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from domain.conditions import Condition, is_condition_true, with_condition
 from informers import Rest
 from reconciler import runtime
 from reconciler.runtime.status import replace_status
 from tests.runtime.support import WIDGETS, widget
 from tests.support.common import wait_for
 
-# -- conditions (pure) -------------------------------------------------------------------------------
-
-T1, T2, T3, T9 = "2026-12-01T10:00:01Z", "2026-12-01T10:00:02Z", "2026-12-01T10:00:03Z", "2026-12-01T10:00:09Z"
-
-
-def test_set_condition_adds_a_new_condition() -> None:
-    conditions: list[dict] = []
-    assert runtime.set_condition(conditions, "Ready", False, "Provisioning", "placed", 3, now=T1)
-    assert conditions == [
-        {
-            "type": "Ready",
-            "status": "False",
-            "reason": "Provisioning",
-            "message": "placed",
-            "lastTransitionTime": T1,
-            "observedGeneration": 3,
-        }
-    ]
-
-
-def test_set_condition_keeps_the_transition_time_unless_the_status_changes() -> None:
-    conditions: list[dict] = []
-    runtime.set_condition(conditions, "Ready", "False", "Provisioning", "placed", 1, now=T1)
-    assert runtime.set_condition(conditions, "Ready", "False", "AdminUnavailable", "timeout", 2, now=T2)
-    assert runtime.get_condition(conditions, "Ready")["lastTransitionTime"] == T1
-    assert runtime.get_condition(conditions, "Ready")["reason"] == "AdminUnavailable"
-    assert runtime.get_condition(conditions, "Ready")["observedGeneration"] == 2
-    assert runtime.set_condition(conditions, "Ready", True, "Provisioned", "", 2, now=T3)
-    assert runtime.get_condition(conditions, "Ready")["lastTransitionTime"] == T3
-    assert runtime.is_condition_true(conditions, "Ready")
-
-
-def test_set_condition_reports_no_change_when_nothing_changed() -> None:
-    conditions: list[dict] = []
-    runtime.set_condition(conditions, "Ready", True, "Ok", "", 4, now=T1)
-    before = copy.deepcopy(conditions)
-    assert not runtime.set_condition(conditions, "Ready", "True", "Ok", "", 4, now=T9)
-    assert conditions == before
-
-
-def test_set_condition_rejects_an_invalid_status_and_remove_condition_removes() -> None:
-    conditions: list[dict] = []
-    with pytest.raises(ValueError):
-        runtime.set_condition(conditions, "Ready", "yes", "Ok", "", 1)
-    runtime.set_condition(conditions, "Unreachable", True, "Unreachable", "dns", 1)
-    assert runtime.remove_condition(conditions, "Unreachable") and conditions == []
-    assert not runtime.remove_condition(conditions, "Unreachable")
-    assert not runtime.is_condition_true(None, "Ready") and runtime.get_condition(None, "Ready") is None
+# -- merge patches (pure) ------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -91,8 +46,10 @@ def created(admin_rest: Rest, namespace: str, widgets_crd: None) -> dict:
 
 def _desired(obj: dict, ready: bool, reason: str) -> dict:
     status = copy.deepcopy(obj.get("status") or {})
-    conditions = status.setdefault("conditions", [])
-    runtime.set_condition(conditions, "Ready", ready, reason, "", obj["metadata"]["generation"])
+    current = tuple(Condition.model_validate(c) for c in status.get("conditions", []))
+    generation = obj["metadata"]["generation"]
+    conditions, _ = with_condition(current, "Ready", ready, reason, "", generation, now=datetime.now(UTC))
+    status["conditions"] = [c.model_dump(by_alias=True, exclude_none=True, mode="json") for c in conditions]
     status["phase"] = "Ready" if ready else "Provisioning"
     return status
 
@@ -107,7 +64,7 @@ def test_update_status_writes_the_difference_and_nothing_when_unchanged(admin_re
     assert admin_rest.get(WIDGETS, "w", created["metadata"]["namespace"])["metadata"]["resourceVersion"] == rv
 
     ready = runtime.update_status(admin_rest, WIDGETS, written, _desired(written, True, "Provisioned"))
-    assert ready is not None and runtime.is_condition_true(ready["status"]["conditions"], "Ready")
+    assert ready is not None and is_condition_true(ready["status"]["conditions"], "Ready")
 
 
 def test_a_status_write_from_a_stale_read_is_a_conflict(admin_rest: Rest, created: dict) -> None:
