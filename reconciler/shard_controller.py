@@ -1,6 +1,7 @@
 """The Shard controller: is the shard's admin connection usable, and how many databases it holds.
 
-Pings every Ready shard every 15 s (PING_INTERVAL) and a shard that is not Ready every 5 s
+Pings every Ready shard every 15 s (PING_INTERVAL; in a fleet of more than 45 shards less often, up to the
+operator guide's 60 s from 180 shards: SETTINGS.shard_checks.ready_interval_for) and a shard that is not Ready every 5 s
 (NOT_READY_RECHECK), so a failure is seen and a recovery taken up well within the guide's
 minute; also whenever the Shard or one of its Databases changes (a Ready shard at most every 10 s:
 a burst of placements must not ping once per database), and at once when a Database worker's SQL
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -333,4 +335,13 @@ class ShardController:
             self.budgets.record(name, self.budgets.of(name, health.slots, status), status, conditions, generation)
         if update_status(self.rest, SHARDS, shard, status) is not None and not health.ready:
             log.warning("shard not ready", extra={"shard": name, "reason": str(health.reason)})
-        return Result(requeue_after=self.ping_interval if health.ready else min(NOT_READY_RECHECK, self.ping_interval))
+        if not health.ready:
+            return Result(requeue_after=min(NOT_READY_RECHECK, self.ping_interval))
+        return Result(requeue_after=self.ready_interval())
+
+    def ready_interval(self) -> float:
+        """When to check a Ready shard again: ping_interval, stretched in a large fleet so that all shards'
+        checks together stay under SETTINGS.shard_checks.ready_checks_per_second; a little jitter keeps
+        the shards of a fleet that started together from being checked in one burst."""
+        interval = SETTINGS.shard_checks.ready_interval_for(len(self.shards), self.ping_interval)
+        return interval * random.uniform(0.9, 1.0)

@@ -20,7 +20,6 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from informers import Rest
-from reconciler.database.report import Waiting
 from reconciler.database.state import Database
 from reconciler.resources import DATABASES
 from reconciler.runtime import ensure_active, update_status
@@ -29,8 +28,15 @@ log = logging.getLogger(__name__)
 
 # How long a pass waits for the cache to show our own last write before it reads the object live.
 CACHE_LAG_WAIT = 2.0
-# The reason a skipped pass gives (in the controller's logs only: the status is not touched).
-CACHE_LAGS = "CacheLagsOwnWrite"
+
+
+class CacheLags(Exception):
+    """Ends a pass whose cache does not show this replica's last write yet (no failure, nothing written):
+    the write's watch event wakes the key; the controller looks again after `requeue_after` at the latest."""
+
+    def __init__(self, requeue_after: float) -> None:
+        super().__init__("the cache does not show this replica's last write yet")
+        self.requeue_after = requeue_after
 
 
 def conditional(patch: dict[str, Any], obj: dict[str, Any]) -> dict[str, Any]:
@@ -101,7 +107,7 @@ class DatabaseWrites:
     def caught_up(self, key: str, cached: dict[str, Any]) -> dict[str, Any] | None:
         """The object to reconcile: the cached one once it shows our last write; None if it is gone.
 
-        Raises Waiting while the cache lags our write (the write's watch event wakes the key); after
+        Raises CacheLags while the cache lags our write (the write's watch event wakes the key); after
         CACHE_LAG_WAIT the live object (someone else wrote since, or the watch is slow).
         """
         written = self._written.get(key)
@@ -113,7 +119,7 @@ class DatabaseWrites:
             return cached
         waited = time.monotonic() - when
         if waited < CACHE_LAG_WAIT:
-            raise Waiting(CACHE_LAGS, "the cache does not show this replica's last write yet", CACHE_LAG_WAIT - waited)
+            raise CacheLags(CACHE_LAG_WAIT - waited)
         namespace, _, name = key.partition("/")
         try:
             live = self.rest.get(DATABASES, name, namespace)
