@@ -132,6 +132,7 @@ class ShardController:
         self._last: dict[str, tuple[float, int | None, Health]] = {}
         self._suspected: set[str] = set()  # ping these at the next reconcile, whatever the last result
         self._disk_suspects: set[str] = set()  # a write failed with disk_full: probe a write until one passes
+        self._spread: set[str] = set()  # Ready shards whose checks have been given their place in the interval
         self.enqueue: Callable[[str], None] | None = None  # set by setup: the controller's queue
 
     def suspect(self, name: str, error_class: str | None = None) -> None:
@@ -290,6 +291,7 @@ class ShardController:
             self.sessions.drop(name)
             self._last.pop(name, None)
             self._disk_suspects.discard(name)
+            self._spread.discard(name)
             self.links.forget(name)
             return None
         generation = shard["metadata"].get("generation")
@@ -337,11 +339,15 @@ class ShardController:
             log.warning("shard not ready", extra={"shard": name, "reason": str(health.reason)})
         if not health.ready:
             return Result(requeue_after=min(NOT_READY_RECHECK, self.ping_interval))
-        return Result(requeue_after=self.ready_interval())
+        return Result(requeue_after=self.ready_interval(name))
 
-    def ready_interval(self) -> float:
+    def ready_interval(self, name: str) -> float:
         """When to check a Ready shard again: ping_interval, stretched in a large fleet so that all shards'
-        checks together stay under SETTINGS.shard_checks.ready_checks_per_second; a little jitter keeps
-        the shards of a fleet that started together from being checked in one burst."""
+        checks together stay under SETTINGS.shard_checks.ready_checks_per_second. A fleet that started
+        together would be checked in one burst every interval: a shard's first interval is drawn from the
+        whole interval, so the checks spread evenly, and later ones keep their place (a little jitter)."""
         interval = SETTINGS.shard_checks.ready_interval_for(len(self.shards), self.ping_interval)
-        return interval * random.uniform(0.9, 1.0)
+        if name not in self._spread:
+            self._spread.add(name)
+            return interval * random.uniform(0.1, 1.0)
+        return interval * random.uniform(0.95, 1.0)
