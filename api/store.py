@@ -5,8 +5,10 @@ and accepted only if `spec.consumer` and `spec.externalId` match too, so another
 exactly as invisible as a missing one.
 
 Reads come from the cache. A miss falls back to one GET (another replica may have created the object an
-instant ago), so a 404 is authoritative. Writes (create, annotations) go to the apiserver; annotation
-writes carry the resourceVersion they were decided on and are retried on a conflict.
+instant ago), so a 404 is authoritative. This replica's own writes are read back until the cache shows
+them (a create, a delete or rotate request): a PUT right after a DELETE answers 409, never 200.
+Writes (create, annotations) go to the apiserver; annotation writes carry the resourceVersion they were
+decided on and are retried on a conflict.
 
 Availability: writes need the apiserver. When `reachable()` (the replica's recent apiserver contact)
 says it is gone, a write answers 503 at once. Before that is known (the first seconds of an outage),
@@ -80,6 +82,10 @@ log = logging.getLogger(__name__)
 
 INDEX_BY_CONSUMER = BY_CONSUMER  # the index the Consumer controller reads too (one index on the shared informer)
 PENDING_TTL_SECONDS = 300.0
+# How long this replica's own annotation write (a delete or rotate request) is shown in place of a cache
+# that does not show it yet: the watch event normally comes within milliseconds; the bound only matters
+# if the cache skipped that version (a relist), when a later one is there already.
+WRITTEN_TTL_SECONDS = 10.0
 ANNOTATE_ATTEMPTS = 5
 PASSWORD_PENDING = "a new password is pending"  # a _read_credentials problem that is not a fault
 # Seconds all the apiserver requests of one write may take together: a healthy apiserver answers a
@@ -150,6 +156,9 @@ class DatabaseStore:
         self.read_budget = read_budget
         self._pending_lock = threading.Lock()
         self._pending: dict[str, dict[str, _Pending]] = {}  # consumer -> object name -> pending create
+        # object name -> this replica's last annotation write, until the cache shows it: a PUT right after
+        # this replica's DELETE answers 409 database_deleting, not 200 from a cache a few ms behind.
+        self._written: dict[str, _Pending] = {}
         self.quota = QuotaLedgers(
             rest,
             self.namespace,
@@ -303,6 +312,9 @@ class DatabaseStore:
 
     def _cached(self, consumer: str, name: str) -> Obj | None:
         obj = self.databases.get(f"{self.namespace}/{name}")
+        written = self._written_after(name, obj)
+        if written is not None:
+            return written
         if obj is not None:
             return obj
         pending = self._pending_of(consumer).get(name)
@@ -381,6 +393,18 @@ class DatabaseStore:
                 return {}
             return dict(entries)
 
+    def _written_after(self, name: str, cached: Obj | None) -> Obj | None:
+        """This replica's last annotation write of `name` while the cache does not show it yet, else None."""
+        with self._pending_lock:
+            entry = self._written.get(name)
+            if entry is None:
+                return None
+            shown = cached is not None and self._same_version(cached, entry.obj)
+            if shown or entry.since < time.monotonic() - WRITTEN_TTL_SECONDS:
+                del self._written[name]
+                return None
+            return entry.obj
+
     def _in_cache(self, name: str) -> bool:
         return self.databases.get(f"{self.namespace}/{name}") is not None
 
@@ -390,6 +414,10 @@ class DatabaseStore:
         if obj is None:
             return
         consumer, name = database_consumer_name(obj), metadata(obj).get("name")
+        with self._pending_lock:
+            written = self._written.get(name or "")
+            if written is not None and (new is None or self._same_version(new, written.obj)):
+                del self._written[name or ""]
         if consumer is None:
             return
         with self._pending_lock:
@@ -413,13 +441,22 @@ class DatabaseStore:
                 return db
             patch = {"metadata": {"resourceVersion": metadata(db).get("resourceVersion"), "annotations": values}}
             try:
-                return self.rest.patch(DATABASES, name, patch, self.namespace, timeout=budget.left())
+                patched = self.rest.patch(DATABASES, name, patch, self.namespace, timeout=budget.left())
             except ApiException as exc:
                 if exc.status == 404:
                     raise NotFound() from None
                 if exc.status != 409:
                     raise
+                continue
+            with self._pending_lock:
+                self._written[name] = _Pending(patched, time.monotonic())
+            self._written_after(name, self.databases.get(f"{self.namespace}/{name}"))  # its event may be in already
+            return patched
         raise Unavailable("the database is changing too often; try again")
+
+    @staticmethod
+    def _same_version(one: Obj, other: Obj) -> bool:
+        return metadata(one).get("resourceVersion") == metadata(other).get("resourceVersion")
 
     def _read_credentials(self, secret: Obj | None, db: Obj) -> tuple[Credentials | None, str | None]:
         """(credentials, None) if the Secret is present, owned by the Database and consistent; else a reason."""

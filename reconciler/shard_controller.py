@@ -1,6 +1,7 @@
 """The Shard controller: is the shard's admin connection usable, and how many databases it holds.
 
-Pings every Ready shard every 15 s (PING_INTERVAL) and a shard that is not Ready every 5 s
+Pings every Ready shard every 15 s (PING_INTERVAL; in a fleet of more than 45 shards less often, up to the
+operator guide's 60 s from 180 shards: SETTINGS.shard_checks.ready_interval_for) and a shard that is not Ready every 5 s
 (NOT_READY_RECHECK), so a failure is seen and a recovery taken up well within the guide's
 minute; also whenever the Shard or one of its Databases changes (a Ready shard at most every 10 s:
 a burst of placements must not ping once per database), and at once when a Database worker's SQL
@@ -29,6 +30,7 @@ messages carry a sanitized error class only. A shard that is not Ready gets no p
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -158,6 +160,7 @@ class ShardController:
         self._last: dict[str, tuple[float, int | None, Health]] = {}
         self._suspected: set[str] = set()  # ping these at the next reconcile, whatever the last result
         self._disk_suspects: set[str] = set()  # a write failed with disk_full: probe a write until one passes
+        self._spread: set[str] = set()  # Ready shards whose checks have been given their place in the interval
         self.enqueue: Callable[[str], None] | None = None  # set by setup: the controller's queue
 
     def suspect(self, name: str, error_class: str | None = None) -> None:
@@ -316,6 +319,7 @@ class ShardController:
             self.sessions.drop(name)
             self._last.pop(name, None)
             self._disk_suspects.discard(name)
+            self._spread.discard(name)
             self.links.forget(name)
             return None
         # Metadata and status typed once; a status that does not validate is written anew (its keys a
@@ -335,4 +339,17 @@ class ShardController:
             shard = self.budgets.record(shard, self.budgets.of(name, health.slots, shard.status))
         if write_status(self.rest, SHARDS, shard) is not None and not health.ready:
             log.warning("shard not ready", extra={"shard": name, "reason": str(health.reason)})
-        return Result(requeue_after=self.ping_interval if health.ready else min(NOT_READY_RECHECK, self.ping_interval))
+        if not health.ready:
+            return Result(requeue_after=min(NOT_READY_RECHECK, self.ping_interval))
+        return Result(requeue_after=self.ready_interval(name))
+
+    def ready_interval(self, name: str) -> float:
+        """When to check a Ready shard again: ping_interval, stretched in a large fleet so that all shards'
+        checks together stay under SETTINGS.shard_checks.ready_checks_per_second. A fleet that started
+        together would be checked in one burst every interval: a shard's first interval is drawn from the
+        whole interval, so the checks spread evenly, and later ones keep their place (a little jitter)."""
+        interval = SETTINGS.shard_checks.ready_interval_for(len(self.shards), self.ping_interval)
+        if name not in self._spread:
+            self._spread.add(name)
+            return interval * random.uniform(0.1, 1.0)
+        return interval * random.uniform(0.95, 1.0)

@@ -51,7 +51,7 @@ from reconciler.database.report import Reporter, Waiting
 from reconciler.database.secret import CredentialsSecrets
 from reconciler.database.shard_sql import ShardSql, client_endpoint, shard_spec
 from reconciler.database.state import Database
-from reconciler.database.writes import DatabaseWrites
+from reconciler.database.writes import CacheLags, DatabaseWrites
 from reconciler.events import EventRecorder
 from reconciler.placement import PlacementIndex
 from reconciler.resources import database_shard
@@ -123,7 +123,7 @@ class DatabaseController:
     def reconcile(self, key: str) -> Result | None:
         try:
             return self._reconcile(key)
-        except Waiting as waiting:  # the status says what it waits for; no failure
+        except (Waiting, CacheLags) as waiting:  # the status says what it waits for, or the cache lags; no failure
             return Result(requeue_after=waiting.requeue_after)
 
     def _reconcile(self, key: str) -> Result | None:
