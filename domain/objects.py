@@ -77,3 +77,38 @@ class ConsumerObject(KubeObject[ConsumerSpec, ConsumerStatus]):
 
 class DatabaseObject(KubeObject[DatabaseSpec, DatabaseStatus]):
     status: DatabaseStatus = Field(default_factory=DatabaseStatus)
+
+
+# -- cheap accessors and lenient reads -------------------------------------------------------------
+# Cheap: for paths that run per request or per object of a large cache, where a whole parse would be
+# the cost; each reads one field by its model's alias, typed, without validating the rest.
+
+_DISABLED_KEY = ConsumerSpec.model_fields["disabled"].alias or "disabled"
+_SHARD_KEY = DatabaseStatus.model_fields["shard"].alias or "shard"
+_TENANT_KEY = DatabaseStatus.model_fields["tenant_name"].alias or "tenantName"
+
+
+def _section(obj: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    value = obj.get(name)
+    return value if isinstance(value, Mapping) else {}
+
+
+def consumer_disabled(obj: Mapping[str, Any]) -> bool:
+    """`spec.disabled` of a Consumer object is true (authentication re-checks it on every request)."""
+    return _section(obj, "spec").get(_DISABLED_KEY) is True
+
+
+def database_placement(obj: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """(`status.shard`, `status.tenantName`) of a Database object, each None unless a non-empty string."""
+    status = _section(obj, "status")
+    shard, tenant = status.get(_SHARD_KEY), status.get(_TENANT_KEY)
+    return (shard if isinstance(shard, str) and shard else None, tenant if isinstance(tenant, str) and tenant else None)
+
+
+def lenient_status(model: type[StatusT], obj: Mapping[str, Any]) -> StatusT:
+    """The typed status of an object, or an empty one if it is missing or does not validate: for readers
+    that must show an object whatever its status says (the CLI's reports)."""
+    try:
+        return model.model_validate(obj.get("status") or {})
+    except ValidationError:
+        return model()
