@@ -14,7 +14,10 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from domain.metadata import ObjectMeta
+from domain.objects import database_placement
 from informers import Rest
+from informers.informer import resource_version_of
 from reconciler.database.state import Database
 from reconciler.resources import DATABASES
 from reconciler.runtime import ensure_active, update_status
@@ -25,8 +28,15 @@ log = logging.getLogger(__name__)
 def conditional(patch: dict[str, Any], obj: dict[str, Any]) -> dict[str, Any]:
     """`patch` applied only to `obj` as read (409 otherwise): a write decided on a stale read, or
     sent late by a replica that was paused mid-request and has lost its Lease since, changes nothing."""
-    metadata = {**patch.get("metadata", {}), "resourceVersion": obj["metadata"]["resourceVersion"]}
+    metadata = {**patch.get("metadata", {}), "resourceVersion": _resource_version(ObjectMeta.of(obj))}
     return {**patch, "metadata": metadata}
+
+
+def _resource_version(meta: ObjectMeta) -> str:
+    """The resourceVersion of an object the apiserver sent (it always has one: a KeyError before, a bug)."""
+    if meta.resource_version is None:
+        raise ValueError(f"{meta.key} has no metadata.resourceVersion")
+    return meta.resource_version
 
 
 @dataclass
@@ -55,7 +65,7 @@ class DatabaseWrites:
         in flight) must not turn a finished delete into a reconcile error.
         """
         ensure_active()
-        body = {"metadata": {**patch, "resourceVersion": database.meta["resourceVersion"]}}
+        body = {"metadata": {**patch, "resourceVersion": database.resource_version}}
         try:
             patched = self.rest.patch(DATABASES, database.name, body, database.namespace)
         except ApiException as exc:
@@ -64,7 +74,7 @@ class DatabaseWrites:
             self.forget(database.key)
             log.info("database already gone", extra={"database": database.name})
             return False
-        database.db = patched
+        database.written(patched)
         self._wrote(patched)
         return True
 
@@ -77,21 +87,20 @@ class DatabaseWrites:
         return self._placed.get(key)
 
     def _wrote(self, db: dict[str, Any]) -> None:
-        meta = db["metadata"]
-        key = f"{meta['namespace']}/{meta['name']}"
-        self._written[key] = meta["resourceVersion"]
-        shard = (db.get("status") or {}).get("shard")
+        meta = ObjectMeta.of(db)
+        self._written[meta.key] = _resource_version(meta)
+        shard, _ = database_placement(db)
         if shard:
-            self._placed[key] = str(shard)
+            self._placed[meta.key] = shard
         else:
-            self._placed.pop(key, None)
+            self._placed.pop(meta.key, None)
 
     def caught_up(self, key: str, cached: dict[str, Any]) -> dict[str, Any] | None:
         """The object to reconcile: the cached one, or the live one while the cache lags our own write."""
         written = self._written.get(key)
         if written is None:
             return cached
-        if cached["metadata"].get("resourceVersion") == written:
+        if resource_version_of(cached) == written:
             self.forget(key)
             return cached
         namespace, _, name = key.partition("/")
@@ -102,6 +111,6 @@ class DatabaseWrites:
                 raise
             self.forget(key)
             return None
-        if live["metadata"].get("resourceVersion") != written:
+        if resource_version_of(live) != written:
             self.forget(key)  # written again since (by someone else): the live object rules
         return live
