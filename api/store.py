@@ -79,7 +79,6 @@ from informers import Informer, Resource, Rest, SharedInformers
 
 log = logging.getLogger(__name__)
 
-INDEX_BY_CONSUMER = BY_CONSUMER  # the index the Consumer controller reads too (one index on the shared informer)
 PENDING_TTL_SECONDS = 300.0
 ANNOTATE_ATTEMPTS = 5
 PASSWORD_PENDING = "a new password is pending"  # a _read_credentials problem that is not a fault
@@ -90,9 +89,6 @@ REQUEST_BUDGET = 1.0
 READ_BUDGET = 5.0
 
 Clock = Callable[[], datetime]
-
-
-databases_by_consumer = database_consumer  # domain.resources: the index function, written once
 
 
 def utcnow() -> datetime:
@@ -168,7 +164,8 @@ class DatabaseStore:
             request_timeout=request_budget,  # each ledger request, as each of a write's: a silent apiserver is 503
             **(quota_options or {}),
         )
-        databases.add_index(INDEX_BY_CONSUMER, databases_by_consumer)
+        # domain.resources: the index the Consumer controller reads too (one index on the shared informer)
+        databases.add_index(BY_CONSUMER, database_consumer)
         databases.add_handler(self._on_database, replay=False)
 
     @classmethod
@@ -208,7 +205,7 @@ class DatabaseStore:
 
     def list(self, consumer: str) -> list[DatabaseObject]:
         """The consumer's databases, ordered by externalId: each object parsed once."""
-        parsed = (read_database(obj) for obj in self.databases.by_index(INDEX_BY_CONSUMER, consumer))
+        parsed = (read_database(obj) for obj in self.databases.by_index(BY_CONSUMER, consumer))
         found = {db.name: db for db in parsed if db is not None}
         for name, pending in self._pending_of(consumer).items():
             if name not in found and (db := read_database(pending.obj)) is not None:
@@ -374,7 +371,7 @@ class DatabaseStore:
         """The consumer's databases in this replica's cache, by externalId (what the quota counts besides
         its ledger)."""
         found = {}
-        for db in self.databases.by_index(INDEX_BY_CONSUMER, consumer):
+        for db in self.databases.by_index(BY_CONSUMER, consumer):
             external_id = database_external_id(db)
             if external_id is not None:
                 found[external_id] = db

@@ -54,7 +54,7 @@ class DatabaseWrites:
         waiting = database.take_after_write()
         if updated is not None:
             database.load(updated)
-            self._wrote(updated)
+            self._wrote(database)
         for send in waiting:
             send()
 
@@ -75,7 +75,7 @@ class DatabaseWrites:
             log.info("database already gone", extra={"database": database.name})
             return False
         database.written(patched)
-        self._wrote(patched)
+        self._wrote(database)
         return True
 
     def forget(self, key: str) -> None:
@@ -86,14 +86,15 @@ class DatabaseWrites:
         """The shard our last write of `key` placed it on, while the cache may not show that write."""
         return self._placed.get(key)
 
-    def _wrote(self, db: dict[str, Any]) -> None:
-        meta = ObjectMeta.of(db)
-        self._written[meta.key] = _resource_version(meta)
-        shard, _ = database_placement(db)
+    def _wrote(self, database: Database) -> None:
+        """Remember the object just written (`database.db`): its resourceVersion, and the shard its stored
+        status names (not the status the pass may still be building)."""
+        self._written[database.key] = database.resource_version
+        shard, _ = database_placement(database.db)
         if shard:
-            self._placed[meta.key] = shard
+            self._placed[database.key] = shard
         else:
-            self._placed.pop(meta.key, None)
+            self._placed.pop(database.key, None)
 
     def caught_up(self, key: str, cached: dict[str, Any]) -> dict[str, Any] | None:
         """The object to reconcile: the cached one, or the live one while the cache lags our own write."""
