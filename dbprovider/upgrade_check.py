@@ -28,6 +28,7 @@ from domain.conditions import READY, Condition, object_conditions
 from domain.config import DEFAULT_NAMESPACE, DEFAULT_RELEASE_NAME
 from domain.connection_budget import Commitments, budget, provider_sessions
 from domain.constants import SERVED_VERSIONS, Phase, ShardReason
+from domain.metadata import ObjectMeta
 from domain.settings import SETTINGS
 from domain.version import UPGRADES_FROM, __version__, parse_version
 from reconciler.sql.errors import INSECURE_AUTH_REFUSED
@@ -82,10 +83,10 @@ def _install_config(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
 
 def _stored_versions(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
     for crd in live.crds.values():
-        stored = (crd.get("status") or {}).get("storedVersions") or []
+        stored = (crd.get("status") or {}).get("storedVersions") or []  # a CRD's: apiextensions, no model of ours
         for version in stored:
             if version not in SERVED_VERSIONS:
-                yield ERROR, f"CustomResourceDefinition/{crd['metadata']['name']}", (
+                yield ERROR, f"CustomResourceDefinition/{ObjectMeta.of(crd).name}", (
                     f"objects are stored as {version}, which this release does not serve: its CRD cannot be "
                     "applied until they are migrated (docs/upgrade.md, \"CRD versions\")"
                 )
