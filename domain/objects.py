@@ -106,9 +106,15 @@ def database_placement(obj: Mapping[str, Any]) -> tuple[str | None, str | None]:
 
 
 def lenient_status(model: type[StatusT], obj: Mapping[str, Any]) -> StatusT:
-    """The typed status of an object, or an empty one if it is missing or does not validate: for readers
-    that must show an object whatever its status says (the CLI's reports)."""
+    """The typed status of an object, for readers that must show an object whatever its status says (the
+    CLI's reports): a field that does not validate reads as unset, the others as stored (one field this
+    release would refuse hides nothing else); a missing or malformed status is an empty one."""
+    status = _section(obj, "status")
     try:
-        return model.model_validate(obj.get("status") or {})
-    except ValidationError:
+        return model.model_validate(status)
+    except ValidationError as exc:
+        refused = {error["loc"][0] for error in exc.errors() if error["loc"]}
+    try:
+        return model.model_validate({key: value for key, value in status.items() if key not in refused})
+    except ValidationError:  # a rule across fields: nothing of it is trusted
         return model()

@@ -187,6 +187,9 @@ def test_only_a_true_disabled_disables_a_consumer() -> None:
 def test_a_lenient_status_reads_what_validates_and_is_empty_otherwise() -> None:
     assert lenient_status(DatabaseStatus, database()).phase == Phase.READY
     assert lenient_status(DatabaseStatus, database(status={"phase": "Sleeping"})) == DatabaseStatus()
+    kept = lenient_status(DatabaseStatus, database(status={**STORED_STATUS, "phase": "Sleeping", "shard": 7}))
+    assert (kept.phase, kept.shard, len(kept.conditions)) == (None, None, 1)  # only what was refused is unset
+    assert lenient_status(ShardStatus, {"status": {"databaseCount": 4, "connectionBudget": -1}}).database_count == 4
     assert lenient_status(ShardStatus, {"status": None}) == ShardStatus()
     assert lenient_status(ShardStatus, {"status": {"databaseCount": 4}}).database_count == 4
 
