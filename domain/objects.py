@@ -88,28 +88,26 @@ _SHARD_KEY = DatabaseStatus.model_fields["shard"].alias or "shard"
 _TENANT_KEY = DatabaseStatus.model_fields["tenant_name"].alias or "tenantName"
 
 
-def _section(obj: Mapping[str, Any], name: str) -> Mapping[str, Any]:
-    value = obj.get(name)
-    return value if isinstance(value, Mapping) else {}
-
-
 def consumer_disabled(obj: Mapping[str, Any]) -> bool:
     """`spec.disabled` of a Consumer object is true (authentication re-checks it on every request)."""
-    return _section(obj, "spec").get(_DISABLED_KEY) is True
+    spec = obj.get("spec")
+    return isinstance(spec, Mapping) and spec.get(_DISABLED_KEY) is True
 
 
 def database_placement(obj: Mapping[str, Any]) -> tuple[str | None, str | None]:
     """(`status.shard`, `status.tenantName`) of a Database object, each None unless a non-empty string."""
-    status = _section(obj, "status")
-    shard, tenant = status.get(_SHARD_KEY), status.get(_TENANT_KEY)
-    return (shard if isinstance(shard, str) and shard else None, tenant if isinstance(tenant, str) and tenant else None)
+    status = obj.get("status")
+    if not isinstance(status, Mapping):
+        return None, None
+    return _nonempty(status.get(_SHARD_KEY)), _nonempty(status.get(_TENANT_KEY))
 
 
 def lenient_status(model: type[StatusT], obj: Mapping[str, Any]) -> StatusT:
     """The typed status of an object, for readers that must show an object whatever its status says (the
     CLI's reports): a field that does not validate reads as unset, the others as stored (one field this
     release would refuse hides nothing else); a missing or malformed status is an empty one."""
-    status = _section(obj, "status")
+    stored = obj.get("status")
+    status: Mapping[str, Any] = stored if isinstance(stored, Mapping) else {}
     try:
         return model.model_validate(status)
     except ValidationError as exc:
@@ -117,4 +115,8 @@ def lenient_status(model: type[StatusT], obj: Mapping[str, Any]) -> StatusT:
     try:
         return model.model_validate({key: value for key, value in status.items() if key not in refused})
     except ValidationError:  # a rule across fields: nothing of it is trusted
-        return model()
+        return model.model_validate({})
+
+
+def _nonempty(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
