@@ -68,4 +68,4 @@ class Provisioner:
         set_drift(self.config, database, self.report)
         self.writes.status(database)
         self.report.event(database, EventReason.READY, "ready")
-        log.info("database ready", extra={"database": database.name, "shard": shard["metadata"]["name"]})
+        log.info("database ready", extra={"database": database.name, "shard": database.shard})

@@ -102,7 +102,7 @@ class ReadyPath:
         if work.rotate_requested and not work.pending:
             ensure_active()
             patch = conditional(password_patch(new_password()), secret)
-            secret = self.rest.patch(SECRETS, secret["metadata"]["name"], patch, database.namespace)
+            secret = self.rest.patch(SECRETS, credentials.secret_name(database), patch, database.namespace)
         if work.pending or work.rotate_requested:
             self._rotate(database, shard, secret, work)
         if work.resize:
@@ -126,7 +126,7 @@ class ReadyPath:
         credentials.password_applied(database, secret)
         if work.rotation is not None:
             database.update(rotation_applied=work.rotation)
-        log.info("credentials rotated", extra={"database": database.name, "shard": shard["metadata"]["name"]})
+        log.info("credentials rotated", extra={"database": database.name, "shard": database.shard})
 
     def _resize(self, database: Database, shard: dict[str, Any]) -> None:
         """Apply the new size class's connection limit (an unknown class is reported as drift)."""
