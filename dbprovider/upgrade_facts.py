@@ -23,7 +23,7 @@ from urllib3.exceptions import HTTPError
 from domain.config import ConfigError, InstallConfig, load_install_config
 from domain.connection_budget import ServerSlots
 from domain.constants import Phase
-from domain.metadata import ListPage, ObjectMeta
+from domain.metadata import ListPage, ObjectMeta, object_label
 from domain.objects import lenient_status
 from domain.settings import SETTINGS
 from domain.specs import ShardSpec, parse_database, parse_shard
@@ -102,7 +102,7 @@ class LiveInstall:
         """The release the Deployment runs (its label; 0.1.0 set none)."""
         if self.deployment is None:
             return None
-        return ObjectMeta.of(self.deployment).labels.get(VERSION_LABEL)
+        return object_label(self.deployment, VERSION_LABEL)
 
     def shard_spec(self, name: str) -> ShardSpec | None:
         try:

@@ -109,8 +109,17 @@ def object_name(obj: Mapping[str, Any]) -> str | None:
 
 def object_annotation(obj: Mapping[str, Any], key: str) -> str | None:
     """One annotation of an object; None if it is not set (or the annotations are malformed)."""
-    annotations = _meta(obj).get("annotations")
-    value = annotations.get(key) if isinstance(annotations, Mapping) else None
+    return _entry(obj, "annotations", key)
+
+
+def object_label(obj: Mapping[str, Any], key: str) -> str | None:
+    """One label of an object; None if it is not set (or the labels are malformed)."""
+    return _entry(obj, "labels", key)
+
+
+def _entry(obj: Mapping[str, Any], field: str, key: str) -> str | None:
+    entries = _meta(obj).get(field)
+    value = entries.get(key) if isinstance(entries, Mapping) else None
     return value if isinstance(value, str) else None
 
 

@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from domain.constants import ANNOTATION_DELETE_REQUESTED_AT, Phase
-from domain.metadata import ListPage, ObjectMeta, object_annotation, object_name
+from domain.metadata import ListPage, ObjectMeta, object_annotation, object_label, object_name
 from domain.objects import consumer_disabled, database_placement, lenient_status
 from domain.status import DatabaseStatus, ShardStatus
 
@@ -45,7 +45,8 @@ def test_the_cheap_accessors_read_one_field_and_tolerate_what_is_not_there() -> 
     db = database({**STORED_STATUS, "tenantName": "t_orders_1"})
     assert object_name(db) == "team-a-orders"
     assert object_annotation(db, ANNOTATION_DELETE_REQUESTED_AT) == "2026-12-01T10:01:00.000001Z"
-    assert object_annotation(db, "other") is None
+    assert object_annotation(db, "other") is None and object_label(db, ANNOTATION_DELETE_REQUESTED_AT) is None
+    assert object_label({"metadata": {"labels": {"app": "x"}}}, "app") == "x"  # no name needed
     assert database_placement(db) == ("shard-a", "t_orders_1")
     assert database_placement(database()) == ("shard-a", None)
     odd_objects: list[dict[str, Any]] = [
