@@ -41,9 +41,11 @@ from pydantic import ValidationError
 
 from api.admission import AUTHENTICATED_HOOK
 from api.errors import TooManyRequests, Unauthorized, Unavailable
-from api.kube import CONSUMERS, SECRETS, metadata
+from api.kube import CONSUMERS, SECRETS
 from domain.constants import NOT_PROVIDER_MANAGED_SELECTOR
-from domain.credentials import secret_data_bytes
+from domain.credentials import secret_data_bytes, secret_data_values
+from domain.metadata import ObjectMeta, object_name
+from domain.objects import consumer_disabled
 from domain.specs import TokenSecretRef, parse_consumer, parse_token_secret_ref
 from domain.tokens import TokenHashes, hash_token, parse_token_hashes
 from informers import Informer, SharedInformers
@@ -161,7 +163,7 @@ class TokenIndex:
         The first build logs every consumer that cannot authenticate, and a count: states seen before
         it (while the Secrets are still being read) are not logged."""
         with self._lock:
-            names = set(self._entries) | {metadata(c).get("name") for c in self.consumers.list()}
+            names = set(self._entries) | {object_name(c) for c in self.consumers.list()}
             for name in names:
                 if name:
                     self._recompute(name)
@@ -196,7 +198,7 @@ class TokenIndex:
             return None
         # The handler may lag the cache by an instant: re-check the consumer itself.
         consumer = self.consumers.get(name)
-        if consumer is None or (consumer.get("spec") or {}).get("disabled") is True:
+        if consumer is None or consumer_disabled(consumer):
             return None
         return name
 
@@ -215,7 +217,7 @@ class TokenIndex:
 
     def _on_consumer(self, event_type: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         self._want_secrets()
-        name = metadata(new if new is not None else old or {}).get("name")
+        name = object_name(new if new is not None else old or {})
         if name:
             with self._lock:
                 self._recompute(name)
@@ -226,8 +228,8 @@ class TokenIndex:
         if secret is None:
             return
         with self._lock:
-            for consumer in self.consumers.by_index(INDEX_TOKEN_SECRET, metadata(secret).get("name") or ""):
-                name = metadata(consumer).get("name")
+            for consumer in self.consumers.by_index(INDEX_TOKEN_SECRET, object_name(secret) or ""):
+                name = object_name(consumer)
                 if name:
                     self._recompute(name)
             self._log_conflicts()
@@ -292,10 +294,8 @@ class TokenIndex:
         if raw is not None:
             return parse_token_hashes(raw).hashes
         found: set[str] = set()
-        for key in secret.get("data") or {}:  # the key is missing: any key may be the one meant
-            value = secret_data_bytes(secret, key)
-            if value is not None:
-                found |= parse_token_hashes(value).hashes
+        for value in secret_data_values(secret).values():  # the key is missing: any key may be the one meant
+            found |= parse_token_hashes(value).hashes
         return frozenset(found)
 
     def _evaluate(self, name: str, consumer: dict[str, Any]) -> _Entry:
@@ -321,7 +321,7 @@ class TokenIndex:
             return _Entry(AuthState.KEY_MISSING, _NO_HASHES, listed)
         hashes = parse_token_hashes(raw)
         if hashes.ignored_lines:
-            version = metadata(secret).get("resourceVersion")
+            version = ObjectMeta.of(secret).resource_version
             secret_key = f"{self.namespace}/{ref.name}"
             if self._ignored_logged.get((secret_key, ref.key)) != version:
                 self._ignored_logged[(secret_key, ref.key)] = version
@@ -337,7 +337,7 @@ class TokenIndex:
 
     def _warn_foreign(self, name: str, consumer: dict[str, Any], ref: TokenSecretRef) -> None:
         """Once per Consumer generation: its ref points outside the release namespace."""
-        generation = metadata(consumer).get("generation")
+        generation = ObjectMeta.of(consumer).generation
         if self._foreign_logged.get(name, object()) == generation:
             return
         self._foreign_logged[name] = generation

@@ -14,7 +14,6 @@ from urllib.parse import quote
 from pydantic import ValidationError
 
 from api.errors import InvalidBody, UnsupportedMediaType
-from api.kube import metadata, status
 from domain.conditions import READY, condition_reason
 from domain.config import InstallConfig, UnknownSizeClass
 from domain.constants import (
@@ -24,14 +23,12 @@ from domain.constants import (
     Engine,
     Phase,
 )
+from domain.metadata import object_name
 from domain.objects import DatabaseObject, Obj
-from domain.specs import DatabaseSpec
-from domain.status import DatabaseStatus
 from domain.timefmt import format_time
 
 log = logging.getLogger(__name__)
 
-_NO_STATUS = DatabaseStatus()
 BODY_FIELDS = ("sizeClass", "engine")
 ROTATE_BODY_FIELDS = ("terminateSessions",)
 _JSON_TYPES = ("application/json",)
@@ -107,46 +104,15 @@ def read_database(obj: Obj) -> DatabaseObject | None:
     try:
         db, status_valid = DatabaseObject.parse_lenient_status(obj)
     except ValidationError:
-        # the one raw read left here: the name of an object that did not parse, for the log
-        log.warning("Database %s: spec does not validate; not shown", metadata(obj).get("name"))
+        log.warning("Database %s: spec does not validate; not shown", object_name(obj))
         return None
     if not status_valid:
         log.warning("Database %s: status does not validate; shown as not reconciled", db.name)
     return db
 
 
-def database_spec(obj: Obj) -> DatabaseSpec | None:
-    """The typed spec of a Database object; None if it does not validate (such an object is no one's)."""
-    db = read_database(obj)
-    return None if db is None else db.spec
-
-
-def database_status(obj: Obj) -> DatabaseStatus:
-    """The typed status of a Database object; empty before the first reconcile (and if it does not validate:
-    then nothing is handed out, the database shows as Provisioning)."""
-    raw = status(obj)
-    if not raw:
-        return _NO_STATUS
-    try:
-        return DatabaseStatus.model_validate(raw)
-    except ValidationError:
-        log.warning("Database %s: status does not validate; shown as not reconciled", metadata(obj).get("name"))
-        return _NO_STATUS
-
-
-def _typed(db: Obj | DatabaseObject) -> DatabaseObject:
-    """The typed Database; a raw one is parsed (the store's callers hold only objects whose spec validates)."""
-    if isinstance(db, DatabaseObject):
-        return db
-    parsed = read_database(db)
-    if parsed is None:
-        raise ValueError("a Database whose spec does not validate has no state to show")
-    return parsed
-
-
-def is_delete_requested(db: Obj | DatabaseObject) -> bool:
+def is_delete_requested(db: DatabaseObject) -> bool:
     """Deleting, Deleted, the delete annotation or a Kubernetes deletion: the database is going away."""
-    db = _typed(db)
     return (
         db.status.phase in (Phase.DELETING, Phase.DELETED)
         or ANNOTATION_DELETE_REQUESTED_AT in db.metadata.annotations
@@ -154,9 +120,8 @@ def is_delete_requested(db: Obj | DatabaseObject) -> bool:
     )
 
 
-def is_ready(db: Obj | DatabaseObject) -> bool:
+def is_ready(db: DatabaseObject) -> bool:
     """Ready and not on its way out: credentials may be handed out and rotated."""
-    db = _typed(db)
     return db.status.phase == Phase.READY and not is_delete_requested(db)
 
 

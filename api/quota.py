@@ -33,8 +33,9 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from api.errors import QuotaExceeded, Unavailable
-from api.kube import DATABASES, metadata
+from api.kube import DATABASES
 from domain.constants import LABEL_CONSUMER
+from domain.metadata import ListPage
 from domain.naming import label_value, quota_ledger_name
 from domain.objects import Obj
 from domain.quota import (
@@ -304,15 +305,16 @@ class QuotaLedgers:
         query = [("labelSelector", f"{LABEL_CONSUMER}={label_value(consumer)}"), ("limit", str(LIST_PAGE))]
         token = None
         while True:
-            page = self.rest.list(
+            answer = self.rest.list(
                 DATABASES, self.namespace, query=query + ([("continue", token)] if token else []),
                 timeout=self.request_timeout,
             )
-            for db in page.get("items") or ():
+            page = ListPage.of(answer)
+            for db in page.items:
                 external_id = database_external_id(db)
                 if external_id and database_consumer_name(db) == consumer and counts_against_quota(db):
                     alive.add(external_id)
-            token = metadata(page).get("continue")
+            token = page.continue_token
             if not token:
                 break
         return set(external_ids) - alive

@@ -8,9 +8,10 @@ from typing import Any
 import falcon
 
 from api.errors import PayloadTooLarge, Unavailable
-from api.models import database_view, parse_create_body, parse_rotate_body, read_database
+from api.models import database_view, parse_create_body, parse_rotate_body
 from api.store import DatabaseStore
 from domain.config import InstallConfig
+from domain.objects import DatabaseObject
 
 NO_STORE = "no-store"
 DRAIN_FACTOR = 4
@@ -59,8 +60,7 @@ class DatabaseCollection:
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         consumer = req.context.consumer
-        databases = [db for obj in self.store.list(consumer) if (db := read_database(obj)) is not None]
-        resp.media = {"items": [database_view(db, self.config) for db in databases]}
+        resp.media = {"items": [database_view(db, self.config) for db in self.store.list(consumer)]}
         resp.cache_control = [NO_STORE]
 
 
@@ -72,10 +72,7 @@ class _DatabaseAction:
         self.store = store
         self.max_body_bytes = max_body_bytes
 
-    def _answer(self, resp: falcon.Response, obj: dict[str, Any], status: str = falcon.HTTP_200) -> None:
-        db = read_database(obj)
-        if db is None:  # the store hands out only the consumer's own databases, whose spec validates
-            raise ValueError("a Database whose spec does not validate has no view")
+    def _answer(self, resp: falcon.Response, db: DatabaseObject, status: str = falcon.HTTP_200) -> None:
         resp.status = status
         resp.media = database_view(db, self.config)
         resp.cache_control = [NO_STORE]

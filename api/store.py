@@ -48,8 +48,8 @@ from api.errors import (
     Unauthorized,
     Unavailable,
 )
-from api.kube import CONSUMERS, DATABASES, SECRETS, metadata, object_annotations
-from api.models import CreateDatabase, Credentials, database_spec, database_status, is_delete_requested, is_ready
+from api.kube import CONSUMERS, DATABASES, SECRETS
+from api.models import CreateDatabase, Credentials, is_delete_requested, is_ready, read_database
 from api.quota import QuotaLedgers
 from domain.config import InstallConfig
 from domain.constants import (
@@ -71,16 +71,17 @@ from domain.credentials import (
     names_tenant,
     password_pending,
 )
+from domain.metadata import object_name
 from domain.naming import credentials_secret_name, database_object_name, label_value, validate_external_id
-from domain.objects import Obj
+from domain.objects import DatabaseObject, Obj
 from domain.resources import BY_CONSUMER, database_consumer
 from domain.specs import DatabaseSpec, database_consumer_name, database_external_id, parse_consumer
 from domain.timefmt import format_micro_time
 from informers import Informer, Resource, Rest, SharedInformers
+from informers.informer import resource_version_of
 
 log = logging.getLogger(__name__)
 
-INDEX_BY_CONSUMER = BY_CONSUMER  # the index the Consumer controller reads too (one index on the shared informer)
 PENDING_TTL_SECONDS = 300.0
 # How long this replica's own annotation write (a delete or rotate request) is shown in place of a cache
 # that does not show it yet: the watch event normally comes within milliseconds; the bound only matters
@@ -97,11 +98,16 @@ READ_BUDGET = 5.0
 Clock = Callable[[], datetime]
 
 
-databases_by_consumer = database_consumer  # domain.resources: the index function, written once
-
-
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def _written(obj: Obj) -> DatabaseObject:
+    """A Database the apiserver just wrote for the consumer, parsed (its spec is ours, and immutable)."""
+    db = read_database(obj)
+    if db is None:
+        raise ValueError("the apiserver answered a write with a Database whose spec does not validate")
+    return db
 
 
 @dataclass(frozen=True)
@@ -158,7 +164,7 @@ class DatabaseStore:
         self._pending: dict[str, dict[str, _Pending]] = {}  # consumer -> object name -> pending create
         # object name -> this replica's last annotation write, until the cache shows it: a PUT right after
         # this replica's DELETE answers 409 database_deleting, not 200 from a cache a few ms behind.
-        self._written: dict[str, _Pending] = {}
+        self._own_writes: dict[str, _Pending] = {}
         self.quota = QuotaLedgers(
             rest,
             self.namespace,
@@ -168,7 +174,8 @@ class DatabaseStore:
             request_timeout=request_budget,  # each ledger request, as each of a write's: a silent apiserver is 503
             **(quota_options or {}),
         )
-        databases.add_index(INDEX_BY_CONSUMER, databases_by_consumer)
+        # domain.resources: the index the Consumer controller reads too (one index on the shared informer)
+        databases.add_index(BY_CONSUMER, database_consumer)
         databases.add_handler(self._on_database, replay=False)
 
     @classmethod
@@ -195,61 +202,60 @@ class DatabaseStore:
 
     # -- reads -----------------------------------------------------------------------------------
 
-    def get(self, consumer: str, external_id: str) -> Obj:
+    def get(self, consumer: str, external_id: str) -> DatabaseObject:
         """The consumer's database, or NotFound (also for another consumer's database)."""
         name = self._object_name(consumer, external_id)
         obj = self._cached(consumer, name)
         if obj is None:
             obj = self._get_live(name, self._budget(self.read_budget))
-        if obj is None or not self._is_mine(obj, consumer, external_id):
+        db = self._mine(obj, consumer, external_id)
+        if db is None:
             raise NotFound()
-        return obj
+        return db
 
-    def list(self, consumer: str) -> list[Obj]:
-        """The consumer's databases, ordered by externalId."""
-        found = {metadata(db).get("name"): db for db in self.databases.by_index(INDEX_BY_CONSUMER, consumer)}
+    def list(self, consumer: str) -> list[DatabaseObject]:
+        """The consumer's databases, ordered by externalId: each object parsed once."""
+        parsed = (read_database(obj) for obj in self.databases.by_index(BY_CONSUMER, consumer))
+        found = {db.name: db for db in parsed if db is not None}
         for name, pending in self._pending_of(consumer).items():
-            found.setdefault(name, pending.obj)
-        mine = [
-            (db_spec.external_id, db)
-            for db in found.values()
-            if (db_spec := database_spec(db)) is not None and db_spec.consumer == consumer
-        ]
-        return [db for _, db in sorted(mine, key=lambda pair: pair[0])]
+            if name not in found and (db := read_database(pending.obj)) is not None:
+                found[name] = db
+        mine = [db for db in found.values() if db.spec.consumer == consumer]
+        return sorted(mine, key=lambda db: db.spec.external_id)
 
     def credentials(self, consumer: str, external_id: str) -> Credentials:
         """The connection details of a Ready database; NotReady before, CredentialsUnavailable if unusable."""
         db = self.get(consumer, external_id)
         if not is_ready(db):
             raise NotReady()
-        name = credentials_secret_name(metadata(db)["name"])
+        name = credentials_secret_name(db.name)
         secret = self.secrets.get(f"{self.namespace}/{name}")
         credentials, problem = self._read_credentials(secret, db)
         if problem is not None:  # the caches may lag writes of the reconciler: ask the apiserver once
             budget = self._budget(self.read_budget)
-            db = self._get_live(metadata(db)["name"], budget) or db
+            db = self._mine(self._get_live(db.name, budget), consumer, external_id) or db
             credentials, problem = self._read_credentials(self._get_live(name, budget, SECRETS), db)
         if problem == PASSWORD_PENDING:
             raise CredentialsUnavailable("a new password is being set; retry in a few seconds")
         if problem is not None or credentials is None:
-            log.warning("credentials of database %s unavailable: %s", metadata(db).get("name"), problem)
+            log.warning("credentials of database %s unavailable: %s", db.name, problem)
             raise CredentialsUnavailable()
         return credentials
 
     # -- writes ----------------------------------------------------------------------------------
 
-    def ensure(self, consumer: str, external_id: str, request: CreateDatabase) -> tuple[Obj, bool]:
+    def ensure(self, consumer: str, external_id: str, request: CreateDatabase) -> tuple[DatabaseObject, bool]:
         """Create the database (True) or return the existing one (False; the request is not applied)."""
         name = self._object_name(consumer, external_id)
         existing = self._cached(consumer, name)
         if existing is not None:
-            return self._existing(existing, consumer, external_id), False
+            return self._existing(existing, name, consumer, external_id), False
         self.config.resolve_connection_limit(request.size_class)  # UnknownSizeClass -> 400
         self._require_apiserver()
         reservation = self.quota.reserve(consumer, external_id)  # QuotaExceeded -> 429
         existing = self._cached(consumer, name)  # created meanwhile by another request of this replica
         if existing is not None:
-            return self._existing(existing, consumer, external_id), False
+            return self._existing(existing, name, consumer, external_id), False
         self.quota.check_deadline(reservation)
         budget = self._budget()
         try:
@@ -264,35 +270,35 @@ class DatabaseStore:
             live = self._get_live(name, budget)  # created meanwhile (another request or replica): the existing one
             if live is None:
                 raise Unavailable("the database is being replaced; try again") from None
-            return self._existing(live, consumer, external_id), False
+            return self._existing(live, name, consumer, external_id), False
         with self._pending_lock:
             self._pending.setdefault(consumer, {})[name] = _Pending(created, time.monotonic())
         log.info("consumer %s created database %s", consumer, name)
-        return created, True
+        return _written(created), True
 
-    def request_deletion(self, consumer: str, external_id: str) -> Obj:
+    def request_deletion(self, consumer: str, external_id: str) -> DatabaseObject:
         """Set the delete annotation (with the request time) unless set; never deletes the object."""
 
-        def decide(db: Obj) -> dict[str, str | None] | None:
-            if ANNOTATION_DELETE_REQUESTED_AT in object_annotations(db):
+        def decide(db: DatabaseObject) -> dict[str, str | None] | None:
+            if ANNOTATION_DELETE_REQUESTED_AT in db.metadata.annotations:
                 return None
             return {ANNOTATION_DELETE_REQUESTED_AT: format_micro_time(self.clock())}
 
         return self._annotate(consumer, external_id, decide)
 
-    def request_rotation(self, consumer: str, external_id: str, end_sessions: bool = False) -> Obj:
+    def request_rotation(self, consumer: str, external_id: str, end_sessions: bool = False) -> DatabaseObject:
         """Set the rotate annotation to the request time (a new value asks the reconciler for a new password).
 
         `end_sessions` also asks the reconciler to end the sessions opened with the old password,
         by naming the same request time in the end-sessions annotation.
         """
 
-        def decide(db: Obj) -> dict[str, str | None] | None:
+        def decide(db: DatabaseObject) -> dict[str, str | None] | None:
             if not is_ready(db):
                 raise NotReady()
             moment = self.clock()
             value = format_micro_time(moment)
-            if value == object_annotations(db).get(ANNOTATION_ROTATE_REQUESTED_AT):  # same microsecond: still new
+            if value == db.metadata.annotations.get(ANNOTATION_ROTATE_REQUESTED_AT):  # same microsecond: still new
                 value = format_micro_time(moment + timedelta(microseconds=1))
             end = value if end_sessions else None  # None removes a flag left by an earlier request
             return {ANNOTATION_ROTATE_REQUESTED_AT: value, ANNOTATION_ROTATE_END_SESSIONS: end}
@@ -306,15 +312,18 @@ class DatabaseStore:
         return database_object_name(consumer, external_id)
 
     @staticmethod
-    def _is_mine(db: Obj, consumer: str, external_id: str) -> bool:
-        db_spec = database_spec(db)
-        return db_spec is not None and db_spec.consumer == consumer and db_spec.external_id == external_id
+    def _mine(obj: Obj | None, consumer: str, external_id: str) -> DatabaseObject | None:
+        """The object parsed, if it is the consumer's database (its spec validates and names both)."""
+        db = read_database(obj) if obj is not None else None
+        if db is None or db.spec.consumer != consumer or db.spec.external_id != external_id:
+            return None
+        return db
 
     def _cached(self, consumer: str, name: str) -> Obj | None:
         obj = self.databases.get(f"{self.namespace}/{name}")
-        written = self._written_after(name, obj)
-        if written is not None:
-            return written
+        own = self._own_write_after(name, obj)
+        if own is not None:
+            return own
         if obj is not None:
             return obj
         pending = self._pending_of(consumer).get(name)
@@ -333,10 +342,12 @@ class DatabaseStore:
                 return None
             raise
 
-    def _existing(self, db: Obj, consumer: str, external_id: str) -> Obj:
-        if not self._is_mine(db, consumer, external_id):
+    def _existing(self, obj: Obj, name: str, consumer: str, external_id: str) -> DatabaseObject:
+        """The object at the database's name, parsed: the consumer's own (else 503), not going away (else 409)."""
+        db = self._mine(obj, consumer, external_id)
+        if db is None:
             # Only a hand-made object can take the name of another consumer's database.
-            log.error("Database %s exists but does not belong to consumer %s", metadata(db).get("name"), consumer)
+            log.error("Database %s exists but does not belong to consumer %s", name, consumer)
             raise Unavailable("this database cannot be created; contact the provider's operators")
         if is_delete_requested(db):
             raise DatabaseDeleting()
@@ -373,7 +384,7 @@ class DatabaseStore:
         """The consumer's databases in this replica's cache, by externalId (what the quota counts besides
         its ledger)."""
         found = {}
-        for db in self.databases.by_index(INDEX_BY_CONSUMER, consumer):
+        for db in self.databases.by_index(BY_CONSUMER, consumer):
             external_id = database_external_id(db)
             if external_id is not None:
                 found[external_id] = db
@@ -393,15 +404,15 @@ class DatabaseStore:
                 return {}
             return dict(entries)
 
-    def _written_after(self, name: str, cached: Obj | None) -> Obj | None:
+    def _own_write_after(self, name: str, cached: Obj | None) -> Obj | None:
         """This replica's last annotation write of `name` while the cache does not show it yet, else None."""
         with self._pending_lock:
-            entry = self._written.get(name)
+            entry = self._own_writes.get(name)
             if entry is None:
                 return None
             shown = cached is not None and self._same_version(cached, entry.obj)
             if shown or entry.since < time.monotonic() - WRITTEN_TTL_SECONDS:
-                del self._written[name]
+                del self._own_writes[name]
                 return None
             return entry.obj
 
@@ -413,11 +424,11 @@ class DatabaseStore:
         obj = new if new is not None else old
         if obj is None:
             return
-        consumer, name = database_consumer_name(obj), metadata(obj).get("name")
+        consumer, name = database_consumer_name(obj), object_name(obj)
         with self._pending_lock:
-            written = self._written.get(name or "")
-            if written is not None and (new is None or self._same_version(new, written.obj)):
-                del self._written[name or ""]
+            own = self._own_writes.get(name or "")
+            if own is not None and (new is None or self._same_version(new, own.obj)):
+                del self._own_writes[name or ""]
         if consumer is None:
             return
         with self._pending_lock:
@@ -427,19 +438,21 @@ class DatabaseStore:
                 if not entries:
                     del self._pending[consumer]
 
-    def _annotate(self, consumer: str, external_id: str, decide: Callable[[Obj], dict[str, str | None] | None]) -> Obj:
+    def _annotate(
+        self, consumer: str, external_id: str, decide: Callable[[DatabaseObject], dict[str, str | None] | None]
+    ) -> DatabaseObject:
         """Set (None: remove) annotations on the consumer's database from a fresh read; retried on write conflicts."""
         name = self._object_name(consumer, external_id)
         self._require_apiserver()
         budget = self._budget()
         for _ in range(ANNOTATE_ATTEMPTS):
-            db = self._get_live(name, budget)
-            if db is None or not self._is_mine(db, consumer, external_id):
+            db = self._mine(self._get_live(name, budget), consumer, external_id)
+            if db is None:
                 raise NotFound()
             values = decide(db)
             if values is None:
                 return db
-            patch = {"metadata": {"resourceVersion": metadata(db).get("resourceVersion"), "annotations": values}}
+            patch = {"metadata": {"resourceVersion": db.metadata.resource_version, "annotations": values}}
             try:
                 patched = self.rest.patch(DATABASES, name, patch, self.namespace, timeout=budget.left())
             except ApiException as exc:
@@ -449,26 +462,26 @@ class DatabaseStore:
                     raise
                 continue
             with self._pending_lock:
-                self._written[name] = _Pending(patched, time.monotonic())
-            self._written_after(name, self.databases.get(f"{self.namespace}/{name}"))  # its event may be in already
-            return patched
+                self._own_writes[name] = _Pending(patched, time.monotonic())
+            self._own_write_after(name, self.databases.get(f"{self.namespace}/{name}"))  # its event may be in already
+            return _written(patched)
         raise Unavailable("the database is changing too often; try again")
 
     @staticmethod
     def _same_version(one: Obj, other: Obj) -> bool:
-        return metadata(one).get("resourceVersion") == metadata(other).get("resourceVersion")
+        return resource_version_of(one) == resource_version_of(other)
 
-    def _read_credentials(self, secret: Obj | None, db: Obj) -> tuple[Credentials | None, str | None]:
+    def _read_credentials(self, secret: Obj | None, db: DatabaseObject) -> tuple[Credentials | None, str | None]:
         """(credentials, None) if the Secret is present, owned by the Database and consistent; else a reason."""
         if secret is None:
             return None, "the credentials Secret is missing"
-        if not is_controlled_by(secret, metadata(db).get("uid")):
+        if not is_controlled_by(secret, db.metadata.uid):
             return None, "the credentials Secret is not controlled by the Database"
         values = decode_secret_data(secret)
         key = missing_key(values)
         if key is not None:
             return None, f"the credentials Secret lacks key {key}"
-        db_status = database_status(db)
+        db_status = db.status
         if password_pending(secret, db_status.password_applied):
             return None, PASSWORD_PENDING  # not on the role yet: the old password still works
         tenant = db_status.tenant_name

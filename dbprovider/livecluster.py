@@ -13,6 +13,8 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config import ConfigException
 from urllib3.exceptions import HTTPError
 
+from domain.objects import lenient_status
+from domain.status import ShardStatus
 from informers import Rest
 from reconciler.resources import SHARDS
 
@@ -34,8 +36,8 @@ def placed_databases(kubeconfig: str, shard_names: Iterable[str]) -> dict[str, i
                     if exc.status == 404:
                         continue  # a new Shard: nothing placed yet
                     raise LiveClusterError(f"reading Shard {name} failed with HTTP {exc.status}") from None
-                count = (shard.get("status") or {}).get("databaseCount")
-                if isinstance(count, int):
+                count = lenient_status(ShardStatus, shard).database_count
+                if count is not None:
                     counts[name] = count
     except (ConfigException, HTTPError, OSError, ValueError, TypeError) as exc:
         raise LiveClusterError(f"cannot read the cluster: {type(exc).__name__}") from None

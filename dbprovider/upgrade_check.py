@@ -19,12 +19,16 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from pydantic import ValidationError
+
 from dbprovider.clitools import EXIT_FINDINGS, EXIT_INVALID, EXIT_OK
 from dbprovider.upgrade_facts import LiveInstall, LiveInstallError, read_live_install
 from domain.admin_access import tls_refusal
+from domain.conditions import READY, Condition, object_conditions
 from domain.config import DEFAULT_NAMESPACE, DEFAULT_RELEASE_NAME
 from domain.connection_budget import Commitments, budget, provider_sessions
 from domain.constants import SERVED_VERSIONS, Phase, ShardReason
+from domain.metadata import ObjectMeta
 from domain.settings import SETTINGS
 from domain.version import UPGRADES_FROM, __version__, parse_version
 from reconciler.sql.errors import INSECURE_AUTH_REFUSED
@@ -79,10 +83,10 @@ def _install_config(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
 
 def _stored_versions(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
     for crd in live.crds.values():
-        stored = (crd.get("status") or {}).get("storedVersions") or []
+        stored = (crd.get("status") or {}).get("storedVersions") or []  # a CRD's: apiextensions, no model of ours
         for version in stored:
             if version not in SERVED_VERSIONS:
-                yield ERROR, f"CustomResourceDefinition/{crd['metadata']['name']}", (
+                yield ERROR, f"CustomResourceDefinition/{ObjectMeta.of(crd).name}", (
                     f"objects are stored as {version}, which this release does not serve: its CRD cannot be "
                     "applied until they are migrated (docs/upgrade.md, \"CRD versions\")"
                 )
@@ -145,12 +149,22 @@ def _connection_budget(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
             )
 
 
+def _insecure_auth_reported(shard: dict[str, Any]) -> bool:
+    """The Shard's Ready condition says the server offers no SCRAM. Each condition is parsed alone, so a
+    status field (or another condition) the running release wrote and this one would refuse hides nothing."""
+    for raw in object_conditions(shard):
+        try:
+            condition = Condition.model_validate(raw)
+        except ValidationError:
+            continue
+        if condition.type == READY:
+            return condition.reason == ShardReason.ADMIN_AUTH_FAILED and INSECURE_AUTH_REFUSED in condition.message
+    return False
+
+
 def _admin_scram(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
     for name in sorted(live.shards):
-        conditions = (live.shards[name].get("status") or {}).get("conditions") or []
-        ready: dict[str, Any] = next((c for c in conditions if c.get("type") == "Ready"), {})
-        message = ready.get("message", "")
-        seen = ready.get("reason") == ShardReason.ADMIN_AUTH_FAILED and INSECURE_AUTH_REFUSED in message
+        seen = _insecure_auth_reported(live.shards[name])
         sql = (live.shard_sql or {}).get(name)
         if seen or (sql is not None and sql.error_class == INSECURE_AUTH_REFUSED):
             yield ERROR, f"Shard/{name}", (

@@ -23,6 +23,8 @@ from urllib3.exceptions import HTTPError
 from domain.config import ConfigError, InstallConfig, load_install_config
 from domain.connection_budget import ServerSlots
 from domain.constants import Phase
+from domain.metadata import ListPage, ObjectMeta, object_label
+from domain.objects import lenient_status
 from domain.settings import SETTINGS
 from domain.specs import ShardSpec, parse_database, parse_shard
 from domain.status import DatabaseStatus
@@ -100,7 +102,7 @@ class LiveInstall:
         """The release the Deployment runs (its label; 0.1.0 set none)."""
         if self.deployment is None:
             return None
-        return (self.deployment["metadata"].get("labels") or {}).get(VERSION_LABEL)
+        return object_label(self.deployment, VERSION_LABEL)
 
     def shard_spec(self, name: str) -> ShardSpec | None:
         try:
@@ -150,9 +152,11 @@ def _read(rest: Rest, namespace: str, release: str, config_file: str | None) -> 
         crd = _get(rest, f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{plural}.{CRD_GROUP}")
         if crd is not None:
             crds[plural] = crd
-    shards = {o["metadata"]["name"]: o for o in rest.list(SHARDS)["items"]} if "shards" in crds else {}
-    consumers = {o["metadata"]["name"]: o for o in rest.list(CONSUMERS)["items"]} if "consumers" in crds else {}
-    databases = [_database(o) for o in rest.list(DATABASES, namespace)["items"]] if "databases" in crds else []
+    shards = _by_name(rest.list(SHARDS)) if "shards" in crds else {}
+    consumers = _by_name(rest.list(CONSUMERS)) if "consumers" in crds else {}
+    databases = []
+    if "databases" in crds:
+        databases = [_database(obj) for obj in ListPage.of(rest.list(DATABASES, namespace)).items]
     return LiveInstall(namespace, release, config, problems, source, deployment, shards, consumers, databases, crds)
 
 
@@ -182,25 +186,28 @@ def _config(
         return None, list(exc.problems), source
 
 
+def _by_name(answer: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The objects of a LIST answer by name (parsed by whoever reads one: a bad one is still shown)."""
+    return {ObjectMeta.of(obj).name: obj for obj in ListPage.of(answer).items}
+
+
 def _database(obj: dict[str, Any]) -> DatabaseFact:
-    meta = obj["metadata"]
+    """What the checks need of a Database, read leniently: an invalid spec or status still shows."""
+    meta = ObjectMeta.of(obj)
     try:
         consumer = parse_database(obj).consumer
     except ValidationError:
         consumer = ""
-    try:
-        status = DatabaseStatus.model_validate(obj.get("status") or {})
-    except ValidationError:
-        status = DatabaseStatus()
+    status = lenient_status(DatabaseStatus, obj)
     return DatabaseFact(
-        name=meta["name"],
-        uid=meta["uid"],
+        name=meta.name,
+        uid=meta.uid or "",
         consumer=consumer,
         phase=status.phase.value if status.phase else None,
         shard=status.shard,
         tenant=status.tenant_name,
         connection_limit=status.applied_connection_limit,
-        held=bool(meta.get("deletionTimestamp")),
+        held=meta.deleting,
     )
 
 

@@ -56,6 +56,14 @@ def secret_data_bytes(secret: Mapping[str, Any], key: str) -> bytes | None:
     return decode_secret_value(data.get(key)) if isinstance(data, Mapping) else None
 
 
+def secret_data_values(secret: Mapping[str, Any]) -> dict[str, bytes]:
+    """Every key of a Secret's data, decoded; a value that is not base64 is left out."""
+    data = secret.get("data")
+    if not isinstance(data, Mapping):
+        return {}
+    return {key: value for key, raw in data.items() if (value := decode_secret_value(raw)) is not None}
+
+
 def decode_secret_data(secret: Mapping[str, Any]) -> dict[str, str]:
     """Every key of a Secret's data as text; a value that is not base64 UTF-8 reads as "" (unusable)."""
     data = secret.get("data")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, Self
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr
 
@@ -41,6 +42,12 @@ class ObjectMeta(SpecModel):
     annotations: dict[str, str] = Field(default_factory=dict)
     finalizers: tuple[str, ...] = ()
     owner_references: tuple[OwnerReference, ...] = ()
+
+    @classmethod
+    def of(cls, obj: Mapping[str, Any]) -> Self:
+        """The metadata of a whole object (a Secret, a Deployment: kinds not modelled whole); ValidationError
+        if it has none (the apiserver always sends one)."""
+        return cls.model_validate(obj.get("metadata"))
 
     @property
     def key(self) -> str:
@@ -82,3 +89,50 @@ class Identity:
 
 def _text(value: object) -> str:
     return value if isinstance(value, str) else ""
+
+
+# -- cheap accessors ---------------------------------------------------------------------------------
+# For code that runs on every event of every object, or per object of a large list, where parsing the
+# whole ObjectMeta would be the cost: each reads one field, typed, without validating the rest.
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def object_name(obj: Mapping[str, Any]) -> str | None:
+    """`metadata.name` of an object; None unless a non-empty string (also for what did not parse)."""
+    name = _meta(obj).get("name")
+    return name if isinstance(name, str) and name else None
+
+
+def object_annotation(obj: Mapping[str, Any], key: str) -> str | None:
+    """One annotation of an object; None if it is not set (or the annotations are malformed)."""
+    return _entry(obj, "annotations", key)
+
+
+def object_label(obj: Mapping[str, Any], key: str) -> str | None:
+    """One label of an object; None if it is not set (or the labels are malformed)."""
+    return _entry(obj, "labels", key)
+
+
+def _entry(obj: Mapping[str, Any], field: str, key: str) -> str | None:
+    entries = _meta(obj).get(field)
+    value = entries.get(key) if isinstance(entries, Mapping) else None
+    return value if isinstance(value, str) else None
+
+
+@dataclass(frozen=True)
+class ListPage:
+    """One page of a LIST answer: its items (raw objects, parsed by whoever reads them) and the token of
+    the next page (None on the last)."""
+
+    items: list[dict[str, Any]]
+    continue_token: str | None
+
+    @classmethod
+    def of(cls, answer: Mapping[str, Any]) -> ListPage:
+        items = answer.get("items")
+        token = _meta(answer).get("continue")
+        return cls(items if isinstance(items, list) else [], token if isinstance(token, str) and token else None)

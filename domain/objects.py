@@ -216,3 +216,46 @@ class ConsumerObject(KubeObject[ConsumerSpec, ConsumerStatus]):
 
 class DatabaseObject(KubeObject[DatabaseSpec, DatabaseStatus]):
     status: DatabaseStatus = Field(default_factory=DatabaseStatus)
+
+
+# -- cheap accessors and lenient reads -------------------------------------------------------------
+# Cheap: for paths that run per request or per object of a large cache, where a whole parse would be
+# the cost; each reads one field by its model's alias, typed, without validating the rest.
+
+_DISABLED_KEY = ConsumerSpec.model_fields["disabled"].alias or "disabled"
+_SHARD_KEY = DatabaseStatus.model_fields["shard"].alias or "shard"
+_TENANT_KEY = DatabaseStatus.model_fields["tenant_name"].alias or "tenantName"
+
+
+def consumer_disabled(obj: Mapping[str, Any]) -> bool:
+    """`spec.disabled` of a Consumer object is true (authentication re-checks it on every request)."""
+    spec = obj.get("spec")
+    return isinstance(spec, Mapping) and spec.get(_DISABLED_KEY) is True
+
+
+def database_placement(obj: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """(`status.shard`, `status.tenantName`) of a Database object, each None unless a non-empty string."""
+    status = obj.get("status")
+    if not isinstance(status, Mapping):
+        return None, None
+    return _nonempty(status.get(_SHARD_KEY)), _nonempty(status.get(_TENANT_KEY))
+
+
+def lenient_status(model: type[StatusT], obj: Mapping[str, Any]) -> StatusT:
+    """The typed status of an object, for readers that must show an object whatever its status says (the
+    CLI's reports): a field that does not validate reads as unset, the others as stored (one field this
+    release would refuse hides nothing else); a missing or malformed status is an empty one."""
+    stored = obj.get("status")
+    status: Mapping[str, Any] = stored if isinstance(stored, Mapping) else {}
+    try:
+        return model.model_validate(status)
+    except ValidationError as exc:
+        refused = {error["loc"][0] for error in exc.errors() if error["loc"]}
+    try:
+        return model.model_validate({key: value for key, value in status.items() if key not in refused})
+    except ValidationError:  # a rule across fields: nothing of it is trusted
+        return model.model_validate({})
+
+
+def _nonempty(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None

@@ -27,6 +27,7 @@ from domain.constants import (
     PLURAL_SHARDS,
     VERSION,
 )
+from domain.objects import database_placement
 from domain.specs import database_consumer_name
 
 __all__ = [
@@ -86,9 +87,8 @@ BY_CONSUMER = "databases-by-consumer"
 
 def database_shard(db: Mapping[str, Any]) -> list[str]:
     """Index function: the shard a Database is placed on (`status.shard`), if any."""
-    status = db.get("status")
-    shard = status.get("shard") if isinstance(status, Mapping) else None
-    return [shard] if isinstance(shard, str) and shard else []
+    shard, _ = database_placement(db)
+    return [shard] if shard else []
 
 
 def database_consumer(db: Mapping[str, Any]) -> list[str]:

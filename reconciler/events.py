@@ -20,6 +20,7 @@ import threading
 import zlib
 from typing import Any
 
+from domain.metadata import Identity, ObjectMeta
 from informers import EVENTS, Rest
 from reconciler.runtime.status import now_rfc3339
 
@@ -50,9 +51,11 @@ class EventRecorder:
 
     def record(self, obj: dict[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
         """Queue an Event about `obj` (returns at once)."""
-        event = self._event(obj, reason, message, warning)
-        meta = obj["metadata"]
-        lane = zlib.crc32(f"{meta['namespace']}/{meta['name']}".encode()) % len(self._queues)
+        meta = ObjectMeta.of(obj)
+        if meta.namespace is None:
+            raise ValueError(f"an Event is about a namespaced object, not {meta.name}")
+        event = self._event(obj, meta, meta.namespace, reason, message, warning)
+        lane = zlib.crc32(meta.key.encode()) % len(self._queues)
         with self._lock:
             if self._closed:
                 log.warning("event not recorded", extra={"reason": reason, "error": "RecorderClosed"})
@@ -109,20 +112,22 @@ class EventRecorder:
             except Exception as exc:  # noqa: BLE001 - events are best effort
                 log.warning("event not recorded", extra={"reason": event["reason"], "error": type(exc).__name__})
 
-    def _event(self, obj: dict[str, Any], reason: str, message: str, warning: bool) -> dict[str, Any]:
-        meta = obj["metadata"]
+    def _event(
+        self, obj: dict[str, Any], meta: ObjectMeta, namespace: str, reason: str, message: str, warning: bool
+    ) -> dict[str, Any]:
+        identity = Identity.of(obj)  # apiVersion and kind: "" where absent, sent as null as before
         now = now_rfc3339()
         return {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": f"{meta['name']}.{secrets.token_hex(8)}", "namespace": meta["namespace"]},
+            "metadata": {"name": f"{meta.name}.{secrets.token_hex(8)}", "namespace": namespace},
             "involvedObject": {
-                "apiVersion": obj.get("apiVersion"),
-                "kind": obj.get("kind"),
-                "name": meta["name"],
-                "namespace": meta["namespace"],
-                "uid": meta.get("uid"),
-                "resourceVersion": meta.get("resourceVersion"),
+                "apiVersion": identity.api_version or None,
+                "kind": identity.kind or None,
+                "name": meta.name,
+                "namespace": namespace,
+                "uid": meta.uid,
+                "resourceVersion": meta.resource_version,
             },
             "reason": reason,
             "message": message[:1024],

@@ -37,11 +37,13 @@ from domain.constants import (
     DatabaseReason,
     Phase,
 )
+from domain.metadata import object_annotation
+from domain.objects import database_placement
 from domain.validation import format_validation_error
 from informers import Informer, Rest
 from reconciler.admin import AdminEndpointCache, AdminPolicy, AdminSessions
 from reconciler.database.deletion import Deletion
-from reconciler.database.finalizers import Finalizers, finalizers
+from reconciler.database.finalizers import Finalizers
 from reconciler.database.login import LoginCheck
 from reconciler.database.ownership import OwnershipConfirmation
 from reconciler.database.placement import Placer
@@ -114,10 +116,10 @@ class DatabaseController:
         db = self.databases.get(key)
         if db is None:
             return UNPLACED
-        shard = (db.get("status") or {}).get("shard")
+        shard, _ = database_placement(db)
         if shard:
-            return str(shard)
-        restore = (db["metadata"].get("annotations") or {}).get(ANNOTATION_RESTORE_TENANT, "")
+            return shard
+        restore = object_annotation(db, ANNOTATION_RESTORE_TENANT) or ""
         return restore.partition("/")[0] or UNPLACED
 
     def reconcile(self, key: str) -> Result | None:
@@ -138,10 +140,10 @@ class DatabaseController:
             database = Database.read(db)
         except ValidationError as exc:  # the CRD schema is generated from the same models: a bug
             raise TerminalError(INVALID_OBJECT, format_validation_error(exc)) from None
-        k8s_deleting = bool(database.meta.get("deletionTimestamp"))
+        k8s_deleting = database.deleting
         delete_requested = ANNOTATION_DELETE_REQUESTED_AT in database.annotations
 
-        if FINALIZER_TENANT not in finalizers(database):
+        if FINALIZER_TENANT not in database.finalizers:
             if k8s_deleting:
                 return None  # nothing of ours is left on it
             if not self.finalizers.add(database):

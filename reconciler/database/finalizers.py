@@ -18,10 +18,6 @@ from reconciler.resources import DATABASES
 log = logging.getLogger(__name__)
 
 
-def finalizers(database: Database) -> list[str]:
-    return list(database.meta.get("finalizers") or [])
-
-
 @dataclass
 class Finalizers:
     """Adds the tenant finalizer first, removes it last."""
@@ -32,7 +28,7 @@ class Finalizers:
 
     def add(self, database: Database) -> bool:
         """Add the tenant finalizer; False when the object is gone already."""
-        if not self.writes.metadata(database, {"finalizers": [*finalizers(database), FINALIZER_TENANT]}):
+        if not self.writes.metadata(database, {"finalizers": [*database.finalizers, FINALIZER_TENANT]}):
             return False
         database.load(database.db)
         return True
@@ -41,10 +37,10 @@ class Finalizers:
         """Remove the credentials Secret and the object itself (no garbage collector is relied on)."""
         self.secrets.delete(database)
         if not self.writes.metadata(
-            database, {"finalizers": [f for f in finalizers(database) if f != FINALIZER_TENANT]}
+            database, {"finalizers": [f for f in database.finalizers if f != FINALIZER_TENANT]}
         ):
             return  # deleted meanwhile: the delete is done
-        if not database.meta.get("deletionTimestamp"):
+        if not database.deleting:
             try:
                 self.rest.delete(DATABASES, database.name, database.namespace)
             except ApiException as exc:

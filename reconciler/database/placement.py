@@ -11,13 +11,14 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
-from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
 from domain.config import InstallConfig, UnknownSizeClass
 from domain.constants import ANNOTATION_RESTORE_TENANT, DatabaseReason, EventReason, Phase
+from domain.metadata import ListPage, ObjectMeta
 from domain.naming import PG_IDENTIFIER_RE, tenant_name
+from domain.objects import database_placement
 from domain.settings import SETTINGS
 from informers import Informer, Rest
 from reconciler.database.report import Reporter
@@ -30,6 +31,9 @@ from reconciler.runtime import ControllerStopping, ReconcileError, Result
 from reconciler.sql import errors as sqlerrors
 from reconciler.sql.errors import SqlFailure
 from reconciler.sql.tenant import OwnerRecord, claim_tenant
+
+# Databases read live for a restore claim: each one's metadata and (status.shard, status.tenantName).
+_Live = list[tuple[ObjectMeta, tuple[str | None, str | None]]]
 
 log = logging.getLogger(__name__)
 
@@ -139,22 +143,18 @@ class Placer:
         exists (read live, under the shard-side lock of `claim_tenant`).
         """
 
-        def holder(items: list[dict[str, Any]]) -> str | None:
-            for other in items:
-                status = other.get("status") or {}
-                if other["metadata"]["uid"] != database.uid and (status.get("shard"), status.get("tenantName")) == (
-                    shard_name,
-                    tenant,
-                ):
-                    return str(other["metadata"]["name"])
-            return None
+        def live() -> _Live:
+            """The namespace's Databases read live: the metadata and (shard, tenant) of each."""
+            items = ListPage.of(self.rest.list(DATABASES, database.namespace)).items
+            return [(ObjectMeta.of(obj), database_placement(obj)) for obj in items]
 
-        def live() -> list[dict[str, Any]]:
-            return self.rest.list(DATABASES, database.namespace).get("items") or []
+        def holder(items: _Live) -> str | None:
+            wanted = (shard_name, tenant)
+            return next((meta.name for meta, placed in items if meta.uid != database.uid and placed == wanted), None)
 
         def released(record: OwnerRecord) -> bool:
             items = live()
-            return holder(items) is None and all(o["metadata"]["uid"] != record.database_uid for o in items)
+            return holder(items) is None and all(meta.uid != record.database_uid for meta, _ in items)
 
         other = holder(live())
         if other is not None:

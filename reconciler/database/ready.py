@@ -102,7 +102,7 @@ class ReadyPath:
         if work.rotate_requested and not work.pending:
             ensure_active()
             patch = conditional(password_patch(new_password()), secret)
-            secret = self.rest.patch(SECRETS, secret["metadata"]["name"], patch, database.namespace)
+            secret = self.rest.patch(SECRETS, credentials.secret_name(database), patch, database.namespace)
         if work.pending or work.rotate_requested:
             self._rotate(database, shard, secret, work)
         if work.resize:

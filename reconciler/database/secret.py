@@ -20,6 +20,7 @@ from domain.credentials import (
     password_id,
     secret_values,
 )
+from domain.metadata import ObjectMeta
 from domain.naming import credentials_secret_name
 from informers import SECRETS, Informer, Rest
 from reconciler.database.report import Reporter
@@ -89,9 +90,7 @@ class CredentialsSecrets:
         patch = endpoint_patch(secret, endpoint)
         if patch is not None:
             ensure_active()
-            secret = self.rest.patch(
-                SECRETS, secret["metadata"]["name"], conditional(patch, secret), database.namespace
-            )
+            secret = self.rest.patch(SECRETS, secret_name(database), conditional(patch, secret), database.namespace)
         return secret
 
     def _uncached(self, database: Database, tenant: str) -> tuple[Secret, SecretState]:
@@ -103,17 +102,16 @@ class CredentialsSecrets:
         secret = self.rest.get(SECRETS, secret_name(database), database.namespace)
         state = classify_secret(secret, database.uid, tenant)
         labels = credentials_labels(database.db)
-        if state is SecretState.OURS and any(
-            (secret["metadata"].get("labels") or {}).get(k) != v for k, v in labels.items()
-        ):
+        have = ObjectMeta.of(secret).labels
+        if state is SecretState.OURS and any(have.get(k) != v for k, v in labels.items()):
             ensure_active()
-            patch = {"metadata": {"labels": labels, "resourceVersion": secret["metadata"]["resourceVersion"]}}
-            secret = self.rest.patch(SECRETS, secret["metadata"]["name"], patch, database.namespace)
+            patch = conditional({"metadata": {"labels": labels}}, secret)
+            secret = self.rest.patch(SECRETS, secret_name(database), patch, database.namespace)
         return secret, state
 
     def reread(self, database: Database, secret: Secret) -> Secret:
         """The Secret from the apiserver (before SQL that must run once: the cache may lag our writes)."""
-        return self.rest.get(SECRETS, secret["metadata"]["name"], database.namespace)
+        return self.rest.get(SECRETS, ObjectMeta.of(secret).name, database.namespace)
 
     def delete(self, database: Database) -> None:
         """Remove the Secret (no garbage collector is relied on); gone already is fine."""

@@ -1,10 +1,10 @@
 """`Database`: one reconcile's working state, the typed spec and the status being built.
 
-The spec and status are parsed once (domain.specs.DatabaseSpec, domain.status.DatabaseStatus) when
-the pass reads the object, the parts change typed fields, and `status_body()` dumps them once for
-the status patch. The dump keeps only the keys that were stored or set by this pass (no default
-values appear out of nowhere) and timestamps in the stored format, so the dump of an unchanged
-status equals what is stored and `update_status` writes nothing.
+The metadata, spec and status are parsed once (domain.metadata.ObjectMeta, domain.specs.DatabaseSpec,
+domain.status.DatabaseStatus) when the pass reads the object, the parts change typed fields, and
+`status_body()` dumps them once for the status patch. The dump keeps only the keys that were stored
+or set by this pass (no default values appear out of nowhere) and timestamps in the stored format,
+so the dump of an unchanged status equals what is stored and `update_status` writes nothing.
 
 Events about a status change the pass makes (a new failure reason, drift) wait in the pass until
 the status write that records the change succeeded (`after_write`, sent by `DatabaseWrites.status`):
@@ -24,6 +24,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from domain.conditions import Condition, condition_is_true, find_condition, with_condition, without_condition
+from domain.metadata import ObjectMeta
+from domain.objects import DatabaseObject
 from domain.specs import DatabaseSpec
 from domain.status import DatabaseStatus
 
@@ -34,23 +36,29 @@ def _now() -> datetime:
 
 @dataclass
 class Database:
-    """The object as last read or written (metadata, for writes), its spec, and the status being built."""
+    """The object as last read or written (for writes), its metadata and spec, and the status being built."""
 
     db: dict[str, Any]
+    meta: ObjectMeta
     spec: DatabaseSpec
     status: DatabaseStatus
     _after_write: list[Callable[[], None]] = field(default_factory=list, repr=False)
 
     @classmethod
     def read(cls, db: dict[str, Any]) -> Database:
-        """Parse spec and status (pydantic ValidationError if the object does not fit the models)."""
-        return cls(db, DatabaseSpec.model_validate(db.get("spec") or {}), _parse_status(db))
+        """Parse metadata, spec and status (pydantic ValidationError if the object does not fit the models)."""
+        parsed = DatabaseObject.parse(db)
+        return cls(db, parsed.metadata, parsed.spec, parsed.status)
 
     def load(self, db: dict[str, Any]) -> None:
         """Continue from `db` (as just written or read live): the status being built starts over from it."""
+        parsed = DatabaseObject.parse(db)
+        self.db, self.meta, self.spec, self.status = db, parsed.metadata, parsed.spec, parsed.status
+
+    def written(self, db: dict[str, Any]) -> None:
+        """`db` is the object now (a metadata write's answer): its metadata; the status being built stays."""
         self.db = db
-        self.spec = DatabaseSpec.model_validate(db.get("spec") or {})
-        self.status = _parse_status(db)
+        self.meta = ObjectMeta.of(db)
 
     def after_write(self, send: Callable[[], None]) -> None:
         """Run `send` (an Event) once the next status write of this pass succeeded; never if it fails."""
@@ -64,17 +72,12 @@ class Database:
     # -- metadata ------------------------------------------------------------------------------------
 
     @property
-    def meta(self) -> dict[str, Any]:
-        meta: dict[str, Any] = self.db["metadata"]
-        return meta
-
-    @property
     def name(self) -> str:
-        return str(self.meta["name"])
+        return self.meta.name
 
     @property
     def namespace(self) -> str:
-        return str(self.meta["namespace"])
+        return _sent(self.meta.namespace, "namespace")
 
     @property
     def key(self) -> str:
@@ -82,15 +85,29 @@ class Database:
 
     @property
     def uid(self) -> str:
-        return str(self.meta["uid"])
+        return _sent(self.meta.uid, "uid")
+
+    @property
+    def resource_version(self) -> str:
+        """What a conditional write of this object names (the apiserver always sends it)."""
+        return _sent(self.meta.resource_version, "resourceVersion")
+
+    @property
+    def deleting(self) -> bool:
+        """Kubernetes deletion was requested (metadata.deletionTimestamp): the object waits for its finalizers."""
+        return self.meta.deleting
+
+    @property
+    def finalizers(self) -> tuple[str, ...]:
+        return self.meta.finalizers
 
     @property
     def generation(self) -> int | None:
-        return self.meta.get("generation")
+        return self.meta.generation
 
     @property
     def annotations(self) -> dict[str, str]:
-        return self.meta.get("annotations") or {}
+        return self.meta.annotations
 
     @property
     def tenant(self) -> str:
@@ -156,5 +173,8 @@ class Database:
 _STATUS_KEYS = frozenset(field.alias or name for name, field in DatabaseStatus.model_fields.items())
 
 
-def _parse_status(db: dict[str, Any]) -> DatabaseStatus:
-    return DatabaseStatus.model_validate(db.get("status") or {})
+def _sent(value: str | None, field: str) -> str:
+    """A metadata field the apiserver sends on every stored Database (never "None" in a name or SQL)."""
+    if value is None:
+        raise ValueError(f"the Database has no metadata.{field}")
+    return value

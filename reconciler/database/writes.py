@@ -19,7 +19,10 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from domain.metadata import ObjectMeta
+from domain.objects import database_placement
 from informers import Rest
+from informers.informer import resource_version_of
 from reconciler.database.state import Database
 from reconciler.resources import DATABASES
 from reconciler.runtime import ensure_active, update_status
@@ -42,8 +45,15 @@ class CacheLags(Exception):
 def conditional(patch: dict[str, Any], obj: dict[str, Any]) -> dict[str, Any]:
     """`patch` applied only to `obj` as read (409 otherwise): a write decided on a stale read, or
     sent late by a replica that was paused mid-request and has lost its Lease since, changes nothing."""
-    metadata = {**patch.get("metadata", {}), "resourceVersion": obj["metadata"]["resourceVersion"]}
+    metadata = {**patch.get("metadata", {}), "resourceVersion": _resource_version(ObjectMeta.of(obj))}
     return {**patch, "metadata": metadata}
+
+
+def _resource_version(meta: ObjectMeta) -> str:
+    """The resourceVersion of an object the apiserver sent (it always has one: a KeyError before, a bug)."""
+    if meta.resource_version is None:
+        raise ValueError(f"{meta.key} has no metadata.resourceVersion")
+    return meta.resource_version
 
 
 @dataclass
@@ -62,7 +72,7 @@ class DatabaseWrites:
         waiting = database.take_after_write()
         if updated is not None:
             database.load(updated)
-            self._wrote(updated)
+            self._wrote(database)
         for send in waiting:
             send()
 
@@ -73,7 +83,7 @@ class DatabaseWrites:
         in flight) must not turn a finished delete into a reconcile error.
         """
         ensure_active()
-        body = {"metadata": {**patch, "resourceVersion": database.meta["resourceVersion"]}}
+        body = {"metadata": {**patch, "resourceVersion": database.resource_version}}
         try:
             patched = self.rest.patch(DATABASES, database.name, body, database.namespace)
         except ApiException as exc:
@@ -82,8 +92,8 @@ class DatabaseWrites:
             self.forget(database.key)
             log.info("database already gone", extra={"database": database.name})
             return False
-        database.db = patched
-        self._wrote(patched)
+        database.written(patched)
+        self._wrote(database)
         return True
 
     def forget(self, key: str) -> None:
@@ -94,15 +104,15 @@ class DatabaseWrites:
         """The shard our last write of `key` placed it on, while the cache may not show that write."""
         return self._placed.get(key)
 
-    def _wrote(self, db: dict[str, Any]) -> None:
-        meta = db["metadata"]
-        key = f"{meta['namespace']}/{meta['name']}"
-        self._written[key] = (meta["resourceVersion"], time.monotonic())
-        shard = (db.get("status") or {}).get("shard")
+    def _wrote(self, database: Database) -> None:
+        """Remember the object just written (`database.db`): its resourceVersion, when, and the shard its
+        stored status names (not the status the pass may still be building)."""
+        self._written[database.key] = (database.resource_version, time.monotonic())
+        shard, _ = database_placement(database.db)
         if shard:
-            self._placed[key] = str(shard)
+            self._placed[database.key] = shard
         else:
-            self._placed.pop(key, None)
+            self._placed.pop(database.key, None)
 
     def caught_up(self, key: str, cached: dict[str, Any]) -> dict[str, Any] | None:
         """The object to reconcile: the cached one once it shows our last write; None if it is gone.
@@ -114,7 +124,7 @@ class DatabaseWrites:
         if written is None:
             return cached
         version, when = written
-        if cached["metadata"].get("resourceVersion") == version:
+        if resource_version_of(cached) == version:
             self.forget(key)
             return cached
         waited = time.monotonic() - when
@@ -128,6 +138,6 @@ class DatabaseWrites:
                 raise
             self.forget(key)
             return None
-        if live["metadata"].get("resourceVersion") != version:
+        if resource_version_of(live) != version:
             self.forget(key)  # written again since (by someone else): the live object rules
         return live

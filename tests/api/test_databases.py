@@ -189,7 +189,7 @@ def test_put_racing_an_existing_object_returns_it(env: ApiEnv) -> None:
     blind = blind_store(env)
     db, created = blind.ensure(consumer.name, "raced", CreateDatabase(size_class="small"))
     assert created is False
-    assert db["spec"]["sizeClass"] == "large"
+    assert db.spec.size_class == "large"
     assert env.count_databases(consumer.name) == 1
 
 
@@ -338,7 +338,7 @@ def test_get_falls_back_to_the_apiserver(env: ApiEnv) -> None:
     blind = blind_store(env)
     db, created = blind.ensure(consumer.name, "elsewhere", CreateDatabase())
     assert created
-    assert blind.get(consumer.name, "elsewhere")["metadata"]["uid"] == db["metadata"]["uid"]
+    assert blind.get(consumer.name, "elsewhere").metadata.uid == db.metadata.uid
 
 
 # -- DELETE ---------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from domain.credentials import (
     password_patch,
     password_pending,
     secret_data_bytes,
+    secret_data_values,
 )
 from domain.specs import ShardSpec
 
@@ -49,6 +50,12 @@ def test_undecodable_values_read_as_empty_and_count_as_missing() -> None:
     assert missing_key(values) == "host"
     assert secret_data_bytes(secret(), "port") == b"5432" and secret_data_bytes(secret(), "nope") is None
     assert decode_secret_data({"data": None}) == {} and decode_secret_value(encode_secret_value("é")) == "é".encode()
+
+
+def test_every_decodable_value_of_a_secret_reads_as_bytes() -> None:
+    values = secret_data_values(secret(user="%%%"))
+    assert "user" not in values and values["port"] == b"5432" and values["password"] == b"pw"
+    assert secret_data_values({"data": None}) == {} and secret_data_values({}) == {}
 
 
 def test_only_a_controller_reference_to_the_uid_makes_it_ours() -> None:
