@@ -33,7 +33,8 @@ from psycopg import sql
 
 from dbprovider.devstack import DevStack
 from harness import KubeControlPlane, PostgresServer
-from harness.process import free_port, spawn
+from harness.manager_endpoints import ManagerEndpoints
+from harness.process import spawn
 from harness.process import stop as stop_process
 from harness.statement_log import LoggedStatement, StatementLog, keywords
 from informers import LEASES, Informer, Rest
@@ -475,7 +476,7 @@ def _run_released_at_once(threads: list[threading.Thread], barrier: threading.Ba
 # -- a `dbprovider manager` process ----------------------------------------------------------------
 
 
-class ManagerProcess:
+class ManagerProcess(ManagerEndpoints):
     """`dbprovider manager` for a DevStack, as a child process that dies with the benchmark."""
 
     def __init__(
@@ -485,10 +486,10 @@ class ManagerProcess:
         python: str = sys.executable,
     ) -> None:
         assert stack.dev is not None
+        super().__init__()
         self.stack = stack
         self.dev = stack.dev
         self.name = name
-        self.api_port, self.metrics_port = free_port(), free_port()
         self.log_file = stack.state_dir / f"{name}.log"
         env = {**os.environ, **self.dev.manager_env(), "POD_NAME": name, "PYTHONPATH": str(REPO)}
         argv = self.dev.manager_argv(python, self.api_port, self.metrics_port)
@@ -499,14 +500,8 @@ class ManagerProcess:
     def pid(self) -> int:
         return self.proc.pid
 
-    def url(self, path: str) -> str:
-        return f"https://127.0.0.1:{self.api_port}{path}"
-
     def alive(self) -> bool:
         return self.proc.poll() is None
-
-    def metrics(self) -> str:
-        return requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).text
 
     def ready(self) -> bool:
         if not self.alive():

@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 import requests
 
-from dbprovider.devstack import DevStack, free_port
+from dbprovider.devstack import DevStack
 from domain.tokens import hash_token
 from harness import KubeControlPlane
+from harness.manager_endpoints import ManagerEndpoints
 from harness.process import stop as stop_process
 from infra.render import config_yaml
 from tests.cli.conftest import DBPROVIDER, read_docs, run, run_on_terminal
@@ -52,8 +53,8 @@ class Manager:
     """`dbprovider manager` (the installed script) for the stack, as its own process."""
 
     def __init__(self, stack: DevStack, log: Path) -> None:
-        self.port = free_port()
-        argv = stack.manager_argv("python", self.port, free_port())
+        self.endpoints = ManagerEndpoints()
+        argv = stack.manager_argv("python", self.endpoints.api_port, self.endpoints.metrics_port)
         assert argv[1:4] == ["-m", "dbprovider.cli", "manager"]
         env = {**os.environ, **stack.manager_env(), "POD_NAME": "clitest-manager"}
         self.log = log
@@ -66,7 +67,7 @@ class Manager:
     def call(self, method: str, path: str, token: str) -> requests.Response:
         return requests.request(
             method,
-            f"https://127.0.0.1:{self.port}{path}",
+            self.endpoints.url(path),
             headers={"Authorization": f"Bearer {token}"},
             verify=self.ca,
             timeout=10,
@@ -76,7 +77,7 @@ class Manager:
         def ready() -> bool:
             assert self.proc.poll() is None, self.log.read_text()[-3000:]
             try:
-                return requests.get(f"https://127.0.0.1:{self.port}/readyz", verify=self.ca, timeout=2).ok
+                return requests.get(self.endpoints.url("/readyz"), verify=self.ca, timeout=2).ok
             except requests.RequestException:
                 return False
 

@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import requests
 
 from dbprovider.devstack import DevStack
 from harness import KubeControlPlane
@@ -84,7 +83,7 @@ def test_a_missing_optional_crd_keeps_nothing_else_from_running(stack: DevStack,
 
             shard = wait_for(engine_unavailable, 60, "the cloudberry shard to say EngineUnavailable")
             assert "HTTP 404" in condition(shard, "Ready")["message"]
-            metrics = requests.get(f"http://127.0.0.1:{first.metrics_port}/metrics", timeout=10).text
+            metrics = first.metrics()
             assert 'dbprovider_engine_available{engine="cloudberry"} 0.0' in metrics
         finally:
             first.stop()
@@ -111,7 +110,7 @@ def test_a_missing_optional_crd_keeps_nothing_else_from_running(stack: DevStack,
                 lambda: (condition(rest.get(SHARDS, "cbmissing-cb"), "Ready") or {}).get("reason") == "Ok",
                 90, "the cloudberry shard Ready once the CRD is served",
             )
-            metrics = requests.get(f"http://127.0.0.1:{second.metrics_port}/metrics", timeout=10).text
+            metrics = second.metrics()
             assert 'dbprovider_engine_available{engine="cloudberry"} 1.0' in metrics
         finally:
             second.stop()
