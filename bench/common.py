@@ -177,25 +177,44 @@ class Stack:
         self.postgres_settings = postgres_settings
         self.config = {**BENCH_CONFIG, **(config or {})}
         self.state_dir = Path(tempfile.mkdtemp(prefix=f"dbprovider-bench-{name}-"))
-        self.kube: KubeControlPlane | None = None
-        self.postgres: PostgresServer | None = None
-        self.dev: DevStack | None = None
+        self._kube: KubeControlPlane | None = None
+        self._postgres: PostgresServer | None = None
+        self._dev: DevStack | None = None
         self._clients: list[Any] = []
 
-    def start(self) -> Stack:
+    def start_dev(self) -> DevStack:
+        """Start the apiserver and PostgreSQL and install the product; the installed DevStack, which
+        is what a benchmark works with from then on."""
         log("starting kube-apiserver + etcd")
-        self.kube = KubeControlPlane(extra_args=self.kube_args).start()
+        self._kube = KubeControlPlane(extra_args=self.kube_args).start()
         log("starting PostgreSQL 18" + (" (log_statement=all)" if self.log_statements else ""))
-        self.postgres = PostgresServer(
+        self._postgres = PostgresServer(
             "18", log_statements=self.log_statements, settings=self.postgres_settings
         ).start()
         log("installing the product (DevStack)")
-        self.dev = DevStack(self.kube, self.postgres, self.state_dir / "dev", config_overrides=self.config).install()
-        return self
+        self._dev = DevStack(self._kube, self._postgres, self.state_dir / "dev", config_overrides=self.config).install()
+        return self._dev
+
+    @property
+    def kube(self) -> KubeControlPlane:
+        return self._started(self._kube)
+
+    @property
+    def postgres(self) -> PostgresServer:
+        return self._started(self._postgres)
+
+    @property
+    def dev(self) -> DevStack:
+        return self._started(self._dev)
+
+    def _started(self, part: T | None) -> T:
+        """A part of the stack, which exists once start_dev() has run (instead of an assert at every use)."""
+        if part is None:
+            raise RuntimeError(f"the {self.name} bench stack is not started")
+        return part
 
     def admin_rest(self, pool: int = 32) -> Rest:
         """A Rest on a new admin client (closed by `close()`)."""
-        assert self.kube is not None
         configuration = self.kube.configuration()
         configuration.connection_pool_maxsize = pool
         import kubernetes.client
@@ -214,16 +233,15 @@ class Stack:
                 client.close()
             except Exception:  # noqa: BLE001
                 pass
-        if self.postgres is not None:
-            self.postgres.close()
-        if self.kube is not None:
-            self.kube.close()
+        if self._postgres is not None:
+            self._postgres.close()
+        if self._kube is not None:
+            self._kube.close()
         shutil.rmtree(self.state_dir, ignore_errors=True)
 
     # -- the apiserver's own request counters ----------------------------------------------------
 
     def apiserver_metrics(self) -> str:
-        assert self.kube is not None
         configuration = self.kube.configuration()
         response = requests.get(
             f"{self.kube.url}/metrics",
@@ -485,7 +503,6 @@ class ManagerProcess(ManagerEndpoints):
         name: str = "bench-manager",
         python: str = sys.executable,
     ) -> None:
-        assert stack.dev is not None
         super().__init__()
         self.stack = stack
         self.dev = stack.dev

@@ -125,7 +125,6 @@ def fleet_config(names: list[str], namespace: str) -> dict[str, Any]:
 
 def start_servers(stack: Stack, names: list[str], delay: float) -> Fleet:
     """The stack's server as the first shard, one more server per other shard, the proxy for all."""
-    assert stack.postgres is not None and stack.dev is not None
     log(f"starting {len(names) - 1} more PostgreSQL 18 servers")
     # From this thread: a harness process dies with the thread that started it (PR_SET_PDEATHSIG).
     extra = [PostgresServer("18", log_statements=True, settings=SMALL_SERVER).start() for _ in names[1:]]
@@ -276,7 +275,6 @@ class InFlightSampler:
 def run_burst(stack: Stack, fleet: Fleet, manager: ManagerProcess, watch: ReadyWatch, label: str, count: int,
               clients: int, tokens: list[str], meter: CpuMeter, hung: str | None = None,
               spy_out: Path | None = None) -> Burst:
-    assert stack.dev is not None
     ids = [f"{label}-{i:04d}" for i in range(count)]
     statements = ProvisionerStatements(*(s for n, s in fleet.servers.items() if n != hung))
     spy = PySpy(manager.pid, spy_out, idle=False).start() if spy_out is not None else None
@@ -364,9 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     manager: ManagerProcess | None = None
     watch: ReadyWatch | None = None
     try:
-        stack.start()
-        assert stack.dev is not None
-        dev = stack.dev
+        dev = stack.start_dev()
         fleet = start_servers(stack, names, args.delay)
         rest = stack.admin_rest()
         register_shards(rest, fleet, 2 * per_shard + 10, dev.shard)

@@ -74,7 +74,6 @@ def baseline(
     product's check that a new database is usable, through the DevStack's client endpoint: TLS) for
     `count` new tenants over `sessions` admin sessions sharing one queue; returns (seconds,
     statements by keyword)."""
-    assert stack.postgres is not None
     pg = stack.postgres
     # Without TLS, as before the TLS rule: the figures measure the SQL, compared with the earlier runs.
     endpoint = AdminEndpoint(
@@ -135,7 +134,6 @@ def reconciles(manager: ManagerProcess) -> float:
 
 def run_burst(stack: Stack, manager: ManagerProcess, watch: ReadyWatch, label: str, count: int,
               spy_out: Path | None, clients: int | None = None, cpu_only: bool = False) -> BurstResult:
-    assert stack.dev is not None and stack.postgres is not None
     writes_before, reads_before = stack.apiserver_requests()
     passes_before = reconciles(manager)
     cpu = CpuMeter(manager.pid)
@@ -205,9 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     manager: ManagerProcess | None = None
     watch: ReadyWatch | None = None
     try:
-        stack.start()
-        assert stack.dev is not None
-        dev = stack.dev
+        dev = stack.start_dev()
         rest = stack.admin_rest()
         rest.patch(CONSUMERS, dev.consumer, {"spec": {"maxDatabases": repeats * count + 50}})
         rest.patch(SHARDS, dev.shard, {"spec": {"maxDatabases": repeats * count + 50}})

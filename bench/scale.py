@@ -87,7 +87,6 @@ def create_shards(rest: Rest, stack: Stack, count: int, per_shard: int) -> list[
     """`count` Shards on the stack's one server, sharing the DevStack shard's admin Secret (listed in
     shardSecrets, in a namespace of its own, as docs/install.md asks)."""
     dev, pg = stack.dev, stack.postgres
-    assert dev is not None and pg is not None
     names = [f"scale-{i:02d}" for i in range(count)]
     for name in names:
         rest.create(SHARDS, {
@@ -141,7 +140,6 @@ def ready_status(shard: str, tenant: str, now: str) -> dict[str, Any]:
 def create_consumers(rest: Rest, stack: Stack, count: int, threads: int, prefix: str = "scale-c") -> dict[str, str]:
     """`count` Consumers with their token Secrets; returns name -> token."""
     dev = stack.dev
-    assert dev is not None
     names = [f"{prefix}-{i:04d}" for i in range(count)]
     with ThreadPoolExecutor(threads) as pool:
         tokens = list(pool.map(lambda name: dev.add_consumer(rest, name, None), names))
@@ -154,7 +152,6 @@ def create_databases(
     """`count` Ready Databases with their Secrets, round-robin over `shards` and `consumers`; returns the
     seconds taken."""
     dev, pg = stack.dev, stack.postgres
-    assert dev is not None and pg is not None
     namespace = dev.namespace
     endpoint = Endpoint("127.0.0.1", pg.port, "require")
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -324,7 +321,6 @@ def time_until(check: Callable[[], bool], timeout: float) -> float:
 
 def token_change(rest: Rest, stack: Stack, manager: ManagerProcess, consumer: str, old: str) -> dict[str, float]:
     """Seconds until a token Secret change applies on the manager: a hash added, the old one removed."""
-    assert stack.dev is not None
     new = f"{old[:-8]}{'f' * 8}" if not old.endswith("f" * 8) else f"{old[:-8]}{'0' * 8}"
     name, namespace = f"{consumer}-token", stack.dev.namespace
     secret = rest.get(SECRETS, name, namespace)
@@ -360,7 +356,6 @@ class Fleet:
 def measure_start(fleet: Fleet, run: int, args: argparse.Namespace) -> list[Target]:
     """Start a manager on the fleet, measure it as the module docstring says, stop it; the run's targets."""
     stack, rest, count = fleet.stack, fleet.rest, fleet.count
-    assert stack.postgres is not None
     first_consumer = fleet.consumers[0]
     provisioner = ProvisionerStatements(stack.postgres)
     writes_before = stack.apiserver_writes()
@@ -477,8 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     manager: ManagerProcess | None = None
     spy: PySpy | None = None
     try:
-        stack.start()
-        assert stack.dev is not None and stack.postgres is not None
+        stack.start_dev()
         rest = stack.admin_rest(args.threads + 8)
         setup_started = time.monotonic()
         shards = create_shards(rest, stack, args.shards, -(-count // args.shards))
@@ -520,7 +514,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def stack_sizes(stack: Stack) -> str:
     """etcd's database on disk and the control plane's memory, after the setup (where limits would bite)."""
-    assert stack.kube is not None
     etcd_bytes = sum(f.stat().st_size for f in (stack.kube.workdir / "etcd").rglob("*") if f.is_file())
     rss = {}
     for proc in psutil.Process().children(recursive=True):
