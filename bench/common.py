@@ -24,6 +24,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -256,10 +257,22 @@ class Stack:
         """apiserver_request_total of the write verbs, by "resource[/subresource] VERB"."""
         return parse_request_totals(self.apiserver_metrics())
 
-    def apiserver_requests(self) -> tuple[Counter[str], Counter[str]]:
-        """(writes, reads) from one scrape of apiserver_request_total."""
+    def apiserver_requests(self) -> ApiserverRequests:
+        """One scrape of apiserver_request_total."""
         text = self.apiserver_metrics()
-        return parse_request_totals(text), parse_request_totals(text, READ_VERBS)
+        return ApiserverRequests(parse_request_totals(text), parse_request_totals(text, READ_VERBS))
+
+
+@dataclass
+class ApiserverRequests:
+    """apiserver_request_total by "resource[/subresource] VERB", the writes apart from the reads."""
+
+    writes: Counter[str] = field(default_factory=Counter)
+    reads: Counter[str] = field(default_factory=Counter)
+
+    def since(self, before: ApiserverRequests) -> ApiserverRequests:
+        """The requests made after `before` (an earlier scrape) until this one."""
+        return ApiserverRequests(counter_delta(self.writes, before.writes), counter_delta(self.reads, before.reads))
 
 
 _SAMPLE = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)$")
@@ -324,14 +337,45 @@ def bench_owner() -> OwnerRecord:
     return OwnerRecord("bench-consumer", str(uuid.uuid4()))
 
 
+@dataclass
+class Timed:
+    """What a timed phase took: wall seconds, CPU seconds by component (a CpuMeter's) and the
+    seconds the whole machine was busy (every tenant of it)."""
+
+    seconds: float
+    cpu: dict[str, float]
+    machine_cpu: float
+
+
 def run_on_sessions(
     jobs: Sequence[tuple[AdminSession, queue.Queue[TenantSpec]]],
     work: Callable[[AdminSession, TenantSpec], None],
     label: str,
-) -> float:
+    meter: CpuMeter,
+) -> Timed:
     """A baseline's SQL: each admin session takes tenants from its queue (sessions may share one) and
-    runs `work` on each, every session released at once. Returns the seconds from the release until
-    the last one is done; raises if any tenant failed."""
+    runs `work` on each, every session released at once; raises if any tenant failed. The sessions
+    connect before the clock starts (as the controller's are connected), the CPU is read before they
+    close (a backend's CPU leaves with it), and they are closed afterwards. The seconds run from the
+    release until the last session is done."""
+    admins = list(dict.fromkeys(admin for admin, _ in jobs))
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda admin: admin.connection(), admins))
+    try:
+        spent = CpuSpent(meter)
+        elapsed = _released_on_sessions(jobs, work, label)
+        cpu, busy = spent.read()
+    finally:
+        for admin in admins:
+            admin.close()
+    return Timed(elapsed, cpu, busy)
+
+
+def _released_on_sessions(
+    jobs: Sequence[tuple[AdminSession, queue.Queue[TenantSpec]]],
+    work: Callable[[AdminSession, TenantSpec], None],
+    label: str,
+) -> float:
     errors: list[BaseException] = []
     barrier = threading.Barrier(len(jobs) + 1)
 
@@ -519,6 +563,10 @@ class ManagerProcess(ManagerEndpoints):
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    def reconciles(self) -> float:
+        """Database reconciles so far (dbprovider_reconciles_total), for deltas."""
+        return metric_sum(self.metrics(), "dbprovider_reconciles_total", controller="database")
 
     def ready(self) -> bool:
         if not self.alive():
@@ -761,6 +809,18 @@ class CpuMeter:
     @staticmethod
     def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
         return {k: after[k] - before.get(k, 0.0) for k in after}
+
+
+class CpuSpent:
+    """CPU seconds by component (of `meter`) and seconds the whole machine was busy, from its
+    creation to each `read()`."""
+
+    def __init__(self, meter: CpuMeter) -> None:
+        self.meter = meter
+        self._cpu, self._busy = meter.snapshot(), machine_busy()
+
+    def read(self) -> tuple[dict[str, float], float]:
+        return self.meter.delta(self.meter.snapshot(), self._cpu), machine_busy() - self._busy
 
 
 def machine_busy() -> float:

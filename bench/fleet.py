@@ -47,7 +47,9 @@ import psutil
 import requests
 
 from bench.common import (
+    ApiserverRequests,
     CpuMeter,
+    CpuSpent,
     ManagerProcess,
     ProvisionerStatements,
     PySpy,
@@ -55,12 +57,10 @@ from bench.common import (
     Stack,
     Target,
     bench_owner,
-    counter_delta,
     drop_all_tenants,
     fmt_s,
     log,
     log_in_as_tenant,
-    machine_busy,
     machine_line,
     metric_sum,
     put_all,
@@ -178,25 +178,17 @@ def baseline(fleet: Fleet, label: str, per_shard: dict[str, int], sessions: int,
             spec = TenantSpec(f"t_{label}_{shard.replace('-', '_')}_{i:04d}", new_password(), 5, owner=bench_owner())
             work[shard].put(spec)
             shard_of[spec.name] = shard
-    admins = [(shard, AdminSession.for_endpoint(fleet.endpoint(shard))) for shard in per_shard for _ in range(sessions)]
-    with ThreadPoolExecutor(16) as pool:  # connected before the clock starts, as the workers' sessions are
-        list(pool.map(lambda pair: pair[1].connection(), admins))
+    jobs = [(AdminSession.for_endpoint(fleet.endpoint(shard)), work[shard]) for shard in per_shard
+            for _ in range(sessions)]
 
     def provision(admin: AdminSession, spec: TenantSpec) -> None:
         ensure_tenant(admin, spec)
         log_in_as_tenant(fleet.servers[shard_of[spec.name]], spec)  # the Shard's client endpoint: direct
 
     statements = ProvisionerStatements(*(fleet.servers[s] for s in per_shard))
-    cpu_before, busy_before = meter.snapshot(), machine_busy()
-    try:
-        elapsed = run_on_sessions([(admin, work[shard]) for shard, admin in admins], provision, label)
-        cpu = meter.delta(meter.snapshot(), cpu_before)  # before the sessions close: a backend's CPU leaves with it
-        busy = machine_busy() - busy_before
-    finally:
-        for _, admin in admins:
-            admin.close()
+    timed = run_on_sessions(jobs, provision, label, meter)
     found = statements.expect(f"baseline {label} (ensure_tenant x{sum(per_shard.values())})")
-    return Phase(elapsed, cpu, busy, found)
+    return Phase(timed.seconds, timed.cpu, timed.machine_cpu, found)
 
 
 # -- bursts ------------------------------------------------------------------------------------
@@ -215,8 +207,7 @@ class Burst:
     in_flight_peak: dict[str, float] = field(default_factory=dict)
     waiting_peak: dict[str, float] = field(default_factory=dict)
     passes: float = 0.0  # Database reconciles during the burst
-    writes: Counter[str] = field(default_factory=Counter)  # apiserver requests, by "resource VERB"
-    reads: Counter[str] = field(default_factory=Counter)
+    requests: ApiserverRequests = field(default_factory=ApiserverRequests)
 
 
 def create_consumers(rest: Rest, namespace: str, count: int, max_databases: int) -> list[str]:
@@ -278,9 +269,8 @@ def run_burst(stack: Stack, fleet: Fleet, manager: ManagerProcess, watch: ReadyW
     ids = [f"{label}-{i:04d}" for i in range(count)]
     statements = ProvisionerStatements(*(s for n, s in fleet.servers.items() if n != hung))
     spy = PySpy(manager.pid, spy_out, idle=False).start() if spy_out is not None else None
-    writes_before, reads_before = stack.apiserver_requests()
-    passes_before = metric_sum(manager.metrics(), "dbprovider_reconciles_total", controller="database")
-    cpu_before, busy_before = meter.snapshot(), machine_busy()
+    requests_before, passes_before = stack.apiserver_requests(), manager.reconciles()
+    spent = CpuSpent(meter)
     with InFlightSampler(manager, list(fleet.servers)) as sampler:
         if hung is not None:
             fleet.servers[hung].freeze()
@@ -294,14 +284,11 @@ def run_burst(stack: Stack, fleet: Fleet, manager: ManagerProcess, watch: ReadyW
     if spy is not None:
         spy.stop()
     ready = max(watch.ready_at[i] for i in wanted) - started
-    cpu = meter.delta(meter.snapshot(), cpu_before)
-    busy = machine_busy() - busy_before
-    writes_after, reads_after = stack.apiserver_requests()
+    cpu, busy = spent.read()
+    requests_made = stack.apiserver_requests().since(requests_before)
     return Burst(started, answered, answers, set(ids), cpu, busy,
                  statements.expect(f"burst {label} ({len(wanted)} new databases)"), ready, sampler.peak,
-                 sampler.waiting_peak,
-                 metric_sum(manager.metrics(), "dbprovider_reconciles_total", controller="database") - passes_before,
-                 counter_delta(writes_after, writes_before), counter_delta(reads_after, reads_before))
+                 sampler.waiting_peak, manager.reconciles() - passes_before, requests_made)
 
 
 def placed_per_shard(watch: ReadyWatch, ids: set[str]) -> Counter[str]:
@@ -464,9 +451,10 @@ def main(argv: list[str] | None = None) -> int:
               ("keyword", "baseline b0", "burst r0"))
         print(f"\nDatabase reconciles per new database: r0 {r0.passes / args.count:.2f}, "
               f"r1 {r1.passes / args.count:.2f}")
-        table(f"apiserver requests during burst r0 ({sum(r0.writes.values()) / args.count:.2f} writes and "
-              f"{sum(r0.reads.values()) / args.count:.2f} reads per database; open watches not counted)",
-              [(k, v, f"{v / args.count:.2f}") for k, v in (r0.writes + r0.reads).most_common()],
+        writes, reads = r0.requests.writes, r0.requests.reads
+        table(f"apiserver requests during burst r0 ({sum(writes.values()) / args.count:.2f} writes and "
+              f"{sum(reads.values()) / args.count:.2f} reads per database; open watches not counted)",
+              [(k, v, f"{v / args.count:.2f}") for k, v in (writes + reads).most_common()],
               ("resource verb", "requests", "per database"))
         answers = r0.answers + r1.answers
         table("PUT answers, both bursts (incl. retries)", sorted(answers.items()), ("answer", "count"))

@@ -29,7 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.common import (
+    ApiserverRequests,
     CpuMeter,
+    CpuSpent,
     ManagerProcess,
     ProvisionerStatements,
     PySpy,
@@ -37,13 +39,10 @@ from bench.common import (
     Stack,
     Target,
     bench_owner,
-    counter_delta,
     fmt_s,
     log,
     log_in_as_tenant,
-    machine_busy,
     machine_line,
-    metric_sum,
     percentile,
     put_all,
     report_targets,
@@ -82,9 +81,7 @@ def baseline(
     work: queue.Queue[TenantSpec] = queue.Queue()
     for i in range(count):  # with the ownership record the controller writes (BEGIN, CREATE ROLE, COMMENT, COMMIT)
         work.put(TenantSpec(f"t_bench_{label}_{i:04d}", new_password(), 5, owner=bench_owner()))
-    admins = [AdminSession.for_endpoint(endpoint) for _ in range(sessions)]
-    for admin in admins:
-        admin.connection()  # connected before the clock starts, as the controller's sessions are
+    jobs = [(AdminSession.for_endpoint(endpoint), work) for _ in range(sessions)]
 
     def provision(admin: AdminSession, spec: TenantSpec) -> None:
         ensure_tenant(admin, spec)
@@ -93,16 +90,8 @@ def baseline(
         log_in_as_tenant(pg, spec)
 
     statements = ProvisionerStatements(pg)
-    cpu = CpuMeter()
-    cpu_before, busy_before = cpu.snapshot(), machine_busy()
-    try:
-        elapsed = run_on_sessions([(admin, work) for admin in admins], provision, label)
-        cpu_used = cpu.delta(cpu.snapshot(), cpu_before)  # before the sessions close: a backend's CPU leaves with it
-        busy = machine_busy() - busy_before
-    finally:
-        for admin in admins:
-            admin.close()
-    return Phase(elapsed, cpu_used.get("postgres", 0.0), busy), statements.expect(
+    timed = run_on_sessions(jobs, provision, label, CpuMeter())
+    return Phase(timed.seconds, timed.cpu.get("postgres", 0.0), timed.machine_cpu), statements.expect(
         f"baseline {label} (ensure_tenant x{count})", detail=True
     )
 
@@ -122,22 +111,15 @@ class BurstResult:
     answers: Counter[str]
     cpu: dict[str, float]
     machine_cpu: float
-    writes: Counter[str]
-    reads: Counter[str]
+    requests: ApiserverRequests
     statements: Counter[str]  # by statement text
     passes: float  # Database reconciles (dbprovider_reconciles_total) during the burst
 
 
-def reconciles(manager: ManagerProcess) -> float:
-    return metric_sum(manager.metrics(), "dbprovider_reconciles_total", controller="database")
-
-
 def run_burst(stack: Stack, manager: ManagerProcess, watch: ReadyWatch, label: str, count: int,
               spy_out: Path | None, clients: int | None = None, cpu_only: bool = False) -> BurstResult:
-    writes_before, reads_before = stack.apiserver_requests()
-    passes_before = reconciles(manager)
-    cpu = CpuMeter(manager.pid)
-    cpu_before, busy_before = cpu.snapshot(), machine_busy()
+    requests_before, passes_before = stack.apiserver_requests(), manager.reconciles()
+    spent = CpuSpent(CpuMeter(manager.pid))
     statements = ProvisionerStatements(stack.postgres)
     spy = PySpy(manager.pid, spy_out, idle=not cpu_only).start() if spy_out is not None else None
     try:
@@ -148,13 +130,11 @@ def run_burst(stack: Stack, manager: ManagerProcess, watch: ReadyWatch, label: s
         log(f"burst {label}: all PUTs answered after {answered:.2f} s; waiting for Ready")
         wait_for(lambda: watch.count(ids) == len(ids), 900, f"{count} databases Ready", 0.05)
         seconds = max(watch.ready_at[i] for i in ids) - started
-        cpu_used = cpu.delta(cpu.snapshot(), cpu_before)
-        busy = machine_busy() - busy_before
+        cpu_used, busy = spent.read()
     finally:
         if spy is not None:
             spy.stop()
     time.sleep(5.0)  # the writes that follow Ready (counts on the Consumer and the Shard, events)
-    writes_after, reads_after = stack.apiserver_requests()
     return BurstResult(
         seconds=seconds,
         latencies=[watch.ready_at[i] - sent[i] for i in ids],
@@ -162,10 +142,9 @@ def run_burst(stack: Stack, manager: ManagerProcess, watch: ReadyWatch, label: s
         answers=answers,
         cpu=cpu_used,
         machine_cpu=busy,
-        writes=counter_delta(writes_after, writes_before),
-        reads=counter_delta(reads_after, reads_before),
+        requests=stack.apiserver_requests().since(requests_before),
         statements=statements.expect(f"burst {label} ({count} new databases)", detail=True),
-        passes=reconciles(manager) - passes_before,
+        passes=manager.reconciles() - passes_before,
     )
 
 
@@ -286,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         answers: Counter[str] = sum((b.answers for b in bursts), Counter())
         table("PUT answers, all bursts (incl. retries)", sorted(answers.items()), ("answer", "count"))
-        writes: Counter[str] = sum((b.writes for b in bursts), Counter())
+        writes: Counter[str] = sum((b.requests.writes for b in bursts), Counter())
         total = count * repeats
         total_writes = sum(writes.values())
         lease_writes = sum(v for k, v in writes.items() if k.startswith("leases "))
@@ -296,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
             [(k, v, f"{v / total:.2f}") for k, v in writes.most_common()],
             ("resource verb", "requests", "per database"),
         )
-        reads: Counter[str] = sum((b.reads for b in bursts), Counter())
+        reads: Counter[str] = sum((b.requests.reads for b in bursts), Counter())
         table(
             f"apiserver reads during the bursts ({sum(reads.values()) / total:.2f} per database; open "
             "watches are counted when they end, so not here)",
