@@ -35,7 +35,6 @@ import argparse
 import queue
 import secrets
 import statistics
-import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -76,6 +75,7 @@ from domain.credentials import encode_secret_value, new_password
 from domain.specs import DEFAULT_TOKEN_KEY
 from domain.tokens import hash_token
 from harness import PostgresServer
+from harness.background import Background
 from harness.latency_proxy import LatencyProxy
 from informers import SECRETS, Rest
 from reconciler.resources import CONSUMERS, SHARDS
@@ -230,20 +230,21 @@ def create_consumers(rest: Rest, namespace: str, count: int, max_databases: int)
     return tokens
 
 
-class InFlightSampler:
+class InFlightSampler(Background):
     """The peaks of dbprovider_database_workers_in_flight and dbprovider_database_queue_depth per lane
     (each shard, and `unplaced`: placement), from the manager's /metrics every 0.5 s."""
 
+    join_timeout = 5.0
+
     def __init__(self, manager: ManagerProcess, shards: list[str]) -> None:
+        super().__init__()
         self.manager = manager
         self.shards = [*shards, UNPLACED]
         self.peak: dict[str, float] = dict.fromkeys(self.shards, 0.0)
         self.waiting_peak: dict[str, float] = dict.fromkeys(self.shards, 0.0)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
-        while not self._stop.wait(0.5):
+    def run(self) -> None:
+        while not self.stopping.wait(0.5):
             try:
                 text = self.manager.metrics()
             except requests.RequestException:
@@ -253,14 +254,6 @@ class InFlightSampler:
                 self.peak[shard] = max(self.peak[shard], value)
                 waiting = metric_sum(text, "dbprovider_database_queue_depth", shard=shard)
                 self.waiting_peak[shard] = max(self.waiting_peak[shard], waiting)
-
-    def __enter__(self) -> InFlightSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
 
 
 def run_burst(stack: Stack, fleet: Fleet, manager: ManagerProcess, watch: ReadyWatch, label: str, count: int,

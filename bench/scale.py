@@ -71,6 +71,7 @@ from domain.constants import (
 from domain.credentials import Endpoint, build_secret, new_password, password_id
 from domain.naming import database_object_name, label_value, tenant_name
 from domain.tokens import hash_token
+from harness.background import Background
 from informers import SECRETS, Rest
 from reconciler.resources import DATABASES, SHARDS
 
@@ -257,21 +258,19 @@ def wait_caught_up(
     raise TimeoutError(f"manager not caught up within {timeout:.0f}s: {milestones}\n{manager.tail()}")
 
 
-class FirstAnswer:
+class FirstAnswer(Background):
     """Polls a GET with a consumer's token from the manager's start: when did it first answer 200?"""
 
     def __init__(self, manager: ManagerProcess, token: str) -> None:
+        super().__init__()
         self.manager = manager
         self.token = token
         self.seconds: float | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
 
-    def _run(self) -> None:
+    def run(self) -> None:
         session = requests.Session()
         headers = {"Authorization": f"Bearer {self.token}"}
-        while not self._stop.is_set():
+        while not self.stopping.is_set():
             try:
                 response = session.get(self.manager.url("/v1/databases"), headers=headers,
                                         verify=str(self.manager.dev.ca_file), timeout=5)
@@ -280,11 +279,7 @@ class FirstAnswer:
                     return
             except requests.RequestException:
                 pass
-            self._stop.wait(0.1)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
+            self.stopping.wait(0.1)
 
 
 def watches(stack: Stack) -> Counter[str]:
@@ -362,7 +357,7 @@ def measure_start(fleet: Fleet, run: int, args: argparse.Namespace) -> list[Targ
     watches_before = watches(stack)
     manager: ManagerProcess | None = ManagerProcess(stack, f"scale-manager-{run}")
     assert manager is not None
-    first = FirstAnswer(manager, fleet.tokens[first_consumer])
+    first = FirstAnswer(manager, fleet.tokens[first_consumer]).start()
     try:
         sampler, milestones = wait_caught_up(manager, rest, count)
         caught_up = milestones["caught_up"]
