@@ -22,10 +22,11 @@ from harness import KubeControlPlane
 from harness.keldon import KELDON_CRD, KELDON_CRD_NAME, RUNNING
 from informers import Resource, Rest
 from reconciler.resources import DATABASE_CLUSTERS, DATABASES, SHARDS
-from tests.faults.support import Replica
 from tests.support.common import condition, wait_for
+from tests.support.devstack import install_stack
 from tests.support.fleet import gone, ignore_missing
 from tests.support.kubeapi import KubeApi, crd_established
+from tests.support.replica import ManagerReplica
 
 CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 READY_WITHIN = 20.0  # seconds from process start to /readyz 200 (the sync bound was 60 s, then an exit)
@@ -37,15 +38,10 @@ def stack(postgres_pool, tmp_path_factory: pytest.TempPathFactory) -> Iterator[D
     (root / "kube").mkdir()
     kube = KubeControlPlane(workdir=root / "kube").start()
     try:
-        created = DevStack(
-            kube, postgres_pool.get("18"), root / "stack",
-            config_overrides={
-                "releaseName": "cbmissing", "namespace": "cbmissing-system", "tls": {"secretName": "cbmissing-tls"},
-                "deletionProtection": {"enabled": False}, "softDelete": {"retention": "0"},
-                "engines": {"cloudberry": {"enabled": True}},
-            },
-            consumer="cbmissing-consumer", shard="cbmissing-pg",
-        ).install()
+        created = install_stack(
+            kube, postgres_pool.get("18"), root / "stack", "cbmissing",
+            softDelete={"retention": "0"}, engines={"cloudberry": {"enabled": True}},
+        )
         with kube.admin_client() as client:
             rest = Rest(client)
             rest.delete(CRDS, KELDON_CRD_NAME)  # install() put it there; this install has none
@@ -55,9 +51,9 @@ def stack(postgres_pool, tmp_path_factory: pytest.TempPathFactory) -> Iterator[D
         kube.close()
 
 
-def _replica(stack: DevStack, name: str, root: Path) -> tuple[Replica, float]:
+def _replica(stack: DevStack, name: str, root: Path) -> tuple[ManagerReplica, float]:
     started = time.monotonic()
-    replica = Replica(stack, name, root)
+    replica = ManagerReplica(stack, name, root)
     replica.wait_ready(timeout=READY_WITHIN)
     return replica, time.monotonic() - started
 

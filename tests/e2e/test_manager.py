@@ -26,8 +26,8 @@ from harness.manager_endpoints import ManagerEndpoints
 from informers import LEASES, Rest
 from reconciler.resources import CONSUMERS, SHARDS
 from reconciler.runtime.leader import lease_holder
-from tests.e2e.conftest import install_stack
 from tests.support.common import condition, wait_for
+from tests.support.devstack import install_stack
 from tests.support.replica import REPO, ManagerReplica
 
 
