@@ -35,7 +35,6 @@ import argparse
 import queue
 import secrets
 import statistics
-import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -45,13 +44,12 @@ from typing import Any
 import psutil
 import requests
 
+from bench.bursts import BurstCost, start_manager
 from bench.common import (
     ApiserverRequests,
     CpuMeter,
-    CpuSpent,
     ManagerProcess,
     ProvisionerStatements,
-    PySpy,
     ReadyWatch,
     Stack,
     Target,
@@ -65,7 +63,6 @@ from bench.common import (
     put_all,
     report_targets,
     run_on_sessions,
-    shards_ready,
     summarize_collapsed,
     table,
     wait_for,
@@ -261,10 +258,7 @@ def run_burst(stack: Stack, fleet: Fleet, manager: ManagerProcess, watch: ReadyW
               spy_out: Path | None = None) -> Burst:
     ids = [f"{label}-{i:04d}" for i in range(count)]
     statements = ProvisionerStatements(*(s for n, s in fleet.servers.items() if n != hung))
-    spy = PySpy(manager.pid, spy_out, idle=False).start() if spy_out is not None else None
-    requests_before, passes_before = stack.apiserver_requests(), manager.reconciles()
-    spent = CpuSpent(meter)
-    with InFlightSampler(manager, list(fleet.servers)) as sampler:
+    with BurstCost(stack, manager, meter, spy_out) as cost, InFlightSampler(manager, list(fleet.servers)) as sampler:
         if hung is not None:
             fleet.servers[hung].freeze()
         started, answered, answers, _ = put_all(manager, tokens, ids, clients)
@@ -274,14 +268,12 @@ def run_burst(stack: Stack, fleet: Fleet, manager: ManagerProcess, watch: ReadyW
             wait_for(lambda: len(watch.shard_of.keys() & wanted) == count, 300, f"{count} databases placed", 0.1)
             wanted = {i for i in ids if watch.shard_of[i] != hung}
         wait_for(lambda: watch.count(wanted) == len(wanted), 1800, f"{len(wanted)} databases Ready", 0.05)
-    if spy is not None:
-        spy.stop()
     ready = max(watch.ready_at[i] for i in wanted) - started
-    cpu, busy = spent.read()
-    requests_made = stack.apiserver_requests().since(requests_before)
+    cpu, busy = cost.cpu()
+    requests_made = cost.requests()
     return Burst(started, answered, answers, set(ids), cpu, busy,
                  statements.expect(f"burst {label} ({len(wanted)} new databases)"), ready, sampler.peak,
-                 sampler.waiting_peak, manager.reconciles() - passes_before, requests_made)
+                 sampler.waiting_peak, cost.passes(), requests_made)
 
 
 def placed_per_shard(watch: ReadyWatch, ids: set[str]) -> Counter[str]:
@@ -359,12 +351,8 @@ def main(argv: list[str] | None = None) -> int:
         b0 = baseline(fleet, "b0", even, args.sessions, meter)
         log(f"baseline b0: {b0.seconds:.1f} s")
         cleanup(list(fleet.servers.values()))
-        manager = ManagerProcess(stack, "fleet-manager")
+        manager, watch = start_manager(stack, rest, names, "fleet-manager")
         meter.manager_pid = manager.pid
-        manager.wait_leading(rest)
-        wait_for(lambda: shards_ready(rest, names), 120, "every Shard Ready", 0.5)
-        watch = ReadyWatch(stack, dev.namespace).start()
-        time.sleep(2.0)
         spy_out = None
         if args.profile:
             args.profile_dir.mkdir(parents=True, exist_ok=True)

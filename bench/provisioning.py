@@ -28,13 +28,12 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.bursts import BurstCost, start_manager
 from bench.common import (
     ApiserverRequests,
     CpuMeter,
-    CpuSpent,
     ManagerProcess,
     ProvisionerStatements,
-    PySpy,
     ReadyWatch,
     Stack,
     Target,
@@ -118,11 +117,8 @@ class BurstResult:
 
 def run_burst(stack: Stack, manager: ManagerProcess, watch: ReadyWatch, label: str, count: int,
               spy_out: Path | None, clients: int | None = None, cpu_only: bool = False) -> BurstResult:
-    requests_before, passes_before = stack.apiserver_requests(), manager.reconciles()
-    spent = CpuSpent(CpuMeter(manager.pid))
     statements = ProvisionerStatements(stack.postgres)
-    spy = PySpy(manager.pid, spy_out, idle=not cpu_only).start() if spy_out is not None else None
-    try:
+    with BurstCost(stack, manager, CpuMeter(manager.pid), spy_out, idle=not cpu_only) as cost:
         names = [f"burst-{label}-{i:04d}" for i in range(count)]
         # Every PUT on a connection of its own, all at once; or `clients` keep-alive connections.
         started, answered, answers, sent = put_all(manager, [stack.dev.token], names, clients or count)
@@ -130,10 +126,7 @@ def run_burst(stack: Stack, manager: ManagerProcess, watch: ReadyWatch, label: s
         log(f"burst {label}: all PUTs answered after {answered:.2f} s; waiting for Ready")
         wait_for(lambda: watch.count(ids) == len(ids), 900, f"{count} databases Ready", 0.05)
         seconds = max(watch.ready_at[i] for i in ids) - started
-        cpu_used, busy = spent.read()
-    finally:
-        if spy is not None:
-            spy.stop()
+        cpu_used, busy = cost.cpu()
     time.sleep(5.0)  # the writes that follow Ready (counts on the Consumer and the Shard, events)
     return BurstResult(
         seconds=seconds,
@@ -142,9 +135,9 @@ def run_burst(stack: Stack, manager: ManagerProcess, watch: ReadyWatch, label: s
         answers=answers,
         cpu=cpu_used,
         machine_cpu=busy,
-        requests=stack.apiserver_requests().since(requests_before),
+        requests=cost.requests(),
         statements=statements.expect(f"burst {label} ({count} new databases)", detail=True),
-        passes=manager.reconciles() - passes_before,
+        passes=cost.passes(),
     )
 
 
@@ -203,17 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"baseline ensure ({label}): {phase.seconds:.2f} s")
 
         ensure_baseline("b0")
-        manager = ManagerProcess(stack)
-        manager.wait_leading(rest)
-        wait_for(
-            lambda: any(
-                c.get("type") == "Ready" and c.get("status") == "True"
-                for c in (rest.get(SHARDS, dev.shard).get("status") or {}).get("conditions") or []
-            ),
-            120, "the Shard to be Ready", 0.3,
-        )
-        watch = ReadyWatch(stack, dev.namespace).start()
-        time.sleep(2.0)  # let the start-up writes settle before counting
+        manager, watch = start_manager(stack, rest, [dev.shard], "bench-manager")
         bursts: list[BurstResult] = []
         for n in range(repeats):
             profile = args.profile and n == repeats - 1
