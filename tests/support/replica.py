@@ -23,7 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class ManagerReplica(ManagerProcess):
-    """`kubeconfig` replaces the stack's (a replica that reaches the apiserver through a proxy)."""
+    """See the module docstring. `args` are appended to the stack's manager command line, `env` to its
+    environment; `kubeconfig` replaces the stack's (a replica that reaches the apiserver through a proxy)."""
 
     call_timeout = 10.0  # seconds a call waits for its answer unless told otherwise
 
