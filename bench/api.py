@@ -247,7 +247,6 @@ def create_ready_database(rest: Any, stack: Stack, external_id: str) -> None:
     from reconciler.resources import DATABASES
 
     dev, pg = stack.dev, stack.postgres
-    assert dev is not None and pg is not None
     db = rest.create(DATABASES, {
         "apiVersion": API_VERSION, "kind": KIND_DATABASE,
         "metadata": {"name": database_object_name(dev.consumer, external_id), "namespace": dev.namespace,
@@ -295,7 +294,6 @@ def auth_benchmark(stack: Stack, one_token: str, many_token: str, rounds: int, i
     from reconciler.resources import CONSUMERS
 
     logging.getLogger("api.auth").setLevel(logging.ERROR)  # "token Secret is missing" while the informers list
-    assert stack.dev is not None
     namespace = stack.dev.namespace
     rest = stack.admin_rest(8)
     informers = []
@@ -425,9 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     server = None
     pool = None
     try:
-        stack.start()
-        dev = stack.dev
-        assert dev is not None
+        dev = stack.start_dev()
         rest = stack.admin_rest(24)
         create_ready_database(rest, stack, "bench-0")
         log(f"creating 1 + {args.consumers} consumers with 3 token hashes each")

@@ -24,6 +24,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -33,7 +34,8 @@ from psycopg import sql
 
 from dbprovider.devstack import DevStack
 from harness import KubeControlPlane, PostgresServer
-from harness.process import free_port, spawn
+from harness.manager_endpoints import ManagerEndpoints
+from harness.process import spawn
 from harness.process import stop as stop_process
 from harness.statement_log import LoggedStatement, StatementLog, keywords
 from informers import LEASES, Informer, Rest
@@ -176,25 +178,44 @@ class Stack:
         self.postgres_settings = postgres_settings
         self.config = {**BENCH_CONFIG, **(config or {})}
         self.state_dir = Path(tempfile.mkdtemp(prefix=f"dbprovider-bench-{name}-"))
-        self.kube: KubeControlPlane | None = None
-        self.postgres: PostgresServer | None = None
-        self.dev: DevStack | None = None
+        self._kube: KubeControlPlane | None = None
+        self._postgres: PostgresServer | None = None
+        self._dev: DevStack | None = None
         self._clients: list[Any] = []
 
-    def start(self) -> Stack:
+    def start_dev(self) -> DevStack:
+        """Start the apiserver and PostgreSQL and install the product; the installed DevStack, which
+        is what a benchmark works with from then on."""
         log("starting kube-apiserver + etcd")
-        self.kube = KubeControlPlane(extra_args=self.kube_args).start()
+        self._kube = KubeControlPlane(extra_args=self.kube_args).start()
         log("starting PostgreSQL 18" + (" (log_statement=all)" if self.log_statements else ""))
-        self.postgres = PostgresServer(
+        self._postgres = PostgresServer(
             "18", log_statements=self.log_statements, settings=self.postgres_settings
         ).start()
         log("installing the product (DevStack)")
-        self.dev = DevStack(self.kube, self.postgres, self.state_dir / "dev", config_overrides=self.config).install()
-        return self
+        self._dev = DevStack(self._kube, self._postgres, self.state_dir / "dev", config_overrides=self.config).install()
+        return self._dev
+
+    @property
+    def kube(self) -> KubeControlPlane:
+        return self._started(self._kube)
+
+    @property
+    def postgres(self) -> PostgresServer:
+        return self._started(self._postgres)
+
+    @property
+    def dev(self) -> DevStack:
+        return self._started(self._dev)
+
+    def _started(self, part: T | None) -> T:
+        """A part of the stack, which exists once start_dev() has run (instead of an assert at every use)."""
+        if part is None:
+            raise RuntimeError(f"the {self.name} bench stack is not started")
+        return part
 
     def admin_rest(self, pool: int = 32) -> Rest:
         """A Rest on a new admin client (closed by `close()`)."""
-        assert self.kube is not None
         configuration = self.kube.configuration()
         configuration.connection_pool_maxsize = pool
         import kubernetes.client
@@ -213,16 +234,15 @@ class Stack:
                 client.close()
             except Exception:  # noqa: BLE001
                 pass
-        if self.postgres is not None:
-            self.postgres.close()
-        if self.kube is not None:
-            self.kube.close()
+        if self._postgres is not None:
+            self._postgres.close()
+        if self._kube is not None:
+            self._kube.close()
         shutil.rmtree(self.state_dir, ignore_errors=True)
 
     # -- the apiserver's own request counters ----------------------------------------------------
 
     def apiserver_metrics(self) -> str:
-        assert self.kube is not None
         configuration = self.kube.configuration()
         response = requests.get(
             f"{self.kube.url}/metrics",
@@ -237,10 +257,22 @@ class Stack:
         """apiserver_request_total of the write verbs, by "resource[/subresource] VERB"."""
         return parse_request_totals(self.apiserver_metrics())
 
-    def apiserver_requests(self) -> tuple[Counter[str], Counter[str]]:
-        """(writes, reads) from one scrape of apiserver_request_total."""
+    def apiserver_requests(self) -> ApiserverRequests:
+        """One scrape of apiserver_request_total."""
         text = self.apiserver_metrics()
-        return parse_request_totals(text), parse_request_totals(text, READ_VERBS)
+        return ApiserverRequests(parse_request_totals(text), parse_request_totals(text, READ_VERBS))
+
+
+@dataclass
+class ApiserverRequests:
+    """apiserver_request_total by "resource[/subresource] VERB", the writes apart from the reads."""
+
+    writes: Counter[str] = field(default_factory=Counter)
+    reads: Counter[str] = field(default_factory=Counter)
+
+    def since(self, before: ApiserverRequests) -> ApiserverRequests:
+        """The requests made after `before` (an earlier scrape) until this one."""
+        return ApiserverRequests(counter_delta(self.writes, before.writes), counter_delta(self.reads, before.reads))
 
 
 _SAMPLE = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)$")
@@ -305,14 +337,45 @@ def bench_owner() -> OwnerRecord:
     return OwnerRecord("bench-consumer", str(uuid.uuid4()))
 
 
+@dataclass
+class Timed:
+    """What a timed phase took: wall seconds, CPU seconds by component (a CpuMeter's) and the
+    seconds the whole machine was busy (every tenant of it)."""
+
+    seconds: float
+    cpu: dict[str, float]
+    machine_cpu: float
+
+
 def run_on_sessions(
     jobs: Sequence[tuple[AdminSession, queue.Queue[TenantSpec]]],
     work: Callable[[AdminSession, TenantSpec], None],
     label: str,
-) -> float:
+    meter: CpuMeter,
+) -> Timed:
     """A baseline's SQL: each admin session takes tenants from its queue (sessions may share one) and
-    runs `work` on each, every session released at once. Returns the seconds from the release until
-    the last one is done; raises if any tenant failed."""
+    runs `work` on each, every session released at once; raises if any tenant failed. The sessions
+    connect before the clock starts (as the controller's are connected), the CPU is read before they
+    close (a backend's CPU leaves with it), and they are closed afterwards. The seconds run from the
+    release until the last session is done."""
+    admins = list(dict.fromkeys(admin for admin, _ in jobs))
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda admin: admin.connection(), admins))
+    try:
+        spent = CpuSpent(meter)
+        elapsed = _released_on_sessions(jobs, work, label)
+        cpu, busy = spent.read()
+    finally:
+        for admin in admins:
+            admin.close()
+    return Timed(elapsed, cpu, busy)
+
+
+def _released_on_sessions(
+    jobs: Sequence[tuple[AdminSession, queue.Queue[TenantSpec]]],
+    work: Callable[[AdminSession, TenantSpec], None],
+    label: str,
+) -> float:
     errors: list[BaseException] = []
     barrier = threading.Barrier(len(jobs) + 1)
 
@@ -475,7 +538,7 @@ def _run_released_at_once(threads: list[threading.Thread], barrier: threading.Ba
 # -- a `dbprovider manager` process ----------------------------------------------------------------
 
 
-class ManagerProcess:
+class ManagerProcess(ManagerEndpoints):
     """`dbprovider manager` for a DevStack, as a child process that dies with the benchmark."""
 
     def __init__(
@@ -484,11 +547,10 @@ class ManagerProcess:
         name: str = "bench-manager",
         python: str = sys.executable,
     ) -> None:
-        assert stack.dev is not None
+        super().__init__()
         self.stack = stack
         self.dev = stack.dev
         self.name = name
-        self.api_port, self.metrics_port = free_port(), free_port()
         self.log_file = stack.state_dir / f"{name}.log"
         env = {**os.environ, **self.dev.manager_env(), "POD_NAME": name, "PYTHONPATH": str(REPO)}
         argv = self.dev.manager_argv(python, self.api_port, self.metrics_port)
@@ -499,14 +561,12 @@ class ManagerProcess:
     def pid(self) -> int:
         return self.proc.pid
 
-    def url(self, path: str) -> str:
-        return f"https://127.0.0.1:{self.api_port}{path}"
-
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def metrics(self) -> str:
-        return requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).text
+    def reconciles(self) -> float:
+        """Database reconciles so far (dbprovider_reconciles_total), for deltas."""
+        return metric_sum(self.metrics(), "dbprovider_reconciles_total", controller="database")
 
     def ready(self) -> bool:
         if not self.alive():
@@ -749,6 +809,18 @@ class CpuMeter:
     @staticmethod
     def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
         return {k: after[k] - before.get(k, 0.0) for k in after}
+
+
+class CpuSpent:
+    """CPU seconds by component (of `meter`) and seconds the whole machine was busy, from its
+    creation to each `read()`."""
+
+    def __init__(self, meter: CpuMeter) -> None:
+        self.meter = meter
+        self._cpu, self._busy = meter.snapshot(), machine_busy()
+
+    def read(self) -> tuple[dict[str, float], float]:
+        return self.meter.delta(self.meter.snapshot(), self._cpu), machine_busy() - self._busy
 
 
 def machine_busy() -> float:

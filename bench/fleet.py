@@ -35,8 +35,6 @@ import argparse
 import queue
 import secrets
 import statistics
-import threading
-import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -46,27 +44,25 @@ from typing import Any
 import psutil
 import requests
 
+from bench.bursts import BurstCost, start_manager
 from bench.common import (
+    ApiserverRequests,
     CpuMeter,
     ManagerProcess,
     ProvisionerStatements,
-    PySpy,
     ReadyWatch,
     Stack,
     Target,
     bench_owner,
-    counter_delta,
     drop_all_tenants,
     fmt_s,
     log,
     log_in_as_tenant,
-    machine_busy,
     machine_line,
     metric_sum,
     put_all,
     report_targets,
     run_on_sessions,
-    shards_ready,
     summarize_collapsed,
     table,
     wait_for,
@@ -76,6 +72,7 @@ from domain.credentials import encode_secret_value, new_password
 from domain.specs import DEFAULT_TOKEN_KEY
 from domain.tokens import hash_token
 from harness import PostgresServer
+from harness.background import Background
 from harness.latency_proxy import LatencyProxy
 from informers import SECRETS, Rest
 from reconciler.resources import CONSUMERS, SHARDS
@@ -125,7 +122,6 @@ def fleet_config(names: list[str], namespace: str) -> dict[str, Any]:
 
 def start_servers(stack: Stack, names: list[str], delay: float) -> Fleet:
     """The stack's server as the first shard, one more server per other shard, the proxy for all."""
-    assert stack.postgres is not None and stack.dev is not None
     log(f"starting {len(names) - 1} more PostgreSQL 18 servers")
     # From this thread: a harness process dies with the thread that started it (PR_SET_PDEATHSIG).
     extra = [PostgresServer("18", log_statements=True, settings=SMALL_SERVER).start() for _ in names[1:]]
@@ -179,25 +175,17 @@ def baseline(fleet: Fleet, label: str, per_shard: dict[str, int], sessions: int,
             spec = TenantSpec(f"t_{label}_{shard.replace('-', '_')}_{i:04d}", new_password(), 5, owner=bench_owner())
             work[shard].put(spec)
             shard_of[spec.name] = shard
-    admins = [(shard, AdminSession.for_endpoint(fleet.endpoint(shard))) for shard in per_shard for _ in range(sessions)]
-    with ThreadPoolExecutor(16) as pool:  # connected before the clock starts, as the workers' sessions are
-        list(pool.map(lambda pair: pair[1].connection(), admins))
+    jobs = [(AdminSession.for_endpoint(fleet.endpoint(shard)), work[shard]) for shard in per_shard
+            for _ in range(sessions)]
 
     def provision(admin: AdminSession, spec: TenantSpec) -> None:
         ensure_tenant(admin, spec)
         log_in_as_tenant(fleet.servers[shard_of[spec.name]], spec)  # the Shard's client endpoint: direct
 
     statements = ProvisionerStatements(*(fleet.servers[s] for s in per_shard))
-    cpu_before, busy_before = meter.snapshot(), machine_busy()
-    try:
-        elapsed = run_on_sessions([(admin, work[shard]) for shard, admin in admins], provision, label)
-        cpu = meter.delta(meter.snapshot(), cpu_before)  # before the sessions close: a backend's CPU leaves with it
-        busy = machine_busy() - busy_before
-    finally:
-        for _, admin in admins:
-            admin.close()
+    timed = run_on_sessions(jobs, provision, label, meter)
     found = statements.expect(f"baseline {label} (ensure_tenant x{sum(per_shard.values())})")
-    return Phase(elapsed, cpu, busy, found)
+    return Phase(timed.seconds, timed.cpu, timed.machine_cpu, found)
 
 
 # -- bursts ------------------------------------------------------------------------------------
@@ -216,8 +204,7 @@ class Burst:
     in_flight_peak: dict[str, float] = field(default_factory=dict)
     waiting_peak: dict[str, float] = field(default_factory=dict)
     passes: float = 0.0  # Database reconciles during the burst
-    writes: Counter[str] = field(default_factory=Counter)  # apiserver requests, by "resource VERB"
-    reads: Counter[str] = field(default_factory=Counter)
+    requests: ApiserverRequests = field(default_factory=ApiserverRequests)
 
 
 def create_consumers(rest: Rest, namespace: str, count: int, max_databases: int) -> list[str]:
@@ -240,20 +227,21 @@ def create_consumers(rest: Rest, namespace: str, count: int, max_databases: int)
     return tokens
 
 
-class InFlightSampler:
+class InFlightSampler(Background):
     """The peaks of dbprovider_database_workers_in_flight and dbprovider_database_queue_depth per lane
     (each shard, and `unplaced`: placement), from the manager's /metrics every 0.5 s."""
 
+    join_timeout = 5.0
+
     def __init__(self, manager: ManagerProcess, shards: list[str]) -> None:
+        super().__init__()
         self.manager = manager
         self.shards = [*shards, UNPLACED]
         self.peak: dict[str, float] = dict.fromkeys(self.shards, 0.0)
         self.waiting_peak: dict[str, float] = dict.fromkeys(self.shards, 0.0)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
-        while not self._stop.wait(0.5):
+    def run(self) -> None:
+        while not self.stopping.wait(0.5):
             try:
                 text = self.manager.metrics()
             except requests.RequestException:
@@ -264,26 +252,13 @@ class InFlightSampler:
                 waiting = metric_sum(text, "dbprovider_database_queue_depth", shard=shard)
                 self.waiting_peak[shard] = max(self.waiting_peak[shard], waiting)
 
-    def __enter__(self) -> InFlightSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
 
 def run_burst(stack: Stack, fleet: Fleet, manager: ManagerProcess, watch: ReadyWatch, label: str, count: int,
               clients: int, tokens: list[str], meter: CpuMeter, hung: str | None = None,
               spy_out: Path | None = None) -> Burst:
-    assert stack.dev is not None
     ids = [f"{label}-{i:04d}" for i in range(count)]
     statements = ProvisionerStatements(*(s for n, s in fleet.servers.items() if n != hung))
-    spy = PySpy(manager.pid, spy_out, idle=False).start() if spy_out is not None else None
-    writes_before, reads_before = stack.apiserver_requests()
-    passes_before = metric_sum(manager.metrics(), "dbprovider_reconciles_total", controller="database")
-    cpu_before, busy_before = meter.snapshot(), machine_busy()
-    with InFlightSampler(manager, list(fleet.servers)) as sampler:
+    with BurstCost(stack, manager, meter, spy_out) as cost, InFlightSampler(manager, list(fleet.servers)) as sampler:
         if hung is not None:
             fleet.servers[hung].freeze()
         started, answered, answers, _ = put_all(manager, tokens, ids, clients)
@@ -293,17 +268,12 @@ def run_burst(stack: Stack, fleet: Fleet, manager: ManagerProcess, watch: ReadyW
             wait_for(lambda: len(watch.shard_of.keys() & wanted) == count, 300, f"{count} databases placed", 0.1)
             wanted = {i for i in ids if watch.shard_of[i] != hung}
         wait_for(lambda: watch.count(wanted) == len(wanted), 1800, f"{len(wanted)} databases Ready", 0.05)
-    if spy is not None:
-        spy.stop()
     ready = max(watch.ready_at[i] for i in wanted) - started
-    cpu = meter.delta(meter.snapshot(), cpu_before)
-    busy = machine_busy() - busy_before
-    writes_after, reads_after = stack.apiserver_requests()
+    cpu, busy = cost.cpu()
+    requests_made = cost.requests()
     return Burst(started, answered, answers, set(ids), cpu, busy,
                  statements.expect(f"burst {label} ({len(wanted)} new databases)"), ready, sampler.peak,
-                 sampler.waiting_peak,
-                 metric_sum(manager.metrics(), "dbprovider_reconciles_total", controller="database") - passes_before,
-                 counter_delta(writes_after, writes_before), counter_delta(reads_after, reads_before))
+                 sampler.waiting_peak, cost.passes(), requests_made)
 
 
 def placed_per_shard(watch: ReadyWatch, ids: set[str]) -> Counter[str]:
@@ -364,9 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     manager: ManagerProcess | None = None
     watch: ReadyWatch | None = None
     try:
-        stack.start()
-        assert stack.dev is not None
-        dev = stack.dev
+        dev = stack.start_dev()
         fleet = start_servers(stack, names, args.delay)
         rest = stack.admin_rest()
         register_shards(rest, fleet, 2 * per_shard + 10, dev.shard)
@@ -383,12 +351,8 @@ def main(argv: list[str] | None = None) -> int:
         b0 = baseline(fleet, "b0", even, args.sessions, meter)
         log(f"baseline b0: {b0.seconds:.1f} s")
         cleanup(list(fleet.servers.values()))
-        manager = ManagerProcess(stack, "fleet-manager")
+        manager, watch = start_manager(stack, rest, names, "fleet-manager")
         meter.manager_pid = manager.pid
-        manager.wait_leading(rest)
-        wait_for(lambda: shards_ready(rest, names), 120, "every Shard Ready", 0.5)
-        watch = ReadyWatch(stack, dev.namespace).start()
-        time.sleep(2.0)
         spy_out = None
         if args.profile:
             args.profile_dir.mkdir(parents=True, exist_ok=True)
@@ -468,9 +432,10 @@ def main(argv: list[str] | None = None) -> int:
               ("keyword", "baseline b0", "burst r0"))
         print(f"\nDatabase reconciles per new database: r0 {r0.passes / args.count:.2f}, "
               f"r1 {r1.passes / args.count:.2f}")
-        table(f"apiserver requests during burst r0 ({sum(r0.writes.values()) / args.count:.2f} writes and "
-              f"{sum(r0.reads.values()) / args.count:.2f} reads per database; open watches not counted)",
-              [(k, v, f"{v / args.count:.2f}") for k, v in (r0.writes + r0.reads).most_common()],
+        writes, reads = r0.requests.writes, r0.requests.reads
+        table(f"apiserver requests during burst r0 ({sum(writes.values()) / args.count:.2f} writes and "
+              f"{sum(reads.values()) / args.count:.2f} reads per database; open watches not counted)",
+              [(k, v, f"{v / args.count:.2f}") for k, v in (writes + reads).most_common()],
               ("resource verb", "requests", "per database"))
         answers = r0.answers + r1.answers
         table("PUT answers, both bursts (incl. retries)", sorted(answers.items()), ("answer", "count"))

@@ -472,8 +472,7 @@ def manager_run(args: argparse.Namespace) -> int:
     manager = None
     targets = []
     try:
-        stack.start()
-        assert stack.dev is not None
+        stack.start_dev()
         if "memory" in parts:
             log(f"memory per connection ({args.connections} of each kind, each on a fresh manager)")
             memory = memory_per_connection(stack, args.connections)

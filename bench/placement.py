@@ -150,7 +150,6 @@ def live_benchmark(placements: int, rounds: int) -> tuple[dict[str, list[float]]
     """The whole `Placer.place` step (choice, status write, queued Event) with 20 vs 200 Shards."""
     from datetime import UTC, datetime
 
-    from dbprovider.devstack import DevStack
     from domain.config import load_install_config
     from informers import SECRETS
     from reconciler.database import Database, DatabaseController
@@ -160,8 +159,7 @@ def live_benchmark(placements: int, rounds: int) -> tuple[dict[str, list[float]]
     informers: list[Informer] = []
     events: EventRecorder | None = None
     try:
-        stack.start()
-        dev: DevStack = stack.dev  # type: ignore[assignment]
+        dev = stack.start_dev()
         rest = stack.admin_rest(8)
         rest.delete(SHARDS, dev.shard)  # only the benchmark's shards
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

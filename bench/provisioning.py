@@ -28,22 +28,20 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.bursts import BurstCost, start_manager
 from bench.common import (
+    ApiserverRequests,
     CpuMeter,
     ManagerProcess,
     ProvisionerStatements,
-    PySpy,
     ReadyWatch,
     Stack,
     Target,
     bench_owner,
-    counter_delta,
     fmt_s,
     log,
     log_in_as_tenant,
-    machine_busy,
     machine_line,
-    metric_sum,
     percentile,
     put_all,
     report_targets,
@@ -74,7 +72,6 @@ def baseline(
     product's check that a new database is usable, through the DevStack's client endpoint: TLS) for
     `count` new tenants over `sessions` admin sessions sharing one queue; returns (seconds,
     statements by keyword)."""
-    assert stack.postgres is not None
     pg = stack.postgres
     # Without TLS, as before the TLS rule: the figures measure the SQL, compared with the earlier runs.
     endpoint = AdminEndpoint(
@@ -83,9 +80,7 @@ def baseline(
     work: queue.Queue[TenantSpec] = queue.Queue()
     for i in range(count):  # with the ownership record the controller writes (BEGIN, CREATE ROLE, COMMENT, COMMIT)
         work.put(TenantSpec(f"t_bench_{label}_{i:04d}", new_password(), 5, owner=bench_owner()))
-    admins = [AdminSession.for_endpoint(endpoint) for _ in range(sessions)]
-    for admin in admins:
-        admin.connection()  # connected before the clock starts, as the controller's sessions are
+    jobs = [(AdminSession.for_endpoint(endpoint), work) for _ in range(sessions)]
 
     def provision(admin: AdminSession, spec: TenantSpec) -> None:
         ensure_tenant(admin, spec)
@@ -94,16 +89,8 @@ def baseline(
         log_in_as_tenant(pg, spec)
 
     statements = ProvisionerStatements(pg)
-    cpu = CpuMeter()
-    cpu_before, busy_before = cpu.snapshot(), machine_busy()
-    try:
-        elapsed = run_on_sessions([(admin, work) for admin in admins], provision, label)
-        cpu_used = cpu.delta(cpu.snapshot(), cpu_before)  # before the sessions close: a backend's CPU leaves with it
-        busy = machine_busy() - busy_before
-    finally:
-        for admin in admins:
-            admin.close()
-    return Phase(elapsed, cpu_used.get("postgres", 0.0), busy), statements.expect(
+    timed = run_on_sessions(jobs, provision, label, CpuMeter())
+    return Phase(timed.seconds, timed.cpu.get("postgres", 0.0), timed.machine_cpu), statements.expect(
         f"baseline {label} (ensure_tenant x{count})", detail=True
     )
 
@@ -123,26 +110,15 @@ class BurstResult:
     answers: Counter[str]
     cpu: dict[str, float]
     machine_cpu: float
-    writes: Counter[str]
-    reads: Counter[str]
+    requests: ApiserverRequests
     statements: Counter[str]  # by statement text
     passes: float  # Database reconciles (dbprovider_reconciles_total) during the burst
 
 
-def reconciles(manager: ManagerProcess) -> float:
-    return metric_sum(manager.metrics(), "dbprovider_reconciles_total", controller="database")
-
-
 def run_burst(stack: Stack, manager: ManagerProcess, watch: ReadyWatch, label: str, count: int,
               spy_out: Path | None, clients: int | None = None, cpu_only: bool = False) -> BurstResult:
-    assert stack.dev is not None and stack.postgres is not None
-    writes_before, reads_before = stack.apiserver_requests()
-    passes_before = reconciles(manager)
-    cpu = CpuMeter(manager.pid)
-    cpu_before, busy_before = cpu.snapshot(), machine_busy()
     statements = ProvisionerStatements(stack.postgres)
-    spy = PySpy(manager.pid, spy_out, idle=not cpu_only).start() if spy_out is not None else None
-    try:
+    with BurstCost(stack, manager, CpuMeter(manager.pid), spy_out, idle=not cpu_only) as cost:
         names = [f"burst-{label}-{i:04d}" for i in range(count)]
         # Every PUT on a connection of its own, all at once; or `clients` keep-alive connections.
         started, answered, answers, sent = put_all(manager, [stack.dev.token], names, clients or count)
@@ -150,13 +126,8 @@ def run_burst(stack: Stack, manager: ManagerProcess, watch: ReadyWatch, label: s
         log(f"burst {label}: all PUTs answered after {answered:.2f} s; waiting for Ready")
         wait_for(lambda: watch.count(ids) == len(ids), 900, f"{count} databases Ready", 0.05)
         seconds = max(watch.ready_at[i] for i in ids) - started
-        cpu_used = cpu.delta(cpu.snapshot(), cpu_before)
-        busy = machine_busy() - busy_before
-    finally:
-        if spy is not None:
-            spy.stop()
+        cpu_used, busy = cost.cpu()
     time.sleep(5.0)  # the writes that follow Ready (counts on the Consumer and the Shard, events)
-    writes_after, reads_after = stack.apiserver_requests()
     return BurstResult(
         seconds=seconds,
         latencies=[watch.ready_at[i] - sent[i] for i in ids],
@@ -164,10 +135,9 @@ def run_burst(stack: Stack, manager: ManagerProcess, watch: ReadyWatch, label: s
         answers=answers,
         cpu=cpu_used,
         machine_cpu=busy,
-        writes=counter_delta(writes_after, writes_before),
-        reads=counter_delta(reads_after, reads_before),
+        requests=cost.requests(),
         statements=statements.expect(f"burst {label} ({count} new databases)", detail=True),
-        passes=reconciles(manager) - passes_before,
+        passes=cost.passes(),
     )
 
 
@@ -205,9 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     manager: ManagerProcess | None = None
     watch: ReadyWatch | None = None
     try:
-        stack.start()
-        assert stack.dev is not None
-        dev = stack.dev
+        dev = stack.start_dev()
         rest = stack.admin_rest()
         rest.patch(CONSUMERS, dev.consumer, {"spec": {"maxDatabases": repeats * count + 50}})
         rest.patch(SHARDS, dev.shard, {"spec": {"maxDatabases": repeats * count + 50}})
@@ -228,17 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"baseline ensure ({label}): {phase.seconds:.2f} s")
 
         ensure_baseline("b0")
-        manager = ManagerProcess(stack)
-        manager.wait_leading(rest)
-        wait_for(
-            lambda: any(
-                c.get("type") == "Ready" and c.get("status") == "True"
-                for c in (rest.get(SHARDS, dev.shard).get("status") or {}).get("conditions") or []
-            ),
-            120, "the Shard to be Ready", 0.3,
-        )
-        watch = ReadyWatch(stack, dev.namespace).start()
-        time.sleep(2.0)  # let the start-up writes settle before counting
+        manager, watch = start_manager(stack, rest, [dev.shard], "bench-manager")
         bursts: list[BurstResult] = []
         for n in range(repeats):
             profile = args.profile and n == repeats - 1
@@ -290,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         answers: Counter[str] = sum((b.answers for b in bursts), Counter())
         table("PUT answers, all bursts (incl. retries)", sorted(answers.items()), ("answer", "count"))
-        writes: Counter[str] = sum((b.writes for b in bursts), Counter())
+        writes: Counter[str] = sum((b.requests.writes for b in bursts), Counter())
         total = count * repeats
         total_writes = sum(writes.values())
         lease_writes = sum(v for k, v in writes.items() if k.startswith("leases "))
@@ -300,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
             [(k, v, f"{v / total:.2f}") for k, v in writes.most_common()],
             ("resource verb", "requests", "per database"),
         )
-        reads: Counter[str] = sum((b.reads for b in bursts), Counter())
+        reads: Counter[str] = sum((b.requests.reads for b in bursts), Counter())
         table(
             f"apiserver reads during the bursts ({sum(reads.values()) / total:.2f} per database; open "
             "watches are counted when they end, so not here)",

@@ -135,9 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     stack = Stack("quota", config={"api": {"maxRequestsPerConsumer": per_consumer}} if per_consumer else None)
     managers: list[ManagerProcess] = []
     try:
-        stack.start()
-        dev = stack.dev
-        assert dev is not None
+        dev = stack.start_dev()
         rest = stack.admin_rest()
         rest.patch(SHARDS, dev.shard, {"spec": {"accepting": False}})  # the API's path, not provisioning
         managers = [ManagerProcess(stack, f"quota-{n}") for n in range(args.replicas)]

@@ -71,6 +71,7 @@ from domain.constants import (
 from domain.credentials import Endpoint, build_secret, new_password, password_id
 from domain.naming import database_object_name, label_value, tenant_name
 from domain.tokens import hash_token
+from harness.background import Background
 from informers import SECRETS, Rest
 from reconciler.resources import DATABASES, SHARDS
 
@@ -87,7 +88,6 @@ def create_shards(rest: Rest, stack: Stack, count: int, per_shard: int) -> list[
     """`count` Shards on the stack's one server, sharing the DevStack shard's admin Secret (listed in
     shardSecrets, in a namespace of its own, as docs/install.md asks)."""
     dev, pg = stack.dev, stack.postgres
-    assert dev is not None and pg is not None
     names = [f"scale-{i:02d}" for i in range(count)]
     for name in names:
         rest.create(SHARDS, {
@@ -141,7 +141,6 @@ def ready_status(shard: str, tenant: str, now: str) -> dict[str, Any]:
 def create_consumers(rest: Rest, stack: Stack, count: int, threads: int, prefix: str = "scale-c") -> dict[str, str]:
     """`count` Consumers with their token Secrets; returns name -> token."""
     dev = stack.dev
-    assert dev is not None
     names = [f"{prefix}-{i:04d}" for i in range(count)]
     with ThreadPoolExecutor(threads) as pool:
         tokens = list(pool.map(lambda name: dev.add_consumer(rest, name, None), names))
@@ -154,7 +153,6 @@ def create_databases(
     """`count` Ready Databases with their Secrets, round-robin over `shards` and `consumers`; returns the
     seconds taken."""
     dev, pg = stack.dev, stack.postgres
-    assert dev is not None and pg is not None
     namespace = dev.namespace
     endpoint = Endpoint("127.0.0.1", pg.port, "require")
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -260,21 +258,19 @@ def wait_caught_up(
     raise TimeoutError(f"manager not caught up within {timeout:.0f}s: {milestones}\n{manager.tail()}")
 
 
-class FirstAnswer:
+class FirstAnswer(Background):
     """Polls a GET with a consumer's token from the manager's start: when did it first answer 200?"""
 
     def __init__(self, manager: ManagerProcess, token: str) -> None:
+        super().__init__()
         self.manager = manager
         self.token = token
         self.seconds: float | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
 
-    def _run(self) -> None:
+    def run(self) -> None:
         session = requests.Session()
         headers = {"Authorization": f"Bearer {self.token}"}
-        while not self._stop.is_set():
+        while not self.stopping.is_set():
             try:
                 response = session.get(self.manager.url("/v1/databases"), headers=headers,
                                         verify=str(self.manager.dev.ca_file), timeout=5)
@@ -283,11 +279,7 @@ class FirstAnswer:
                     return
             except requests.RequestException:
                 pass
-            self._stop.wait(0.1)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
+            self.stopping.wait(0.1)
 
 
 def watches(stack: Stack) -> Counter[str]:
@@ -324,7 +316,6 @@ def time_until(check: Callable[[], bool], timeout: float) -> float:
 
 def token_change(rest: Rest, stack: Stack, manager: ManagerProcess, consumer: str, old: str) -> dict[str, float]:
     """Seconds until a token Secret change applies on the manager: a hash added, the old one removed."""
-    assert stack.dev is not None
     new = f"{old[:-8]}{'f' * 8}" if not old.endswith("f" * 8) else f"{old[:-8]}{'0' * 8}"
     name, namespace = f"{consumer}-token", stack.dev.namespace
     secret = rest.get(SECRETS, name, namespace)
@@ -360,14 +351,13 @@ class Fleet:
 def measure_start(fleet: Fleet, run: int, args: argparse.Namespace) -> list[Target]:
     """Start a manager on the fleet, measure it as the module docstring says, stop it; the run's targets."""
     stack, rest, count = fleet.stack, fleet.rest, fleet.count
-    assert stack.postgres is not None
     first_consumer = fleet.consumers[0]
     provisioner = ProvisionerStatements(stack.postgres)
     writes_before = stack.apiserver_writes()
     watches_before = watches(stack)
     manager: ManagerProcess | None = ManagerProcess(stack, f"scale-manager-{run}")
     assert manager is not None
-    first = FirstAnswer(manager, fleet.tokens[first_consumer])
+    first = FirstAnswer(manager, fleet.tokens[first_consumer]).start()
     try:
         sampler, milestones = wait_caught_up(manager, rest, count)
         caught_up = milestones["caught_up"]
@@ -477,8 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     manager: ManagerProcess | None = None
     spy: PySpy | None = None
     try:
-        stack.start()
-        assert stack.dev is not None and stack.postgres is not None
+        stack.start_dev()
         rest = stack.admin_rest(args.threads + 8)
         setup_started = time.monotonic()
         shards = create_shards(rest, stack, args.shards, -(-count // args.shards))
@@ -520,7 +509,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def stack_sizes(stack: Stack) -> str:
     """etcd's database on disk and the control plane's memory, after the setup (where limits would bite)."""
-    assert stack.kube is not None
     etcd_bytes = sum(f.stat().st_size for f in (stack.kube.workdir / "etcd").rglob("*") if f.is_file())
     rss = {}
     for proc in psutil.Process().children(recursive=True):

@@ -24,6 +24,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+from harness.sockets import accepted
+
 Socket = socket.socket  # the type, named apart from NetworkNamespace.socket
 
 _CLONE_NEWNET = 0x40000000
@@ -108,11 +110,7 @@ class Relay:
         threading.Thread(target=self._accept, name=f"relay-{name}", daemon=True).start()
 
     def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return  # closed
+        for client in accepted(self.listener):
             threading.Thread(target=self._connect, args=(client,), daemon=True).start()
 
     def _connect(self, client: socket.socket) -> None:

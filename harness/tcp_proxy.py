@@ -28,6 +28,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from harness.sockets import accepted
+
 _CHUNK = 65536
 
 
@@ -178,11 +180,7 @@ class TcpProxy:
     # -- machinery -------------------------------------------------------------------------------
 
     def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
+        for client in accepted(self._listener, self._stop):
             client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             upstream = None
             if not self.silent:

@@ -33,6 +33,7 @@ from domain.config import load_install_config
 from domain.constants import ANNOTATION_DELETE_REQUESTED_AT
 from domain.naming import database_object_name
 from harness import KubeControlPlane
+from harness.manager_endpoints import ManagerEndpoints
 from harness.process import free_port
 from harness.prometheus import PrometheusServer
 from informers import SECRETS, Rest
@@ -65,14 +66,15 @@ class Replica:
     """The manager, in this process, with the backoff cap scaled like the rules."""
 
     def __init__(self, stack: DevStack) -> None:
+        self.endpoints = ManagerEndpoints()
         self.options = ManagerOptions(
             config=stack.config,
             namespace=stack.namespace,
             kubeconfig=str(stack.manager_kubeconfig),
             api_host="127.0.0.1",
-            api_port=free_port(),
+            api_port=self.endpoints.api_port,
             metrics_host="127.0.0.1",
-            metrics_port=free_port(),
+            metrics_port=self.endpoints.metrics_port,
             tls_cert=str(stack.tls_cert),
             tls_key=str(stack.tls_key),
             identity="alerttest-a",
@@ -88,7 +90,7 @@ class Replica:
 
     @property
     def target(self) -> str:
-        return f"127.0.0.1:{self.options.metrics_port}"
+        return self.endpoints.metrics_target
 
     def start(self) -> None:
         self.manager = Manager(self.options).start()
@@ -102,7 +104,7 @@ class Replica:
     def call(self, method: str, path: str) -> requests.Response:
         return requests.request(
             method,
-            f"https://127.0.0.1:{self.options.api_port}{path}",
+            self.endpoints.url(path),
             headers={"Authorization": f"Bearer {self.stack.token}"},
             verify=str(self.stack.ca_file),
             timeout=10,

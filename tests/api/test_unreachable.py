@@ -14,6 +14,7 @@ import pytest
 from kubernetes.client import ApiClient
 
 from api.store import REQUEST_BUDGET, DatabaseStore
+from harness.sockets import accepted
 from informers import Rest
 from tests.api.support import ApiEnv
 
@@ -30,23 +31,20 @@ def store(env: ApiEnv) -> Iterator[DatabaseStore]:
 def silent_apiserver() -> Iterator[str]:
     """A TCP listener that accepts connections and never answers (a paused kube-apiserver)."""
     listener = socket.create_server(("127.0.0.1", 0))
-    accepted: list[socket.socket] = []
+    held: list[socket.socket] = []
     stop = threading.Event()
 
     def accept() -> None:
         listener.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                accepted.append(listener.accept()[0])
-            except TimeoutError:
-                continue
+        for conn in accepted(listener, stop):
+            held.append(conn)
 
     thread = threading.Thread(target=accept, daemon=True)
     thread.start()
     yield f"https://127.0.0.1:{listener.getsockname()[1]}"
     stop.set()
     thread.join()
-    for conn in accepted:
+    for conn in held:
         conn.close()
     listener.close()
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,14 +14,14 @@ from typing import Any
 import pytest
 import requests
 
-from dbprovider.devstack import DevStack, free_port
+from dbprovider.devstack import DevStack
 from domain.tokens import hash_token
 from harness import KubeControlPlane
-from harness.process import stop as stop_process
 from infra.render import config_yaml
 from tests.cli.conftest import DBPROVIDER, read_docs, run, run_on_terminal
 from tests.support.common import wait_for
 from tests.support.kubeapi import KubeApi
+from tests.support.manager_process import ManagerProcess
 from tests.vectors.objects import NAMESPACE
 
 TOKEN_RE = re.compile(r"^[0-9a-f]{64}$", re.MULTILINE)
@@ -48,39 +47,18 @@ def stack(kube: KubeControlPlane, postgres_pool: Any, tmp_path_factory: pytest.T
     created.unregister()
 
 
-class Manager:
+class Manager(ManagerProcess):
     """`dbprovider manager` (the installed script) for the stack, as its own process."""
 
     def __init__(self, stack: DevStack, log: Path) -> None:
-        self.port = free_port()
-        argv = stack.manager_argv("python", self.port, free_port())
+        super().__init__("clitest-manager", log, str(stack.ca_file))
+        argv = stack.manager_argv("python", self.api_port, self.metrics_port)
         assert argv[1:4] == ["-m", "dbprovider.cli", "manager"]
-        env = {**os.environ, **stack.manager_env(), "POD_NAME": "clitest-manager"}
-        self.log = log
-        with open(log, "wb") as out:
-            self.proc = subprocess.Popen(  # a process group of its own, for harness.process.stop
-                [str(DBPROVIDER), *argv[3:]], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-        self.ca = str(stack.ca_file)
+        self.spawn([str(DBPROVIDER), *argv[3:]], {**os.environ, **stack.manager_env()}, Path.cwd())
 
     def call(self, method: str, path: str, token: str) -> requests.Response:
-        return requests.request(
-            method,
-            f"https://127.0.0.1:{self.port}{path}",
-            headers={"Authorization": f"Bearer {token}"},
-            verify=self.ca,
-            timeout=10,
-        )
-
-    def wait_ready(self) -> None:
-        def ready() -> bool:
-            assert self.proc.poll() is None, self.log.read_text()[-3000:]
-            try:
-                return requests.get(f"https://127.0.0.1:{self.port}/readyz", verify=self.ca, timeout=2).ok
-            except requests.RequestException:
-                return False
-
-        wait_for(ready, timeout=60, what="the manager to be ready")
+        headers = {"Authorization": f"Bearer {token}"}
+        return requests.request(method, self.url(path), headers=headers, verify=self.ca, timeout=10)
 
     def wait_status(self, method: str, path: str, token: str, status: int) -> None:
         wait_for(
@@ -88,9 +66,6 @@ class Manager:
             timeout=30,
             what=f"{method} {path} -> {status}",
         )
-
-    def stop(self) -> None:
-        stop_process(self.proc, timeout=60)
 
 
 def apply_file(api: KubeApi, path: Path) -> None:
@@ -133,7 +108,7 @@ def test_consumer_made_by_the_cli_authenticates_and_rotates_without_downtime(
         try:
             apply_file(api, secret_file)
             apply_file(api, consumer_file)
-            manager.wait_ready()
+            manager.wait_ready(timeout=60)
 
             # The printed token works; the quota written by --max-databases 1 holds.
             manager.wait_status("GET", "/v1/databases", token, 200)

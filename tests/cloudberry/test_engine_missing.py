@@ -16,17 +16,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import requests
 
 from dbprovider.devstack import DevStack
 from harness import KubeControlPlane
 from harness.keldon import KELDON_CRD, KELDON_CRD_NAME, RUNNING
 from informers import Resource, Rest
 from reconciler.resources import DATABASE_CLUSTERS, DATABASES, SHARDS
-from tests.faults.support import Replica
 from tests.support.common import condition, wait_for
+from tests.support.devstack import install_stack
 from tests.support.fleet import gone, ignore_missing
 from tests.support.kubeapi import KubeApi, crd_established
+from tests.support.replica import ManagerReplica
 
 CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 READY_WITHIN = 20.0  # seconds from process start to /readyz 200 (the sync bound was 60 s, then an exit)
@@ -38,15 +38,10 @@ def stack(postgres_pool, tmp_path_factory: pytest.TempPathFactory) -> Iterator[D
     (root / "kube").mkdir()
     kube = KubeControlPlane(workdir=root / "kube").start()
     try:
-        created = DevStack(
-            kube, postgres_pool.get("18"), root / "stack",
-            config_overrides={
-                "releaseName": "cbmissing", "namespace": "cbmissing-system", "tls": {"secretName": "cbmissing-tls"},
-                "deletionProtection": {"enabled": False}, "softDelete": {"retention": "0"},
-                "engines": {"cloudberry": {"enabled": True}},
-            },
-            consumer="cbmissing-consumer", shard="cbmissing-pg",
-        ).install()
+        created = install_stack(
+            kube, postgres_pool.get("18"), root / "stack", "cbmissing",
+            softDelete={"retention": "0"}, engines={"cloudberry": {"enabled": True}},
+        )
         with kube.admin_client() as client:
             rest = Rest(client)
             rest.delete(CRDS, KELDON_CRD_NAME)  # install() put it there; this install has none
@@ -56,9 +51,9 @@ def stack(postgres_pool, tmp_path_factory: pytest.TempPathFactory) -> Iterator[D
         kube.close()
 
 
-def _replica(stack: DevStack, name: str, root: Path) -> tuple[Replica, float]:
+def _replica(stack: DevStack, name: str, root: Path) -> tuple[ManagerReplica, float]:
     started = time.monotonic()
-    replica = Replica(stack, name, root)
+    replica = ManagerReplica(stack, name, root)
     replica.wait_ready(timeout=READY_WITHIN)
     return replica, time.monotonic() - started
 
@@ -84,7 +79,7 @@ def test_a_missing_optional_crd_keeps_nothing_else_from_running(stack: DevStack,
 
             shard = wait_for(engine_unavailable, 60, "the cloudberry shard to say EngineUnavailable")
             assert "HTTP 404" in condition(shard, "Ready")["message"]
-            metrics = requests.get(f"http://127.0.0.1:{first.metrics_port}/metrics", timeout=10).text
+            metrics = first.metrics()
             assert 'dbprovider_engine_available{engine="cloudberry"} 0.0' in metrics
         finally:
             first.stop()
@@ -111,7 +106,7 @@ def test_a_missing_optional_crd_keeps_nothing_else_from_running(stack: DevStack,
                 lambda: (condition(rest.get(SHARDS, "cbmissing-cb"), "Ready") or {}).get("reason") == "Ok",
                 90, "the cloudberry shard Ready once the CRD is served",
             )
-            metrics = requests.get(f"http://127.0.0.1:{second.metrics_port}/metrics", timeout=10).text
+            metrics = second.metrics()
             assert 'dbprovider_engine_available{engine="cloudberry"} 1.0' in metrics
         finally:
             second.stop()

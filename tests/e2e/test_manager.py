@@ -15,18 +15,19 @@ import psycopg
 import pytest
 import requests
 
-from dbprovider.devstack import DevStack, free_port
+from dbprovider.devstack import DevStack
 from dbprovider.manager import FD_RESERVE
 from domain.settings import SETTINGS
 from domain.tokens import hash_token
 from domain.version import __version__
 from harness import KubeControlPlane, PostgresServer
 from harness.certs import CertificateAuthority
+from harness.manager_endpoints import ManagerEndpoints
 from informers import LEASES, Rest
 from reconciler.resources import CONSUMERS, SHARDS
 from reconciler.runtime.leader import lease_holder
-from tests.e2e.conftest import install_stack
 from tests.support.common import condition, wait_for
+from tests.support.devstack import install_stack
 from tests.support.replica import REPO, ManagerReplica
 
 
@@ -224,17 +225,19 @@ def test_a_bad_shard_ca_file_stops_the_manager_at_startup(stack: DevStack, tmp_p
 # room for watches, shard sessions and metrics stops the manager, naming the key.
 
 
-def start_limited(stack: DevStack, log: Path, soft: int, hard: int) -> tuple[subprocess.Popen[bytes], int]:
+def start_limited(
+    stack: DevStack, log: Path, soft: int, hard: int
+) -> tuple[subprocess.Popen[bytes], ManagerEndpoints]:
     """A manager whose RLIMIT_NOFILE starts at (soft, hard), as a container runtime would set it."""
     limits: Callable[[], None] = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))  # noqa: E731
-    api_port = free_port()
+    endpoints = ManagerEndpoints()
     env = {**os.environ, **stack.manager_env(), "POD_NAME": f"fd-{log.stem}"}
     with open(log, "wb") as out:
         process = subprocess.Popen(
-            stack.manager_argv(sys.executable, api_port, free_port()), stdout=out, stderr=subprocess.STDOUT,
-            env=env, cwd=REPO, preexec_fn=limits,
+            stack.manager_argv(sys.executable, endpoints.api_port, endpoints.metrics_port),
+            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO, preexec_fn=limits,
         )
-    return process, api_port
+    return process, endpoints
 
 
 def open_files_limit(pid: int) -> tuple[str, str]:
@@ -247,13 +250,12 @@ def open_files_limit(pid: int) -> tuple[str, str]:
 
 def test_the_soft_limit_is_raised_to_the_hard_limit(stack: DevStack, tmp_path: Path) -> None:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    process, api_port = start_limited(stack, tmp_path / "raised.log", 1024, hard)
+    process, endpoints = start_limited(stack, tmp_path / "raised.log", 1024, hard)
     try:
         def ready() -> bool:
             assert process.poll() is None, (tmp_path / "raised.log").read_text()
             try:
-                url = f"https://127.0.0.1:{api_port}/healthz"
-                return requests.get(url, verify=str(stack.ca_file), timeout=2).status_code == 200
+                return requests.get(endpoints.url("/healthz"), verify=str(stack.ca_file), timeout=2).status_code == 200
             except requests.RequestException:
                 return False
 

@@ -19,9 +19,9 @@ from domain.quota import QuotaLedger
 from harness import KubeControlPlane, PostgresServer
 from informers import CONFIGMAPS, Rest
 from reconciler.resources import CONSUMERS, DATABASES, SHARDS
-from tests.e2e.conftest import install_stack
 from tests.support.admission_webhook import RefusingWebhook
 from tests.support.common import unique, wait_for
+from tests.support.devstack import install_stack
 from tests.support.replica import ManagerReplica
 
 NAMESPACE = "quotatest-system"

@@ -21,8 +21,8 @@ from domain.tokens import hash_token
 from harness import KubeControlPlane, PostgresServer
 from informers import SECRETS, Resource, Rest
 from reconciler.resources import CONSUMERS
-from tests.e2e.conftest import install_stack
 from tests.support.common import b64, unique, wait_for
+from tests.support.devstack import install_stack
 from tests.support.replica import ManagerReplica
 
 RELEASE, NAMESPACE, ELSEWHERE = "tokentest", "tokentest-system", "tokentest-elsewhere"

@@ -11,9 +11,7 @@ lost, orphaned or done twice, and that no replica wrote after it lost the Lease.
 from __future__ import annotations
 
 import json
-import os
 import re
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -27,7 +25,6 @@ import requests
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from dbprovider.devstack import DevStack
 from domain.constants import ANNOTATION_ROTATE_REQUESTED_AT, LABEL_CONSUMER
 from harness import KubeControlPlane, PostgresServer
 from harness.statement_log import parse_statement_log
@@ -36,9 +33,9 @@ from reconciler.resources import CONSUMERS, DATABASES, SHARDS
 from reconciler.runtime.leader import lease_holder
 from tests.support.audit import Write, audited_control_plane, controller_writes, leading_intervals
 from tests.support.common import b64, decoded, wait_for
-from tests.support.manager_process import ManagerProcess
+from tests.support.devstack import install_stack
+from tests.support.replica import ManagerReplica
 
-REPO = Path(__file__).resolve().parents[2]
 RELEASE = "faults"
 NAMESPACE = "faults-system"
 CONSUMER = "faults-consumer"
@@ -68,22 +65,11 @@ def timed(check: Callable[[], Any], timeout: float, what: str) -> float:
 # -- processes ---------------------------------------------------------------------------------
 
 
-class Replica(ManagerProcess):
+class Replica(ManagerReplica):
     """One `dbprovider manager` subprocess of the stack; its name is its Lease identity and application_name.
+    A call waits longer for its answer: under a fault the answer may be slow to come."""
 
-    `kubeconfig` replaces the stack's (a replica that reaches the apiserver through a proxy)."""
-
-    def __init__(self, stack: DevStack, name: str, log_dir: Path, kubeconfig: Path | None = None) -> None:
-        super().__init__(name, log_dir / f"{name}.log", str(stack.ca_file))
-        self.token = stack.token
-        argv = stack.manager_argv(sys.executable, self.api_port, self.metrics_port)
-        if kubeconfig is not None:
-            argv[argv.index("--kubeconfig") + 1] = str(kubeconfig)
-        self.spawn(argv, {**os.environ, **stack.manager_env()}, REPO)
-
-    def call(self, method: str, path: str, timeout: float = 15, **kwargs: Any) -> requests.Response:
-        headers = {"Authorization": f"Bearer {self.token}"}
-        return requests.request(method, self.url(path), headers=headers, verify=self.ca, timeout=timeout, **kwargs)
+    call_timeout = 15.0
 
 
 # -- the stack ---------------------------------------------------------------------------------
@@ -110,20 +96,16 @@ class FaultStack:
             SHARD_A: PostgresServer("18", log_statements=True, settings=logged, durable=True).start(),
             SHARD_B: PostgresServer("18", log_statements=True, settings=logged, durable=True).start(),
         }
-        self.dev = DevStack(
-            self.kube, self.shards[SHARD_A], self.root / "stack",
-            config_overrides={
-                "releaseName": RELEASE, "namespace": NAMESPACE, "tls": {"secretName": f"{RELEASE}-tls"},
-                "deletionProtection": {"enabled": False}, "softDelete": {"retention": "0"},
-                # The suite keeps every database it makes (well over 100 on two servers of 200
-                # connections): with a limit of 1 each they all fit the shards' connection budgets.
-                "sizeClasses": {"small": {"connectionLimit": 1}},
-                "shardSecrets": [
-                    {"namespace": SHARD_SECRETS_NAMESPACE, "name": f"{name}-provisioner"} for name in (SHARD_A, SHARD_B)
-                ],
-            },
-            consumer=CONSUMER, shard=SHARD_A,
-        ).install()
+        self.dev = install_stack(
+            self.kube, self.shards[SHARD_A], self.root / "stack", RELEASE, shard=SHARD_A,
+            softDelete={"retention": "0"},
+            # The suite keeps every database it makes (well over 100 on two servers of 200
+            # connections): with a limit of 1 each they all fit the shards' connection budgets.
+            sizeClasses={"small": {"connectionLimit": 1}},
+            shardSecrets=[
+                {"namespace": SHARD_SECRETS_NAMESPACE, "name": f"{name}-provisioner"} for name in (SHARD_A, SHARD_B)
+            ],
+        )
         self._client = self.kube.admin_client()
         self.rest = Rest(self._client)
         self._second_shard()
@@ -164,7 +146,7 @@ class FaultStack:
         """Start a replica and wait for /readyz 200. Its ports are picked free just before it binds
         them; on a busy machine another socket may take one meanwhile: then it starts again."""
         for _ in range(3):
-            replica = Replica(self.dev, name, self.root, kubeconfig)
+            replica = Replica(self.dev, name, self.root, kubeconfig=kubeconfig)
             self.replicas.append(replica)
             try:
                 replica.wait_ready()

@@ -12,6 +12,8 @@ import socket
 import struct
 import threading
 
+from harness.sockets import accepted
+
 CLEARTEXT = 3
 MD5 = 5
 _SSL_REQUEST = 80877103
@@ -58,13 +60,7 @@ class HostilePostgres:
         self._server.close()
 
     def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._server.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
+        for conn in accepted(self._server, self._stop):
             with self._lock:
                 self.connections += 1
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()

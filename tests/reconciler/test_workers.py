@@ -5,8 +5,6 @@ a lane of its own, with no SQL), and a hung shard holds only its own lane's work
 from __future__ import annotations
 
 import secrets
-import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +14,7 @@ from psycopg import sql
 
 from domain.constants import UNPLACED
 from harness import PostgresServer
+from harness.background import Background
 from reconciler.resources import SHARDS
 from reconciler.runtime import Controller, current_slot
 from tests.reconciler.conftest import install_config
@@ -48,21 +47,20 @@ def second_provisioner(postgres_pool) -> Iterator[tuple[str, str]]:
     yield role, password
 
 
-class SessionWatch:
+class SessionWatch(Background):
     """Samples pg_stat_activity: the most sessions each role held at once, and which sessions sent
     tenant SQL (anything but the Shard controller's check)."""
 
     def __init__(self, server: PostgresServer, roles: tuple[str, ...]) -> None:
+        super().__init__()
         self.server = server
         self.roles = roles
         self.peak: Counter[str] = Counter()
         self.tenant_sessions: dict[str, set[int]] = {role: set() for role in roles}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
+    def run(self) -> None:
         with self.server.superuser_connection() as conn:
-            while not self._stop.is_set():
+            while not self.stopping.is_set():
                 rows = conn.execute(
                     "SELECT usename, pid, query FROM pg_stat_activity WHERE usename = ANY(%s)", (list(self.roles),)
                 ).fetchall()
@@ -71,15 +69,7 @@ class SessionWatch:
                 for role, pid, query in rows:
                     if query and "server_version_num" not in query:
                         self.tenant_sessions[role].add(pid)
-                time.sleep(0.01)
-
-    def __enter__(self) -> SessionWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
+                self.stopping.wait(0.01)
 
 
 def test_a_shard_gets_at_most_workers_per_shard_sessions_and_its_sql_runs_in_its_lane(

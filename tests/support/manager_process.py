@@ -16,14 +16,14 @@ from typing import Any
 
 import requests
 
-from harness.process import free_port
+from harness.manager_endpoints import ManagerEndpoints
 from tests.support.common import wait_for
 
 
-class ManagerProcess:
+class ManagerProcess(ManagerEndpoints):
     def __init__(self, name: str, log: Path, ca: str) -> None:
+        super().__init__()
         self.name = name
-        self.api_port, self.metrics_port = free_port(), free_port()
         self.log = log
         self.ca = ca
         self.paused = False
@@ -41,9 +41,6 @@ class ManagerProcess:
     def pid(self) -> int:
         return self.proc.pid
 
-    def url(self, path: str) -> str:
-        return f"https://127.0.0.1:{self.api_port}{path}"
-
     def readyz(self) -> int:
         """/readyz's status, 0 without an answer."""
         try:
@@ -57,9 +54,6 @@ class ManagerProcess:
             return self.readyz() == 200
 
         wait_for(ready, timeout, f"{self.name} /readyz 200")
-
-    def metrics(self) -> str:
-        return requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).text
 
     def pause(self) -> None:
         os.kill(self.pid, signal.SIGSTOP)

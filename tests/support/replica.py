@@ -23,19 +23,29 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class ManagerReplica(ManagerProcess):
+    """See the module docstring. `args` are appended to the stack's manager command line, `env` to its
+    environment; `kubeconfig` replaces the stack's (a replica that reaches the apiserver through a proxy)."""
+
+    call_timeout = 10.0  # seconds a call waits for its answer unless told otherwise
+
     def __init__(
-        self, stack: DevStack, name: str, log_dir: Path, args: tuple[str, ...] = (), env: dict[str, str] | None = None
+        self, stack: DevStack, name: str, log_dir: Path, args: tuple[str, ...] = (), env: dict[str, str] | None = None,
+        kubeconfig: Path | None = None,
     ) -> None:
         super().__init__(name, log_dir / f"{name}.log", str(stack.ca_file))
         self.token = stack.token
         argv = [*stack.manager_argv(sys.executable, self.api_port, self.metrics_port), *args]
+        if kubeconfig is not None:
+            argv[argv.index("--kubeconfig") + 1] = str(kubeconfig)
         self.spawn(argv, {**os.environ, **stack.manager_env(), **(env or {})}, REPO)
 
     def call(
-        self, method: str, path: str, token: str | None = None, timeout: float = 10, **kwargs: Any
+        self, method: str, path: str, token: str | None = None, timeout: float | None = None, **kwargs: Any
     ) -> requests.Response:
         headers = {"Authorization": f"Bearer {token or self.token}"}
-        return requests.request(method, self.url(path), headers=headers, verify=self.ca, timeout=timeout, **kwargs)
+        return requests.request(
+            method, self.url(path), headers=headers, verify=self.ca, timeout=timeout or self.call_timeout, **kwargs
+        )
 
     @property
     def exit_code(self) -> int | None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import re
 import secrets
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from psycopg import sql
 
 from domain.naming import database_object_name
 from harness import PostgresServer
+from harness.background import Background
 from harness.statement_log import LoggedStatement, parse_statement_log
 from informers import SECRETS, Rest
 from reconciler.resources import DATABASES, SHARDS
@@ -382,37 +382,29 @@ def _check_tenant_sql(case: Case, statements: list[LoggedStatement]) -> list[str
 # -- a client calling all the time ------------------------------------------------------------------
 
 
-class Poller:
+class Poller(Background):
     """Calls the API through the Service every `interval` seconds (a list and one database's
     credentials, in turn) until stopped; every answer must be a 200."""
 
+    join_timeout = 30.0
+
     def __init__(self, cluster: Cluster, token: str, external_id: str, interval: float = 0.2) -> None:
+        super().__init__()
         self.cluster = cluster
         self.token = token
         self.paths = ["/v1/databases", f"/v1/databases/{external_id}/credentials"]
         self.interval = interval
         self.answers: list[tuple[float, str, int, str]] = []  # (sent at, path, status, replica)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="api-poller", daemon=True)
 
-    def start(self) -> Poller:
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
+    def run(self) -> None:
         turn = 0
-        while not self._stop.is_set():
+        while not self.stopping.is_set():
             path = self.paths[turn % len(self.paths)]
             sent = time.monotonic()
             answer = self.cluster.call(self.token, "GET", path)
             self.answers.append((sent, path, answer.status, getattr(answer, "replica", "")))
             turn += 1
-            self._stop.wait(self.interval)
-
-    def stop(self) -> Poller:
-        self._stop.set()
-        self._thread.join(30)
-        return self
+            self.stopping.wait(self.interval)
 
     def failures(self) -> list[tuple[float, str, int, str]]:
         return [a for a in self.answers if a[2] != 200]

@@ -129,6 +129,16 @@ def _old(previous: BuiltRelease, kubeconfig: Path, namespace: str, identity: str
     return elector
 
 
+def _led_by_this_release(
+    previous: BuiltRelease, kubeconfig: Path, rest: Rest, namespace: str, started: list
+) -> tuple[LeaderElector, OldElector]:
+    """A replica of this release leading ("new-0"), then one of the previous release ("old-0") beside it:
+    where a rollout to this release stands once its first replica took over."""
+    leader = _new(rest, namespace, "new-0", started)
+    assert leader.wait_until_leading(10)
+    return leader, _old(previous, kubeconfig, namespace, "old-0", started)
+
+
 def _holder(rest: Rest, namespace: str) -> str | None:
     return lease_holder(rest.get(LEASES, "lock", namespace))
 
@@ -157,9 +167,7 @@ def test_an_older_leader_keeps_the_lease_while_a_newer_replica_waits_then_hands_
 def test_an_older_replica_never_takes_the_lease_from_a_newer_one_alive_or_crashed(
     previous: BuiltRelease, kubeconfig: Path, rest: Rest, namespace: str, started: list
 ) -> None:
-    first = _new(rest, namespace, "new-0", started)
-    assert first.wait_until_leading(10)
-    old = _old(previous, kubeconfig, namespace, "old-0", started)
+    first, old = _led_by_this_release(previous, kubeconfig, rest, namespace, started)
     second = _new(rest, namespace, "new-1", started)
     time.sleep(3 * LEASE)
     assert not old.started() and not second.is_leading()
@@ -183,9 +191,7 @@ def test_an_older_replica_never_takes_the_lease_from_a_newer_one_alive_or_crashe
 def test_a_released_lease_goes_at_once_to_this_release_and_to_an_older_one_only_after_the_wait(
     previous: BuiltRelease, kubeconfig: Path, rest: Rest, namespace: str, started: list
 ) -> None:
-    leader = _new(rest, namespace, "new-0", started)
-    assert leader.wait_until_leading(10)
-    old = _old(previous, kubeconfig, namespace, "old-0", started)
+    leader, old = _led_by_this_release(previous, kubeconfig, rest, namespace, started)
     follower = _new(rest, namespace, "new-1", started)
     time.sleep(LEASE)
 
@@ -208,9 +214,7 @@ def test_a_rollback_frees_the_lease_once_no_replica_of_this_release_is_left(
 ) -> None:
     """docs/upgrade.md, "Rolling back": the previous release's replicas come up beside this one's,
     this release's go; then the Lease's holder is cleared and an old replica leads at once."""
-    leader = _new(rest, namespace, "new-0", started)
-    assert leader.wait_until_leading(10)
-    old = _old(previous, kubeconfig, namespace, "old-0", started)
+    leader, old = _led_by_this_release(previous, kubeconfig, rest, namespace, started)
     time.sleep(LEASE)
     leader.stop()  # the last replica of this release goes
     time.sleep(2 * LEASE)

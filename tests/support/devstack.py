@@ -1,0 +1,25 @@
+"""A DevStack release of a suite's own on the shared apiserver (the suites that run `dbprovider manager`
+processes against it: e2e, faults, cloudberry)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dbprovider.devstack import DevStack
+from harness import KubeControlPlane, PostgresServer
+
+
+def install_stack(kube: KubeControlPlane, postgres: PostgresServer, workdir: Path, release: str,
+                  *, shard: str | None = None, **overrides: Any) -> DevStack:
+    """The product installed as release `release` (namespace `<release>-system`), with its Shard
+    (`<release>-pg` unless named) on `postgres` and a Consumer; deletion protection off, so the test
+    can remove what it made. `overrides` are install config keys."""
+    return DevStack(
+        kube, postgres, workdir,
+        config_overrides={
+            "releaseName": release, "namespace": f"{release}-system", "tls": {"secretName": f"{release}-tls"},
+            "deletionProtection": {"enabled": False}, **overrides,
+        },
+        consumer=f"{release}-consumer", shard=shard or f"{release}-pg",
+    ).install()
