@@ -25,7 +25,7 @@ from typing import Any
 
 from domain.conditions import Condition, condition_is_true, find_condition, with_condition, without_condition
 from domain.metadata import ObjectMeta
-from domain.objects import DatabaseObject
+from domain.objects import DatabaseObject, status_body
 from domain.specs import DatabaseSpec
 from domain.status import DatabaseStatus
 
@@ -158,19 +158,13 @@ class Database:
     def status_body(self) -> dict[str, Any]:
         """The status as the apiserver stores it: camelCase, only stored or set keys, stored time format,
         and every stored key the model does not know, unchanged."""
-        stored = self.db.get("status") or {}
-        unknown = {key: value for key, value in stored.items() if key not in _STATUS_KEYS}
-        return {**unknown, **self.status.model_dump(by_alias=True, exclude_none=True, exclude_unset=True, mode="json")}
+        return status_body(self.status, self.db.get("status"))  # the stored status: a newer release's keys
 
     def describe(self) -> str:
         """consumer, externalId and shard: what events and logs say about a database."""
         return (
             f"consumer={self.spec.consumer} externalId={self.spec.external_id} shard={self.status.shard or 'unplaced'}"
         )
-
-
-# The camelCase keys DatabaseStatus reads and writes; any other stored key belongs to a newer release.
-_STATUS_KEYS = frozenset(field.alias or name for name, field in DatabaseStatus.model_fields.items())
 
 
 def _sent(value: str | None, field: str) -> str:
