@@ -13,10 +13,10 @@ test: setup
 	.venv/bin/python -m pytest -n 2 --dist loadfile -m "not serial"
 	.venv/bin/python -m pytest -m serial
 
-# The inner loop: every test that needs no server (no apiserver, PostgreSQL, Prometheus or Pulumi), on both
-# cores. A test that starts a server without being marked `server` fails here (tests/conftest.py says how).
+# The inner loop: every test that needs no server (no apiserver, PostgreSQL, Prometheus or Pulumi) and builds
+# no wheel (tests/packaging, marked slow), on both cores. A test that starts a server without being marked `server` fails here (tests/conftest.py says how).
 test-fast: setup
-	DBPROVIDER_TEST_NO_SERVERS=1 .venv/bin/python -m pytest -m "not server" -n 2
+	DBPROVIDER_TEST_NO_SERVERS=1 .venv/bin/python -m pytest -m "not server and not slow" -n 2
 
 lint: setup
 	.venv/bin/ruff check .

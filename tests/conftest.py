@@ -31,6 +31,9 @@ SERVER_FIXTURES = frozenset(
 # roll pods on a one-node Kubernetes while a client counts failed calls: `make test` runs them after the
 # others, alone on the machine, never beside another worker.
 SERIAL_SUITES = frozenset({"faults", "alerts", "cluster"})
+# Suites that need no server but build a wheel and a virtualenv (about 40 s of CPU): in `make test`, not in
+# the inner loop (`make test-fast` leaves out `slow`).
+SLOW_SUITES = frozenset({"packaging"})
 # Suites whose binaries hack/late-builds.sh may still be building in the background (CI), in the order of
 # their builds there, each with the builds it needs: they run after every other test of their pytest run.
 LATE_BUILDS_OF = {"pulumi": ("pulumi",), "cluster": ("pulumi", "node", "coredns", "image", "pause")}
@@ -50,6 +53,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.server)
         if _suite(item) in SERIAL_SUITES:
             item.add_marker(pytest.mark.serial)
+        if _suite(item) in SLOW_SUITES:
+            item.add_marker(pytest.mark.slow)
 
     def lateness(item: pytest.Item) -> int:
         suite = _suite(item)
