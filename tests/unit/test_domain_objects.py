@@ -13,20 +13,7 @@ from domain.metadata import Identity, ObjectMeta
 from domain.objects import ConsumerObject, DatabaseObject, ShardObject
 from domain.resources import DATABASES, SHARDS, database_consumer, database_shard
 from informers import Resource as InformersResource
-
-STORED_STATUS: dict[str, Any] = {
-    "phase": "Ready",
-    "shard": "shard-a",
-    "conditions": [
-        {
-            "type": "Ready",
-            "status": "True",
-            "reason": "Provisioned",
-            "message": "",
-            "lastTransitionTime": "2026-12-01T10:00:00Z",
-        }
-    ],
-}
+from tests.support.objects import STORED_STATUS
 
 
 def database(**changes: Any) -> dict[str, Any]:

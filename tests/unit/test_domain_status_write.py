@@ -10,30 +10,23 @@ from pydantic import ValidationError
 
 from domain.constants import Phase
 from domain.objects import DatabaseGlance, DatabaseObject, ShardObject, ShardState
-
-STORED_STATUS: dict[str, Any] = {
-    "phase": "Ready",
-    "shard": "shard-a",
-    "conditions": [
-        {
-            "type": "Ready",
-            "status": "True",
-            "reason": "Provisioned",
-            "message": "",
-            "lastTransitionTime": "2026-12-01T10:00:00Z",
-        }
-    ],
-}
+from tests.support.objects import STORED_STATUS
 
 
 def database(**changes: Any) -> dict[str, Any]:
     obj: dict[str, Any] = {
-        "metadata": {"name": "team-a-orders", "namespace": "dbprovider", "generation": 3, "resourceVersion": "812",
-                     "creationTimestamp": "2026-12-01T09:59:58Z"},
+        "metadata": {
+            "name": "team-a-orders",
+            "namespace": "dbprovider",
+            "generation": 3,
+            "resourceVersion": "812",
+            "creationTimestamp": "2026-12-01T09:59:58Z",
+        },
         "spec": {"consumer": "team-a", "externalId": "orders"},
         "status": STORED_STATUS,
     }
     return {**obj, **changes}
+
 
 # A newer release's status: a phase this release does not know, and a key its model does not have.
 NEWER_STATUS: dict[str, Any] = {**STORED_STATUS, "phase": "Sleeping", "placementScore": 7}
