@@ -33,6 +33,13 @@ log = logging.getLogger(__name__)
 CACHE_LAG_WAIT = 2.0
 
 
+def _later(version: str | None, than: str) -> bool:
+    """True if resourceVersion `version` is known to come after `than`. Kubernetes calls resourceVersions
+    opaque, but an etcd-backed apiserver's are the etcd revisions, integers that grow with every write; for
+    anything else this says False, and the caller waits, then reads live."""
+    return version is not None and version.isdigit() and than.isdigit() and int(version) > int(than)
+
+
 class CacheLags(Exception):
     """Ends a pass whose cache does not show this replica's last write yet (no failure, nothing written):
     the write's watch event wakes the key; the controller looks again after `requeue_after` at the latest."""
@@ -124,8 +131,9 @@ class DatabaseWrites:
         if written is None:
             return cached
         version, when = written
-        if resource_version_of(cached) == version:
-            self.forget(key)
+        cached_version = resource_version_of(cached)
+        if cached_version == version or _later(cached_version, version):
+            self.forget(key)  # the cache shows our write, or a later one (another writer's, made after ours)
             return cached
         waited = time.monotonic() - when
         if waited < CACHE_LAG_WAIT:
