@@ -26,7 +26,7 @@ from typing import Any
 from dbprovider.dev_values import dev_install_config, read_dev_values
 from dbprovider.devstack import DevStack
 from dbprovider.logs import configure_logging
-from dbprovider.manager import Manager, ManagerOptions
+from dbprovider.manager import Manager, ManagerOptions, wait_for_stop
 from domain.config import ConfigError, format_duration
 from harness import KubeControlPlane, MissingBinaryError, PostgresServer
 
@@ -140,7 +140,7 @@ def run_dev(postgres_flavor: str, state_dir: str, values_file: str | None = None
             return 1
         _write_env_file(env_file, stack.env())
         print(_walkthrough(stack, env_file), flush=True)
-        stopping.wait()
+        wait_for_stop(stopping)
         print("dbprovider dev: stopping ...", flush=True)
     finally:
         began = time.monotonic()

@@ -197,10 +197,26 @@ def run_manager(options: ManagerOptions, stop: threading.Event | None = None) ->
             signal.signal(sig, lambda *_: stop.set())
     manager = Manager(options).start()
     try:
-        stop.wait()
+        wait_for_stop(stop)
     finally:
         manager.stop()
     return 0
+
+
+STOP_POLL = 0.5
+
+
+def wait_for_stop(stop: threading.Event) -> None:
+    """Block the main thread until `stop` is set, waking every STOP_POLL seconds.
+
+    Python runs signal handlers in the main thread only, between bytecodes. A wait without a timeout
+    relies on the signal interrupting the main thread's futex wait; the kernel may hand a process'
+    signal to any of its threads, and when another one takes it the main thread sleeps on and the
+    handler never runs (seen once in CI: `dbprovider dev` ignored SIGTERM for 150 s). Waking
+    periodically lets the interpreter run a pending handler within STOP_POLL.
+    """
+    while not stop.wait(STOP_POLL):
+        pass
 
 
 def raise_fd_limit(max_connections: int) -> str | None:

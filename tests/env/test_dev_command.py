@@ -30,6 +30,7 @@ def test_dev_runs_the_consumer_flow_and_stops_cleanly(tmp_path: Path) -> None:
         stderr=subprocess.STDOUT,
         text=True,
         cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},  # SIGABRT dumps every thread's stack
     )
     try:
         text = wait_ready_line(proc, 180)
@@ -75,8 +76,12 @@ def test_dev_runs_the_consumer_flow_and_stops_cleanly(tmp_path: Path) -> None:
         try:
             rest, _ = proc.communicate(timeout=150)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            rest, _ = proc.communicate()
+            proc.send_signal(signal.SIGABRT)  # where each thread is, for the failure message
+            try:
+                rest, _ = proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                rest, _ = proc.communicate()
             raise AssertionError(f"dbprovider dev did not stop within 150s; its output:\n{rest}") from None
         assert proc.returncode == 0, rest
         assert "dbprovider dev: stopped" in rest
