@@ -51,7 +51,7 @@ from domain.quota import (
     restructure_patch,
     stale_holders,
 )
-from domain.settings import SETTINGS
+from domain.settings import SETTINGS, QuotaTimings
 from domain.specs import database_consumer_name, database_external_id
 from informers import CONFIGMAPS, Rest
 from informers.rest import JSON_PATCH, MERGE_PATCH
@@ -111,9 +111,7 @@ class QuotaLedgers:
         cached_of: Callable[[str], Mapping[str, Obj]],
         *,
         clock: Callable[[], datetime],
-        reservation_timeout: float = SETTINGS.quota.reservation_timeout,
-        create_deadline: float = SETTINGS.quota.create_deadline,
-        write_attempts: int = SETTINGS.quota.write_attempts,
+        timings: QuotaTimings = SETTINGS.quota,
         request_timeout: float = 1.0,
     ) -> None:
         self.rest = rest
@@ -121,9 +119,8 @@ class QuotaLedgers:
         self.limit_of = limit_of
         self.cached_of = cached_of
         self.clock = clock
-        self.reservation_timeout = timedelta(seconds=reservation_timeout)
-        self.create_deadline = create_deadline
-        self.write_attempts = write_attempts
+        self.timings = timings
+        self.reservation_timeout = timedelta(seconds=timings.reservation_timeout)
         self.request_timeout = request_timeout
         self._guard = threading.Lock()
         self._ledgers: dict[str, _Ledger] = {}
@@ -162,8 +159,10 @@ class QuotaLedgers:
         for request in batch:
             slot, holder = granted.get(request.external_id, (None, None))
             if request.external_id in refused:
-                request.error = QuotaExceeded(f"the quota of {refused[request.external_id]} databases is reached; "
-                                              "delete one or ask for a higher quota")
+                request.error = QuotaExceeded(
+                    f"the quota of {refused[request.external_id]} databases is reached; "
+                    "delete one or ask for a higher quota"
+                )
             else:
                 request.reservation = Reservation(consumer, request.external_id, slot, holder, taken)
                 granted.pop(request.external_id, None)  # a second request for it takes no slot of its own
@@ -177,8 +176,8 @@ class QuotaLedgers:
         limit = self.limit_of(consumer)
         if limit is None:
             return {}, {}
-        deadline = time.monotonic() + self.create_deadline  # the waiting requests' patience, not only attempts
-        for _ in range(self.write_attempts):
+        deadline = time.monotonic() + self.timings.create_deadline  # the waiting requests' patience, not only attempts
+        for _ in range(self.timings.write_attempts):
             if time.monotonic() > deadline:
                 break
             ledger, fresh = state.view, False
@@ -202,16 +201,17 @@ class QuotaLedgers:
                     raise
                 state.view = None
                 continue
-            refused = {ext: limit for ext in new[len(slots):]}
+            refused = {ext: limit for ext in new[len(slots) :]}
             if refused:
-                log.info("consumer %s: quota of %d databases reached; refused %d create(s)", consumer, limit,
-                         len(refused))
+                log.info(
+                    "consumer %s: quota of %d databases reached; refused %d create(s)", consumer, limit, len(refused)
+                )
             return {h.external_id: (slot, h) for slot, h in claims.items()}, refused
         raise Unavailable("too many concurrent creates for this consumer; try again")
 
     def check_deadline(self, reservation: Reservation) -> None:
         """Unavailable (and the slot given back) if the create would be sent too late after the reservation."""
-        if time.monotonic() - reservation.taken <= self.create_deadline:
+        if time.monotonic() - reservation.taken <= self.timings.create_deadline:
             return
         self.release(reservation)
         raise Unavailable("the request took too long; try again")
@@ -264,7 +264,11 @@ class QuotaLedgers:
 
     def _patch(self, consumer: str, patch: Any, content_type: str) -> Obj:
         return self.rest.patch(
-            CONFIGMAPS, quota_ledger_name(consumer), patch, self.namespace, content_type=content_type,
+            CONFIGMAPS,
+            quota_ledger_name(consumer),
+            patch,
+            self.namespace,
+            content_type=content_type,
             timeout=self.request_timeout,
         )
 
@@ -291,8 +295,13 @@ class QuotaLedgers:
             if exc.status in (404, 409):
                 return True
             if exc.status in (413, 422):
-                log.error("consumer %s: the quota ledger %s cannot grow (HTTP %s): ConfigMaps hold at most "
-                          "1 MiB, about 10,000 databases", consumer, quota_ledger_name(consumer), exc.status)
+                log.error(
+                    "consumer %s: the quota ledger %s cannot grow (HTTP %s): ConfigMaps hold at most "
+                    "1 MiB, about 10,000 databases",
+                    consumer,
+                    quota_ledger_name(consumer),
+                    exc.status,
+                )
             raise
         self._remember(consumer, state, written)
         if gone:
@@ -306,7 +315,9 @@ class QuotaLedgers:
         token = None
         while True:
             answer = self.rest.list(
-                DATABASES, self.namespace, query=query + ([("continue", token)] if token else []),
+                DATABASES,
+                self.namespace,
+                query=query + ([("continue", token)] if token else []),
                 timeout=self.request_timeout,
             )
             page = ListPage.of(answer)
