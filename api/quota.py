@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -94,6 +94,7 @@ class _Ledger:
     cursor: int = field(default_factory=random_cursor)  # where this replica takes the next free slot
 
 
+@dataclass(eq=False)
 class QuotaLedgers:
     """Reserves quota slots for creates (see the module docstring). Thread-safe; one per process.
 
@@ -103,27 +104,20 @@ class QuotaLedgers:
     (the API's write budget: a second without an answer from the apiserver is an outage, 503).
     """
 
-    def __init__(
-        self,
-        rest: Rest,
-        namespace: str,
-        limit_of: Callable[[str], int | None],
-        cached_of: Callable[[str], Mapping[str, Obj]],
-        *,
-        clock: Callable[[], datetime],
-        timings: QuotaTimings = SETTINGS.quota,
-        request_timeout: float = 1.0,
-    ) -> None:
-        self.rest = rest
-        self.namespace = namespace
-        self.limit_of = limit_of
-        self.cached_of = cached_of
-        self.clock = clock
-        self.timings = timings
-        self.reservation_timeout = timedelta(seconds=timings.reservation_timeout)
-        self.request_timeout = request_timeout
-        self._guard = threading.Lock()
-        self._ledgers: dict[str, _Ledger] = {}
+    rest: Rest
+    namespace: str
+    limit_of: Callable[[str], int | None]
+    cached_of: Callable[[str], Mapping[str, Obj]]
+    _: KW_ONLY
+    clock: Callable[[], datetime]
+    timings: QuotaTimings = SETTINGS.quota
+    request_timeout: float = 1.0
+    _guard: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _ledgers: dict[str, _Ledger] = field(default_factory=dict, init=False, repr=False)
+
+    @property
+    def reservation_timeout(self) -> timedelta:
+        return timedelta(seconds=self.timings.reservation_timeout)
 
     # -- reserving -------------------------------------------------------------------------------
 
