@@ -14,7 +14,6 @@ import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import falcon
 import yaml
@@ -34,7 +33,7 @@ from api.resources import (
 )
 from api.store import DatabaseStore
 from domain.config import InstallConfig
-from domain.settings import SETTINGS
+from domain.settings import SETTINGS, QuotaTimings
 from informers import SharedInformers
 
 OPENAPI_PATH = Path(__file__).resolve().with_name("openapi.yaml")
@@ -105,7 +104,7 @@ def build_api(
     registry: CollectorRegistry | None = None,
     ready_checks: Iterable[Callable[[], bool]] = (),
     apiserver_reachable: Callable[[], bool] | None = None,
-    quota_options: dict[str, Any] | None = None,
+    quota_timings: QuotaTimings = SETTINGS.quota,
     **app_options: object,
 ) -> ApiComponents:
     """Register the API's informers, indexes and handlers on `informers` and build the app.
@@ -113,10 +112,10 @@ def build_api(
     Call before `informers.start()` (or the manager's start): the informers are Databases and Secrets in
     the release namespace and the cluster-scoped Consumers; writes go through `informers.rest`.
     `apiserver_reachable` (recent apiserver contact) gates /readyz and makes writes answer 503 at
-    once while it is False. `quota_options` go to the quota ledgers (api.quota.QuotaLedgers), e.g.
+    once while it is False. `quota_timings` go to the quota ledgers (api.quota.QuotaLedgers), e.g.
     a shorter `reservation_timeout` in tests.
     """
-    store = DatabaseStore.register(config, informers, reachable=apiserver_reachable, quota_options=quota_options)
+    store = DatabaseStore.register(config, informers, reachable=apiserver_reachable, quota_timings=quota_timings)
     admin_secrets = config.shard_secrets_by_namespace().get(config.namespace, ())
     tokens = TokenIndex.register(informers, config.namespace, admin_secrets)
     metrics = ApiMetrics(registry)

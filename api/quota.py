@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -51,7 +51,7 @@ from domain.quota import (
     restructure_patch,
     stale_holders,
 )
-from domain.settings import SETTINGS
+from domain.settings import SETTINGS, QuotaTimings
 from domain.specs import database_consumer_name, database_external_id
 from informers import CONFIGMAPS, Rest
 from informers.rest import JSON_PATCH, MERGE_PATCH
@@ -94,6 +94,7 @@ class _Ledger:
     cursor: int = field(default_factory=random_cursor)  # where this replica takes the next free slot
 
 
+@dataclass(eq=False)
 class QuotaLedgers:
     """Reserves quota slots for creates (see the module docstring). Thread-safe; one per process.
 
@@ -103,30 +104,20 @@ class QuotaLedgers:
     (the API's write budget: a second without an answer from the apiserver is an outage, 503).
     """
 
-    def __init__(
-        self,
-        rest: Rest,
-        namespace: str,
-        limit_of: Callable[[str], int | None],
-        cached_of: Callable[[str], Mapping[str, Obj]],
-        *,
-        clock: Callable[[], datetime],
-        reservation_timeout: float = SETTINGS.quota.reservation_timeout,
-        create_deadline: float = SETTINGS.quota.create_deadline,
-        write_attempts: int = SETTINGS.quota.write_attempts,
-        request_timeout: float = 1.0,
-    ) -> None:
-        self.rest = rest
-        self.namespace = namespace
-        self.limit_of = limit_of
-        self.cached_of = cached_of
-        self.clock = clock
-        self.reservation_timeout = timedelta(seconds=reservation_timeout)
-        self.create_deadline = create_deadline
-        self.write_attempts = write_attempts
-        self.request_timeout = request_timeout
-        self._guard = threading.Lock()
-        self._ledgers: dict[str, _Ledger] = {}
+    rest: Rest
+    namespace: str
+    limit_of: Callable[[str], int | None]
+    cached_of: Callable[[str], Mapping[str, Obj]]
+    _: KW_ONLY
+    clock: Callable[[], datetime]
+    timings: QuotaTimings = SETTINGS.quota
+    request_timeout: float = 1.0
+    _guard: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _ledgers: dict[str, _Ledger] = field(default_factory=dict, init=False, repr=False)
+
+    @property
+    def reservation_timeout(self) -> timedelta:
+        return timedelta(seconds=self.timings.reservation_timeout)
 
     # -- reserving -------------------------------------------------------------------------------
 
@@ -162,8 +153,10 @@ class QuotaLedgers:
         for request in batch:
             slot, holder = granted.get(request.external_id, (None, None))
             if request.external_id in refused:
-                request.error = QuotaExceeded(f"the quota of {refused[request.external_id]} databases is reached; "
-                                              "delete one or ask for a higher quota")
+                request.error = QuotaExceeded(
+                    f"the quota of {refused[request.external_id]} databases is reached; "
+                    "delete one or ask for a higher quota"
+                )
             else:
                 request.reservation = Reservation(consumer, request.external_id, slot, holder, taken)
                 granted.pop(request.external_id, None)  # a second request for it takes no slot of its own
@@ -177,8 +170,8 @@ class QuotaLedgers:
         limit = self.limit_of(consumer)
         if limit is None:
             return {}, {}
-        deadline = time.monotonic() + self.create_deadline  # the waiting requests' patience, not only attempts
-        for _ in range(self.write_attempts):
+        deadline = time.monotonic() + self.timings.create_deadline  # the waiting requests' patience, not only attempts
+        for _ in range(self.timings.write_attempts):
             if time.monotonic() > deadline:
                 break
             ledger, fresh = state.view, False
@@ -202,16 +195,17 @@ class QuotaLedgers:
                     raise
                 state.view = None
                 continue
-            refused = {ext: limit for ext in new[len(slots):]}
+            refused = {ext: limit for ext in new[len(slots) :]}
             if refused:
-                log.info("consumer %s: quota of %d databases reached; refused %d create(s)", consumer, limit,
-                         len(refused))
+                log.info(
+                    "consumer %s: quota of %d databases reached; refused %d create(s)", consumer, limit, len(refused)
+                )
             return {h.external_id: (slot, h) for slot, h in claims.items()}, refused
         raise Unavailable("too many concurrent creates for this consumer; try again")
 
     def check_deadline(self, reservation: Reservation) -> None:
         """Unavailable (and the slot given back) if the create would be sent too late after the reservation."""
-        if time.monotonic() - reservation.taken <= self.create_deadline:
+        if time.monotonic() - reservation.taken <= self.timings.create_deadline:
             return
         self.release(reservation)
         raise Unavailable("the request took too long; try again")
@@ -264,7 +258,11 @@ class QuotaLedgers:
 
     def _patch(self, consumer: str, patch: Any, content_type: str) -> Obj:
         return self.rest.patch(
-            CONFIGMAPS, quota_ledger_name(consumer), patch, self.namespace, content_type=content_type,
+            CONFIGMAPS,
+            quota_ledger_name(consumer),
+            patch,
+            self.namespace,
+            content_type=content_type,
             timeout=self.request_timeout,
         )
 
@@ -291,8 +289,13 @@ class QuotaLedgers:
             if exc.status in (404, 409):
                 return True
             if exc.status in (413, 422):
-                log.error("consumer %s: the quota ledger %s cannot grow (HTTP %s): ConfigMaps hold at most "
-                          "1 MiB, about 10,000 databases", consumer, quota_ledger_name(consumer), exc.status)
+                log.error(
+                    "consumer %s: the quota ledger %s cannot grow (HTTP %s): ConfigMaps hold at most "
+                    "1 MiB, about 10,000 databases",
+                    consumer,
+                    quota_ledger_name(consumer),
+                    exc.status,
+                )
             raise
         self._remember(consumer, state, written)
         if gone:
@@ -306,7 +309,9 @@ class QuotaLedgers:
         token = None
         while True:
             answer = self.rest.list(
-                DATABASES, self.namespace, query=query + ([("continue", token)] if token else []),
+                DATABASES,
+                self.namespace,
+                query=query + ([("continue", token)] if token else []),
                 timeout=self.request_timeout,
             )
             page = ListPage.of(answer)

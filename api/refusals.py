@@ -49,6 +49,7 @@ REQUEST_REASONS = (
     "requestTimeout",
     "probeTimeout",
 )
+ACCEPT_ERRNOS = ("EMFILE", "ENFILE", "ENOBUFS", "ENOMEM")  # exported from the start; others appear when seen
 
 
 class RateLimitedLog:
@@ -72,6 +73,17 @@ class RateLimitedLog:
         log.log(level, message + " (%d such events since the last such message)", *args, count)
 
 
+def _counter_by(
+    label: str, values: tuple[str, ...], name: str, documentation: str, registry: CollectorRegistry
+) -> Counter:
+    """A counter with one label, every value of which is exported as 0 from the start (so that rate()
+    and the dashboard see every series before the first event)."""
+    counter = Counter(name, documentation, [label], registry=registry)
+    for value in values:
+        counter.labels(value)
+    return counter
+
+
 class FrontDoorEvents:
     """The front door's counters and its rate-limited log (see the module docstring)."""
 
@@ -79,37 +91,34 @@ class FrontDoorEvents:
         registry = registry if registry is not None else CollectorRegistry()
         self.log = RateLimitedLog()
         self.open = Gauge("dbprovider_api_connections_open", "Open API connections.", registry=registry)
-        self.refused = Counter(
+        self.refused = _counter_by(
+            "limit",
+            CONNECTION_LIMITS,
             "dbprovider_api_connections_refused",
             "API connections closed at accept because a connection bound was reached, or evicted to make room.",
-            ["limit"],
-            registry=registry,
+            registry,
         )
-        self.dropped = Counter(
+        self.dropped = _counter_by(
+            "reason",
+            DROP_REASONS,
             "dbprovider_api_connections_dropped",
             "API connections closed without an answer: a deadline broken or a failed TLS handshake.",
-            ["reason"],
-            registry=registry,
+            registry,
         )
-        self.requests_refused = Counter(
+        self.requests_refused = _counter_by(
+            "reason",
+            REQUEST_REASONS,
             "dbprovider_api_requests_refused",
             "Requests answered by the front door itself: framing errors, bounds and deadlines.",
-            ["reason"],
-            registry=registry,
+            registry,
         )
-        self.accept_errors = Counter(
-            "dbprovider_api_accept_errors", "accept() failures of the API's listener, by errno.", ["errno"],
-            registry=registry,
+        self.accept_errors = _counter_by(
+            "errno",
+            ACCEPT_ERRNOS,
+            "dbprovider_api_accept_errors",
+            "accept() failures of the API's listener, by errno.",
+            registry,
         )
-        # 0 from the start, so that rate() and the dashboard see every series.
-        for limit in CONNECTION_LIMITS:
-            self.refused.labels(limit)
-        for reason in DROP_REASONS:
-            self.dropped.labels(reason)
-        for reason in REQUEST_REASONS:
-            self.requests_refused.labels(reason)
-        for name in ("EMFILE", "ENFILE", "ENOBUFS", "ENOMEM"):
-            self.accept_errors.labels(name)
 
     def connection_refused(self, limit: str, client: str, why: str) -> None:
         self.refused.labels(limit).inc()

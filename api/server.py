@@ -46,6 +46,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any
@@ -67,15 +68,6 @@ DEFAULT_THREADS = 16
 # leaves room for a chunked body's size lines, and bounds what a connection in the middle of a body holds.
 DEFAULT_MAX_BODY_BYTES = 24 * 1024
 DEFAULT_MAX_HEADER_BYTES = 16 * 1024
-# Deadlines and connection bounds: the install config's `api` defaults (one place: domain/config.py).
-_API_DEFAULTS = ApiConfig()
-DEFAULT_HEADER_TIMEOUT = _API_DEFAULTS.header_timeout.total_seconds()
-DEFAULT_BODY_TIMEOUT = _API_DEFAULTS.body_timeout.total_seconds()
-DEFAULT_IDLE_TIMEOUT = _API_DEFAULTS.idle_timeout.total_seconds()
-DEFAULT_MAX_CONNECTIONS = _API_DEFAULTS.max_connections
-DEFAULT_MAX_CONNECTIONS_PER_CLIENT = _API_DEFAULTS.max_connections_per_client
-DEFAULT_REQUEST_TIMEOUT = _API_DEFAULTS.request_timeout.total_seconds()
-DEFAULT_MAX_REQUESTS_PER_CONSUMER = _API_DEFAULTS.max_requests_per_consumer
 DEFAULT_SHUTDOWN_TIMEOUT = 10.0
 # The probes run on threads of their own, and answer 503 within this (the kubelet waits 3 s).
 PROBE_THREADS, PROBE_TIMEOUT = 2, 2.0
@@ -102,17 +94,51 @@ _HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "conte
 _NO_BODY_STATUSES = frozenset({204, 304})
 
 
-def front_door_options(config: ApiConfig) -> dict[str, Any]:
-    """ApiServer keyword arguments from the install config's `api` block."""
-    return {
-        "header_timeout": config.header_timeout.total_seconds(),
-        "body_timeout": config.body_timeout.total_seconds(),
-        "idle_timeout": config.idle_timeout.total_seconds(),
-        "max_connections": config.max_connections,
-        "max_connections_per_client": config.max_connections_per_client,
-        "request_timeout": config.request_timeout.total_seconds(),
-        "max_requests_per_consumer": config.max_requests_per_consumer,
-    }
+# Deadlines and connection bounds: the install config's `api` defaults (one place: domain/config.py).
+_API_DEFAULTS = ApiConfig()
+
+
+@dataclass(frozen=True)
+class FrontDoorOptions:
+    """The front door's bounds and deadlines (seconds), one value instead of a dozen arguments.
+
+    The deadlines and connection bounds default to the install config's `api` block (a manager reads
+    them from it: `from_config`); the pool size, byte bounds and the rest are this module's.
+    """
+
+    threads: int = DEFAULT_THREADS
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    header_timeout: float = _API_DEFAULTS.header_timeout.total_seconds()
+    body_timeout: float = _API_DEFAULTS.body_timeout.total_seconds()
+    idle_timeout: float = _API_DEFAULTS.idle_timeout.total_seconds()
+    max_connections: int = _API_DEFAULTS.max_connections
+    max_connections_per_client: int = _API_DEFAULTS.max_connections_per_client
+    request_timeout: float = _API_DEFAULTS.request_timeout.total_seconds()
+    max_requests_per_consumer: int = _API_DEFAULTS.max_requests_per_consumer
+    max_chunks: int = DEFAULT_MAX_CHUNKS
+    probe_paths: frozenset[str] = frozenset((SETTINGS.probes.liveness, SETTINGS.probes.readiness))
+    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
+    reload_interval: float = 10.0  # seconds between looks at the certificate files' modification time
+
+    def __post_init__(self) -> None:
+        bounds = (self.threads, self.max_connections, self.max_connections_per_client, self.max_requests_per_consumer)
+        if min(bounds) < 1:
+            raise ValueError("threads and connection and request limits must be at least 1")
+
+    @classmethod
+    def from_config(cls, config: ApiConfig, *, threads: int = DEFAULT_THREADS) -> FrontDoorOptions:
+        """The options an install config's `api` block sets (deadlines and connection bounds)."""
+        return cls(
+            threads=threads,
+            header_timeout=config.header_timeout.total_seconds(),
+            body_timeout=config.body_timeout.total_seconds(),
+            idle_timeout=config.idle_timeout.total_seconds(),
+            max_connections=config.max_connections,
+            max_connections_per_client=config.max_connections_per_client,
+            request_timeout=config.request_timeout.total_seconds(),
+            max_requests_per_consumer=config.max_requests_per_consumer,
+        )
 
 
 def server_tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
@@ -197,9 +223,14 @@ def _error_response(status: int, reason: str, retry_after: int | None = None) ->
     phrase = HTTPStatus(status).phrase
     retry = f"Retry-After: {retry_after}\r\n" if retry_after is not None else ""
     return (
-        f"HTTP/1.1 {status} {phrase}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-        f"{retry}Connection: close\r\n"
-    ).encode("ascii") + _date_header() + b"\r\n" + body
+        (
+            f"HTTP/1.1 {status} {phrase}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            f"{retry}Connection: close\r\n"
+        ).encode("ascii")
+        + _date_header()
+        + b"\r\n"
+        + body
+    )
 
 
 def _internal_error() -> _Response:
@@ -240,46 +271,21 @@ class ApiServer:
         cert_file: str | os.PathLike[str] | None = None,
         key_file: str | os.PathLike[str] | None = None,
         *,
-        threads: int = DEFAULT_THREADS,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-        max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
-        header_timeout: float = DEFAULT_HEADER_TIMEOUT,
-        body_timeout: float = DEFAULT_BODY_TIMEOUT,
-        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
-        max_connections: int = DEFAULT_MAX_CONNECTIONS,
-        max_connections_per_client: int = DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
-        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-        max_requests_per_consumer: int = DEFAULT_MAX_REQUESTS_PER_CONSUMER,
-        max_chunks: int = DEFAULT_MAX_CHUNKS,
-        probe_paths: Iterable[str] = (SETTINGS.probes.liveness, SETTINGS.probes.readiness),
-        shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
-        reload_interval: float = 10.0,
+        options: FrontDoorOptions = FrontDoorOptions(),
         registry: CollectorRegistry | None = None,
         tls: bool = True,
     ) -> None:
         if tls and (cert_file is None or key_file is None):
             raise ValueError("cert_file and key_file are required (tls=False only for local experiments)")
-        if min(threads, max_connections, max_connections_per_client, max_requests_per_consumer) < 1:
-            raise ValueError("threads and connection and request limits must be at least 1")
         self.app = app
         self.host = host
         self.requested_port = port
         self.cert_file = os.fspath(cert_file) if cert_file is not None else None
         self.key_file = os.fspath(key_file) if key_file is not None else None
-        self.threads = threads
-        self.max_body_bytes = max_body_bytes
-        self.max_header_bytes = max_header_bytes
-        self.header_timeout = header_timeout
-        self.body_timeout = body_timeout
-        self.idle_timeout = idle_timeout
-        self.request_timeout = request_timeout
-        self.max_chunks = max_chunks
-        self.probe_paths = frozenset(probe_paths)
-        self.shutdown_timeout = shutdown_timeout
-        self.reload_interval = reload_interval
+        self.options = options
         self.tls = tls
-        self.limits = Connections(max_connections, max_connections_per_client)
-        self.consumer_requests = ConsumerRequests(max_requests_per_consumer)
+        self.limits = Connections(options.max_connections, options.max_connections_per_client)
+        self.consumer_requests = ConsumerRequests(options.max_requests_per_consumer)
         self.events = FrontDoorEvents(registry)
         self.lanes: Lanes | None = None
         self.tls_context: ReloadingTlsContext | None = None
@@ -301,16 +307,16 @@ class ApiServer:
             return self
         if self.tls:
             assert self.cert_file is not None and self.key_file is not None
-            self.tls_context = ReloadingTlsContext(self.cert_file, self.key_file, self.reload_interval)
+            self.tls_context = ReloadingTlsContext(self.cert_file, self.key_file, self.options.reload_interval)
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         listener = socket.create_server((self.host, self.requested_port), family=family, backlog=1024)
         listener.setblocking(False)
         self.port = listener.getsockname()[1]
         self._listener = listener
         self._stopping = False
-        self._executor = ThreadPoolExecutor(self.threads, thread_name_prefix="api-worker")
+        self._executor = ThreadPoolExecutor(self.options.threads, thread_name_prefix="api-worker")
         self._probe_executor = ThreadPoolExecutor(PROBE_THREADS, thread_name_prefix="api-probe")
-        self.lanes = Lanes(self._executor, self.threads, max(1, self.consumer_requests.per_consumer))
+        self.lanes = Lanes(self._executor, self.options.threads, max(1, self.consumer_requests.per_consumer))
         loop = asyncio.new_event_loop()
         self._loop = loop
         ready = threading.Event()
@@ -318,7 +324,7 @@ class ApiServer:
         self._thread.start()
         ready.wait(10)
         mode = "TLS" if self.tls else "plain HTTP"
-        log.info("API listening on %s:%s (%s, %d threads)", self.host, self.port, mode, self.threads)
+        log.info("API listening on %s:%s (%s, %d threads)", self.host, self.port, mode, self.options.threads)
         return self
 
     def _run(self, ready: threading.Event) -> None:
@@ -344,7 +350,7 @@ class ApiServer:
         if loop is None or thread is None:
             return
         future = asyncio.run_coroutine_threadsafe(self._shutdown(), loop)
-        wait = timeout if timeout is not None else self.shutdown_timeout + 5
+        wait = timeout if timeout is not None else self.options.shutdown_timeout + 5
         try:
             future.result(wait)
         finally:
@@ -368,7 +374,7 @@ class ApiServer:
                 task.cancel()  # waiting for a request: nothing in flight
         busy_tasks = list(self._connections)
         if busy_tasks:
-            _, pending = await asyncio.wait(busy_tasks, timeout=self.shutdown_timeout)
+            _, pending = await asyncio.wait(busy_tasks, timeout=self.options.shutdown_timeout)
             for task in pending:
                 task.cancel()
             if pending:
@@ -429,7 +435,7 @@ class ApiServer:
         try:
             if slot.turn is not None and not slot.turn.done():  # parked: over its address' bound
                 try:
-                    async with asyncio.timeout(self.header_timeout):
+                    async with asyncio.timeout(self.options.header_timeout):
                         await slot.turn
                 except TimeoutError:
                     raise _Dropped("parkedTimeout") from None
@@ -456,9 +462,9 @@ class ApiServer:
 
     async def _serve(self, slot: Slot, channel: Channel, address: Any) -> None:
         """The connection's requests in turn, until EOF, an error, a deadline or `Connection: close`."""
-        parser = RequestParser(self.max_header_bytes, self.max_body_bytes, self.max_chunks)
+        parser = RequestParser(self.options.max_header_bytes, self.options.max_body_bytes, self.options.max_chunks)
         try:
-            async with asyncio.timeout(self.header_timeout):
+            async with asyncio.timeout(self.options.header_timeout):
                 try:
                     await channel.handshake()
                 except ssl.SSLError:  # not TLS, or no suite in common (a client that just closes is not counted)
@@ -474,7 +480,7 @@ class ApiServer:
             self.limits.move(slot, State.IDLE)
             head = await self._next_head(channel, parser)
         channel.close()  # flushes what is still buffered; a client that does not read it is aborted
-        async with asyncio.timeout(self.body_timeout):
+        async with asyncio.timeout(self.options.body_timeout):
             await channel.wait_closed()
 
     @staticmethod
@@ -498,7 +504,7 @@ class ApiServer:
         """Keep-alive: wait up to idle_timeout for a first byte, then header_timeout for the rest."""
         if not parser.buffered:
             try:
-                async with asyncio.timeout(self.idle_timeout):
+                async with asyncio.timeout(self.options.idle_timeout):
                     data = await channel.receive()
             except TimeoutError:
                 return None  # the normal end of a keep-alive connection
@@ -506,7 +512,7 @@ class ApiServer:
                 return None
             parser.feed(data)
         try:
-            async with asyncio.timeout(self.header_timeout):
+            async with asyncio.timeout(self.options.header_timeout):
                 return await self._read_head(channel, parser)
         except TimeoutError:
             raise _Dropped("headerTimeout") from None
@@ -521,7 +527,7 @@ class ApiServer:
             if head.expect_continue and (head.content_length or head.chunked) and not parser.buffered:
                 channel.send(b"HTTP/1.1 100 Continue\r\n\r\n")
             try:
-                async with asyncio.timeout(self.body_timeout):
+                async with asyncio.timeout(self.options.body_timeout):
                     body = await self._read_body(channel, parser)
             except TimeoutError:
                 raise _Dropped("bodyTimeout") from None
@@ -532,7 +538,7 @@ class ApiServer:
                 await self._hold(slot, channel)
             return False
         environ = self._environ(head, body, address)
-        if head.method in ("GET", "HEAD") and environ["PATH_INFO"] in self.probe_paths:
+        if head.method in ("GET", "HEAD") and environ["PATH_INFO"] in self.options.probe_paths:
             response = await self._call_probe(slot, environ)
         else:
             response = await self._call(slot, environ)
@@ -549,10 +555,10 @@ class ApiServer:
         environ[AUTHENTICATED_HOOK] = self._authentication_hook(slot, environ, loop)
         assert self.lanes is not None
         try:
-            async with asyncio.timeout(self.request_timeout):
+            async with asyncio.timeout(self.options.request_timeout):
                 return await self.lanes.run(_lane(environ), self._call_app, environ)
         except TimeoutError:
-            why = f"no answer from the app within {self.request_timeout:g}s ({environ['REQUEST_METHOD']})"
+            why = f"no answer from the app within {self.options.request_timeout:g}s ({environ['REQUEST_METHOD']})"
             self.events.request_refused("requestTimeout", 503, slot.client, why)
             return _error_response(503, "the request took too long; try again", RETRY_AFTER_SECONDS)
 
@@ -560,7 +566,7 @@ class ApiServer:
         """A probe on the probe threads, never queued behind app requests; 503 after PROBE_TIMEOUT."""
         loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout(min(PROBE_TIMEOUT, self.request_timeout)):
+            async with asyncio.timeout(min(PROBE_TIMEOUT, self.options.request_timeout)):
                 return await loop.run_in_executor(self._probe_executor, self._call_app, environ)
         except TimeoutError:
             self.events.request_refused("probeTimeout", 503, slot.client, f"{environ['PATH_INFO']} did not answer")
@@ -625,7 +631,7 @@ class ApiServer:
         channel.ignore_input()
         self.limits.move(slot, State.IDLE)
         try:
-            async with asyncio.timeout(self.header_timeout):
+            async with asyncio.timeout(self.options.header_timeout):
                 await channel.wait_closed()
         except TimeoutError:
             pass
@@ -634,7 +640,7 @@ class ApiServer:
     async def _send(self, channel: Channel, data: bytes) -> None:
         channel.send(data)
         try:
-            async with asyncio.timeout(self.body_timeout):  # a client that does not read its answer
+            async with asyncio.timeout(self.options.body_timeout):  # a client that does not read its answer
                 await channel.drain()
         except TimeoutError:
             raise _Dropped("sendTimeout") from None

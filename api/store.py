@@ -75,6 +75,7 @@ from domain.metadata import object_name
 from domain.naming import credentials_secret_name, database_object_name, label_value, validate_external_id
 from domain.objects import DatabaseObject, Obj
 from domain.resources import BY_CONSUMER, database_consumer
+from domain.settings import SETTINGS, QuotaTimings
 from domain.specs import DatabaseSpec, database_consumer_name, database_external_id, parse_consumer
 from domain.timefmt import format_micro_time
 from informers import Informer, Resource, Rest, SharedInformers
@@ -147,7 +148,7 @@ class DatabaseStore:
         reachable: Callable[[], bool] | None = None,
         request_budget: float = REQUEST_BUDGET,
         read_budget: float = READ_BUDGET,
-        quota_options: dict[str, Any] | None = None,
+        quota_timings: QuotaTimings = SETTINGS.quota,
     ) -> None:
         self.config = config
         self.namespace = config.namespace
@@ -171,8 +172,8 @@ class DatabaseStore:
             self._limit_of,
             self._cached_by_external_id,
             clock=clock,
+            timings=quota_timings,
             request_timeout=request_budget,  # each ledger request, as each of a write's: a silent apiserver is 503
-            **(quota_options or {}),
         )
         # domain.resources: the index the Consumer controller reads too (one index on the shared informer)
         databases.add_index(BY_CONSUMER, database_consumer)

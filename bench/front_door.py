@@ -42,8 +42,7 @@ from typing import Any
 from bench.common import machine_line, percentile, table
 
 FRAMING_CASES = {
-    "TE on HTTP/1.0": b"POST /x HTTP/1.0\r\nTransfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n"
-    b"0\r\n\r\n",
+    "TE on HTTP/1.0": b"POST /x HTTP/1.0\r\nTransfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n0\r\n\r\n",
     "CL + TE": b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
     "duplicate CL": b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\nx",
     "CL 1_0": b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 1_0\r\n\r\n0123456789",
@@ -77,9 +76,9 @@ app = bare_app()  # granian imports it as bench.front_door:app
 
 
 def serve_ours(cert: Path, key: Path, port: int) -> Callable[[], None]:
-    from api.server import ApiServer
+    from api.server import ApiServer, FrontDoorOptions
 
-    server = ApiServer(app, "127.0.0.1", port, cert, key, threads=16).start()
+    server = ApiServer(app, "127.0.0.1", port, cert, key, options=FrontDoorOptions(threads=16)).start()
     return server.stop
 
 
@@ -92,8 +91,9 @@ def serve_cheroot(cert: Path, key: Path, port: int) -> Callable[[], None]:
             sock.settimeout(5.0)
             return super().wrap(sock)
 
-    server = wsgi.Server(("127.0.0.1", port), app, numthreads=16, max=16, timeout=15, accepted_queue_size=64,
-                         accepted_queue_timeout=1)
+    server = wsgi.Server(
+        ("127.0.0.1", port), app, numthreads=16, max=16, timeout=15, accepted_queue_size=64, accepted_queue_timeout=1
+    )
     server.ssl_adapter = Adapter(str(cert), str(key))
     server.ssl_adapter.context.minimum_version = ssl.TLSVersion.TLSv1_2
     server.prepare()
@@ -106,8 +106,16 @@ def serve_uvicorn(cert: Path, key: Path, port: int) -> Callable[[], None]:
     import uvicorn
     from a2wsgi import WSGIMiddleware
 
-    config = uvicorn.Config(WSGIMiddleware(app, workers=16), host="127.0.0.1", port=port, http="h11",
-                            ssl_certfile=str(cert), ssl_keyfile=str(key), log_level="warning", lifespan="off")
+    config = uvicorn.Config(
+        WSGIMiddleware(app, workers=16),
+        host="127.0.0.1",
+        port=port,
+        http="h11",
+        ssl_certfile=str(cert),
+        ssl_keyfile=str(key),
+        log_level="warning",
+        lifespan="off",
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -122,10 +130,32 @@ def serve_uvicorn(cert: Path, key: Path, port: int) -> Callable[[], None]:
 
 def serve_granian(cert: Path, key: Path, port: int) -> Callable[[], None]:
     process = subprocess.Popen(
-        [sys.executable, "-m", "granian", "--interface", "wsgi", "--host", "127.0.0.1", "--port", str(port),
-         "--workers", "1", "--blocking-threads", "16", "--http", "1", "--http1-header-read-timeout", "10000",
-         "--ssl-certificate", str(cert), "--ssl-keyfile", str(key), "--log-level", "warning",
-         "bench.front_door:app"],
+        [
+            sys.executable,
+            "-m",
+            "granian",
+            "--interface",
+            "wsgi",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--blocking-threads",
+            "16",
+            "--http",
+            "1",
+            "--http1-header-read-timeout",
+            "10000",
+            "--ssl-certificate",
+            str(cert),
+            "--ssl-keyfile",
+            str(key),
+            "--log-level",
+            "warning",
+            "bench.front_door:app",
+        ],
     )
     _wait_port(port)
 
@@ -163,9 +193,10 @@ def legit(port: int, ca: Path, seconds: float, path: str = "/healthz", token: st
     while time.monotonic() < end:
         started = time.monotonic()
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=3) as raw, context.wrap_socket(
-                raw, server_hostname="127.0.0.1"
-            ) as tls:
+            with (
+                socket.create_connection(("127.0.0.1", port), timeout=3) as raw,
+                context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+            ):
                 tls.sendall(request)
                 data = b""
                 while chunk := tls.recv(65536):
@@ -186,9 +217,10 @@ def framing(port: int, ca: Path) -> dict[str, str]:
     results = {}
     for name, payload in FRAMING_CASES.items():
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, context.wrap_socket(
-                raw, server_hostname="127.0.0.1"
-            ) as tls:
+            with (
+                socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+                context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+            ):
                 tls.sendall(payload + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
                 data, closed = b"", True
                 try:
@@ -210,8 +242,9 @@ def cbc_refused(port: int, ca: Path) -> bool:
     context.maximum_version = ssl.TLSVersion.TLSv1_2
     context.set_ciphers("ECDHE+AES+SHA1:ECDHE+AES+SHA256:ECDHE+AES+SHA384:!AESGCM:!AESCCM")
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, context.wrap_socket(
-            raw, server_hostname="127.0.0.1"
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+            context.wrap_socket(raw, server_hostname="127.0.0.1"),
         ):
             return False
     except ssl.SSLError:
@@ -238,9 +271,14 @@ def ended_connections(metrics: str) -> float:
     """Connections the server refused, dropped or answered in its own name so far (the attackers' ends)."""
     from bench.common import metric_sum
 
-    return sum(metric_sum(metrics, name) for name in (
-        "dbprovider_api_connections_refused_total", "dbprovider_api_connections_dropped_total",
-        "dbprovider_api_requests_refused_total"))
+    return sum(
+        metric_sum(metrics, name)
+        for name in (
+            "dbprovider_api_connections_refused_total",
+            "dbprovider_api_connections_dropped_total",
+            "dbprovider_api_requests_refused_total",
+        )
+    )
 
 
 def attacked(
@@ -264,8 +302,17 @@ def attacked(
 
     if kind is None:
         return measured()
-    argv = [sys.executable, "-m", "bench.front_door", "--attacker", kind, "--port", str(port),
-            "--seconds", str(seconds + 4)]
+    argv = [
+        sys.executable,
+        "-m",
+        "bench.front_door",
+        "--attacker",
+        kind,
+        "--port",
+        str(port),
+        "--seconds",
+        str(seconds + 4),
+    ]
     attacker = subprocess.Popen(["nice", "-n", "10", *argv], cwd=Path(__file__).resolve().parents[1])
     try:
         time.sleep(3)  # the attackers connect
@@ -297,8 +344,10 @@ def open_connections(kind: str, port: int, ca: Path, count: int) -> list[Any]:
         tls = context.wrap_socket(raw, server_hostname="127.0.0.1")
         if kind.startswith("mid-body"):  # most of a body sent: 8 KiB of 16 KiB, or 22 KiB of the 24 KiB limit
             sent, declared = (8 * 1024, 16 * 1024) if kind == "mid-body 8 KiB" else (22 * 1024, 24 * 1024)
-            tls.sendall(b"PUT /v1/databases/x HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                        b"Content-Length: %d\r\n\r\n" % declared + b" " * sent)
+            tls.sendall(
+                b"PUT /v1/databases/x HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n" % declared + b" " * sent
+            )
         held.append(tls)
     return held
 
@@ -340,11 +389,17 @@ def parser_figures(rounds: int = 5) -> list[list[str]]:
 
     from api.http1 import RequestParser
 
-    put = (b"PUT /v1/databases/orders HTTP/1.1\r\nHost: api\r\nAuthorization: Bearer " + b"a" * 64
-           + b"\r\nContent-Type: application/json\r\nContent-Length: 22\r\nUser-Agent: bench\r\n\r\n"
-           + b'{"sizeClass": "small"}')
-    chunked = (b"PUT /v1/databases/orders HTTP/1.1\r\nHost: api\r\nTransfer-Encoding: chunked\r\n\r\n"
-               + b"1\r\nx\r\n" * 256 + b"0\r\n\r\n")
+    put = (
+        b"PUT /v1/databases/orders HTTP/1.1\r\nHost: api\r\nAuthorization: Bearer "
+        + b"a" * 64
+        + b"\r\nContent-Type: application/json\r\nContent-Length: 22\r\nUser-Agent: bench\r\n\r\n"
+        + b'{"sizeClass": "small"}'
+    )
+    chunked = (
+        b"PUT /v1/databases/orders HTTP/1.1\r\nHost: api\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"1\r\nx\r\n" * 256
+        + b"0\r\n\r\n"
+    )
 
     def ours(data: bytes) -> None:
         parser = RequestParser(16384, 65536, max_chunks=1024)
@@ -395,7 +450,7 @@ def probes_and_deadline(cert: Path, key: Path, ca: Path) -> list[list[str]]:
 
     import falcon
 
-    from api.server import ApiServer
+    from api.server import ApiServer, FrontDoorOptions
     from harness.process import free_port
 
     class Slow:
@@ -412,15 +467,16 @@ def probes_and_deadline(cert: Path, key: Path, ca: Path) -> list[list[str]]:
     slow_app.add_route("/healthz", Probe())
     slow_app.add_route("/readyz", Probe())
     port = free_port()
-    server = ApiServer(slow_app, "127.0.0.1", port, cert, key, threads=16).start()
+    server = ApiServer(slow_app, "127.0.0.1", port, cert, key, options=FrontDoorOptions(threads=16)).start()
     context = ssl.create_default_context(cafile=str(ca))
     stop = threading.Event()
 
     def get(path: str, timeout: float) -> tuple[int, float]:
         started = time.monotonic()
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as raw, context.wrap_socket(
-            raw, server_hostname="127.0.0.1"
-        ) as tls:
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=timeout) as raw,
+            context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+        ):
             tls.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
             data = b""
             while chunk := tls.recv(65536):
@@ -447,8 +503,10 @@ def probes_and_deadline(cert: Path, key: Path, ca: Path) -> list[list[str]]:
     worst = max(seconds for _, seconds in probes)
     ok = sum(1 for status, _ in probes if status == 200)
     return [
-        ["/healthz and /readyz while 40 clients keep the 16 workers busy with 2 s requests",
-         f"{ok} of {len(probes)} answered 200, slowest {worst * 1000:.0f} ms (kubelet timeout 3 s)"],
+        [
+            "/healthz and /readyz while 40 clients keep the 16 workers busy with 2 s requests",
+            f"{ok} of {len(probes)} answered 200, slowest {worst * 1000:.0f} ms (kubelet timeout 3 s)",
+        ],
         ["a handler stuck for 60 s (api.requestTimeout 10 s)", f"answered {stuck[0]} after {stuck[1]:.1f} s"],
     ]
 
@@ -460,14 +518,20 @@ def manager_run(args: argparse.Namespace) -> int:
 
     parts = set(args.parts.split(","))
     print(f"machine: {machine_line()}")
-    table("parsers: microseconds to frame one request (best of 5 rounds)", parser_figures(),
-          ["parser", "PUT with a JSON body", "256 one-byte chunks"])
+    table(
+        "parsers: microseconds to frame one request (best of 5 rounds)",
+        parser_figures(),
+        ["parser", "PUT with a JSON body", "256 one-byte chunks"],
+    )
     if "probes" in parts:
         bench_ca = CertificateAuthority(Path(tempfile.mkdtemp(prefix="front-door-")), "bench")
         bench_cert = bench_ca.issue_server("bench")
         log("probes and the request deadline, on a bare app")
-        table("probes and the request deadline (a bare app with the front door's defaults)",
-              probes_and_deadline(bench_cert.cert_file, bench_cert.key_file, bench_ca.ca_file), ["case", "figure"])
+        table(
+            "probes and the request deadline (a bare app with the front door's defaults)",
+            probes_and_deadline(bench_cert.cert_file, bench_cert.key_file, bench_ca.ca_file),
+            ["case", "figure"],
+        )
     stack = Stack("front-door")
     manager = None
     targets = []
@@ -479,11 +543,22 @@ def manager_run(args: argparse.Namespace) -> int:
             table("manager RSS per connection", [[k, f"{v:.1f} KiB"] for k, v in memory.items()], ["kind", "RSS"])
             worst, per = max(memory.values()) * 1024, SETTINGS.pod.connection_bytes
             budget, default_max = SETTINGS.pod.connections_bytes, stack.dev.config.api.max_connections
-            targets.append(Target(f"worst connection {worst / 1024:.0f} KiB measured, {per / 1024:.0f} KiB assumed "
-                                  "by the install config check", "measured <= assumed", worst <= per))
+            targets.append(
+                Target(
+                    f"worst connection {worst / 1024:.0f} KiB measured, {per / 1024:.0f} KiB assumed "
+                    "by the install config check",
+                    "measured <= assumed",
+                    worst <= per,
+                )
+            )
             needed = default_max * worst
-            targets.append(Target(f"maxConnections {default_max} x {worst / 1024:.0f} KiB = {needed / 2**20:.0f} MiB",
-                                  f"<= {budget / 2**20:.0f} MiB (pod limit less the manager)", needed <= budget))
+            targets.append(
+                Target(
+                    f"maxConnections {default_max} x {worst / 1024:.0f} KiB = {needed / 2**20:.0f} MiB",
+                    f"<= {budget / 2**20:.0f} MiB (pod limit less the manager)",
+                    needed <= budget,
+                )
+            )
         if "attacks" in parts:
             manager = ManagerProcess(stack)
             manager.wait_leading(stack.admin_rest())
@@ -514,22 +589,55 @@ def attack_ratios(args: argparse.Namespace, manager: Any, ca: Path, token: str) 
             ratios[kind]["throughput"].append(rate / alone_rate)
             ratios[kind]["p99"].append(p99 / alone_p99)
             alone_cpu = statistics.mean(100 * r["server_cpu"] / args.seconds for r in (runs[0], runs[2]))
-            rows.append([n, kind, f"{alone_rate:.1f}", f"{rate:.1f}", hostile["failed"],
-                         f"{alone_p99 * 1000:.0f}", f"{p99 * 1000:.0f}",
-                         f"{rate / alone_rate:.2f}x", f"{p99 / alone_p99:.2f}x",
-                         f"{alone_cpu:.0f}% / {100 * hostile['server_cpu'] / args.seconds:.0f}%",
-                         f"{100 * hostile['attacker_cpu'] / args.seconds:.0f}%",
-                         f"{hostile['ended'] / args.seconds:.1f}", f"{os.getloadavg()[0]:.1f}"])
-    table("legitimate authenticated GETs, a new TLS connection each (alone = mean of the runs before and after)",
-          rows, ["round", "attack", "alone/s", "attacked/s", "failed", "alone p99 ms", "attacked p99 ms",
-                 "throughput", "p99", "server CPU alone / attacked", "attacker CPU", "refused+dropped/s", "load"])
+            rows.append(
+                [
+                    n,
+                    kind,
+                    f"{alone_rate:.1f}",
+                    f"{rate:.1f}",
+                    hostile["failed"],
+                    f"{alone_p99 * 1000:.0f}",
+                    f"{p99 * 1000:.0f}",
+                    f"{rate / alone_rate:.2f}x",
+                    f"{p99 / alone_p99:.2f}x",
+                    f"{alone_cpu:.0f}% / {100 * hostile['server_cpu'] / args.seconds:.0f}%",
+                    f"{100 * hostile['attacker_cpu'] / args.seconds:.0f}%",
+                    f"{hostile['ended'] / args.seconds:.1f}",
+                    f"{os.getloadavg()[0]:.1f}",
+                ]
+            )
+    table(
+        "legitimate authenticated GETs, a new TLS connection each (alone = mean of the runs before and after)",
+        rows,
+        [
+            "round",
+            "attack",
+            "alone/s",
+            "attacked/s",
+            "failed",
+            "alone p99 ms",
+            "attacked p99 ms",
+            "throughput",
+            "p99",
+            "server CPU alone / attacked",
+            "attacker CPU",
+            "refused+dropped/s",
+            "load",
+        ],
+    )
     targets = []
     for kind, figures in ratios.items():
         throughput, p99 = statistics.median(figures["throughput"]), statistics.median(figures["p99"])
-        targets.append(Target(f"{kind} attack: legitimate throughput {throughput:.2f}x of alone",
-                              f">= {THROUGHPUT_TARGET}x", throughput >= THROUGHPUT_TARGET))
-        targets.append(Target(f"{kind} attack: legitimate p99 {p99:.2f}x of alone", f"<= {P99_TARGET}x",
-                              p99 <= P99_TARGET))
+        targets.append(
+            Target(
+                f"{kind} attack: legitimate throughput {throughput:.2f}x of alone",
+                f">= {THROUGHPUT_TARGET}x",
+                throughput >= THROUGHPUT_TARGET,
+            )
+        )
+        targets.append(
+            Target(f"{kind} attack: legitimate p99 {p99:.2f}x of alone", f"<= {P99_TARGET}x", p99 <= P99_TARGET)
+        )
     return targets
 
 
@@ -577,15 +685,28 @@ def main(argv: list[str] | None = None) -> int:
             stop()
         for label, run in (("alone", quiet), ("under attack", hostile)):
             lat = run["latencies"]
-            rows.append([name, label, run["ok"], run["failed"],
-                         f"{percentile(lat, 50) * 1000:.0f}" if lat else "-",
-                         f"{percentile(lat, 99) * 1000:.0f}" if lat else "-",
-                         attack.opened if label == "under attack" else ""])
+            rows.append(
+                [
+                    name,
+                    label,
+                    run["ok"],
+                    run["failed"],
+                    f"{percentile(lat, 50) * 1000:.0f}" if lat else "-",
+                    f"{percentile(lat, 99) * 1000:.0f}" if lat else "-",
+                    attack.opened if label == "under attack" else "",
+                ]
+            )
         framing_rows.append([name, *cases.values(), "refused" if refused else "ACCEPTED"])
-    table("legitimate GETs, a new TLS connection each, 3 s timeout", rows,
-          ["server", "run", "ok", "failed", "p50 ms", "p99 ms", "attack connections opened"])
-    table("framing (status answered, connection state) and TLS 1.2 CBC", framing_rows,
-          ["server", *FRAMING_CASES, "CBC on 1.2"])
+    table(
+        "legitimate GETs, a new TLS connection each, 3 s timeout",
+        rows,
+        ["server", "run", "ok", "failed", "p50 ms", "p99 ms", "attack connections opened"],
+    )
+    table(
+        "framing (status answered, connection state) and TLS 1.2 CBC",
+        framing_rows,
+        ["server", *FRAMING_CASES, "CBC on 1.2"],
+    )
     return 0
 
 

@@ -16,7 +16,7 @@ import signal
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from kubernetes.client import ApiClient
 from pydantic import ValidationError
 
 from api import ApiServer, build_api
-from api.server import DEFAULT_THREADS, front_door_options
+from api.server import DEFAULT_THREADS, FrontDoorOptions
 from dbprovider.logs import configure_logging
 from domain.config import InstallConfig, load_install_config, read_install_values
 from domain.connection_budget import database_limit
@@ -138,7 +138,7 @@ class Manager:
             informers,
             registry=registry,
             apiserver_reachable=self.controllers.apiserver_reachable,
-            quota_options={"reservation_timeout": options.quota_reservation_timeout},
+            quota_timings=replace(SETTINGS.quota, reservation_timeout=options.quota_reservation_timeout),
         )
         self.api_server = ApiServer(
             self.api.app,
@@ -146,9 +146,9 @@ class Manager:
             options.api_port,
             options.tls_cert,
             options.tls_key,
-            threads=options.api_threads,
+            # deadlines and connection bounds: api.* keys
+            options=FrontDoorOptions.from_config(options.config.api, threads=options.api_threads),
             registry=registry,
-            **front_door_options(options.config.api),  # deadlines and connection bounds: api.* keys
         )
         self.metrics_server: MetricsServer | None = None
 

@@ -182,6 +182,7 @@ def admin_endpoint(
 ADMIN_ENDPOINT_TTL = 10.0
 
 
+@dataclass(eq=False)
 class AdminEndpointCache:
     """Each shard's admin endpoint as last read, reused for `ttl` seconds (errors are not kept).
 
@@ -191,22 +192,14 @@ class AdminEndpointCache:
     is a different key and is read at once.
     """
 
-    def __init__(
-        self,
-        rest: Rest,
-        policy: AdminPolicy,
-        host_override: str | None = None,
-        ttl: float = ADMIN_ENDPOINT_TTL,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.rest = rest
-        self.policy = policy
-        self.host_override = host_override
-        self.ttl = ttl
-        self.clock = clock
-        self.reads = 0  # how often the Secret was read (what the cache saves is visible in tests)
-        self._lock = threading.Lock()
-        self._entries: dict[str, tuple[str, float, AdminEndpoint]] = {}
+    rest: Rest
+    policy: AdminPolicy
+    host_override: str | None = None
+    ttl: float = ADMIN_ENDPOINT_TTL
+    clock: Callable[[], float] = time.monotonic
+    reads: int = field(default=0, init=False)  # how often the Secret was read (what the cache saves, in tests)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _entries: dict[str, tuple[str, float, AdminEndpoint]] = field(default_factory=dict, init=False, repr=False)
 
     def get(self, shard: str, spec: ShardSpec) -> AdminEndpoint:
         """The endpoint of `shard`; AdminRefused or ApiException when its Secret cannot be used."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
@@ -39,30 +40,24 @@ def _created_at(db: DatabaseGlance) -> float | None:
     return None if created is None else created.timestamp()
 
 
+@dataclass(eq=False)  # a registry keys its collectors by identity
 class FleetCollector(Collector):
     """Reads shards and databases from the caches on every scrape.
 
     Shards (a few hundred at most) are parsed (metadata and status; a status that does not validate reads
     as empty); Databases (up to 100,000) are not: `DatabaseGlance` reads the few fields the gauges need.
+    `connection_limit` is what a Database commits (domain.connection_budget.database_limit); without it
+    no connection gauges are exported.
     """
 
-    def __init__(
-        self,
-        shards: Objects,
-        databases: Objects,
-        clock: Callable[[], float] = time.time,
-        connection_limit: Callable[[Mapping[str, Any]], int | None] | None = None,
-    ) -> None:
-        """`connection_limit`: what a Database commits (domain.connection_budget.database_limit); without
-        it no connection gauges are exported."""
-        self._shards = shards
-        self._databases = databases
-        self._clock = clock
-        self._connection_limit = connection_limit
+    shards: Objects
+    databases: Objects
+    clock: Callable[[], float] = time.time
+    connection_limit: Callable[[Mapping[str, Any]], int | None] | None = None
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        now = self._clock()
-        raw_shards = list(self._shards())
+        now = self.clock()
+        raw_shards = list(self.shards())
         shard_objects = [ShardState.parse_lenient_status(shard)[0] for shard in raw_shards]
         shard_names = [shard.name for shard in shard_objects]
 
@@ -72,15 +67,15 @@ class FleetCollector(Collector):
         drift: Counter[str] = Counter()
         oldest: dict[str, float] = defaultdict(float)
         commitments: dict[str, Commitments] = defaultdict(Commitments)
-        for db in self._databases():
+        for db in self.databases():
             glance = DatabaseGlance.of(db)
             shard = glance.shard or UNPLACED
             phase = glance.phase or Phase.PROVISIONING
             per_phase[(shard, phase, glance.reason(READY) or NO_REASON)] += 1
             if shard != UNPLACED and phase != Phase.DELETED:
                 in_use[shard] += 1
-                if self._connection_limit is not None:
-                    commitments[shard] = commitments[shard].plus(self._connection_limit(db))
+                if self.connection_limit is not None:
+                    commitments[shard] = commitments[shard].plus(self.connection_limit(db))
             if glance.is_true(DatabaseConditionType.DELETION_HELD):
                 held[shard] += 1
             if phase == Phase.READY and glance.is_true(DatabaseConditionType.CONNECTION_LIMIT_DRIFT):
@@ -126,7 +121,7 @@ class FleetCollector(Collector):
         yield scaling
         yield slots
         yield limit
-        if self._connection_limit is not None:
+        if self.connection_limit is not None:
             yield from self._connection_gauges(shard_objects, commitments)
 
         labels = sorted(set(shard_names) | {UNPLACED} | set(oldest) | set(held) | set(drift))

@@ -8,6 +8,7 @@ slots. Labels are shard names (and `unplaced` for placement), never tenant names
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -18,16 +19,16 @@ from reconciler.runtime.metrics import shard_gauges
 LaneStats = Callable[[], dict[str, tuple[int, int]]]  # lane -> (keys ready, keys in flight)
 
 
+@dataclass(eq=False)  # a registry keys its collectors by identity
 class DatabaseWorkersCollector(Collector):
-    def __init__(self, lane_stats: LaneStats, shard_names: Callable[[], Iterable[str]], per_shard: int, total: int):
-        self._lane_stats = lane_stats
-        self._shard_names = shard_names
-        self._per_shard = per_shard
-        self._total = total
+    lane_stats: LaneStats
+    shard_names: Callable[[], Iterable[str]]
+    per_shard: int
+    total: int
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        stats = self._lane_stats()
-        lanes = sorted(set(self._shard_names()) | {UNPLACED} | set(stats))
+        stats = self.lane_stats()
+        lanes = sorted(set(self.shard_names()) | {UNPLACED} | set(stats))
         yield from shard_gauges(
             lanes,
             (
@@ -45,10 +46,10 @@ class DatabaseWorkersCollector(Collector):
         yield GaugeMetricFamily(
             "dbprovider_database_workers_per_shard",
             "workersPerShard: the Database workers one shard may use.",
-            value=self._per_shard,
+            value=self.per_shard,
         )
         yield GaugeMetricFamily(
             "dbprovider_database_workers",
             "workersTotal: the Database workers of the leading replica.",
-            value=self._total,
+            value=self.total,
         )

@@ -150,9 +150,6 @@ class LeaderElector:
         self.namespace = namespace
         self.name = name
         self.identity = identity or default_identity()
-        self.lease_duration = lease_duration
-        self.renew_deadline = renew_deadline
-        self.retry_period = retry_period
         self.on_started_leading = on_started_leading
         self.on_stopped_leading = on_stopped_leading
         self.on_resumed_leading = on_resumed_leading
@@ -180,7 +177,7 @@ class LeaderElector:
 
     def is_leading(self) -> bool:
         """True while we hold the lease and our last renewal is younger than the renew deadline."""
-        return self._leading and time.monotonic() < self._last_renew + self.renew_deadline
+        return self._leading and time.monotonic() < self._last_renew + self.timings.renew_deadline
 
     def wait_until_leading(self, timeout: float | None = None) -> bool:
         return self._became_leader.wait(timeout) and self.is_leading()
@@ -211,7 +208,7 @@ class LeaderElector:
                     self._lead()
                     if self._stop.is_set():
                         break
-                self._stop.wait(self.retry_period * random.uniform(1.0, 1.0 + self.timings.retry_jitter))
+                self._stop.wait(self.timings.retry_period * random.uniform(1.0, 1.0 + self.timings.retry_jitter))
         finally:
             self.rest.api_client.close()
 
@@ -247,11 +244,11 @@ class LeaderElector:
             log.exception("%r: on_started_leading failed", self)
 
     def _renew_until_lost(self) -> None:
-        wait = self.retry_period
+        wait = self.timings.retry_period
         while not self._stop.wait(wait):
-            deadline = self._last_renew + self.renew_deadline
+            deadline = self._last_renew + self.timings.renew_deadline
             if self._attempt(deadline):
-                wait = self.retry_period
+                wait = self.timings.retry_period
                 if time.monotonic() >= deadline:
                     self._resumed(time.monotonic() - deadline)
                 continue
@@ -260,9 +257,11 @@ class LeaderElector:
                 return
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                log.error("%r: no renewal for %.1fs (renew deadline); stopping at once", self, self.renew_deadline)
+                log.error(
+                    "%r: no renewal for %.1fs (renew deadline); stopping at once", self, self.timings.renew_deadline
+                )
                 return
-            wait = min(self.retry_period, remaining)  # the last try lands on the deadline
+            wait = min(self.timings.retry_period, remaining)  # the last try lands on the deadline
 
     def _resumed(self, lapse: float) -> None:
         """A late renewal: we lead again after `is_leading()` was False for up to `lapse` seconds."""
@@ -299,7 +298,7 @@ class LeaderElector:
         """How long after its last observed change the lease of `holder` counts as held."""
         mark = self._observed_mark
         if mark is None or mark.holder != holder:  # a leader of an older release: its own duration
-            return spec.lease_duration_seconds or self.lease_duration
+            return spec.lease_duration_seconds or self.timings.duration
         if mark.release > self.release:  # a newer release's: what older releases are told to wait
             return spec.lease_duration_seconds or self.timings.older_release_wait
         return 0.0 if mark.released else mark.duration
@@ -312,8 +311,8 @@ class LeaderElector:
 
     def _timeout(self, deadline: float | None) -> float:
         """The whole request's bound (urllib3 `total`: connect, TLS and answer together)."""
-        budget = self.renew_deadline if deadline is None else deadline - time.monotonic()
-        return max(self.timings.min_request_timeout, min(budget, self.renew_deadline))
+        budget = self.timings.renew_deadline if deadline is None else deadline - time.monotonic()
+        return max(self.timings.min_request_timeout, min(budget, self.timings.renew_deadline))
 
     def _observe(self, obj: Obj) -> Lease:
         """Parse a Lease just read or written (once) and note whether it changed since the last one."""
@@ -362,7 +361,7 @@ class LeaderElector:
         return self._write(replace_lease, deadline, started, "lost the race for the lease")
 
     def _lease_seconds(self) -> int:
-        return max(1, round(self.lease_duration))
+        return max(1, round(self.timings.duration))
 
     def _advertised_seconds(self) -> int:
         """spec.leaseDurationSeconds: the wait of replicas of older releases (see the module docstring)."""

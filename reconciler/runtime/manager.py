@@ -170,7 +170,7 @@ class ControllerManager:
     def _lost_lease(self) -> None:
         """The elector stopped leading: stop at once, and wait for in-flight reconciles only so long
         (one blocked on a cut-off apiserver must not keep this replica from campaigning again)."""
-        self._stop_controllers(timeout=self.elector.renew_deadline if self.elector is not None else None)
+        self._stop_controllers(timeout=self.elector.timings.renew_deadline if self.elector is not None else None)
 
     def _stop_controllers(self, timeout: float | None = None) -> None:
         # Signal everyone first (no further keys, ensure_active() raises), then wait.

@@ -14,7 +14,7 @@ import sys
 
 import falcon
 
-from api.server import ApiServer
+from api.server import ApiServer, FrontDoorOptions
 
 
 class Ok:
@@ -27,7 +27,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")
     app = falcon.App()
     app.add_route("/healthz", Ok())
-    server = ApiServer(app, "127.0.0.1", 0, cert, key, max_connections=1000).start()
+    server = ApiServer(app, "127.0.0.1", 0, cert, key, options=FrontDoorOptions(max_connections=1000)).start()
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + headroom, hard))
     print(server.port, flush=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry
 from api import ApiServer, build_api
 from api.app import ApiComponents
 from api.kube import CONSUMERS, DATABASES, SECRETS
+from api.server import FrontDoorOptions
 from domain.config import InstallConfig, load_install_config
 from domain.constants import (
     ANNOTATION_PASSWORD_ID,
@@ -293,8 +294,11 @@ class Served:
     with Served(app, env, header_timeout=2) as base:    # base = "https://127.0.0.1:<port>"
     """
 
-    def __init__(self, app: object, env: ApiEnv, **options: object) -> None:
-        self.server = ApiServer(app, "127.0.0.1", 0, env.cert_file, env.key_file, **options)  # type: ignore[arg-type]
+    def __init__(
+        self, app: Callable[..., Any], env: ApiEnv, registry: CollectorRegistry | None = None, **options: Any
+    ) -> None:
+        limits = FrontDoorOptions(**options)
+        self.server = ApiServer(app, "127.0.0.1", 0, env.cert_file, env.key_file, options=limits, registry=registry)
 
     def __enter__(self) -> str:
         self.server.start()
@@ -333,7 +337,9 @@ def start_env(kube: Any, workdir: Path) -> ApiEnv:
         raise AssertionError("informers did not sync")
     ca = CertificateAuthority(workdir, "apitest")
     cert = ca.issue_server("apitest-server")
-    server = ApiServer(components.app, "127.0.0.1", 0, cert.cert_file, cert.key_file, threads=16).start()
+    server = ApiServer(
+        components.app, "127.0.0.1", 0, cert.cert_file, cert.key_file, options=FrontDoorOptions(threads=16)
+    ).start()
     env = ApiEnv(
         config, Rest(admin_client), informers, components, registry, server, ca.ca_file, cert.cert_file, cert.key_file
     )

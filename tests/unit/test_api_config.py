@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from api.server import front_door_options
+from api.server import FrontDoorOptions
 from domain.config import ConfigError, load_install_config
 from domain.settings import SETTINGS
 from infra.render import render_manifests
@@ -16,7 +16,7 @@ MINIMAL = {"tls": {"secretName": "api-tls"}}
 
 def test_defaults_reach_the_server() -> None:
     config = load_install_config(MINIMAL)
-    assert front_door_options(config.api) == {
+    expected = {
         "header_timeout": 10.0,
         "body_timeout": 10.0,
         "idle_timeout": 30.0,
@@ -25,13 +25,21 @@ def test_defaults_reach_the_server() -> None:
         "request_timeout": 10.0,
         "max_requests_per_consumer": 8,
     }
+    assert FrontDoorOptions.from_config(config.api) == FrontDoorOptions(**expected)
 
 
 def test_values_are_read_and_dumped_as_written() -> None:
-    api = {"headerTimeout": "5s", "bodyTimeout": "1m", "idleTimeout": "2m30s", "requestTimeout": "20s",
-           "maxConnections": 50, "maxConnectionsPerClient": 5, "maxRequestsPerConsumer": 3}
+    api = {
+        "headerTimeout": "5s",
+        "bodyTimeout": "1m",
+        "idleTimeout": "2m30s",
+        "requestTimeout": "20s",
+        "maxConnections": 50,
+        "maxConnectionsPerClient": 5,
+        "maxRequestsPerConsumer": 3,
+    }
     config = load_install_config({**MINIMAL, "api": api})
-    assert front_door_options(config.api) == {
+    expected = {
         "header_timeout": 5.0,
         "body_timeout": 60.0,
         "idle_timeout": 150.0,
@@ -40,6 +48,7 @@ def test_values_are_read_and_dumped_as_written() -> None:
         "request_timeout": 20.0,
         "max_requests_per_consumer": 3,
     }
+    assert FrontDoorOptions.from_config(config.api) == FrontDoorOptions(**expected)
     assert config.model_dump(by_alias=True, mode="json")["api"] == api  # what the rendered ConfigMap holds
 
 

@@ -18,7 +18,7 @@ from falcon import testing
 from kubernetes.client import ApiClient
 
 from api.app import create_app
-from api.server import ApiServer, front_door_options
+from api.server import ApiServer, FrontDoorOptions
 from dbprovider.cli import build_parser
 from dbprovider.manager import ManagerOptions
 from domain.config import ApiConfig, load_install_config
@@ -114,7 +114,7 @@ def test_every_elector_campaigns_with_the_same_lease_timings() -> None:
     assert manager.elector is not None
     for elector in (LeaderElector(rest, "ns", "lock"), manager.elector):
         assert elector.timings == SETTINGS.lease
-        assert (elector.lease_duration, elector.renew_deadline, elector.retry_period) == (
+        assert (elector.timings.duration, elector.timings.renew_deadline, elector.timings.retry_period) == (
             options.lease_duration,
             options.renew_deadline,
             options.retry_period,
@@ -125,15 +125,12 @@ def test_every_elector_campaigns_with_the_same_lease_timings() -> None:
 
 def test_the_front_door_defaults_are_the_install_configs() -> None:
     server = ApiServer(lambda *_: None, cert_file="c", key_file="k")
-    assert front_door_options(ApiConfig()) == {
-        "header_timeout": server.header_timeout,
-        "body_timeout": server.body_timeout,
-        "idle_timeout": server.idle_timeout,
-        "max_connections": server.limits.max_total,
-        "max_connections_per_client": server.limits.max_per_client,
-        "request_timeout": server.request_timeout,
-        "max_requests_per_consumer": server.consumer_requests.per_consumer,
-    }
+    assert FrontDoorOptions.from_config(ApiConfig()) == server.options
+    assert (server.limits.max_total, server.limits.max_per_client) == (
+        server.options.max_connections,
+        server.options.max_connections_per_client,
+    )
+    assert server.consumer_requests.per_consumer == server.options.max_requests_per_consumer
 
 
 def test_one_backoff_type_gives_each_scheme_its_sequence() -> None:
@@ -160,7 +157,7 @@ def test_the_pod_drains_before_sigterm_and_stops_within_its_grace_period() -> No
     server = ApiServer(lambda *_: None, cert_file="c", key_file="k")
     # Manager.stop(): the API (its in-flight requests), the controllers (30 s bound, in practice quick),
     # then the Lease release; the drain runs before SIGTERM, inside the same grace period.
-    steps = SETTINGS.termination.drain + server.shutdown_timeout + SETTINGS.lease.release_timeout
+    steps = SETTINGS.termination.drain + server.options.shutdown_timeout + SETTINGS.lease.release_timeout
     assert steps < SETTINGS.termination.grace
 
 
