@@ -144,8 +144,7 @@ def is_controlled_by(secret: Mapping[str, Any], database_uid: str | None) -> boo
         return False
     owners = (secret.get("metadata") or {}).get("ownerReferences") or []
     return any(
-        isinstance(ref, Mapping) and ref.get("uid") == database_uid and ref.get("controller") is True
-        for ref in owners
+        isinstance(ref, Mapping) and ref.get("uid") == database_uid and ref.get("controller") is True for ref in owners
     )
 
 
@@ -164,6 +163,21 @@ def classify_secret(secret: Mapping[str, Any] | None, database_uid: str, tenant:
     if not names_tenant(values, tenant) or not values.get("password"):
         return SecretState.INCONSISTENT
     return SecretState.OURS
+
+
+def secret_settled(secret: Mapping[str, Any], database_uid: str, tenant: str, endpoint: Endpoint) -> bool:
+    """The Secret is ours and consistent (`classify_secret` says OURS) and its endpoint keys are `endpoint`'s
+    (`endpoint_patch` finds nothing to change): one decoding for what a resync checks of every Secret."""
+    if not is_controlled_by(secret, database_uid):
+        return False
+    values = decode_secret_data(secret)
+    if not names_tenant(values, tenant) or not values.get("password"):
+        return False
+    return (
+        values.get("host") == endpoint.host
+        and values.get("port") == str(endpoint.port)
+        and (values.get("sslmode") == endpoint.sslmode)
+    )
 
 
 def missing_key(values: Mapping[str, str]) -> str | None:

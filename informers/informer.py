@@ -27,6 +27,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes.client import ApiClient
@@ -35,7 +36,7 @@ from kubernetes.client.exceptions import ApiException
 from domain.objects import Obj
 from domain.settings import SETTINGS, Backoff
 from informers.resource import Resource, object_key
-from informers.rest import METADATA_ACCEPT, METADATA_LIST_ACCEPT, Rest, WatchStream
+from informers.rest import METADATA_ACCEPT, METADATA_LIST_ACCEPT, Rest, WatchStream, decode_json
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,39 @@ def keep_identity(obj: Obj) -> Obj:
 def resource_version_of(obj: Obj) -> str | None:
     version: str | None = obj.get("metadata", {}).get("resourceVersion")
     return version
+
+
+@dataclass
+class ListTiming:
+    """Where the last full LIST's time went: waiting for the apiserver's pages (request to the last byte),
+    decoding them, preparing their objects, then replacing the store and dispatching its events."""
+
+    objects: int = 0
+    pages: int = 0
+    waiting: float = 0.0
+    decoding: float = 0.0
+    preparing: float = 0.0
+    replacing: float = 0.0
+
+    def page(self, waiting: float, decoding: float, preparing: float) -> None:
+        self.pages += 1
+        self.waiting += waiting
+        self.decoding += decoding
+        self.preparing += preparing
+
+    def replaced(self, objects: int, seconds: float) -> None:
+        self.objects = objects
+        self.replacing = seconds
+
+    @property
+    def seconds(self) -> float:
+        return self.waiting + self.decoding + self.preparing + self.replacing
+
+    def describe(self) -> str:
+        return (
+            f"{self.objects} in {self.pages} pages, {self.seconds:.1f}s: {self.waiting:.1f}s waiting for the "
+            f"apiserver, {self.decoding:.1f}s decoding, {self.preparing + self.replacing:.1f}s storing"
+        )
 
 
 class GoneError(Exception):
@@ -126,6 +160,7 @@ class Informer:
         self.resource_version: str | None = None
         self.last_error: BaseException | None = None
         self.stats = {"lists": 0, "watches": 0, "events": 0, "bookmarks": 0, "gone": 0, "errors": 0}
+        self.last_list: ListTiming | None = None
 
     def __repr__(self) -> str:
         where = f" in {self.namespace}" if self.namespace else ""
@@ -340,31 +375,37 @@ class Informer:
         path = self.resource.collection_path(self.namespace)
         fresh: dict[str, Obj] = {}
         continue_token = None
+        timing = ListTiming()
+        # Only this thread writes the store, so reading it here needs no lock: the API and the workers
+        # reading the store are never held up while a page of a large relist is prepared.
+        current = self._items
         while True:
             query = self._selector_query() + [("limit", str(self._page_size))]
             if continue_token:
                 query.append(("continue", continue_token))
+            started = time.monotonic()
             try:
-                page = self.rest.request(
+                data = self.rest.request_bytes(
                     "GET", path, query=query, timeout=self._request_timeout, accept=self._accept[0]
                 )
             except ApiException as exc:
                 if exc.status == 410:  # the continue token expired: start over
                     raise GoneError("list continue token expired") from exc
                 raise
-            self.progressed = time.monotonic()
+            received = self.progressed = time.monotonic()
+            page = decode_json(data)
+            decoded = time.monotonic()
             kind = (page.get("kind") or "").removesuffix("List")
-            with self._lock:
-                current = self._items
-                for obj in page.get("items") or ():
-                    if kind:
-                        obj.setdefault("kind", kind)
-                    key = object_key(obj)
-                    old = current.get(key)
-                    if old is not None and resource_version_of(old) == resource_version_of(obj):
-                        fresh[key] = old  # keep the stored object: no second copy in memory
-                    else:
-                        fresh[key] = self._prepare(obj)
+            for obj in page.get("items") or ():
+                if kind:
+                    obj.setdefault("kind", kind)
+                key = object_key(obj)
+                old = current.get(key)
+                if old is not None and resource_version_of(old) == resource_version_of(obj):
+                    fresh[key] = old  # keep the stored object: no second copy in memory
+                else:
+                    fresh[key] = self._prepare(obj)
+            timing.page(received - started, decoded - received, time.monotonic() - decoded)
             metadata = page.get("metadata") or {}
             continue_token = metadata.get("continue")
             if not continue_token:
@@ -373,7 +414,10 @@ class Informer:
             if self._stop.is_set():
                 raise InterruptedError("stopped during list")
         self.stats["lists"] += 1
+        replacing = time.monotonic()
         self._replace(fresh, resource_version)
+        timing.replaced(len(fresh), time.monotonic() - replacing)
+        self.last_list = timing
         return resource_version
 
     def _prepare(self, obj: Obj) -> Obj:
@@ -437,7 +481,7 @@ class Informer:
         self.stats["watches"] += 1
         try:
             for line in stream.lines():
-                event = json.loads(line)
+                event = decode_json(line)
                 resource_version = self._handle_event(event, resource_version)
                 if self._stop.is_set():
                     break

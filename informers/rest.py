@@ -12,11 +12,11 @@ callers test `exc.status` exactly as they do with the generated API.
 from __future__ import annotations
 
 import copy
-import json
 import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import orjson
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
@@ -37,6 +37,12 @@ METADATA_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s
 METADATA_ACCEPT = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 
 Query = list[tuple[str, str]]
+
+
+def decode_json(data: bytes) -> Any:
+    """A JSON body as plain dicts and lists: orjson, about twice as fast as the standard library on a list page
+    (a start decodes every Database and credentials Secret of the fleet; docs/performance.md section 5)."""
+    return orjson.loads(data)
 
 
 def _raise_for_status(response: Any) -> None:
@@ -165,15 +171,32 @@ class Rest:
         """Send one request and return the decoded JSON body; raise `ApiException` on non-2xx.
 
         `accept` replaces the JSON Accept header (e.g. METADATA_LIST_ACCEPT)."""
+        data = self.request_bytes(
+            method, path, query=query, body=body, content_type=content_type, timeout=timeout, accept=accept
+        )
+        return decode_json(data) if data else {}
+
+    def request_bytes(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Query | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+        timeout: Timeout = DEFAULT_TIMEOUT,
+        accept: str | None = None,
+    ) -> bytes:
+        """`request` without the decoding: the body as received (an informer times the two apart)."""
         if self.fence is not None and method != "GET":
             self.fence()
         response = self._send(method, path, query, body, content_type, timeout, accept)
         try:
             _raise_for_status(response)
-            data = response.read()
+            data: bytes = response.read()
         finally:
             response.response.release_conn()
-        return json.loads(data) if data else {}
+        return data
 
     def stream(
         self, path: str, *, query: Query | None = None, timeout: Timeout = None, accept: str | None = None
