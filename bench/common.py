@@ -568,6 +568,7 @@ class ManagerProcess(ManagerEndpoints):
         self.log_file = stack.state_dir / f"{name}.log"
         env = {**os.environ, **self.dev.manager_env(), "POD_NAME": name, "PYTHONPATH": str(checkout)}
         argv = self.dev.manager_argv(python, self.api_port, self.metrics_port)
+        argv.insert(1, "-P")  # not the working directory first: the code is `checkout`'s (PYTHONPATH)
         self.started = time.monotonic()
         self.proc: subprocess.Popen = spawn(argv, self.log_file, env=env)
 
