@@ -27,7 +27,6 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from kubernetes.client import ApiClient
@@ -69,36 +68,24 @@ def resource_version_of(obj: Obj) -> str | None:
     return version
 
 
-@dataclass
 class ListTiming:
     """Where the last full LIST's time went: waiting for the apiserver's pages (request to the last byte),
-    decoding them, preparing their objects, then replacing the store and dispatching its events."""
+    decoding them, and storing (preparing the objects, replacing the store, dispatching its events)."""
 
-    objects: int = 0
-    pages: int = 0
-    waiting: float = 0.0
-    decoding: float = 0.0
-    preparing: float = 0.0
-    replacing: float = 0.0
+    def __init__(self) -> None:
+        self.objects = self.pages = 0
+        self.spent = dict.fromkeys(("waiting", "decoding", "storing"), 0.0)
 
-    def page(self, waiting: float, decoding: float, preparing: float) -> None:
+    def page(self, waiting: float, decoding: float, storing: float) -> None:
         self.pages += 1
-        self.waiting += waiting
-        self.decoding += decoding
-        self.preparing += preparing
-
-    def replaced(self, objects: int, seconds: float) -> None:
-        self.objects = objects
-        self.replacing = seconds
-
-    @property
-    def seconds(self) -> float:
-        return self.waiting + self.decoding + self.preparing + self.replacing
+        for part, seconds in zip(self.spent, (waiting, decoding, storing), strict=True):
+            self.spent[part] += seconds
 
     def describe(self) -> str:
+        spent = self.spent
         return (
-            f"{self.objects} in {self.pages} pages, {self.seconds:.1f}s: {self.waiting:.1f}s waiting for the "
-            f"apiserver, {self.decoding:.1f}s decoding, {self.preparing + self.replacing:.1f}s storing"
+            f"{self.objects} in {self.pages} pages, {sum(spent.values()):.1f}s: {spent['waiting']:.1f}s waiting "
+            f"for the apiserver, {spent['decoding']:.1f}s decoding, {spent['storing']:.1f}s storing"
         )
 
 
@@ -385,9 +372,7 @@ class Informer:
                 query.append(("continue", continue_token))
             started = time.monotonic()
             try:
-                data = self.rest.request_bytes(
-                    "GET", path, query=query, timeout=self._request_timeout, accept=self._accept[0]
-                )
+                data = self.rest.get_bytes(path, query=query, timeout=self._request_timeout, accept=self._accept[0])
             except ApiException as exc:
                 if exc.status == 410:  # the continue token expired: start over
                     raise GoneError("list continue token expired") from exc
@@ -416,7 +401,8 @@ class Informer:
         self.stats["lists"] += 1
         replacing = time.monotonic()
         self._replace(fresh, resource_version)
-        timing.replaced(len(fresh), time.monotonic() - replacing)
+        timing.objects = len(fresh)
+        timing.spent["storing"] += time.monotonic() - replacing
         self.last_list = timing
         return resource_version
 
