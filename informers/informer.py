@@ -24,6 +24,7 @@ import builtins
 import json
 import logging
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -87,6 +88,44 @@ class ListTiming:
             f"{self.objects} in {self.pages} pages, {sum(spent.values()):.1f}s: {spent['waiting']:.1f}s waiting "
             f"for the apiserver, {spent['decoding']:.1f}s decoding, {spent['storing']:.1f}s storing"
         )
+
+
+class PageRequest:
+    """One LIST page asked for in a thread of its own (a daemon: a stopping process does not wait for it)."""
+
+    def __init__(self, fetch: Callable[[], bytes], name: str) -> None:
+        self._data = b""
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fetch,), name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self, fetch: Callable[[], bytes]) -> None:
+        try:
+            self._data = fetch()
+        except BaseException as exc:  # noqa: BLE001 - raised in the informer's thread by result()
+            self._error = exc
+
+    def result(self) -> bytes:
+        """The page (the request has its own timeout), or the request's error."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._data
+
+
+_CONTINUE = re.compile(rb'"continue":"([A-Za-z0-9_=+/-]*)"')
+_HEAD = 4096  # the list's metadata comes before its items, within the first bytes
+
+
+def continue_token_of(page: bytes) -> str | None:
+    """The continue token of an undecoded LIST page, read from its metadata, which the apiserver writes before
+    the items; None when it is not found there (the last page, or another layout: the caller decodes first)."""
+    head = page[:_HEAD]
+    items = head.find(b'"items":')
+    if items < 0:
+        return None
+    found = _CONTINUE.search(head, 0, items)
+    return found.group(1).decode("ascii") if found and found.group(1) else None
 
 
 class GoneError(Exception):
@@ -358,26 +397,25 @@ class Informer:
         return query
 
     def _list_and_replace(self) -> str:
-        """LIST page by page and replace the store; returns the list's resourceVersion."""
+        """LIST page by page and replace the store; returns the list's resourceVersion.
+
+        The next page is asked for while this one is decoded and stored (its continue token is read from
+        the page's first bytes, checked once the page is decoded): at 100,000 objects the apiserver's time
+        and ours overlap instead of adding up."""
         path = self.resource.collection_path(self.namespace)
         fresh: dict[str, Obj] = {}
-        continue_token = None
         timing = ListTiming()
         # Only this thread writes the store, so reading it here needs no lock: the API and the workers
         # reading the store are never held up while a page of a large relist is prepared.
         current = self._items
+        asked = self._ask(path, None)
         while True:
-            query = self._selector_query() + [("limit", str(self._page_size))]
-            if continue_token:
-                query.append(("continue", continue_token))
             started = time.monotonic()
-            try:
-                data = self.rest.get_bytes(path, query=query, timeout=self._request_timeout, accept=self._accept[0])
-            except ApiException as exc:
-                if exc.status == 410:  # the continue token expired: start over
-                    raise GoneError("list continue token expired") from exc
-                raise
+            data = asked.result()
             received = self.progressed = time.monotonic()
+            guessed = continue_token_of(data)
+            if guessed is not None:
+                asked = self._ask(path, guessed)
             page = decode_json(data)
             decoded = time.monotonic()
             kind = (page.get("kind") or "").removesuffix("List")
@@ -398,6 +436,8 @@ class Informer:
                 break
             if self._stop.is_set():
                 raise InterruptedError("stopped during list")
+            if continue_token != guessed:  # not read from the first bytes: ask now
+                asked = self._ask(path, continue_token)
         self.stats["lists"] += 1
         replacing = time.monotonic()
         self._replace(fresh, resource_version)
@@ -405,6 +445,21 @@ class Informer:
         timing.spent["storing"] += time.monotonic() - replacing
         self.last_list = timing
         return resource_version
+
+    def _ask(self, path: str, continue_token: str | None) -> PageRequest:
+        return PageRequest(lambda: self._page(path, continue_token), f"list-{self.resource.plural}")
+
+    def _page(self, path: str, continue_token: str | None) -> bytes:
+        """One page of the LIST, as received."""
+        query = self._selector_query() + [("limit", str(self._page_size))]
+        if continue_token:
+            query.append(("continue", continue_token))
+        try:
+            return self.rest.get_bytes(path, query=query, timeout=self._request_timeout, accept=self._accept[0])
+        except ApiException as exc:
+            if exc.status == 410:  # the continue token expired: start over
+                raise GoneError("list continue token expired") from exc
+            raise
 
     def _prepare(self, obj: Obj) -> Obj:
         obj.setdefault("apiVersion", self.resource.api_version)  # typed list items carry no apiVersion
