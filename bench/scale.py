@@ -545,7 +545,7 @@ COMPARED = (
 )
 
 
-def compare(fleet: Fleet, baseline: Path, rounds: int, profile_dir: Path | None) -> None:
+def compare(fleet: Fleet, baseline: Path, rounds: int, profile_dir: Path | None) -> list[Target]:
     """`rounds` pairs of starts on the same fleet, the baseline tree's first, then this tree's; a table."""
     log("a warm-up start (the first start after the setup writes the Consumer counts and Shard conditions)")
     quick_start(fleet, "scale-warmup", REPO)
@@ -577,6 +577,16 @@ def compare(fleet: Fleet, baseline: Path, rounds: int, profile_dir: Path | None)
         rows,
         ("milestone (since the process started)", "baseline", "this tree", "median ratio"),
     )
+    caught_up = statistics.median(r["caught_up"] for r in results["this tree"])
+    before = statistics.median(r["caught_up"] for r in results["baseline"])
+    targets = [
+        Target(
+            f"start to caught up at {fleet.count} Databases {caught_up:.1f} s (median of {rounds}; baseline "
+            f"{before:.1f} s)",
+            f"< {CAUGHT_UP_LIMIT_S} s",
+            caught_up < CAUGHT_UP_LIMIT_S,
+        )
+    ]
     if profile_dir is not None:
         profile_dir.mkdir(parents=True, exist_ok=True)
         for label, checkout in (("baseline", baseline), ("this tree", REPO)):
@@ -587,6 +597,7 @@ def compare(fleet: Fleet, baseline: Path, rounds: int, profile_dir: Path | None)
                 "profiler attached; not a measured start)"
             )
             print(summarize_collapsed(out))
+    return targets
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -647,7 +658,7 @@ def main(argv: list[str] | None = None) -> int:
         fleet = Fleet(stack, rest, count, tokens, shards)
         targets: list[Target] = []
         if args.baseline is not None:
-            compare(fleet, args.baseline.resolve(), args.rounds, args.profile_dir if args.profile else None)
+            targets += compare(fleet, args.baseline.resolve(), args.rounds, args.profile_dir if args.profile else None)
         for run in range(1, args.runs + 1):
             targets += measure_start(fleet, run, args)
 
