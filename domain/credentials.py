@@ -14,6 +14,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import lru_cache
 from typing import Any
 
 from domain.constants import (
@@ -167,16 +168,33 @@ def classify_secret(secret: Mapping[str, Any] | None, database_uid: str, tenant:
 
 def secret_settled(secret: Mapping[str, Any], database_uid: str, tenant: str, endpoint: Endpoint) -> bool:
     """The Secret is ours and consistent (`classify_secret` says OURS) and its endpoint keys are `endpoint`'s
-    (`endpoint_patch` finds nothing to change): one decoding for what a resync checks of every Secret."""
+    (`endpoint_patch` finds nothing to change), checked for every Secret at a start: the expected values are
+    compared in their base64 form (the apiserver always writes the canonical one; any other reads as not
+    settled, and the full pass decides), so only the password is decoded."""
     if not is_controlled_by(secret, database_uid):
         return False
-    values = decode_secret_data(secret)
-    if not names_tenant(values, tenant) or not values.get("password"):
+    data = secret.get("data")
+    if not isinstance(data, Mapping):
         return False
+    names = encode_secret_value(tenant)
+    if data.get("database") != names or data.get("user") != names:
+        return False
+    if (data.get("host"), data.get("port"), data.get("sslmode")) != _encoded_endpoint(endpoint):
+        return False
+    password = decode_secret_value(data.get("password"))
+    try:
+        return bool(password) and bool(password.decode("utf-8"))  # as decode_secret_data reads it
+    except UnicodeDecodeError:
+        return False
+
+
+@lru_cache(maxsize=1024)
+def _encoded_endpoint(endpoint: Endpoint) -> tuple[str, str, str]:
+    """host, port and sslmode as a Secret's data holds them (one entry per shard's client block)."""
     return (
-        values.get("host") == endpoint.host
-        and values.get("port") == str(endpoint.port)
-        and (values.get("sslmode") == endpoint.sslmode)
+        encode_secret_value(endpoint.host),
+        encode_secret_value(str(endpoint.port)),
+        encode_secret_value(endpoint.sslmode),
     )
 
 
