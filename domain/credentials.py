@@ -182,8 +182,10 @@ def secret_settled(secret: Mapping[str, Any], database_uid: str, tenant: str, en
     if (data.get("host"), data.get("port"), data.get("sslmode")) != _encoded_endpoint(endpoint):
         return False
     password = decode_secret_value(data.get("password"))
+    if not password:
+        return False
     try:
-        return bool(password) and bool(password.decode("utf-8"))  # as decode_secret_data reads it
+        return bool(password.decode("utf-8"))  # as decode_secret_data reads it
     except UnicodeDecodeError:
         return False
 
