@@ -126,7 +126,12 @@ class ControllerManager:
             raise ControllerStopping("this replica does not hold the Lease")
 
     def resync(self) -> None:
-        """Enqueue every object of every running controller (after a late renewal resumed leading)."""
+        """Enqueue every object of every running controller (after a late renewal resumed leading), in a thread
+        of its own: the elector calls this between renewals, and a pass over 100,000 Databases must not delay
+        the next one."""
+        threading.Thread(target=self._resync, name="resync", daemon=True).start()
+
+    def _resync(self) -> None:
         with self._lock:
             counts = {controller.name: controller.resync() for controller in self.controllers}
         log.info("resync after leading resumed", extra={"keys": counts})
