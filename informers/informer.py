@@ -439,11 +439,11 @@ class Informer:
             if continue_token != guessed:  # not read from the first bytes: ask now
                 asked = self._ask(path, continue_token)
         self.stats["lists"] += 1
+        timing.objects = len(fresh)
+        self.last_list = timing  # before the store is synced: the start logs it then
         replacing = time.monotonic()
         self._replace(fresh, resource_version)
-        timing.objects = len(fresh)
         timing.spent["storing"] += time.monotonic() - replacing
-        self.last_list = timing
         return resource_version
 
     def _ask(self, path: str, continue_token: str | None) -> PageRequest:
