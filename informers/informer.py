@@ -2,7 +2,8 @@
 
 Behaviour, in the order a reader needs it:
 - The store is filled by a paginated LIST, then kept current by a WATCH from the list's
-  resourceVersion with `allowWatchBookmarks` (bookmarks only advance the resourceVersion).
+  resourceVersion with `allowWatchBookmarks` (bookmarks only advance the resourceVersion). The next
+  page is asked for while one is decoded and stored; `last_list` says where the list's time went.
 - A watch that ends normally (server timeout) is resumed from the last resourceVersion seen.
 - 410 Gone (an expired resourceVersion, as an ERROR event or as the HTTP status) relists at once:
   the client's `kubernetes.watch.Watch` retries a 410 only once and then raises, so it is not used.
