@@ -122,9 +122,7 @@ def wait_for(check: Callable[[], T], timeout: float, what: str, interval: float 
         time.sleep(interval)
 
 
-def interleaved(
-    variants: dict[str, Callable[[], None]], rounds: int, iterations: int
-) -> dict[str, list[float]]:
+def interleaved(variants: dict[str, Callable[[], None]], rounds: int, iterations: int) -> dict[str, list[float]]:
     """Time `iterations` calls of each variant per round, alternating the variants (and their order)
     round by round, so both see the same machine. Returns seconds per call, one value per round."""
     results: dict[str, list[float]] = {name: [] for name in variants}
@@ -401,23 +399,32 @@ def _released_on_sessions(
 def log_in_as_tenant(server: PostgresServer, spec: TenantSpec, timeout: float = 10.0) -> None:
     """What the product does before a new database is Ready, for a baseline: a login as the tenant on
     a fresh TLS session at the server itself (the Shard's client endpoint in the benchmarks)."""
-    log_in(TenantLogin("127.0.0.1", server.port, spec.name, spec.password, sslmode="require", dbname=spec.name),
-           timeout, "bench")
+    log_in(
+        TenantLogin("127.0.0.1", server.port, spec.name, spec.password, sslmode="require", dbname=spec.name),
+        timeout,
+        "bench",
+    )
 
 
 def drop_all_tenants(server: PostgresServer) -> int:
     """Drop every database and role but the server's own (not timed: frees a throwaway server's disk
     between phases); returns how many databases went."""
     with server.superuser_connection() as conn:
-        names = [row[0] for row in conn.execute(
-            "SELECT datname FROM pg_database WHERE datname NOT IN ('postgres', 'template0', 'template1')"
-        )]
+        names = [
+            row[0]
+            for row in conn.execute(
+                "SELECT datname FROM pg_database WHERE datname NOT IN ('postgres', 'template0', 'template1')"
+            )
+        ]
         for name in names:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        roles = [row[0] for row in conn.execute(
-            "SELECT rolname FROM pg_roles WHERE rolname NOT LIKE 'pg\\_%%' AND rolname NOT IN (%s, %s)",
-            (PostgresServer.SUPERUSER, PostgresServer.PROVISIONER),
-        )]
+        roles = [
+            row[0]
+            for row in conn.execute(
+                "SELECT rolname FROM pg_roles WHERE rolname NOT LIKE 'pg\\_%%' AND rolname NOT IN (%s, %s)",
+                (PostgresServer.SUPERUSER, PostgresServer.PROVISIONER),
+            )
+        ]
         for role in roles:
             conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
     return len(names)
@@ -501,8 +508,13 @@ def put_all(
                 sent[external_id] = time.perf_counter()
             for attempt in range(60):
                 try:
-                    response = session.put(manager.url(f"/v1/databases/{external_id}"), json={"sizeClass": "small"},
-                                           headers=headers, verify=ca, timeout=60)
+                    response = session.put(
+                        manager.url(f"/v1/databases/{external_id}"),
+                        json={"sizeClass": "small"},
+                        headers=headers,
+                        verify=ca,
+                        timeout=60,
+                    )
                 except requests.RequestException as exc:
                     with lock:
                         answers[f"client error {type(exc).__name__}: {str(exc)[:100]}"] += 1
@@ -546,14 +558,17 @@ class ManagerProcess(ManagerEndpoints):
         stack: Stack,
         name: str = "bench-manager",
         python: str = sys.executable,
+        checkout: Path = REPO,
     ) -> None:
+        """`checkout`: the source tree the manager runs from (another release's, to compare starts)."""
         super().__init__()
         self.stack = stack
         self.dev = stack.dev
         self.name = name
         self.log_file = stack.state_dir / f"{name}.log"
-        env = {**os.environ, **self.dev.manager_env(), "POD_NAME": name, "PYTHONPATH": str(REPO)}
+        env = {**os.environ, **self.dev.manager_env(), "POD_NAME": name, "PYTHONPATH": str(checkout)}
         argv = self.dev.manager_argv(python, self.api_port, self.metrics_port)
+        argv.insert(1, "-P")  # not the working directory first: the code is `checkout`'s (PYTHONPATH)
         self.started = time.monotonic()
         self.proc: subprocess.Popen = spawn(argv, self.log_file, env=env)
 
@@ -629,9 +644,24 @@ class PySpy:
     def start(self) -> PySpy:
         exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
         self.proc = subprocess.Popen(
-            [exe, "record", "--pid", str(self.pid), "--format", "raw", "--rate", str(self.rate),
-             "--nonblocking", "--threads", *(["--idle"] if self.idle else []), "-o", str(self.out)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+            [
+                exe,
+                "record",
+                "--pid",
+                str(self.pid),
+                "--format",
+                "raw",
+                "--rate",
+                str(self.rate),
+                "--nonblocking",
+                "--threads",
+                *(["--idle"] if self.idle else []),
+                "-o",
+                str(self.out),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
         )
         time.sleep(1.0)  # attach before the measured window
         return self

@@ -3,6 +3,7 @@
     python -m bench.scale [--count 10000] [--shards 20] [--consumers 1] [--extra-consumers 100]
                           [--idle-seconds 60] [--profile]
     python -m bench.scale --count 100000 --shards 200 --consumers 1000      # issue 28
+    python -m bench.scale --count 20000 --shards 200 --consumers 1000 --runs 0 --baseline /tmp/base [--profile]
 
 Setup (not timed, but reported): `--shards` Shards sharing one PostgreSQL 18 server
 (log_statement=all), `--consumers` Consumers each with its token Secret (as `dbprovider consumer new`
@@ -22,12 +23,22 @@ the provisioner's statements on the server from the manager's start to the end o
 (harness/statement_log.py; changes must be zero, the Shard pings' catalog reads show the log is
 read), and idle CPU over `--idle-seconds` (cpu_times delta). With `--profile` a second manager is
 then started on the same objects with py-spy attached, and its start is profiled.
+
+`--baseline DIR` compares two trees on one fleet (creating 100,000 objects takes half an hour; a fleet is
+made once per run): DIR is another checkout (`git archive main | tar -x -C DIR`) run with this venv. After
+one warm-up start (the first start after the setup writes the Consumer counts and Shard conditions), each
+of `--rounds` rounds starts the baseline's manager and then this tree's, each measured to caught up:
+caches synced (/readyz), Lease held, the first pass done (`dbprovider_reconciles_total` of the Database
+controller reaching the count, polled each second), caught up, CPU and peak RSS; a table gives every
+run and the median ratio. With `--profile`, one further start of each is profiled with py-spy.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import os
+import statistics
 import threading
 import time
 from collections import Counter
@@ -42,6 +53,7 @@ import psutil
 import requests
 
 from bench.common import (
+    REPO,
     ManagerProcess,
     ProvisionerStatements,
     PySpy,
@@ -81,6 +93,7 @@ IDLE_CPU_LIMIT = 2.0  # percent of one core
 TOKEN_CHANGE_LIMIT_S = 1.0  # docs/api.md: "Changes take effect within about a second"
 QUIET_CPU = 5.0  # percent of one core: "idle" for the caught-up detection
 QUIET_WINDOW = 2.0
+HIDDEN_MILESTONES = ("ready", "leading", "counted", "passed", "caught_up")
 CHANGES = ("ALTER", "CREATE", "GRANT", "REVOKE", "DROP", "SET", "RESET", "COMMENT")
 
 
@@ -90,22 +103,25 @@ def create_shards(rest: Rest, stack: Stack, count: int, per_shard: int) -> list[
     dev, pg = stack.dev, stack.postgres
     names = [f"scale-{i:02d}" for i in range(count)]
     for name in names:
-        rest.create(SHARDS, {
-            "apiVersion": API_VERSION,
-            "kind": "Shard",
-            "metadata": {"name": name},
-            "spec": {
-                "maxDatabases": per_shard + 100,
-                "perconaCluster": {"namespace": dev.namespace, "name": name},
-                "admin": {
-                    "serviceName": f"{name}-primary",
-                    "port": pg.port,
-                    "sslmode": "require",
-                    "secretRef": {"namespace": dev.shard_secrets_namespace, "name": dev.admin_secret},
+        rest.create(
+            SHARDS,
+            {
+                "apiVersion": API_VERSION,
+                "kind": "Shard",
+                "metadata": {"name": name},
+                "spec": {
+                    "maxDatabases": per_shard + 100,
+                    "perconaCluster": {"namespace": dev.namespace, "name": name},
+                    "admin": {
+                        "serviceName": f"{name}-primary",
+                        "port": pg.port,
+                        "sslmode": "require",
+                        "secretRef": {"namespace": dev.shard_secrets_namespace, "name": dev.admin_secret},
+                    },
+                    "client": {"host": "127.0.0.1", "port": pg.port, "sslmode": "require"},
                 },
-                "client": {"host": "127.0.0.1", "port": pg.port, "sslmode": "require"},
             },
-        })
+        )
     rest.delete(SHARDS, dev.shard)  # exactly `count` shards (the DevStack's one holds no database)
     return names
 
@@ -120,21 +136,24 @@ def ready_status(shard: str, tenant: str, now: str) -> dict[str, Any]:
         "appliedSizeClass": "small",
         "appliedConnectionLimit": 5,
         "observedGeneration": 1,
-        "conditions": [{
-            "type": DatabaseConditionType.READY.value,
-            "status": "True",
-            "reason": DatabaseReason.PROVISIONED.value,
-            "message": "tenant exists on the shard",
-            "lastTransitionTime": now,
-            "observedGeneration": 1,
-        }, {
-            "type": DatabaseConditionType.OWNERSHIP_RECORDED.value,
-            "status": "True",
-            "reason": OwnershipReason.RECORDED.value,
-            "message": "the tenant role's ownership record names this Database",
-            "lastTransitionTime": now,
-            "observedGeneration": 1,
-        }],
+        "conditions": [
+            {
+                "type": DatabaseConditionType.READY.value,
+                "status": "True",
+                "reason": DatabaseReason.PROVISIONED.value,
+                "message": "tenant exists on the shard",
+                "lastTransitionTime": now,
+                "observedGeneration": 1,
+            },
+            {
+                "type": DatabaseConditionType.OWNERSHIP_RECORDED.value,
+                "status": "True",
+                "reason": OwnershipReason.RECORDED.value,
+                "message": "the tenant role's ownership record names this Database",
+                "lastTransitionTime": now,
+                "observedGeneration": 1,
+            },
+        ],
     }
 
 
@@ -234,6 +253,7 @@ def wait_caught_up(
     """Poll until caught up; returns the sampler and milestones (seconds since the process started)."""
     sampler = Sampler(manager)
     milestones: dict[str, float] = {}
+    last_reconciles = 0.0
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         now, _, _ = sampler.sample()
@@ -249,7 +269,15 @@ def wait_caught_up(
                 counted = 0
             if counted >= count:
                 milestones[f"dbprovider_databases counts {count} Ready"] = milestones["counted"] = since
-        if "counted" in milestones:
+        if "counted" in milestones and "passed" not in milestones and since - last_reconciles >= 1.0:
+            last_reconciles = since  # a scrape costs the manager a little: once a second
+            try:
+                reconciles = manager.reconciles()
+            except Exception:  # noqa: BLE001 - not serving yet
+                reconciles = 0
+            if reconciles >= count:
+                milestones[f"first pass: {count} Database reconciles done"] = milestones["passed"] = since
+        if "passed" in milestones:
             quiet = sampler.quiet_since()
             if quiet is not None and quiet - manager.started >= milestones["leading"]:
                 milestones["caught up (idle from)"] = milestones["caught_up"] = quiet - manager.started
@@ -272,8 +300,9 @@ class FirstAnswer(Background):
         headers = {"Authorization": f"Bearer {self.token}"}
         while not self.stopping.is_set():
             try:
-                response = session.get(self.manager.url("/v1/databases"), headers=headers,
-                                        verify=str(self.manager.dev.ca_file), timeout=5)
+                response = session.get(
+                    self.manager.url("/v1/databases"), headers=headers, verify=str(self.manager.dev.ca_file), timeout=5
+                )
                 if response.status_code == 200:
                     self.seconds = time.monotonic() - self.manager.started
                     return
@@ -302,8 +331,12 @@ def delta(after: Counter[str], before: Counter[str]) -> dict[str, int]:
 
 def authenticated(manager: ManagerProcess, token: str) -> int:
     try:
-        return requests.get(manager.url("/v1/databases"), headers={"Authorization": f"Bearer {token}"},
-                            verify=str(manager.dev.ca_file), timeout=10).status_code
+        return requests.get(
+            manager.url("/v1/databases"),
+            headers={"Authorization": f"Bearer {token}"},
+            verify=str(manager.dev.ca_file),
+            timeout=10,
+        ).status_code
     except requests.RequestException:
         return 0
 
@@ -394,29 +427,52 @@ def measure_start(fleet: Fleet, run: int, args: argparse.Namespace) -> list[Targ
 
     milestones["first authenticated answer"] = first.seconds or 0.0
     print(f"\n######## run {run}: {machine_line()}")
-    table("manager start", [(k, f"{v:.1f} s") for k, v in sorted(milestones.items(), key=lambda kv: kv[1])
-                            if k not in ("ready", "leading", "counted", "caught_up")],
-          ("milestone", "since the process started"))
-    table("resources", [
-        ("RSS when caught up", f"{rss_caught_up / 2**20:.0f} MB"),
-        ("RSS peak (sampled every 0.25 s)", f"{sampler.peak_rss / 2**20:.0f} MB"),
-        (f"RSS after the idle {args.idle_seconds:.0f} s", f"{idle_after[2] / 2**20:.0f} MB"),
-        ("CPU from start to caught up", f"{sampler.cpu_at(caught_up):.1f} CPU-s"),
-        (f"idle CPU over {idle_after[0] - idle_before[0]:.0f} s", f"{idle_cpu:.2f}% of one core"),
-    ], ("what", "value"))
-    table("watches the apiserver holds for the manager (gauges after - before its start)",
-          [(k, watches_manager.get(k, 0), watches_more.get(k, 0))
-           for k in sorted(set(watches_manager) | set(watches_more))] or [("none", 0, 0)],
-          ("gauge", f"with {consumers_before} consumers", f"+ {args.extra_consumers} more"))
-    table("token Secret changes on the manager", [(k, f"{v:.3f} s") for k, v in changes.items()],
-          ("change", "until it applies"))
-    table("apiserver writes by the start (until caught up)",
-          [(k, v) for k, v in writes_start.most_common()] or [("none", 0)], ("resource verb", "requests"))
-    table(f"apiserver writes in the idle {args.idle_seconds:.0f} s",
-          [(k, v) for k, v in writes_idle.most_common()] or [("none", 0)], ("resource verb", "requests"))
-    table("provisioner statements on the server, manager start to the end of the idle window",
-          [(k, n, "change" if k in CHANGES else "catalog read (Shard pings)") for k, n in found.most_common()]
-          or [("none", 0, "")], ("keyword", "count", "kind"))
+    table(
+        "manager start",
+        [(k, f"{v:.1f} s") for k, v in sorted(milestones.items(), key=lambda kv: kv[1]) if k not in HIDDEN_MILESTONES],
+        ("milestone", "since the process started"),
+    )
+    table(
+        "resources",
+        [
+            ("RSS when caught up", f"{rss_caught_up / 2**20:.0f} MB"),
+            ("RSS peak (sampled every 0.25 s)", f"{sampler.peak_rss / 2**20:.0f} MB"),
+            (f"RSS after the idle {args.idle_seconds:.0f} s", f"{idle_after[2] / 2**20:.0f} MB"),
+            ("CPU from start to caught up", f"{sampler.cpu_at(caught_up):.1f} CPU-s"),
+            (f"idle CPU over {idle_after[0] - idle_before[0]:.0f} s", f"{idle_cpu:.2f}% of one core"),
+        ],
+        ("what", "value"),
+    )
+    table(
+        "watches the apiserver holds for the manager (gauges after - before its start)",
+        [
+            (k, watches_manager.get(k, 0), watches_more.get(k, 0))
+            for k in sorted(set(watches_manager) | set(watches_more))
+        ]
+        or [("none", 0, 0)],
+        ("gauge", f"with {consumers_before} consumers", f"+ {args.extra_consumers} more"),
+    )
+    table(
+        "token Secret changes on the manager",
+        [(k, f"{v:.3f} s") for k, v in changes.items()],
+        ("change", "until it applies"),
+    )
+    table(
+        "apiserver writes by the start (until caught up)",
+        [(k, v) for k, v in writes_start.most_common()] or [("none", 0)],
+        ("resource verb", "requests"),
+    )
+    table(
+        f"apiserver writes in the idle {args.idle_seconds:.0f} s",
+        [(k, v) for k, v in writes_idle.most_common()] or [("none", 0)],
+        ("resource verb", "requests"),
+    )
+    table(
+        "provisioner statements on the server, manager start to the end of the idle window",
+        [(k, n, "change" if k in CHANGES else "catalog read (Shard pings)") for k, n in found.most_common()]
+        or [("none", 0, "")],
+        ("keyword", "count", "kind"),
+    )
 
     secret_watches = watches_manager.get("WATCH secrets", 0)
     total_watches = sum(v for k, v in watches_manager.items() if k.startswith("WATCH "))
@@ -424,21 +480,124 @@ def measure_start(fleet: Fleet, run: int, args: argparse.Namespace) -> list[Targ
     slowest_change = max(changes.values())
     first_answer = milestones["first authenticated answer"]
     return [
-        Target(f"run {run}: manager RSS peak {sampler.peak_rss / 2**20:.0f} MB", f"< {RSS_LIMIT_MB} MB",
-               sampler.peak_rss / 2**20 < RSS_LIMIT_MB),
-        Target(f"run {run}: start to caught up {caught_up:.1f} s", f"< {CAUGHT_UP_LIMIT_S} s",
-               caught_up < CAUGHT_UP_LIMIT_S),
-        Target(f"run {run}: SQL changes for Ready databases {sql_changes} (catalog reads {found.get('SELECT', 0)})",
-               "== 0, with the Shard pings' reads seen", sql_changes == 0 and found.get("SELECT", 0) > 0),
+        Target(
+            f"run {run}: manager RSS peak {sampler.peak_rss / 2**20:.0f} MB",
+            f"< {RSS_LIMIT_MB} MB",
+            sampler.peak_rss / 2**20 < RSS_LIMIT_MB,
+        ),
+        Target(
+            f"run {run}: start to caught up {caught_up:.1f} s",
+            f"< {CAUGHT_UP_LIMIT_S} s",
+            caught_up < CAUGHT_UP_LIMIT_S,
+        ),
+        Target(
+            f"run {run}: SQL changes for Ready databases {sql_changes} (catalog reads {found.get('SELECT', 0)})",
+            "== 0, with the Shard pings' reads seen",
+            sql_changes == 0 and found.get("SELECT", 0) > 0,
+        ),
         Target(f"run {run}: idle CPU {idle_cpu:.2f}% of one core", f"< {IDLE_CPU_LIMIT}%", idle_cpu < IDLE_CPU_LIMIT),
-        Target(f"run {run}: open watches of the manager {total_watches} (Secrets {secret_watches}) with "
-               f"{consumers_before} consumers, {more_watches} with {args.extra_consumers} more",
-               "the same: independent of the consumer count", more_watches == total_watches),
-        Target(f"run {run}: token Secret change applied in {slowest_change:.3f} s (slowest of add, remove)",
-               f"<= {TOKEN_CHANGE_LIMIT_S:.0f} s", slowest_change <= TOKEN_CHANGE_LIMIT_S),
-        Target(f"run {run}: first authenticated answer {first_answer:.1f} s after start",
-               f"< {CAUGHT_UP_LIMIT_S} s", first_answer < CAUGHT_UP_LIMIT_S),
+        Target(
+            f"run {run}: open watches of the manager {total_watches} (Secrets {secret_watches}) with "
+            f"{consumers_before} consumers, {more_watches} with {args.extra_consumers} more",
+            "the same: independent of the consumer count",
+            more_watches == total_watches,
+        ),
+        Target(
+            f"run {run}: token Secret change applied in {slowest_change:.3f} s (slowest of add, remove)",
+            f"<= {TOKEN_CHANGE_LIMIT_S:.0f} s",
+            slowest_change <= TOKEN_CHANGE_LIMIT_S,
+        ),
+        Target(
+            f"run {run}: first authenticated answer {first_answer:.1f} s after start",
+            f"< {CAUGHT_UP_LIMIT_S} s",
+            first_answer < CAUGHT_UP_LIMIT_S,
+        ),
     ]
+
+
+def quick_start(fleet: Fleet, name: str, checkout: Path, spy_out: Path | None = None) -> dict[str, float]:
+    """One manager start from `checkout`, measured to caught up only (for comparing two trees on one fleet):
+    its milestones, CPU to caught up and peak RSS; `spy_out`: with py-spy attached (not a measured start)."""
+    manager = ManagerProcess(fleet.stack, name, checkout=checkout)
+    spy = PySpy(manager.pid, spy_out, rate=50).start() if spy_out is not None else None
+    try:
+        sampler, milestones = wait_caught_up(manager, fleet.rest, fleet.count)
+    finally:
+        if spy is not None:
+            spy.stop()
+        manager.stop()
+    milestones["cpu"] = sampler.cpu_at(milestones["caught_up"])
+    milestones["rss"] = sampler.peak_rss / 2**20
+    for line in manager.log_file.read_text(errors="replace").splitlines():
+        if '"informers synced"' in line or "resync of" in line:  # where the time went, in the manager's words
+            log(f"  {name}: {line[:1500]}")
+    return milestones
+
+
+COMPARED = (
+    ("ready", "/readyz 200 (caches synced)", "s"),
+    ("leading", "holds the Lease", "s"),
+    ("passed", "first pass done (reconciles >= count)", "s"),
+    ("caught_up", "caught up (idle from)", "s"),
+    ("first_pass", "first pass: Lease held -> reconciles done", "s"),
+    ("cpu", "CPU from start to caught up", "CPU-s"),
+    ("rss", "RSS peak", "MB"),
+)
+
+
+def compare(fleet: Fleet, baseline: Path, rounds: int, profile_dir: Path | None) -> list[Target]:
+    """`rounds` pairs of starts on the same fleet, the baseline tree's first, then this tree's; a table."""
+    log("a warm-up start (the first start after the setup writes the Consumer counts and Shard conditions)")
+    quick_start(fleet, "scale-warmup", REPO)
+    results: dict[str, list[dict[str, float]]] = {"baseline": [], "this tree": []}
+    for n in range(1, rounds + 1):
+        for label, checkout in (("baseline", baseline), ("this tree", REPO)):
+            found = quick_start(fleet, f"scale-{label.replace(' ', '-')}-{n}", checkout)
+            found["first_pass"] = found["passed"] - found["leading"]
+            results[label].append(found)
+            log(
+                f"round {n} {label}: caught up {found['caught_up']:.1f} s, first pass {found['first_pass']:.1f} s "
+                f"({os.getloadavg()[0]:.1f} load)"
+            )
+    print(f"\n######## {rounds} rounds, baseline {baseline} vs this tree: {machine_line()}")
+    rows = []
+    for key, what, unit in COMPARED:
+        before = [r[key] for r in results["baseline"]]
+        after = [r[key] for r in results["this tree"]]
+        rows.append(
+            (
+                what,
+                " / ".join(f"{v:.1f}" for v in before) + f" {unit}",
+                " / ".join(f"{v:.1f}" for v in after) + f" {unit}",
+                f"{statistics.median(after) / statistics.median(before):.2f}x",
+            )
+        )
+    table(
+        "manager start on the same fleet (each round: baseline, then this tree)",
+        rows,
+        ("milestone (since the process started)", "baseline", "this tree", "median ratio"),
+    )
+    caught_up = statistics.median(r["caught_up"] for r in results["this tree"])
+    before = statistics.median(r["caught_up"] for r in results["baseline"])
+    targets = [
+        Target(
+            f"start to caught up at {fleet.count} Databases {caught_up:.1f} s (median of {rounds}; baseline "
+            f"{before:.1f} s)",
+            f"< {CAUGHT_UP_LIMIT_S} s",
+            caught_up < CAUGHT_UP_LIMIT_S,
+        )
+    ]
+    if profile_dir is not None:
+        profile_dir.mkdir(parents=True, exist_ok=True)
+        for label, checkout in (("baseline", baseline), ("this tree", REPO)):
+            out = profile_dir / f"scale-start-{label.replace(' ', '-')}.pyspy.txt"
+            found = quick_start(fleet, f"scale-profiled-{label.replace(' ', '-')}", checkout, spy_out=out)
+            print(
+                f"\n== py-spy, a start of the {label} (caught up after {found['caught_up']:.1f} s with the "
+                "profiler attached; not a measured start)"
+            )
+            print(summarize_collapsed(out))
+    return targets
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -446,24 +605,42 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=10_000, help="Database objects (default 10,000)")
     parser.add_argument("--shards", type=int, default=20, help="Shards sharing the one server (default 20)")
     parser.add_argument("--consumers", type=int, default=1, help="Consumers owning them (default 1)")
-    parser.add_argument("--extra-consumers", type=int, default=100,
-                        help="Consumers added once caught up, to show the watches do not grow (default 100)")
+    parser.add_argument(
+        "--extra-consumers",
+        type=int,
+        default=100,
+        help="Consumers added once caught up, to show the watches do not grow (default 100)",
+    )
     parser.add_argument("--threads", type=int, default=16, help="threads creating the objects (default 16)")
     parser.add_argument("--idle-seconds", type=float, default=60.0, help="idle CPU window (default 60)")
-    parser.add_argument("--runs", type=int, default=1,
-                        help="manager starts measured on the same objects, one after the other (default 1)")
-    parser.add_argument("--profile", action="store_true",
-                        help="then start a second manager with py-spy attached and profile its start")
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=1,
+        help="manager starts measured on the same objects, one after the other (default 1)",
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="then start a second manager with py-spy attached and profile its start"
+    )
     parser.add_argument("--profile-dir", type=Path, default=Path("bench/profiles"))
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="a checkout of other code (e.g. `git archive main`): compare its starts with this "
+        "tree's on the same fleet, `--rounds` pairs (then --runs measured starts of this tree)",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="pairs of starts with --baseline (default 3)")
     args = parser.parse_args(argv)
     count = args.count
 
-    print(f"scale: {count} Ready Databases on {args.shards} shards (one PostgreSQL 18 server), "
-          f"{args.consumers} consumers")
+    print(
+        f"scale: {count} Ready Databases on {args.shards} shards (one PostgreSQL 18 server), {args.consumers} consumers"
+    )
     print(f"machine: {machine_line()}")
     # A larger request budget keeps the setup's creates from being throttled by the apiserver.
-    stack = Stack("scale", log_statements=True, kube_args=["--max-requests-inflight=800",
-                                                           "--max-mutating-requests-inflight=400"])
+    stack = Stack(
+        "scale", log_statements=True, kube_args=["--max-requests-inflight=800", "--max-mutating-requests-inflight=400"]
+    )
     manager: ManagerProcess | None = None
     spy: PySpy | None = None
     try:
@@ -480,10 +657,12 @@ def main(argv: list[str] | None = None) -> int:
         sizes = stack_sizes(stack)
         fleet = Fleet(stack, rest, count, tokens, shards)
         targets: list[Target] = []
+        if args.baseline is not None:
+            targets += compare(fleet, args.baseline.resolve(), args.rounds, args.profile_dir if args.profile else None)
         for run in range(1, args.runs + 1):
             targets += measure_start(fleet, run, args)
 
-        if args.profile:
+        if args.profile and args.baseline is None:
             args.profile_dir.mkdir(parents=True, exist_ok=True)
             log("profiling a further start with py-spy")
             manager = ManagerProcess(stack, "scale-manager-profiled")
@@ -491,16 +670,20 @@ def main(argv: list[str] | None = None) -> int:
             spy.start()
             _, profiled = wait_caught_up(manager, rest, count)
             spy.stop()
-            print(f"\n== py-spy, a further manager start (caught up after {profiled['caught_up']:.1f} s "
-                  "with the profiler attached; not a measured start)")
+            print(
+                f"\n== py-spy, a further manager start (caught up after {profiled['caught_up']:.1f} s "
+                "with the profiler attached; not a measured start)"
+            )
             print(summarize_collapsed(spy.out))
             manager.stop()
             manager = None
 
         objects = count * 3 + args.consumers * 2 + args.shards
-        print(f"\nsetup: {args.shards} Shards, {args.consumers} Consumers + token Secrets, {count} Databases + "
-              f"status + Secrets ({objects} writes) in {setup_total:.0f} s; the Databases alone "
-              f"{setup_seconds:.0f} s ({3 * count / setup_seconds:.0f} writes/s); then {sizes}")
+        print(
+            f"\nsetup: {args.shards} Shards, {args.consumers} Consumers + token Secrets, {count} Databases + "
+            f"status + Secrets ({objects} writes) in {setup_total:.0f} s; the Databases alone "
+            f"{setup_seconds:.0f} s ({3 * count / setup_seconds:.0f} writes/s); then {sizes}"
+        )
         report_targets(targets)
     finally:
         stack.close(spy, manager)

@@ -14,6 +14,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import lru_cache
 from typing import Any
 
 from domain.constants import (
@@ -144,8 +145,7 @@ def is_controlled_by(secret: Mapping[str, Any], database_uid: str | None) -> boo
         return False
     owners = (secret.get("metadata") or {}).get("ownerReferences") or []
     return any(
-        isinstance(ref, Mapping) and ref.get("uid") == database_uid and ref.get("controller") is True
-        for ref in owners
+        isinstance(ref, Mapping) and ref.get("uid") == database_uid and ref.get("controller") is True for ref in owners
     )
 
 
@@ -164,6 +164,40 @@ def classify_secret(secret: Mapping[str, Any] | None, database_uid: str, tenant:
     if not names_tenant(values, tenant) or not values.get("password"):
         return SecretState.INCONSISTENT
     return SecretState.OURS
+
+
+def secret_settled(secret: Mapping[str, Any], database_uid: str, tenant: str, endpoint: Endpoint) -> bool:
+    """The Secret is ours and consistent (`classify_secret` says OURS) and its endpoint keys are `endpoint`'s
+    (`endpoint_patch` finds nothing to change), checked for every Secret at a start: the expected values are
+    compared in their base64 form (the apiserver always writes the canonical one; any other reads as not
+    settled, and the full pass decides), so only the password is decoded."""
+    if not is_controlled_by(secret, database_uid):
+        return False
+    data = secret.get("data")
+    if not isinstance(data, Mapping):
+        return False
+    names = encode_secret_value(tenant)
+    if data.get("database") != names or data.get("user") != names:
+        return False
+    if (data.get("host"), data.get("port"), data.get("sslmode")) != _encoded_endpoint(endpoint):
+        return False
+    password = decode_secret_value(data.get("password"))
+    if not password:
+        return False
+    try:
+        return bool(password.decode("utf-8"))  # as decode_secret_data reads it
+    except UnicodeDecodeError:
+        return False
+
+
+@lru_cache(maxsize=1024)
+def _encoded_endpoint(endpoint: Endpoint) -> tuple[str, str, str]:
+    """host, port and sslmode as a Secret's data holds them (one entry per shard's client block)."""
+    return (
+        encode_secret_value(endpoint.host),
+        encode_secret_value(str(endpoint.port)),
+        encode_secret_value(endpoint.sslmode),
+    )
 
 
 def missing_key(values: Mapping[str, str]) -> str | None:

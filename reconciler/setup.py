@@ -126,9 +126,7 @@ def register_controllers(
     # On a client of their own without urllib3's hidden retries: a write the fence let through is sent
     # once; retried by the controller (after the fence again), never re-sent by the transport later,
     # e.g. an Event (no precondition) delivered after the link to a cut-off leader came back.
-    rest = manager.rest.without_retries().fenced(
-        manager.fence, user_agent=f"{APPLICATION_NAME}-controllers/{instance}"
-    )
+    rest = manager.rest.without_retries().fenced(manager.fence, user_agent=f"{APPLICATION_NAME}-controllers/{instance}")
     shards = informers.informer(SHARDS)
     consumers = informers.informer(CONSUMERS)
     databases = informers.informer(DATABASES, namespace)
@@ -200,6 +198,7 @@ def register_controllers(
         db_logic.reconcile,
         workers=config.workers_total,
         lanes=Lanes(db_logic.lane, config.workers_per_shard),
+        settled=db_logic.settled,  # a start looks at 100,000 Ready databases: most need no worker
     )
     manager.metrics.registry.register(
         DatabaseWorkersCollector(

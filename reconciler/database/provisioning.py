@@ -13,7 +13,7 @@ from reconciler.database import secret as credentials
 from reconciler.database.login import LoginCheck
 from reconciler.database.ownership import recorded_at_creation
 from reconciler.database.placement import check_size_class, owner
-from reconciler.database.ready import set_drift
+from reconciler.database.ready import READY_MESSAGE, set_drift
 from reconciler.database.report import Reporter
 from reconciler.database.shard_sql import ShardSql
 from reconciler.database.state import Database
@@ -63,7 +63,7 @@ class Provisioner:
         rotation = database.annotations.get(ANNOTATION_ROTATE_REQUESTED_AT)
         if rotation is not None:
             database.update(rotation_applied=rotation)
-        self.report.ready(database, True, DatabaseReason.PROVISIONED, "tenant exists on the shard")
+        self.report.ready(database, True, DatabaseReason.PROVISIONED, READY_MESSAGE)
         recorded_at_creation(database)  # ensure_tenant wrote or found this Database's record
         set_drift(self.config, database, self.report)
         self.writes.status(database)

@@ -30,6 +30,7 @@ from reconciler.sql.session import AdminSession
 from reconciler.sql.tenant import set_connection_limit, set_password
 
 log = logging.getLogger(__name__)
+READY_MESSAGE = "tenant exists on the shard"  # the Ready condition's message (settled.py compares it)
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ class ReadyPath:
         if work.resize:
             self._resize(database, shard)
         database.update(observed_generation=database.generation)
-        self.report.ready(database, True, DatabaseReason.PROVISIONED, "tenant exists on the shard")
+        self.report.ready(database, True, DatabaseReason.PROVISIONED, READY_MESSAGE)
         set_drift(self.config, database, self.report)
         self.writes.status(database)
 

@@ -60,6 +60,11 @@ class CredentialsSecrets:
     secrets: Informer
     report: Reporter
 
+    def cached(self, db: dict[str, Any]) -> Secret | None:
+        """The credentials Secret of the Database object `db` as the cache holds it (None if not there)."""
+        meta = db.get("metadata") or {}
+        return self.secrets.get(f"{meta.get('namespace')}/{credentials_secret_name(str(meta.get('name')))}")
+
     def ensure(self, database: Database, endpoint: Endpoint) -> Secret:
         """The credentials Secret: created before the role exists; endpoint keys follow the shard."""
         tenant = database.tenant

@@ -87,6 +87,28 @@ def shard_spec(shard: dict[str, Any]) -> ShardSpec | None:
         return None
 
 
+class ShardSpecs:
+    """Shard specs parsed once per resourceVersion: a pass over every Database of a shard (a start, a resync)
+    would otherwise parse the same spec for each of them. The models are frozen, so sharing them is safe;
+    dict reads and writes are atomic, so the workers need no lock (two may parse the same version once each)."""
+
+    def __init__(self) -> None:
+        self._specs: dict[str, tuple[str, ShardSpec | None]] = {}
+
+    def of(self, shard: Obj) -> ShardSpec | None:
+        """`shard_spec(shard)`, from the cache when this version of the Shard was parsed before."""
+        meta = shard.get("metadata") or {}
+        name, version = meta.get("name"), meta.get("resourceVersion")
+        if not isinstance(name, str) or not isinstance(version, str):
+            return shard_spec(shard)
+        held = self._specs.get(name)
+        if held is not None and held[0] == version:
+            return held[1]
+        spec = shard_spec(shard)
+        self._specs[name] = (version, spec)
+        return spec
+
+
 def shard_state(shard: Obj) -> ShardState:
     """The Shard's metadata and status, typed; a status that does not validate reads as empty (not Ready)."""
     return ShardState.parse_lenient_status(shard)[0]

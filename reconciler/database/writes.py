@@ -107,6 +107,10 @@ class DatabaseWrites:
         self._written.pop(key, None)
         self._placed.pop(key, None)
 
+    def awaiting(self, key: str) -> bool:
+        """A write of ours to `key` may not show in the cache yet (`caught_up` decides what to read)."""
+        return key in self._written
+
     def placed_on(self, key: str) -> str | None:
         """The shard our last write of `key` placed it on, while the cache may not show that write."""
         return self._placed.get(key)

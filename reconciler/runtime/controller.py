@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -176,9 +177,14 @@ class Controller:
         queue: WorkQueue | None = None,
         metrics: RuntimeMetrics | None = None,
         lanes: Lanes | None = None,
+        settled: Callable[[str], bool] | None = None,
     ) -> None:
         """`workers` threads in all; with `lanes`, at most `lanes.limit` of them on one lane's keys.
-        A `queue` given brings its own lanes."""
+        A `queue` given brings its own lanes.
+
+        `settled(key)`: a cheap look at the caches, True when a reconcile of key would find nothing to do.
+        A resync then counts the key as reconciled without queueing it: handing each of 100,000 settled
+        keys to a worker thread costs more than looking at it (docs/performance.md section 5)."""
         if workers < 1:
             raise ValueError("workers must be at least 1")
         if queue is not None and lanes is not None:
@@ -188,6 +194,7 @@ class Controller:
         self.workers = workers
         self.metrics = metrics
         self.guard: Callable[[], bool] | None = None  # set by the manager: "do we still lead?"
+        self.settled = settled
         self._backoff = queue.rate_limiter if queue is not None else ExponentialBackoff()
         self._queue = queue if queue is not None else WorkQueue(self._backoff, lanes)
         self._watches: list[tuple[Informer, KeyFunc]] = []
@@ -267,19 +274,46 @@ class Controller:
         log.info("controller %s started with %d workers", self.name, self.workers)
 
     def resync(self) -> int:
-        """Enqueue the key of every object of the watched informers (level-based: a full pass).
+        """Enqueue the key of every object of the watched informers (level-based: a full pass); a key
+        `settled` says needs nothing is counted as reconciled instead (in this thread, at once).
 
-        Returns how many keys were enqueued (0 while the controller is not running).
+        Returns how many keys were looked at (0 while the controller is not running).
         """
         if not self._running:
             return 0
-        count = 0
-        for informer, mapper in self._watches:
-            for obj in informer.list():
-                for key in mapper(obj):
-                    self._queue.add(key)
-                    count += 1
-        return count
+        started = time.monotonic()
+        keys = dict.fromkeys(
+            key for informer, mapper in self._watches for obj in informer.list() for key in mapper(obj)
+        )
+        settled = 0
+        for key in keys:
+            if self._stopping.is_set():
+                break  # stopping (a lost Lease): the next start resyncs
+            if self._is_settled(key):
+                settled += 1
+            else:
+                self._queue.add(key)
+        if settled and self.metrics is not None:
+            self.metrics.reconciles.labels(controller=self.name).inc(settled)
+        if self.settled is not None:
+            log.info(
+                "controller %s: resync of %d keys: %d settled, %d queued, in %.1fs",
+                self.name,
+                len(keys),
+                settled,
+                len(keys) - settled,
+                time.monotonic() - started,
+            )
+        return len(keys)
+
+    def _is_settled(self, key: str) -> bool:
+        if self.settled is None:
+            return False
+        try:
+            return self.settled(key)
+        except Exception:  # a bug in the shortcut must not cost the pass: the worker decides
+            log.exception("controller %s: the settled check of %s failed", self.name, key)
+            return False
 
     def signal_stop(self) -> None:
         """Stop handing out keys and make `ensure_active()` raise; returns at once."""

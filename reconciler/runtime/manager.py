@@ -126,7 +126,12 @@ class ControllerManager:
             raise ControllerStopping("this replica does not hold the Lease")
 
     def resync(self) -> None:
-        """Enqueue every object of every running controller (after a late renewal resumed leading)."""
+        """Enqueue every object of every running controller (after a late renewal resumed leading), in a thread
+        of its own: the elector calls this between renewals, and a pass over 100,000 Databases must not delay
+        the next one."""
+        threading.Thread(target=self._resync, name="resync", daemon=True).start()
+
+    def _resync(self) -> None:
         with self._lock:
             counts = {controller.name: controller.resync() for controller in self.controllers}
         log.info("resync after leading resumed", extra={"keys": counts})
@@ -138,10 +143,14 @@ class ControllerManager:
         Non-blocking afterwards: the elector runs in its own thread.
         """
         self._started = True
+        started = time.monotonic()
         self.informers.start()
         if not self.informers.wait_until_synced(self.sync_timeout):
             problems = "; ".join(f"{i!r}: {i.sync_problem()}" for i in self.informers.unsynced())
             raise TimeoutError(f"informers not synced, no list progress for {self.sync_timeout:.0f}s: {problems}")
+        lists = {repr(i): i.last_list.describe() for i in self.informers.required() if i.last_list is not None}
+        # Where a large fleet's start goes (docs/performance.md section 5): the apiserver, decoding, storing.
+        log.info("informers synced", extra={"seconds": round(time.monotonic() - started, 2), "lists": str(lists)})
         # An optional engine's kind: give it a moment (its CRD is usually there), but never wait for
         # it long; while it is not synced its shards say so and everything else runs.
         deadline = time.monotonic() + min(self.sync_timeout, OPTIONAL_SYNC_WAIT)
