@@ -293,6 +293,14 @@ def _run_manager(args: argparse.Namespace) -> int:
 
 
 def _run_dev(args: argparse.Namespace) -> int:
+    from dbprovider.dev_values import checked_dev_values
+    from domain.config import ConfigError
+
+    try:
+        overrides = checked_dev_values(args.config)
+    except ConfigError as exc:
+        print(f"dbprovider dev: --config {args.config}: {exc}", file=sys.stderr)
+        return 2
     try:
         from dbprovider.dev import run_dev
     except ModuleNotFoundError as exc:
@@ -305,7 +313,7 @@ def _run_dev(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    return run_dev(postgres_flavor=args.postgres, state_dir=args.state_dir, values_file=args.config)
+    return run_dev(postgres_flavor=args.postgres, state_dir=args.state_dir, overrides=overrides)
 
 
 def _run_render(args: argparse.Namespace) -> int:
