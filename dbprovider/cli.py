@@ -155,13 +155,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _group(commands: Any, name: str, metavar: str, *, help: str, description: str) -> Any:
+    """A command whose own subcommands do the work (`consumer new`, `upgrade check`): its add_subparsers()."""
+    parser = commands.add_parser(name, help=help, description=description)
+    return parser.add_subparsers(dest=f"{name}_command", required=True, metavar=metavar)
+
+
 def _add_consumer(commands: Any) -> None:
-    consumer = commands.add_parser(
-        "consumer",
-        help="make a consumer's YAML and token, or rotate its token (files only, never the cluster)",
-        description="Write Consumer and token-hash Secret YAML for the landscape repository.",
-    )
-    actions = consumer.add_subparsers(dest="action", required=True, metavar="ACTION")
+    summary = "make a consumer's YAML and token, or rotate its token (files only, never the cluster)"
+    description = "Write Consumer and token-hash Secret YAML for the landscape repository."
+    actions = _group(commands, "consumer", "ACTION", help=summary, description=description)
     token_help = (
         "write the token to FILE (mode 0600, must not exist) instead of the terminal; '-' prints it alone on "
         "stdout. Required when stdout is not a terminal"
@@ -213,8 +216,10 @@ def _add_consumer(commands: Any) -> None:
 
 
 def _add_lint(commands: Any) -> None:
-    lint = commands.add_parser(
+    lint = subcommand(
+        commands,
         "lint",
+        _run_lint,
         help="check Shard, Consumer, Secret and install-values YAML offline, with the provider's own rules",
         description=(
             "Validates the landscape repository's YAML with the rules the CRDs and the provider apply, plus the "
@@ -235,18 +240,16 @@ def _add_lint(commands: Any) -> None:
         metavar="FILE",
         help="also compare each Shard's maxDatabases with the databases already placed on it in that cluster",
     )
-    lint.set_defaults(handler=_run_lint)
 
 
 def _add_upgrade(commands: Any) -> None:
-    upgrade = commands.add_parser(
-        "upgrade",
-        help="before an upgrade: what this release will refuse on a live cluster (read-only)",
-        description="Commands for upgrading a running install to this release (docs/upgrade.md).",
-    )
-    steps = upgrade.add_subparsers(dest="upgrade_command", required=True, metavar="COMMAND")
-    check = steps.add_parser(
+    summary = "before an upgrade: what this release will refuse on a live cluster (read-only)"
+    description = "Commands for upgrading a running install to this release (docs/upgrade.md)."
+    steps = _group(commands, "upgrade", "COMMAND", help=summary, description=description)
+    check = subcommand(
+        steps,
         "check",
+        _run_upgrade_check,
         help="list what this release will refuse or change on the live cluster; changes nothing",
         description=(
             f"Reads the install (its ConfigMap, Deployment, CRDs, Shards, Consumers, Databases) and reports what "
@@ -274,7 +277,6 @@ def _add_upgrade(commands: Any) -> None:
     check.add_argument(
         "--shard-ca-file", metavar="PATH", help=f"CA bundle for verify-ca/-full shards (as ${SETTINGS.env.shard_ca})"
     )
-    check.set_defaults(handler=_run_upgrade_check)
 
 
 def _run_manager(args: argparse.Namespace) -> int:
