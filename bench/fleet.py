@@ -67,9 +67,16 @@ from bench.common import (
     table,
     wait_for,
 )
-from domain.constants import API_VERSION, CORE_API_VERSION, KIND_CONSUMER, KIND_SECRET, KIND_SHARD, UNPLACED
+from domain.constants import (
+    API_VERSION,
+    CORE_API_VERSION,
+    DEFAULT_TOKEN_KEY,
+    KIND_CONSUMER,
+    KIND_SECRET,
+    KIND_SHARD,
+    UNPLACED,
+)
 from domain.credentials import encode_secret_value, new_password
-from domain.specs import DEFAULT_TOKEN_KEY
 from domain.tokens import hash_token
 from harness import PostgresServer
 from harness.background import Background

@@ -1,4 +1,11 @@
-"""Entry point of the `dbprovider` console script; each subcommand lives in its own module."""
+"""Entry point of the `dbprovider` console script: every subcommand's arguments, declared here.
+
+Each subcommand's work lives in its own module, imported only when that subcommand runs: `dbprovider
+--help`, `dbprovider <cmd> --help` and each command start without the others' imports (the Kubernetes
+client, psycopg and the reconciler for `upgrade check`; jinja and the CRD schemas for `consumer` and
+`lint`). So nothing here may import an implementation module at the top: only domain.settings,
+domain.constants, domain.version and clitools, which load no pydantic model.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +13,10 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-from dbprovider import consumer_cmd, lint, upgrade_check
-from dbprovider.clitools import subcommand
+from dbprovider.clitools import FORMAT_GITHUB, FORMAT_TEXT, subcommand
+from domain.constants import DEFAULT_NAMESPACE, DEFAULT_RELEASE_NAME, DEFAULT_TOKEN_KEY
 from domain.settings import SETTINGS
 from domain.version import __version__
 
@@ -141,10 +149,134 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
 
-    consumer_cmd.add_parser(commands)
-    lint.add_parser(commands)
-    upgrade_check.add_parser(commands)
+    _add_consumer(commands)
+    _add_lint(commands)
+    _add_upgrade(commands)
     return parser
+
+
+def _group(commands: Any, name: str, metavar: str, *, help: str, description: str) -> Any:
+    """A command whose own subcommands do the work (`consumer new`, `upgrade check`): its add_subparsers()."""
+    parser = commands.add_parser(name, help=help, description=description)
+    return parser.add_subparsers(dest=f"{name}_command", required=True, metavar=metavar)
+
+
+def _add_consumer(commands: Any) -> None:
+    summary = "make a consumer's YAML and token, or rotate its token (files only, never the cluster)"
+    description = "Write Consumer and token-hash Secret YAML for the landscape repository."
+    actions = _group(commands, "consumer", "ACTION", help=summary, description=description)
+    token_help = (
+        "write the token to FILE (mode 0600, must not exist) instead of the terminal; '-' prints it alone on "
+        "stdout. Required when stdout is not a terminal"
+    )
+
+    new = subcommand(
+        actions,
+        "new",
+        _run_consumer_new,
+        help="a new consumer: a fresh token, its Consumer and hash Secret as YAML",
+        description=(
+            "Makes a 256-bit token, prints it once to the terminal, and writes NAME.consumer.yaml (the Consumer) "
+            "and NAME.token-secret.yaml (the Secret NAME-token holding only the token's SHA-256) into --out. "
+            "Refuses to run without --max-databases unless --no-quota is given: set a quota on every consumer. "
+            "Existing files are never overwritten."
+        ),
+    )
+    new.add_argument("name", metavar="NAME", help="the Consumer's name (a DNS-1123 subdomain)")
+    quota = new.add_mutually_exclusive_group()
+    quota.add_argument("--max-databases", type=int, metavar="N", help="the consumer's quota of databases")
+    quota.add_argument("--no-quota", action="store_true", help="deliberately write a Consumer without a quota")
+    new.add_argument(
+        "--namespace",
+        default=DEFAULT_NAMESPACE,
+        metavar="NS",
+        help=f"the release namespace, where the hash Secret lives (default {DEFAULT_NAMESPACE})",
+    )
+    new.add_argument("--out", default=".", metavar="DIR", help="directory for the two YAML files (default .)")
+    new.add_argument("--key", default=DEFAULT_TOKEN_KEY, help=f"the Secret key (default {DEFAULT_TOKEN_KEY})")
+    new.add_argument("--token-file", metavar="FILE", help=token_help)
+
+    rotate = subcommand(
+        actions,
+        "rotate",
+        _run_consumer_rotate,
+        help="add a new token's hash to a hash Secret file; --drop-old keeps only the newest line",
+        description=(
+            "Without --drop-old: makes a new token, prints it once and appends its SHA-256 as a line of the "
+            "Secret's key, so the old and the new token both authenticate until the consumer has switched. "
+            "With --drop-old: makes no token and keeps only the last (newest) hash line. Rewrites the YAML "
+            "file in place (comments in it are not kept); never touches the cluster."
+        ),
+    )
+    rotate.add_argument("--secret-file", required=True, metavar="FILE", help="the YAML file with the hash Secret")
+    rotate.add_argument("--key", default=DEFAULT_TOKEN_KEY, help=f"the Secret key (default {DEFAULT_TOKEN_KEY})")
+    mode = rotate.add_mutually_exclusive_group()
+    mode.add_argument("--drop-old", action="store_true", help="remove every line but the newest hash")
+    mode.add_argument("--token-file", metavar="FILE", help=token_help)
+
+
+def _add_lint(commands: Any) -> None:
+    lint = subcommand(
+        commands,
+        "lint",
+        _run_lint,
+        help="check Shard, Consumer, Secret and install-values YAML offline, with the provider's own rules",
+        description=(
+            "Validates the landscape repository's YAML with the rules the CRDs and the provider apply, plus the "
+            "rules between objects that otherwise only show at run time. One line per finding (file, object, "
+            "field); exit 1 if any finding is an error, 2 for bad arguments."
+        ),
+    )
+    lint.add_argument("paths", nargs="+", metavar="PATH", help="YAML files or directories (searched recursively)")
+    lint.add_argument("--values", metavar="FILE", help="the install values of this DB cluster")
+    lint.add_argument(
+        "--format",
+        choices=[FORMAT_TEXT, FORMAT_GITHUB],
+        default=FORMAT_TEXT,
+        help="text (default) or github (workflow-command annotations on the merge request's files)",
+    )
+    lint.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="also compare each Shard's maxDatabases with the databases already placed on it in that cluster",
+    )
+
+
+def _add_upgrade(commands: Any) -> None:
+    summary = "before an upgrade: what this release will refuse on a live cluster (read-only)"
+    description = "Commands for upgrading a running install to this release (docs/upgrade.md)."
+    steps = _group(commands, "upgrade", "COMMAND", help=summary, description=description)
+    check = subcommand(
+        steps,
+        "check",
+        _run_upgrade_check,
+        help="list what this release will refuse or change on the live cluster; changes nothing",
+        description=(
+            f"Reads the install (its ConfigMap, Deployment, CRDs, Shards, Consumers, Databases) and reports what "
+            f"{__version__} will refuse (errors), report differently (warnings) or do once (notices). One line per "
+            "finding; exit 1 if any error, 2 if the cluster cannot be read. Read-only: GETs only, and with "
+            "--shard-sql read-only admin sessions."
+        ),
+    )
+    check.add_argument("--kubeconfig", required=True, metavar="FILE", help="the DB cluster's kubeconfig")
+    check.add_argument(
+        "--namespace", default=DEFAULT_NAMESPACE, help=f"release namespace (default {DEFAULT_NAMESPACE})"
+    )
+    check.add_argument("--release", default=DEFAULT_RELEASE_NAME, help=f"release name (default {DEFAULT_RELEASE_NAME})")
+    check.add_argument(
+        "--config", metavar="FILE", help="the install values you will upgrade with (default: the live ConfigMap's)"
+    )
+    check.add_argument(
+        "--shard-sql",
+        action="store_true",
+        help="also read each shard's catalog over a read-only admin session (tenant ownership records, SCRAM)",
+    )
+    check.add_argument(
+        "--admin-host-override", metavar="HOST", help="reach every shard's admin port on this host (port-forwards)"
+    )
+    check.add_argument(
+        "--shard-ca-file", metavar="PATH", help=f"CA bundle for verify-ca/-full shards (as ${SETTINGS.env.shard_ca})"
+    )
 
 
 def _run_manager(args: argparse.Namespace) -> int:
@@ -163,6 +295,14 @@ def _run_manager(args: argparse.Namespace) -> int:
 
 
 def _run_dev(args: argparse.Namespace) -> int:
+    from dbprovider.dev_values import checked_dev_values
+    from domain.config import ConfigError
+
+    try:
+        overrides = checked_dev_values(args.config)
+    except ConfigError as exc:
+        print(f"dbprovider dev: --config {args.config}: {exc}", file=sys.stderr)
+        return 2
     try:
         from dbprovider.dev import run_dev
     except ModuleNotFoundError as exc:
@@ -175,7 +315,7 @@ def _run_dev(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    return run_dev(postgres_flavor=args.postgres, state_dir=args.state_dir, values_file=args.config)
+    return run_dev(postgres_flavor=args.postgres, state_dir=args.state_dir, overrides=overrides)
 
 
 def _run_render(args: argparse.Namespace) -> int:
@@ -188,6 +328,30 @@ def _run_render(args: argparse.Namespace) -> int:
         fmt=args.format,
         time_scale=args.test_time_scale,
     )
+
+
+def _run_consumer_new(args: argparse.Namespace) -> int:
+    from dbprovider.consumer_cmd import run_new
+
+    return run_new(args)
+
+
+def _run_consumer_rotate(args: argparse.Namespace) -> int:
+    from dbprovider.consumer_cmd import run_rotate
+
+    return run_rotate(args)
+
+
+def _run_lint(args: argparse.Namespace) -> int:
+    from dbprovider.lint import run_lint
+
+    return run_lint(args)
+
+
+def _run_upgrade_check(args: argparse.Namespace) -> int:
+    from dbprovider.upgrade_check import run_upgrade_check
+
+    return run_upgrade_check(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

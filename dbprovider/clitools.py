@@ -20,6 +20,10 @@ EXIT_INVALID = 2
 
 TOKEN_TO_STDOUT = "-"
 
+# `dbprovider lint --format`: one line per finding, or GitHub workflow-command annotations.
+FORMAT_TEXT = "text"
+FORMAT_GITHUB = "github"
+
 
 class UsageError(ValueError):
     """Bad input: the command prints the message and exits with status 2, having written nothing."""

@@ -25,7 +25,6 @@ from dbprovider.clitools import (
     TokenSink,
     UsageError,
     refuse_existing,
-    subcommand,
     write_atomically,
 )
 from dbprovider.landscape import (
@@ -40,9 +39,8 @@ from dbprovider.landscape import (
     token_secret_name,
     write_secret_value,
 )
-from domain.config import DEFAULT_NAMESPACE
 from domain.naming import InvalidName, validate_dns1123_subdomain
-from domain.specs import DEFAULT_TOKEN_KEY, ConsumerSpec
+from domain.specs import ConsumerSpec
 from domain.tokens import SHA256_HEX_RE, hash_token
 from domain.validation import validation_problems
 from infra.render import dump_yaml
@@ -60,63 +58,6 @@ _ARGUMENT_OF_FIELD = {
 
 def new_token() -> str:
     return secrets.token_hex(TOKEN_BYTES)
-
-
-def add_parser(commands: Any) -> None:
-    consumer = commands.add_parser(
-        "consumer",
-        help="make a consumer's YAML and token, or rotate its token (files only, never the cluster)",
-        description="Write Consumer and token-hash Secret YAML for the landscape repository.",
-    )
-    actions = consumer.add_subparsers(dest="action", required=True, metavar="ACTION")
-    token_help = (
-        "write the token to FILE (mode 0600, must not exist) instead of the terminal; '-' prints it alone on "
-        "stdout. Required when stdout is not a terminal"
-    )
-
-    new = subcommand(
-        actions,
-        "new",
-        run_new,
-        help="a new consumer: a fresh token, its Consumer and hash Secret as YAML",
-        description=(
-            "Makes a 256-bit token, prints it once to the terminal, and writes NAME.consumer.yaml (the Consumer) "
-            "and NAME.token-secret.yaml (the Secret NAME-token holding only the token's SHA-256) into --out. "
-            "Refuses to run without --max-databases unless --no-quota is given: set a quota on every consumer. "
-            "Existing files are never overwritten."
-        ),
-    )
-    new.add_argument("name", metavar="NAME", help="the Consumer's name (a DNS-1123 subdomain)")
-    quota = new.add_mutually_exclusive_group()
-    quota.add_argument("--max-databases", type=int, metavar="N", help="the consumer's quota of databases")
-    quota.add_argument("--no-quota", action="store_true", help="deliberately write a Consumer without a quota")
-    new.add_argument(
-        "--namespace",
-        default=DEFAULT_NAMESPACE,
-        metavar="NS",
-        help=f"the release namespace, where the hash Secret lives (default {DEFAULT_NAMESPACE})",
-    )
-    new.add_argument("--out", default=".", metavar="DIR", help="directory for the two YAML files (default .)")
-    new.add_argument("--key", default=DEFAULT_TOKEN_KEY, help=f"the Secret key (default {DEFAULT_TOKEN_KEY})")
-    new.add_argument("--token-file", metavar="FILE", help=token_help)
-
-    rotate = subcommand(
-        actions,
-        "rotate",
-        run_rotate,
-        help="add a new token's hash to a hash Secret file; --drop-old keeps only the newest line",
-        description=(
-            "Without --drop-old: makes a new token, prints it once and appends its SHA-256 as a line of the "
-            "Secret's key, so the old and the new token both authenticate until the consumer has switched. "
-            "With --drop-old: makes no token and keeps only the last (newest) hash line. Rewrites the YAML "
-            "file in place (comments in it are not kept); never touches the cluster."
-        ),
-    )
-    rotate.add_argument("--secret-file", required=True, metavar="FILE", help="the YAML file with the hash Secret")
-    rotate.add_argument("--key", default=DEFAULT_TOKEN_KEY, help=f"the Secret key (default {DEFAULT_TOKEN_KEY})")
-    mode = rotate.add_mutually_exclusive_group()
-    mode.add_argument("--drop-old", action="store_true", help="remove every line but the newest hash")
-    mode.add_argument("--token-file", metavar="FILE", help=token_help)
 
 
 # -- consumer new -----------------------------------------------------------------------------------------

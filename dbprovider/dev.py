@@ -20,14 +20,14 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dbprovider.dev_values import dev_install_config, read_dev_values
 from dbprovider.devstack import DevStack
 from dbprovider.logs import configure_logging
 from dbprovider.manager import Manager, ManagerOptions, wait_for_stop
-from domain.config import ConfigError, format_duration
+from domain.config import format_duration
 from harness import KubeControlPlane, MissingBinaryError, PostgresServer
 
 DEV_READY_TIMEOUT = 60.0
@@ -86,15 +86,8 @@ def _walkthrough(stack: DevStack, env_file: Path) -> str:
     )
 
 
-def run_dev(postgres_flavor: str, state_dir: str, values_file: str | None = None) -> int:
-    overrides: dict[str, Any] = {}
-    if values_file is not None:
-        try:
-            overrides = read_dev_values(values_file)
-            dev_install_config(overrides)
-        except ConfigError as exc:
-            print(f"dbprovider dev: --config {values_file}: {exc}", file=sys.stderr)
-            return 2
+def run_dev(postgres_flavor: str, state_dir: str, overrides: Mapping[str, Any] | None = None) -> int:
+    """`overrides`: the user's install values, already checked (dev_values.checked_dev_values)."""
     stopping = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
@@ -118,7 +111,7 @@ def run_dev(postgres_flavor: str, state_dir: str, values_file: str | None = None
         print(f"dbprovider dev: starting PostgreSQL {postgres_flavor} ...", flush=True)
         postgres = PostgresServer(postgres_flavor).start()
         print("dbprovider dev: installing the provider and registering the shard and a consumer ...", flush=True)
-        stack = DevStack(kube, postgres, state, config_overrides=overrides).install()
+        stack = DevStack(kube, postgres, state, config_overrides=dict(overrides or {})).install()
         options = ManagerOptions(
             config=stack.config,
             namespace=stack.namespace,

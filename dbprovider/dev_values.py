@@ -77,6 +77,16 @@ def read_dev_values(path: str) -> dict[str, Any]:
     return dict(data)
 
 
+def checked_dev_values(path: str | None) -> dict[str, Any]:
+    """`dbprovider dev --config PATH`: the user's values, checked merged onto dev's defaults before dev imports
+    or starts anything, so a key that cannot work is refused at once. ConfigError names every such key."""
+    if path is None:
+        return {}
+    overrides = read_dev_values(path)
+    dev_install_config(overrides)
+    return overrides
+
+
 def dev_install_config(overrides: Mapping[str, Any]) -> InstallConfig:
     """dev's defaults with `overrides` merged on; ConfigError names every invalid or locally impossible key."""
     config = load_install_config(merge_values(DEV_CONFIG, overrides))

@@ -20,6 +20,7 @@ from domain.config import InstallConfig
 from domain.constants import (
     API_VERSION,
     CORE_API_VERSION,
+    DEFAULT_TOKEN_KEY,
     KELDON_GROUP,
     KELDON_KIND_DATABASE_CLUSTER,
     KELDON_VERSION,
@@ -30,7 +31,6 @@ from domain.constants import (
 )
 from domain.credentials import encode_secret_value
 from domain.settings import SETTINGS
-from domain.specs import DEFAULT_TOKEN_KEY
 from domain.tokens import hash_token
 from harness import KubeControlPlane, PostgresServer
 from harness.certs import CertificateAuthority

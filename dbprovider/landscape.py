@@ -11,10 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from domain.constants import API_VERSION, CORE_API_VERSION, KIND_CONSUMER, KIND_SECRET
+from domain.constants import API_VERSION, CORE_API_VERSION, DEFAULT_TOKEN_KEY, KIND_CONSUMER, KIND_SECRET
 from domain.credentials import decode_secret_value, encode_secret_value
 from domain.metadata import Identity
-from domain.specs import DEFAULT_TOKEN_KEY
 
 # File names `consumer new` writes into --out; the suffixes keep any two consumers' files apart.
 CONSUMER_FILE_SUFFIX = ".consumer.yaml"

@@ -32,7 +32,7 @@ from typing import Any, TextIO
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from dbprovider.clitools import EXIT_FINDINGS, EXIT_INVALID, EXIT_OK, UsageError
+from dbprovider.clitools import EXIT_FINDINGS, EXIT_INVALID, EXIT_OK, FORMAT_GITHUB, UsageError
 from dbprovider.landscape import SecretValueError, decode_data_value, is_secret, read_secret_value
 from domain.admin_access import EndpointBinding, tls_refusal
 from domain.config import ConfigError, InstallConfig, load_install_config
@@ -55,9 +55,6 @@ from infra.crds import object_schema
 
 ERROR = "error"
 WARNING = "warning"
-
-FORMAT_TEXT = "text"
-FORMAT_GITHUB = "github"
 
 # Rule ids, shown with every finding.
 RULE_YAML = "yaml"
@@ -538,32 +535,6 @@ def lint_paths(paths: Sequence[str], values: str | None = None, kubeconfig: str 
             seen.add(root.resolve())
             linter.add_file(root, given, values_file=True)
     return linter.finish(kubeconfig)
-
-
-def add_parser(commands: Any) -> None:
-    lint = commands.add_parser(
-        "lint",
-        help="check Shard, Consumer, Secret and install-values YAML offline, with the provider's own rules",
-        description=(
-            "Validates the landscape repository's YAML with the rules the CRDs and the provider apply, plus the "
-            "rules between objects that otherwise only show at run time. One line per finding (file, object, "
-            "field); exit 1 if any finding is an error, 2 for bad arguments."
-        ),
-    )
-    lint.add_argument("paths", nargs="+", metavar="PATH", help="YAML files or directories (searched recursively)")
-    lint.add_argument("--values", metavar="FILE", help="the install values of this DB cluster")
-    lint.add_argument(
-        "--format",
-        choices=[FORMAT_TEXT, FORMAT_GITHUB],
-        default=FORMAT_TEXT,
-        help="text (default) or github (workflow-command annotations on the merge request's files)",
-    )
-    lint.add_argument(
-        "--kubeconfig",
-        metavar="FILE",
-        help="also compare each Shard's maxDatabases with the databases already placed on it in that cluster",
-    )
-    lint.set_defaults(handler=run_lint)
 
 
 def run_lint(args: argparse.Namespace, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:

@@ -25,11 +25,9 @@ from dbprovider.clitools import EXIT_FINDINGS, EXIT_INVALID, EXIT_OK
 from dbprovider.upgrade_facts import LiveInstall, LiveInstallError, read_live_install
 from domain.admin_access import tls_refusal
 from domain.conditions import READY, Condition, object_conditions
-from domain.config import DEFAULT_NAMESPACE, DEFAULT_RELEASE_NAME
 from domain.connection_budget import Commitments, budget, provider_sessions
 from domain.constants import SERVED_VERSIONS, Phase, ShardReason
 from domain.metadata import ObjectMeta
-from domain.settings import SETTINGS
 from domain.version import UPGRADES_FROM, __version__, parse_version
 from reconciler.sql.errors import INSECURE_AUTH_REFUSED
 from reconciler.sql.tenant import Ownership
@@ -232,45 +230,6 @@ def run_checks(live: LiveInstall, checks: Iterable[Check] = CHECKS) -> list[Find
 
 
 # -- the command --------------------------------------------------------------------------------------
-
-
-def add_parser(commands: Any) -> None:
-    upgrade = commands.add_parser(
-        "upgrade",
-        help="before an upgrade: what this release will refuse on a live cluster (read-only)",
-        description="Commands for upgrading a running install to this release (docs/upgrade.md).",
-    )
-    steps = upgrade.add_subparsers(dest="upgrade_command", required=True, metavar="COMMAND")
-    check = steps.add_parser(
-        "check",
-        help="list what this release will refuse or change on the live cluster; changes nothing",
-        description=(
-            f"Reads the install (its ConfigMap, Deployment, CRDs, Shards, Consumers, Databases) and reports what "
-            f"{__version__} will refuse (errors), report differently (warnings) or do once (notices). One line per "
-            "finding; exit 1 if any error, 2 if the cluster cannot be read. Read-only: GETs only, and with "
-            "--shard-sql read-only admin sessions."
-        ),
-    )
-    check.add_argument("--kubeconfig", required=True, metavar="FILE", help="the DB cluster's kubeconfig")
-    check.add_argument(
-        "--namespace", default=DEFAULT_NAMESPACE, help=f"release namespace (default {DEFAULT_NAMESPACE})"
-    )
-    check.add_argument("--release", default=DEFAULT_RELEASE_NAME, help=f"release name (default {DEFAULT_RELEASE_NAME})")
-    check.add_argument(
-        "--config", metavar="FILE", help="the install values you will upgrade with (default: the live ConfigMap's)"
-    )
-    check.add_argument(
-        "--shard-sql",
-        action="store_true",
-        help="also read each shard's catalog over a read-only admin session (tenant ownership records, SCRAM)",
-    )
-    check.add_argument(
-        "--admin-host-override", metavar="HOST", help="reach every shard's admin port on this host (port-forwards)"
-    )
-    check.add_argument(
-        "--shard-ca-file", metavar="PATH", help=f"CA bundle for verify-ca/-full shards (as ${SETTINGS.env.shard_ca})"
-    )
-    check.set_defaults(handler=run_upgrade_check)
 
 
 def run_upgrade_check(args: argparse.Namespace, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:

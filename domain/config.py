@@ -28,14 +28,12 @@ from pydantic import (
     model_validator,
 )
 
-from domain.constants import SIZE_CLASS_MAX_LENGTH
+from domain.constants import DEFAULT_NAMESPACE, DEFAULT_RELEASE_NAME, SIZE_CLASS_MAX_LENGTH
 from domain.naming import DNS1035_LABEL_RE, DNS1123_SUBDOMAIN_RE, LABEL_VALUE_MAX_LENGTH, LABEL_VALUE_RE
 from domain.settings import SETTINGS
 from domain.validation import ClientHost, ConfigModel, Namespace, ObjectName, Port, SecretKey, validation_problems
 from domain.version import __version__
 
-DEFAULT_NAMESPACE = "dbprovider"
-DEFAULT_RELEASE_NAME = "dbprovider"
 DEFAULT_IMAGE = f"ghcr.io/bnerd/dbprovider:{__version__}"
 DEFAULT_BREAK_GLASS_GROUPS = ("system:masters",)
 METRICS_SERVICE_SUFFIX = "-metrics"

@@ -51,6 +51,13 @@ KINDS: dict[str, KindNames] = {
     SINGULAR_DATABASE: KindNames(KIND_DATABASE, PLURAL_DATABASES, SINGULAR_DATABASE),
 }
 
+# The install's defaults the command line shows before anything is parsed (domain.config uses them too):
+# here, beside the other plain names, so `dbprovider --help` needs no pydantic model.
+DEFAULT_NAMESPACE = "dbprovider"
+DEFAULT_RELEASE_NAME = "dbprovider"
+# The key of a Consumer's token-hash Secret unless its tokenSecretRef names another.
+DEFAULT_TOKEN_KEY = "sha256"
+
 # Core objects we write or read in manifests (the credentials Secret, the landscape's token Secrets).
 CORE_API_VERSION = "v1"
 KIND_SECRET = "Secret"

@@ -14,7 +14,7 @@ from pydantic import Field, StrictBool, StrictInt, StrictStr, ValidationError, m
 from pydantic.config import JsonValue
 from pydantic_core import PydanticCustomError
 
-from domain.constants import SIZE_CLASS_MAX_LENGTH, Engine, SslMode
+from domain.constants import DEFAULT_TOKEN_KEY, SIZE_CLASS_MAX_LENGTH, Engine, SslMode
 from domain.validation import (
     ClientHost,
     ExternalId,
@@ -29,7 +29,6 @@ from domain.validation import (
 SSLMODES: tuple[str, ...] = tuple(mode.value for mode in SslMode)
 DESCRIPTION_MAX_LENGTH = 256
 DEFAULT_PORT = 5432
-DEFAULT_TOKEN_KEY = "sha256"
 
 _IMMUTABLE: list[JsonValue] = [{"rule": "self == oldSelf", "message": "is immutable"}]
 _ENGINE_EXPR = "(has(self.engine) ? self.engine : 'postgres')"

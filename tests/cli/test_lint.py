@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +31,12 @@ def findings(stdout: str) -> list[dict[str, str]]:
     return parsed
 
 
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    """A landscape repo for one DB cluster: values, a Shard, and a consumer made by `consumer new`."""
-    root = tmp_path / "landscape" / "db-eu-1"
+@pytest.fixture(scope="session")
+def made_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A landscape repo for one DB cluster: values, a Shard, and a consumer made by `consumer new`. Made once
+    (a `consumer new` run per test was a third of this module's time); each test lints its own copy."""
+    tmp = tmp_path_factory.mktemp("made")
+    root = tmp / "landscape" / "db-eu-1"
     write_yaml(root / "dbprovider-values.yaml", VALUES)
     write_yaml(root / "shards" / "shard01.yaml", shard("shard01"))
     made = run(
@@ -48,12 +51,19 @@ def repo(tmp_path: Path) -> Path:
         str(root / "consumers"),
         "--token-file",
         "-",
-        cwd=tmp_path,
+        cwd=tmp,
     )
     assert made.returncode == 0, made.stderr
     (root / ".github").mkdir()
     (root / ".github" / "ci.yml").write_text("on: [push]\njobs: {}\n")  # not ours: skipped
     return root
+
+
+@pytest.fixture
+def repo(made_repo: Path, tmp_path: Path) -> Path:
+    """This test's copy of the made repo, to edit freely: tmp_path/landscape/db-eu-1."""
+    shutil.copytree(made_repo.parent, tmp_path / "landscape")
+    return tmp_path / "landscape" / made_repo.name
 
 
 def lint(repo: Path, *args: str) -> Any:

@@ -8,28 +8,34 @@ from __future__ import annotations
 
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 from harness.process import wait_for_background_builds
 
 
-def _runner(state: Path, seconds: float) -> subprocess.Popen[bytes]:
-    """A stand-in for the background runner: holds runner.lock, then marks the build ok and exits."""
-    script = f"exec 9>{state}/runner.lock; flock 9; sleep {seconds}; echo ok > {state}/pulumi.status"
-    return subprocess.Popen(["bash", "-c", script])
+def _runner(state: Path) -> subprocess.Popen[str]:
+    """A stand-in for the background runner: takes runner.lock, says so, builds until told to finish (a line
+    on its stdin), then marks the build ok and exits."""
+    script = f"exec 9>{state}/runner.lock; flock 9; echo locked; read -r _; echo ok > {state}/pulumi.status"
+    return subprocess.Popen(["bash", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
 
 def test_waits_while_the_runner_builds_and_returns_when_it_is_done(tmp_path: Path) -> None:
     (tmp_path / "pulumi.status").write_text("running\n")
-    runner = _runner(tmp_path, 1.5)
-    time.sleep(0.3)  # the runner has its lock
-    started = time.monotonic()
-    wait_for_background_builds(["pulumi"], state=tmp_path, poll=0.05)
-    waited = time.monotonic() - started
-    runner.wait()
+    runner = _runner(tmp_path)
+    assert runner.stdin is not None and runner.stdout is not None
+    assert runner.stdout.readline() == "locked\n"
+    done = threading.Event()
+    waiter = threading.Thread(
+        target=lambda: (wait_for_background_builds(["pulumi"], state=tmp_path, poll=0.05), done.set())
+    )
+    waiter.start()
+    assert not done.wait(0.5)  # ten polls: still waiting while the runner builds
+    runner.stdin.write("finish\n")
+    runner.stdin.close()
+    assert runner.wait(10) == 0
+    assert done.wait(5)
     assert (tmp_path / "pulumi.status").read_text().strip() == "ok"
-    assert waited > 0.5
 
 
 def test_a_failed_build_ends_the_wait_at_once(tmp_path: Path) -> None:
