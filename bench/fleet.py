@@ -20,13 +20,18 @@ tenant goes to the Shard's client endpoint (the server itself) in both. One run,
   from the first PUT until every database is Ready (seen through a watch). Ratio: r0 / mean(b0, b1).
 - r1 (burst with a hung shard): one shard's server is frozen (SIGSTOP of the postmaster and every
   backend) right before the first PUT and stays so; the same burst. The databases placed on the
-  other shards: time from the first PUT until all of them are Ready. b2: the baseline on those
-  shards only, each with as many tenants as r1 placed on it. Ratio: that time / b2.
+  other shards: time from the first PUT until all of them are Ready. Its baselines, on those shards
+  only: b2 right before it (the burst's count spread evenly over them: what r1 places if none is
+  stuck on the hung shard) and b3 right after it (as many tenants on each as r1 placed there).
+  Ratio: that time / mean(b2, b3). Like every burst, r1 sits between two baselines: a shared
+  machine's speed drifts within minutes (one b3-like baseline alone once cost PostgreSQL a third
+  less CPU per database than the baselines ten minutes earlier).
 
 Between phases every tenant is dropped (not timed) so the shards' disks stay small. Reported also:
-placements per shard, CPU per component, the provisioner's statements per database (refused loudly
-if the log shows none), the peak of `dbprovider_database_workers_in_flight` per shard during r1.
-Targets: both ratios <= 1.5x.
+placements per shard, CPU per component, per phase the provisioner's statements per database (refused
+loudly if the log shows none), when each shard's last database was done and PostgreSQL's CPU per
+database (is the baseline the same work as the burst?), the peak of
+`dbprovider_database_workers_in_flight` per shard and in all during r1. Targets: both ratios <= 1.5x.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ import argparse
 import queue
 import secrets
 import statistics
+import threading
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -169,6 +176,8 @@ class Phase:
     cpu: dict[str, float]
     machine_cpu: float
     statements: Counter[str]
+    databases: int = 0
+    finished: dict[str, float] = field(default_factory=dict)  # shard -> release to its last tenant done
 
 
 def baseline(fleet: Fleet, label: str, per_shard: dict[str, int], sessions: int, meter: CpuMeter) -> Phase:
@@ -184,15 +193,24 @@ def baseline(fleet: Fleet, label: str, per_shard: dict[str, int], sessions: int,
             shard_of[spec.name] = shard
     jobs = [(AdminSession.for_endpoint(fleet.endpoint(shard)), work[shard]) for shard in per_shard
             for _ in range(sessions)]
+    first_start: list[float] = []
+    done_at: dict[str, float] = {}
+    lock = threading.Lock()
 
     def provision(admin: AdminSession, spec: TenantSpec) -> None:
+        first_start.append(time.perf_counter())  # the earliest is the release (within microseconds)
+        shard = shard_of[spec.name]
         ensure_tenant(admin, spec)
-        log_in_as_tenant(fleet.servers[shard_of[spec.name]], spec)  # the Shard's client endpoint: direct
+        log_in_as_tenant(fleet.servers[shard], spec)  # the Shard's client endpoint: direct
+        with lock:
+            done_at[shard] = max(done_at.get(shard, 0.0), time.perf_counter())
 
     statements = ProvisionerStatements(*(fleet.servers[s] for s in per_shard))
     timed = run_on_sessions(jobs, provision, label, meter)
     found = statements.expect(f"baseline {label} (ensure_tenant x{sum(per_shard.values())})")
-    return Phase(timed.seconds, timed.cpu, timed.machine_cpu, found)
+    released = min(first_start)
+    return Phase(timed.seconds, timed.cpu, timed.machine_cpu, found, sum(per_shard.values()),
+                 {shard: at - released for shard, at in done_at.items()})
 
 
 # -- bursts ------------------------------------------------------------------------------------
@@ -212,6 +230,8 @@ class Burst:
     waiting_peak: dict[str, float] = field(default_factory=dict)
     passes: float = 0.0  # Database reconciles during the burst
     requests: ApiserverRequests = field(default_factory=ApiserverRequests)
+    finished: dict[str, float] = field(default_factory=dict)  # shard -> first PUT to its last database Ready
+    total_in_flight_peak: float = 0.0  # every lane together (the global bound: workersTotal)
 
 
 def create_consumers(rest: Rest, namespace: str, count: int, max_databases: int) -> list[str]:
@@ -246,6 +266,7 @@ class InFlightSampler(Background):
         self.shards = [*shards, UNPLACED]
         self.peak: dict[str, float] = dict.fromkeys(self.shards, 0.0)
         self.waiting_peak: dict[str, float] = dict.fromkeys(self.shards, 0.0)
+        self.total_peak = 0.0
 
     def run(self) -> None:
         while not self.stopping.wait(0.5):
@@ -253,6 +274,7 @@ class InFlightSampler(Background):
                 text = self.manager.metrics()
             except requests.RequestException:
                 continue
+            self.total_peak = max(self.total_peak, metric_sum(text, "dbprovider_database_workers_in_flight"))
             for shard in self.shards:
                 value = metric_sum(text, "dbprovider_database_workers_in_flight", shard=shard)
                 self.peak[shard] = max(self.peak[shard], value)
@@ -275,12 +297,20 @@ def run_burst(stack: Stack, fleet: Fleet, manager: ManagerProcess, watch: ReadyW
             wait_for(lambda: len(watch.shard_of.keys() & wanted) == count, 300, f"{count} databases placed", 0.1)
             wanted = {i for i in ids if watch.shard_of[i] != hung}
         wait_for(lambda: watch.count(wanted) == len(wanted), 1800, f"{len(wanted)} databases Ready", 0.05)
+        cpu, busy = cost.cpu()
     ready = max(watch.ready_at[i] for i in wanted) - started
-    cpu, busy = cost.cpu()
+    finished: dict[str, float] = {}
+    for i in wanted:
+        finished[watch.shard_of[i]] = max(finished.get(watch.shard_of[i], 0.0), watch.ready_at[i] - started)
     requests_made = cost.requests()
     return Burst(started, answered, answers, set(ids), cpu, busy,
                  statements.expect(f"burst {label} ({len(wanted)} new databases)"), ready, sampler.peak,
-                 sampler.waiting_peak, cost.passes(), requests_made)
+                 sampler.waiting_peak, cost.passes(), requests_made, finished, sampler.total_peak)
+
+
+def spread(count: int, shards: list[str]) -> dict[str, int]:
+    """`count` databases spread evenly over `shards` (placement's even spread), the first ones one more."""
+    return {name: count // len(shards) + (n < count % len(shards)) for n, name in enumerate(shards)}
 
 
 def placed_per_shard(watch: ReadyWatch, ids: set[str]) -> Counter[str]:
@@ -374,31 +404,39 @@ def main(argv: list[str] | None = None) -> int:
         log(f"baseline b1: {b1.seconds:.1f} s")
         cleanup(list(fleet.servers.values()))
 
-        hung = names[0]
+        hung, healthy = names[0], names[1:]
+        log("baseline b2 (the other shards, the burst's count spread evenly over them)")
+        b2 = baseline(fleet, "b2", spread(args.count, healthy), args.sessions, meter)
+        log(f"baseline b2: {b2.seconds:.1f} s")
+        cleanup([fleet.servers[n] for n in healthy])
         r1 = run_burst(stack, fleet, manager, watch, "r1", args.count, args.clients, tokens, meter, hung=hung)
         r1_placed = placed_per_shard(watch, r1.ids)
         log(f"burst r1 ({hung} hung): the other shards' databases Ready after {r1.ready_seconds:.1f} s")
         others = {name: n for name, n in r1_placed.items() if name != hung}
         stuck = r1_placed.get(hung, 0)
-        cleanup([s for n, s in fleet.servers.items() if n != hung])
-        log("baseline b2 (the other shards, as many tenants as r1 placed on each)")
-        b2 = baseline(fleet, "b2", others, args.sessions, meter)
-        log(f"baseline b2: {b2.seconds:.1f} s")
+        cleanup([fleet.servers[n] for n in healthy])
+        log("baseline b3 (the other shards, as many tenants as r1 placed on each)")
+        b3 = baseline(fleet, "b3", others, args.sessions, meter)
+        log(f"baseline b3: {b3.seconds:.1f} s")
         fleet.servers[hung].thaw()
         manager.stop()
         manager = None
 
         ratio0 = r0.ready_seconds / statistics.mean([b0.seconds, b1.seconds])
-        ratio1 = r1.ready_seconds / b2.seconds
+        ratio1 = r1.ready_seconds / statistics.mean([b2.seconds, b3.seconds])
+        r1_count = sum(others.values())
         table("times", [
             ("baseline b0 (all shards)", fmt_s(b0.seconds), f"{args.count / b0.seconds:.1f} db/s", ""),
             ("burst r0: first PUT -> all Ready", fmt_s(r0.ready_seconds), f"{args.count / r0.ready_seconds:.1f} db/s",
              f"{ratio0:.2f}x of b0/b1"),
             ("baseline b1 (all shards)", fmt_s(b1.seconds), f"{args.count / b1.seconds:.1f} db/s", ""),
-            (f"burst r1, {hung} hung: first PUT -> the other {len(others)} shards' {sum(others.values())} Ready",
-             fmt_s(r1.ready_seconds), f"{sum(others.values()) / r1.ready_seconds:.1f} db/s", f"{ratio1:.2f}x of b2"),
-            (f"baseline b2 ({len(others)} shards, r1's counts)", fmt_s(b2.seconds),
-             f"{sum(others.values()) / b2.seconds:.1f} db/s", ""),
+            (f"baseline b2 ({len(healthy)} shards, {b2.databases} spread evenly)", fmt_s(b2.seconds),
+             f"{b2.databases / b2.seconds:.1f} db/s", ""),
+            (f"burst r1, {hung} hung: first PUT -> the other {len(others)} shards' {r1_count} Ready",
+             fmt_s(r1.ready_seconds), f"{r1_count / r1.ready_seconds:.1f} db/s",
+             f"{ratio1:.2f}x of b2/b3 ({r1.ready_seconds / b2.seconds:.2f}x, {r1.ready_seconds / b3.seconds:.2f}x)"),
+            (f"baseline b3 ({len(others)} shards, r1's counts)", fmt_s(b3.seconds),
+             f"{b3.databases / b3.seconds:.1f} db/s", ""),
             ("r0: all PUTs answered", fmt_s(r0.answered), "", ""),
             ("r1: all PUTs answered", fmt_s(r1.answered), "", ""),
         ], ("what", "time", "rate", "ratio"))
@@ -412,10 +450,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"placement lane ({UNPLACED}), peaks in flight / waiting: "
               + ", ".join(f"{n} {busy:.0f} / {waiting:.0f}" for n, (busy, waiting) in placing.items())
               + "; the most waiting in a healthy shard's lane (peak): "
-              + ", ".join(f"{n} {v:.0f}" for n, v in shard_waiting.items()))
+              + ", ".join(f"{n} {v:.0f}" for n, v in shard_waiting.items())
+              + "; every lane in flight together (peak; workersTotal bounds it): "
+              + ", ".join(f"{n} {b.total_in_flight_peak:.0f}" for n, b in (("r0", r0), ("r1", r1))))
         phases = {"b0": (b0.seconds, b0.cpu, b0.machine_cpu), "r0": (r0.ready_seconds, r0.cpu, r0.machine_cpu),
-                  "b1": (b1.seconds, b1.cpu, b1.machine_cpu), "r1": (r1.ready_seconds, r1.cpu, r1.machine_cpu),
-                  "b2": (b2.seconds, b2.cpu, b2.machine_cpu)}
+                  "b1": (b1.seconds, b1.cpu, b1.machine_cpu), "b2": (b2.seconds, b2.cpu, b2.machine_cpu),
+                  "r1": (r1.ready_seconds, r1.cpu, r1.machine_cpu), "b3": (b3.seconds, b3.cpu, b3.machine_cpu)}
         components = sorted({k for _, cpu, _ in phases.values() for k in cpu},
                             key=lambda k: -sum(cpu.get(k, 0) for _, cpu, _ in phases.values()))
         table("CPU seconds per phase (the whole machine: 2 cores x wall; other tenants not shown)",
@@ -428,15 +468,29 @@ def main(argv: list[str] | None = None) -> int:
             return sum(cpu.values())
 
         cpu0 = ours(r0.cpu) / statistics.mean([ours(b0.cpu), ours(b1.cpu)])
-        cpu1 = ours(r1.cpu) / ours(b2.cpu)
+        cpu1 = ours(r1.cpu) / statistics.mean([ours(b2.cpu), ours(b3.cpu)])
         print(f"\nCPU of this benchmark's processes, burst / baseline: r0 {cpu0:.2f}x, r1 {cpu1:.2f}x (on a machine "
               "the processes have to themselves, the wall ratio of a CPU-bound burst cannot be below this)")
-        total_r = sum(r0.statements.values()) / args.count
-        table("provisioner statements per database (log_statement=all, jsonlog)",
-              [(k, f"{b0.statements.get(k, 0) / args.count:.2f}", f"{r0.statements.get(k, 0) / args.count:.2f}")
-               for k in sorted(set(b0.statements) | set(r0.statements))]
-              + [("total", f"{sum(b0.statements.values()) / args.count:.2f}", f"{total_r:.2f}")],
-              ("keyword", "baseline b0", "burst r0"))
+        # What each phase asked of the shards it used: the same SQL per database, the same databases per
+        # shard, the shards' pace (a straggler shard sets a phase's time) and PostgreSQL's CPU per database.
+        work = {"b0": (b0.databases, b0.statements, b0.finished, b0.cpu),
+                "r0": (args.count, r0.statements, r0.finished, r0.cpu),
+                "b1": (b1.databases, b1.statements, b1.finished, b1.cpu),
+                "b2": (b2.databases, b2.statements, b2.finished, b2.cpu),
+                "r1": (r1_count, r1.statements, r1.finished, r1.cpu),
+                "b3": (b3.databases, b3.statements, b3.finished, b3.cpu)}
+        keywords = sorted({k for _, found, _, _ in work.values() for k in found})
+        table("provisioner statements per database (log_statement=all, jsonlog; r1: the other shards' databases)",
+              [(k, *(f"{found.get(k, 0) / n:.2f}" for n, found, _, _ in work.values())) for k in keywords]
+              + [("total", *(f"{sum(found.values()) / n:.2f}" for n, found, _, _ in work.values()))],
+              ("keyword", *work))
+        table("the shards of each phase: databases, seconds until each shard's last one was done "
+              "(min / median / max over shards, the slowest), PostgreSQL CPU per database",
+              [(name, len(done), n, f"{min(done.values()):.1f} / {statistics.median(done.values()):.1f} / "
+                f"{max(done.values()):.1f}", max(done, key=lambda s: done[s]),
+                f"{1000 * cpu.get('postgres', 0.0) / n:.0f} ms")
+               for name, (n, _, done, cpu) in work.items()],
+              ("phase", "shards", "databases", "done after (s)", "slowest", "postgres CPU"))
         print(f"\nDatabase reconciles per new database: r0 {r0.passes / args.count:.2f}, "
               f"r1 {r1.passes / args.count:.2f}")
         writes, reads = r0.requests.writes, r0.requests.reads
