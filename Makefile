@@ -15,7 +15,8 @@ test: setup
 
 # The inner loop: every test that needs no server (no apiserver, PostgreSQL, Prometheus or Pulumi) and builds
 # no wheel (tests/packaging, marked slow), on both cores. A test that starts a server without being marked `server` fails here (tests/conftest.py says how).
-test-fast: setup
+test-fast:
+	bash hack/setup.sh --python-only
 	DBPROVIDER_TEST_NO_SERVERS=1 .venv/bin/python -m pytest -m "not server and not slow" -n 2
 
 lint: setup

@@ -12,9 +12,11 @@
 #     (hack/build-kube.sh --node), CoreDNS (hack/build-coredns.sh) and the images (hack/build-image.sh).
 #     With DBPROVIDER_LATE_BUILDS=background (CI: .ci/run) they are started niced in the background and
 #     setup returns; the late suites, which pytest runs last, wait for them.
+# `--python-only` (make test-fast): the virtualenv alone; the inner loop starts no server and needs no build.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+python_only=0; [ "${1:-}" = --python-only ] && python_only=1
 
 need_apt=()
 [ -x /usr/lib/postgresql/15/bin/postgres ] || need_apt+=(postgresql-15)
@@ -24,7 +26,7 @@ for tool in podman catatonit containerd mmdebstrap iptables; do
   command -v $tool >/dev/null 2>&1 || need_apt+=($tool)
 done
 [ -x /usr/lib/cni/bridge ] || need_apt+=(containernetworking-plugins)
-if [ ${#need_apt[@]} -gt 0 ]; then
+if [ $python_only -eq 0 ] && [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup: please install ${need_apt[*]} (apt-get install ${need_apt[*]})" >&2
     exit 1
@@ -55,6 +57,7 @@ fi
 # ship the runtime only), but `dbprovider dev`, the tests and the benchmarks import it from here.
 site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 [ "$(cat "$site/dbprovider-checkout.pth" 2>/dev/null)" = "$root" ] || echo "$root" > "$site/dbprovider-checkout.pth"
+[ $python_only -eq 0 ] || exit 0
 
 bash hack/fetch-postgres.sh
 # The previous release for tests/upgrade: its commit exported with git archive, installed with its own pins.
