@@ -22,7 +22,7 @@ the provisioner's statements on the server from the manager's start to the end o
 (harness/statement_log.py; changes must be zero, the Shard pings' catalog reads show the log is
 read), and idle CPU over `--idle-seconds` (cpu_times delta) with the manager's wake-ups in that window
 (voluntary context switches). With `--profile-idle S` py-spy then samples the idle manager for S more
-seconds, on-CPU samples with their C frames (where the idle CPU goes; not part of the measured window). With
+seconds, on-CPU samples only (where the idle CPU goes; not part of the measured window). With
 `--profile` a second manager is then started on the same objects with py-spy attached, and its start
 is profiled.
 """
@@ -497,10 +497,12 @@ def by_thread_group(pid: int, before: dict[int, float], after: dict[int, float],
 
 
 def profile_idle(manager: ManagerProcess, run: int, args: argparse.Namespace) -> str:
-    """py-spy on the idle manager for `--profile-idle` s, on-CPU samples with C frames: where its idle CPU goes."""
+    """py-spy on the idle manager for `--profile-idle` s, on-CPU samples only: where its idle CPU goes.
+
+    Without C frames: with `--native` py-spy cannot tell a thread blocked in libc from one on the CPU."""
     args.profile_dir.mkdir(parents=True, exist_ok=True)
     out = args.profile_dir / f"scale-idle-{run}.pyspy.txt"
-    spy = PySpy(manager.pid, out, rate=100, idle=False, native=True).start()
+    spy = PySpy(manager.pid, out, rate=100, idle=False).start()
     try:
         time.sleep(args.profile_idle)
     finally:
