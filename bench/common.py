@@ -624,15 +624,13 @@ class PySpy:
     out: Path
     rate: int = 50
     idle: bool = True
-    native: bool = False  # C frames too (libpq, OpenSSL): where the CPU inside a C call goes
     proc: subprocess.Popen | None = field(default=None, init=False)
 
     def start(self) -> PySpy:
         exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
         self.proc = subprocess.Popen(
             [exe, "record", "--pid", str(self.pid), "--format", "raw", "--rate", str(self.rate),
-             *([] if self.native else ["--nonblocking"]), "--threads", *(["--idle"] if self.idle else []),
-             *(["--native"] if self.native else []), "-o", str(self.out)],
+             "--nonblocking", "--threads", *(["--idle"] if self.idle else []), "-o", str(self.out)],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
         )
         time.sleep(1.0)  # attach before the measured window
