@@ -1,7 +1,7 @@
 """Scale: a `dbprovider manager` starting on a fleet of Ready Databases, Shards and Consumers.
 
     python -m bench.scale [--count 10000] [--shards 20] [--consumers 1] [--extra-consumers 100]
-                          [--idle-seconds 60] [--profile]
+                          [--idle-seconds 60] [--profile] [--profile-idle 60]
     python -m bench.scale --count 100000 --shards 200 --consumers 1000      # issue 28
     python -m bench.scale --count 20000 --shards 200 --consumers 1000 --runs 0 --baseline /tmp/base [--profile]
 
@@ -21,8 +21,11 @@ began), the first authenticated answer (a GET with a consumer's token, polled fr
 the same after `--extra-consumers` more Consumers, how long a token Secret change takes to apply,
 the provisioner's statements on the server from the manager's start to the end of the idle window
 (harness/statement_log.py; changes must be zero, the Shard pings' catalog reads show the log is
-read), and idle CPU over `--idle-seconds` (cpu_times delta). With `--profile` a second manager is
-then started on the same objects with py-spy attached, and its start is profiled.
+read), and idle CPU over `--idle-seconds` (cpu_times delta) with the manager's wake-ups in that window
+(voluntary context switches). With `--profile-idle S` py-spy then samples the idle manager for S more
+seconds, on-CPU samples only (where the idle CPU goes; not part of the measured window). With
+`--profile` a second manager is then started on the same objects with py-spy attached, and its start
+is profiled.
 
 `--baseline DIR` compares two trees on one fleet (creating 100,000 objects takes half an hour; a fleet is
 made once per run): DIR is another checkout (`git archive main | tar -x -C DIR`) run with this venv. After
@@ -38,7 +41,11 @@ from __future__ import annotations
 import argparse
 import base64
 import os
+import re
+import shutil
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -414,13 +421,18 @@ def measure_start(fleet: Fleet, run: int, args: argparse.Namespace) -> list[Targ
         wait_for(lambda: shards_ready(rest, fleet.shards), 120, f"all {len(fleet.shards)} Shards Ready", 0.5)
         log(f"run {run}: every Shard Ready; idle window of {args.idle_seconds:.0f} s")
         idle_before = sampler.sample()
+        threads_before, switches_before = thread_cpu(manager.pid), wakeups(manager.pid)
         writes_idle_before = stack.apiserver_writes()
         time.sleep(args.idle_seconds)
         idle_after = sampler.sample()
+        idle_span = idle_after[0] - idle_before[0]
+        threads_idle = by_thread_group(manager.pid, threads_before, thread_cpu(manager.pid), idle_span)
+        wakeups_idle = (wakeups(manager.pid) - switches_before) / idle_span
         writes_idle = counter_delta(stack.apiserver_writes(), writes_idle_before)
         idle_cpu = 100 * (idle_after[1] - idle_before[1]) / (idle_after[0] - idle_before[0])
         found = provisioner.expect(f"the Shard checks of {len(fleet.shards)} shards over the idle window")
         sql_changes = sum(n for k, n in found.items() if k in CHANGES)
+        idle_profile = profile_idle(manager, run, args) if args.profile_idle > 0 else None
     finally:
         first.stop()
         manager.stop()
@@ -440,8 +452,14 @@ def measure_start(fleet: Fleet, run: int, args: argparse.Namespace) -> list[Targ
             (f"RSS after the idle {args.idle_seconds:.0f} s", f"{idle_after[2] / 2**20:.0f} MB"),
             ("CPU from start to caught up", f"{sampler.cpu_at(caught_up):.1f} CPU-s"),
             (f"idle CPU over {idle_after[0] - idle_before[0]:.0f} s", f"{idle_cpu:.2f}% of one core"),
+            ("wake-ups while idle (voluntary context switches, all threads)", f"{wakeups_idle:.0f}/s"),
         ],
         ("what", "value"),
+    )
+    table(
+        f"idle CPU by thread over {idle_span:.0f} s",
+        [(k, f"{v:.2f}%") for k, v in sorted(threads_idle.items(), key=lambda kv: -kv[1])],
+        ("thread (group)", "% of one core"),
     )
     table(
         "watches the apiserver holds for the manager (gauges after - before its start)",
@@ -473,6 +491,9 @@ def measure_start(fleet: Fleet, run: int, args: argparse.Namespace) -> list[Targ
         or [("none", 0, "")],
         ("keyword", "count", "kind"),
     )
+    if idle_profile is not None:
+        print(f"\n== py-spy on the idle manager, {args.profile_idle:.0f} s after the measured window (on-CPU samples)")
+        print(idle_profile)
 
     secret_watches = watches_manager.get("WATCH secrets", 0)
     total_watches = sum(v for k, v in watches_manager.items() if k.startswith("WATCH "))
@@ -600,6 +621,56 @@ def compare(fleet: Fleet, baseline: Path, rounds: int, profile_dir: Path | None)
     return targets
 
 
+def thread_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds (user + system) of each thread of the process, by native thread id."""
+    return {t.id: t.user_time + t.system_time for t in psutil.Process(pid).threads()}
+
+
+def wakeups(pid: int) -> int:
+    """Voluntary context switches of all threads of the process (each is a thread going to sleep)."""
+    total = 0
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        try:
+            text = status.read_text()
+        except OSError:
+            continue  # the thread ended
+        for line in text.splitlines():
+            if line.startswith("voluntary_ctxt_switches:"):
+                total += int(line.split()[1])
+    return total
+
+
+def by_thread_group(pid: int, before: dict[int, float], after: dict[int, float], seconds: float) -> dict[str, float]:
+    """% of one core per thread group (Python thread names from `py-spy dump`, numbers folded to N)."""
+    names: dict[int, str] = {}
+    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    try:
+        dump = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        dump = ""
+    for match in re.finditer(r'^Thread (\d+) \(\w+\): "(.*)"$', dump, re.MULTILINE):
+        names[int(match.group(1))] = re.sub(r"-\d+$", "-N", match.group(2))
+    groups: dict[str, float] = {}
+    for tid, cpu in after.items():
+        group = names.get(tid, "other (no Python frame)")
+        groups[group] = groups.get(group, 0.0) + 100 * (cpu - before.get(tid, 0.0)) / seconds
+    return groups
+
+
+def profile_idle(manager: ManagerProcess, run: int, args: argparse.Namespace) -> str:
+    """py-spy on the idle manager for `--profile-idle` s, on-CPU samples only: where its idle CPU goes.
+
+    Without C frames: with `--native` py-spy cannot tell a thread blocked in libc from one on the CPU."""
+    args.profile_dir.mkdir(parents=True, exist_ok=True)
+    out = args.profile_dir / f"scale-idle-{run}.pyspy.txt"
+    spy = PySpy(manager.pid, out, rate=100, idle=False).start()
+    try:
+        time.sleep(args.profile_idle)
+    finally:
+        spy.stop()
+    return summarize_collapsed(spy.out, top=25)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--count", type=int, default=10_000, help="Database objects (default 10,000)")
@@ -621,6 +692,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--profile", action="store_true", help="then start a second manager with py-spy attached and profile its start"
+    )
+    parser.add_argument(
+        "--profile-idle",
+        type=float,
+        default=0.0,
+        help="then sample the idle manager with py-spy for this many seconds (on-CPU only)",
     )
     parser.add_argument("--profile-dir", type=Path, default=Path("bench/profiles"))
     parser.add_argument(
