@@ -134,9 +134,7 @@ class TokenIndex:
         consumers.add_handler(self._on_consumer)
 
     @classmethod
-    def register(
-        cls, informers: SharedInformers, namespace: str, admin_secrets: Iterable[str] = ()
-    ) -> TokenIndex:
+    def register(cls, informers: SharedInformers, namespace: str, admin_secrets: Iterable[str] = ()) -> TokenIndex:
         """Create the index on the process' shared informers: Consumers (cluster), and exactly the token
         Secrets they name (release namespace: one metadata watch of the Secrets the provider does not
         manage, and a GET per named Secret). `admin_secrets`: the shardSecrets names in `namespace`."""

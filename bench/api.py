@@ -175,8 +175,9 @@ def client_process(port: int, path: str, token: str, ca: str, threads: int, star
     return {"latencies": [x for r in results for x in r], "errors": errors}
 
 
-def load(port: int, path: str, token: str, ca: str, clients: int, seconds: float, pool: Any,
-         server_pid: int | None = None) -> dict:
+def load(
+    port: int, path: str, token: str, ca: str, clients: int, seconds: float, pool: Any, server_pid: int | None = None
+) -> dict:
     """`clients` connections over two client processes; requests/s, latencies, and the CPU the server
     process and the whole machine used while the clock ran."""
     import psutil
@@ -193,15 +194,21 @@ def load(port: int, path: str, token: str, ca: str, clients: int, seconds: float
     server_cpu = sum(server.cpu_times()[:2]) - server_before if server else 0.0
     machine_after = psutil.cpu_times()
     busy = (sum(machine_after) - machine_after.idle - machine_after.iowait) - (
-        sum(machine_before) - machine_before.idle - machine_before.iowait)
+        sum(machine_before) - machine_before.idle - machine_before.iowait
+    )
     latencies: list[float] = []
     errors: list[str] = []
     for job in jobs:
         result = job.get(timeout=seconds + 120)
         latencies += result["latencies"]
         errors += result["errors"]
-    return {"rps": len(latencies) / seconds, "latencies": latencies, "errors": errors,
-            "server_cpu": server_cpu, "machine_busy": busy / seconds}
+    return {
+        "rps": len(latencies) / seconds,
+        "latencies": latencies,
+        "errors": errors,
+        "server_cpu": server_cpu,
+        "machine_busy": busy / seconds,
+    }
 
 
 # -- setup -----------------------------------------------------------------------------------------
@@ -221,17 +228,28 @@ def create_consumers(rest: Any, namespace: str, label: str, count: int, prefix: 
         name = f"{prefix}-{i:04d}"
         tokens = [pysecrets.token_hex(32) for _ in range(3)]
         hashes = "\n".join(hash_token(t) for t in tokens)
-        rest.create(SECRETS, {
-            "apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": f"{name}-token", "namespace": namespace, "labels": {"bench-auth": label}},
-            "data": {"sha256": base64.b64encode(hashes.encode()).decode()},
-        }, namespace)
-        rest.create(CONSUMERS, {
-            "apiVersion": "db.bnerd.com/v1alpha1", "kind": "Consumer",
-            "metadata": {"name": name, "labels": {"bench-auth": label}},
-            "spec": {"tokenSecretRef": {"namespace": namespace, "name": f"{name}-token", "key": "sha256"},
-                     "maxDatabases": 10},
-        })
+        rest.create(
+            SECRETS,
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": f"{name}-token", "namespace": namespace, "labels": {"bench-auth": label}},
+                "data": {"sha256": base64.b64encode(hashes.encode()).decode()},
+            },
+            namespace,
+        )
+        rest.create(
+            CONSUMERS,
+            {
+                "apiVersion": "db.bnerd.com/v1alpha1",
+                "kind": "Consumer",
+                "metadata": {"name": name, "labels": {"bench-auth": label}},
+                "spec": {
+                    "tokenSecretRef": {"namespace": namespace, "name": f"{name}-token", "key": "sha256"},
+                    "maxDatabases": 10,
+                },
+            },
+        )
         return tokens[0]
 
     with ThreadPoolExecutor(16) as pool:
@@ -247,12 +265,20 @@ def create_ready_database(rest: Any, stack: Stack, external_id: str) -> None:
     from reconciler.resources import DATABASES
 
     dev, pg = stack.dev, stack.postgres
-    db = rest.create(DATABASES, {
-        "apiVersion": API_VERSION, "kind": KIND_DATABASE,
-        "metadata": {"name": database_object_name(dev.consumer, external_id), "namespace": dev.namespace,
-                     "finalizers": [FINALIZER_TENANT]},
-        "spec": {"consumer": dev.consumer, "externalId": external_id, "sizeClass": "small", "engine": "postgres"},
-    }, dev.namespace)
+    db = rest.create(
+        DATABASES,
+        {
+            "apiVersion": API_VERSION,
+            "kind": KIND_DATABASE,
+            "metadata": {
+                "name": database_object_name(dev.consumer, external_id),
+                "namespace": dev.namespace,
+                "finalizers": [FINALIZER_TENANT],
+            },
+            "spec": {"consumer": dev.consumer, "externalId": external_id, "sizeClass": "small", "engine": "postgres"},
+        },
+        dev.namespace,
+    )
     tenant = tenant_name(external_id, db["metadata"]["uid"])
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     secret = build_secret(db, tenant, new_password(), Endpoint("127.0.0.1", pg.port, "disable"))
@@ -283,8 +309,9 @@ class LabelledSecrets:
         return self.informer.has_synced()
 
 
-def auth_benchmark(stack: Stack, one_token: str, many_token: str, rounds: int, iterations: int,
-                   profile: bool, profile_dir: Path) -> tuple[dict[str, list[float]], str | None]:
+def auth_benchmark(
+    stack: Stack, one_token: str, many_token: str, rounds: int, iterations: int, profile: bool, profile_dir: Path
+) -> tuple[dict[str, list[float]], str | None]:
     import logging
 
     import falcon.testing
@@ -308,6 +335,7 @@ def auth_benchmark(stack: Stack, one_token: str, many_token: str, rounds: int, i
         wait_for(index.ready, 30, f"token index {label}")
         middlewares[label] = (AuthMiddleware(index), len(consumers))
     try:
+
         class Resource:
             auth_required = True
 
@@ -324,8 +352,10 @@ def auth_benchmark(stack: Stack, one_token: str, many_token: str, rounds: int, i
 
             return once
 
-        variants = {"1 consumer": call("one", one_token),
-                    f"{middlewares['many'][1]} consumers": call("many", many_token)}
+        variants = {
+            "1 consumer": call("one", one_token),
+            f"{middlewares['many'][1]} consumers": call("many", many_token),
+        }
         interleaved(variants, 2, iterations // 10)  # warm-up
         samples = interleaved(variants, rounds, iterations)
         text = None
@@ -344,28 +374,39 @@ def auth_benchmark(stack: Stack, one_token: str, many_token: str, rounds: int, i
 # -- under attack ----------------------------------------------------------------------------------
 
 
-def attack_rounds(args: argparse.Namespace, port: int, path: str, token: str, ca: str, pool: Any,
-                  server_pid: int) -> dict[str, Any]:
+def attack_rounds(
+    args: argparse.Namespace, port: int, path: str, token: str, ca: str, pool: Any, server_pid: int
+) -> dict[str, Any]:
     """Rounds of the GET load alternating without and with the hostile connections held."""
     from harness.attacks import HostileClients
 
     total = args.attack_slow + args.attack_silent + args.attack_idle
-    what = (f"{args.attack_slow} slow-header, {args.attack_silent} silent TCP and {args.attack_idle} idle TLS "
-            f"connections")
+    what = (
+        f"{args.attack_slow} slow-header, {args.attack_silent} silent TCP and {args.attack_idle} idle TLS connections"
+    )
     done: dict[str, Any] = {"quiet": [], "attacked": [], "opened": [], "what": what}
     for n in range(args.rounds):
-        for name in (("quiet", "attacked") if n % 2 == 0 else ("attacked", "quiet")):
+        for name in ("quiet", "attacked") if n % 2 == 0 else ("attacked", "quiet"):
             if name == "quiet":
                 done["quiet"].append(load(port, path, token, ca, args.clients, args.seconds, pool, server_pid))
                 continue
-            with HostileClients(port, slow=args.attack_slow, silent=args.attack_silent, idle=args.attack_idle,
-                                byte_every=1.0, sources=ATTACK_SOURCES, max_seconds=args.seconds + 120) as attack:
+            with HostileClients(
+                port,
+                slow=args.attack_slow,
+                silent=args.attack_silent,
+                idle=args.attack_idle,
+                byte_every=1.0,
+                sources=ATTACK_SOURCES,
+                max_seconds=args.seconds + 120,
+            ) as attack:
                 wait_for(lambda: attack.opened >= total, 60, "the hostile connections", 0.2)
                 result = load(port, path, token, ca, args.clients, args.seconds, pool, server_pid)
                 done["opened"].append(attack.opened)
             done["attacked"].append(result)
-        log(f"attack round {n + 1}: without {done['quiet'][-1]['rps']:.0f} req/s, "
-            f"with {done['attacked'][-1]['rps']:.0f} req/s ({len(done['attacked'][-1]['errors'])} errors)")
+        log(
+            f"attack round {n + 1}: without {done['quiet'][-1]['rps']:.0f} req/s, "
+            f"with {done['attacked'][-1]['rps']:.0f} req/s ({len(done['attacked'][-1]['errors'])} errors)"
+        )
     return done
 
 
@@ -416,8 +457,10 @@ def main(argv: list[str] | None = None) -> int:
     from harness.process import free_port, spawn
     from harness.process import stop as stop_process
 
-    print(f"API: GET /v1/databases/{{id}} vs a bare Falcon route, {args.clients} clients, "
-          f"{args.rounds} x {args.seconds:.0f} s each; auth with {args.consumers} consumers vs 1")
+    print(
+        f"API: GET /v1/databases/{{id}} vs a bare Falcon route, {args.clients} clients, "
+        f"{args.rounds} x {args.seconds:.0f} s each; auth with {args.consumers} consumers vs 1"
+    )
     print(f"machine: {machine_line()}")
     stack = Stack("api")
     server = None
@@ -433,10 +476,28 @@ def main(argv: list[str] | None = None) -> int:
 
         real_port, bare_port = free_port(), free_port()
         log_file = stack.state_dir / "api-server.log"
-        server = spawn([sys.executable, "-m", "bench.api", "--serve", "--config", str(dev.config_file),
-                        "--kubeconfig", str(dev.manager_kubeconfig), "--cert", str(dev.tls_cert),
-                        "--key", str(dev.tls_key), "--real-port", str(real_port), "--bare-port", str(bare_port)],
-                       log_file, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+        server = spawn(
+            [
+                sys.executable,
+                "-m",
+                "bench.api",
+                "--serve",
+                "--config",
+                str(dev.config_file),
+                "--kubeconfig",
+                str(dev.manager_kubeconfig),
+                "--cert",
+                str(dev.tls_cert),
+                "--key",
+                str(dev.tls_key),
+                "--real-port",
+                str(real_port),
+                "--bare-port",
+                str(bare_port),
+            ],
+            log_file,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+        )
         ca = str(dev.ca_file)
         path = "/v1/databases/bench-0"
 
@@ -461,9 +522,11 @@ def main(argv: list[str] | None = None) -> int:
                 port = bare_port if name == "bare" else real_port
                 result = load(port, path, dev.token, ca, args.clients, args.seconds, pool, server.pid)
                 rounds[name].append(result)
-                log(f"round {n + 1} {name}: {result['rps']:.0f} req/s, {len(result['errors'])} errors, "
+                log(
+                    f"round {n + 1} {name}: {result['rps']:.0f} req/s, {len(result['errors'])} errors, "
                     f"server {100 * result['server_cpu'] / args.seconds:.0f}% of a core, "
-                    f"machine {100 * result['machine_busy']:.0f}% of a core")
+                    f"machine {100 * result['machine_busy']:.0f}% of a core"
+                )
         hostile = attack_rounds(args, real_port, path, dev.token, ca, pool, server.pid)
         spy_text = None
         if args.profile:
@@ -474,51 +537,109 @@ def main(argv: list[str] | None = None) -> int:
             spy_text = summarize_collapsed(spy.out)
 
         log(f"auth: {args.auth_rounds} rounds of {args.auth_iterations} lookups per index")
-        auth, auth_profile = auth_benchmark(stack, one_token, many_token, args.auth_rounds, args.auth_iterations,
-                                            args.profile, args.profile_dir)
+        auth, auth_profile = auth_benchmark(
+            stack, one_token, many_token, args.auth_rounds, args.auth_iterations, args.profile, args.profile_dir
+        )
 
         bare, api = summarize_rounds(rounds["bare"], args.seconds), summarize_rounds(rounds["api"], args.seconds)
         bare_rps, api_rps, api_p99 = bare["rps"], api["rps"], api["p99"]
         ratio = api_rps / bare_rps
-        table(f"throughput at {args.clients} concurrent keep-alive TLS clients (median of {args.rounds} rounds)", [
-            (label, f"{r['rps']:.0f}", fmt_s(r["p50"]), fmt_s(r["p99"]), r["errors"], f"{r['server_us']:.0f} us",
-             f"{r['server_core']:.0f}%", f"{r['machine_core']:.0f}%", r["rounds"])
-            for label, r in (("bare Falcon route, same ApiServer", bare), ("GET /v1/databases/{externalId}", api))
-        ], ("route", "req/s", "p50", "p99", "errors", "server CPU/request", "server CPU", "machine busy (of 200%)",
-            "rounds req/s"))
+        table(
+            f"throughput at {args.clients} concurrent keep-alive TLS clients (median of {args.rounds} rounds)",
+            [
+                (
+                    label,
+                    f"{r['rps']:.0f}",
+                    fmt_s(r["p50"]),
+                    fmt_s(r["p99"]),
+                    r["errors"],
+                    f"{r['server_us']:.0f} us",
+                    f"{r['server_core']:.0f}%",
+                    f"{r['machine_core']:.0f}%",
+                    r["rounds"],
+                )
+                for label, r in (("bare Falcon route, same ApiServer", bare), ("GET /v1/databases/{externalId}", api))
+            ],
+            (
+                "route",
+                "req/s",
+                "p50",
+                "p99",
+                "errors",
+                "server CPU/request",
+                "server CPU",
+                "machine busy (of 200%)",
+                "rounds req/s",
+            ),
+        )
         print(f"  server CPU per request, API / bare: {api['server_us'] / bare['server_us']:.2f}x")
         names = list(auth)
         best, median = ratio_of(auth, names[1], names[0])
-        table(f"AuthMiddleware.process_resource, {args.auth_iterations} calls per round, {args.auth_rounds} rounds", [
-            (name, f"{1e6 * min(v):.2f} us", f"{1e6 * statistics.median(v):.2f} us") for name, v in auth.items()
-        ] + [("ratio", f"{best:.3f}x", f"{median:.3f}x")], ("token index", "best round", "median round"))
+        table(
+            f"AuthMiddleware.process_resource, {args.auth_iterations} calls per round, {args.auth_rounds} rounds",
+            [(name, f"{1e6 * min(v):.2f} us", f"{1e6 * statistics.median(v):.2f} us") for name, v in auth.items()]
+            + [("ratio", f"{best:.3f}x", f"{median:.3f}x")],
+            ("token index", "best round", "median round"),
+        )
         if spy_text:
             print("\n== py-spy, API server process during one more round on the API\n" + spy_text)
         if auth_profile:
             print("\n== pyinstrument, the auth lookup with the big index\n" + auth_profile[:4000])
-        quiet, attacked = summarize_rounds(hostile["quiet"], args.seconds), summarize_rounds(hostile["attacked"],
-                                                                                             args.seconds)
+        quiet, attacked = (
+            summarize_rounds(hostile["quiet"], args.seconds),
+            summarize_rounds(hostile["attacked"], args.seconds),
+        )
         attack_rps = attacked["rps"] / quiet["rps"]
         attack_p99 = attacked["p99"] / quiet["p99"]
-        table(f"GET /v1/databases/{{externalId}} with and without {hostile['what']} (median of {args.rounds} rounds)", [
-            (label, f"{r['rps']:.0f}", fmt_s(r["p50"]), fmt_s(r["p99"]), r["errors"], f"{r['server_core']:.0f}%",
-             r["rounds"]) for label, r in (("without", quiet), ("while held", attacked))
-        ] + [("ratio", f"{attack_rps:.2f}x", "", f"{attack_p99:.2f}x", "", "", "")],
-            ("hostile connections", "req/s", "p50", "p99", "errors", "server CPU", "rounds req/s"))
-        print(f"  attack connections opened per round (the server's deadlines drop them; they reopen): "
-              f"{' '.join(str(n) for n in hostile['opened'])}")
-        report_targets([
-            Target(f"API throughput {api_rps:.0f} / bare {bare_rps:.0f} req/s = {ratio:.2f}x",
-                   f">= {THROUGHPUT_TARGET}x", ratio >= THROUGHPUT_TARGET),
-            Target(f"throughput under attack {attacked['rps']:.0f} / {quiet['rps']:.0f} req/s = {attack_rps:.2f}x",
-                   f">= {ATTACK_THROUGHPUT_TARGET}x", attack_rps >= ATTACK_THROUGHPUT_TARGET),
-            Target(f"p99 under attack {attacked['p99'] * 1000:.1f} / {quiet['p99'] * 1000:.1f} ms = {attack_p99:.2f}x",
-                   f"<= {ATTACK_P99_TARGET}x", attack_p99 <= ATTACK_P99_TARGET),
-            Target(f"auth cost {names[1]} / 1 consumer = {best:.3f}x (median rounds {median:.3f}x)",
-                   f"<= {AUTH_TARGET}x", best <= AUTH_TARGET),
-        ])
-        print(f"API p99 at {args.clients} clients: {api_p99 * 1000:.1f} ms (bare route {bare['p99'] * 1000:.1f} ms); "
-              f"server CPU per request API/bare {api['server_us'] / bare['server_us']:.2f}x")
+        table(
+            f"GET /v1/databases/{{externalId}} with and without {hostile['what']} (median of {args.rounds} rounds)",
+            [
+                (
+                    label,
+                    f"{r['rps']:.0f}",
+                    fmt_s(r["p50"]),
+                    fmt_s(r["p99"]),
+                    r["errors"],
+                    f"{r['server_core']:.0f}%",
+                    r["rounds"],
+                )
+                for label, r in (("without", quiet), ("while held", attacked))
+            ]
+            + [("ratio", f"{attack_rps:.2f}x", "", f"{attack_p99:.2f}x", "", "", "")],
+            ("hostile connections", "req/s", "p50", "p99", "errors", "server CPU", "rounds req/s"),
+        )
+        print(
+            f"  attack connections opened per round (the server's deadlines drop them; they reopen): "
+            f"{' '.join(str(n) for n in hostile['opened'])}"
+        )
+        report_targets(
+            [
+                Target(
+                    f"API throughput {api_rps:.0f} / bare {bare_rps:.0f} req/s = {ratio:.2f}x",
+                    f">= {THROUGHPUT_TARGET}x",
+                    ratio >= THROUGHPUT_TARGET,
+                ),
+                Target(
+                    f"throughput under attack {attacked['rps']:.0f} / {quiet['rps']:.0f} req/s = {attack_rps:.2f}x",
+                    f">= {ATTACK_THROUGHPUT_TARGET}x",
+                    attack_rps >= ATTACK_THROUGHPUT_TARGET,
+                ),
+                Target(
+                    f"p99 under attack {attacked['p99'] * 1000:.1f} / {quiet['p99'] * 1000:.1f} ms = {attack_p99:.2f}x",
+                    f"<= {ATTACK_P99_TARGET}x",
+                    attack_p99 <= ATTACK_P99_TARGET,
+                ),
+                Target(
+                    f"auth cost {names[1]} / 1 consumer = {best:.3f}x (median rounds {median:.3f}x)",
+                    f"<= {AUTH_TARGET}x",
+                    best <= AUTH_TARGET,
+                ),
+            ]
+        )
+        print(
+            f"API p99 at {args.clients} clients: {api_p99 * 1000:.1f} ms (bare route {bare['p99'] * 1000:.1f} ms); "
+            f"server CPU per request API/bare {api['server_us'] / bare['server_us']:.2f}x"
+        )
     finally:
         if pool is not None:
             pool.terminate()

@@ -148,23 +148,38 @@ def register_shards(rest: Rest, fleet: Fleet, max_databases: int, dev_shard: str
     """One Shard per server, its admin endpoint the proxy; the DevStack's own Shard (direct) goes."""
     rest.delete(SHARDS, dev_shard)
     for name, server in fleet.servers.items():
-        rest.create(SECRETS, {
-            "apiVersion": CORE_API_VERSION, "kind": KIND_SECRET,
-            "metadata": {"name": fleet.secret_name(name), "namespace": fleet.secrets_namespace},
-            "data": {"user": encode_secret_value(server.PROVISIONER),
-                     "password": encode_secret_value(server.provisioner_password)},
-        }, fleet.secrets_namespace)
-        rest.create(SHARDS, {
-            "apiVersion": API_VERSION, "kind": KIND_SHARD, "metadata": {"name": name},
-            "spec": {
-                "maxDatabases": max_databases,
-                "perconaCluster": {"namespace": "databases", "name": name},
-                "admin": {"serviceName": f"{name}-primary", "port": fleet.proxy.port_of(server.port),
-                          "sslmode": "require",
-                          "secretRef": {"namespace": fleet.secrets_namespace, "name": fleet.secret_name(name)}},
-                "client": {"host": "127.0.0.1", "port": server.port, "sslmode": "require"},
+        rest.create(
+            SECRETS,
+            {
+                "apiVersion": CORE_API_VERSION,
+                "kind": KIND_SECRET,
+                "metadata": {"name": fleet.secret_name(name), "namespace": fleet.secrets_namespace},
+                "data": {
+                    "user": encode_secret_value(server.PROVISIONER),
+                    "password": encode_secret_value(server.provisioner_password),
+                },
             },
-        })
+            fleet.secrets_namespace,
+        )
+        rest.create(
+            SHARDS,
+            {
+                "apiVersion": API_VERSION,
+                "kind": KIND_SHARD,
+                "metadata": {"name": name},
+                "spec": {
+                    "maxDatabases": max_databases,
+                    "perconaCluster": {"namespace": "databases", "name": name},
+                    "admin": {
+                        "serviceName": f"{name}-primary",
+                        "port": fleet.proxy.port_of(server.port),
+                        "sslmode": "require",
+                        "secretRef": {"namespace": fleet.secrets_namespace, "name": fleet.secret_name(name)},
+                    },
+                    "client": {"host": "127.0.0.1", "port": server.port, "sslmode": "require"},
+                },
+            },
+        )
 
 
 # -- baselines ---------------------------------------------------------------------------------
@@ -191,8 +206,9 @@ def baseline(fleet: Fleet, label: str, per_shard: dict[str, int], sessions: int,
             spec = TenantSpec(f"t_{label}_{shard.replace('-', '_')}_{i:04d}", new_password(), 5, owner=bench_owner())
             work[shard].put(spec)
             shard_of[spec.name] = shard
-    jobs = [(AdminSession.for_endpoint(fleet.endpoint(shard)), work[shard]) for shard in per_shard
-            for _ in range(sessions)]
+    jobs = [
+        (AdminSession.for_endpoint(fleet.endpoint(shard)), work[shard]) for shard in per_shard for _ in range(sessions)
+    ]
     first_start: list[float] = []
     done_at: dict[str, float] = {}
     lock = threading.Lock()
@@ -209,8 +225,14 @@ def baseline(fleet: Fleet, label: str, per_shard: dict[str, int], sessions: int,
     timed = run_on_sessions(jobs, provision, label, meter)
     found = statements.expect(f"baseline {label} (ensure_tenant x{sum(per_shard.values())})")
     released = min(first_start)
-    return Phase(timed.seconds, timed.cpu, timed.machine_cpu, found, sum(per_shard.values()),
-                 {shard: at - released for shard, at in done_at.items()})
+    return Phase(
+        timed.seconds,
+        timed.cpu,
+        timed.machine_cpu,
+        found,
+        sum(per_shard.values()),
+        {shard: at - released for shard, at in done_at.items()},
+    )
 
 
 # -- bursts ------------------------------------------------------------------------------------
@@ -240,16 +262,28 @@ def create_consumers(rest: Rest, namespace: str, count: int, max_databases: int)
     tokens = []
     for i in range(count):
         name, token = f"{SHARD_PREFIX}-consumer-{i:02d}", secrets.token_hex(32)
-        rest.create(SECRETS, {
-            "apiVersion": CORE_API_VERSION, "kind": KIND_SECRET,
-            "metadata": {"name": f"{name}-token", "namespace": namespace},
-            "data": {DEFAULT_TOKEN_KEY: encode_secret_value(hash_token(token))},
-        }, namespace)
-        rest.create(CONSUMERS, {
-            "apiVersion": API_VERSION, "kind": KIND_CONSUMER, "metadata": {"name": name},
-            "spec": {"tokenSecretRef": {"namespace": namespace, "name": f"{name}-token", "key": DEFAULT_TOKEN_KEY},
-                     "maxDatabases": max_databases},
-        })
+        rest.create(
+            SECRETS,
+            {
+                "apiVersion": CORE_API_VERSION,
+                "kind": KIND_SECRET,
+                "metadata": {"name": f"{name}-token", "namespace": namespace},
+                "data": {DEFAULT_TOKEN_KEY: encode_secret_value(hash_token(token))},
+            },
+            namespace,
+        )
+        rest.create(
+            CONSUMERS,
+            {
+                "apiVersion": API_VERSION,
+                "kind": KIND_CONSUMER,
+                "metadata": {"name": name},
+                "spec": {
+                    "tokenSecretRef": {"namespace": namespace, "name": f"{name}-token", "key": DEFAULT_TOKEN_KEY},
+                    "maxDatabases": max_databases,
+                },
+            },
+        )
         tokens.append(token)
     return tokens
 
@@ -282,9 +316,19 @@ class InFlightSampler(Background):
                 self.waiting_peak[shard] = max(self.waiting_peak[shard], waiting)
 
 
-def run_burst(stack: Stack, fleet: Fleet, manager: ManagerProcess, watch: ReadyWatch, label: str, count: int,
-              clients: int, tokens: list[str], meter: CpuMeter, hung: str | None = None,
-              spy_out: Path | None = None) -> Burst:
+def run_burst(
+    stack: Stack,
+    fleet: Fleet,
+    manager: ManagerProcess,
+    watch: ReadyWatch,
+    label: str,
+    count: int,
+    clients: int,
+    tokens: list[str],
+    meter: CpuMeter,
+    hung: str | None = None,
+    spy_out: Path | None = None,
+) -> Burst:
     ids = [f"{label}-{i:04d}" for i in range(count)]
     statements = ProvisionerStatements(*(s for n, s in fleet.servers.items() if n != hung))
     with BurstCost(stack, manager, meter, spy_out) as cost, InFlightSampler(manager, list(fleet.servers)) as sampler:
@@ -303,9 +347,22 @@ def run_burst(stack: Stack, fleet: Fleet, manager: ManagerProcess, watch: ReadyW
     for i in wanted:
         finished[watch.shard_of[i]] = max(finished.get(watch.shard_of[i], 0.0), watch.ready_at[i] - started)
     requests_made = cost.requests()
-    return Burst(started, answered, answers, set(ids), cpu, busy,
-                 statements.expect(f"burst {label} ({len(wanted)} new databases)"), ready, sampler.peak,
-                 sampler.waiting_peak, cost.passes(), requests_made, finished, sampler.total_peak)
+    return Burst(
+        started,
+        answered,
+        answers,
+        set(ids),
+        cpu,
+        busy,
+        statements.expect(f"burst {label} ({len(wanted)} new databases)"),
+        ready,
+        sampler.peak,
+        sampler.waiting_peak,
+        cost.passes(),
+        requests_made,
+        finished,
+        sampler.total_peak,
+    )
 
 
 def spread(count: int, shards: list[str]) -> dict[str, int]:
@@ -349,24 +406,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=50, help="keep-alive API clients of a burst (default 50)")
     parser.add_argument("--consumers", type=int, default=20, help="consumers the PUTs come from (default 20)")
     parser.add_argument("--workers-per-shard", type=int, default=None, help="experiment: install config key")
-    parser.add_argument("--workers-total", type=int, default=None,
-                        help="experiment: install config key (4 with --workers-per-shard 4: the seed's 4 for all)")
-    parser.add_argument("--profile", action="store_true",
-                        help="record where the manager's CPU goes (py-spy, on-CPU samples) during burst r0")
+    parser.add_argument(
+        "--workers-total",
+        type=int,
+        default=None,
+        help="experiment: install config key (4 with --workers-per-shard 4: the seed's 4 for all)",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="record where the manager's CPU goes (py-spy, on-CPU samples) during burst r0",
+    )
     parser.add_argument("--profile-dir", type=Path, default=Path("bench/profiles"))
     args = parser.parse_args(argv)
     names = shard_names(args.shards)
     per_shard = -(-args.count // args.shards)
 
-    print(f"fleet: {args.count} PUTs of {args.consumers} consumers over {args.shards} shards, each behind a proxy "
-          f"adding {1000 * args.delay:.0f} ms each way, vs ensure_tenant on {args.sessions} sessions per shard")
+    print(
+        f"fleet: {args.count} PUTs of {args.consumers} consumers over {args.shards} shards, each behind a proxy "
+        f"adding {1000 * args.delay:.0f} ms each way, vs ensure_tenant on {args.sessions} sessions per shard"
+    )
     print(f"machine: {machine_line()}")
-    experiment = {key: value for key, value in (("workersPerShard", args.workers_per_shard),
-                                                ("workersTotal", args.workers_total)) if value is not None}
+    experiment = {
+        key: value
+        for key, value in (("workersPerShard", args.workers_per_shard), ("workersTotal", args.workers_total))
+        if value is not None
+    }
     if experiment:
         print(f"EXPERIMENT: {experiment} (defaults: workersPerShard 4, workersTotal 64)")
-    stack = Stack("fleet", log_statements=True, postgres_settings=SMALL_SERVER,
-                  config={**fleet_config(names, "dbprovider-shards"), **SIZE_CLASSES, **experiment})
+    stack = Stack(
+        "fleet",
+        log_statements=True,
+        postgres_settings=SMALL_SERVER,
+        config={**fleet_config(names, "dbprovider-shards"), **SIZE_CLASSES, **experiment},
+    )
     fleet: Fleet | None = None
     manager: ManagerProcess | None = None
     watch: ReadyWatch | None = None
@@ -425,94 +498,164 @@ def main(argv: list[str] | None = None) -> int:
         ratio0 = r0.ready_seconds / statistics.mean([b0.seconds, b1.seconds])
         ratio1 = r1.ready_seconds / statistics.mean([b2.seconds, b3.seconds])
         r1_count = sum(others.values())
-        table("times", [
-            ("baseline b0 (all shards)", fmt_s(b0.seconds), f"{args.count / b0.seconds:.1f} db/s", ""),
-            ("burst r0: first PUT -> all Ready", fmt_s(r0.ready_seconds), f"{args.count / r0.ready_seconds:.1f} db/s",
-             f"{ratio0:.2f}x of b0/b1"),
-            ("baseline b1 (all shards)", fmt_s(b1.seconds), f"{args.count / b1.seconds:.1f} db/s", ""),
-            (f"baseline b2 ({len(healthy)} shards, {b2.databases} spread evenly)", fmt_s(b2.seconds),
-             f"{b2.databases / b2.seconds:.1f} db/s", ""),
-            (f"burst r1, {hung} hung: first PUT -> the other {len(others)} shards' {r1_count} Ready",
-             fmt_s(r1.ready_seconds), f"{r1_count / r1.ready_seconds:.1f} db/s",
-             f"{ratio1:.2f}x of b2/b3 ({r1.ready_seconds / b2.seconds:.2f}x, {r1.ready_seconds / b3.seconds:.2f}x)"),
-            (f"baseline b3 ({len(others)} shards, r1's counts)", fmt_s(b3.seconds),
-             f"{b3.databases / b3.seconds:.1f} db/s", ""),
-            ("r0: all PUTs answered", fmt_s(r0.answered), "", ""),
-            ("r1: all PUTs answered", fmt_s(r1.answered), "", ""),
-        ], ("what", "time", "rate", "ratio"))
-        table("placements per shard (r0 | r1) and the peak of dbprovider_database_workers_in_flight during r1",
-              [(name, r0_placed.get(name, 0), r1_placed.get(name, 0), f"{r1.in_flight_peak.get(name, 0):.0f}")
-               for name in names], ("shard", "r0", "r1", "r1 in flight (peak)"))
+        table(
+            "times",
+            [
+                ("baseline b0 (all shards)", fmt_s(b0.seconds), f"{args.count / b0.seconds:.1f} db/s", ""),
+                (
+                    "burst r0: first PUT -> all Ready",
+                    fmt_s(r0.ready_seconds),
+                    f"{args.count / r0.ready_seconds:.1f} db/s",
+                    f"{ratio0:.2f}x of b0/b1",
+                ),
+                ("baseline b1 (all shards)", fmt_s(b1.seconds), f"{args.count / b1.seconds:.1f} db/s", ""),
+                (
+                    f"baseline b2 ({len(healthy)} shards, {b2.databases} spread evenly)",
+                    fmt_s(b2.seconds),
+                    f"{b2.databases / b2.seconds:.1f} db/s",
+                    "",
+                ),
+                (
+                    f"burst r1, {hung} hung: first PUT -> the other {len(others)} shards' {r1_count} Ready",
+                    fmt_s(r1.ready_seconds),
+                    f"{r1_count / r1.ready_seconds:.1f} db/s",
+                    f"{ratio1:.2f}x of b2/b3 ({r1.ready_seconds / b2.seconds:.2f}x, "
+                    f"{r1.ready_seconds / b3.seconds:.2f}x)",
+                ),
+                (
+                    f"baseline b3 ({len(others)} shards, r1's counts)",
+                    fmt_s(b3.seconds),
+                    f"{b3.databases / b3.seconds:.1f} db/s",
+                    "",
+                ),
+                ("r0: all PUTs answered", fmt_s(r0.answered), "", ""),
+                ("r1: all PUTs answered", fmt_s(r1.answered), "", ""),
+            ],
+            ("what", "time", "rate", "ratio"),
+        )
+        table(
+            "placements per shard (r0 | r1) and the peak of dbprovider_database_workers_in_flight during r1",
+            [
+                (name, r0_placed.get(name, 0), r1_placed.get(name, 0), f"{r1.in_flight_peak.get(name, 0):.0f}")
+                for name in names
+            ],
+            ("shard", "r0", "r1", "r1 in flight (peak)"),
+        )
         print(f"\n{stuck} databases of r1 were placed on {hung} before it was found hung; they wait for it.")
         placing = {n: (b.in_flight_peak[UNPLACED], b.waiting_peak[UNPLACED]) for n, b in (("r0", r0), ("r1", r1))}
-        shard_waiting = {n: max(v for k, v in b.waiting_peak.items() if k not in (UNPLACED, hung))
-                         for n, b in (("r0", r0), ("r1", r1))}
-        print(f"placement lane ({UNPLACED}), peaks in flight / waiting: "
-              + ", ".join(f"{n} {busy:.0f} / {waiting:.0f}" for n, (busy, waiting) in placing.items())
-              + "; the most waiting in a healthy shard's lane (peak): "
-              + ", ".join(f"{n} {v:.0f}" for n, v in shard_waiting.items())
-              + "; every lane in flight together (peak; workersTotal bounds it): "
-              + ", ".join(f"{n} {b.total_in_flight_peak:.0f}" for n, b in (("r0", r0), ("r1", r1))))
-        phases = {"b0": (b0.seconds, b0.cpu, b0.machine_cpu), "r0": (r0.ready_seconds, r0.cpu, r0.machine_cpu),
-                  "b1": (b1.seconds, b1.cpu, b1.machine_cpu), "b2": (b2.seconds, b2.cpu, b2.machine_cpu),
-                  "r1": (r1.ready_seconds, r1.cpu, r1.machine_cpu), "b3": (b3.seconds, b3.cpu, b3.machine_cpu)}
-        components = sorted({k for _, cpu, _ in phases.values() for k in cpu},
-                            key=lambda k: -sum(cpu.get(k, 0) for _, cpu, _ in phases.values()))
-        table("CPU seconds per phase (the whole machine: 2 cores x wall; other tenants not shown)",
-              [(k, *(f"{cpu.get(k, 0):.1f}" for _, cpu, _ in phases.values())) for k in components]
-              + [("machine busy", *(f"{busy:.1f}" for _, _, busy in phases.values())),
-                 ("wall x 2 cores", *(f"{2 * sec:.1f}" for sec, _, _ in phases.values()))],
-              ("component", *phases))
+        shard_waiting = {
+            n: max(v for k, v in b.waiting_peak.items() if k not in (UNPLACED, hung))
+            for n, b in (("r0", r0), ("r1", r1))
+        }
+        print(
+            f"placement lane ({UNPLACED}), peaks in flight / waiting: "
+            + ", ".join(f"{n} {busy:.0f} / {waiting:.0f}" for n, (busy, waiting) in placing.items())
+            + "; the most waiting in a healthy shard's lane (peak): "
+            + ", ".join(f"{n} {v:.0f}" for n, v in shard_waiting.items())
+            + "; every lane in flight together (peak; workersTotal bounds it): "
+            + ", ".join(f"{n} {b.total_in_flight_peak:.0f}" for n, b in (("r0", r0), ("r1", r1)))
+        )
+        phases = {
+            "b0": (b0.seconds, b0.cpu, b0.machine_cpu),
+            "r0": (r0.ready_seconds, r0.cpu, r0.machine_cpu),
+            "b1": (b1.seconds, b1.cpu, b1.machine_cpu),
+            "b2": (b2.seconds, b2.cpu, b2.machine_cpu),
+            "r1": (r1.ready_seconds, r1.cpu, r1.machine_cpu),
+            "b3": (b3.seconds, b3.cpu, b3.machine_cpu),
+        }
+        components = sorted(
+            {k for _, cpu, _ in phases.values() for k in cpu},
+            key=lambda k: -sum(cpu.get(k, 0) for _, cpu, _ in phases.values()),
+        )
+        table(
+            "CPU seconds per phase (the whole machine: 2 cores x wall; other tenants not shown)",
+            [(k, *(f"{cpu.get(k, 0):.1f}" for _, cpu, _ in phases.values())) for k in components]
+            + [
+                ("machine busy", *(f"{busy:.1f}" for _, _, busy in phases.values())),
+                ("wall x 2 cores", *(f"{2 * sec:.1f}" for sec, _, _ in phases.values())),
+            ],
+            ("component", *phases),
+        )
 
         def ours(cpu: dict[str, float]) -> float:
             return sum(cpu.values())
 
         cpu0 = ours(r0.cpu) / statistics.mean([ours(b0.cpu), ours(b1.cpu)])
         cpu1 = ours(r1.cpu) / statistics.mean([ours(b2.cpu), ours(b3.cpu)])
-        print(f"\nCPU of this benchmark's processes, burst / baseline: r0 {cpu0:.2f}x, r1 {cpu1:.2f}x (on a machine "
-              "the processes have to themselves, the wall ratio of a CPU-bound burst cannot be below this)")
+        print(
+            f"\nCPU of this benchmark's processes, burst / baseline: r0 {cpu0:.2f}x, r1 {cpu1:.2f}x (on a machine "
+            "the processes have to themselves, the wall ratio of a CPU-bound burst cannot be below this)"
+        )
         # What each phase asked of the shards it used: the same SQL per database, the same databases per
         # shard, the shards' pace (a straggler shard sets a phase's time) and PostgreSQL's CPU per database.
-        work = {"b0": (b0.databases, b0.statements, b0.finished, b0.cpu),
-                "r0": (args.count, r0.statements, r0.finished, r0.cpu),
-                "b1": (b1.databases, b1.statements, b1.finished, b1.cpu),
-                "b2": (b2.databases, b2.statements, b2.finished, b2.cpu),
-                "r1": (r1_count, r1.statements, r1.finished, r1.cpu),
-                "b3": (b3.databases, b3.statements, b3.finished, b3.cpu)}
+        work = {
+            "b0": (b0.databases, b0.statements, b0.finished, b0.cpu),
+            "r0": (args.count, r0.statements, r0.finished, r0.cpu),
+            "b1": (b1.databases, b1.statements, b1.finished, b1.cpu),
+            "b2": (b2.databases, b2.statements, b2.finished, b2.cpu),
+            "r1": (r1_count, r1.statements, r1.finished, r1.cpu),
+            "b3": (b3.databases, b3.statements, b3.finished, b3.cpu),
+        }
         keywords = sorted({k for _, found, _, _ in work.values() for k in found})
-        table("provisioner statements per database (log_statement=all, jsonlog; r1: the other shards' databases)",
-              [(k, *(f"{found.get(k, 0) / n:.2f}" for n, found, _, _ in work.values())) for k in keywords]
-              + [("total", *(f"{sum(found.values()) / n:.2f}" for n, found, _, _ in work.values()))],
-              ("keyword", *work))
-        table("the shards of each phase: databases, seconds until each shard's last one was done "
-              "(min / median / max over shards, the slowest), PostgreSQL CPU per database",
-              [(name, len(done), n, f"{min(done.values()):.1f} / {statistics.median(done.values()):.1f} / "
-                f"{max(done.values()):.1f}", max(done, key=lambda s: done[s]),
-                f"{1000 * cpu.get('postgres', 0.0) / n:.0f} ms")
-               for name, (n, _, done, cpu) in work.items()],
-              ("phase", "shards", "databases", "done after (s)", "slowest", "postgres CPU"))
-        print(f"\nDatabase reconciles per new database: r0 {r0.passes / args.count:.2f}, "
-              f"r1 {r1.passes / args.count:.2f}")
+        table(
+            "provisioner statements per database (log_statement=all, jsonlog; r1: the other shards' databases)",
+            [(k, *(f"{found.get(k, 0) / n:.2f}" for n, found, _, _ in work.values())) for k in keywords]
+            + [("total", *(f"{sum(found.values()) / n:.2f}" for n, found, _, _ in work.values()))],
+            ("keyword", *work),
+        )
+        table(
+            "the shards of each phase: databases, seconds until each shard's last one was done "
+            "(min / median / max over shards, the slowest), PostgreSQL CPU per database",
+            [
+                (
+                    name,
+                    len(done),
+                    n,
+                    f"{min(done.values()):.1f} / {statistics.median(done.values()):.1f} / {max(done.values()):.1f}",
+                    max(done, key=lambda s: done[s]),
+                    f"{1000 * cpu.get('postgres', 0.0) / n:.0f} ms",
+                )
+                for name, (n, _, done, cpu) in work.items()
+            ],
+            ("phase", "shards", "databases", "done after (s)", "slowest", "postgres CPU"),
+        )
+        print(
+            f"\nDatabase reconciles per new database: r0 {r0.passes / args.count:.2f}, r1 {r1.passes / args.count:.2f}"
+        )
         writes, reads = r0.requests.writes, r0.requests.reads
-        table(f"apiserver requests during burst r0 ({sum(writes.values()) / args.count:.2f} writes and "
-              f"{sum(reads.values()) / args.count:.2f} reads per database; open watches not counted)",
-              [(k, v, f"{v / args.count:.2f}") for k, v in (writes + reads).most_common()],
-              ("resource verb", "requests", "per database"))
+        table(
+            f"apiserver requests during burst r0 ({sum(writes.values()) / args.count:.2f} writes and "
+            f"{sum(reads.values()) / args.count:.2f} reads per database; open watches not counted)",
+            [(k, v, f"{v / args.count:.2f}") for k, v in (writes + reads).most_common()],
+            ("resource verb", "requests", "per database"),
+        )
         answers = r0.answers + r1.answers
         table("PUT answers, both bursts (incl. retries)", sorted(answers.items()), ("answer", "count"))
-        table(f"the {args.shards} PostgreSQL servers ({SMALL_SERVER})", [
-            ("PSS / RSS summed, before any work", f"{pss:.0f} MB", f"{rss:.0f} MB"),
-            ("PSS / RSS summed, after burst r0 (sessions open)", f"{idle_pss:.0f} MB", f"{idle_rss:.0f} MB"),
-        ], ("when", "PSS", "RSS"))
+        table(
+            f"the {args.shards} PostgreSQL servers ({SMALL_SERVER})",
+            [
+                ("PSS / RSS summed, before any work", f"{pss:.0f} MB", f"{rss:.0f} MB"),
+                ("PSS / RSS summed, after burst r0 (sessions open)", f"{idle_pss:.0f} MB", f"{idle_rss:.0f} MB"),
+            ],
+            ("when", "PSS", "RSS"),
+        )
         if spy_out is not None:
-            print("\n== py-spy, manager process during burst r0 (on-CPU samples only)\n"
-                  + summarize_collapsed(spy_out))
-        report_targets([
-            Target(f"fleet burst / ensure_tenant baseline = {ratio0:.2f}x ({args.shards} shards, "
-                   f"{1000 * args.delay:.0f} ms each way)", f"<= {TARGET_RATIO}x", ratio0 <= TARGET_RATIO),
-            Target(f"fleet burst with {hung} hung: the other shards' databases / their baseline = {ratio1:.2f}x",
-                   f"<= {TARGET_RATIO}x", ratio1 <= TARGET_RATIO),
-        ])
+            print("\n== py-spy, manager process during burst r0 (on-CPU samples only)\n" + summarize_collapsed(spy_out))
+        report_targets(
+            [
+                Target(
+                    f"fleet burst / ensure_tenant baseline = {ratio0:.2f}x ({args.shards} shards, "
+                    f"{1000 * args.delay:.0f} ms each way)",
+                    f"<= {TARGET_RATIO}x",
+                    ratio0 <= TARGET_RATIO,
+                ),
+                Target(
+                    f"fleet burst with {hung} hung: the other shards' databases / their baseline = {ratio1:.2f}x",
+                    f"<= {TARGET_RATIO}x",
+                    ratio1 <= TARGET_RATIO,
+                ),
+            ]
+        )
     finally:
         if fleet is not None:
             for server in fleet.servers.values():

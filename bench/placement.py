@@ -43,8 +43,16 @@ from reconciler.placement import PlacementIndex
 from reconciler.resources import BY_SHARD, DATABASES, SHARDS, database_shard
 
 TARGET = 1.2
-READY_CONDITIONS = [{"type": "Ready", "status": "True", "reason": "Ok", "message": "admin connection healthy",
-                     "lastTransitionTime": "2026-11-30T00:00:00Z", "observedGeneration": 1}]
+READY_CONDITIONS = [
+    {
+        "type": "Ready",
+        "status": "True",
+        "reason": "Ok",
+        "message": "admin connection healthy",
+        "lastTransitionTime": "2026-11-30T00:00:00Z",
+        "observedGeneration": 1,
+    }
+]
 
 
 # -- in-process ------------------------------------------------------------------------------------
@@ -76,8 +84,11 @@ class ListOnlyRest(Rest):
         self.kind = kind
 
     def request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-        return {"kind": f"{self.kind}List", "items": [copy.deepcopy(i) for i in self.items],
-                "metadata": {"resourceVersion": "1"}}
+        return {
+            "kind": f"{self.kind}List",
+            "items": [copy.deepcopy(i) for i in self.items],
+            "metadata": {"resourceVersion": "1"},
+        }
 
     def stream(self, path: str, **kwargs: Any) -> _IdleStream:  # type: ignore[override]
         return _IdleStream()
@@ -87,17 +98,29 @@ def shard_object(name: str, max_databases: int, labels: dict[str, str] | None = 
     return {
         "apiVersion": "db.bnerd.com/v1alpha1",
         "kind": "Shard",
-        "metadata": {"name": name, "resourceVersion": "1", "generation": 1, "labels": labels or {},
-                     "uid": f"uid-{name}"},
+        "metadata": {
+            "name": name,
+            "resourceVersion": "1",
+            "generation": 1,
+            "labels": labels or {},
+            "uid": f"uid-{name}",
+        },
         "spec": {
             "maxDatabases": max_databases,
             "perconaCluster": {"namespace": "dbprovider", "name": name},
-            "admin": {"serviceName": f"{name}-primary", "port": 5432,
-                      "secretRef": {"namespace": "dbprovider", "name": f"{name}-provisioner"}},
+            "admin": {
+                "serviceName": f"{name}-primary",
+                "port": 5432,
+                "secretRef": {"namespace": "dbprovider", "name": f"{name}-provisioner"},
+            },
             "client": {"host": f"{name}.db.example", "port": 5432},
         },
-        "status": {"conditions": copy.deepcopy(READY_CONDITIONS), "databaseCount": 0, "observedGeneration": 1,
-                   "connectionBudget": 1_000_000},
+        "status": {
+            "conditions": copy.deepcopy(READY_CONDITIONS),
+            "databaseCount": 0,
+            "observedGeneration": 1,
+            "connectionBudget": 1_000_000,
+        },
     }
 
 
@@ -105,19 +128,32 @@ def database_object(i: int, shard: str) -> dict[str, Any]:
     return {
         "apiVersion": "db.bnerd.com/v1alpha1",
         "kind": "Database",
-        "metadata": {"name": f"db-{i:05d}.consumer-a", "namespace": "dbprovider", "resourceVersion": "1",
-                     "uid": f"uid-{i}", "generation": 1, "finalizers": ["db.bnerd.com/tenant"]},
+        "metadata": {
+            "name": f"db-{i:05d}.consumer-a",
+            "namespace": "dbprovider",
+            "resourceVersion": "1",
+            "uid": f"uid-{i}",
+            "generation": 1,
+            "finalizers": ["db.bnerd.com/tenant"],
+        },
         "spec": {"consumer": "consumer-a", "externalId": f"db-{i:05d}", "sizeClass": "small", "engine": "postgres"},
-        "status": {"shard": shard, "phase": "Ready", "tenantName": f"t_db_{i:05d}_0123456789",
-                   "conditions": copy.deepcopy(READY_CONDITIONS)},
+        "status": {
+            "shard": shard,
+            "phase": "Ready",
+            "tenantName": f"t_db_{i:05d}_0123456789",
+            "conditions": copy.deepcopy(READY_CONDITIONS),
+        },
     }
 
 
 def filled_informers(shard_count: int, databases: int, capacity: int) -> tuple[Informer, Informer]:
     names = [f"shard-{i:03d}" for i in range(shard_count)]
     shards = Informer(ListOnlyRest([shard_object(n, capacity) for n in names], "Shard"), SHARDS)
-    dbs = Informer(ListOnlyRest([database_object(i, names[i % shard_count]) for i in range(databases)], "Database"),
-                   DATABASES, "dbprovider")
+    dbs = Informer(
+        ListOnlyRest([database_object(i, names[i % shard_count]) for i in range(databases)], "Database"),
+        DATABASES,
+        "dbprovider",
+    )
     dbs.add_index(BY_SHARD, database_shard)
     for informer in (shards, dbs):
         informer.start()
@@ -138,8 +174,9 @@ class Placer:
         assert chosen is not None
         self.serial += 1
         meta = {"name": f"new-{self.serial}.consumer-a", "namespace": "dbprovider"}
-        self.index.database_event("MODIFIED", {"metadata": meta, "status": {}},
-                                  {"metadata": meta, "status": {"shard": chosen}})
+        self.index.database_event(
+            "MODIFIED", {"metadata": meta, "status": {}}, {"metadata": meta, "status": {"shard": chosen}}
+        )
         return chosen
 
 
@@ -176,15 +213,29 @@ def live_benchmark(placements: int, rounds: int) -> tuple[dict[str, list[float]]
         total = placements * rounds * 2 + 20
         log(f"creating {total} Database objects to place")
         for i in range(total):
-            rest.create(DATABASES, {
-                "apiVersion": "db.bnerd.com/v1alpha1", "kind": "Database",
-                "metadata": {"name": f"place-{i:04d}.{dev.consumer}", "namespace": dev.namespace},
-                "spec": {"consumer": dev.consumer, "externalId": f"place-{i:04d}", "sizeClass": "small",
-                         "engine": "postgres"},
-            }, dev.namespace)
-        config = load_install_config({"releaseName": "dbprovider", "namespace": dev.namespace,
-                                      "tls": {"secretName": "dbprovider-tls"},
-                                      "sizeClasses": {"small": {"connectionLimit": 5}}})
+            rest.create(
+                DATABASES,
+                {
+                    "apiVersion": "db.bnerd.com/v1alpha1",
+                    "kind": "Database",
+                    "metadata": {"name": f"place-{i:04d}.{dev.consumer}", "namespace": dev.namespace},
+                    "spec": {
+                        "consumer": dev.consumer,
+                        "externalId": f"place-{i:04d}",
+                        "sizeClass": "small",
+                        "engine": "postgres",
+                    },
+                },
+                dev.namespace,
+            )
+        config = load_install_config(
+            {
+                "releaseName": "dbprovider",
+                "namespace": dev.namespace,
+                "tls": {"secretName": "dbprovider-tls"},
+                "sizeClasses": {"small": {"connectionLimit": 5}},
+            }
+        )
         databases = Informer(rest, DATABASES, dev.namespace)
         databases.add_index(BY_SHARD, database_shard)
         secrets = Informer(rest, SECRETS, dev.namespace)
@@ -218,8 +269,14 @@ def live_benchmark(placements: int, rounds: int) -> tuple[dict[str, list[float]]
         interleaved(variants, 1, 10)  # warm-up: connections, first events
         steps = interleaved(variants, rounds, placements)
         # The choice alone on the same live informers, to tell it from the writes' noise.
-        compute = interleaved({"20 shards": lambda: controllers["s20"].placement.choose("postgres"),
-                               "200 shards": lambda: controllers["s200"].placement.choose("postgres")}, rounds, 500)
+        compute = interleaved(
+            {
+                "20 shards": lambda: controllers["s20"].placement.choose("postgres"),
+                "200 shards": lambda: controllers["s200"].placement.choose("postgres"),
+            },
+            rounds,
+            500,
+        )
         return steps, compute
     finally:
         if events is not None:
@@ -234,8 +291,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--databases", type=int, default=10_000, help="Databases in the informer (default 10,000)")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--iterations", type=int, default=2000, help="in-process placements per round")
-    parser.add_argument("--live-placements", type=int, default=50,
-                        help="placements per round on the real apiserver (0: skip; default 50)")
+    parser.add_argument(
+        "--live-placements",
+        type=int,
+        default=50,
+        help="placements per round on the real apiserver (0: skip; default 50)",
+    )
     parser.add_argument("--live-rounds", type=int, default=10)
     parser.add_argument("--profile", action="store_true", help="pyinstrument on the 200-shard placement")
     parser.add_argument("--profile-dir", type=Path, default=Path("bench/profiles"))
@@ -263,24 +324,40 @@ def main(argv: list[str] | None = None) -> int:
             informer.stop()
     best, median = ratio_of(samples, "200 shards", "20 shards")
     rows = [(name, f"{1e6 * min(v):.1f} us", f"{1e6 * statistics.median(v):.1f} us") for name, v in samples.items()]
-    table(f"placement in-process: choice + index update ({args.iterations} per round, {args.rounds} rounds)",
-          rows + [("ratio", f"{best:.2f}x", f"{median:.2f}x")], ("shards", "best round", "median round"))
+    table(
+        f"placement in-process: choice + index update ({args.iterations} per round, {args.rounds} rounds)",
+        rows + [("ratio", f"{best:.2f}x", f"{median:.2f}x")],
+        ("shards", "best round", "median round"),
+    )
     if profile_text:
         print("\n== pyinstrument, 200-shard placement (choice + index update)\n" + profile_text[:4000])
-    targets = [Target(f"placement in-process 200 vs 20 shards {best:.2f}x (median {median:.2f}x)", f"<= {TARGET}x",
-                      best <= TARGET)]
+    targets = [
+        Target(
+            f"placement in-process 200 vs 20 shards {best:.2f}x (median {median:.2f}x)", f"<= {TARGET}x", best <= TARGET
+        )
+    ]
     if args.live_placements > 0:
         started = time.monotonic()
         live, compute = live_benchmark(args.live_placements, args.live_rounds)
         live_best, live_median = ratio_of(live, "200 shards", "20 shards")
         rows = [(name, f"{1e3 * min(v):.2f} ms", f"{1e3 * statistics.median(v):.2f} ms") for name, v in live.items()]
-        rows += [(f"{name}: the choice alone", f"{1e6 * min(v):.1f} us", f"{1e6 * statistics.median(v):.1f} us")
-                 for name, v in compute.items()]
-        table(f"whole _place step on the real apiserver (choice + status write; {args.live_placements} per round, "
-              f"{args.live_rounds} rounds; {time.monotonic() - started:.0f} s with setup)",
-              rows + [("ratio", f"{live_best:.2f}x", f"{live_median:.2f}x")], ("shards", "best round", "median round"))
-        targets.append(Target(f"_place step on the apiserver 200 vs 20 shards {live_median:.2f}x "
-                              f"(best rounds {live_best:.2f}x)", f"<= {TARGET}x", live_median <= TARGET))
+        rows += [
+            (f"{name}: the choice alone", f"{1e6 * min(v):.1f} us", f"{1e6 * statistics.median(v):.1f} us")
+            for name, v in compute.items()
+        ]
+        table(
+            f"whole _place step on the real apiserver (choice + status write; {args.live_placements} per round, "
+            f"{args.live_rounds} rounds; {time.monotonic() - started:.0f} s with setup)",
+            rows + [("ratio", f"{live_best:.2f}x", f"{live_median:.2f}x")],
+            ("shards", "best round", "median round"),
+        )
+        targets.append(
+            Target(
+                f"_place step on the apiserver 200 vs 20 shards {live_median:.2f}x (best rounds {live_best:.2f}x)",
+                f"<= {TARGET}x",
+                live_median <= TARGET,
+            )
+        )
     report_targets(targets)
     return 0
 

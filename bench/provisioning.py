@@ -115,8 +115,16 @@ class BurstResult:
     passes: float  # Database reconciles (dbprovider_reconciles_total) during the burst
 
 
-def run_burst(stack: Stack, manager: ManagerProcess, watch: ReadyWatch, label: str, count: int,
-              spy_out: Path | None, clients: int | None = None, cpu_only: bool = False) -> BurstResult:
+def run_burst(
+    stack: Stack,
+    manager: ManagerProcess,
+    watch: ReadyWatch,
+    label: str,
+    count: int,
+    spy_out: Path | None,
+    clients: int | None = None,
+    cpu_only: bool = False,
+) -> BurstResult:
     statements = ProvisionerStatements(stack.postgres)
     with BurstCost(stack, manager, CpuMeter(manager.pid), spy_out, idle=not cpu_only) as cost:
         names = [f"burst-{label}-{i:04d}" for i in range(count)]
@@ -144,23 +152,38 @@ def run_burst(stack: Stack, manager: ManagerProcess, watch: ReadyWatch, label: s
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--count", type=int, default=200, help="databases in each burst (default 200)")
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="bursts, each between two ensure_tenant baselines (default 3)")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="bursts, each between two ensure_tenant baselines (default 3)"
+    )
     parser.add_argument("--sessions", type=int, default=4, help="parallel sessions of the SQL baseline (default 4)")
-    parser.add_argument("--profile", action="store_true",
-                        help="record the manager (every thread) with py-spy during the last burst")
-    parser.add_argument("--profile-cpu", action="store_true",
-                        help="with --profile: only the samples of threads on the CPU (where the CPU goes)")
-    parser.add_argument("--clients", type=int, default=None,
-                        help="experiment: N keep-alive clients share the PUTs (default: one connection per PUT)")
-    parser.add_argument("--workers-per-shard", type=int, default=None,
-                        help="experiment: install config workersPerShard (default 4, the seed's bound)")
+    parser.add_argument(
+        "--profile", action="store_true", help="record the manager (every thread) with py-spy during the last burst"
+    )
+    parser.add_argument(
+        "--profile-cpu",
+        action="store_true",
+        help="with --profile: only the samples of threads on the CPU (where the CPU goes)",
+    )
+    parser.add_argument(
+        "--clients",
+        type=int,
+        default=None,
+        help="experiment: N keep-alive clients share the PUTs (default: one connection per PUT)",
+    )
+    parser.add_argument(
+        "--workers-per-shard",
+        type=int,
+        default=None,
+        help="experiment: install config workersPerShard (default 4, the seed's bound)",
+    )
     parser.add_argument("--profile-dir", type=Path, default=Path("bench/profiles"))
     args = parser.parse_args(argv)
     count, repeats = args.count, args.repeats
 
-    print(f"provisioning burst: {repeats} x {count} PUTs at once, each between two baselines of ensure_tenant "
-          f"x{count} on {args.sessions} sessions")
+    print(
+        f"provisioning burst: {repeats} x {count} PUTs at once, each between two baselines of ensure_tenant "
+        f"x{count} on {args.sessions} sessions"
+    )
     if args.clients is not None:
         print(f"EXPERIMENT: {args.clients} keep-alive clients share the PUTs of a burst")
     if args.workers_per_shard is not None:
@@ -170,8 +193,12 @@ def main(argv: list[str] | None = None) -> int:
     # of size class small at 1 connection each fit a server with max_connections 1000 (at 5 each in 200,
     # 38 were placed and the rest never got Ready).
     experiment = {"workersPerShard": args.workers_per_shard} if args.workers_per_shard is not None else {}
-    stack = Stack("provisioning", log_statements=True, postgres_settings={"max_connections": "1000"},
-                  config={"sizeClasses": {"small": {"connectionLimit": 1}}, **experiment})
+    stack = Stack(
+        "provisioning",
+        log_statements=True,
+        postgres_settings={"max_connections": "1000"},
+        config={"sizeClasses": {"small": {"connectionLimit": 1}}, **experiment},
+    )
     manager: ManagerProcess | None = None
     watch: ReadyWatch | None = None
     try:
@@ -202,25 +229,46 @@ def main(argv: list[str] | None = None) -> int:
             profile = args.profile and n == repeats - 1
             if profile:
                 args.profile_dir.mkdir(parents=True, exist_ok=True)
-            result = run_burst(stack, manager, watch, f"r{n}", count,
-                               args.profile_dir / "provisioning-manager.pyspy.txt" if profile else None,
-                               args.clients, args.profile_cpu)
+            result = run_burst(
+                stack,
+                manager,
+                watch,
+                f"r{n}",
+                count,
+                args.profile_dir / "provisioning-manager.pyspy.txt" if profile else None,
+                args.clients,
+                args.profile_cpu,
+            )
             bursts.append(result)
             log(f"burst r{n}: all Ready after {result.seconds:.2f} s")
             ensure_baseline(f"b{n + 1}")
         manager.stop()
         manager = None
 
-        ratios = [b.seconds / statistics.mean(ensure_runs[n:n + 2]) for n, b in enumerate(bursts)]
+        ratios = [b.seconds / statistics.mean(ensure_runs[n : n + 2]) for n, b in enumerate(bursts)]
         ratio = statistics.median(ratios)
         latencies = [x for b in bursts for x in b.latencies]
-        rows = [(f"baseline ensure_tenant b{n}", fmt_s(sec), f"{count / sec:.1f} db/s", "")
-                for n, sec in enumerate(ensure_runs)]
-        rows.append(("baseline ensure_tenant + set_password (once)", fmt_s(with_password_seconds),
-                     f"{count / with_password_seconds:.1f} db/s", ""))
+        rows = [
+            (f"baseline ensure_tenant b{n}", fmt_s(sec), f"{count / sec:.1f} db/s", "")
+            for n, sec in enumerate(ensure_runs)
+        ]
+        rows.append(
+            (
+                "baseline ensure_tenant + set_password (once)",
+                fmt_s(with_password_seconds),
+                f"{count / with_password_seconds:.1f} db/s",
+                "",
+            )
+        )
         for n, b in enumerate(bursts):
-            rows.append((f"burst r{n}: first PUT -> all Ready", fmt_s(b.seconds), f"{count / b.seconds:.1f} db/s",
-                         f"{ratios[n]:.2f}x of b{n}/b{n + 1}"))
+            rows.append(
+                (
+                    f"burst r{n}: first PUT -> all Ready",
+                    fmt_s(b.seconds),
+                    f"{count / b.seconds:.1f} db/s",
+                    f"{ratios[n]:.2f}x of b{n}/b{n + 1}",
+                )
+            )
         rows += [
             ("burst: all PUTs answered (median)", fmt_s(statistics.median(b.answered for b in bursts)), "", ""),
             ("PUT -> Ready p50 (all bursts)", fmt_s(percentile(latencies, 50)), "", ""),
@@ -230,13 +278,16 @@ def main(argv: list[str] | None = None) -> int:
         table("times", rows, ("what", "time", "rate", "ratio"))
 
         phases = [(f"baseline b{n}", p.seconds, p.postgres_cpu, p.machine_cpu) for n, p in enumerate(ensure_phases)]
-        phases.append(("baseline + set_password", with_password.seconds, with_password.postgres_cpu,
-                       with_password.machine_cpu))
+        phases.append(
+            ("baseline + set_password", with_password.seconds, with_password.postgres_cpu, with_password.machine_cpu)
+        )
         phases += [(f"burst r{n}", b.seconds, b.cpu.get("postgres", 0.0), b.machine_cpu) for n, b in enumerate(bursts)]
         table(
             "PostgreSQL CPU and how busy the machine was (2 cores = 200%; other tenants included)",
-            [(name, fmt_s(sec), f"{pg_cpu:.1f}", f"{1000 * pg_cpu / count:.0f} ms", f"{100 * busy / sec:.0f}%")
-             for name, sec, pg_cpu, busy in phases],
+            [
+                (name, fmt_s(sec), f"{pg_cpu:.1f}", f"{1000 * pg_cpu / count:.0f} ms", f"{100 * busy / sec:.0f}%")
+                for name, sec, pg_cpu, busy in phases
+            ],
             ("phase", "wall", "postgres CPU-s", "per database", "machine busy"),
         )
         components = sorted({k for b in bursts for k in b.cpu}, key=lambda k: -sum(b.cpu.get(k, 0) for b in bursts))
@@ -266,8 +317,11 @@ def main(argv: list[str] | None = None) -> int:
             ("resource verb", "requests", "per database"),
         )
         burst_detail: Counter[str] = sum((b.statements for b in bursts), Counter())
-        by_kw = {"ensure": _by_keyword(ensure_statements), "ensure+password": _by_keyword(with_password_statements),
-                 "burst": _by_keyword(burst_detail)}
+        by_kw = {
+            "ensure": _by_keyword(ensure_statements),
+            "ensure+password": _by_keyword(with_password_statements),
+            "burst": _by_keyword(burst_detail),
+        }
         per = {"ensure": count, "ensure+password": count, "burst": total}
         keys = sorted(set().union(*by_kw.values()))
         table(
@@ -276,27 +330,41 @@ def main(argv: list[str] | None = None) -> int:
             + [("total", *(f"{sum(by_kw[c].values()) / per[c]:.2f}" for c in by_kw))],
             ("keyword", "baseline ensure", "baseline ensure+password", "bursts"),
         )
-        selects = sorted({k for k in burst_detail if k.startswith("SELECT")}
-                         | {k for k in with_password_statements if k.startswith("SELECT")})
+        selects = sorted(
+            {k for k in burst_detail if k.startswith("SELECT")}
+            | {k for k in with_password_statements if k.startswith("SELECT")}
+        )
         table(
             "SELECT statements per database, by query",
-            [(k, f"{with_password_statements.get(k, 0) / count:.2f}", f"{burst_detail.get(k, 0) / total:.2f}")
-             for k in selects],
+            [
+                (k, f"{with_password_statements.get(k, 0) / count:.2f}", f"{burst_detail.get(k, 0) / total:.2f}")
+                for k in selects
+            ],
             ("query (first 72 characters)", "baseline ensure+password", "bursts"),
         )
         if args.profile:
-            print("\n== py-spy, manager process during the last burst\n"
-                  + summarize_collapsed(args.profile_dir / "provisioning-manager.pyspy.txt"))
+            print(
+                "\n== py-spy, manager process during the last burst\n"
+                + summarize_collapsed(args.profile_dir / "provisioning-manager.pyspy.txt")
+            )
         print(f"\nDatabase reconciles per new database: {sum(b.passes for b in bursts) / total:.2f}")
-        print(f"PUT->Ready p50 {percentile(latencies, 50):.2f} s  p99 {percentile(latencies, 99):.2f} s  "
-              f"apiserver writes per database {total_writes / total:.2f} "
-              f"({(total_writes - lease_writes) / total:.2f} without Lease renewals)")
+        print(
+            f"PUT->Ready p50 {percentile(latencies, 50):.2f} s  p99 {percentile(latencies, 99):.2f} s  "
+            f"apiserver writes per database {total_writes / total:.2f} "
+            f"({(total_writes - lease_writes) / total:.2f} without Lease renewals)"
+        )
         connection_errors = sum(n for answer, n in answers.items() if answer.startswith("client error"))
-        report_targets([
-            Target(f"provisioning burst / ensure_tenant baseline = {ratio:.2f}x (median of "
-                   f"{', '.join(f'{r:.2f}' for r in ratios)})", f"<= {TARGET_RATIO}x", ratio <= TARGET_RATIO),
-            Target(f"connection errors of the bursts' PUTs {connection_errors}", "== 0", connection_errors == 0),
-        ])
+        report_targets(
+            [
+                Target(
+                    f"provisioning burst / ensure_tenant baseline = {ratio:.2f}x (median of "
+                    f"{', '.join(f'{r:.2f}' for r in ratios)})",
+                    f"<= {TARGET_RATIO}x",
+                    ratio <= TARGET_RATIO,
+                ),
+                Target(f"connection errors of the bursts' PUTs {connection_errors}", "== 0", connection_errors == 0),
+            ]
+        )
     finally:
         stack.close(watch, manager)
     return 0

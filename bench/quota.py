@@ -79,8 +79,13 @@ def concurrent(calls: list[Call]) -> tuple[Counter[int], list[float]]:
 
 def request(manager: ManagerProcess, method: str, path: str, token: str) -> Call:
     def call(session: requests.Session) -> requests.Response:
-        return session.request(method, manager.url(path), headers={"Authorization": f"Bearer {token}"},
-                               verify=str(manager.dev.ca_file), timeout=120)
+        return session.request(
+            method,
+            manager.url(path),
+            headers={"Authorization": f"Bearer {token}"},
+            verify=str(manager.dev.ca_file),
+            timeout=120,
+        )
 
     return call
 
@@ -124,13 +129,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-databases", type=int, default=150, help="the consumer's quota (default 150)")
     parser.add_argument("--replicas", type=int, default=3, help="manager processes (default 3)")
     parser.add_argument("--bursts", type=int, default=3, help="bursts, each between two GET rounds (default 3)")
-    parser.add_argument("--max-requests-per-consumer", type=int, default=None, metavar="N",
-                        help="the install's api.maxRequestsPerConsumer (default: the install default, 8)")
+    parser.add_argument(
+        "--max-requests-per-consumer",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the install's api.maxRequestsPerConsumer (default: the install default, 8)",
+    )
     args = parser.parse_args(argv)
     per_consumer = args.max_requests_per_consumer
 
-    print(f"quota: {args.puts} concurrent PUTs of one consumer over {args.replicas} replicas, "
-          f"maxDatabases {args.max_databases}, api.maxRequestsPerConsumer {per_consumer or 'default'}")
+    print(
+        f"quota: {args.puts} concurrent PUTs of one consumer over {args.replicas} replicas, "
+        f"maxDatabases {args.max_databases}, api.maxRequestsPerConsumer {per_consumer or 'default'}"
+    )
     print(f"machine: {machine_line()}")
     stack = Stack("quota", config={"api": {"maxRequestsPerConsumer": per_consumer}} if per_consumer else None)
     managers: list[ManagerProcess] = []
@@ -142,12 +154,20 @@ def main(argv: list[str] | None = None) -> int:
         for manager in managers:
             wait_for(manager.ready, 120, f"{manager.name} /readyz", 0.2)
         reader_token = dev.add_consumer(rest, "quota-reader", None)
-        wait_for(lambda: all(m.ready() and _status(m, "PUT", "/v1/databases/read-me", reader_token) in (200, 201)
-                             for m in managers), 60, "the reader's database", 0.2)
+        wait_for(
+            lambda: all(
+                m.ready() and _status(m, "PUT", "/v1/databases/read-me", reader_token) in (200, 201) for m in managers
+            ),
+            60,
+            "the reader's database",
+            0.2,
+        )
 
         def get_round() -> tuple[Counter[int], list[float]]:
-            calls = [request(managers[i % len(managers)], "GET", "/v1/databases/read-me", reader_token)
-                     for i in range(args.puts)]
+            calls = [
+                request(managers[i % len(managers)], "GET", "/v1/databases/read-me", reader_token)
+                for i in range(args.puts)
+            ]
             return concurrent(calls)
 
         rounds: list[tuple[str, Counter[int], list[float]]] = []
@@ -157,53 +177,96 @@ def main(argv: list[str] | None = None) -> int:
         for n in range(args.bursts):
             consumer = f"quota-burst-{n}"
             token = dev.add_consumer(rest, consumer, args.max_databases)
-            wait_for(lambda t=token: all(_status(m, "GET", "/v1/databases", t) == 200 for m in managers),
-                     60, f"{consumer} on every replica", 0.1)
+            wait_for(
+                lambda t=token: all(_status(m, "GET", "/v1/databases", t) == 200 for m in managers),
+                60,
+                f"{consumer} on every replica",
+                0.1,
+            )
             before, latency_before = ledger_requests(stack), write_latency(stack)
             log(f"p{n}: {args.puts} PUTs")
-            calls = [request(managers[i % len(managers)], "PUT", f"/v1/databases/burst-{i}", token)
-                     for i in range(args.puts)]
+            calls = [
+                request(managers[i % len(managers)], "PUT", f"/v1/databases/burst-{i}", token) for i in range(args.puts)
+            ]
             statuses, latencies = concurrent(calls)
             ledger = counter_delta(ledger_requests(stack), before)
             latency = write_latency(stack)
-            mean_ms = {what: 1000 * (latency[f"{what} sum"] - latency_before[f"{what} sum"])
-                       / max(1, latency[f"{what} count"] - latency_before[f"{what} count"])
-                       for what in ("Database POST", "ledger PATCH")}
+            mean_ms = {
+                what: 1000
+                * (latency[f"{what} sum"] - latency_before[f"{what} sum"])
+                / max(1, latency[f"{what} count"] - latency_before[f"{what} count"])
+                for what in ("Database POST", "ledger PATCH")
+            }
             rounds.append((f"p{n}", statuses, latencies))
-            bursts.append({"statuses": statuses, "created": count_databases(rest, dev.namespace, consumer),
-                           "ledger": ledger, "latency": mean_ms})
+            bursts.append(
+                {
+                    "statuses": statuses,
+                    "created": count_databases(rest, dev.namespace, consumer),
+                    "ledger": ledger,
+                    "latency": mean_ms,
+                }
+            )
             log(f"g{n + 1}")
             rounds.append((f"g{n + 1}", *get_round()))
 
-        table("rounds (each request on a new TLS connection)", [
-            (name, ", ".join(f"{code}: {n}" for code, n in sorted(statuses.items())),
-             fmt_s(percentile(lat, 50)), fmt_s(percentile(lat, 99)), fmt_s(max(lat)))
-            for name, statuses, lat in rounds
-        ], ("round", "answers", "p50", "p99", "max"))
-        table("quota ledger requests per burst (ConfigMap verb and code, apiserver_request_total)", [
-            (f"p{n}", burst["created"], ", ".join(f"{k}: {v}" for k, v in sorted(burst["ledger"].items())))
-            for n, burst in enumerate(bursts)
-        ], ("burst", "databases created", "ledger requests"))
-        table("the apiserver's own time per write during the burst (mean, apiserver_request_duration_seconds)", [
-            (f"p{n}", f"{burst['latency']['Database POST']:.0f} ms", f"{burst['latency']['ledger PATCH']:.0f} ms")
-            for n, burst in enumerate(bursts)
-        ], ("burst", "Database POST", "ledger PATCH"))
+        table(
+            "rounds (each request on a new TLS connection)",
+            [
+                (
+                    name,
+                    ", ".join(f"{code}: {n}" for code, n in sorted(statuses.items())),
+                    fmt_s(percentile(lat, 50)),
+                    fmt_s(percentile(lat, 99)),
+                    fmt_s(max(lat)),
+                )
+                for name, statuses, lat in rounds
+            ],
+            ("round", "answers", "p50", "p99", "max"),
+        )
+        table(
+            "quota ledger requests per burst (ConfigMap verb and code, apiserver_request_total)",
+            [
+                (f"p{n}", burst["created"], ", ".join(f"{k}: {v}" for k, v in sorted(burst["ledger"].items())))
+                for n, burst in enumerate(bursts)
+            ],
+            ("burst", "databases created", "ledger requests"),
+        )
+        table(
+            "the apiserver's own time per write during the burst (mean, apiserver_request_duration_seconds)",
+            [
+                (f"p{n}", f"{burst['latency']['Database POST']:.0f} ms", f"{burst['latency']['ledger PATCH']:.0f} ms")
+                for n, burst in enumerate(bursts)
+            ],
+            ("burst", "Database POST", "ledger PATCH"),
+        )
 
         ratios = []
         for n in range(args.bursts):
             p99_put = percentile(rounds[2 * n + 1][2], 99)
             p99_get = statistics.mean([percentile(rounds[2 * n][2], 99), percentile(rounds[2 * n + 2][2], 99)])
             ratios.append(p99_put / p99_get)
-        exact = [b["created"] == args.max_databases and b["statuses"] == {201: args.max_databases,
-                                                                           429: args.puts - args.max_databases}
-                 for b in bursts]
+        exact = [
+            b["created"] == args.max_databases
+            and b["statuses"] == {201: args.max_databases, 429: args.puts - args.max_databases}
+            for b in bursts
+        ]
         ratio = statistics.median(ratios)
-        report_targets([
-            Target(f"bursts creating exactly {args.max_databases} and answering {args.puts - args.max_databases} "
-                   f"with 429: {sum(exact)} of {len(exact)}", "all", all(exact)),
-            Target(f"p99 of the create answers / p99 of authenticated GETs {ratio:.2f}x (bursts: "
-                   f"{', '.join(f'{r:.2f}' for r in ratios)})", f"<= {TARGET_RATIO:.0f}x", ratio <= TARGET_RATIO),
-        ])
+        report_targets(
+            [
+                Target(
+                    f"bursts creating exactly {args.max_databases} and answering {args.puts - args.max_databases} "
+                    f"with 429: {sum(exact)} of {len(exact)}",
+                    "all",
+                    all(exact),
+                ),
+                Target(
+                    f"p99 of the create answers / p99 of authenticated GETs {ratio:.2f}x (bursts: "
+                    f"{', '.join(f'{r:.2f}' for r in ratios)})",
+                    f"<= {TARGET_RATIO:.0f}x",
+                    ratio <= TARGET_RATIO,
+                ),
+            ]
+        )
     finally:
         stack.close(*managers)
     return 0

@@ -42,7 +42,7 @@ def _write_env_file(path: Path, values: dict[str, str]) -> None:
 def _cloudberry_walkthrough(stack: DevStack) -> list[str]:
     if not stack.config.engines.cloudberry.enabled:
         return []
-    status = "'{\"status\": {\"phase\": \"Running\"}}'"
+    status = '\'{"status": {"phase": "Running"}}\''
     return [
         "",
         "Cloudberry (engines.cloudberry.enabled): the Keldon DatabaseCluster CRD is installed. Keldon cannot run",
@@ -50,13 +50,13 @@ def _cloudberry_walkthrough(stack: DevStack) -> list[str]:
         f"  kubectl apply -f {stack.cloudberry_example}",
         f"  kubectl -n {stack.namespace} patch dbc dev-cloudberry --subresource=status --type=merge -p {status}",
         "  kubectl get shard dev-cloudberry -w     # Ready follows the phase (ClusterNotRunning unless Running)",
-        "  # then PUT with {\"engine\": \"cloudberry\"} places a database on it",
+        '  # then PUT with {"engine": "cloudberry"} places a database on it',
     ]
 
 
 def _walkthrough(stack: DevStack, env_file: Path) -> str:
     size_class = next(iter(stack.config.size_classes), None)
-    body = f"-d '{{\"sizeClass\": \"{size_class}\"}}' " if size_class else ""
+    body = f'-d \'{{"sizeClass": "{size_class}"}}\' ' if size_class else ""
     retention = format_duration(stack.config.soft_delete.retention)
     auth = '-H "Authorization: Bearer $DBPROVIDER_TOKEN" --cacert "$DBPROVIDER_CA_FILE"'
     api = "$DBPROVIDER_API_URL/v1/databases"

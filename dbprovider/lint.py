@@ -451,7 +451,9 @@ class Linter:
             refusal = tls_refusal(doc.name, spec.admin.sslmode, config.shard_tls.cleartext_shards)
             if refusal is not None:
                 self.report(
-                    doc, ["spec", "admin", "sslmode"], f"{refusal}: the Shard stays not Ready (AdminTlsRequired)",
+                    doc,
+                    ["spec", "admin", "sslmode"],
+                    f"{refusal}: the Shard stays not Ready (AdminTlsRequired)",
                     RULE_SHARD_TLS,
                 )
             entry = next((s for s in config.shard_secrets if (s.namespace, s.name) == (ref.namespace, ref.name)), None)
@@ -459,8 +461,10 @@ class Linter:
             mismatch = binding.refusal(f"{ref.namespace}/{ref.name}", spec.admin_host, spec.admin.port)
             if mismatch:
                 self.report(
-                    doc, ["spec", "admin"], f"{mismatch} (its shardSecrets entry): the Shard stays not Ready "
-                    "(AdminEndpointMismatch)", RULE_SHARD_ENDPOINT,
+                    doc,
+                    ["spec", "admin"],
+                    f"{mismatch} (its shardSecrets entry): the Shard stays not Ready (AdminEndpointMismatch)",
+                    RULE_SHARD_ENDPOINT,
                 )
             if spec.engine == Engine.CLOUDBERRY and not config.engines.cloudberry.enabled:
                 self.report(

@@ -65,8 +65,10 @@ def _release_path(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
     installed = live.installed_version or UPGRADES_FROM  # 0.1.0 labelled nothing with its version
     where = f"Deployment/{live.namespace}/{live.release}"
     if parse_version(installed) > parse_version(__version__):
-        yield ERROR, where, (
-            f"runs {installed}, newer than {__version__}: this is a rollback, see docs/upgrade.md (\"Rolling back\")"
+        yield (
+            ERROR,
+            where,
+            (f'runs {installed}, newer than {__version__}: this is a rollback, see docs/upgrade.md ("Rolling back")'),
         )
     elif parse_version(installed) < parse_version(UPGRADES_FROM):
         yield ERROR, where, f"runs {installed}: upgrade to {UPGRADES_FROM} first (one release at a time)"
@@ -84,9 +86,13 @@ def _stored_versions(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
         stored = (crd.get("status") or {}).get("storedVersions") or []  # a CRD's: apiextensions, no model of ours
         for version in stored:
             if version not in SERVED_VERSIONS:
-                yield ERROR, f"CustomResourceDefinition/{ObjectMeta.of(crd).name}", (
-                    f"objects are stored as {version}, which this release does not serve: its CRD cannot be "
-                    "applied until they are migrated (docs/upgrade.md, \"CRD versions\")"
+                yield (
+                    ERROR,
+                    f"CustomResourceDefinition/{ObjectMeta.of(crd).name}",
+                    (
+                        f"objects are stored as {version}, which this release does not serve: its CRD cannot be "
+                        'applied until they are migrated (docs/upgrade.md, "CRD versions")'
+                    ),
                 )
 
 
@@ -100,9 +106,13 @@ def _admin_secrets_listed(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
             continue
         ref = spec.admin.secret_ref
         if (ref.namespace, ref.name) not in listed:
-            yield ERROR, f"Shard/{name}", (
-                f"its admin Secret {ref.namespace}/{ref.name} is not in shardSecrets: it is never read, the shard "
-                "is not Ready (AdminSecretInvalid). Add it to shardSecrets, also in the release namespace"
+            yield (
+                ERROR,
+                f"Shard/{name}",
+                (
+                    f"its admin Secret {ref.namespace}/{ref.name} is not in shardSecrets: it is never read, the shard "
+                    "is not Ready (AdminSecretInvalid). Add it to shardSecrets, also in the release namespace"
+                ),
             )
 
 
@@ -112,9 +122,13 @@ def _admin_tls(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
         spec = live.shard_spec(name)
         refusal = None if spec is None else tls_refusal(name, spec.admin.sslmode, cleartext)
         if refusal is not None:
-            yield ERROR, f"Shard/{name}", (
-                f"{refusal}: the shard would be AdminTlsRequired (no placements, no SQL). Turn TLS on, or only "
-                "where the server cannot do TLS, add the shard to shardTLS.cleartextShards in the new config"
+            yield (
+                ERROR,
+                f"Shard/{name}",
+                (
+                    f"{refusal}: the shard would be AdminTlsRequired (no placements, no SQL). Turn TLS on, or only "
+                    "where the server cannot do TLS, add the shard to shardTLS.cleartextShards in the new config"
+                ),
             )
 
 
@@ -123,9 +137,13 @@ def _admin_endpoint(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
         return  # the Secrets are read with --shard-sql only; tenant-ownership says it was not run
     for shard, fact in sorted(live.shard_sql.items()):
         if fact.refusal is not None and fact.refusal[0] == ShardReason.ADMIN_ENDPOINT_MISMATCH:
-            yield ERROR, f"Shard/{shard}", (
-                f"{fact.refusal[1]}: the shard would be AdminEndpointMismatch (no placements, no SQL). Point "
-                "spec.admin at the Service the Secret names, or bind the Secret in shardSecrets[].host/port"
+            yield (
+                ERROR,
+                f"Shard/{shard}",
+                (
+                    f"{fact.refusal[1]}: the shard would be AdminEndpointMismatch (no placements, no SQL). Point "
+                    "spec.admin at the Service the Secret names, or bind the Secret in shardSecrets[].host/port"
+                ),
             )
 
 
@@ -140,10 +158,14 @@ def _connection_budget(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
         limits = (db.connection_limit for db in live.databases if db.shard == shard and db.phase != Phase.DELETED)
         committed = Commitments.of(limits).total(shard_budget)
         if committed > shard_budget:
-            yield WARNING, f"Shard/{shard}", (
-                f"its databases commit {committed} connections, more than its budget of {shard_budget} "
-                f"(max_connections {fact.slots.max_connections}): it keeps working but takes no new databases "
-                "(ConnectionBudgetExceeded). Raise max_connections or lower connectionBudget.reserved"
+            yield (
+                WARNING,
+                f"Shard/{shard}",
+                (
+                    f"its databases commit {committed} connections, more than its budget of {shard_budget} "
+                    f"(max_connections {fact.slots.max_connections}): it keeps working but takes no new databases "
+                    "(ConnectionBudgetExceeded). Raise max_connections or lower connectionBudget.reserved"
+                ),
             )
 
 
@@ -165,18 +187,26 @@ def _admin_scram(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
         seen = _insecure_auth_reported(live.shards[name])
         sql = (live.shard_sql or {}).get(name)
         if seen or (sql is not None and sql.error_class == INSECURE_AUTH_REFUSED):
-            yield ERROR, f"Shard/{name}", (
-                "the server offers the provisioner only md5 or cleartext, never SCRAM: the provider sends it no "
-                "password. Set password_encryption = scram-sha-256, set the provisioner's password again, and use "
-                "scram-sha-256 in pg_hba.conf"
+            yield (
+                ERROR,
+                f"Shard/{name}",
+                (
+                    "the server offers the provisioner only md5 or cleartext, never SCRAM: the provider sends it no "
+                    "password. Set password_encryption = scram-sha-256, set the provisioner's password again, and use "
+                    "scram-sha-256 in pg_hba.conf"
+                ),
             )
 
 
 def _tenant_ownership(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
     if live.shard_sql is None:
-        yield NOTICE, "install", (
-            "tenant ownership records not checked: run with --shard-sql where the shards' admin Services are "
-            "reachable (in the cluster, or with --admin-host-override)"
+        yield (
+            NOTICE,
+            "install",
+            (
+                "tenant ownership records not checked: run with --shard-sql where the shards' admin Services are "
+                "reachable (in the cluster, or with --admin-host-override)"
+            ),
         )
         return
     for shard, fact in sorted(live.shard_sql.items()):
@@ -192,20 +222,32 @@ def _tenant_ownership(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
             why = f" ({'; '.join(check.problems)})" if check.problems else ""
             if not db.provisioned:
                 if check.verdict in (Ownership.FOREIGN, Ownership.OTHER_OWNER):
-                    yield ERROR, where, f"a role of its tenant's name is not its own{why}: provisioning fails with " \
-                        "name_taken. Check whose role it is; drop it, or record it (docs/upgrade.md)"
+                    yield (
+                        ERROR,
+                        where,
+                        f"a role of its tenant's name is not its own{why}: provisioning fails with "
+                        "name_taken. Check whose role it is; drop it, or record it (docs/upgrade.md)",
+                    )
                 elif check.verdict == Ownership.ADOPTABLE:
                     yield NOTICE, where, "its tenant role has no ownership record: provisioning records it"
             elif check.verdict == Ownership.ADOPTABLE and db.held:
-                yield WARNING, where, (
-                    "its tenant has no ownership record and the Database is held (no SQL while held): "
-                    "restore-tenant refuses it until the record is written (docs/operations.md)"
+                yield (
+                    WARNING,
+                    where,
+                    (
+                        "its tenant has no ownership record and the Database is held (no SQL while held): "
+                        "restore-tenant refuses it until the record is written (docs/operations.md)"
+                    ),
                 )
             elif check.verdict == Ownership.ADOPTABLE:
                 yield NOTICE, where, "its tenant has no ownership record: it is adopted once (TenantAdopted)"
             elif check.verdict in (Ownership.FOREIGN, Ownership.OTHER_OWNER):
-                yield WARNING, where, f"{check.verdict.value.replace('_', ' ')}{why}: keeps working, reported as " \
-                    "OwnershipRecorded=False, not adopted (docs/operations.md)"
+                yield (
+                    WARNING,
+                    where,
+                    f"{check.verdict.value.replace('_', ' ')}{why}: keeps working, reported as "
+                    "OwnershipRecorded=False, not adopted (docs/operations.md)",
+                )
             elif check.verdict == Ownership.MISSING:
                 yield WARNING, where, "its tenant is not on its shard (OwnershipRecorded=False, TenantMissing)"
 
@@ -236,8 +278,13 @@ def run_upgrade_check(args: argparse.Namespace, stdout: TextIO | None = None, st
     out, err = stdout or sys.stdout, stderr or sys.stderr
     try:
         live = read_live_install(
-            args.kubeconfig, args.namespace, args.release, args.config, shard_sql=args.shard_sql,
-            admin_host_override=args.admin_host_override, shard_ca_file=args.shard_ca_file,
+            args.kubeconfig,
+            args.namespace,
+            args.release,
+            args.config,
+            shard_sql=args.shard_sql,
+            admin_host_override=args.admin_host_override,
+            shard_ca_file=args.shard_ca_file,
         )
     except (LiveInstallError, OSError) as exc:
         print(f"dbprovider upgrade check: {exc}", file=err)

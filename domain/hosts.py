@@ -86,10 +86,7 @@ def _explain(host: str) -> str:
     if any(label.startswith("-") or label.endswith("-") for label in labels):
         return "labels must not start or end with a hyphen"
     if re.fullmatch(NUMERIC_NAME_RE, host):
-        return (
-            "an all-numeric name must be a dotted-quad IPv4 address (four parts 0-255, no leading zeros, "
-            "no hex)"
-        )
+        return "an all-numeric name must be a dotted-quad IPv4 address (four parts 0-255, no leading zeros, no hex)"
     return "is not a hostname or an IPv4 address"
 
 

@@ -46,9 +46,15 @@ class CertificateAuthority:
         self._key = ec.generate_private_key(ec.SECP256R1())
         self._name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{name} CA")])
         usage = x509.KeyUsage(
-            digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-            key_encipherment=False, data_encipherment=False, key_agreement=False,
-            encipher_only=False, decipher_only=False,
+            digital_signature=True,
+            key_cert_sign=True,
+            crl_sign=True,
+            content_commitment=False,
+            key_encipherment=False,
+            data_encipherment=False,
+            key_agreement=False,
+            encipher_only=False,
+            decipher_only=False,
         )
         self._cert = (
             _validity(x509.CertificateBuilder())

@@ -180,8 +180,16 @@ class KubeNode(KubeControlPlane):
     def _enter_namespaces(self) -> None:
         self._holder = spawn(
             [
-                "unshare", "--fork", "--kill-child", "--pid", "--mount-proc", "--net", "--propagation", "private",
-                "catatonit", "-P",
+                "unshare",
+                "--fork",
+                "--kill-child",
+                "--pid",
+                "--mount-proc",
+                "--net",
+                "--propagation",
+                "private",
+                "catatonit",
+                "-P",
             ],
             self.workdir / "log" / "init.log",
             death_signal=signal.SIGKILL,  # unshare --fork blocks SIGTERM (it passes Ctrl-C to its child)
@@ -226,8 +234,11 @@ class KubeNode(KubeControlPlane):
     def _make_cgroups(self) -> None:
         """`<own memory cgroup>/dbp-node-<init pid>-<its start time>` in every v1 hierarchy (cpuset: with
         cpus and mems). Those of nodes whose init is gone (a killed run) are removed first."""
-        own = next(line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text().splitlines()
-                   if line.split(":", 2)[1] == "memory")
+        own = next(
+            line.split(":", 2)[2]
+            for line in Path("/proc/self/cgroup").read_text().splitlines()
+            if line.split(":", 2)[1] == "memory"
+        )
         parent = own.rstrip("/")
         self.cgroup = f"{parent}/{_node_cgroup_name(self.init_pid)}"
         names = {old.name for h in _hierarchies(unified=True) for old in (h / parent.lstrip("/")).glob("dbp-node-*")}
@@ -250,8 +261,11 @@ class KubeNode(KubeControlPlane):
         if not self.cgroup:
             return
         for _ in range(20):
-            pids = [int(pid) for procs in (Path("/sys/fs/cgroup/pids") / self.cgroup.lstrip("/")).rglob("cgroup.procs")
-                    for pid in procs.read_text().split()]
+            pids = [
+                int(pid)
+                for procs in (Path("/sys/fs/cgroup/pids") / self.cgroup.lstrip("/")).rglob("cgroup.procs")
+                for pid in procs.read_text().split()
+            ]
             if not pids:
                 return
             for pid in pids:
@@ -291,21 +305,33 @@ class KubeNode(KubeControlPlane):
         return self.workdir / "log" / f"{name}.log"
 
     def _start_containerd(self, timeout: float) -> None:
-        (self.workdir / "cni" / "10-dbp.conflist").write_text(json.dumps({
-            "cniVersion": "1.0.0",
-            "name": "dbp",
-            "plugins": [{
-                "type": "bridge", "bridge": BRIDGE, "isGateway": True, "ipMasq": False, "hairpinMode": True,
-                "ipam": {
-                    "type": "host-local", "dataDir": str(self.workdir / "cni-ipam"),
-                    "ranges": [[{"subnet": POD_CIDR, "gateway": NODE_IP}]], "routes": [{"dst": "0.0.0.0/0"}],
-                },
-            }],
-        }))
+        (self.workdir / "cni" / "10-dbp.conflist").write_text(
+            json.dumps(
+                {
+                    "cniVersion": "1.0.0",
+                    "name": "dbp",
+                    "plugins": [
+                        {
+                            "type": "bridge",
+                            "bridge": BRIDGE,
+                            "isGateway": True,
+                            "ipMasq": False,
+                            "hairpinMode": True,
+                            "ipam": {
+                                "type": "host-local",
+                                "dataDir": str(self.workdir / "cni-ipam"),
+                                "ranges": [[{"subnet": POD_CIDR, "gateway": NODE_IP}]],
+                                "routes": [{"dst": "0.0.0.0/0"}],
+                            },
+                        }
+                    ],
+                }
+            )
+        )
         cri = 'plugins."io.containerd.grpc.v1.cri"'
         pause = build_image(pause=True)  # the pod sandbox: catatonit (the upstream pause image is unreachable)
         (self.workdir / "containerd.toml").write_text(f"""version = 2
-root = "{self.workdir / 'containerd'}"
+root = "{self.workdir / "containerd"}"
 state = "/run/containerd"
 disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
                     "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
@@ -317,7 +343,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   disable_apparmor = true
   [{cri}.cni]
     bin_dir = "{CNI_DIR}"
-    conf_dir = "{self.workdir / 'cni'}"
+    conf_dir = "{self.workdir / "cni"}"
   [{cri}.containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -351,14 +377,21 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             [
                 *self.enter(pid_namespace=True),
                 str(self.bin_dir / "etcd"),
-                "--data-dir", str(self.workdir / "etcd"),
-                "--listen-client-urls", self.etcd_url,
-                "--advertise-client-urls", self.etcd_url,
-                "--listen-peer-urls", "http://127.0.0.1:2380",
-                "--initial-advertise-peer-urls", "http://127.0.0.1:2380",
-                "--initial-cluster", "default=http://127.0.0.1:2380",
+                "--data-dir",
+                str(self.workdir / "etcd"),
+                "--listen-client-urls",
+                self.etcd_url,
+                "--advertise-client-urls",
+                self.etcd_url,
+                "--listen-peer-urls",
+                "http://127.0.0.1:2380",
+                "--initial-advertise-peer-urls",
+                "http://127.0.0.1:2380",
+                "--initial-cluster",
+                "default=http://127.0.0.1:2380",
                 "--unsafe-no-fsync",
-                "--log-level", "warn",
+                "--log-level",
+                "warn",
             ],
             self.log("etcd"),
         )
@@ -369,36 +402,60 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         self.ca = CertificateAuthority(pki, "kube")
         serving = self.ca.issue_server(
             "apiserver",
-            ("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
-             f"kubernetes.default.svc.{CLUSTER_DOMAIN}"),
+            (
+                "localhost",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                f"kubernetes.default.svc.{CLUSTER_DOMAIN}",
+            ),
             ("127.0.0.1", NODE_IP, KUBERNETES_SERVICE_IP),
         )
         sa_key, sa_pub = make_rsa_keypair(pki, "service-account")
-        kubelet_client = self.ca.issue_client("apiserver-kubelet-client", "kube-apiserver-kubelet-client",
-                                              ("system:masters",))
+        kubelet_client = self.ca.issue_client(
+            "apiserver-kubelet-client", "kube-apiserver-kubelet-client", ("system:masters",)
+        )
         self._apiserver = spawn(
             [
                 *self.enter(pid_namespace=True),
                 str(self.bin_dir / "kube-apiserver"),
-                "--etcd-servers", self.etcd_url,
-                "--bind-address", "0.0.0.0",  # noqa: S104 - all interfaces of the node's own network namespace
-                "--advertise-address", NODE_IP,
-                "--secure-port", str(APISERVER_PORT),
-                "--tls-cert-file", str(serving.cert_file),
-                "--tls-private-key-file", str(serving.key_file),
-                "--client-ca-file", str(self.ca.ca_file),
-                "--authorization-mode", "Node,RBAC",
-                "--enable-admission-plugins", "NodeRestriction",
-                "--service-account-issuer", "https://kubernetes.default.svc",
-                "--service-account-key-file", str(sa_pub),
-                "--service-account-signing-key-file", str(sa_key),
-                "--service-cluster-ip-range", SERVICE_CIDR,
+                "--etcd-servers",
+                self.etcd_url,
+                "--bind-address",
+                "0.0.0.0",  # noqa: S104 - all interfaces of the node's own network namespace
+                "--advertise-address",
+                NODE_IP,
+                "--secure-port",
+                str(APISERVER_PORT),
+                "--tls-cert-file",
+                str(serving.cert_file),
+                "--tls-private-key-file",
+                str(serving.key_file),
+                "--client-ca-file",
+                str(self.ca.ca_file),
+                "--authorization-mode",
+                "Node,RBAC",
+                "--enable-admission-plugins",
+                "NodeRestriction",
+                "--service-account-issuer",
+                "https://kubernetes.default.svc",
+                "--service-account-key-file",
+                str(sa_pub),
+                "--service-account-signing-key-file",
+                str(sa_key),
+                "--service-cluster-ip-range",
+                SERVICE_CIDR,
                 "--allow-privileged=true",
-                "--kubelet-client-certificate", str(kubelet_client.cert_file),
-                "--kubelet-client-key", str(kubelet_client.key_file),
-                "--kubelet-preferred-address-types", "InternalIP",
-                "--cert-dir", str(pki),
-                "--v", "1",
+                "--kubelet-client-certificate",
+                str(kubelet_client.cert_file),
+                "--kubelet-client-key",
+                str(kubelet_client.key_file),
+                "--kubelet-preferred-address-types",
+                "InternalIP",
+                "--cert-dir",
+                str(pki),
+                "--v",
+                "1",
                 *self.extra_args,
             ],
             self.log("kube-apiserver"),
@@ -415,16 +472,31 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         """A kubeconfig for a component inside the node (the apiserver at 127.0.0.1:6443 there)."""
         assert self.ca is not None
         path = self.workdir / f"{name}.kubeconfig"
-        path.write_text(yaml.safe_dump({
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": "node", "cluster": {
-                "server": f"https://127.0.0.1:{APISERVER_PORT}", "certificate-authority": str(self.ca.ca_file)}}],
-            "users": [{"name": name, "user": {
-                "client-certificate": str(cert.cert_file), "client-key": str(cert.key_file)}}],
-            "contexts": [{"name": "node", "context": {"cluster": "node", "user": name}}],
-            "current-context": "node",
-        }))
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [
+                        {
+                            "name": "node",
+                            "cluster": {
+                                "server": f"https://127.0.0.1:{APISERVER_PORT}",
+                                "certificate-authority": str(self.ca.ca_file),
+                            },
+                        }
+                    ],
+                    "users": [
+                        {
+                            "name": name,
+                            "user": {"client-certificate": str(cert.cert_file), "client-key": str(cert.key_file)},
+                        }
+                    ],
+                    "contexts": [{"name": "node", "context": {"cluster": "node", "user": name}}],
+                    "current-context": "node",
+                }
+            )
+        )
         path.chmod(0o600)
         return path
 
@@ -432,74 +504,130 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         assert self.ca is not None
         ca = str(self.ca.ca_file)
         kcm = self._inside_kubeconfig(
-            "kube-controller-manager", self.ca.issue_client("kcm", "system:kube-controller-manager"))
-        self._start("kube-controller-manager", [
-            str(self.node_bin / "kube-controller-manager"),
-            "--kubeconfig", str(kcm), "--authentication-kubeconfig", str(kcm), "--authorization-kubeconfig", str(kcm),
-            "--root-ca-file", ca, "--service-account-private-key-file", str(self._sa_key),
-            "--use-service-account-credentials",  # no CSR signer: the kubelet serves with a self-signed certificate
-            "--leader-elect=false", "--bind-address", "127.0.0.1", "--v", "1",
-        ])
+            "kube-controller-manager", self.ca.issue_client("kcm", "system:kube-controller-manager")
+        )
+        self._start(
+            "kube-controller-manager",
+            [
+                str(self.node_bin / "kube-controller-manager"),
+                "--kubeconfig",
+                str(kcm),
+                "--authentication-kubeconfig",
+                str(kcm),
+                "--authorization-kubeconfig",
+                str(kcm),
+                "--root-ca-file",
+                ca,
+                "--service-account-private-key-file",
+                str(self._sa_key),
+                "--use-service-account-credentials",  # no CSR signer: the kubelet serves with a self-signed certificate
+                "--leader-elect=false",
+                "--bind-address",
+                "127.0.0.1",
+                "--v",
+                "1",
+            ],
+        )
         scheduler = self._inside_kubeconfig(
-            "kube-scheduler", self.ca.issue_client("scheduler", "system:kube-scheduler"))
-        self._start("kube-scheduler", [
-            str(self.node_bin / "kube-scheduler"),
-            "--kubeconfig", str(scheduler), "--authentication-kubeconfig", str(scheduler),
-            "--authorization-kubeconfig", str(scheduler), "--leader-elect=false", "--bind-address", "127.0.0.1",
-            "--v", "1",
-        ])
+            "kube-scheduler", self.ca.issue_client("scheduler", "system:kube-scheduler")
+        )
+        self._start(
+            "kube-scheduler",
+            [
+                str(self.node_bin / "kube-scheduler"),
+                "--kubeconfig",
+                str(scheduler),
+                "--authentication-kubeconfig",
+                str(scheduler),
+                "--authorization-kubeconfig",
+                str(scheduler),
+                "--leader-elect=false",
+                "--bind-address",
+                "127.0.0.1",
+                "--v",
+                "1",
+            ],
+        )
         proxy = self._inside_kubeconfig("kube-proxy", self.ca.issue_client("proxy", "system:kube-proxy"))
         proxy_config = self.workdir / "kube-proxy.yaml"
-        proxy_config.write_text(yaml.safe_dump({
-            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
-            "kind": "KubeProxyConfiguration",
-            "clientConnection": {"kubeconfig": str(proxy)},
-            "mode": "iptables",
-            "clusterCIDR": POD_CIDR,
-            "hostnameOverride": NODE_NAME,
-            "bindAddress": "127.0.0.1",
-            "metricsBindAddress": "127.0.0.1:10249",
-            "healthzBindAddress": "127.0.0.1:10256",
-            "conntrack": {"maxPerCore": 0, "min": 0},
-        }))
+        proxy_config.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+                    "kind": "KubeProxyConfiguration",
+                    "clientConnection": {"kubeconfig": str(proxy)},
+                    "mode": "iptables",
+                    "clusterCIDR": POD_CIDR,
+                    "hostnameOverride": NODE_NAME,
+                    "bindAddress": "127.0.0.1",
+                    "metricsBindAddress": "127.0.0.1:10249",
+                    "healthzBindAddress": "127.0.0.1:10256",
+                    "conntrack": {"maxPerCore": 0, "min": 0},
+                }
+            )
+        )
         self._start("kube-proxy", [str(self.node_bin / "kube-proxy"), "--config", str(proxy_config), "--v", "1"])
         kubelet = self._inside_kubeconfig(
-            "kubelet", self.ca.issue_client("kubelet", f"system:node:{NODE_NAME}", ("system:nodes",)))
+            "kubelet", self.ca.issue_client("kubelet", f"system:node:{NODE_NAME}", ("system:nodes",))
+        )
         kubelet_config = self.workdir / "kubelet.yaml"
-        kubelet_config.write_text(yaml.safe_dump({
-            "apiVersion": "kubelet.config.k8s.io/v1beta1",
-            "kind": "KubeletConfiguration",
-            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
-                               "x509": {"clientCAFile": ca}},
-            "authorization": {"mode": "Webhook"},
-            "cgroupDriver": "cgroupfs",
-            "cgroupRoot": self.cgroup,
-            "failCgroupV1": False,
-            "failSwapOn": False,
-            "containerRuntimeEndpoint": "unix:///run/containerd/containerd.sock",
-            "podLogsDir": str(self.workdir / "pod-logs"),
-            "oomScoreAdj": 0,
-            "readOnlyPort": 0,
-            "resolvConf": "/etc/resolv.conf",
-            "clusterDNS": [DNS_SERVICE_IP],
-            "clusterDomain": CLUSTER_DOMAIN,
-            # Mounted Secrets and ConfigMaps are refreshed on the pod's periodic sync (default 1m).
-            "syncFrequency": "10s",
-            "imageGCHighThresholdPercent": 100,
-            "imageGCLowThresholdPercent": 99,
-            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
-        }))
-        self._start("kubelet", [
-            str(self.node_bin / "kubelet"), "--config", str(kubelet_config), "--kubeconfig", str(kubelet),
-            "--hostname-override", NODE_NAME, "--node-ip", NODE_IP, "--root-dir", str(self.workdir / "kubelet"),
-            "--cert-dir", str(self.workdir / "kubelet-certs"), "--v", "1",
-        ])
+        kubelet_config.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "kubelet.config.k8s.io/v1beta1",
+                    "kind": "KubeletConfiguration",
+                    "authentication": {
+                        "anonymous": {"enabled": False},
+                        "webhook": {"enabled": True},
+                        "x509": {"clientCAFile": ca},
+                    },
+                    "authorization": {"mode": "Webhook"},
+                    "cgroupDriver": "cgroupfs",
+                    "cgroupRoot": self.cgroup,
+                    "failCgroupV1": False,
+                    "failSwapOn": False,
+                    "containerRuntimeEndpoint": "unix:///run/containerd/containerd.sock",
+                    "podLogsDir": str(self.workdir / "pod-logs"),
+                    "oomScoreAdj": 0,
+                    "readOnlyPort": 0,
+                    "resolvConf": "/etc/resolv.conf",
+                    "clusterDNS": [DNS_SERVICE_IP],
+                    "clusterDomain": CLUSTER_DOMAIN,
+                    # Mounted Secrets and ConfigMaps are refreshed on the pod's periodic sync (default 1m).
+                    "syncFrequency": "10s",
+                    "imageGCHighThresholdPercent": 100,
+                    "imageGCLowThresholdPercent": 99,
+                    "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+                }
+            )
+        )
+        self._start(
+            "kubelet",
+            [
+                str(self.node_bin / "kubelet"),
+                "--config",
+                str(kubelet_config),
+                "--kubeconfig",
+                str(kubelet),
+                "--hostname-override",
+                NODE_NAME,
+                "--node-ip",
+                NODE_IP,
+                "--root-dir",
+                str(self.workdir / "kubelet"),
+                "--cert-dir",
+                str(self.workdir / "kubelet-certs"),
+                "--v",
+                "1",
+            ],
+        )
 
     def _start_dns(self, timeout: float) -> None:
         """CoreDNS inside the node, on the node's address; the kube-dns Service (DNS_SERVICE_IP) routes to it."""
         assert self.ca is not None
         kubeconfig = self._inside_kubeconfig(
-            "coredns", self.ca.issue_client("coredns", "system:coredns", ("system:masters",)))
+            "coredns", self.ca.issue_client("coredns", "system:coredns", ("system:masters",))
+        )
         corefile = self.workdir / "Corefile"
         corefile.write_text(f"""{CLUSTER_DOMAIN}:53 in-addr.arpa:53 {{
     bind {NODE_IP}
@@ -528,8 +656,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                     conditions = (status.conditions if status else None) or []
                     ready = next((c for c in conditions if c.type == "Ready"), None)
                     # The controller-manager makes each namespace's `default` ServiceAccount; pods need it.
-                    if ready is not None and ready.status == "True" and _exists(core.read_namespaced_service_account,
-                                                                                "default", "default"):
+                    if (
+                        ready is not None
+                        and ready.status == "True"
+                        and _exists(core.read_namespaced_service_account, "default", "default")
+                    ):
                         return
                     last = f"Ready={ready.status if ready else None} ({ready.message if ready else ''})"
                 except ApiException as exc:
@@ -572,9 +703,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         if cluster_ip is not None:
             service["spec"]["clusterIP"] = cluster_ip
         endpoints: Any = {
-            "metadata": {"name": f"{name}-harness", "namespace": namespace,
-                         "labels": {"kubernetes.io/service-name": name,
-                                    "endpointslice.kubernetes.io/managed-by": MANAGED_BY}},
+            "metadata": {
+                "name": f"{name}-harness",
+                "namespace": namespace,
+                "labels": {"kubernetes.io/service-name": name, "endpointslice.kubernetes.io/managed-by": MANAGED_BY},
+            },
             "addressType": "IPv4",
             "endpoints": [{"addresses": [NODE_IP], "conditions": {"ready": True}}],
             "ports": [{"name": n, "protocol": p, "port": tp} for n, p, _, tp in ports],
@@ -591,7 +724,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             self.write_kubeconfig(kubeconfig)
         return subprocess.run(
             [str(self.node_bin / "kubectl"), "--kubeconfig", str(kubeconfig), *args],
-            capture_output=True, text=True, timeout=timeout, input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            input=stdin,
         )
 
     def container_pids(self, container_id: str) -> list[int]:
@@ -623,8 +759,11 @@ def _exists(read: Callable[..., object], *args: str) -> bool:
 
 def _hierarchies(unified: bool = False) -> list[Path]:
     """The cgroup v1 hierarchies (and, if asked, the hybrid layout's v2 mount)."""
-    return [p for p in sorted(Path("/sys/fs/cgroup").iterdir()) if p.is_dir() and (unified or p.name != "unified")
-            and (p / "cgroup.procs").exists()]
+    return [
+        p
+        for p in sorted(Path("/sys/fs/cgroup").iterdir())
+        if p.is_dir() and (unified or p.name != "unified") and (p / "cgroup.procs").exists()
+    ]
 
 
 def _remove_cgroup(relative: str, wait: float) -> None:

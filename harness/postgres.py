@@ -202,9 +202,11 @@ class PostgresServer:
         result = subprocess.run(
             [
                 str(self.bin_dir / "initdb"),
-                "-D", str(self.data_dir),
+                "-D",
+                str(self.data_dir),
                 *(["-X", str(self.wal_dir)] if self.wal_dir is not None else []),
-                "-U", self.SUPERUSER,
+                "-U",
+                self.SUPERUSER,
                 "--auth-local=trust",
                 "--auth-host=scram-sha-256",
                 "--encoding=UTF8",
@@ -219,16 +221,12 @@ class PostgresServer:
         if result.returncode != 0:
             raise RuntimeError(f"initdb for PostgreSQL {self.flavor.major} failed:\n{result.stdout}{result.stderr}")
         # Only loopback TCP with passwords; the Unix socket (trust) is the harness' own way in.
-        (self.data_dir / "pg_hba.conf").write_text(
-            "local all all trust\nhost all all 127.0.0.1/32 scram-sha-256\n"
-        )
+        (self.data_dir / "pg_hba.conf").write_text("local all all trust\nhost all all 127.0.0.1/32 scram-sha-256\n")
         self._issue_certificate()
 
     def _issue_certificate(self) -> None:
         """A server certificate from shard_ca(), its key readable by the server's OS user only."""
-        files = shard_ca().issue_server(
-            f"pg{self.flavor.major}-{self.workdir.name}", self.tls_names, self.tls_ips
-        )
+        files = shard_ca().issue_server(f"pg{self.flavor.major}-{self.workdir.name}", self.tls_names, self.tls_ips)
         shutil.move(files.cert_file, self.cert_file)
         shutil.move(files.key_file, self.key_file)
         self.key_file.chmod(0o600)
@@ -278,7 +276,10 @@ class PostgresServer:
                 raise RuntimeError(f"PostgreSQL exited with {self._proc.returncode}; see {self.log_file}")
             try:
                 with psycopg.connect(
-                    host=str(self.socket_dir), port=self.port, user=self.SUPERUSER, dbname="postgres",
+                    host=str(self.socket_dir),
+                    port=self.port,
+                    user=self.SUPERUSER,
+                    dbname="postgres",
                     connect_timeout=2,
                 ) as conn:
                     conn.execute("SELECT 1")
@@ -464,8 +465,14 @@ class PostgresServer:
     def connect(self, user: str, password: str, dbname: str = "postgres", **kwargs: Any) -> psycopg.Connection:
         """A password-authenticated TCP session, as a shard's clients have."""
         return psycopg.connect(
-            host="127.0.0.1", port=self.port, user=user, password=password, dbname=dbname,
-            sslmode="disable", connect_timeout=10, **kwargs,
+            host="127.0.0.1",
+            port=self.port,
+            user=user,
+            password=password,
+            dbname=dbname,
+            sslmode="disable",
+            connect_timeout=10,
+            **kwargs,
         )
 
     def provisioner_connection(self, dbname: str = "postgres") -> psycopg.Connection:

@@ -29,9 +29,7 @@ def crd_dir() -> Path:
     )
     lines = result.stdout.strip().splitlines()
     if result.returncode != 0 or not lines:
-        raise OperatorCrdsUnavailable(
-            f"bash {BUILD_SCRIPT} --crds exited {result.returncode}: {result.stderr.strip()}"
-        )
+        raise OperatorCrdsUnavailable(f"bash {BUILD_SCRIPT} --crds exited {result.returncode}: {result.stderr.strip()}")
     return Path(lines[-1])
 
 

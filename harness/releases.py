@@ -177,13 +177,16 @@ def build(release: Release | None = None) -> BuiltRelease:
         shutil.rmtree(root, ignore_errors=True)  # a build that stopped half-way (no stamp)
         (root / "src").mkdir(parents=True)
         _export(release.commit, root / "src")
-        print(f"releases: installing {release.version} ({release.commit[:12]}) into its own virtualenv",
-              file=sys.stderr)
+        print(
+            f"releases: installing {release.version} ({release.commit[:12]}) into its own virtualenv", file=sys.stderr
+        )
         python = getattr(sys, "_base_executable", None) or sys.executable
         subprocess.run([python, "-m", "venv", str(root / "venv")], check=True)
         subprocess.run(
             [str(built.python), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(built.source)],
-            check=True, env=built.env(), cwd=root,
+            check=True,
+            env=built.env(),
+            cwd=root,
         )
         stamp.write_text(release.commit + "\n")
     return built

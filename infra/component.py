@@ -186,9 +186,7 @@ class DbProvider(pulumi.ComponentResource):
                 self.prometheus_rule = create_object(
                     resource_name(rule),
                     rule,
-                    pulumi.ResourceOptions(
-                        parent=self, provider=self.prometheus_provider, depends_on=rule_namespaces
-                    ),
+                    pulumi.ResourceOptions(parent=self, provider=self.prometheus_provider, depends_on=rule_namespaces),
                 )
             else:
                 pulumi.log.info(

@@ -62,8 +62,9 @@ class EventRecorder:
                 return
             if not self._senders:
                 for n, events in enumerate(self._queues):
-                    sender = threading.Thread(target=self._send_all, args=(events,), name=f"event-sender-{n}",
-                                              daemon=True)
+                    sender = threading.Thread(
+                        target=self._send_all, args=(events,), name=f"event-sender-{n}", daemon=True
+                    )
                     sender.start()
                     self._senders.append(sender)
             try:

@@ -86,8 +86,11 @@ class OwnershipConfirmation:
         before = database.reason(DatabaseConditionType.OWNERSHIP_RECORDED)
         database.set_condition(DatabaseConditionType.OWNERSHIP_RECORDED, recorded, reason, message)
         if check.verdict == Ownership.ADOPTED:
-            self.report.change_event(database, EventReason.TENANT_ADOPTED, "adopted a tenant made before ownership "
-                                     "records existed: its record now names this Database")
+            self.report.change_event(
+                database,
+                EventReason.TENANT_ADOPTED,
+                "adopted a tenant made before ownership records existed: its record now names this Database",
+            )
             log.info("tenant adopted", extra={"database": database.name, "shard": database.shard})
         elif not recorded and before != reason:
             self.report.change_event(database, reason, message, warning=True)

@@ -113,9 +113,7 @@ class SqlFailure(Exception):
         """The same failure, reported as part of another (outer) operation."""
         if operation == self.operation:
             return self
-        return SqlFailure(
-            operation, self.error_class, self.retryable, sqlstate=self.sqlstate, detail=self.detail
-        )
+        return SqlFailure(operation, self.error_class, self.retryable, sqlstate=self.sqlstate, detail=self.detail)
 
 
 # Driver exceptions by SQLSTATE class, most specific first (isinstance order matters).

@@ -76,8 +76,7 @@ def dialect_problem(info: ProvisionerInfo) -> str | None:
         problems.append(f"PostgreSQL {info.major} is not supported ({MIN_MAJOR} or later is required)")
     if info.superuser:
         problems.append(
-            "the provisioner role is a superuser; it needs only LOGIN CREATEDB CREATEROLE and must "
-            "not be a superuser"
+            "the provisioner role is a superuser; it needs only LOGIN CREATEDB CREATEROLE and must not be a superuser"
         )
     missing = [name for name, present in (("CREATEDB", info.createdb), ("CREATEROLE", info.createrole)) if not present]
     if missing:

@@ -288,9 +288,7 @@ def _ensure_membership(conn: psycopg.Connection, name: str, role_oid: int) -> No
             {"role": role_oid},
         )
         if not _only_row(row)[0]:
-            conn.execute(
-                sql.SQL("GRANT {} TO CURRENT_USER WITH SET TRUE, INHERIT FALSE").format(_ident(name))
-            )
+            conn.execute(sql.SQL("GRANT {} TO CURRENT_USER WITH SET TRUE, INHERIT FALSE").format(_ident(name)))
     else:
         row = conn.execute(
             """
@@ -315,8 +313,7 @@ def _ensure_membership(conn: psycopg.Connection, name: str, role_oid: int) -> No
     if _only_row(has_role)[0]:
         raise _refuse(
             errors.INVALID_PROVISIONER,
-            "the provisioner role inherits the tenant role's privileges (check NOINHERIT and "
-            "createrole_self_grant)",
+            "the provisioner role inherits the tenant role's privileges (check NOINHERIT and createrole_self_grant)",
         )
 
 
@@ -739,9 +736,9 @@ def ownership_problems(state: TenantState, evidence: RoleEvidence, connection_li
     return problems
 
 
-def inspect_ownership(conn: psycopg.Connection, name: str, owner: OwnerRecord, connection_limit: int | None) -> (
-    OwnershipCheck
-):
+def inspect_ownership(
+    conn: psycopg.Connection, name: str, owner: OwnerRecord, connection_limit: int | None
+) -> OwnershipCheck:
     """The verdict on tenant `name` for the Database `owner` (reads only; the upgrade check uses it too)."""
     state = read_state(conn, name)
     if state.owner == owner:

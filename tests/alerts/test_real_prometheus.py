@@ -162,9 +162,7 @@ class Topologies:
     def __init__(self, workdir: Path, target: str) -> None:
         rules = {"dbprovider.rules.yaml": _rule_file()}
         evaluation = {"scrape_interval": SCRAPE, "evaluation_interval": SCRAPE}
-        self.central = PrometheusServer(
-            workdir / "central", {"global": evaluation}, rules, remote_write_receiver=True
-        )
+        self.central = PrometheusServer(workdir / "central", {"global": evaluation}, rules, remote_write_receiver=True)
         self.central.start()
         self.agent = PrometheusServer(
             workdir / "agent",
@@ -325,8 +323,9 @@ def _drive_faults_and_check(
             assert alert["labels"]["cluster"] == CLUSTER
             assert alert["labels"]["namespace"] == NAMESPACE
             assert alert["annotations"]["runbook_url"].endswith(f"docs/operations.md#{alertname.lower()}")
-        described = {n: _only(firing, n, **labels)["annotations"]["description"] for n, labels in
-                     EXPECTED_FAULT_ALERTS.items()}
+        described = {
+            n: _only(firing, n, **labels)["annotations"]["description"] for n, labels in EXPECTED_FAULT_ALERTS.items()
+        }
         assert "reason Unreachable" in described["DBProviderShardNotReady"]
         assert "has been 100% full" in described["DBProviderShardNearCapacity"]
         assert described["DBProviderDatabaseFailed"].startswith(f"1 database(s) in namespace {NAMESPACE}")

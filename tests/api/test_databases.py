@@ -217,11 +217,16 @@ def test_quota_counts_a_database_made_without_the_api(env: ApiEnv) -> None:
     consumer = env.ready_consumer(max_databases=2)
     answers(env, consumer, ("PUT", "via-api", 201))
     name = database_object_name(consumer.name, "by-hand")
-    env.admin.create(DATABASES, {
-        "apiVersion": "db.bnerd.com/v1alpha1", "kind": "Database",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {"consumer": consumer.name, "externalId": "by-hand"},
-    }, NAMESPACE)
+    env.admin.create(
+        DATABASES,
+        {
+            "apiVersion": "db.bnerd.com/v1alpha1",
+            "kind": "Database",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {"consumer": consumer.name, "externalId": "by-hand"},
+        },
+        NAMESPACE,
+    )
     wait_for(lambda: env.components.store.databases.get(f"{NAMESPACE}/{name}") is not None, what="the cache")
     answers(env, consumer, ("PUT", "one-more", 429))
 
@@ -233,8 +238,10 @@ def test_a_lowered_quota_refuses_until_enough_are_deleted(env: ApiEnv) -> None:
     wait_for(lambda: env.call("PUT", path("l4"), consumer.token).status_code == 429, what="the lowered quota")
     env.set_status(consumer.name, "l1", {"phase": "Deleted"})
     key = f"{NAMESPACE}/{database_object_name(consumer.name, 'l1')}"
-    wait_for(lambda: (env.components.store.databases.get(key) or {}).get("status", {}).get("phase") == "Deleted",
-             what="l1 Deleted in the cache")
+    wait_for(
+        lambda: (env.components.store.databases.get(key) or {}).get("status", {}).get("phase") == "Deleted",
+        what="l1 Deleted in the cache",
+    )
     answers(env, consumer, ("PUT", "l4", 429))  # 2 still counted, the quota is 1
     env.set_status(consumer.name, "l2", {"phase": "Deleted"})
     env.set_status(consumer.name, "l3", {"phase": "Deleted"})

@@ -241,8 +241,10 @@ def test_a_burst_from_one_address_is_served_without_resets(env: ApiEnv, consumer
                 session = requests.Session()
                 session.mount("https://", SourceAddressAdapter("127.0.0.2"))
                 response = session.get(
-                    base + "/v1/databases", headers={"Authorization": f"Bearer {consumer.token}"},
-                    verify=str(env.ca_file), timeout=30,
+                    base + "/v1/databases",
+                    headers={"Authorization": f"Bearer {consumer.token}"},
+                    verify=str(env.ca_file),
+                    timeout=30,
                 )
                 statuses.append(response.status_code)
             except requests.RequestException as exc:
@@ -288,7 +290,9 @@ def slow_app(app: Any, seconds: float) -> Any:
 
 def bearer_get(base: str, env: ApiEnv, token: str, query: str = "") -> requests.Response:
     return requests.get(
-        base + "/v1/databases" + query, headers={"Authorization": f"Bearer {token}"}, verify=str(env.ca_file),
+        base + "/v1/databases" + query,
+        headers={"Authorization": f"Bearer {token}"},
+        verify=str(env.ca_file),
         timeout=30,
     )
 
@@ -300,8 +304,10 @@ def test_a_consumers_burst_waits_in_its_own_lane(env: ApiEnv, consumer: Consumer
     other = env.ready_consumer()
     with Served(slow_app(env.components.app, 1.5), env, threads=2, max_requests_per_consumer=1) as base:
         burst: list[int] = []
-        threads = [threading.Thread(target=lambda: burst.append(bearer_get(base, env, consumer.token, "?slow")
-                                                                .status_code)) for _ in range(6)]
+        threads = [
+            threading.Thread(target=lambda: burst.append(bearer_get(base, env, consumer.token, "?slow").status_code))
+            for _ in range(6)
+        ]
         for thread in threads:
             thread.start()
         time.sleep(0.5)  # the burst is in the app and in its lane
@@ -322,8 +328,10 @@ def test_a_consumer_over_its_concurrency_bound_gets_429_with_retry_after(env: Ap
     registry = CollectorRegistry()
     with Served(slow_app(env.components.app, 3), env, max_requests_per_consumer=2, registry=registry) as base:
         slow: list[int] = []
-        threads = [threading.Thread(target=lambda: slow.append(bearer_get(base, env, first, "?slow").status_code))
-                   for _ in range(2)]
+        threads = [
+            threading.Thread(target=lambda: slow.append(bearer_get(base, env, first, "?slow").status_code))
+            for _ in range(2)
+        ]
         for thread in threads:
             thread.start()
         time.sleep(1)  # both are in the app, holding the consumer's two places
@@ -397,7 +405,11 @@ def test_legitimate_requests_succeed_when_file_descriptors_run_out(env: ApiEnv) 
     legitimate request succeeds; the accept errors are logged with their errno, rate-limited."""
     server = subprocess.Popen(
         [sys.executable, "-m", "tests.api.fd_limited_server", str(env.cert_file), str(env.key_file), "24"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+        text=True,
     )
     try:
         assert server.stdout is not None
@@ -497,8 +509,7 @@ FRAMING_CASES = {
     "bare LF": b"GET /healthz HTTP/1.1\nHost: api\r\n\r\n",
     "no Host on 1.1": b"GET /healthz HTTP/1.1\r\nX-A: 1\r\n\r\n",
     "two Hosts on 1.0": b"GET /healthz HTTP/1.0\r\nHost: a\r\nHost: b\r\nConnection: keep-alive\r\n\r\n",
-    "trailer ended by a bare LF": b"POST /healthz HTTP/1.1\r\nHost: api\r\nTransfer-Encoding: chunked\r\n\r\n"
-    b"0\r\n\n",
+    "trailer ended by a bare LF": b"POST /healthz HTTP/1.1\r\nHost: api\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\n",
     "junk trailer": b"POST /healthz HTTP/1.1\r\nHost: api\r\nTransfer-Encoding: chunked\r\n\r\n0\r\njunk\r\n\r\n",
     "bad chunk size": b"POST /healthz HTTP/1.1\r\nHost: api\r\nTransfer-Encoding: chunked\r\n\r\n"
     b"0x2\r\nab\r\n0\r\n\r\n",

@@ -39,8 +39,12 @@ def stack(postgres_pool, tmp_path_factory: pytest.TempPathFactory) -> Iterator[D
     kube = KubeControlPlane(workdir=root / "kube").start()
     try:
         created = install_stack(
-            kube, postgres_pool.get("18"), root / "stack", "cbmissing",
-            softDelete={"retention": "0"}, engines={"cloudberry": {"enabled": True}},
+            kube,
+            postgres_pool.get("18"),
+            root / "stack",
+            "cbmissing",
+            softDelete={"retention": "0"},
+            engines={"cloudberry": {"enabled": True}},
         )
         with kube.admin_client() as client:
             rest = Rest(client)
@@ -69,10 +73,14 @@ def test_a_missing_optional_crd_keeps_nothing_else_from_running(stack: DevStack,
             answer = first.call("PUT", "/v1/databases/orders", json={})
             assert answer.status_code == 201, answer.text
             wait_for(
-                lambda: any((db.get("status") or {}).get("phase") == "Ready"
-                            for db in rest.list(DATABASES, stack.namespace)["items"]),
-                60, "the postgres database Ready",
+                lambda: any(
+                    (db.get("status") or {}).get("phase") == "Ready"
+                    for db in rest.list(DATABASES, stack.namespace)["items"]
+                ),
+                60,
+                "the postgres database Ready",
             )
+
             def engine_unavailable() -> dict | None:
                 shard = rest.get(SHARDS, "cbmissing-cb")
                 return shard if (condition(shard, "Ready") or {}).get("reason") == "EngineUnavailable" else None
@@ -90,9 +98,15 @@ def test_a_missing_optional_crd_keeps_nothing_else_from_running(stack: DevStack,
             assert took < READY_WITHIN
             assert second.call("PUT", "/v1/databases/invoices", json={}).status_code == 201
             wait_for(
-                lambda: sum((db.get("status") or {}).get("phase") == "Ready"
-                            for db in rest.list(DATABASES, stack.namespace)["items"]) == 2,
-                60, "both postgres databases Ready",
+                lambda: (
+                    sum(
+                        (db.get("status") or {}).get("phase") == "Ready"
+                        for db in rest.list(DATABASES, stack.namespace)["items"]
+                    )
+                    == 2
+                ),
+                60,
+                "both postgres databases Ready",
             )
 
             # Keldon is installed now: its shard is checked and Ready without a restart.
@@ -100,11 +114,17 @@ def test_a_missing_optional_crd_keeps_nothing_else_from_running(stack: DevStack,
             api.apply(KELDON_CRD)
             wait_for(lambda: crd_established(api, KELDON_CRD_NAME), 60, "the DatabaseCluster CRD")
             rest.create(DATABASE_CLUSTERS, cluster, stack.namespace)
-            rest.patch(DATABASE_CLUSTERS, cluster["metadata"]["name"], {"status": {"phase": RUNNING}},
-                       stack.namespace, subresource="status")
+            rest.patch(
+                DATABASE_CLUSTERS,
+                cluster["metadata"]["name"],
+                {"status": {"phase": RUNNING}},
+                stack.namespace,
+                subresource="status",
+            )
             wait_for(
                 lambda: (condition(rest.get(SHARDS, "cbmissing-cb"), "Ready") or {}).get("reason") == "Ok",
-                90, "the cloudberry shard Ready once the CRD is served",
+                90,
+                "the cloudberry shard Ready once the CRD is served",
             )
             metrics = second.metrics()
             assert 'dbprovider_engine_available{engine="cloudberry"} 1.0' in metrics

@@ -128,12 +128,16 @@ def prepare_install(node: KubeNode, rest: Rest, shard: Shard, workdir: Path) -> 
     node.ensure_namespace(NAMESPACE)
     ca = CertificateAuthority(workdir / "api-pki", "dbprovider-api")
     rest.create(SECRETS, _tls_secret(ca, "api"), NAMESPACE)
-    rest.create(SECRETS, {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": ADMIN_SECRET, "namespace": SHARDS_NAMESPACE},
-        "data": {"user": b64(shard.server.PROVISIONER), "password": b64(shard.server.provisioner_password)},
-    }, SHARDS_NAMESPACE)
+    rest.create(
+        SECRETS,
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": ADMIN_SECRET, "namespace": SHARDS_NAMESPACE},
+            "data": {"user": b64(shard.server.PROVISIONER), "password": b64(shard.server.provisioner_password)},
+        },
+        SHARDS_NAMESPACE,
+    )
     return ca
 
 
@@ -171,19 +175,28 @@ def consumer(stack: Stack, rest: Rest) -> str:
 def create_consumer(rest: Rest) -> str:
     """A Consumer with a fresh token (its hash in a Secret); returns the token."""
     token = os.urandom(32).hex()
-    rest.create(SECRETS, {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": f"{CONSUMER}-token", "namespace": NAMESPACE},
-        "data": {"token": b64(hash_token(token))},
-    }, NAMESPACE)
-    rest.create(CONSUMERS, {
-        "apiVersion": "db.bnerd.com/v1alpha1",
-        "kind": "Consumer",
-        "metadata": {"name": CONSUMER},
-        "spec": {"tokenSecretRef": {"namespace": NAMESPACE, "name": f"{CONSUMER}-token", "key": "token"},
-                 "maxDatabases": 400},
-    })
+    rest.create(
+        SECRETS,
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": f"{CONSUMER}-token", "namespace": NAMESPACE},
+            "data": {"token": b64(hash_token(token))},
+        },
+        NAMESPACE,
+    )
+    rest.create(
+        CONSUMERS,
+        {
+            "apiVersion": "db.bnerd.com/v1alpha1",
+            "kind": "Consumer",
+            "metadata": {"name": CONSUMER},
+            "spec": {
+                "tokenSecretRef": {"namespace": NAMESPACE, "name": f"{CONSUMER}-token", "key": "token"},
+                "maxDatabases": 400,
+            },
+        },
+    )
     return token
 
 
@@ -194,18 +207,25 @@ def shard_ready(stack: Stack, rest: Rest, shard: Shard) -> str:
 
 def create_shard(rest: Rest, shard: Shard) -> str:
     """The Shard, Ready: the leader reached PostgreSQL by the Service's name through cluster DNS."""
-    rest.create(SHARDS, {
-        "apiVersion": "db.bnerd.com/v1alpha1",
-        "kind": "Shard",
-        "metadata": {"name": SHARD},
-        "spec": {
-            "maxDatabases": 400,
-            "perconaCluster": {"namespace": SHARDS_NAMESPACE, "name": SHARD},
-            "admin": {"serviceName": shard.service.name, "port": shard.service.port, "sslmode": "require",
-                      "secretRef": {"namespace": SHARDS_NAMESPACE, "name": ADMIN_SECRET}},
-            "client": {"host": shard.service.host, "port": shard.service.port, "sslmode": "require"},
+    rest.create(
+        SHARDS,
+        {
+            "apiVersion": "db.bnerd.com/v1alpha1",
+            "kind": "Shard",
+            "metadata": {"name": SHARD},
+            "spec": {
+                "maxDatabases": 400,
+                "perconaCluster": {"namespace": SHARDS_NAMESPACE, "name": SHARD},
+                "admin": {
+                    "serviceName": shard.service.name,
+                    "port": shard.service.port,
+                    "sslmode": "require",
+                    "secretRef": {"namespace": SHARDS_NAMESPACE, "name": ADMIN_SECRET},
+                },
+                "client": {"host": shard.service.host, "port": shard.service.port, "sslmode": "require"},
+            },
         },
-    })
+    )
 
     def ready() -> bool:
         conditions = (rest.get(SHARDS, SHARD).get("status") or {}).get("conditions") or []
@@ -334,8 +354,11 @@ def pods(rest: Rest) -> list[dict[str, Any]]:
 
 
 def ready_pods(rest: Rest) -> list[dict[str, Any]]:
-    return [p for p in pods(rest) if any(c["type"] == "Ready" and c["status"] == "True"
-                                         for c in p["status"].get("conditions") or [])]
+    return [
+        p
+        for p in pods(rest)
+        if any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions") or [])
+    ]
 
 
 def leader(rest: Rest) -> str:

@@ -74,9 +74,7 @@ def test_the_pod_runs_as_non_root_read_only_without_capabilities(node: KubeNode,
         exec_in(node, name, "sh", "-c", "echo x > /tmp/x && rm /tmp/x")  # the one writable place
 
 
-def test_the_shard_is_reached_by_its_service_name(
-    node: KubeNode, shard_ready: str, rest: Rest, shard: Shard
-) -> None:
+def test_the_shard_is_reached_by_its_service_name(node: KubeNode, shard_ready: str, rest: Rest, shard: Shard) -> None:
     # The Shard is Ready (shard_ready waited for it): the leader connected to shard1-primary.shards.svc.
     # With no admin-host override in the pod, that name was resolved by cluster DNS to the Service.
     for pod in ready_pods(rest):
@@ -134,8 +132,11 @@ def test_metrics_are_scraped_through_the_metrics_service(node: KubeNode, shard_r
     assert "dbprovider_shard_ready{" in scrape()
     # The kubelet's probes hit the API's real port and paths (counted by the API itself; the liveness
     # probe starts 10 s after the container, and each scrape reaches either replica).
-    wait_for(lambda: all(f'route="{path}"' in scrape() for path in ("/healthz", "/readyz")), timeout=60,
-             what="a scrape counting the kubelet's probe requests")
+    wait_for(
+        lambda: all(f'route="{path}"' in scrape() for path in ("/healthz", "/readyz")),
+        timeout=60,
+        what="a scrape counting the kubelet's probe requests",
+    )
 
 
 def test_a_renewed_certificate_is_served_without_a_restart(
@@ -151,8 +152,10 @@ def test_a_renewed_certificate_is_served_without_a_restart(
     wanted = x509.load_pem_x509_certificate(renewed.cert_file.read_bytes()).serial_number
 
     def serials() -> set[int]:  # each replica, at its pod's address
-        return {x509.load_der_x509_certificate(api.served_certificate(p["status"]["podIP"])).serial_number
-                for p in ready_pods(rest)}
+        return {
+            x509.load_der_x509_certificate(api.served_certificate(p["status"]["podIP"])).serial_number
+            for p in ready_pods(rest)
+        }
 
     wait_for(lambda: serials() == {wanted}, timeout=180, what="the renewed certificate from every replica")
     FIGURES["certificate_renewal_served_seconds"] = round(time.monotonic() - started, 1)
@@ -231,9 +234,7 @@ def _all_databases_ready(rest: Rest) -> bool:
     return bool(items) and all((d.get("status") or {}).get("phase") in ("Ready",) for d in items)
 
 
-def test_deleting_the_leader_pod_hands_over_the_lease(
-    node: KubeNode, api: ApiClient, rest: Rest, steady: str
-) -> None:
+def test_deleting_the_leader_pod_hands_over_the_lease(node: KubeNode, api: ApiClient, rest: Rest, steady: str) -> None:
     old = leader(rest)
     assert old
     ids = _put_all(api, "during-delete", 10)
@@ -256,8 +257,11 @@ def test_sigkill_of_the_leaders_manager_hands_over_and_restarts_it(
 ) -> None:
     # The previous test's replacement pod may still be starting, or a loaded machine may fail one
     # readiness probe: wait for a Ready Lease holder rather than assume one.
-    pod = wait_for(lambda: next((p for p in ready_pods(rest) if p["metadata"]["name"] == leader(rest)), None),
-                   timeout=120, what="a Ready pod holding the Lease")
+    pod = wait_for(
+        lambda: next((p for p in ready_pods(rest) if p["metadata"]["name"] == leader(rest)), None),
+        timeout=120,
+        what="a Ready pod holding the Lease",
+    )
     old = pod["metadata"]["name"]
     restarts = container(pod)["restartCount"]
     pids = node.container_pids(container(pod)["containerID"])
@@ -276,8 +280,11 @@ def test_sigkill_of_the_leaders_manager_hands_over_and_restarts_it(
     terminated = container(after)["lastState"]["terminated"]
     assert terminated["exitCode"] == 137 and terminated["reason"] != "OOMKilled", terminated
     wait_for(lambda: len(ready_pods(rest)) == 2, timeout=120, what="two Ready pods again")
-    wait_for(lambda: leader(rest) in {p["metadata"]["name"] for p in ready_pods(rest)}, timeout=60,
-             what="a Ready replica holding the Lease")
+    wait_for(
+        lambda: leader(rest) in {p["metadata"]["name"] for p in ready_pods(rest)},
+        timeout=60,
+        what="a Ready replica holding the Lease",
+    )
     FIGURES["manager_sigkilled_leader_and_two_ready_seconds"] = round(time.monotonic() - started, 1)
     caller.__exit__()
     # What consumers saw: calls that reached the killed replica before its endpoint was removed failed.

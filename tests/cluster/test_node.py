@@ -99,8 +99,11 @@ def test_a_killed_test_run_leaves_nothing_running(tmp_path: Path) -> None:
     def init_gone() -> bool:  # the namespaces' init exits last, once the kernel has killed the rest
         return _node_cgroup_name(int(init_pid)) != cgroup.rsplit("/", 1)[1]
 
-    wait_for(lambda: not inside() and not in_cgroups() and init_gone(), timeout=30,
-             what="every process of the killed node gone")
+    wait_for(
+        lambda: not inside() and not in_cgroups() and init_gone(),
+        timeout=30,
+        what="every process of the killed node gone",
+    )
     # The next node removes the empty cgroups a killed run left; the test removes its files.
     subprocess.run(["rm", "-rf", workdir], check=False)
     with KubeNode():

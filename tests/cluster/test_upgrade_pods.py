@@ -109,6 +109,7 @@ class StoppingPods:
     def outside(self, caller: Caller, slack: float = 0.5) -> list[str]:
         """The caller's failures sent when no pod of `image` was stopping (a call to a pod that is gone
         fails seconds later: the relay's connect to its address finds no host)."""
+
         def during_a_stop(failure: str) -> bool:
             when = caller.started + float(failure.split("s ", 1)[0])
             return any(first - slack <= when <= last + slack for first, last in self.windows.values())
@@ -170,13 +171,11 @@ def apply_release(node: KubeNode, manifests: list[dict[str, Any]]) -> float:
     crds = [m for m in manifests if m["kind"] == "CustomResourceDefinition"]
     assert {m["metadata"]["name"] for m in crds} == set(CRDS)
     kubectl_apply(node, crds)
-    waited = node.kubectl("wait", "--for", "condition=Established", "--timeout=60s",
-                          *(f"crd/{name}" for name in CRDS))
+    waited = node.kubectl("wait", "--for", "condition=Established", "--timeout=60s", *(f"crd/{name}" for name in CRDS))
     assert waited.returncode == 0, waited.stderr
     started = time.monotonic()
     kubectl_apply(node, [m for m in manifests if m["kind"] != "CustomResourceDefinition"])
-    rolled = node.kubectl("-n", NAMESPACE, "rollout", "status", f"deployment/{RELEASE}", "--timeout=600s",
-                          timeout=620)
+    rolled = node.kubectl("-n", NAMESPACE, "rollout", "status", f"deployment/{RELEASE}", "--timeout=600s", timeout=620)
     assert rolled.returncode == 0, rolled.stdout + rolled.stderr
     return time.monotonic() - started
 
@@ -194,8 +193,7 @@ def image_of(pod: dict[str, Any]) -> str:
 
 def wait_only(rest: Rest, image: str, timeout: float = 120) -> None:
     """Until every pod of the install, terminating ones too, runs `image` (the old ones are gone)."""
-    wait_for(lambda: {image_of(p) for p in all_pods(rest)} == {image}, timeout=timeout,
-             what=f"only pods of {image}")
+    wait_for(lambda: {image_of(p) for p in all_pods(rest)} == {image}, timeout=timeout, what=f"only pods of {image}")
 
 
 def leader_release(rest: Rest) -> str | None:
@@ -220,7 +218,11 @@ class Installed:
 
 @pytest.fixture(scope="module")
 def installed(
-    node: KubeNode, rest: Rest, shard: Shard, previous: BuiltRelease, previous_image: Image,
+    node: KubeNode,
+    rest: Rest,
+    shard: Shard,
+    previous: BuiltRelease,
+    previous_image: Image,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Installed:
     """The previous release installed as docs/install.md of its day says, with its own CLI's render."""
@@ -299,11 +301,14 @@ def world(node: KubeNode, rest: Rest, shard: Shard, installed: Installed) -> dic
     Failed/NoCapacity (the shard drained; it stays drained); how each looked, credentials included."""
     create_shard(rest, shard)
     api = installed.api
-    cases = {c.external_id: c for c in (
-        Case("ready-1", "Ready", "Provisioned"),
-        Case("ready-2", "Ready", "Provisioned"),
-        Case("deleting", "Deleting", "Deleting"),
-    )}
+    cases = {
+        c.external_id: c
+        for c in (
+            Case("ready-1", "Ready", "Provisioned"),
+            Case("ready-2", "Ready", "Provisioned"),
+            Case("deleting", "Deleting", "Deleting"),
+        )
+    }
     for case in cases.values():
         status, body = api.call("PUT", f"/v1/databases/{case.external_id}", {"sizeClass": "small"})
         assert status == 201, body
@@ -318,8 +323,11 @@ def world(node: KubeNode, rest: Rest, shard: Shard, installed: Installed) -> dic
     assert status == 201, body
     wait_phase(api, "nocapacity", "Failed")
     for case in cases.values():
-        wait_for(lambda c=case: (condition(database(rest, c), "Ready") or {}).get("reason") == c.reason,
-                 timeout=60, what=f"{case.external_id}: Ready reason {case.reason}")
+        wait_for(
+            lambda c=case: (condition(database(rest, c), "Ready") or {}).get("reason") == c.reason,
+            timeout=60,
+            what=f"{case.external_id}: Ready reason {case.reason}",
+        )
         case.status = database(rest, case)["status"]
         case.credentials = credentials_secret(rest, case)
     assert nocapacity.credentials is None
@@ -421,17 +429,24 @@ def test_the_upgrade_crds_first_then_the_rolling_update(
     assert not [f for f in caller.failures if HTTP_ANSWER.match(f)], caller.failures
     ready = ready_pods(rest)
     assert {p["metadata"]["labels"].get("app.kubernetes.io/version") for p in ready} == {__version__}
-    wait_for(lambda: leader(rest) in {p["metadata"]["name"] for p in ready} and leader_release(rest) == __version__,
-             timeout=60, what="a new pod holding the Lease")
+    wait_for(
+        lambda: leader(rest) in {p["metadata"]["name"] for p in ready} and leader_release(rest) == __version__,
+        timeout=60,
+        what="a new pod holding the Lease",
+    )
 
 
 def test_everything_is_kept_after_the_upgrade(
     node: KubeNode, rest: Rest, installed: Installed, world: dict[str, Case]
 ) -> None:
     # The new leader's first pass over every Database (the ownership check) has had its time.
-    wait_for(lambda: all(condition(database(rest, c), "OwnershipRecorded") is not None
-                         for c in world.values() if c.phase == "Ready"), timeout=120,
-             what="the new leader's ownership check of the Ready databases")
+    wait_for(
+        lambda: all(
+            condition(database(rest, c), "OwnershipRecorded") is not None for c in world.values() if c.phase == "Ready"
+        ),
+        timeout=120,
+        what="the new leader's ownership check of the Ready databases",
+    )
     assert differences(node, rest, installed.api, world) == []
 
 
@@ -445,8 +460,17 @@ def test_the_rollback_to_the_previous_release(
     # pod left, free it.
     assert leader_release(rest) == __version__
     started = time.monotonic()
-    patched = node.kubectl("-n", NAMESPACE, "patch", "lease", f"{RELEASE}-manager", "--type", "merge",
-                           "-p", '{"spec":{"holderIdentity":null}}')
+    patched = node.kubectl(
+        "-n",
+        NAMESPACE,
+        "patch",
+        "lease",
+        f"{RELEASE}-manager",
+        "--type",
+        "merge",
+        "-p",
+        '{"spec":{"holderIdentity":null}}',
+    )
     assert patched.returncode == 0, patched.stderr
     ready = {p["metadata"]["name"] for p in ready_pods(rest)}
     wait_for(lambda: leader(rest) in ready, timeout=60, what="a pod of the previous release holding the Lease")

@@ -64,8 +64,11 @@ def test_two_replicas_serve_the_consumer_flow_and_fail_over(stack: DevStack, kub
         # PUT on the follower: every replica serves the API, the leader reconciles.
         created = follower.call("PUT", "/v1/databases/orders", json={"sizeClass": "small"})
         assert created.status_code == 201, created.text
-        view = wait_for(lambda: (r := leader.call("GET", "/v1/databases/orders").json())["phase"] == "Ready" and r,
-                 timeout=60, what="orders Ready")
+        view = wait_for(
+            lambda: (r := leader.call("GET", "/v1/databases/orders").json())["phase"] == "Ready" and r,
+            timeout=60,
+            what="orders Ready",
+        )
         assert view["sizeClass"] == "small"
         credentials = follower.call("GET", "/v1/databases/orders/credentials").json()
         with psycopg.connect(credentials["uri"]) as conn:
@@ -87,13 +90,17 @@ def test_two_replicas_serve_the_consumer_flow_and_fail_over(stack: DevStack, kub
         leader.kill()
         wait_for(lambda: _holder(kube) == follower.name, timeout=60, what="failover")
         assert follower.call("PUT", "/v1/databases/billing").status_code == 201
-        wait_for(lambda: follower.call("GET", "/v1/databases/billing").json()["phase"] == "Ready",
-                 timeout=60, what="billing Ready")
+        wait_for(
+            lambda: follower.call("GET", "/v1/databases/billing").json()["phase"] == "Ready",
+            timeout=60,
+            what="billing Ready",
+        )
 
         # Soft delete through the API (retention 0 here): the database disappears.
         assert follower.call("DELETE", "/v1/databases/orders").status_code == 202
-        wait_for(lambda: follower.call("GET", "/v1/databases/orders").status_code == 404,
-                 timeout=60, what="orders removed")
+        wait_for(
+            lambda: follower.call("GET", "/v1/databases/orders").status_code == 404, timeout=60, what="orders removed"
+        )
 
         follower.stop()
         assert follower.exit_code == 0
@@ -116,14 +123,18 @@ def test_rotation_keeps_or_ends_the_sessions_of_the_old_password(stack: DevStack
     try:
         replica.wait_ready()
         assert replica.call("PUT", "/v1/databases/rotating").status_code == 201
-        wait_for(lambda: replica.call("GET", "/v1/databases/rotating").json()["phase"] == "Ready",
-                 timeout=60, what="Ready")
+        wait_for(
+            lambda: replica.call("GET", "/v1/databases/rotating").json()["phase"] == "Ready", timeout=60, what="Ready"
+        )
 
         def rotate(**body) -> dict:
             asked = replica.call("POST", "/v1/databases/rotating/credentials/rotate", json=body or None)
             assert asked.status_code == 202, asked.text
-            wait_for(lambda: not replica.call("GET", "/v1/databases/rotating").json()["rotationPending"],
-                     timeout=60, what="rotated")
+            wait_for(
+                lambda: not replica.call("GET", "/v1/databases/rotating").json()["rotationPending"],
+                timeout=60,
+                what="rotated",
+            )
             return replica.call("GET", "/v1/databases/rotating/credentials").json()
 
         first = replica.call("GET", "/v1/databases/rotating/credentials").json()
@@ -138,8 +149,11 @@ def test_rotation_keeps_or_ends_the_sessions_of_the_old_password(stack: DevStack
         with psycopg.connect(third["uri"]) as conn:
             assert conn.execute("SELECT current_user").fetchone()[0] == third["user"]
         assert replica.call("DELETE", "/v1/databases/rotating").status_code == 202
-        wait_for(lambda: replica.call("GET", "/v1/databases/rotating").status_code == 404,
-                 timeout=60, what="rotating removed")
+        wait_for(
+            lambda: replica.call("GET", "/v1/databases/rotating").status_code == 404,
+            timeout=60,
+            what="rotating removed",
+        )
     finally:
         replica.kill()
     logs = replica.log.read_text()
@@ -187,8 +201,11 @@ def test_a_manager_process_verifies_shards_with_its_shard_ca_file(
     right = ManagerReplica(stack, "replica-ca", tmp_path, ("--shard-ca-file", str(stack.postgres.ca_file)))
     try:
         right.wait_ready()
-        ready = wait_for(lambda: (c := _shard_ready(kube, verified_shard)) and c["reason"] == "Ok" and c,
-                         timeout=90, what="the verify-full shard Ok")
+        ready = wait_for(
+            lambda: (c := _shard_ready(kube, verified_shard)) and c["reason"] == "Ok" and c,
+            timeout=90,
+            what="the verify-full shard Ok",
+        )
         assert ready["status"] == "True"
     finally:
         right.stop()  # SIGTERM releases the Lease for the next replica
@@ -200,8 +217,11 @@ def test_a_manager_process_verifies_shards_with_its_shard_ca_file(
     wrong = ManagerReplica(stack, "replica-wrong-ca", tmp_path, env={SETTINGS.env.shard_ca: str(other_ca)})
     try:
         wrong.wait_ready()
-        ready = wait_for(lambda: (c := _shard_ready(kube, verified_shard)) and c["reason"] == "Unreachable" and c,
-                         timeout=90, what="the verify-full shard Unreachable")
+        ready = wait_for(
+            lambda: (c := _shard_ready(kube, verified_shard)) and c["reason"] == "Unreachable" and c,
+            timeout=90,
+            what="the verify-full shard Unreachable",
+        )
         assert (ready["status"], ready["message"]) == ("False", "check failed: tls_failed")
     finally:
         wrong.stop()
@@ -225,9 +245,7 @@ def test_a_bad_shard_ca_file_stops_the_manager_at_startup(stack: DevStack, tmp_p
 # room for watches, shard sessions and metrics stops the manager, naming the key.
 
 
-def start_limited(
-    stack: DevStack, log: Path, soft: int, hard: int
-) -> tuple[subprocess.Popen[bytes], ManagerEndpoints]:
+def start_limited(stack: DevStack, log: Path, soft: int, hard: int) -> tuple[subprocess.Popen[bytes], ManagerEndpoints]:
     """A manager whose RLIMIT_NOFILE starts at (soft, hard), as a container runtime would set it."""
     limits: Callable[[], None] = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))  # noqa: E731
     endpoints = ManagerEndpoints()
@@ -235,7 +253,11 @@ def start_limited(
     with open(log, "wb") as out:
         process = subprocess.Popen(
             stack.manager_argv(sys.executable, endpoints.api_port, endpoints.metrics_port),
-            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO, preexec_fn=limits,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=REPO,
+            preexec_fn=limits,
         )
     return process, endpoints
 
@@ -252,6 +274,7 @@ def test_the_soft_limit_is_raised_to_the_hard_limit(stack: DevStack, tmp_path: P
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     process, endpoints = start_limited(stack, tmp_path / "raised.log", 1024, hard)
     try:
+
         def ready() -> bool:
             assert process.poll() is None, (tmp_path / "raised.log").read_text()
             try:

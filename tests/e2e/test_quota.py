@@ -33,8 +33,9 @@ MAX_DATABASES = 5
 @pytest.fixture(scope="module")
 def stack(kube: KubeControlPlane, postgres_pool, tmp_path_factory) -> Iterator[DevStack]:
     postgres: PostgresServer = postgres_pool.get("18")
-    created = install_stack(kube, postgres, tmp_path_factory.mktemp("quota"), "quotatest",
-                            softDelete={"retention": "0"})
+    created = install_stack(
+        kube, postgres, tmp_path_factory.mktemp("quota"), "quotatest", softDelete={"retention": "0"}
+    )
     with kube.admin_client() as client:  # the burst's databases need no shard: placement is not under test
         Rest(client).patch(SHARDS, created.shard, {"spec": {"accepting": False}})
     yield created
@@ -152,8 +153,11 @@ def test_a_replica_killed_with_its_create_in_flight_holds_one_slot_until_the_tim
         # The slot still counts while it may belong to a create in flight ...
         assert survivor.call("PUT", "/v1/databases/three", token).status_code == 429
         # ... and is freed once the reservation timeout has passed.
-        wait_for(lambda: survivor.call("PUT", "/v1/databases/three", token).status_code == 201,
-                 RESERVATION_TIMEOUT + 30, "the leaked slot to be freed")
+        wait_for(
+            lambda: survivor.call("PUT", "/v1/databases/three", token).status_code == 201,
+            RESERVATION_TIMEOUT + 30,
+            "the leaked slot to be freed",
+        )
         held = time.monotonic() - reserved
         print(f"a killed replica's slot was freed {held:.1f} s after its reservation (timeout {RESERVATION_TIMEOUT} s)")
         assert RESERVATION_TIMEOUT - 1 <= held <= RESERVATION_TIMEOUT + 30

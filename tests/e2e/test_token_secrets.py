@@ -65,7 +65,9 @@ def token() -> str:
 
 def write_secret(admin: Rest, name: str, lines: list[str], key: str = "sha256", namespace: str = NAMESPACE) -> None:
     body = {
-        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": namespace},
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": namespace},
         "data": {key: b64("".join(f"{line}\n" for line in lines))},
     }
     try:
@@ -79,10 +81,15 @@ def write_secret(admin: Rest, name: str, lines: list[str], key: str = "sha256", 
 def new_consumer(admin: Rest, tokens: list[str]) -> str:
     name = unique("tok")
     write_secret(admin, f"{name}-token", [hash_token(t) for t in tokens])
-    admin.create(CONSUMERS, {
-        "apiVersion": "db.bnerd.com/v1alpha1", "kind": "Consumer", "metadata": {"name": name},
-        "spec": {"tokenSecretRef": {"namespace": NAMESPACE, "name": f"{name}-token", "key": "sha256"}},
-    })
+    admin.create(
+        CONSUMERS,
+        {
+            "apiVersion": "db.bnerd.com/v1alpha1",
+            "kind": "Consumer",
+            "metadata": {"name": name},
+            "spec": {"tokenSecretRef": {"namespace": NAMESPACE, "name": f"{name}-token", "key": "sha256"}},
+        },
+    )
     return name
 
 
@@ -114,13 +121,18 @@ def apiserver_watches(kube: KubeControlPlane, resource: str) -> int:
     """Open WATCH requests on `resource`, from the apiserver's own gauge."""
     configuration = kube.configuration()
     text = requests.get(
-        f"{kube.url}/metrics", cert=(configuration.cert_file, configuration.key_file),
-        verify=configuration.ssl_ca_cert, timeout=30,
+        f"{kube.url}/metrics",
+        cert=(configuration.cert_file, configuration.key_file),
+        verify=configuration.ssl_ca_cert,
+        timeout=30,
     ).text
     total = 0
     for line in text.splitlines():
-        if line.startswith("apiserver_longrunning_requests{") and 'verb="WATCH"' in line \
-                and f'resource="{resource}"' in line:
+        if (
+            line.startswith("apiserver_longrunning_requests{")
+            and 'verb="WATCH"' in line
+            and f'resource="{resource}"' in line
+        ):
             total += int(float(line.rsplit(" ", 1)[1]))
     return total
 

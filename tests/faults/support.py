@@ -97,7 +97,11 @@ class FaultStack:
             SHARD_B: PostgresServer("18", log_statements=True, settings=logged, durable=True).start(),
         }
         self.dev = install_stack(
-            self.kube, self.shards[SHARD_A], self.root / "stack", RELEASE, shard=SHARD_A,
+            self.kube,
+            self.shards[SHARD_A],
+            self.root / "stack",
+            RELEASE,
+            shard=SHARD_A,
             softDelete={"retention": "0"},
             # The suite keeps every database it makes (well over 100 on two servers of 200
             # connections): with a limit of 1 each they all fit the shards' connection budgets.
@@ -115,21 +119,28 @@ class FaultStack:
     def _second_shard(self) -> None:
         server = self.shards[SHARD_B]
         secret = f"{SHARD_B}-provisioner"
-        self.rest.create(SECRETS, {
-            "apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret, "namespace": SHARD_SECRETS_NAMESPACE},
-            "data": {
-                "user": b64(server.PROVISIONER),
-                "password": b64(server.provisioner_password),
+        self.rest.create(
+            SECRETS,
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": secret, "namespace": SHARD_SECRETS_NAMESPACE},
+                "data": {
+                    "user": b64(server.PROVISIONER),
+                    "password": b64(server.provisioner_password),
+                },
             },
-        }, SHARD_SECRETS_NAMESPACE)
+            SHARD_SECRETS_NAMESPACE,
+        )
         shard = self.rest.get(SHARDS, SHARD_A)
         spec = json.loads(json.dumps(shard["spec"]))
         spec["admin"].update(port=server.port, secretRef={"namespace": SHARD_SECRETS_NAMESPACE, "name": secret})
         spec["admin"]["serviceName"] = f"{SHARD_B}-primary"
         spec["client"]["port"] = server.port
         spec["perconaCluster"] = {"namespace": NAMESPACE, "name": SHARD_B}
-        self.rest.create(SHARDS, {"apiVersion": shard["apiVersion"], "kind": "Shard", "metadata": {"name": SHARD_B},
-                                  "spec": spec})
+        self.rest.create(
+            SHARDS, {"apiVersion": shard["apiVersion"], "kind": "Shard", "metadata": {"name": SHARD_B}, "spec": spec}
+        )
 
     def close(self) -> None:
         for replica in self.replicas:
@@ -287,7 +298,7 @@ def statement_log(stack: FaultStack) -> list[tuple[datetime, str, str, str, bool
 
 def sql_writes(stack: FaultStack) -> list[Write]:
     return [
-        Write(app[len(SQL_APP):], when, statement[:80])
+        Write(app[len(SQL_APP) :], when, statement[:80])
         for when, app, statement, _, _ in statement_log(stack)
         if app.startswith(SQL_APP)
     ]
@@ -342,8 +353,13 @@ def _logs_in(stack: FaultStack, db: dict[str, Any]) -> str | None:
     values = decoded(secret)
     try:
         with psycopg.connect(
-            host=values["host"], port=int(values["port"]), user=values["user"], password=values["password"],
-            dbname=values["database"], sslmode=values["sslmode"], connect_timeout=5,
+            host=values["host"],
+            port=int(values["port"]),
+            user=values["user"],
+            password=values["password"],
+            dbname=values["database"],
+            sslmode=values["sslmode"],
+            connect_timeout=5,
         ) as conn:
             if conn.execute("SELECT current_user").fetchone()[0] != values["user"]:
                 return "logged in as someone else"

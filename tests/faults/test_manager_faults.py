@@ -57,8 +57,11 @@ def test_leader_sigstop_past_lease_with_second_replica(owned: FaultStack) -> Non
     leader.pause()
     paused = time.monotonic()
     try:
-        record(fault, "second replica leads after the pause",
-               timed(lambda: stack.holder() == follower.name, 60, "takeover"))
+        record(
+            fault,
+            "second replica leads after the pause",
+            timed(lambda: stack.holder() == follower.name, 60, "takeover"),
+        )
         during = stack.burst(follower, "lstop-during", 6)
         wait_for(lambda: stack.phases(during)["Ready"] == len(during), 90, "databases Ready under the new leader")
         time.sleep(max(0.0, LEASE_DURATION + 5 - (time.monotonic() - paused)))  # the fault: well past the Lease

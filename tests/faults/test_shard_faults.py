@@ -58,10 +58,13 @@ def _paused_shard(stack: FaultStack, fault: str, prefix: str, stop: str) -> None
         record(fault, "shard Ready=False after the pause", detect)
         during = stack.burst(replica, f"{prefix}-during", 6)
         ready = wait_for(
-            lambda: (dbs := stack.databases()) and all(
-                (dbs.get(n) or {}).get("status", {}).get("phase") == "Ready" for n in during
-            ) and dbs,
-            90, "databases created during the pause Ready",
+            lambda: (
+                (dbs := stack.databases())
+                and all((dbs.get(n) or {}).get("status", {}).get("phase") == "Ready" for n in during)
+                and dbs
+            ),
+            90,
+            "databases created during the pause Ready",
         )
         # Reported Ready only where a consumer can connect: on the shard that accepts connections.
         assert {ready[n]["status"]["shard"] for n in during} == {SHARD_B}
@@ -106,6 +109,7 @@ def test_hung_shard_mid_burst_with_a_healthy_one_beside_it(owned: FaultStack) ->
     server.freeze()
     hung = time.monotonic()
     try:
+
         def b_ready() -> bool:
             dbs = stack.databases()
             on_b = [n for n in names if ((dbs.get(n) or {}).get("status") or {}).get("shard") == SHARD_B]
@@ -115,9 +119,11 @@ def test_hung_shard_mid_burst_with_a_healthy_one_beside_it(owned: FaultStack) ->
         wait_for(lambda: not stack.shard_ready(SHARD_A), 60, "A not Ready")
         record(fault, "shard A Ready=False, from the hang", time.monotonic() - hung)
         during = stack.burst(replica, "hung-during", 4)  # placed on B: A is not Ready
-        record(fault, "4 new databases Ready (on B)", timed(
-            lambda: stack.phases(during)["Ready"] == len(during), 90, "new databases Ready"
-        ))
+        record(
+            fault,
+            "4 new databases Ready (on B)",
+            timed(lambda: stack.phases(during)["Ready"] == len(during), 90, "new databases Ready"),
+        )
         assert {stack.databases()[n]["status"]["shard"] for n in during} == {SHARD_B}
 
         def waiting() -> bool:
@@ -156,9 +162,11 @@ def test_read_only_shard(owned: FaultStack) -> None:
     read_only(True)
     changed = time.monotonic()
     try:
-        record(fault, "shard ReadOnly after the change", timed(
-            lambda: stack.shard_reason(SHARD_A) == "ReadOnly", 60, "ReadOnly"
-        ))
+        record(
+            fault,
+            "shard ReadOnly after the change",
+            timed(lambda: stack.shard_reason(SHARD_A) == "ReadOnly", 60, "ReadOnly"),
+        )
         for name in on_a:
             stack.delete(replica, name)
         during = stack.burst(replica, "rdonly-during", 6)
@@ -166,7 +174,8 @@ def test_read_only_shard(owned: FaultStack) -> None:
         assert {stack.databases()[n]["status"]["shard"] for n in during} == {SHARD_B}
         wait_for(
             lambda: all(row == ("Deleting", "ShardNotReady") for row in _phase_reason(stack, on_a).values()),
-            60, "the deletes on A waiting",
+            60,
+            "the deletes on A waiting",
         )
         _no_failed(stack, before + during)
         record(fault, "time the shard stayed read-only", time.monotonic() - changed)
@@ -193,14 +202,18 @@ def test_shard_link_with_latency_and_resets(owned: FaultStack) -> None:
             # Only B takes new databases meanwhile: A stops accepting.
             stack.rest.patch(SHARDS, SHARD_A, {"spec": {"accepting": False}})
             replica, names = stack.leading_burst("flaky", 8)
-            record(fault, "burst of 8 Ready through the flaky link", timed(
-                lambda: stack.phases(names)["Ready"] == len(names), 240, "the burst Ready"
-            ))
+            record(
+                fault,
+                "burst of 8 Ready through the flaky link",
+                timed(lambda: stack.phases(names)["Ready"] == len(names), 240, "the burst Ready"),
+            )
             for name in names[:4]:
                 stack.delete(replica, name)
-            record(fault, "4 drops done through the flaky link", timed(
-                lambda: stack.phases(names[:4])["absent"] == 4, 240, "the drops done"
-            ))
+            record(
+                fault,
+                "4 drops done through the flaky link",
+                timed(lambda: stack.phases(names[:4])["absent"] == 4, 240, "the drops done"),
+            )
             assert proxy.resets > 0
             late = stack.burst(replica, "flaky-late", 3)
             time.sleep(5)

@@ -58,6 +58,7 @@ TEST_CONFIG: dict[str, Any] = {
     "engines": {"cloudberry": {"enabled": True}},
 }
 
+
 def monitoring_crds() -> list[dict[str, Any]]:
     """The real Prometheus Operator CRDs (ServiceMonitor, PrometheusRule), so their schemas judge our objects."""
     return [yaml.safe_load(path.read_text()) for path in crd_paths()]

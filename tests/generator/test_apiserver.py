@@ -62,8 +62,6 @@ def database(name: str, **changes: Any) -> dict[str, Any]:
     }
 
 
-
-
 @pytest.fixture
 def cleanup(installed: Installed) -> Any:
     """Objects registered here are deleted (as admin, a break-glass member) after the test."""
@@ -130,7 +128,8 @@ def test_crds_are_established_with_names_scopes_and_status_subresources(installe
         assert "dbc" not in crd["spec"]["names"]["shortNames"]  # Keldon's
         versions = crd["spec"]["versions"]
         assert [(v["name"], v["served"], v["storage"]) for v in versions] == [
-            ("v1alpha1", True, True), ("v1beta1", True, False)
+            ("v1alpha1", True, True),
+            ("v1beta1", True, False),
         ]
         assert crd["spec"]["conversion"] == {"strategy": "None"}
         for version in versions:  # one schema for both: the apiserver rewrites apiVersion and nothing else

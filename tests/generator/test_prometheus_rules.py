@@ -57,8 +57,17 @@ def rules_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         config_file = directory / f"{name}.values.yaml"
         config_file.write_text(yaml.safe_dump({"tls": {"secretName": "tls"}, **values}))
         code = main(
-            ["render", "--config", str(config_file), "--only", "prometheusrule", "--format", "rules",
-             "-o", str(directory / name)]
+            [
+                "render",
+                "--config",
+                str(config_file),
+                "--only",
+                "prometheusrule",
+                "--format",
+                "rules",
+                "-o",
+                str(directory / name),
+            ]
         )
         assert code == 0
     for test_file in RULE_TESTS.glob("*.test.yaml"):

@@ -32,7 +32,9 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(out), str(REPO)],
-        check=True, capture_output=True, cwd=out,
+        check=True,
+        capture_output=True,
+        cwd=out,
     )
     (found,) = out.glob("dbprovider-*.whl")
     return found
@@ -45,7 +47,8 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     result = subprocess.run(
         [str(venv / "bin" / "pip"), "install", "--quiet", "--no-compile", "--disable-pip-version-check", str(wheel)],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     yield venv / "bin" / "dbprovider"
@@ -78,8 +81,21 @@ def test_render_from_the_installed_package(installed: Path, tmp_path: Path) -> N
 
 def test_consumer_and_lint_from_the_installed_package(installed: Path, tmp_path: Path) -> None:
     (tmp_path / "landscape").mkdir()
-    new = run(installed, tmp_path, "consumer", "new", "team-a", "--max-databases", "50", "--namespace", "databases",
-              "--out", "landscape", "--token-file", "team-a.token")
+    new = run(
+        installed,
+        tmp_path,
+        "consumer",
+        "new",
+        "team-a",
+        "--max-databases",
+        "50",
+        "--namespace",
+        "databases",
+        "--out",
+        "landscape",
+        "--token-file",
+        "team-a.token",
+    )
     assert new.returncode == 0, new.stderr
     assert len((tmp_path / "team-a.token").read_text().strip()) == 64
     (tmp_path / "values.yaml").write_text(yaml.safe_dump(VALUES))

@@ -26,8 +26,12 @@ class Clock:
 
 
 def admin_secret(admin_rest: Rest, name: str, password: str) -> None:
-    body = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": NAMESPACE},
-            "data": {"user": b64("provisioner"), "password": b64(password)}}
+    body = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "data": {"user": b64("provisioner"), "password": b64(password)},
+    }
     admin_rest.create(SECRETS, body, NAMESPACE)
 
 
@@ -37,12 +41,20 @@ def listed(*names: str) -> AdminPolicy:
 
 
 def shard_spec(secret: str, port: int = 5432):
-    return parse_shard({"spec": {
-        "maxDatabases": 10,
-        "perconaCluster": {"namespace": "databases", "name": "pg"},
-        "admin": {"serviceName": "pg-primary", "port": port, "secretRef": {"namespace": NAMESPACE, "name": secret}},
-        "client": {"host": "pg.example.com", "port": 5432},
-    }})
+    return parse_shard(
+        {
+            "spec": {
+                "maxDatabases": 10,
+                "perconaCluster": {"namespace": "databases", "name": "pg"},
+                "admin": {
+                    "serviceName": "pg-primary",
+                    "port": port,
+                    "secretRef": {"namespace": NAMESPACE, "name": secret},
+                },
+                "client": {"host": "pg.example.com", "port": 5432},
+            }
+        }
+    )
 
 
 @pytest.fixture

@@ -58,9 +58,7 @@ def test_a_mode_that_may_go_without_tls_is_refused_before_any_connection(
     assert relay.connections == 0
 
 
-def test_a_shard_named_in_cleartext_shards_logs_in_without_tls_and_a_relay_reads_it(
-    pg18, relay, fleet, start_manager
-):
+def test_a_shard_named_in_cleartext_shards_logs_in_without_tls_and_a_relay_reads_it(pg18, relay, fleet, start_manager):
     """The opt-out works, and shows what it costs: the relay sees the whole login in cleartext."""
     name = fleet.shard(pg18, port=relay.port, sslmode="disable")
     start_manager(install_config(shardTLS={"cleartextShards": [name]}))

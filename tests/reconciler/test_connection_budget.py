@@ -119,10 +119,12 @@ def test_an_install_config_that_overcommits_is_reported_not_applied(small, fleet
     start_manager(install_config(connectionBudget={"reserved": RESERVED + 10}))
 
     shard = wait_for(
-        lambda: (s := fleet.get_shard(name))
-        and (c := condition(s, "ConnectionBudgetExceeded")) is not None
-        and c["status"] == "True"
-        and s,
+        lambda: (
+            (s := fleet.get_shard(name))
+            and (c := condition(s, "ConnectionBudgetExceeded")) is not None
+            and c["status"] == "True"
+            and s
+        ),
         timeout=30,
         what=f"{name} reported overcommitted",
     )

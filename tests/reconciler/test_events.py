@@ -23,8 +23,11 @@ from tests.support.common import wait_for
 
 
 def subject(name: str, namespace: str = NAMESPACE) -> dict:
-    return {"apiVersion": "db.bnerd.com/v1alpha1", "kind": "Database",
-            "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "resourceVersion": "1"}}
+    return {
+        "apiVersion": "db.bnerd.com/v1alpha1",
+        "kind": "Database",
+        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "resourceVersion": "1"},
+    }
 
 
 def events_about(admin_rest: Rest, name: str) -> list[dict]:

@@ -99,9 +99,7 @@ def events_of(admin_rest: Rest, db: dict[str, Any], type_: str) -> list[dict[str
     return [e for e in items if e["involvedObject"].get("uid") == db["metadata"]["uid"] and e["type"] == type_]
 
 
-def assert_warning(
-    admin_rest: Rest, db: dict[str, Any], cond: dict[str, Any], *secrets: str
-) -> dict[str, Any]:
+def assert_warning(admin_rest: Rest, db: dict[str, Any], cond: dict[str, Any], *secrets: str) -> dict[str, Any]:
     """A Warning Event: reason = the condition's reason, message = its sanitized message + who."""
     event = event_about(admin_rest, db, cond["reason"])
     assert event["type"] == "Warning"
@@ -161,9 +159,7 @@ def test_ensure_failed_when_a_foreign_database_has_the_tenant_name(
         assert_warning(admin_rest, db, ready, password_of(admin_rest, name), dialect_pg.provisioner_password)
         assert manager.errors("database", "EnsureFailed") >= 1
         with dialect_pg.superuser_connection() as su:
-            row = su.execute(
-                "SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = %s", (tenant,)
-            ).fetchone()
+            row = su.execute("SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = %s", (tenant,)).fetchone()
         assert row == (owner,)  # neither taken over nor dropped
 
     # The operator removes the foreign database. name_taken is terminal (no retry with backoff): the
@@ -492,8 +488,13 @@ def test_finishing_a_delete_that_another_replica_finished_is_no_error(fleet, pro
         {"metadata": {"finalizers": [FINALIZER_TENANT], "annotations": {ANNOTATION_DELETE_REQUESTED_AT: stamp}}},
         NAMESPACE,
     )
-    dropped = {"type": "TenantDropped", "status": "True", "reason": "Dropped", "message": "database and role dropped",
-               "lastTransitionTime": stamp}
+    dropped = {
+        "type": "TenantDropped",
+        "status": "True",
+        "reason": "Dropped",
+        "message": "database and role dropped",
+        "lastTransitionTime": stamp,
+    }
     status = {"shard": "rectest-elsewhere", "tenantName": "t_elsewhere", "phase": "Deleted", "conditions": [dropped]}
     admin_rest.patch(DATABASES, name, {"status": status}, NAMESPACE, subresource="status")
 

@@ -118,8 +118,12 @@ def test_connection_gauges_count_limits_against_the_recorded_budget() -> None:
     ]
     registry = CollectorRegistry()
     registry.register(
-        FleetCollector(lambda: shards, lambda: databases, clock=lambda: NOW,
-                       connection_limit=partial(database_limit, config=config))
+        FleetCollector(
+            lambda: shards,
+            lambda: databases,
+            clock=lambda: NOW,
+            connection_limit=partial(database_limit, config=config),
+        )
     )
     text = generate_latest(registry).decode()
     for line in (

@@ -97,8 +97,10 @@ def test_a_tenant_holding_locks_cannot_stop_its_disable_or_drop(postgres, fleet,
 def _refused(fleet, name: str) -> dict:
     return fleet.wait_database(
         name,
-        lambda d: (d.get("status") or {}).get("phase") == "Failed"
-        and (condition(d, "Ready") or {}).get("reason") == "RestoreRefused",
+        lambda d: (
+            (d.get("status") or {}).get("phase") == "Failed"
+            and (condition(d, "Ready") or {}).get("reason") == "RestoreRefused"
+        ),
         what=f"{name} refused",
     )
 

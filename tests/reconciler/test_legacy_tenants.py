@@ -31,8 +31,9 @@ def _made_before_records(admin_rest: Rest, postgres: PostgresServer, db: dict[st
     no OwnershipRecorded condition in its status."""
     _as_superuser(postgres, "COMMENT ON ROLE {} IS NULL", db["status"]["tenantName"])
     kept = [c for c in db["status"]["conditions"] if c["type"] != "OwnershipRecorded"]
-    admin_rest.patch(DATABASES, db["metadata"]["name"], {"status": {"conditions": kept}}, NAMESPACE,
-                     subresource="status")
+    admin_rest.patch(
+        DATABASES, db["metadata"]["name"], {"status": {"conditions": kept}}, NAMESPACE, subresource="status"
+    )
 
 
 def _ready_database(fleet: Fleet, postgres: PostgresServer, start_manager) -> tuple[Any, str, dict[str, Any]]:
@@ -74,8 +75,10 @@ def test_a_ready_tenant_made_before_records_is_adopted_once_with_an_event(
     first = condition(adopted, "OwnershipRecorded")
     upgraded.stop()
     start_manager()
-    wait_for(lambda: len([e for e in _events(admin_rest, name) if e["reason"] == "TenantAdopted"]) == 1,
-             what="exactly one TenantAdopted event")
+    wait_for(
+        lambda: len([e for e in _events(admin_rest, name) if e["reason"] == "TenantAdopted"]) == 1,
+        what="exactly one TenantAdopted event",
+    )
     assert condition(fleet.get_database(name), "OwnershipRecorded") == first
 
 

@@ -27,18 +27,37 @@ READY = [{"type": "Ready", "status": "True", "reason": "Ok", "message": "", "las
 NOT_READY = [{"type": "Ready", "status": "False", "reason": "Unreachable", "message": "", "lastTransitionTime": SINCE}]
 
 
-def shard(name: str, *, engine: str = "postgres", accepting: bool = True, ready: bool = True,
-          max_databases: int = 10, deleting: bool = False, rv: int = 1, budget: int | None = 1000) -> dict[str, Any]:
+def shard(
+    name: str,
+    *,
+    engine: str = "postgres",
+    accepting: bool = True,
+    ready: bool = True,
+    max_databases: int = 10,
+    deleting: bool = False,
+    rv: int = 1,
+    budget: int | None = 1000,
+) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "resourceVersion": str(rv)}
     if deleting:
         meta["deletionTimestamp"] = "2026-11-30T00:00:00Z"
     cluster = {"keldonCluster" if engine == "cloudberry" else "perconaCluster": {"namespace": "pg", "name": name}}
     admin = {"serviceName": f"{name}-primary", "secretRef": {"namespace": "dbprovider", "name": f"{name}-admin"}}
-    return {"metadata": meta,
-            "spec": {"engine": engine, "accepting": accepting, "maxDatabases": max_databases, **cluster,
-                     "admin": admin, "client": {"host": f"{name}.example.com"}},
-            "status": {"conditions": READY if ready else NOT_READY,
-                       **({"connectionBudget": budget} if budget is not None else {})}}
+    return {
+        "metadata": meta,
+        "spec": {
+            "engine": engine,
+            "accepting": accepting,
+            "maxDatabases": max_databases,
+            **cluster,
+            "admin": admin,
+            "client": {"host": f"{name}.example.com"},
+        },
+        "status": {
+            "conditions": READY if ready else NOT_READY,
+            **({"connectionBudget": budget} if budget is not None else {}),
+        },
+    }
 
 
 def database(i: int, shard_name: str | None, limit: int | None = None) -> dict[str, Any]:
@@ -174,9 +193,13 @@ def reference_choice(
     for name, db_limit in placed.values():
         counts[name] = counts.get(name, 0) + 1
         limits.setdefault(name, []).append(db_limit)
-    usable = [(counts.get(n, 0), n) for n, s in shards.items()
-              if (c := ShardCandidate.from_object(s)).engine == engine and c.usable(counts.get(n, 0))
-              and fits(limit, Commitments.of(limits.get(n, [])), c.connection_budget)]
+    usable = [
+        (counts.get(n, 0), n)
+        for n, s in shards.items()
+        if (c := ShardCandidate.from_object(s)).engine == engine
+        and c.usable(counts.get(n, 0))
+        and fits(limit, Commitments.of(limits.get(n, [])), c.connection_budget)
+    ]
     return min(usable)[1] if usable else None
 
 
@@ -192,10 +215,16 @@ def test_agrees_with_the_rule_over_random_event_sequences(seed: int) -> None:
         roll = rng.random()
         if roll < 0.2:
             name = rng.choice(names)
-            new = shard(name, engine=rng.choice(["postgres", "postgres", "cloudberry"]),
-                        accepting=rng.random() < 0.8, ready=rng.random() < 0.8,
-                        max_databases=rng.randint(1, 8), deleting=rng.random() < 0.05, rv=step,
-                        budget=rng.choice([None, 20, 60, 200]))
+            new = shard(
+                name,
+                engine=rng.choice(["postgres", "postgres", "cloudberry"]),
+                accepting=rng.random() < 0.8,
+                ready=rng.random() < 0.8,
+                max_databases=rng.randint(1, 8),
+                deleting=rng.random() < 0.05,
+                rv=step,
+                budget=rng.choice([None, 20, 60, 200]),
+            )
             index.shard_event("MODIFIED" if name in shards else "ADDED", shards.get(name), new)
             shards[name] = new
         elif roll < 0.25 and shards:

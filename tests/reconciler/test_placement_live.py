@@ -78,8 +78,9 @@ def test_a_burst_never_puts_a_shard_over_max_databases(seed, postgres_pool, flee
             if created:
                 name = rng.choice(created)
                 with contextlib.suppress(ApiException):
-                    admin_rest.patch(DATABASES, name, {"metadata": {"labels": {"touched": str(rng.random())}}},
-                                     NAMESPACE)
+                    admin_rest.patch(
+                        DATABASES, name, {"metadata": {"labels": {"touched": str(rng.random())}}}, NAMESPACE
+                    )
 
     meddler = threading.Thread(target=meddle, daemon=True)
     meddler.start()

@@ -61,9 +61,7 @@ def unlisted_secret(admin_rest: Rest, pg18: PostgresServer) -> Iterator[tuple[st
 
 
 @pytest.mark.parametrize("where", ["release-namespace", "shard-secrets-namespace"])
-def test_an_unlisted_admin_secret_is_refused_before_any_connection(
-    pg18, fleet, start_manager, unlisted_secret, where
-):
+def test_an_unlisted_admin_secret_is_refused_before_any_connection(pg18, fleet, start_manager, unlisted_secret, where):
     namespace, secret = unlisted_secret
     if where == "shard-secrets-namespace":  # a namespace with listed names, but not this one
         namespace, secret = SHARD_SECRETS_NAMESPACE, "rectest-not-listed"

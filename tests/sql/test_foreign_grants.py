@@ -385,4 +385,3 @@ def test_tenants_cannot_grant_their_role_to_another(
                 conn.execute(
                     sql.SQL("GRANT {} TO {}" + option).format(sql.Identifier(granter.name), sql.Identifier(victim.name))
                 )
-

@@ -55,9 +55,10 @@ class TestTemplate:
         with postgres.superuser_connection("template1") as su:
             su.execute("GRANT CREATE ON SCHEMA public TO PUBLIC")
         try:
-            with postgres.unprepared(), postgres.connect(
-                provisioned.name, provisioned.password, "template1"
-            ) as planter:
+            with (
+                postgres.unprepared(),
+                postgres.connect(provisioned.name, provisioned.password, "template1") as planter,
+            ):
                 planter.execute("CREATE TABLE public.planted (v text)")
                 planter.execute("CREATE FUNCTION public.lower(text) RETURNS text LANGUAGE sql AS 'SELECT $1'")
                 planter.commit()

@@ -30,8 +30,6 @@ SUCCESSOR = OwnerRecord("consumer-a", "6f1b3c1e-0000-4000-8000-000000000002")
 INTRUDER = OwnerRecord("consumer-b", "6f1b3c1e-0000-4000-8000-000000000003")
 
 
-
-
 @pytest.fixture
 def owned(admin: AdminSession, tenant: TenantSpec) -> TenantSpec:
     spec = replace(tenant, owner=OWNER)
@@ -48,9 +46,7 @@ def test_a_tenant_cannot_rewrite_its_own_record(postgres: PostgresServer, owned:
     with postgres.connect(owned.name, owned.password, owned.name) as conn:
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute(
-                sql.SQL("COMMENT ON ROLE {} IS {}").format(
-                    sql.Identifier(owned.name), sql.Literal(INTRUDER.comment())
-                )
+                sql.SQL("COMMENT ON ROLE {} IS {}").format(sql.Identifier(owned.name), sql.Literal(INTRUDER.comment()))
             )
     assert OwnerRecord.parse(role_comment(postgres, owned.name)) == OWNER
 

@@ -19,7 +19,11 @@ def test_the_seed_provisioner_is_accepted(postgres: PostgresServer, admin: Admin
 
     assert info.major == postgres.major
     assert (info.role, info.superuser, info.createdb, info.createrole, info.can_login) == (
-        postgres.PROVISIONER, False, True, True, True,
+        postgres.PROVISIONER,
+        False,
+        True,
+        True,
+        True,
     )
     assert dialect_problem(info) is None
     # Before 16 CREATEROLE reaches every non-superuser role: the Shard shows that weaker guarantee.
@@ -36,9 +40,7 @@ def test_the_seed_provisioner_is_accepted(postgres: PostgresServer, admin: Admin
         pytest.param("LOGIN CREATEDB CREATEROLE INHERIT", "must be NOINHERIT", id="inherit"),
     ],
 )
-def test_unfit_admin_roles_are_named_with_the_reason(
-    postgres: PostgresServer, attributes: str, problem: str
-) -> None:
+def test_unfit_admin_roles_are_named_with_the_reason(postgres: PostgresServer, attributes: str, problem: str) -> None:
     with login_role(postgres, "prov", attributes) as (user, password):
         with AdminSession.for_endpoint(admin_endpoint(postgres, user, password)) as session:
             found = dialect_problem(inspect_provisioner(session))

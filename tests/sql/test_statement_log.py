@@ -64,7 +64,7 @@ def test_provisioning_sends_the_seed_sequence_in_order(
     )
     assert changes[4:] == [
         grant,
-        f"CREATE DATABASE {name} OWNER {name} TEMPLATE \"template0\" ALLOW_CONNECTIONS false",
+        f'CREATE DATABASE {name} OWNER {name} TEMPLATE "template0" ALLOW_CONNECTIONS false',
         f"SET ROLE {name}",
         f"REVOKE ALL ON DATABASE {name} FROM PUBLIC",
         f"GRANT CONNECT ON DATABASE {name} TO {name}",
@@ -188,8 +188,12 @@ def test_every_statement_is_one_record_with_its_role_and_application(
 
 
 def test_a_benchmark_refuses_to_count_from_a_log_that_shows_no_statement(
-    postgres: PostgresServer, admin: AdminSession, tenant: TenantSpec,
-    logged_postgres: PostgresServer, logged_admin: AdminSession, logged_tenant: TenantSpec,
+    postgres: PostgresServer,
+    admin: AdminSession,
+    tenant: TenantSpec,
+    logged_postgres: PostgresServer,
+    logged_admin: AdminSession,
+    logged_tenant: TenantSpec,
 ) -> None:
     """The benchmarks' statements per database read 0.00 while the reader was blind (issue 28 item 7):
     on a server without log_statement=all the same work now stops the benchmark instead."""

@@ -128,8 +128,13 @@ def test_without_channel_binding_the_same_relay_gets_the_session(
     """Control: the relay above works; a client that does not insist on channel binding is taken over."""
     with PostgresRelay(postgres.port, terminate_tls=relay_certs["foreign-ca"]) as relay:
         with psycopg.connect(
-            host="127.0.0.1", port=relay.port, user=postgres.PROVISIONER, password=postgres.provisioner_password,
-            dbname="postgres", sslmode="require", channel_binding="disable",
+            host="127.0.0.1",
+            port=relay.port,
+            user=postgres.PROVISIONER,
+            password=postgres.provisioner_password,
+            dbname="postgres",
+            sslmode="require",
+            channel_binding="disable",
         ) as conn:
             conn.execute("SELECT 1")
     assert relay.authenticated == 1

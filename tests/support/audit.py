@@ -64,11 +64,13 @@ def controller_writes(audit_log: Path) -> list[Write]:
             if not applied:
                 continue
             resource = ref.get("resource") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
-            writes.append(Write(
-                agent[len(CONTROLLER_AGENT):],
-                parse_time(entry["requestReceivedTimestamp"]),
-                f"{entry['verb']} {resource}/{ref.get('name')}",
-            ))
+            writes.append(
+                Write(
+                    agent[len(CONTROLLER_AGENT) :],
+                    parse_time(entry["requestReceivedTimestamp"]),
+                    f"{entry['verb']} {resource}/{ref.get('name')}",
+                )
+            )
     return writes
 
 

@@ -10,16 +10,29 @@ from dbprovider.devstack import DevStack
 from harness import KubeControlPlane, PostgresServer
 
 
-def install_stack(kube: KubeControlPlane, postgres: PostgresServer, workdir: Path, release: str,
-                  *, shard: str | None = None, **overrides: Any) -> DevStack:
+def install_stack(
+    kube: KubeControlPlane,
+    postgres: PostgresServer,
+    workdir: Path,
+    release: str,
+    *,
+    shard: str | None = None,
+    **overrides: Any,
+) -> DevStack:
     """The product installed as release `release` (namespace `<release>-system`), with its Shard
     (`<release>-pg` unless named) on `postgres` and a Consumer; deletion protection off, so the test
     can remove what it made. `overrides` are install config keys."""
     return DevStack(
-        kube, postgres, workdir,
+        kube,
+        postgres,
+        workdir,
         config_overrides={
-            "releaseName": release, "namespace": f"{release}-system", "tls": {"secretName": f"{release}-tls"},
-            "deletionProtection": {"enabled": False}, **overrides,
+            "releaseName": release,
+            "namespace": f"{release}-system",
+            "tls": {"secretName": f"{release}-tls"},
+            "deletionProtection": {"enabled": False},
+            **overrides,
         },
-        consumer=f"{release}-consumer", shard=shard or f"{release}-pg",
+        consumer=f"{release}-consumer",
+        shard=shard or f"{release}-pg",
     ).install()

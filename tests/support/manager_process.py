@@ -33,7 +33,11 @@ class ManagerProcess(ManagerEndpoints):
         """Start it (output to the log, a session of its own, so signals reach only it)."""
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, env={**env, "POD_NAME": self.name}, cwd=cwd,
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**env, "POD_NAME": self.name},
+                cwd=cwd,
                 start_new_session=True,
             )
 

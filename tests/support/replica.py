@@ -29,7 +29,12 @@ class ManagerReplica(ManagerProcess):
     call_timeout = 10.0  # seconds a call waits for its answer unless told otherwise
 
     def __init__(
-        self, stack: DevStack, name: str, log_dir: Path, args: tuple[str, ...] = (), env: dict[str, str] | None = None,
+        self,
+        stack: DevStack,
+        name: str,
+        log_dir: Path,
+        args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
         kubeconfig: Path | None = None,
     ) -> None:
         super().__init__(name, log_dir / f"{name}.log", str(stack.ca_file))

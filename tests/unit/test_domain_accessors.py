@@ -50,7 +50,9 @@ def test_the_cheap_accessors_read_one_field_and_tolerate_what_is_not_there() -> 
     assert database_placement(db) == ("shard-a", "t_orders_1")
     assert database_placement(database()) == ("shard-a", None)
     odd_objects: list[dict[str, Any]] = [
-        {}, {"metadata": None, "status": None, "spec": None}, {"metadata": "x", "status": "x", "spec": "x"},
+        {},
+        {"metadata": None, "status": None, "spec": None},
+        {"metadata": "x", "status": "x", "spec": "x"},
         {"metadata": {"name": "", "annotations": {"other": 7}}, "status": {"shard": 7, "tenantName": ""}},
     ]
     for odd in odd_objects:

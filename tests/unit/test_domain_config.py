@@ -352,8 +352,7 @@ def test_non_mapping_config_is_refused(data: Any) -> None:
 def test_load_yaml_file(tmp_path: Path) -> None:
     path = tmp_path / "values.yaml"
     path.write_text(
-        "tls:\n  secretName: api-tls\nsoftDelete:\n  retention: 0\n"
-        "prometheusRule:\n  enabled: true\n  cluster: eu-1\n"
+        "tls:\n  secretName: api-tls\nsoftDelete:\n  retention: 0\nprometheusRule:\n  enabled: true\n  cluster: eu-1\n"
     )
     config = dc.load_install_config_file(path)
     assert config.soft_delete.retention == timedelta(0)

@@ -38,9 +38,7 @@ def test_databases_not_yet_deleted_count(phase: str | None, counts: bool) -> Non
 
 def ledger(*holders: tuple[str, float] | None) -> QuotaLedger:
     """Slots "0", "1", ... in order: (externalId, age in seconds) or None (free)."""
-    slots = {
-        str(n): None if h is None else Holder(h[0], NOW - timedelta(seconds=h[1])) for n, h in enumerate(holders)
-    }
+    slots = {str(n): None if h is None else Holder(h[0], NOW - timedelta(seconds=h[1])) for n, h in enumerate(holders)}
     return QuotaLedger("c", slots, "41")
 
 
@@ -76,8 +74,7 @@ def test_gone_databases_free_their_slots_and_the_size_follows_the_limit() -> Non
 
 
 def test_a_lowered_limit_keeps_every_counted_database_and_no_free_slot() -> None:
-    data = restructure(ledger(("a", 1), ("b", 1), ("c", 1), None, None), counted_in_cache=(), gone=(), limit=2,
-                       now=NOW)
+    data = restructure(ledger(("a", 1), ("b", 1), ("c", 1), None, None), counted_in_cache=(), gone=(), limit=2, now=NOW)
     assert data is not None and len(data) == 3 and FREE not in data.values()
 
 

@@ -117,9 +117,7 @@ def test_shard_max_databases_at_least_one(value: object, ok: bool) -> None:
 
 
 def test_shard_max_databases_is_required() -> None:
-    assert problems_of(ShardSpec, with_changes(POSTGRES_SHARD, maxDatabases=None)) == {
-        "maxDatabases": "is required"
-    }
+    assert problems_of(ShardSpec, with_changes(POSTGRES_SHARD, maxDatabases=None)) == {"maxDatabases": "is required"}
 
 
 @pytest.mark.parametrize("field", ["admin__port", "client__port"])
@@ -222,13 +220,9 @@ def test_error_text_does_not_echo_hostile_input() -> None:
     assert format_validation_error(excinfo.value).startswith("client.host: invalid client host")
 
 
-@pytest.mark.parametrize(
-    "name", ["a", "db", "pg.shard-01", "a" * 253, ".".join(["a" * 63] * 3) + "." + "a" * 61]
-)
+@pytest.mark.parametrize("name", ["a", "db", "pg.shard-01", "a" * 253, ".".join(["a" * 63] * 3) + "." + "a" * 61])
 def test_object_names_accepted(name: str) -> None:
-    assert (
-        ShardSpec.model_validate(with_changes(POSTGRES_SHARD, perconaCluster__name=name)).cluster.name == name
-    )
+    assert ShardSpec.model_validate(with_changes(POSTGRES_SHARD, perconaCluster__name=name)).cluster.name == name
 
 
 def test_json_schema_carries_the_cel_rules() -> None:
@@ -254,9 +248,7 @@ def test_consumer_defaults() -> None:
     assert consumer.disabled is False
 
 
-@pytest.mark.parametrize(
-    ("value", "ok"), [(0, True), (1, True), (50, True), (-1, False), ("5", False), (2.0, False)]
-)
+@pytest.mark.parametrize(("value", "ok"), [(0, True), (1, True), (50, True), (-1, False), ("5", False), (2.0, False)])
 def test_consumer_max_databases(value: object, ok: bool) -> None:
     data = {**CONSUMER, "maxDatabases": value}
     if ok:
@@ -322,7 +314,5 @@ def test_database_errors(data: dict[str, Any], path: str) -> None:
 
 
 def test_database_cloudberry_and_size_class() -> None:
-    db = DatabaseSpec.model_validate(
-        {"consumer": "c", "externalId": "t", "engine": "cloudberry", "sizeClass": "large"}
-    )
+    db = DatabaseSpec.model_validate({"consumer": "c", "externalId": "t", "engine": "cloudberry", "sizeClass": "large"})
     assert db.engine is Engine.CLOUDBERRY and db.size_class == "large"

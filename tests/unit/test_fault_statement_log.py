@@ -15,11 +15,18 @@ from tests.faults.support import statement_log
 
 
 def _record(n: int, pid: int, message: str) -> str:
-    return json.dumps({
-        "timestamp": f"2026-12-01 10:00:00.{n:03d} UTC", "user": "provisioner", "dbname": "postgres", "pid": pid,
-        "error_severity": "LOG", "message": message, "application_name": "dbprovider/a",
-        "backend_type": "client backend",
-    })
+    return json.dumps(
+        {
+            "timestamp": f"2026-12-01 10:00:00.{n:03d} UTC",
+            "user": "provisioner",
+            "dbname": "postgres",
+            "pid": pid,
+            "error_severity": "LOG",
+            "message": message,
+            "application_name": "dbprovider/a",
+            "backend_type": "client backend",
+        }
+    )
 
 
 def _log(*lines: tuple[int, str]) -> str:
@@ -72,12 +79,15 @@ def test_autocommit_statements_and_rollbacks() -> None:
 def test_parse_and_bind_durations_are_not_statements_and_a_cut_line_is_skipped() -> None:
     """The extended protocol logs `duration: ... parse|bind <name>: <text>` before the execute: no
     statement of its own, no completion of the previous one. A crash can cut the last line short."""
-    log = _log(
-        (1, "duration: 0.200 ms  parse <unnamed>: SELECT $1"),
-        (1, "duration: 0.050 ms  bind <unnamed>: SELECT $1"),
-        (1, "execute <unnamed>: SELECT $1"),
-        (1, "duration: 0.010 ms"),
-        (3, 'statement: CREATE DATABASE "t3"'),
-        (3, "duration: 0.100 ms  bind <unnamed>: SELECT 1"),  # not the CREATE's completion
-    ) + '{"timestamp":"2026-12-01 10:00:01.000 UTC","pid":3,"message":"duration: 0.1'
+    log = (
+        _log(
+            (1, "duration: 0.200 ms  parse <unnamed>: SELECT $1"),
+            (1, "duration: 0.050 ms  bind <unnamed>: SELECT $1"),
+            (1, "execute <unnamed>: SELECT $1"),
+            (1, "duration: 0.010 ms"),
+            (3, 'statement: CREATE DATABASE "t3"'),
+            (3, "duration: 0.100 ms  bind <unnamed>: SELECT 1"),  # not the CREATE's completion
+        )
+        + '{"timestamp":"2026-12-01 10:00:01.000 UTC","pid":3,"message":"duration: 0.1'
+    )
     assert _done(log) == [("SELECT $1", True), ('CREATE DATABASE "t3"', False)]

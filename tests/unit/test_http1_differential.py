@@ -271,8 +271,23 @@ def requests_(draw: st.DrawFn) -> bytes:
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
 
-_DANGEROUS = [b"\r", b"\n", b"\r\n", b" ", b"\t", b":", b";", b"0", b"\x00", b"\x0b", b"a",
-              b"Transfer-Encoding: chunked\r\n", b"Content-Length: 3\r\n", b"Host: b\r\n", b"0\r\n\r\n"]
+_DANGEROUS = [
+    b"\r",
+    b"\n",
+    b"\r\n",
+    b" ",
+    b"\t",
+    b":",
+    b";",
+    b"0",
+    b"\x00",
+    b"\x0b",
+    b"a",
+    b"Transfer-Encoding: chunked\r\n",
+    b"Content-Length: 3\r\n",
+    b"Host: b\r\n",
+    b"0\r\n\r\n",
+]
 
 
 @st.composite
@@ -299,8 +314,9 @@ def mutated(draw: st.DrawFn) -> bytes:
 
 # 3,000 derandomized examples in `make test`; the inner loop (`make test-fast`) runs the first 500 of them.
 EXAMPLES = 500 if os.environ.get(NO_SERVERS_ENV) else 3000
-PROPERTY = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(
+    max_examples=EXAMPLES, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 @PROPERTY

@@ -122,7 +122,7 @@ def _back_and_forth(objs: list[dict[str, Any]]) -> list[str]:
         conditions = {c["type"]: (c["status"], c["reason"]) for c in status.get("conditions") or []}
         for key in keys:
             if key.startswith("condition "):
-                value = conditions.get(key[len("condition "):])
+                value = conditions.get(key[len("condition ") :])
             else:
                 value = status.get(key)
             track = tracks[key]
@@ -131,7 +131,7 @@ def _back_and_forth(objs: list[dict[str, Any]]) -> list[str]:
     problems = []
     for key, track in tracks.items():
         for i, value in enumerate(track):
-            if value in track[i + 2:] and any(other != value for other in track[i + 1:]):
+            if value in track[i + 2 :] and any(other != value for other in track[i + 1 :]):
                 problems.append(f"{key} went {' -> '.join(repr(v) for v in track)}")
                 break
     return problems

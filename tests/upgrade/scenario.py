@@ -140,8 +140,11 @@ def set_accepting(cluster: Cluster, accepting: bool) -> None:
 
 def wait_shards_ready(cluster: Cluster, timeout: float = 90) -> None:
     for shard in cluster.shard_servers:
-        wait_for(lambda s=shard: (condition(cluster.rest.get(SHARDS, s), "Ready") or {}).get("status") == "True",
-                 timeout, f"shard {shard} Ready")
+        wait_for(
+            lambda s=shard: (condition(cluster.rest.get(SHARDS, s), "Ready") or {}).get("status") == "True",
+            timeout,
+            f"shard {shard} Ready",
+        )
 
 
 def populate(cluster: Cluster, world: World) -> None:
@@ -157,8 +160,12 @@ def populate(cluster: Cluster, world: World) -> None:
         Case("held", TEAM_B, "Ready", "Provisioned", {"DeletionHeld": "True"}),
     ]
     for case in plan:
-        _ok(cluster.call(world.tokens[case.consumer], "PUT", f"/v1/databases/{case.external_id}",
-                         json={"sizeClass": "small"}), 201)
+        _ok(
+            cluster.call(
+                world.tokens[case.consumer], "PUT", f"/v1/databases/{case.external_id}", json={"sizeClass": "small"}
+            ),
+            201,
+        )
         world.cases[case.external_id] = case
     for case in plan:
         _wait(cluster, case, lambda db: _phase(db) == "Ready", "Ready")
@@ -170,9 +177,12 @@ def populate(cluster: Cluster, world: World) -> None:
         su.execute(sql.SQL("COMMENT ON ROLE {} IS NULL").format(sql.Identifier(legacy.tenant)))
 
     _ok(cluster.call(world.tokens[TEAM_A], "DELETE", "/v1/databases/deleting"), 202)
-    _wait(cluster, world.cases["deleting"],
-          lambda db: _phase(db) == "Deleting" and (condition(db, "TenantDisabled") or {}).get("status") == "True",
-          "Deleting, disabled")
+    _wait(
+        cluster,
+        world.cases["deleting"],
+        lambda db: _phase(db) == "Deleting" and (condition(db, "TenantDisabled") or {}).get("status") == "True",
+        "Deleting, disabled",
+    )
 
     held = world.cases["held"]
     cluster.rest.delete(DATABASES, held.name, cluster.namespace)  # kubectl delete, no annotation
@@ -184,15 +194,25 @@ def populate(cluster: Cluster, world: World) -> None:
     rotating.status = _database(cluster, rotating)["status"]
     creds = rotating.before_rotation = credentials_of(cluster, rotating)
     world.blocker = psycopg.connect(
-        host="127.0.0.1", port=int(creds["port"]), user=creds["user"], password=creds["password"],
-        dbname=creds["database"], sslmode="require", autocommit=False,
+        host="127.0.0.1",
+        port=int(creds["port"]),
+        user=creds["user"],
+        password=creds["password"],
+        dbname=creds["database"],
+        sslmode="require",
+        autocommit=False,
     )
     world.blocker.execute(
         sql.SQL("ALTER ROLE {} PASSWORD {}").format(sql.Identifier(rotating.tenant), sql.Literal(secrets.token_hex(8)))
     )
     _ok(cluster.call(world.tokens[TEAM_A], "POST", "/v1/databases/rotating/credentials/rotate", json={}), 202)
-    _wait(cluster, rotating, lambda db: (condition(db, "Ready") or {}).get("reason") == "AdminUnavailable",
-          "rotation pending (lock_timeout)", timeout=120)
+    _wait(
+        cluster,
+        rotating,
+        lambda db: (condition(db, "Ready") or {}).get("reason") == "AdminUnavailable",
+        "rotation pending (lock_timeout)",
+        timeout=120,
+    )
 
     # No capacity: every shard drained, then one more database.
     set_accepting(cluster, False)
@@ -248,8 +268,12 @@ def logs_in(credentials: dict[str, str]) -> str | None:
     """None if the credentials log in to their database; else why not (an error class)."""
     try:
         with psycopg.connect(
-            host=credentials["host"], port=int(credentials["port"]), user=credentials["user"],
-            password=credentials["password"], dbname=credentials["database"], sslmode=credentials["sslmode"],
+            host=credentials["host"],
+            port=int(credentials["port"]),
+            user=credentials["user"],
+            password=credentials["password"],
+            dbname=credentials["database"],
+            sslmode=credentials["sslmode"],
             connect_timeout=5,
         ) as conn:
             if conn.execute("SELECT current_user").fetchone()[0] != credentials["user"]:
@@ -274,8 +298,9 @@ def kept(cluster: Cluster, world: World, *, rotation_done: bool = False) -> list
         ready = condition(db, "Ready") or {}
         want_reason = "Provisioned" if case.external_id == "rotating" and rotation_done else case.reason
         if status.get("phase") != case.phase or ready.get("reason") != want_reason:
-            problems.append(f"{case.external_id}: {status.get('phase')}/{ready.get('reason')}, was "
-                            f"{case.phase}/{want_reason}")
+            problems.append(
+                f"{case.external_id}: {status.get('phase')}/{ready.get('reason')}, was {case.phase}/{want_reason}"
+            )
         for key in _KEPT_STATUS:
             if key == "passwordApplied" and case.external_id == "rotating" and rotation_done:
                 continue
@@ -350,7 +375,7 @@ def unannounced_sql(cluster: Cluster, world: World) -> list[str]:
     not announce (or announced ones run more often than it says)."""
     problems = []
     for shard, server in cluster.shard_servers.items():
-        text = server.statement_log()[world.statement_offsets.get(shard, 0):]
+        text = server.statement_log()[world.statement_offsets.get(shard, 0) :]
         statements = parse_statement_log(text, server.PROVISIONER)
         for case in world.ready():
             if case.status.get("shard") != shard:

@@ -59,6 +59,7 @@ VALUES: dict[str, Any] = {
     "softDelete": {"retention": "1h"},
 }
 
+
 @dataclass(frozen=True)
 class Runtime:
     """How to run one release's `dbprovider` on this machine."""
@@ -106,12 +107,18 @@ class Replica(ManagerProcess):
         self.stopped_at: float | None = None  # when it got SIGTERM or SIGKILL
         env = {**runtime.env, "DBPROVIDER_TLS_CERT": str(cluster.tls_cert), "DBPROVIDER_TLS_KEY": str(cluster.tls_key)}
         argv = [
-            *runtime.prefix, "manager",
-            "--config", str(cluster.config_file),
-            "--kubeconfig", str(cluster.manager_kubeconfig),
-            "--api-port", str(self.api_port),
-            "--metrics-port", str(self.metrics_port),
-            "--admin-host-override", "127.0.0.1",
+            *runtime.prefix,
+            "manager",
+            "--config",
+            str(cluster.config_file),
+            "--kubeconfig",
+            str(cluster.manager_kubeconfig),
+            "--api-port",
+            str(self.api_port),
+            "--metrics-port",
+            str(self.metrics_port),
+            "--admin-host-override",
+            "127.0.0.1",
         ]
         self.spawn(argv, env, runtime.cwd)
 
@@ -195,40 +202,70 @@ class ProcessCluster:
         authority = CertificateAuthority(self.root / "pki", "upgrade-api")
         cert = authority.issue_server("api", ("localhost",))
         self.ca_file, self.tls_cert, self.tls_key = authority.ca_file, cert.cert_file, cert.key_file
-        self._secret(f"{RELEASE}-tls", NAMESPACE, {"tls.crt": cert.cert_file.read_text(),
-                                                   "tls.key": cert.key_file.read_text()}, "kubernetes.io/tls")
+        self._secret(
+            f"{RELEASE}-tls",
+            NAMESPACE,
+            {"tls.crt": cert.cert_file.read_text(), "tls.key": cert.key_file.read_text()},
+            "kubernetes.io/tls",
+        )
         for name, server in self.shard_servers.items():
-            self._secret(f"{name}-provisioner", SHARD_SECRETS_NAMESPACE,
-                         {"user": server.PROVISIONER, "password": server.provisioner_password})
-            self.rest.create(SHARDS, {
-                "apiVersion": API_VERSION, "kind": KIND_SHARD, "metadata": {"name": name},
-                "spec": {
-                    "maxDatabases": 50,
-                    "perconaCluster": {"namespace": NAMESPACE, "name": name},
-                    "admin": {"serviceName": f"{name}-primary", "port": server.port, "sslmode": "require",
-                              "secretRef": {"namespace": SHARD_SECRETS_NAMESPACE, "name": f"{name}-provisioner"}},
-                    "client": {"host": "127.0.0.1", "port": server.port, "sslmode": "require"},
+            self._secret(
+                f"{name}-provisioner",
+                SHARD_SECRETS_NAMESPACE,
+                {"user": server.PROVISIONER, "password": server.provisioner_password},
+            )
+            self.rest.create(
+                SHARDS,
+                {
+                    "apiVersion": API_VERSION,
+                    "kind": KIND_SHARD,
+                    "metadata": {"name": name},
+                    "spec": {
+                        "maxDatabases": 50,
+                        "perconaCluster": {"namespace": NAMESPACE, "name": name},
+                        "admin": {
+                            "serviceName": f"{name}-primary",
+                            "port": server.port,
+                            "sslmode": "require",
+                            "secretRef": {"namespace": SHARD_SECRETS_NAMESPACE, "name": f"{name}-provisioner"},
+                        },
+                        "client": {"host": "127.0.0.1", "port": server.port, "sslmode": "require"},
+                    },
                 },
-            })
+            )
         from domain.tokens import hash_token
 
         for name, token in consumers.items():
             self._secret(f"{name}-token", NAMESPACE, {"sha256": hash_token(token)})
-            self.rest.create(CONSUMERS, {
-                "apiVersion": API_VERSION, "kind": KIND_CONSUMER, "metadata": {"name": name},
-                "spec": {"tokenSecretRef": {"namespace": NAMESPACE, "name": f"{name}-token", "key": "sha256"},
-                         "maxDatabases": 30, "disabled": name in disabled},
-            })
+            self.rest.create(
+                CONSUMERS,
+                {
+                    "apiVersion": API_VERSION,
+                    "kind": KIND_CONSUMER,
+                    "metadata": {"name": name},
+                    "spec": {
+                        "tokenSecretRef": {"namespace": NAMESPACE, "name": f"{name}-token", "key": "sha256"},
+                        "maxDatabases": 30,
+                        "disabled": name in disabled,
+                    },
+                },
+            )
         token = self.kube.service_account_token(NAMESPACE, RELEASE, seconds=24 * 3600)
         self.manager_kubeconfig = self.kube.write_kubeconfig(self.root / "manager.kubeconfig", token=token)
         self.admin_kubeconfig = self.kube.write_kubeconfig(self.root / "admin.kubeconfig")
 
     def _secret(self, name: str, namespace: str, data: dict[str, str], type_: str = "Opaque") -> None:
-        self.rest.create(SECRETS, {
-            "apiVersion": CORE_API_VERSION, "kind": KIND_SECRET, "type": type_,
-            "metadata": {"name": name, "namespace": namespace},
-            "data": {k: encode_secret_value(v) for k, v in data.items()},
-        }, namespace)
+        self.rest.create(
+            SECRETS,
+            {
+                "apiVersion": CORE_API_VERSION,
+                "kind": KIND_SECRET,
+                "type": type_,
+                "metadata": {"name": name, "namespace": namespace},
+                "data": {k: encode_secret_value(v) for k, v in data.items()},
+            },
+            namespace,
+        )
 
     # -- the Deployment ----------------------------------------------------------------------
 

@@ -51,7 +51,10 @@ def test_the_previous_release_starts_on_this_releases_rendered_config(
     rendered.write_text(config_yaml(load_install_config(values)))
     out = subprocess.run(
         [str(previous.python), "-c", PREVIOUS_PARSER, str(rendered)],
-        capture_output=True, text=True, env=previous.env(), cwd=previous.root,
+        capture_output=True,
+        text=True,
+        env=previous.env(),
+        cwd=previous.root,
     )
     assert out.returncode == 0, (
         f"{previous.release.version} refuses the install config this release renders: {out.stdout.strip()}; "

@@ -54,10 +54,24 @@ class OldElector:
         self.identity = identity
         self.events: list[tuple[float, str]] = []
         self.proc = subprocess.Popen(
-            [str(previous.python), "-c", OLD_ELECTOR, str(kubeconfig), namespace, name, identity,
-             str(LEASE), str(RENEW), str(RETRY)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            env=previous.env(), cwd=previous.root,
+            [
+                str(previous.python),
+                "-c",
+                OLD_ELECTOR,
+                str(kubeconfig),
+                namespace,
+                name,
+                identity,
+                str(LEASE),
+                str(RENEW),
+                str(RETRY),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=previous.env(),
+            cwd=previous.root,
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -116,8 +130,15 @@ def started(previous: BuiltRelease) -> Iterator[list]:
 def _new(rest: Rest, namespace: str, identity: str, started: list, release: str | None = None) -> LeaderElector:
     extra = {} if release is None else {"release": release}
     elector = LeaderElector(
-        rest, namespace, "lock", identity=identity, lease_duration=LEASE, renew_deadline=RENEW, retry_period=RETRY,
-        older_release_wait=OLDER_WAIT, **extra,
+        rest,
+        namespace,
+        "lock",
+        identity=identity,
+        lease_duration=LEASE,
+        renew_deadline=RENEW,
+        retry_period=RETRY,
+        older_release_wait=OLDER_WAIT,
+        **extra,
     )
     started.append(elector.start())
     return elector

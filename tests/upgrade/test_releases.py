@@ -86,9 +86,16 @@ def test_the_previous_release_is_built_from_its_commit_and_runs():
         assert (built.source / path).read_bytes() == at_commit, path
     # It runs from its own virtualenv, with its own version (0.1.0 had no --version: its metadata says it).
     metadata = subprocess.run(
-        [str(built.python), "-c", "import importlib.metadata as m, dbprovider; print(m.version('dbprovider'), "
-         "dbprovider.__file__)"],
-        capture_output=True, text=True, env=built.env(), cwd=built.root, check=True,
+        [
+            str(built.python),
+            "-c",
+            "import importlib.metadata as m, dbprovider; print(m.version('dbprovider'), dbprovider.__file__)",
+        ],
+        capture_output=True,
+        text=True,
+        env=built.env(),
+        cwd=built.root,
+        check=True,
     ).stdout.split()
     assert metadata[0] == release.version
     assert metadata[1].startswith(str(built.root / "venv")), "it must not import this checkout's code"

@@ -25,10 +25,21 @@ STORED = {
         "shard": "s",
         "tenantName": "t_e_1",
         "conditions": [
-            {"type": "Ready", "status": "True", "reason": "Provisioned", "message": "tenant exists on the shard",
-             "lastTransitionTime": "2026-12-01T10:00:00Z", "observedGeneration": 1},
-            {"type": "FromTheFuture", "status": "True", "reason": "Later", "message": "a newer release's",
-             "lastTransitionTime": "2026-12-01T10:00:00Z"},
+            {
+                "type": "Ready",
+                "status": "True",
+                "reason": "Provisioned",
+                "message": "tenant exists on the shard",
+                "lastTransitionTime": "2026-12-01T10:00:00Z",
+                "observedGeneration": 1,
+            },
+            {
+                "type": "FromTheFuture",
+                "status": "True",
+                "reason": "Later",
+                "message": "a newer release's",
+                "lastTransitionTime": "2026-12-01T10:00:00Z",
+            },
         ],
         "nextReleaseField": {"anything": 1},
     },
@@ -45,8 +56,13 @@ PREVIOUS = textwrap.dedent(
 
 def test_the_previous_release_drops_a_newer_releases_status_key_and_this_one_keeps_it(previous: BuiltRelease):
     out = subprocess.run(
-        [str(previous.python), "-c", PREVIOUS], input=json.dumps(STORED), capture_output=True, text=True,
-        env=previous.env(), cwd=previous.root, check=True,
+        [str(previous.python), "-c", PREVIOUS],
+        input=json.dumps(STORED),
+        capture_output=True,
+        text=True,
+        env=previous.env(),
+        cwd=previous.root,
+        check=True,
     )
     previous_body = json.loads(out.stdout)
     assert merge_patch(STORED["status"], previous_body) == {"nextReleaseField": None}  # removed on its next write

@@ -185,7 +185,9 @@ def _handovers(replicas: list[Replica]) -> list[float]:
     """Seconds from each 'stopped leading' to the next 'started leading' of any replica."""
     events = sorted(
         (datetime.fromisoformat(e["time"].replace("Z", "+00:00")), e["message"].rsplit(": ", 1)[-1])
-        for r in replicas for e in r.events() if e.get("message", "").endswith(("started leading", "stopped leading"))
+        for r in replicas
+        for e in r.events()
+        if e.get("message", "").endswith(("started leading", "stopped leading"))
     )
     gaps = []
     for (when, what), (later, next_what) in zip(events, events[1:], strict=False):
@@ -196,8 +198,11 @@ def _handovers(replicas: list[Replica]) -> list[float]:
 
 def _writes_by(cluster: ProcessCluster, replicas: list[Replica], after: datetime | None = None) -> list[str]:
     names = {r.name for r in replicas}
-    return [f"{when.isoformat()} {who}: {what}" for when, who, what in cluster.controller_writes()
-            if who in names and (after is None or when >= after)]
+    return [
+        f"{when.isoformat()} {who}: {what}"
+        for when, who, what in cluster.controller_writes()
+        if who in names and (after is None or when >= after)
+    ]
 
 
 def _ownership_confirmed(cluster: ProcessCluster, world: World) -> list[str]:
@@ -258,9 +263,11 @@ def test_3_the_rolling_update_runs_both_releases_side_by_side_and_they_never_fig
     _no_problems(run.history.status_fights(since))
     _no_problems(_failed_calls(cluster, run))
     handovers = _handovers(old_replicas + new_replicas)
-    print(f"\nupgrade: rolling update of 2 replicas in {rolled:.0f}s (20 s of it waiting beside the old leader); "
-          f"Lease hand-overs {', '.join(f'{gap:.1f}s' for gap in handovers)} from 'stopped leading' to the next "
-          "'started leading'")
+    print(
+        f"\nupgrade: rolling update of 2 replicas in {rolled:.0f}s (20 s of it waiting beside the old leader); "
+        f"Lease hand-overs {', '.join(f'{gap:.1f}s' for gap in handovers)} from 'stopped leading' to the next "
+        "'started leading'"
+    )
 
 
 def test_4_after_the_upgrade_nothing_is_lost_and_everything_works(
@@ -277,32 +284,47 @@ def test_4_after_the_upgrade_nothing_is_lost_and_everything_works(
     # The pending rotation goes through once the tenant lets go of its role.
     release_rotation_blocker(world)
     rotating = world.cases["rotating"]
-    wait_for(lambda: (condition(cluster.rest.get(DATABASES, rotating.name, NAMESPACE), "Ready") or {}).get("status")
-             == "True", 180, "the pending rotation to be applied")
+    wait_for(
+        lambda: (
+            (condition(cluster.rest.get(DATABASES, rotating.name, NAMESPACE), "Ready") or {}).get("status") == "True"
+        ),
+        180,
+        "the pending rotation to be applied",
+    )
     _no_problems(kept(cluster, world, rotation_done=True))
     _refresh(cluster, world, rotating, "Ready", "Provisioned")
 
     # A Deleting database is recovered by this release with its credentials.
     deleting = world.cases["deleting"]
-    cluster.rest.patch(DATABASES, deleting.name,
-                       {"metadata": {"annotations": {"db.bnerd.com/delete-requested-at": None}}}, NAMESPACE)
-    wait_for(lambda: cluster.rest.get(DATABASES, deleting.name, NAMESPACE)["status"].get("phase") == "Ready", 120,
-             "the recovery of the Deleting database")
+    cluster.rest.patch(
+        DATABASES, deleting.name, {"metadata": {"annotations": {"db.bnerd.com/delete-requested-at": None}}}, NAMESPACE
+    )
+    wait_for(
+        lambda: cluster.rest.get(DATABASES, deleting.name, NAMESPACE)["status"].get("phase") == "Ready",
+        120,
+        "the recovery of the Deleting database",
+    )
     deleting.conditions = {}
     _refresh(cluster, world, deleting, "Ready", "Provisioned", keep_credentials=True)
 
     # Capacity again: the databases that found none are placed and provisioned by this release.
     set_accepting(cluster, True)
     for case in [c for c in world.cases.values() if c.phase == "Failed"]:
-        wait_for(lambda c=case: cluster.rest.get(DATABASES, c.name, NAMESPACE)["status"].get("phase") == "Ready",
-                 180, f"{case.external_id}: placed once shards accept again")
+        wait_for(
+            lambda c=case: cluster.rest.get(DATABASES, c.name, NAMESPACE)["status"].get("phase") == "Ready",
+            180,
+            f"{case.external_id}: placed once shards accept again",
+        )
         _refresh(cluster, world, case, "Ready", "Provisioned")
     _create_ready(cluster, world, Case("after-upgrade", TEAM_A, "Ready", "Provisioned"))
 
     # The optional field 0.2.0 adds, written through the new version: shown, and harmless.
-    cluster.rest.request("PATCH", "/apis/db.bnerd.com/v1beta1/shards/upg-pg-a",
-                         body={"spec": {"description": "team databases, OPS-1"}},
-                         content_type="application/merge-patch+json")
+    cluster.rest.request(
+        "PATCH",
+        "/apis/db.bnerd.com/v1beta1/shards/upg-pg-a",
+        body={"spec": {"description": "team databases, OPS-1"}},
+        content_type="application/merge-patch+json",
+    )
     cluster.rest.patch(CONSUMERS, TEAM_A, {"spec": {"description": "team A"}})
     assert "Description" in kubectl_get(cluster, "v1beta1")["shards"]
     _no_problems(kept(cluster, world))
@@ -314,8 +336,11 @@ def _create_ready(cluster: ProcessCluster, world: World, case: Case) -> None:
     world.cases[case.external_id] = case
     answer = cluster.call(world.tokens[case.consumer], "PUT", f"/v1/databases/{case.external_id}", json={})
     assert answer.status == 201, answer.body
-    wait_for(lambda: (cluster.rest.get(DATABASES, case.name, NAMESPACE).get("status") or {}).get("phase")
-             == "Ready", 120, f"{case.external_id}: Ready")
+    wait_for(
+        lambda: (cluster.rest.get(DATABASES, case.name, NAMESPACE).get("status") or {}).get("phase") == "Ready",
+        120,
+        f"{case.external_id}: Ready",
+    )
     _refresh(cluster, world, case, "Ready", "Provisioned")
 
 
@@ -324,8 +349,9 @@ def _event_reasons(cluster: ProcessCluster, name: str) -> set[str]:
     return {e["reason"] for e in items if e["involvedObject"]["name"] == name}
 
 
-def _refresh(cluster: ProcessCluster, world: World, case: Case, phase: str, reason: str,
-             keep_credentials: bool = False) -> None:
+def _refresh(
+    cluster: ProcessCluster, world: World, case: Case, phase: str, reason: str, keep_credentials: bool = False
+) -> None:
     """The case as it is now is what later phases must keep."""
     case.phase, case.reason = phase, reason
     case.status = cluster.rest.get(DATABASES, case.name, NAMESPACE)["status"]
@@ -347,8 +373,11 @@ def test_5_an_old_replica_beside_new_ones_never_leads_nor_writes(
     world.cases[late.external_id] = late
     answer = cluster.call(world.tokens[TEAM_B], "PUT", "/v1/databases/via-old-api", json={}, replica=straggler)
     assert answer.status == 201, answer.body
-    wait_for(lambda: (cluster.rest.get(DATABASES, late.name, NAMESPACE).get("status") or {}).get("phase")
-             == "Ready", 120, "via-old-api: Ready")
+    wait_for(
+        lambda: (cluster.rest.get(DATABASES, late.name, NAMESPACE).get("status") or {}).get("phase") == "Ready",
+        120,
+        "via-old-api: Ready",
+    )
     _refresh(cluster, world, late, "Ready", "Provisioned")
 
     # The new leader crashes: the other new replica takes over; the old one does not.
@@ -390,8 +419,11 @@ def test_6_rolling_back_to_the_previous_release_as_the_docs_say(
     # ...until the Lease is freed, as the docs say.
     cluster.rest.patch(LEASES, LEASE, {"spec": {"holderIdentity": None}}, NAMESPACE)
     freed = time.monotonic()
-    wait_for(lambda: cluster.holder() in {r.name for r in cluster.running(old.version)}, 30,
-             "an old replica to lead after the Lease was freed")
+    wait_for(
+        lambda: cluster.holder() in {r.name for r in cluster.running(old.version)},
+        30,
+        "an old replica to lead after the Lease was freed",
+    )
     print(f"\nupgrade: after freeing the Lease an old replica led within {time.monotonic() - freed:.1f}s")
     assert not set(run.history.lease_holders(since)) - {r.name for r in new_replicas + cluster.running(old.version)}
 
@@ -441,13 +473,13 @@ def test_7_the_upgrade_again_after_the_rollback(
     run.poller.stop()
     _no_problems(_failed_calls(cluster, run))
     excused = len(run.poller.failures()) - len(_failed_calls(cluster, run))
-    print(f"\nupgrade: the poller's {len(run.poller.answers)} calls were answered 200 except {excused} sent to a "
-          "0.1.0 replica within a second of its SIGTERM (0.1.0 has no preStop delay) or to the crashed leader")
+    print(
+        f"\nupgrade: the poller's {len(run.poller.answers)} calls were answered 200 except {excused} sent to a "
+        "0.1.0 replica within a second of its SIGTERM (0.1.0 has no preStop delay) or to the crashed leader"
+    )
 
 
-def test_8_status_a_newer_release_writes_survives_this_releases_writes(
-    cluster: ProcessCluster, world: World
-) -> None:
+def test_8_status_a_newer_release_writes_survives_this_releases_writes(cluster: ProcessCluster, world: World) -> None:
     """A later release adds a status field (its CRD has it): this release's status writes keep it
     (0.1.0's dropped such keys: tests/upgrade/test_status_keys.py)."""
     crd_path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/databases.db.bnerd.com"
@@ -459,16 +491,21 @@ def test_8_status_a_newer_release_writes_survives_this_releases_writes(
     case = world.cases["ready-b1"]
 
     def written() -> bool:
-        cluster.rest.patch(DATABASES, case.name, {"status": {"nextReleaseField": "kept"}}, NAMESPACE,
-                           subresource="status")
+        cluster.rest.patch(
+            DATABASES, case.name, {"status": {"nextReleaseField": "kept"}}, NAMESPACE, subresource="status"
+        )
         return cluster.rest.get(DATABASES, case.name, NAMESPACE)["status"].get("nextReleaseField") == "kept"
 
     wait_for(written, 30, "the newer release's field stored (the CRD change takes a moment)")
     before = cluster.rest.get(DATABASES, case.name, NAMESPACE)["status"]
     # A rotation makes this release write the status (passwordApplied, rotationApplied).
-    assert cluster.call(world.tokens[TEAM_B], "POST", "/v1/databases/ready-b1/credentials/rotate", json={}).status \
-        == 202
-    after = wait_for(lambda: (s := cluster.rest.get(DATABASES, case.name, NAMESPACE)["status"]).get("rotationApplied")
-                     and s, 120, "the rotation to be applied")
+    assert (
+        cluster.call(world.tokens[TEAM_B], "POST", "/v1/databases/ready-b1/credentials/rotate", json={}).status == 202
+    )
+    after = wait_for(
+        lambda: (s := cluster.rest.get(DATABASES, case.name, NAMESPACE)["status"]).get("rotationApplied") and s,
+        120,
+        "the rotation to be applied",
+    )
     assert after["passwordApplied"] != before["passwordApplied"]
     assert after.get("nextReleaseField") == "kept"

@@ -60,15 +60,23 @@ def installed(kube: KubeControlPlane, previous: BuiltRelease, tmp_path_factory: 
     applier.apply_all([m for m in manifests if m["kind"] != "CustomResourceDefinition"])
     current = this_checkout("current").render(values)  # the CRDs as the other suites install them
     applier.apply_all([m for m in current if m["kind"] == "CustomResourceDefinition"])
-    applier.apply({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": READER},
-        "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["get", "list", "watch"]}],
-    })
-    applier.apply({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": READER},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": READER},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": READER}],
-    })
+    applier.apply(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": READER},
+            "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["get", "list", "watch"]}],
+        }
+    )
+    applier.apply(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": READER},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": READER},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": READER}],
+        }
+    )
     return rest
 
 
@@ -92,11 +100,25 @@ class Setup:
 
     def shard(self, name: str, port: int, secret: str, sslmode: str, ready: dict[str, Any]) -> str:
         name = f"{name}-{self.suffix}"
-        self.rest.create(SHARDS, {"apiVersion": "db.bnerd.com/v1alpha1", "kind": "Shard", "metadata": {"name": name},
-                                  "spec": {"maxDatabases": 10, "perconaCluster": {"namespace": NAMESPACE, "name": name},
-                                           "admin": {"serviceName": "pg", "port": port, "sslmode": sslmode,
-                                                     "secretRef": {"namespace": SECRETS_NS, "name": secret}},
-                                           "client": {"host": "127.0.0.1", "port": port}}})
+        self.rest.create(
+            SHARDS,
+            {
+                "apiVersion": "db.bnerd.com/v1alpha1",
+                "kind": "Shard",
+                "metadata": {"name": name},
+                "spec": {
+                    "maxDatabases": 10,
+                    "perconaCluster": {"namespace": NAMESPACE, "name": name},
+                    "admin": {
+                        "serviceName": "pg",
+                        "port": port,
+                        "sslmode": sslmode,
+                        "secretRef": {"namespace": SECRETS_NS, "name": secret},
+                    },
+                    "client": {"host": "127.0.0.1", "port": port},
+                },
+            },
+        )
         self.rest.patch(SHARDS, name, {"status": {"conditions": [ready]}}, subresource="status")
         self.shards.append(name)
         return name
@@ -104,14 +126,24 @@ class Setup:
     def database(self, external_id: str, shard: str, phase: str, limit: int = 10) -> tuple[str, str, OwnerRecord]:
         """A Database placed on `shard` as the previous release leaves it: (name, tenant, its record)."""
         name = f"{external_id}-{self.suffix}"
-        db = self.rest.create(DATABASES, {
-            "apiVersion": "db.bnerd.com/v1alpha1", "kind": "Database",
-            "metadata": {"name": name, "namespace": NAMESPACE},
-            "spec": {"consumer": "team", "externalId": external_id},
-        }, NAMESPACE)
+        db = self.rest.create(
+            DATABASES,
+            {
+                "apiVersion": "db.bnerd.com/v1alpha1",
+                "kind": "Database",
+                "metadata": {"name": name, "namespace": NAMESPACE},
+                "spec": {"consumer": "team", "externalId": external_id},
+            },
+            NAMESPACE,
+        )
         tenant = tenant_name(external_id, db["metadata"]["uid"])
-        self.rest.patch(DATABASES, name, {"status": {"phase": phase, "shard": shard, "tenantName": tenant,
-                                                     "appliedConnectionLimit": limit}}, NAMESPACE, subresource="status")
+        self.rest.patch(
+            DATABASES,
+            name,
+            {"status": {"phase": phase, "shard": shard, "tenantName": tenant, "appliedConnectionLimit": limit}},
+            NAMESPACE,
+            subresource="status",
+        )
         self.databases.append(name)
         self.tenants.append(tenant)
         return name, tenant, OwnerRecord("team", db["metadata"]["uid"])
@@ -139,17 +171,30 @@ def setup(installed: Rest, postgres: PostgresServer) -> Iterator[Setup]:
 def _check(kube: KubeControlPlane, tmp_path: Path, *args: str) -> tuple[int, list[tuple[str, str, str]], str]:
     kubeconfig = kube.write_kubeconfig(tmp_path / "reader.kubeconfig", user=READER)
     out = subprocess.run(
-        [sys.executable, "-m", "dbprovider.cli", "upgrade", "check", "--kubeconfig", str(kubeconfig),
-         "--namespace", NAMESPACE, "--release", RELEASE, *args],
-        capture_output=True, text=True, cwd=REPO, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "dbprovider.cli",
+            "upgrade",
+            "check",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--namespace",
+            NAMESPACE,
+            "--release",
+            RELEASE,
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
     )
     findings = []
     for line in out.stdout.splitlines():
         severity, obj, rest = line.split(": ", 2)
         findings.append((severity, rest.rsplit("[", 1)[1].rstrip("]"), obj))
     return out.returncode, findings, out.stdout
-
-
 
 
 def _resource_versions(rest: Rest) -> dict[str, str]:
@@ -167,19 +212,30 @@ def test_every_rule_reports_what_this_release_refuses_and_nothing_changes(
     setup.secret("listed", postgres.PROVISIONER, postgres.provisioner_password)
     setup.secret(f"unlisted-{setup.suffix}", postgres.PROVISIONER, postgres.provisioner_password)
     good = setup.shard("good", postgres.port, "listed", "require", _condition("Ok", "admin connection healthy"))
-    unlisted = setup.shard("unlisted", postgres.port, f"unlisted-{setup.suffix}", "require",
-                           _condition("AdminSecretInvalid", "not listed"))
+    unlisted = setup.shard(
+        "unlisted", postgres.port, f"unlisted-{setup.suffix}", "require", _condition("AdminSecretInvalid", "not listed")
+    )
     plain = setup.shard("plain", postgres.port, "listed", "disable", _condition("Ok", "admin connection healthy"))
     # An admin Secret bound to another endpoint (Percona's pguser Secrets name their host and port).
-    setup.secret(f"bound-{setup.suffix}", postgres.PROVISIONER, postgres.provisioner_password,
-                 host="pg-elsewhere.shards.svc", port=str(postgres.port))
+    setup.secret(
+        f"bound-{setup.suffix}",
+        postgres.PROVISIONER,
+        postgres.provisioner_password,
+        host="pg-elsewhere.shards.svc",
+        port=str(postgres.port),
+    )
     bound = setup.shard("bound", postgres.port, f"bound-{setup.suffix}", "require", _condition("Ok", "healthy"))
     # A shard whose databases commit more connections than its budget.
     full = setup.shard("full", postgres.port, "listed", "require", _condition("Ok", "healthy"))
     setup.database("huge", full, "Ready", limit=100_000)
     with HostilePostgres(MD5) as md5_server:
-        md5 = setup.shard("md5", md5_server.port, "listed", "prefer",
-                          _condition("AdminAuthFailed", "admin login failed: insecure_auth_refused"))
+        md5 = setup.shard(
+            "md5",
+            md5_server.port,
+            "listed",
+            "prefer",
+            _condition("AdminAuthFailed", "admin login failed: insecure_auth_refused"),
+        )
 
         # Tenants as the previous release left them (and as builds before ownership records did).
         recorded, recorded_t, recorded_owner = setup.database("recorded", good, "Ready")
@@ -233,8 +289,9 @@ def test_without_shard_sql_it_says_what_it_did_not_check_and_values_given_are_us
     kube: KubeControlPlane, setup: Setup, postgres: PostgresServer, tmp_path: Path
 ) -> None:
     setup.secret(f"unlisted-{setup.suffix}", postgres.PROVISIONER, postgres.provisioner_password)
-    unlisted = setup.shard("unlisted", postgres.port, f"unlisted-{setup.suffix}", "require",
-                           _condition("AdminSecretInvalid", "not listed"))
+    unlisted = setup.shard(
+        "unlisted", postgres.port, f"unlisted-{setup.suffix}", "require", _condition("AdminSecretInvalid", "not listed")
+    )
     code, findings, text = _check(kube, tmp_path)
     assert ("notice", "tenant-ownership", "install") in findings
     assert ("error", "admin-secret-listed", f"Shard/{unlisted}") in findings
@@ -253,15 +310,45 @@ def test_a_wrong_release_or_an_unreachable_cluster_is_bad_input(
 ) -> None:
     kubeconfig = kube.write_kubeconfig(tmp_path / "reader.kubeconfig", user=READER)
     out = subprocess.run(
-        [sys.executable, "-m", "dbprovider.cli", "upgrade", "check", "--kubeconfig", str(kubeconfig),
-         "--namespace", NAMESPACE, "--release", "nosuch"], capture_output=True, text=True, cwd=REPO, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "dbprovider.cli",
+            "upgrade",
+            "check",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--namespace",
+            NAMESPACE,
+            "--release",
+            "nosuch",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
     )
     assert out.returncode == 2 and "no ConfigMap nosuch-config" in out.stderr
     broken = tmp_path / "broken.kubeconfig"
     broken.write_text(kubeconfig.read_text().replace(kube.url, "https://127.0.0.1:9"))
     out = subprocess.run(
-        [sys.executable, "-m", "dbprovider.cli", "upgrade", "check", "--kubeconfig", str(broken),
-         "--namespace", NAMESPACE, "--release", RELEASE], capture_output=True, text=True, cwd=REPO, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "dbprovider.cli",
+            "upgrade",
+            "check",
+            "--kubeconfig",
+            str(broken),
+            "--namespace",
+            NAMESPACE,
+            "--release",
+            RELEASE,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
     )
     assert out.returncode == 2 and "cannot read the cluster" in out.stderr
 
@@ -289,8 +376,12 @@ def test_a_shard_named_in_cleartext_shards_may_keep_a_mode_without_tls(
     code, findings, text = _check(kube, tmp_path)
     assert ("error", "admin-tls", f"Shard/{plain}") in findings, text
     values = tmp_path / "values.yaml"
-    config = release_config(RELEASE, NAMESPACE, shardSecrets=[{"namespace": SECRETS_NS, "name": "listed"}],
-                            shardTLS={"cleartextShards": [plain]})
+    config = release_config(
+        RELEASE,
+        NAMESPACE,
+        shardSecrets=[{"namespace": SECRETS_NS, "name": "listed"}],
+        shardTLS={"cleartextShards": [plain]},
+    )
     values.write_text(yaml.safe_dump(config))
     code, findings, text = _check(kube, tmp_path, "--config", str(values))
     assert ("error", "admin-tls", f"Shard/{plain}") not in findings, text
