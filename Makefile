@@ -21,6 +21,7 @@ test-fast:
 
 lint: setup
 	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
 	.venv/bin/lint-imports
 	.venv/bin/mypy
 
