@@ -76,14 +76,12 @@ from bench.common import (
 )
 from domain.constants import (
     API_VERSION,
-    CORE_API_VERSION,
     DEFAULT_TOKEN_KEY,
     KIND_CONSUMER,
-    KIND_SECRET,
     KIND_SHARD,
     UNPLACED,
 )
-from domain.credentials import encode_secret_value, new_password
+from domain.credentials import new_password, opaque_secret
 from domain.tokens import hash_token
 from harness import PostgresServer
 from harness.background import Background
@@ -150,15 +148,11 @@ def register_shards(rest: Rest, fleet: Fleet, max_databases: int, dev_shard: str
     for name, server in fleet.servers.items():
         rest.create(
             SECRETS,
-            {
-                "apiVersion": CORE_API_VERSION,
-                "kind": KIND_SECRET,
-                "metadata": {"name": fleet.secret_name(name), "namespace": fleet.secrets_namespace},
-                "data": {
-                    "user": encode_secret_value(server.PROVISIONER),
-                    "password": encode_secret_value(server.provisioner_password),
-                },
-            },
+            opaque_secret(
+                fleet.secret_name(name),
+                fleet.secrets_namespace,
+                {"user": server.PROVISIONER, "password": server.provisioner_password},
+            ),
             fleet.secrets_namespace,
         )
         rest.create(
@@ -263,14 +257,7 @@ def create_consumers(rest: Rest, namespace: str, count: int, max_databases: int)
     for i in range(count):
         name, token = f"{SHARD_PREFIX}-consumer-{i:02d}", secrets.token_hex(32)
         rest.create(
-            SECRETS,
-            {
-                "apiVersion": CORE_API_VERSION,
-                "kind": KIND_SECRET,
-                "metadata": {"name": f"{name}-token", "namespace": namespace},
-                "data": {DEFAULT_TOKEN_KEY: encode_secret_value(hash_token(token))},
-            },
-            namespace,
+            SECRETS, opaque_secret(f"{name}-token", namespace, {DEFAULT_TOKEN_KEY: hash_token(token)}), namespace
         )
         rest.create(
             CONSUMERS,

@@ -19,17 +19,15 @@ from dbprovider.kubeapply import Applier
 from domain.config import InstallConfig
 from domain.constants import (
     API_VERSION,
-    CORE_API_VERSION,
     DEFAULT_TOKEN_KEY,
     KELDON_GROUP,
     KELDON_KIND_DATABASE_CLUSTER,
     KELDON_VERSION,
     KIND_CONSUMER,
-    KIND_SECRET,
     KIND_SHARD,
     Engine,
 )
-from domain.credentials import encode_secret_value
+from domain.credentials import opaque_secret
 from domain.settings import SETTINGS
 from domain.tokens import hash_token
 from harness import KubeControlPlane, PostgresServer
@@ -108,17 +106,7 @@ class DevStack:
         self, rest: Rest, name: str, data: dict[str, str], type_: str = "Opaque", namespace: str | None = None
     ) -> None:
         namespace = namespace or self.namespace
-        rest.create(
-            SECRETS,
-            {
-                "apiVersion": CORE_API_VERSION,
-                "kind": KIND_SECRET,
-                "type": type_,
-                "metadata": {"name": name, "namespace": namespace},
-                "data": {k: encode_secret_value(v) for k, v in data.items()},
-            },
-            namespace,
-        )
+        rest.create(SECRETS, opaque_secret(name, namespace, data, type_), namespace)
 
     def _tls(self, rest: Rest) -> None:
         authority = CertificateAuthority(self.state_dir / "pki", "dbprovider-api")

@@ -51,6 +51,17 @@ def encode_secret_value(text: str) -> str:
     return base64.b64encode(text.encode("utf-8")).decode("ascii")
 
 
+def opaque_secret(name: str, namespace: str, data: Mapping[str, str], type_: str = "Opaque") -> dict[str, Any]:
+    """A Secret object holding `data`'s texts (base64 in `data`, as the apiserver stores them)."""
+    return {
+        "apiVersion": CORE_API_VERSION,
+        "kind": KIND_SECRET,
+        "type": type_,
+        "metadata": {"name": name, "namespace": namespace},
+        "data": {k: encode_secret_value(v) for k, v in data.items()},
+    }
+
+
 def secret_data_bytes(secret: Mapping[str, Any], key: str) -> bytes | None:
     """The decoded value of `key` in a Secret's data, or None if the key is missing or not base64."""
     data = secret.get("data")

@@ -46,6 +46,28 @@ def pinned_kube_version() -> str:
     raise RuntimeError("hack/kube/go.mod pins no k8s.io/kubernetes version")
 
 
+def etcd_command(bin_dir: Path, data_dir: Path, client_url: str, peer_url: str) -> list[str]:
+    """A single-member etcd for a test control plane (no fsync: its data lives as long as the test)."""
+    return [
+        str(bin_dir / "etcd"),
+        "--data-dir",
+        str(data_dir),
+        "--listen-client-urls",
+        client_url,
+        "--advertise-client-urls",
+        client_url,
+        "--listen-peer-urls",
+        peer_url,
+        "--initial-advertise-peer-urls",
+        peer_url,
+        "--initial-cluster",
+        f"default={peer_url}",
+        "--unsafe-no-fsync",
+        "--log-level",
+        "warn",
+    ]
+
+
 class KubeControlPlane:
     """etcd and kube-apiserver in a temporary directory; `close()` stops both and removes it."""
 
@@ -86,24 +108,7 @@ class KubeControlPlane:
         client_port, peer_port = self._etcd_ports = self._etcd_ports or (free_port(), free_port())
         self.etcd_url = f"http://127.0.0.1:{client_port}"
         self._etcd = spawn(
-            [
-                str(self.bin_dir / "etcd"),
-                "--data-dir",
-                str(self.workdir / "etcd"),
-                "--listen-client-urls",
-                self.etcd_url,
-                "--advertise-client-urls",
-                self.etcd_url,
-                "--listen-peer-urls",
-                f"http://127.0.0.1:{peer_port}",
-                "--initial-advertise-peer-urls",
-                f"http://127.0.0.1:{peer_port}",
-                "--initial-cluster",
-                f"default=http://127.0.0.1:{peer_port}",
-                "--unsafe-no-fsync",
-                "--log-level",
-                "warn",
-            ],
+            etcd_command(self.bin_dir, self.workdir / "etcd", self.etcd_url, f"http://127.0.0.1:{peer_port}"),
             self.workdir / "etcd.log",
         )
         wait_for_port(client_port, timeout, self._etcd, self.workdir / "etcd.log")

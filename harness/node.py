@@ -45,7 +45,7 @@ from kubernetes.client.exceptions import ApiException
 
 from harness.certs import CertFiles, CertificateAuthority, make_rsa_keypair
 from harness.images import Image, build_image
-from harness.kube import REPO_ROOT, KubeControlPlane, MissingBinaryError, binaries_dir
+from harness.kube import REPO_ROOT, KubeControlPlane, MissingBinaryError, binaries_dir, etcd_command
 from harness.netns import NetworkNamespace, Relay, forward_in, forward_out
 from harness.process import built_dir, spawn, stop
 
@@ -376,22 +376,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         self._etcd = spawn(
             [
                 *self.enter(pid_namespace=True),
-                str(self.bin_dir / "etcd"),
-                "--data-dir",
-                str(self.workdir / "etcd"),
-                "--listen-client-urls",
-                self.etcd_url,
-                "--advertise-client-urls",
-                self.etcd_url,
-                "--listen-peer-urls",
-                "http://127.0.0.1:2380",
-                "--initial-advertise-peer-urls",
-                "http://127.0.0.1:2380",
-                "--initial-cluster",
-                "default=http://127.0.0.1:2380",
-                "--unsafe-no-fsync",
-                "--log-level",
-                "warn",
+                *etcd_command(self.bin_dir, self.workdir / "etcd", self.etcd_url, "http://127.0.0.1:2380"),
             ],
             self.log("etcd"),
         )

@@ -30,8 +30,8 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from dbprovider.kubeapply import Applier
-from domain.constants import API_VERSION, CORE_API_VERSION, KIND_CONSUMER, KIND_SECRET, KIND_SHARD
-from domain.credentials import encode_secret_value
+from domain.constants import API_VERSION, KIND_CONSUMER, KIND_SHARD
+from domain.credentials import opaque_secret
 from harness import PostgresServer
 from harness.certs import CertificateAuthority
 from harness.releases import REPO, BuiltRelease
@@ -255,17 +255,7 @@ class ProcessCluster:
         self.admin_kubeconfig = self.kube.write_kubeconfig(self.root / "admin.kubeconfig")
 
     def _secret(self, name: str, namespace: str, data: dict[str, str], type_: str = "Opaque") -> None:
-        self.rest.create(
-            SECRETS,
-            {
-                "apiVersion": CORE_API_VERSION,
-                "kind": KIND_SECRET,
-                "type": type_,
-                "metadata": {"name": name, "namespace": namespace},
-                "data": {k: encode_secret_value(v) for k, v in data.items()},
-            },
-            namespace,
-        )
+        self.rest.create(SECRETS, opaque_secret(name, namespace, data, type_), namespace)
 
     # -- the Deployment ----------------------------------------------------------------------
 

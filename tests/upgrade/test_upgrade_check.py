@@ -168,9 +168,11 @@ def setup(installed: Rest, postgres: PostgresServer) -> Iterator[Setup]:
     made.cleanup()
 
 
-def _check(kube: KubeControlPlane, tmp_path: Path, *args: str) -> tuple[int, list[tuple[str, str, str]], str]:
-    kubeconfig = kube.write_kubeconfig(tmp_path / "reader.kubeconfig", user=READER)
-    out = subprocess.run(
+def _run_upgrade_check(
+    kubeconfig: Path, *args: str, release: str = RELEASE, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """`dbprovider upgrade check` as the platform engineer runs it, with the reader's kubeconfig."""
+    return subprocess.run(
         [
             sys.executable,
             "-m",
@@ -182,14 +184,19 @@ def _check(kube: KubeControlPlane, tmp_path: Path, *args: str) -> tuple[int, lis
             "--namespace",
             NAMESPACE,
             "--release",
-            RELEASE,
+            release,
             *args,
         ],
         capture_output=True,
         text=True,
         cwd=REPO,
-        timeout=120,
+        timeout=timeout,
     )
+
+
+def _check(kube: KubeControlPlane, tmp_path: Path, *args: str) -> tuple[int, list[tuple[str, str, str]], str]:
+    kubeconfig = kube.write_kubeconfig(tmp_path / "reader.kubeconfig", user=READER)
+    out = _run_upgrade_check(kubeconfig, *args)
     findings = []
     for line in out.stdout.splitlines():
         severity, obj, rest = line.split(": ", 2)
@@ -309,47 +316,11 @@ def test_a_wrong_release_or_an_unreachable_cluster_is_bad_input(
     kube: KubeControlPlane, installed: Rest, tmp_path: Path
 ) -> None:
     kubeconfig = kube.write_kubeconfig(tmp_path / "reader.kubeconfig", user=READER)
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dbprovider.cli",
-            "upgrade",
-            "check",
-            "--kubeconfig",
-            str(kubeconfig),
-            "--namespace",
-            NAMESPACE,
-            "--release",
-            "nosuch",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=60,
-    )
+    out = _run_upgrade_check(kubeconfig, release="nosuch", timeout=60)
     assert out.returncode == 2 and "no ConfigMap nosuch-config" in out.stderr
     broken = tmp_path / "broken.kubeconfig"
     broken.write_text(kubeconfig.read_text().replace(kube.url, "https://127.0.0.1:9"))
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dbprovider.cli",
-            "upgrade",
-            "check",
-            "--kubeconfig",
-            str(broken),
-            "--namespace",
-            NAMESPACE,
-            "--release",
-            RELEASE,
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-    )
+    out = _run_upgrade_check(broken)
     assert out.returncode == 2 and "cannot read the cluster" in out.stderr
 
 
