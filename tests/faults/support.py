@@ -20,7 +20,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import requests
 import yaml
 from kubernetes.client.exceptions import ApiException
@@ -34,6 +33,7 @@ from reconciler.runtime.leader import lease_holder
 from tests.support.audit import Write, audited_control_plane, controller_writes, leading_intervals
 from tests.support.common import b64, decoded, wait_for
 from tests.support.devstack import install_stack
+from tests.support.logins import logs_in
 from tests.support.replica import ManagerReplica
 
 RELEASE = "faults"
@@ -350,22 +350,8 @@ def _logs_in(stack: FaultStack, db: dict[str, Any]) -> str | None:
         secret = stack.rest.get(SECRETS, f"{db['metadata']['name']}-credentials", NAMESPACE)
     except ApiException as exc:
         return f"Secret: HTTP {exc.status}"
-    values = decoded(secret)
-    try:
-        with psycopg.connect(
-            host=values["host"],
-            port=int(values["port"]),
-            user=values["user"],
-            password=values["password"],
-            dbname=values["database"],
-            sslmode=values["sslmode"],
-            connect_timeout=5,
-        ) as conn:
-            if conn.execute("SELECT current_user").fetchone()[0] != values["user"]:
-                return "logged in as someone else"
-    except psycopg.Error as exc:
-        return f"login failed: {type(exc).__name__}"
-    return None
+    problem = logs_in(decoded(secret))
+    return None if problem is None else f"login failed: {problem}"
 
 
 def check_invariants(stack: FaultStack, fault: str, timeout: float = 150, late_events: bool = False) -> float:

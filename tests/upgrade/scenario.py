@@ -35,6 +35,7 @@ from harness.statement_log import LoggedStatement, parse_statement_log
 from informers import SECRETS, Rest
 from reconciler.resources import DATABASES, SHARDS
 from tests.support.common import condition, decoded, wait_for
+from tests.support.logins import logs_in
 
 TEAM_A, TEAM_B, TEAM_OFF = "upg-team-a", "upg-team-b", "upg-team-off"
 
@@ -262,25 +263,6 @@ def mark_statement_logs(cluster: Cluster, world: World) -> None:
 
 
 # -- invariants -------------------------------------------------------------------------------------
-
-
-def logs_in(credentials: dict[str, str]) -> str | None:
-    """None if the credentials log in to their database; else why not (an error class)."""
-    try:
-        with psycopg.connect(
-            host=credentials["host"],
-            port=int(credentials["port"]),
-            user=credentials["user"],
-            password=credentials["password"],
-            dbname=credentials["database"],
-            sslmode=credentials["sslmode"],
-            connect_timeout=5,
-        ) as conn:
-            if conn.execute("SELECT current_user").fetchone()[0] != credentials["user"]:
-                return "logged in as someone else"
-    except psycopg.Error as exc:
-        return type(exc).__name__
-    return None
 
 
 _KEPT_STATUS = ("shard", "tenantName", "dropAfter", "appliedConnectionLimit", "appliedSizeClass", "passwordApplied")
