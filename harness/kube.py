@@ -68,6 +68,57 @@ def etcd_command(bin_dir: Path, data_dir: Path, client_url: str, peer_url: str) 
     ]
 
 
+def apiserver_command(
+    bin_dir: Path,
+    *,
+    etcd_url: str,
+    bind_address: str,
+    advertise_address: str,
+    port: int,
+    serving: CertFiles,
+    client_ca: Path,
+    service_account_keys: tuple[Path, Path],
+    service_cidr: str,
+    cert_dir: Path,
+    authorization_mode: str = "RBAC",
+) -> list[str]:
+    """A kube-apiserver on `etcd_url`, serving TLS, clients by certificate, ServiceAccount tokens signed
+    with `service_account_keys` (public, private)."""
+    sa_pub, sa_key = service_account_keys
+    return [
+        str(bin_dir / "kube-apiserver"),
+        "--etcd-servers",
+        etcd_url,
+        "--bind-address",
+        bind_address,
+        "--advertise-address",
+        advertise_address,
+        "--secure-port",
+        str(port),
+        "--tls-cert-file",
+        str(serving.cert_file),
+        "--tls-private-key-file",
+        str(serving.key_file),
+        "--client-ca-file",
+        str(client_ca),
+        "--authorization-mode",
+        authorization_mode,
+        "--service-account-issuer",
+        "https://kubernetes.default.svc",
+        "--service-account-key-file",
+        str(sa_pub),
+        "--service-account-signing-key-file",
+        str(sa_key),
+        "--service-cluster-ip-range",
+        service_cidr,
+        "--allow-privileged=true",
+        "--cert-dir",
+        str(cert_dir),
+        "--v",
+        "1",
+    ]
+
+
 class KubeControlPlane:
     """etcd and kube-apiserver in a temporary directory; `close()` stops both and removes it."""
 
@@ -122,36 +173,18 @@ class KubeControlPlane:
         log = self.workdir / "apiserver.log"
         self._apiserver = spawn(
             [
-                str(self.bin_dir / "kube-apiserver"),
-                "--etcd-servers",
-                self.etcd_url,
-                "--bind-address",
-                "127.0.0.1",
-                "--advertise-address",
-                "127.0.0.1",
-                "--secure-port",
-                str(self.port),
-                "--tls-cert-file",
-                str(serving.cert_file),
-                "--tls-private-key-file",
-                str(serving.key_file),
-                "--client-ca-file",
-                str(self.ca.ca_file),
-                "--authorization-mode",
-                "RBAC",
-                "--service-account-issuer",
-                "https://kubernetes.default.svc",
-                "--service-account-key-file",
-                str(sa_pub),
-                "--service-account-signing-key-file",
-                str(sa_key),
-                "--service-cluster-ip-range",
-                "10.0.0.0/24",
-                "--allow-privileged=true",
-                "--cert-dir",
-                str(pki),
-                "--v",
-                "1",
+                *apiserver_command(
+                    self.bin_dir,
+                    etcd_url=self.etcd_url,
+                    bind_address="127.0.0.1",
+                    advertise_address="127.0.0.1",
+                    port=self.port,
+                    serving=serving,
+                    client_ca=self.ca.ca_file,
+                    service_account_keys=(sa_pub, sa_key),
+                    service_cidr="10.0.0.0/24",
+                    cert_dir=pki,
+                ),
                 *self.extra_args,
             ],
             log,

@@ -45,7 +45,14 @@ from kubernetes.client.exceptions import ApiException
 
 from harness.certs import CertFiles, CertificateAuthority, make_rsa_keypair
 from harness.images import Image, build_image
-from harness.kube import REPO_ROOT, KubeControlPlane, MissingBinaryError, binaries_dir, etcd_command
+from harness.kube import (
+    REPO_ROOT,
+    KubeControlPlane,
+    MissingBinaryError,
+    apiserver_command,
+    binaries_dir,
+    etcd_command,
+)
 from harness.netns import NetworkNamespace, Relay, forward_in, forward_out
 from harness.process import built_dir, spawn, stop
 
@@ -403,44 +410,27 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         self._apiserver = spawn(
             [
                 *self.enter(pid_namespace=True),
-                str(self.bin_dir / "kube-apiserver"),
-                "--etcd-servers",
-                self.etcd_url,
-                "--bind-address",
-                "0.0.0.0",  # noqa: S104 - all interfaces of the node's own network namespace
-                "--advertise-address",
-                NODE_IP,
-                "--secure-port",
-                str(APISERVER_PORT),
-                "--tls-cert-file",
-                str(serving.cert_file),
-                "--tls-private-key-file",
-                str(serving.key_file),
-                "--client-ca-file",
-                str(self.ca.ca_file),
-                "--authorization-mode",
-                "Node,RBAC",
+                *apiserver_command(
+                    self.bin_dir,
+                    etcd_url=self.etcd_url,
+                    bind_address="0.0.0.0",  # noqa: S104 - all interfaces of the node's own network namespace
+                    advertise_address=NODE_IP,
+                    port=APISERVER_PORT,
+                    serving=serving,
+                    client_ca=self.ca.ca_file,
+                    service_account_keys=(sa_pub, sa_key),
+                    service_cidr=SERVICE_CIDR,
+                    cert_dir=pki,
+                    authorization_mode="Node,RBAC",
+                ),
                 "--enable-admission-plugins",
                 "NodeRestriction",
-                "--service-account-issuer",
-                "https://kubernetes.default.svc",
-                "--service-account-key-file",
-                str(sa_pub),
-                "--service-account-signing-key-file",
-                str(sa_key),
-                "--service-cluster-ip-range",
-                SERVICE_CIDR,
-                "--allow-privileged=true",
                 "--kubelet-client-certificate",
                 str(kubelet_client.cert_file),
                 "--kubelet-client-key",
                 str(kubelet_client.key_file),
                 "--kubelet-preferred-address-types",
                 "InternalIP",
-                "--cert-dir",
-                str(pki),
-                "--v",
-                "1",
                 *self.extra_args,
             ],
             self.log("kube-apiserver"),
