@@ -72,8 +72,14 @@ def test_ready_databases_run_no_sql_on_restart_and_client_change(logged_pg, flee
     manager.stop()
     before = len(provisioner_statements(logged_pg))
 
-    # A restarted manager resyncs every Ready database: no statement reaches the shard for them.
-    start_manager()
+    # A restarted manager resyncs every Ready database: no statement reaches the shard for them, and
+    # what the controller left is what the resync's fast path (reconciler/database/settled.py) takes
+    # for settled, so the start hands none of them to a worker.
+    restarted = start_manager()
+    wait_for(
+        lambda: all(restarted.controllers.databases.settled(f"{NAMESPACE}/{name}") for name in names),
+        what="the Ready databases recognised as settled on the caches",
+    )
     admin_rest.patch(SHARDS, shard, {"spec": {"client": {"host": "10.1.2.3", "port": 5433, "sslmode": "verify-full"}}})
     for name in names:
         wait_for(
