@@ -85,9 +85,9 @@ class FaultStack:
     expected: dict[str, str] = field(default_factory=dict)
     # problems an invariant check has reported already (they failed that fault's test)
     reported: set[str] = field(default_factory=set)
-    # Event creates a check accepted as sent while leading and delivered late (`late_events`): an
-    # Event is written once, so later checks, which read the same audit log, accept it too
-    late_events: set[str] = field(default_factory=set)
+    # replicas whose link to the apiserver a fault cut: an Event they made while leading may be
+    # held by the partition and arrive whenever the link is back (see fencing_violations)
+    cut_off: set[str] = field(default_factory=set)
 
     def start(self) -> FaultStack:
         self.kube, self.audit_log = audited_control_plane(self.root / "kube")
@@ -307,13 +307,13 @@ def sql_writes(stack: FaultStack) -> list[Write]:
     ]
 
 
-def fencing_violations(stack: FaultStack, late_events: bool = False) -> list[str]:
+def fencing_violations(stack: FaultStack) -> list[str]:
     """Writes that broke the fence.
 
     - No write (SQL or apiserver) by a replica after another replica started leading later than it
-      did: the Lease's safety, whatever was in flight. With `late_events`, an Event made while its
-      sender led (its firstTimestamp) is exempt, in this check and every later one: a partition can
-      hold an Event's request sent while leading and deliver it after the link is back, and Events
+      did: the Lease's safety, whatever was in flight. An Event that a replica in `stack.cut_off` made
+      while it led (its firstTimestamp) is exempt, in the cut's check and every later one: a partition
+      can hold an Event's request sent while leading and deliver it after the link is back, and Events
       carry no precondition (docs/reliability.md, "What is not covered"); every other write either
       did not arrive or failed its resourceVersion precondition.
     - No SQL by a replica outside its own leading intervals. (The apiserver's receive time is no
@@ -324,13 +324,13 @@ def fencing_violations(stack: FaultStack, late_events: bool = False) -> list[str
     starts = sorted((start, name) for name, spans in intervals.items() for start, _ in spans)
     problems = []
     sql = sql_writes(stack)
-    applied = [w for w in audit_writes(stack) if w.what not in stack.late_events]
+    applied = audit_writes(stack)
     for write in applied + sql:
         latest = max(((s, n) for s, n in starts if s <= write.when), default=None)
         if latest is None or latest[1] != write.replica:
-            if late_events and write.what.startswith("create events/") and _made_while_leading(stack, write, intervals):
-                stack.late_events.add(write.what)
-                continue
+            if write.replica in stack.cut_off and write.what.startswith("create events/"):
+                if _made_while_leading(stack, write, intervals):
+                    continue
             holder = latest[1] if latest else None
             problems.append(f"{write.replica} at {write.when.isoformat()} ({write.what}); leader then: {holder}")
     for write in sql:
@@ -378,9 +378,9 @@ def _logs_in(stack: FaultStack, db: dict[str, Any]) -> str | None:
     return None if problem is None else f"login failed: {problem}"
 
 
-def check_invariants(stack: FaultStack, fault: str, timeout: float = 150, late_events: bool = False) -> float:
+def check_invariants(stack: FaultStack, fault: str, timeout: float = 150) -> float:
     """The one invariant check after every fault; returns the seconds until every Database reached
-    its expected phase (recorded as the fault's recovery time). `late_events`: see fencing_violations."""
+    its expected phase (recorded as the fault's recovery time)."""
 
     def converged() -> bool:
         dbs = stack.databases()
@@ -440,7 +440,7 @@ def check_invariants(stack: FaultStack, fault: str, timeout: float = 150, late_e
     assert not twice, f"{fault}: tenant DDL ran more than once: {twice}"
 
     # No SQL and no apiserver write from a replica that did not hold the Lease.
-    violations = [v for v in fencing_violations(stack, late_events) if v not in stack.reported]
+    violations = [v for v in fencing_violations(stack) if v not in stack.reported]
     stack.reported.update(violations)
     assert not violations, f"{fault}: writes without the Lease: {violations[:10]}"
     return elapsed
