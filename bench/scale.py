@@ -639,7 +639,7 @@ def compare(
                 what,
                 " / ".join(f"{v:.{digits}f}" for v in before) + f" {unit}",
                 " / ".join(f"{v:.{digits}f}" for v in after) + f" {unit}",
-                f"{statistics.median(after) / statistics.median(before):.2f}x",
+                f"{statistics.median(after) / statistics.median(before):.2f}x" if statistics.median(before) else "-",
             )
         )
     table(
