@@ -4,6 +4,8 @@
                           [--idle-seconds 60] [--profile] [--profile-idle 60]
     python -m bench.scale --count 100000 --shards 200 --consumers 1000      # issue 28
     python -m bench.scale --count 20000 --shards 200 --consumers 1000 --runs 0 --baseline /tmp/base [--profile]
+    python -m bench.scale --count 2000 --shards 200 --consumers 1000 --runs 0 --baseline /tmp/base --rounds 2 \
+        --compare-idle 120                                             # idle CPU, two trees on one fleet
 
 Setup (not timed, but reported): `--shards` Shards sharing one PostgreSQL 18 server
 (log_statement=all), `--consumers` Consumers each with its token Secret (as `dbprovider consumer new`
@@ -33,7 +35,9 @@ one warm-up start (the first start after the setup writes the Consumer counts an
 of `--rounds` rounds starts the baseline's manager and then this tree's, each measured to caught up:
 caches synced (/readyz), Lease held, the first pass done (`dbprovider_reconciles_total` of the Database
 controller reaching the count, polled each second), caught up, CPU and peak RSS; a table gives every
-run and the median ratio. With `--profile`, one further start of each is profiled with py-spy.
+run and the median ratio. With `--profile`, one further start of each is profiled with py-spy. With
+`--compare-idle S` each of those starts is then also measured idle: once every Shard is Ready and 20 s
+more have passed, its CPU over S seconds and the Shard reconciles in them (the checks: CPU per check).
 """
 
 from __future__ import annotations
@@ -536,13 +540,19 @@ def measure_start(fleet: Fleet, run: int, args: argparse.Namespace) -> list[Targ
     ]
 
 
-def quick_start(fleet: Fleet, name: str, checkout: Path, spy_out: Path | None = None) -> dict[str, float]:
+def quick_start(
+    fleet: Fleet, name: str, checkout: Path, spy_out: Path | None = None, idle_seconds: float = 0.0
+) -> dict[str, float]:
     """One manager start from `checkout`, measured to caught up only (for comparing two trees on one fleet):
-    its milestones, CPU to caught up and peak RSS; `spy_out`: with py-spy attached (not a measured start)."""
+    its milestones, CPU to caught up and peak RSS; `spy_out`: with py-spy attached (not a measured start).
+    With `idle_seconds`, then its idle CPU over that window once every Shard is Ready and IDLE_SETTLE s
+    have passed, and the Shard reconciles in it (each a check: the CPU per check)."""
     manager = ManagerProcess(fleet.stack, name, checkout=checkout)
     spy = PySpy(manager.pid, spy_out, rate=50).start() if spy_out is not None else None
     try:
         sampler, milestones = wait_caught_up(manager, fleet.rest, fleet.count)
+        if idle_seconds > 0:
+            milestones.update(idle_window(manager, sampler, fleet, idle_seconds))
     finally:
         if spy is not None:
             spy.stop()
@@ -555,6 +565,30 @@ def quick_start(fleet: Fleet, name: str, checkout: Path, spy_out: Path | None = 
     return milestones
 
 
+# After every Shard is Ready, before an idle window of a compared start: the checks' first intervals
+# (drawn from the whole interval) have begun to spread.
+IDLE_SETTLE = 20.0
+
+
+def idle_window(manager: ManagerProcess, sampler: Sampler, fleet: Fleet, seconds: float) -> dict[str, float]:
+    """The manager's idle CPU (% of one core) over `seconds`, the Shard reconciles a second and the CPU per
+    Shard reconcile (ms: the whole process' CPU divided by the checks, so an upper bound of one check's)."""
+    wait_for(lambda: shards_ready(fleet.rest, fleet.shards), 120, f"all {len(fleet.shards)} Shards Ready", 0.5)
+    time.sleep(IDLE_SETTLE)
+    checks_before = metric_sum(manager.metrics(), "dbprovider_reconciles_total", controller="shard")
+    before = sampler.sample()
+    time.sleep(seconds)
+    after = sampler.sample()
+    checks = metric_sum(manager.metrics(), "dbprovider_reconciles_total", controller="shard") - checks_before
+    span, cpu = after[0] - before[0], after[1] - before[1]
+    return {
+        "idle_cpu": 100 * cpu / span,
+        "checks_per_s": checks / span,
+        "cpu_per_check": 1000 * cpu / checks if checks else float("nan"),
+        "idle_load": os.getloadavg()[0],
+    }
+
+
 COMPARED = (
     ("ready", "/readyz 200 (caches synced)", "s"),
     ("leading", "holds the Lease", "s"),
@@ -564,33 +598,48 @@ COMPARED = (
     ("cpu", "CPU from start to caught up", "CPU-s"),
     ("rss", "RSS peak", "MB"),
 )
+COMPARED_IDLE = (
+    ("idle_cpu", "idle CPU (% of one core)", "%"),
+    ("checks_per_s", "Shard reconciles (checks) a second while idle", "/s"),
+    ("cpu_per_check", "process CPU per Shard check while idle", "ms"),
+    ("idle_load", "load average at the idle window's end", ""),
+)
 
 
-def compare(fleet: Fleet, baseline: Path, rounds: int, profile_dir: Path | None) -> list[Target]:
-    """`rounds` pairs of starts on the same fleet, the baseline tree's first, then this tree's; a table."""
+def compare(
+    fleet: Fleet, baseline: Path, rounds: int, profile_dir: Path | None, idle_seconds: float = 0.0
+) -> list[Target]:
+    """`rounds` pairs of starts on the same fleet, the baseline tree's first, then this tree's; a table.
+    With `idle_seconds`, each start is also measured idle (`idle_window`)."""
     log("a warm-up start (the first start after the setup writes the Consumer counts and Shard conditions)")
     quick_start(fleet, "scale-warmup", REPO)
     results: dict[str, list[dict[str, float]]] = {"baseline": [], "this tree": []}
     for n in range(1, rounds + 1):
         for label, checkout in (("baseline", baseline), ("this tree", REPO)):
-            found = quick_start(fleet, f"scale-{label.replace(' ', '-')}-{n}", checkout)
+            found = quick_start(fleet, f"scale-{label.replace(' ', '-')}-{n}", checkout, idle_seconds=idle_seconds)
             found["first_pass"] = found["passed"] - found["leading"]
             results[label].append(found)
+            idle_text = (
+                f", idle CPU {found['idle_cpu']:.2f}% ({found['cpu_per_check']:.2f} ms a check)"
+                if idle_seconds > 0
+                else ""
+            )
             log(
-                f"round {n} {label}: caught up {found['caught_up']:.1f} s, first pass {found['first_pass']:.1f} s "
-                f"({os.getloadavg()[0]:.1f} load)"
+                f"round {n} {label}: caught up {found['caught_up']:.1f} s, first pass {found['first_pass']:.1f} s"
+                f"{idle_text} ({os.getloadavg()[0]:.1f} load)"
             )
     print(f"\n######## {rounds} rounds, baseline {baseline} vs this tree: {machine_line()}")
     rows = []
-    for key, what, unit in COMPARED:
+    for key, what, unit in COMPARED + (COMPARED_IDLE if idle_seconds > 0 else ()):
         before = [r[key] for r in results["baseline"]]
         after = [r[key] for r in results["this tree"]]
+        digits = 2 if unit in ("%", "ms", "") else 1
         rows.append(
             (
                 what,
-                " / ".join(f"{v:.1f}" for v in before) + f" {unit}",
-                " / ".join(f"{v:.1f}" for v in after) + f" {unit}",
-                f"{statistics.median(after) / statistics.median(before):.2f}x",
+                " / ".join(f"{v:.{digits}f}" for v in before) + f" {unit}",
+                " / ".join(f"{v:.{digits}f}" for v in after) + f" {unit}",
+                f"{statistics.median(after) / statistics.median(before):.2f}x" if statistics.median(before) else "-",
             )
         )
     table(
@@ -608,6 +657,17 @@ def compare(fleet: Fleet, baseline: Path, rounds: int, profile_dir: Path | None)
             caught_up < CAUGHT_UP_LIMIT_S,
         )
     ]
+    if idle_seconds > 0:
+        idle_cpu = statistics.median(r["idle_cpu"] for r in results["this tree"])
+        idle_before = statistics.median(r["idle_cpu"] for r in results["baseline"])
+        targets.append(
+            Target(
+                f"idle CPU at {fleet.count} Databases on {len(fleet.shards)} shards {idle_cpu:.2f}% of one core "
+                f"(median of {rounds}; baseline {idle_before:.2f}%)",
+                f"< {IDLE_CPU_LIMIT}%",
+                idle_cpu < IDLE_CPU_LIMIT,
+            )
+        )
     if profile_dir is not None:
         profile_dir.mkdir(parents=True, exist_ok=True)
         for label, checkout in (("baseline", baseline), ("this tree", REPO)):
@@ -707,6 +767,12 @@ def main(argv: list[str] | None = None) -> int:
         "tree's on the same fleet, `--rounds` pairs (then --runs measured starts of this tree)",
     )
     parser.add_argument("--rounds", type=int, default=3, help="pairs of starts with --baseline (default 3)")
+    parser.add_argument(
+        "--compare-idle",
+        type=float,
+        default=0.0,
+        help="with --baseline: also measure each start's idle CPU over this many seconds (default: not)",
+    )
     args = parser.parse_args(argv)
     count = args.count
 
@@ -735,7 +801,13 @@ def main(argv: list[str] | None = None) -> int:
         fleet = Fleet(stack, rest, count, tokens, shards)
         targets: list[Target] = []
         if args.baseline is not None:
-            targets += compare(fleet, args.baseline.resolve(), args.rounds, args.profile_dir if args.profile else None)
+            targets += compare(
+                fleet,
+                args.baseline.resolve(),
+                args.rounds,
+                args.profile_dir if args.profile else None,
+                args.compare_idle,
+            )
         for run in range(1, args.runs + 1):
             targets += measure_start(fleet, run, args)
 

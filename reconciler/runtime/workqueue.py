@@ -106,6 +106,11 @@ class WorkQueue:
         self._heap: list[tuple[float, int, str]] = []
         self._seq = itertools.count()
         self._shutting_down = False
+        # When the one idle worker that waits for the next delayed key (the timekeeper) wakes; None: no
+        # timekeeper. The other idle workers wait until a key is ready: when every idle worker slept
+        # until the next due key, each due key woke all of them (and each add_after too), 14 wake-ups
+        # per Shard check with 4 workers (docs/performance.md section 5).
+        self._keeper_until: float | None = None
 
     # -- lanes -----------------------------------------------------------------------------------
 
@@ -171,7 +176,10 @@ class WorkQueue:
                 return
             self._waiting[key] = ready
             heapq.heappush(self._heap, (ready, next(self._seq), key))
-            self._cond.notify_all()  # a getter may have to wake earlier now
+            if self._keeper_until is None:
+                self._cond.notify()  # an idle worker becomes the timekeeper
+            elif ready < self._keeper_until:
+                self._cond.notify_all()  # the timekeeper must wake earlier (it cannot be woken alone)
 
     def add_rate_limited(self, key: str) -> float:
         """Re-add key after its backoff; returns the delay used."""
@@ -227,23 +235,38 @@ class WorkQueue:
         return None
 
     def get(self, timeout: float | None = None) -> str | None:
-        """Block for the next key; None once shut down. Raises TimeoutError after `timeout`."""
+        """Block for the next key; None once shut down. Raises TimeoutError after `timeout`.
+
+        Of the idle callers one (the timekeeper) waits for the next delayed key, the others until a key
+        is ready; whoever leaves with no timekeeper left while keys are delayed wakes another."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        keeper = False
         with self._cond:
-            while True:
-                if self._shutting_down:
-                    return None
-                next_due = self._promote_due_locked()
-                key = self._take_locked()
-                if key is not None:
-                    return key
-                wait = next_due
-                if deadline is not None:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise TimeoutError("work queue: nothing to do")
-                    wait = remaining if wait is None else min(wait, remaining)
-                self._cond.wait(wait)
+            try:
+                while True:
+                    if self._shutting_down:
+                        return None
+                    next_due = self._promote_due_locked()
+                    key = self._take_locked()
+                    if key is not None:
+                        return key
+                    wait: float | None = None
+                    if next_due is not None and (keeper or self._keeper_until is None):
+                        keeper, wait = True, next_due
+                        self._keeper_until = self._clock() + next_due
+                    elif keeper:  # nothing delayed any more
+                        keeper, self._keeper_until = False, None
+                    if deadline is not None:
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0:
+                            raise TimeoutError("work queue: nothing to do")
+                        wait = remaining if wait is None else min(wait, remaining)
+                    self._cond.wait(wait)
+            finally:
+                if keeper:
+                    self._keeper_until = None
+                if self._keeper_until is None and self._heap and not self._shutting_down:
+                    self._cond.notify()  # an idle worker keeps the time now
 
     def done(self, key: str) -> None:
         """The worker finished key: its slot is free; if it was added meanwhile, queue it again."""

@@ -35,6 +35,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
 import psycopg
@@ -42,6 +43,7 @@ import psycopg
 from domain.constants import SslMode
 from domain.settings import SETTINGS
 from reconciler.sql import errors
+from reconciler.sql.deadlines import DEADLINES, Deadline
 from reconciler.sql.errors import SqlFailure, classify
 
 # The bounds of SQL work (SETTINGS.sql says why each is what it is).
@@ -265,6 +267,8 @@ class _Watchdog:
 
     Shutting the socket down makes the blocked libpq call return at once with a connection error;
     the session is unusable afterwards (an `AdminSession` replaces it on the next operation).
+    Both are deadlines of the process' one deadline thread (reconciler.sql.deadlines), not a thread
+    per operation; `on_slow` (not ours: it may take a lock) runs on a thread of its own when it is due.
     """
 
     def __init__(
@@ -279,25 +283,22 @@ class _Watchdog:
         self._lock = threading.Lock()
         self._done = False
         self.fired = False
-        self._timer = threading.Timer(max(0.0, deadline - time.monotonic()), self._fire)
-        self._timer.daemon = True
-        self._suspicion: threading.Timer | None = None
-        if on_slow is not None and time.monotonic() + suspect_after < deadline:
-            self._suspicion = threading.Timer(suspect_after, self._suspect, args=(on_slow,))
-            self._suspicion.daemon = True
+        self._on_slow = on_slow
+        self._suspect_after = suspect_after
+        self._pending: list[Deadline] = []
 
     def __enter__(self) -> _Watchdog:
-        self._timer.start()
         _running.watchdog = self
-        if self._suspicion is not None:
-            self._suspicion.start()
+        self._pending.append(DEADLINES.at(self.deadline, self._fire))
+        on_slow = self._on_slow
+        if on_slow is not None and (suspect_at := time.monotonic() + self._suspect_after) < self.deadline:
+            self._pending.append(DEADLINES.at(suspect_at, partial(self._suspect, on_slow)))
         return self
 
     def __exit__(self, *exc: object) -> None:
         _running.watchdog = None
-        self._timer.cancel()
-        if self._suspicion is not None:
-            self._suspicion.cancel()
+        for pending in self._pending:
+            DEADLINES.cancel(pending)
         with self._lock:
             self._done = True
 
@@ -313,10 +314,7 @@ class _Watchdog:
         with self._lock:
             if self._done:
                 return
-        try:
-            on_slow()
-        except Exception:  # noqa: BLE001 - a hint only; the deadline still holds
-            pass
+        threading.Thread(target=_call_quietly, args=(on_slow,), name="sql-slow", daemon=True).start()
 
     def _fire(self) -> None:
         # Under the lock: the cut wakes the caller at once, and its __exit__ then waits here until the
@@ -327,6 +325,13 @@ class _Watchdog:
             self.fired = True
             for conn in self._conns:
                 _sever(conn)
+
+
+def _call_quietly(hint: Callable[[], None]) -> None:
+    try:
+        hint()
+    except Exception:  # noqa: BLE001 - a hint only; the deadline still holds
+        pass
 
 
 # The watchdog of the operation running on this thread (set while its body runs).

@@ -91,6 +91,39 @@ def test_add_after_of_a_queued_key_does_not_duplicate_it() -> None:
         queue.get(timeout=0.1)
 
 
+def _take_one(queue: WorkQueue, got: list[str | None]) -> threading.Thread:
+    """An idle worker that takes one key and then stays busy with it (never calls get again)."""
+    thread = threading.Thread(target=lambda: got.append(queue.get()), daemon=True)
+    thread.start()
+    return thread
+
+
+def test_delayed_keys_reach_idle_workers_while_the_one_that_kept_time_is_busy() -> None:
+    """One idle worker waits for the next delayed key, the others until a key is ready; when it takes a
+    key, another one keeps the time: no delayed key waits for a busy worker to come back."""
+    queue = WorkQueue()
+    got: list[str | None] = []
+    workers = [_take_one(queue, got) for _ in range(3)]
+    wait_for(lambda: all(w.is_alive() for w in workers))
+    for i, delay in enumerate((0.05, 0.1, 0.15)):
+        queue.add_after(f"k{i}", delay)
+
+    wait_for(lambda: len(got) == 3, timeout=10, what="every delayed key handed out")
+    assert sorted(got) == ["k0", "k1", "k2"]  # type: ignore[type-var]
+
+
+def test_a_key_due_sooner_wakes_the_worker_waiting_for_a_later_one() -> None:
+    queue = WorkQueue()
+    got: list[str | None] = []
+    queue.add_after("in-an-hour", 3600)
+    worker = _take_one(queue, got)
+    wait_for(worker.is_alive)
+    queue.add_after("soon", 0.05)
+
+    wait_for(lambda: got == ["soon"], timeout=10, what="the sooner key handed out (not after the hour)")
+    queue.shutdown()
+
+
 def test_backoff_doubles_from_one_second_up_to_five_minutes_and_forget_resets() -> None:
     backoff = ExponentialBackoff()
     delays = [backoff.when("a") for _ in range(12)]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import os
 import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +18,7 @@ from psycopg import sql
 
 from harness import PostgresServer
 from harness.process import free_port
+from reconciler.sql.deadlines import DEADLINES
 from reconciler.sql.errors import SqlFailure, classify, is_auth_failure
 from reconciler.sql.session import AdminEndpoint, AdminSession, connect_admin
 from reconciler.sql.tenant import (
@@ -308,21 +308,12 @@ def test_scram_verifier_is_what_postgres_computes_itself(postgres: PostgresServe
     assert scram_verifier(password, salt=salt, iterations=int(iterations)) == stored
 
 
-def _watchdogs_of(conn: psycopg.Connection) -> list[threading.Timer]:
-    """The live timers that would cut this connection (reconciler.sql.session's watchdogs)."""
-    return [
-        thread
-        for thread in threading.enumerate()
-        if isinstance(thread, threading.Timer)
-        and getattr(getattr(thread.function, "__self__", None), "_conn", None) is conn
-    ]
-
-
 def test_the_bound_does_not_outlive_the_operation(admin: AdminSession, tenant: TenantSpec) -> None:
     """After a quick operation its watchdog is disarmed: it never cuts the session later."""
+    pending = DEADLINES.pending()
     tenant_state(admin, tenant.name, timeout=0.3)
     conn = admin.connection()
-    # The watchdog is a Timer on this connection; cancelled, its thread ends at once (not at the deadline).
-    wait_for(lambda: not _watchdogs_of(conn), what="the operation's watchdog to be gone")
+    # Its cut was a deadline of the process' deadline thread; the operation's end cancelled it.
+    assert DEADLINES.pending() == pending
     assert conn.execute("SELECT 1").fetchone() == (1,)
     assert admin.connection() is conn
