@@ -49,6 +49,7 @@ from typing import Any
 from bench.common import (
     Stack,
     Target,
+    bench_parser,
     fmt_s,
     interleaved,
     log,
@@ -445,7 +446,7 @@ def load_row(label: str, summary: dict[str, Any], columns: Sequence[str]) -> tup
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser(__doc__, profile="pyinstrument on the auth lookup; py-spy on the server")
     parser.add_argument("--clients", type=int, default=32, help="concurrent keep-alive clients (default 32)")
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds per round (default 5)")
     parser.add_argument("--rounds", type=int, default=4, help="rounds per variant (default 4)")
@@ -455,8 +456,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attack-idle", type=int, default=200, help="idle TLS connections (default 200)")
     parser.add_argument("--auth-rounds", type=int, default=15)
     parser.add_argument("--auth-iterations", type=int, default=20000)
-    parser.add_argument("--profile", action="store_true", help="pyinstrument on the auth lookup; py-spy on the server")
-    parser.add_argument("--profile-dir", type=Path, default=Path("bench/profiles"))
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
     parser.add_argument("--kubeconfig", help=argparse.SUPPRESS)
