@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -19,6 +20,7 @@ from domain.config import InstallConfig, UnknownSizeClass
 from domain.constants import (
     ANNOTATION_DELETE_REQUESTED_AT,
     ANNOTATION_ROTATE_REQUESTED_AT,
+    CREDENTIALS_KEYS,
     SIZE_CLASS_MAX_LENGTH,
     Engine,
     Phase,
@@ -158,6 +160,12 @@ class Credentials:
     user: str
     password: str
     sslmode: str
+
+    @classmethod
+    def of_secret(cls, values: Mapping[str, str]) -> Credentials:
+        """From a credentials Secret's decoded data, whose keys (CREDENTIALS_KEYS) the caller checked."""
+        host, port, database, user, password, sslmode = (values[key] for key in CREDENTIALS_KEYS)
+        return cls(host, int(port), database, user, password, sslmode)
 
     def uri(self) -> str:
         """A libpq connection URI with every component percent-encoded."""

@@ -491,12 +491,4 @@ class DatabaseStore:
         problem = endpoint_problem(values)
         if problem is not None:
             return None, problem
-        credentials = Credentials(
-            host=values["host"],
-            port=int(values["port"]),
-            database=values["database"],
-            user=values["user"],
-            password=values["password"],
-            sslmode=values["sslmode"],
-        )
-        return credentials, None
+        return Credentials.of_secret(values), None

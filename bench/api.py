@@ -40,6 +40,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
@@ -48,6 +49,7 @@ from typing import Any
 from bench.common import (
     Stack,
     Target,
+    bench_parser,
     fmt_s,
     interleaved,
     log,
@@ -426,11 +428,25 @@ def summarize_rounds(done: list[dict], seconds: float) -> dict[str, Any]:
     }
 
 
+def load_row(label: str, summary: dict[str, Any], columns: Sequence[str]) -> tuple[Any, ...]:
+    """A summary of rounds as a table row: `label`, the `columns` asked, then each round's req/s."""
+    cells = {
+        "req/s": f"{summary['rps']:.0f}",
+        "p50": fmt_s(summary["p50"]),
+        "p99": fmt_s(summary["p99"]),
+        "errors": summary["errors"],
+        "server CPU/request": f"{summary['server_us']:.0f} us",
+        "server CPU": f"{summary['server_core']:.0f}%",
+        "machine busy (of 200%)": f"{summary['machine_core']:.0f}%",
+    }
+    return (label, *(cells[column] for column in columns), summary["rounds"])
+
+
 # -- main ------------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser(__doc__, profile="pyinstrument on the auth lookup; py-spy on the server")
     parser.add_argument("--clients", type=int, default=32, help="concurrent keep-alive clients (default 32)")
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds per round (default 5)")
     parser.add_argument("--rounds", type=int, default=4, help="rounds per variant (default 4)")
@@ -440,8 +456,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attack-idle", type=int, default=200, help="idle TLS connections (default 200)")
     parser.add_argument("--auth-rounds", type=int, default=15)
     parser.add_argument("--auth-iterations", type=int, default=20000)
-    parser.add_argument("--profile", action="store_true", help="pyinstrument on the auth lookup; py-spy on the server")
-    parser.add_argument("--profile-dir", type=Path, default=Path("bench/profiles"))
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
     parser.add_argument("--kubeconfig", help=argparse.SUPPRESS)
@@ -544,33 +558,14 @@ def main(argv: list[str] | None = None) -> int:
         bare, api = summarize_rounds(rounds["bare"], args.seconds), summarize_rounds(rounds["api"], args.seconds)
         bare_rps, api_rps, api_p99 = bare["rps"], api["rps"], api["p99"]
         ratio = api_rps / bare_rps
+        throughput = ("req/s", "p50", "p99", "errors", "server CPU/request", "server CPU", "machine busy (of 200%)")
         table(
             f"throughput at {args.clients} concurrent keep-alive TLS clients (median of {args.rounds} rounds)",
             [
-                (
-                    label,
-                    f"{r['rps']:.0f}",
-                    fmt_s(r["p50"]),
-                    fmt_s(r["p99"]),
-                    r["errors"],
-                    f"{r['server_us']:.0f} us",
-                    f"{r['server_core']:.0f}%",
-                    f"{r['machine_core']:.0f}%",
-                    r["rounds"],
-                )
+                load_row(label, r, throughput)
                 for label, r in (("bare Falcon route, same ApiServer", bare), ("GET /v1/databases/{externalId}", api))
             ],
-            (
-                "route",
-                "req/s",
-                "p50",
-                "p99",
-                "errors",
-                "server CPU/request",
-                "server CPU",
-                "machine busy (of 200%)",
-                "rounds req/s",
-            ),
+            ("route", *throughput, "rounds req/s"),
         )
         print(f"  server CPU per request, API / bare: {api['server_us'] / bare['server_us']:.2f}x")
         names = list(auth)
@@ -591,22 +586,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         attack_rps = attacked["rps"] / quiet["rps"]
         attack_p99 = attacked["p99"] / quiet["p99"]
+        under_attack = ("req/s", "p50", "p99", "errors", "server CPU")
         table(
             f"GET /v1/databases/{{externalId}} with and without {hostile['what']} (median of {args.rounds} rounds)",
-            [
-                (
-                    label,
-                    f"{r['rps']:.0f}",
-                    fmt_s(r["p50"]),
-                    fmt_s(r["p99"]),
-                    r["errors"],
-                    f"{r['server_core']:.0f}%",
-                    r["rounds"],
-                )
-                for label, r in (("without", quiet), ("while held", attacked))
-            ]
+            [load_row(label, r, under_attack) for label, r in (("without", quiet), ("while held", attacked))]
             + [("ratio", f"{attack_rps:.2f}x", "", f"{attack_p99:.2f}x", "", "", "")],
-            ("hostile connections", "req/s", "p50", "p99", "errors", "server CPU", "rounds req/s"),
+            ("hostile connections", *under_attack, "rounds req/s"),
         )
         print(
             f"  attack connections opened per round (the server's deadlines drop them; they reopen): "

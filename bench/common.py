@@ -8,6 +8,7 @@ ends with one line per target (`<figure>  target <target>  PASS|FAIL`); the exit
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import math
 import os
@@ -47,7 +48,20 @@ from reconciler.sql.tenant import OwnerRecord, TenantSpec
 REPO = Path(__file__).resolve().parents[1]
 WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "DELETE", "APPLY"})
 READ_VERBS = frozenset({"GET", "LIST", "WATCH"})
+PROFILE_DIR = Path("bench/profiles")  # not committed
 T = TypeVar("T")
+
+
+def bench_parser(doc: str | None, *, profile: str | None = None) -> argparse.ArgumentParser:
+    """A bench's options, its module docstring as the description. A bench that profiles says what
+    --profile records; where it writes (--profile-dir) is the same for all."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if profile is not None:
+        parser.add_argument("--profile", action="store_true", help=profile)
+        parser.add_argument(
+            "--profile-dir", type=Path, default=PROFILE_DIR, help=f"where the profiles go (default {PROFILE_DIR})"
+        )
+    return parser
 
 
 # -- output ----------------------------------------------------------------------------------------

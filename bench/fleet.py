@@ -36,7 +36,6 @@ database (is the baseline the same work as the burst?), the peak of
 
 from __future__ import annotations
 
-import argparse
 import queue
 import secrets
 import statistics
@@ -61,6 +60,7 @@ from bench.common import (
     Stack,
     Target,
     bench_owner,
+    bench_parser,
     drop_all_tenants,
     fmt_s,
     log,
@@ -385,7 +385,9 @@ def cleanup(servers: list[PostgresServer]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser(
+        __doc__, profile="record where the manager's CPU goes (py-spy, on-CPU samples) during burst r0"
+    )
     parser.add_argument("--shards", type=int, default=20)
     parser.add_argument("--count", type=int, default=1000, help="PUTs per burst (default 1000)")
     parser.add_argument("--delay", type=float, default=0.010, help="seconds the proxy adds each way (default 0.010)")
@@ -399,12 +401,6 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="experiment: install config key (4 with --workers-per-shard 4: the seed's 4 for all)",
     )
-    parser.add_argument(
-        "--profile",
-        action="store_true",
-        help="record where the manager's CPU goes (py-spy, on-CPU samples) during burst r0",
-    )
-    parser.add_argument("--profile-dir", type=Path, default=Path("bench/profiles"))
     args = parser.parse_args(argv)
     names = shard_names(args.shards)
     per_shard = -(-args.count // args.shards)

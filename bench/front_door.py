@@ -39,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import machine_line, percentile, table
+from bench.common import bench_parser, machine_line, percentile, table
 
 FRAMING_CASES = {
     "TE on HTTP/1.0": b"POST /x HTTP/1.0\r\nTransfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n0\r\n\r\n",
@@ -642,7 +642,7 @@ def attack_ratios(args: argparse.Namespace, manager: Any, ca: Path, token: str) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser(__doc__)
     parser.add_argument("--seconds", type=float, default=None, help="per phase (default 10; --compare: 20)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--connections", type=int, default=300, help="per kind, for the memory figures")

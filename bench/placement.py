@@ -18,17 +18,16 @@ Target: placing one database with 200 shards <= 1.2x the cost with 20, for each 
 
 from __future__ import annotations
 
-import argparse
 import copy
 import statistics
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from bench.common import (
     Stack,
     Target,
+    bench_parser,
     interleaved,
     log,
     machine_line,
@@ -287,7 +286,7 @@ def live_benchmark(placements: int, rounds: int) -> tuple[dict[str, list[float]]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser(__doc__, profile="pyinstrument on the 200-shard placement")
     parser.add_argument("--databases", type=int, default=10_000, help="Databases in the informer (default 10,000)")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--iterations", type=int, default=2000, help="in-process placements per round")
@@ -298,8 +297,6 @@ def main(argv: list[str] | None = None) -> int:
         help="placements per round on the real apiserver (0: skip; default 50)",
     )
     parser.add_argument("--live-rounds", type=int, default=10)
-    parser.add_argument("--profile", action="store_true", help="pyinstrument on the 200-shard placement")
-    parser.add_argument("--profile-dir", type=Path, default=Path("bench/profiles"))
     args = parser.parse_args(argv)
 
     print(f"placement: 20 vs 200 shards, {args.databases} Databases in the cache")

@@ -20,7 +20,6 @@ and no connection error on the bursts' PUTs.
 
 from __future__ import annotations
 
-import argparse
 import queue
 import statistics
 import time
@@ -38,6 +37,7 @@ from bench.common import (
     Stack,
     Target,
     bench_owner,
+    bench_parser,
     fmt_s,
     log,
     log_in_as_tenant,
@@ -150,15 +150,12 @@ def run_burst(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser(__doc__, profile="record the manager (every thread) with py-spy during the last burst")
     parser.add_argument("--count", type=int, default=200, help="databases in each burst (default 200)")
     parser.add_argument(
         "--repeats", type=int, default=3, help="bursts, each between two ensure_tenant baselines (default 3)"
     )
     parser.add_argument("--sessions", type=int, default=4, help="parallel sessions of the SQL baseline (default 4)")
-    parser.add_argument(
-        "--profile", action="store_true", help="record the manager (every thread) with py-spy during the last burst"
-    )
     parser.add_argument(
         "--profile-cpu",
         action="store_true",
@@ -176,7 +173,6 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="experiment: install config workersPerShard (default 4, the seed's bound)",
     )
-    parser.add_argument("--profile-dir", type=Path, default=Path("bench/profiles"))
     args = parser.parse_args(argv)
     count, repeats = args.count, args.repeats
 

@@ -20,7 +20,6 @@ bursts of p99(create answers) / mean p99 of its two neighbouring GET rounds <= 3
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import threading
 import time
@@ -33,6 +32,7 @@ from bench.common import (
     ManagerProcess,
     Stack,
     Target,
+    bench_parser,
     counter_delta,
     fmt_s,
     log,
@@ -124,7 +124,7 @@ def count_databases(rest: Rest, namespace: str, consumer: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser(__doc__)
     parser.add_argument("--puts", type=int, default=200, help="concurrent PUTs per burst (default 200)")
     parser.add_argument("--max-databases", type=int, default=150, help="the consumer's quota (default 150)")
     parser.add_argument("--replicas", type=int, default=3, help="manager processes (default 3)")

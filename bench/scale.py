@@ -70,6 +70,7 @@ from bench.common import (
     PySpy,
     Stack,
     Target,
+    bench_parser,
     counter_delta,
     log,
     machine_line,
@@ -732,7 +733,7 @@ def profile_idle(manager: ManagerProcess, run: int, args: argparse.Namespace) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser(__doc__, profile="also start a second manager with py-spy attached and profile its start")
     parser.add_argument("--count", type=int, default=10_000, help="Database objects (default 10,000)")
     parser.add_argument("--shards", type=int, default=20, help="Shards sharing the one server (default 20)")
     parser.add_argument("--consumers", type=int, default=1, help="Consumers owning them (default 1)")
@@ -751,15 +752,11 @@ def main(argv: list[str] | None = None) -> int:
         help="manager starts measured on the same objects, one after the other (default 1)",
     )
     parser.add_argument(
-        "--profile", action="store_true", help="then start a second manager with py-spy attached and profile its start"
-    )
-    parser.add_argument(
         "--profile-idle",
         type=float,
         default=0.0,
         help="then sample the idle manager with py-spy for this many seconds (on-CPU only)",
     )
-    parser.add_argument("--profile-dir", type=Path, default=Path("bench/profiles"))
     parser.add_argument(
         "--baseline",
         type=Path,

@@ -475,54 +475,42 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         path.chmod(0o600)
         return path
 
+    def _start_control_loop(self, name: str, cert: CertFiles, *flags: str) -> None:
+        """kube-controller-manager or kube-scheduler: its own kubeconfig for every API call, no leader
+        election (one node), its endpoints on loopback inside the node."""
+        kubeconfig = str(self._inside_kubeconfig(name, cert))
+        self._start(
+            name,
+            [
+                str(self.node_bin / name),
+                "--kubeconfig",
+                kubeconfig,
+                "--authentication-kubeconfig",
+                kubeconfig,
+                "--authorization-kubeconfig",
+                kubeconfig,
+                *flags,
+                "--leader-elect=false",
+                "--bind-address",
+                "127.0.0.1",
+                "--v",
+                "1",
+            ],
+        )
+
     def _start_node_components(self) -> None:
         assert self.ca is not None
         ca = str(self.ca.ca_file)
-        kcm = self._inside_kubeconfig(
-            "kube-controller-manager", self.ca.issue_client("kcm", "system:kube-controller-manager")
-        )
-        self._start(
+        self._start_control_loop(
             "kube-controller-manager",
-            [
-                str(self.node_bin / "kube-controller-manager"),
-                "--kubeconfig",
-                str(kcm),
-                "--authentication-kubeconfig",
-                str(kcm),
-                "--authorization-kubeconfig",
-                str(kcm),
-                "--root-ca-file",
-                ca,
-                "--service-account-private-key-file",
-                str(self._sa_key),
-                "--use-service-account-credentials",  # no CSR signer: the kubelet serves with a self-signed certificate
-                "--leader-elect=false",
-                "--bind-address",
-                "127.0.0.1",
-                "--v",
-                "1",
-            ],
+            self.ca.issue_client("kcm", "system:kube-controller-manager"),
+            "--root-ca-file",
+            ca,
+            "--service-account-private-key-file",
+            str(self._sa_key),
+            "--use-service-account-credentials",  # no CSR signer: the kubelet serves with a self-signed certificate
         )
-        scheduler = self._inside_kubeconfig(
-            "kube-scheduler", self.ca.issue_client("scheduler", "system:kube-scheduler")
-        )
-        self._start(
-            "kube-scheduler",
-            [
-                str(self.node_bin / "kube-scheduler"),
-                "--kubeconfig",
-                str(scheduler),
-                "--authentication-kubeconfig",
-                str(scheduler),
-                "--authorization-kubeconfig",
-                str(scheduler),
-                "--leader-elect=false",
-                "--bind-address",
-                "127.0.0.1",
-                "--v",
-                "1",
-            ],
-        )
+        self._start_control_loop("kube-scheduler", self.ca.issue_client("scheduler", "system:kube-scheduler"))
         proxy = self._inside_kubeconfig("kube-proxy", self.ca.issue_client("proxy", "system:kube-proxy"))
         proxy_config = self.workdir / "kube-proxy.yaml"
         proxy_config.write_text(

@@ -195,37 +195,33 @@ def _shard_ready(kube: KubeControlPlane, name: str) -> dict | None:
         return condition(Rest(client).get(SHARDS, name), "Ready")
 
 
+def _shard_ready_under(replica: ManagerReplica, kube: KubeControlPlane, name: str, reason: str) -> dict:
+    """The Shard's Ready condition once `replica`, the only manager running, reports `reason`; the replica
+    then stops cleanly (SIGTERM releases the Lease for the next one)."""
+    try:
+        replica.wait_ready()
+        return wait_for(
+            lambda: (c := _shard_ready(kube, name)) and c["reason"] == reason and c,
+            timeout=90,
+            what=f"Shard {name} {reason}",
+        )
+    finally:
+        replica.stop()
+        assert replica.exit_code == 0
+
+
 def test_a_manager_process_verifies_shards_with_its_shard_ca_file(
     stack: DevStack, kube: KubeControlPlane, verified_shard: str, tmp_path: Path
 ):
     right = ManagerReplica(stack, "replica-ca", tmp_path, ("--shard-ca-file", str(stack.postgres.ca_file)))
-    try:
-        right.wait_ready()
-        ready = wait_for(
-            lambda: (c := _shard_ready(kube, verified_shard)) and c["reason"] == "Ok" and c,
-            timeout=90,
-            what="the verify-full shard Ok",
-        )
-        assert ready["status"] == "True"
-    finally:
-        right.stop()  # SIGTERM releases the Lease for the next replica
-        assert right.exit_code == 0
+    assert _shard_ready_under(right, kube, verified_shard, "Ok")["status"] == "True"
 
     # The environment variable names the file too; a CA that signed nothing of the server's fails
     # verification, reported with the sanitized class only.
     other_ca = CertificateAuthority(tmp_path / "other-ca", "other").ca_file
     wrong = ManagerReplica(stack, "replica-wrong-ca", tmp_path, env={SETTINGS.env.shard_ca: str(other_ca)})
-    try:
-        wrong.wait_ready()
-        ready = wait_for(
-            lambda: (c := _shard_ready(kube, verified_shard)) and c["reason"] == "Unreachable" and c,
-            timeout=90,
-            what="the verify-full shard Unreachable",
-        )
-        assert (ready["status"], ready["message"]) == ("False", "check failed: tls_failed")
-    finally:
-        wrong.stop()
-        assert wrong.exit_code == 0
+    ready = _shard_ready_under(wrong, kube, verified_shard, "Unreachable")
+    assert (ready["status"], ready["message"]) == ("False", "check failed: tls_failed")
 
 
 @pytest.mark.parametrize("content", [None, "not a certificate\n"], ids=["missing", "no-pem"])

@@ -6,20 +6,16 @@ from collections.abc import Mapping
 
 import psycopg
 
+from api.models import Credentials
+
 
 def logs_in(credentials: Mapping[str, str]) -> str | None:
-    """None if the credentials log in to their database as their user; else why not (an error class)."""
+    """None if the credentials log in to their database as their user, through the URI the API hands out;
+    else why not (an error class)."""
+    login = Credentials.of_secret(credentials)
     try:
-        with psycopg.connect(
-            host=credentials["host"],
-            port=int(credentials["port"]),
-            user=credentials["user"],
-            password=credentials["password"],
-            dbname=credentials["database"],
-            sslmode=credentials["sslmode"],
-            connect_timeout=5,
-        ) as conn:
-            if conn.execute("SELECT current_user").fetchone()[0] != credentials["user"]:
+        with psycopg.connect(login.uri(), connect_timeout=5) as conn:
+            if conn.execute("SELECT current_user").fetchone()[0] != login.user:
                 return "logged in as someone else"
     except psycopg.Error as exc:
         return type(exc).__name__
