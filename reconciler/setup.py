@@ -213,8 +213,8 @@ def register_controllers(
 
     def credentials_owner(secret: dict[str, Any]) -> list[str]:
         key = object_key(secret)  # namespace/name
-        if not key.endswith(CREDENTIALS_SECRET_SUFFIX):
-            return []
+        if not key.endswith(CREDENTIALS_SECRET_SUFFIX) or db_logic.secrets.own_create(secret):
+            return []  # not a credentials Secret, or our own create's echo (secret.py: no pass needed)
         return [key[: -len(CREDENTIALS_SECRET_SUFFIX)]]
 
     db_controller.watch(secrets, credentials_owner)
