@@ -2,8 +2,9 @@
 
   fetch -> finalizer (finalizers.py) -> held: a Kubernetes delete without the delete annotation,
   no SQL at all (deletion.py) -> soft delete or recovery (deletion.py) -> placement, persisted
-  before any SQL, ends the pass (placement.py) -> shard -> credentials Secret, written before the role: the
-  source of the password (secret.py) -> Ready path: no SQL unless the database's own inputs
+  before any SQL, then the credentials Secret outside any lane slot, ends the pass (placement.py) -> shard
+  -> credentials Secret (unless that pass wrote it), written before the role: the source of the password
+  (secret.py) -> Ready path: no SQL unless the database's own inputs
   changed (ready.py), and once per database the ownership check (ownership.py) -> provisioning,
   then a login with the database's own credentials (provisioning.py, login.py).
 
@@ -59,7 +60,7 @@ from reconciler.database.writes import CacheLags, DatabaseWrites
 from reconciler.events import EventRecorder
 from reconciler.placement import PlacementIndex
 from reconciler.resources import database_shard
-from reconciler.runtime import Result, TerminalError
+from reconciler.runtime import Result, TerminalError, release_slot
 
 INVALID_OBJECT = "InvalidObject"
 
@@ -142,6 +143,17 @@ class DatabaseController:
         endpoint = client_endpoint(spec) if spec is not None else None
         return settled(db, endpoint, self.secrets.cached(db), self.config)
 
+    def _credentials_after_placement(self, database: Database, shard_name: str) -> None:
+        """The credentials Secret of a database just placed, written outside any lane slot: in the shard's
+        pass it held one of the shard's slots, and was 10% of their busy time (bench.provisioning, 02:10
+        profile). Still before the role: the shard's pass needs it (and writes it itself if this did not).
+        A shard gone or invalid meanwhile is the shard pass's to report."""
+        release_slot()  # placed: the placement lane's next database may go now
+        shard = self.shards.get(shard_name)
+        spec = self.shard_specs.of(shard) if shard is not None else None
+        if spec is not None:
+            self.secrets.ensure(database, client_endpoint(spec))
+
     def reconcile(self, key: str) -> Result | None:
         try:
             return self._reconcile(key)
@@ -179,7 +191,11 @@ class DatabaseController:
             self.deletion.recover(database)
 
         if not database.status.shard:
-            return self.placer.place(database)  # the SQL runs in the shard's lane, on the next pass
+            result = self.placer.place(database)  # the SQL runs in the shard's lane, on the next pass
+            placed_on, _ = database_placement(database.db)  # as written (a pass that waits places nothing)
+            if placed_on:
+                self._credentials_after_placement(database, placed_on)
+            return result
         shard = self.shards.get(database.shard)
         if shard is None:
             raise self.report.failure(

@@ -12,6 +12,7 @@ from reconciler.runtime.controller import (
     ensure_active,
     holding_slot,
     is_conflict,
+    release_slot,
 )
 from reconciler.runtime.leader import LeaderElector
 from reconciler.runtime.manager import ControllerManager
@@ -44,6 +45,7 @@ __all__ = [
     "is_conflict",
     "merge_patch",
     "patch_status",
+    "release_slot",
     "start_metrics_server",
     "update_status",
     "write_status",

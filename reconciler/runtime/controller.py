@@ -16,7 +16,8 @@ The contract (controller-runtime's):
 - Success resets the key's backoff.
 - A key is never reconciled by two workers at once; different keys run in parallel. With lanes
   (`Lanes`, see workqueue.py) at most `lanes.limit` keys of one lane run at once, the lanes take
-  turns, and `workers` bounds them all; `current_slot()` tells a reconcile which lane slot it holds.
+  turns, and `workers` bounds them all; `current_slot()` tells a reconcile which lane slot it holds,
+  and `release_slot()` gives it back once the pass has no more of the lane's work to do.
 - `stop()` hands out no further keys, lets in-flight reconciles finish, then returns. Code that
   writes calls `ensure_active()` before each write: it raises `ControllerStopping` in a worker
   whose controller is stopping or whose leader guard says we no longer lead.
@@ -103,14 +104,28 @@ def current_slot() -> Slot | None:
     return getattr(_worker, "slot", None)
 
 
+def release_slot() -> None:
+    """Give the lane slot of the key this worker reconciles back before the pass ends: what is left of
+    the pass are apiserver writes, which need no shard session (none may be taken after this), so the
+    lane's next key starts now instead of waiting for them. The key stays in flight: no second worker
+    takes it before this pass ends. A no-op outside a worker or without a slot."""
+    queue: WorkQueue | None = getattr(_worker, "queue", None)
+    key: str | None = getattr(_worker, "key", None)
+    if queue is None or key is None or getattr(_worker, "slot", None) is None:
+        return
+    _worker.slot = None
+    queue.release(key)
+
+
 @contextmanager
-def holding_slot(slot: Slot | None) -> Iterator[None]:
-    """Run the body as the holder of `slot` (what `current_slot()` answers in this thread)."""
-    _worker.slot = slot
+def holding_slot(slot: Slot | None, queue: WorkQueue | None = None, key: str | None = None) -> Iterator[None]:
+    """Run the body as the holder of `slot` (what `current_slot()` answers in this thread), for `key`
+    of `queue` (what `release_slot()` gives back)."""
+    _worker.slot, _worker.queue, _worker.key = slot, queue, key
     try:
         yield
     finally:
-        _worker.slot = None
+        _worker.slot, _worker.queue, _worker.key = None, None, None
 
 
 def _in_chain(exc: BaseException, predicate: Callable[[BaseException], bool], implicit: bool = True) -> bool:
@@ -344,7 +359,7 @@ class Controller:
                 if key is None:
                     return
                 try:
-                    with holding_slot(queue.slot(key)):
+                    with holding_slot(queue.slot(key), queue, key):
                         if self._wait_for_guard():
                             self._process(queue, key)
                 finally:

@@ -15,7 +15,10 @@ Lanes (optional, `Lanes(of, limit)`; the Database controller has one per shard):
   lanes are handed out, and lanes with keys ready take turns (round robin), so one lane's burst
   of 1,000 keys delays another lane's next key by at most one key per busy lane;
 - each key in flight holds one of its lane's `limit` numbered slots (`slot(key)`): a worker can
-  keep one shard session per slot, so a lane never has more than `limit` sessions either.
+  keep one shard session per slot, so a lane never has more than `limit` sessions either;
+- `release(key)` gives a key's slot back before `done(key)`: its pass has finished the lane's work
+  (the SQL) and only writes to the apiserver are left, so the lane's next key may start now. The
+  key stays in flight until `done` (never handed to a second worker, re-queued if added meanwhile).
 Without lanes every key is in one lane without a limit: the queue behaves as before.
 """
 
@@ -101,7 +104,7 @@ class WorkQueue:
         self._in_turns: set[str] = set()
         self._queued = 0  # keys ready in all lanes
         self._dirty: set[str] = set()  # queued (or to be re-queued when done)
-        self._processing: dict[str, Slot] = {}
+        self._processing: dict[str, Slot | None] = {}  # key in flight -> its slot (None: released)
         self._waiting: dict[str, float] = {}  # key -> earliest ready time
         self._heap: list[tuple[float, int, str]] = []
         self._seq = itertools.count()
@@ -271,15 +274,30 @@ class WorkQueue:
     def done(self, key: str) -> None:
         """The worker finished key: its slot is free; if it was added meanwhile, queue it again."""
         with self._cond:
-            slot = self._processing.pop(key, None)
-            if slot is not None:
-                self._lanes[slot.lane].busy.discard(slot.index)
-                self._offer(slot.lane)
+            self._free_slot_locked(key)
+            self._processing.pop(key, None)
             if key in self._dirty and not self._shutting_down:
                 self._enqueue_locked(key)
 
+    def release(self, key: str) -> None:
+        """The pass of key needs its lane slot no more (see the module docstring): the lane's next key
+        may take it now; key stays in flight until `done(key)`. A no-op for a key not in flight or
+        released already."""
+        with self._cond:
+            self._free_slot_locked(key)
+
+    def _free_slot_locked(self, key: str) -> None:
+        slot = self._processing.get(key)
+        if slot is None:
+            return
+        self._processing[key] = None
+        lane = self._lanes.get(slot.lane)
+        if lane is not None:
+            lane.busy.discard(slot.index)
+            self._offer(slot.lane)
+
     def slot(self, key: str) -> Slot | None:
-        """The lane and slot of a key in flight (None: not in flight)."""
+        """The lane and slot of a key in flight (None: not in flight, or its slot released)."""
         with self._cond:
             return self._processing.get(key)
 

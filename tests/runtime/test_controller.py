@@ -25,6 +25,7 @@ from reconciler.runtime import (
     WorkQueue,
     current_slot,
     ensure_active,
+    release_slot,
 )
 from tests.runtime.support import configmap
 from tests.support.common import wait_for
@@ -331,6 +332,50 @@ def test_a_hung_lane_holds_only_its_own_workers_and_a_key_that_changes_lane_move
     finally:
         release.set()
     wait_for(lambda: not env.busy(controller), what="the hung keys to finish once released")
+
+
+def test_a_pass_that_releases_its_slot_lets_the_lanes_next_key_run_while_it_finishes(env: Harness) -> None:
+    """One slot per lane: a pass that gave its slot back (its SQL done, its status write left) keeps
+    running, the lane's next key runs beside it in the same slot, and the first key is not run twice."""
+    writing = threading.Event()
+    finish = threading.Event()
+    running: dict[str, int] = defaultdict(int)
+    peak: dict[str, int] = defaultdict(int)
+    slots: list[tuple[str, int | None]] = []
+    lock = threading.Lock()
+
+    def reconcile(key: str) -> Result:
+        slot = current_slot()
+        with lock:
+            running[key] += 1
+            peak[key] = max(peak[key], running[key])
+            slots.append((key, slot.index if slot else None))
+        try:
+            if key.endswith("/first"):
+                release_slot()  # the lane's work is done; the apiserver write is left
+                assert current_slot() is None
+                writing.set()
+                finish.wait(30)
+        finally:
+            with lock:
+                running[key] -= 1
+        return Result()
+
+    first = env.create("first", {"lane": "one"})
+    assert wait_for(lambda: env.informer.get(first) is not None)
+    controller = env.controller("release", reconcile, workers=3, lanes=Lanes(lambda key: "one", 1))
+    controller.start()
+    try:
+        assert writing.wait(10)
+        second = env.create("second", {"lane": "one"})
+        wait_for(lambda: (second, 0) in slots, what="the next key to run in the released slot")
+        env.rest.patch(CONFIGMAPS, "first", {"data": {"lane": "one", "v": "2"}}, env.namespace)
+        controller.enqueue(first)
+        assert running[first] == 1  # an event while its pass finishes: not a second worker
+    finally:
+        finish.set()
+    wait_for(lambda: sum(1 for key, _ in slots if key == first) >= 2 and not env.busy(controller))
+    assert peak[first] == 1
 
 
 def test_requeue_after_runs_the_key_again(env: Harness) -> None:

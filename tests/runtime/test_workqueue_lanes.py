@@ -159,3 +159,29 @@ def test_a_hung_lane_holds_only_its_own_workers() -> None:
         queue.shutdown()
         for thread in threads:
             thread.join(5)
+
+
+def test_a_released_slot_goes_to_the_lanes_next_key_while_the_released_key_stays_in_flight() -> None:
+    lanes = {f"a{i}": "a" for i in range(3)}
+    queue = lane_queue(lanes, limit=1)
+    for key in lanes:
+        queue.add(key)
+    assert take(queue, 1) == ["a0"]
+    assert nothing_ready_for_a_worker(queue)  # lane a is full
+
+    queue.release("a0")  # a0's SQL is done; only its apiserver writes are left
+    assert queue.slot("a0") is None
+    assert queue.get(timeout=1) == "a1"  # the lane's next key starts at once
+    assert queue.slot("a1") == Slot("a", 0)
+    assert queue.lane_stats() == {"a": (1, 1)}  # a0 no longer counts against the lane
+
+    queue.add("a0")  # an event of a0 while its pass still runs: not handed to a second worker
+    assert nothing_ready_for_a_worker(queue)
+    queue.release("a0")  # twice is a no-op
+    queue.done("a0")  # its pass ends: queued again behind a2, a1's slot untouched
+    assert queue.slot("a1") == Slot("a", 0)
+    queue.done("a1")
+    assert queue.get(timeout=1) == "a2"
+    assert nothing_ready_for_a_worker(queue)  # a2 holds the lane's one slot; a0 waits for it
+    queue.done("a2")
+    assert queue.get(timeout=1) == "a0"
