@@ -38,6 +38,7 @@ from domain.constants import (
     DatabaseReason,
     Phase,
 )
+from domain.credentials import Endpoint
 from domain.metadata import object_annotation
 from domain.objects import database_placement
 from domain.validation import format_validation_error
@@ -102,7 +103,9 @@ class DatabaseController:
         self.provisioner = Provisioner(config, self.sql, self.writes, self.report, login)
         self.ownership = OwnershipConfirmation(self.sql, self.writes, self.report)
         # Before the informers start: a start's Databases are looked at while their pages arrive.
-        self.early = EarlyVerdicts(databases, secrets, shards, self.secrets.key_of, _shard_name, self._settled_on)
+        self.early = EarlyVerdicts(
+            databases, secrets, shards, self.secrets.key_of, _shard_name, self.shard_specs.endpoint, self._settled_on
+        )
 
     @property
     def on_shard_trouble(self) -> Callable[[str, str], None] | None:
@@ -138,20 +141,20 @@ class DatabaseController:
         db = self.databases.get(key)
         if db is None:
             return False
-        secret, shard = self.secrets.cached(db), self._shard_of(db)
-        return self.early.take(key, db, secret, shard) or self._settled_on(db, secret, shard)
+        secret, endpoint = self.secrets.cached(db), self._endpoint_of(db)
+        return self.early.take(key, db, secret, endpoint) or self._settled_on(db, endpoint, secret)
 
     def _settled(self, db: dict[str, Any]) -> bool:
         """The fast path's question (settled.py), read from the caches only."""
-        return self._settled_on(db, self.secrets.cached(db), self._shard_of(db))
+        return self._settled_on(db, self._endpoint_of(db), self.secrets.cached(db))
 
-    def _shard_of(self, db: dict[str, Any]) -> dict[str, Any] | None:
+    def _endpoint_of(self, db: dict[str, Any]) -> Endpoint | None:
+        """The client endpoint of the cached Shard the Database is placed on (None: none, or no valid spec)."""
         shard_name = _shard_name(db)
-        return self.shards.get(shard_name) if shard_name else None
+        shard = self.shards.get(shard_name) if shard_name else None
+        return self.shard_specs.endpoint(shard) if shard is not None else None
 
-    def _settled_on(self, db: dict[str, Any], secret: dict[str, Any] | None, shard: dict[str, Any] | None) -> bool:
-        spec = self.shard_specs.of(shard) if shard is not None else None
-        endpoint = client_endpoint(spec) if spec is not None else None
+    def _settled_on(self, db: dict[str, Any], endpoint: Endpoint | None, secret: dict[str, Any] | None) -> bool:
         return settled(db, endpoint, secret, self.config)
 
     def reconcile(self, key: str) -> Result | None:

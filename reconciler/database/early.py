@@ -4,14 +4,16 @@ A start lists every Database and credentials Secret (at 100,000: 200 pages each,
 the apiserver) and then resyncs: `settled()` on every key, 20-60 us each, 2-6 s on one core after the lists
 (docs/performance.md section 5). Here each Database is looked at as soon as its page, its Secret's page and
 its Shard have all arrived (the lists run side by side, in any order), in the informers' threads, while the
-next pages are on their way. A verdict records the resourceVersions of the Database, the Secret and the
-Shard it was reached on; the resync takes it only if the caches hold exactly those versions then (a list is
-one snapshot, and a resourceVersion names one content of one object), else it looks again as before. Only
-"settled" verdicts are kept: anything else, or anything not looked at in time, takes the resync's own look.
+next pages are on their way. A verdict records what it was reached on: the resourceBasis of the Database
+and its Secret, and the Shard's client endpoint (all the check reads of a Shard: its status writes, the
+Shard checks', change nothing here). The resync takes it only if the caches hold exactly those then (a list
+is one snapshot, and a resourceVersion names one content of one object), else it looks again as before.
+Only "settled" verdicts are kept: anything else, or anything not looked at in time, takes the resync's own
+look.
 
 Only the first lists count: once all three are complete, later pages (a relist) are not looked at, and the
-verdicts are dropped as the resync takes them. Memory: a key and three shared strings per settled Database
-(about 16 MB at 100,000) until the resync; a replica that never leads keeps them.
+verdicts are dropped as the resync takes them. Memory: a key, two shared strings and a shared endpoint per
+settled Database (about 16 MB at 100,000) until the resync; a replica that never leads keeps them.
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ import logging
 import threading
 from collections.abc import Callable
 
+from domain.credentials import Endpoint
 from domain.objects import Obj
 from informers import Informer, object_key
 from informers.informer import resource_version_of
 
 log = logging.getLogger(__name__)
-Versions = tuple[str | None, str | None, str | None]
+Basis = tuple[str | None, str | None, Endpoint]  # what a verdict was reached on
 Pair = tuple[Obj, Obj]
 
 
@@ -33,7 +36,8 @@ class EarlyVerdicts:
     """Joins the Database, Secret and Shard pages of the first lists and records which Databases are settled.
 
     `secret_key(db)`: the cache key of its credentials Secret; `shard_name(db)`: the Shard its status names
-    (None: unplaced, no verdict); `settled(db, secret, shard)`: the question of settled.py."""
+    (None: unplaced, no verdict); `endpoint(shard)`: the Shard's client endpoint (None: its spec does not
+    parse); `settled(db, endpoint, secret)`: the question of settled.py."""
 
     def __init__(
         self,
@@ -42,10 +46,12 @@ class EarlyVerdicts:
         shards: Informer,
         secret_key: Callable[[Obj], str],
         shard_name: Callable[[Obj], str | None],
-        settled: Callable[[Obj, Obj, Obj], bool],
+        endpoint: Callable[[Obj], Endpoint | None],
+        settled: Callable[[Obj, Endpoint, Obj], bool],
     ) -> None:
         self._secret_key = secret_key
         self._shard_name = shard_name
+        self._endpoint = endpoint
         self._settled = settled
         self._shards = shards
         self._lock = threading.Lock()
@@ -53,7 +59,7 @@ class EarlyVerdicts:
         self._databases: dict[str, Obj] = {}  # Databases listed whose Secret has not been listed yet, by its key
         self._listed_shards: dict[str, Obj] = {}  # the Shards' first list, as it arrives (kept: a few hundred)
         self._shardless: list[Pair] = []  # pairs whose Shard has not been listed yet
-        self._verdicts: dict[str, Versions] = {}
+        self._verdicts: dict[str, Basis] = {}
         self.looked = self.found = self.taken = 0  # Databases judged, found settled, verdicts used by a resync
         # A list already complete sends no first pages: its objects are in its store.
         self._complete = {"databases": False, "secrets": False, "shards": False}
@@ -122,7 +128,7 @@ class EarlyVerdicts:
 
     def _judge(self, pairs: list[Pair], closing: bool) -> None:
         """Outside the lock: the other lists' threads go on joining meanwhile."""
-        verdicts: dict[str, Versions] = {}
+        verdicts: dict[str, Basis] = {}
         shardless: list[Pair] = []
         looked = 0
         for db, secret in pairs:
@@ -131,9 +137,10 @@ class EarlyVerdicts:
                 shardless.append((db, secret))
                 continue
             looked += 1
-            versions = _versions(db, secret, shard)
-            if None not in versions and self._settled(db, secret, shard):
-                verdicts[object_key(db)] = versions
+            endpoint = self._endpoint(shard)
+            basis = _basis(db, secret, endpoint)
+            if basis is not None and self._settled(db, basis[2], secret):
+                verdicts[object_key(db)] = basis
         with self._lock:
             self._verdicts.update(verdicts)
             self.looked += looked
@@ -153,15 +160,20 @@ class EarlyVerdicts:
             shard = self._listed_shards.get(name)
         return shard if shard is not None else self._shards.get(name)
 
-    def take(self, key: str, db: Obj, secret: Obj | None, shard: Obj | None) -> bool:
-        """True when `key` was found settled on exactly these objects' versions (the verdict is used up)."""
+    def take(self, key: str, db: Obj, secret: Obj | None, endpoint: Endpoint | None) -> bool:
+        """True when `key` was found settled on exactly these versions and this endpoint (the verdict is used
+        up either way)."""
         with self._lock:
             found = self._verdicts.pop(key, None)
-            if found is None or secret is None or shard is None or found != _versions(db, secret, shard):
+            if found is None or secret is None or found != _basis(db, secret, endpoint):
                 return False
             self.taken += 1
         return True
 
 
-def _versions(db: Obj, secret: Obj, shard: Obj) -> Versions:
-    return resource_version_of(db), resource_version_of(secret), resource_version_of(shard)
+def _basis(db: Obj, secret: Obj, endpoint: Endpoint | None) -> Basis | None:
+    """What a verdict on `db` rests on; None when something is missing (no verdict then)."""
+    db_version, secret_version = resource_version_of(db), resource_version_of(secret)
+    if db_version is None or secret_version is None or endpoint is None:
+        return None
+    return db_version, secret_version, endpoint

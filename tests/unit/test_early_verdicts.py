@@ -7,13 +7,14 @@ import copy
 from typing import Any
 
 from domain.constants import ANNOTATION_ROTATE_REQUESTED_AT
+from domain.credentials import Endpoint
 from informers.informer import PageObserver
 from reconciler.database.early import EarlyVerdicts
 from reconciler.database.settled import settled
 from tests.unit.test_settled import CONFIG, ENDPOINT, ready_pair
 
 Obj = dict[str, Any]
-SHARD: Obj = {"metadata": {"name": "shard-a", "resourceVersion": "40"}}
+SHARD: Obj = {"metadata": {"name": "shard-a", "resourceVersion": "40"}, "client": ENDPOINT}
 
 
 class Pages:
@@ -53,7 +54,8 @@ def setup(shards_first: bool = True) -> tuple[EarlyVerdicts, Pages, Pages, Pages
         shards,  # type: ignore[arg-type]
         secret_key,
         lambda db: db["status"]["shard"],
-        lambda db, secret, shard: settled(db, ENDPOINT, secret, CONFIG),
+        lambda shard: shard["client"],  # the Shard's client endpoint, as its spec gives it
+        lambda db, endpoint, secret: settled(db, endpoint, secret, CONFIG),
     )
     if shards_first:
         shards.page([SHARD], last=True)
@@ -76,9 +78,9 @@ def test_a_database_is_judged_whichever_of_its_two_pages_comes_first() -> None:
     secrets.page([first_secret, second_secret], last=True)
     databases.page([second], last=True)
     assert (early.looked, early.found) == (2, 2)
-    assert early.take(key(first), first, first_secret, SHARD)
-    assert early.take(key(second), second, second_secret, SHARD)
-    assert not early.take(key(first), first, first_secret, SHARD)  # used up: a later resync looks again
+    assert early.take(key(first), first, first_secret, ENDPOINT)
+    assert early.take(key(second), second, second_secret, ENDPOINT)
+    assert not early.take(key(first), first, first_secret, ENDPOINT)  # used up: a later resync looks again
 
 
 def test_a_verdict_holds_only_for_the_versions_it_was_reached_on() -> None:
@@ -88,11 +90,11 @@ def test_a_verdict_holds_only_for_the_versions_it_was_reached_on() -> None:
     secrets.page([secret for _, secret in pairs], last=True)
     changed_db = copy.deepcopy(pairs[0][0])
     changed_db["metadata"]["resourceVersion"] = "813"  # a watch event after the page
-    assert not early.take(key(changed_db), changed_db, pairs[0][1], SHARD)
+    assert not early.take(key(changed_db), changed_db, pairs[0][1], ENDPOINT)
     changed_secret = {**pairs[1][1], "metadata": {**pairs[1][1]["metadata"], "resourceVersion": "901"}}
-    assert not early.take(key(pairs[1][0]), pairs[1][0], changed_secret, SHARD)
-    moved_shard = {"metadata": {"name": "shard-a", "resourceVersion": "41"}}
-    assert not early.take(key(pairs[2][0]), pairs[2][0], pairs[2][1], moved_shard)
+    assert not early.take(key(pairs[1][0]), pairs[1][0], changed_secret, ENDPOINT)
+    moved = Endpoint("pg2.example.com", 5432, "verify-full")  # the Shard's client block changed meanwhile
+    assert not early.take(key(pairs[2][0]), pairs[2][0], pairs[2][1], moved)
 
 
 def test_what_the_full_pass_would_act_on_gets_no_verdict() -> None:
@@ -102,7 +104,7 @@ def test_what_the_full_pass_would_act_on_gets_no_verdict() -> None:
     databases.page([db], last=True)
     secrets.page([secret], last=True)
     assert (early.looked, early.found) == (1, 0)
-    assert not early.take(key(db), db, secret, SHARD)
+    assert not early.take(key(db), db, secret, ENDPOINT)
 
 
 def test_a_pair_listed_before_its_shard_is_judged_when_the_shards_list_is_in() -> None:
@@ -113,7 +115,7 @@ def test_a_pair_listed_before_its_shard_is_judged_when_the_shards_list_is_in() -
     assert early.looked == 0
     shards.page([SHARD], last=True)
     assert (early.looked, early.found) == (1, 1)
-    assert early.take(key(db), db, secret, SHARD)
+    assert early.take(key(db), db, secret, ENDPOINT)
 
 
 def test_no_verdict_without_the_shard_or_the_secret() -> None:
@@ -124,8 +126,8 @@ def test_no_verdict_without_the_shard_or_the_secret() -> None:
     databases.page([db, lonely], last=True)
     secrets.page([secret], last=True)
     assert (early.looked, early.found) == (0, 0)
-    assert not early.take(key(db), db, secret, SHARD)
-    assert not early.take(key(lonely), lonely, None, SHARD)
+    assert not early.take(key(db), db, secret, ENDPOINT)
+    assert not early.take(key(lonely), lonely, None, ENDPOINT)
 
 
 def test_only_the_first_lists_are_looked_at() -> None:
@@ -136,4 +138,4 @@ def test_only_the_first_lists_are_looked_at() -> None:
     databases.page([db], last=True)  # a relist later: the resync is long past
     secrets.page([secret], last=True)
     assert (early.looked, early.found) == (0, 0)
-    assert not early.take(key(db), db, secret, SHARD)
+    assert not early.take(key(db), db, secret, ENDPOINT)
