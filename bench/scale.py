@@ -550,7 +550,8 @@ def quick_start(fleet: Fleet, name: str, checkout: Path, spy_out: Path | None = 
     milestones["cpu"] = sampler.cpu_at(milestones["caught_up"])
     milestones["rss"] = sampler.peak_rss / 2**20
     for line in manager.log_file.read_text(errors="replace").splitlines():
-        if '"informers synced"' in line or "resync of" in line:  # where the time went, in the manager's words
+        if '"informers synced"' in line or "resync of" in line or "while the lists paged in" in line:
+            # where the time went, in the manager's words
             log(f"  {name}: {line[:1500]}")
     return milestones
 
