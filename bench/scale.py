@@ -34,12 +34,17 @@ of `--rounds` rounds starts the baseline's manager and then this tree's, each me
 caches synced (/readyz), Lease held, the first pass done (`dbprovider_reconciles_total` of the Database
 controller reaching the count, polled each second), caught up, CPU and peak RSS; a table gives every
 run and the median ratio. With `--profile`, one further start of each is profiled with py-spy.
+
+`--lock PATH` takes the machine's benchmark lock (flock) for the measured part only, so the setup of a large
+fleet (half an hour at 100,000) does not hold it; `--warmup` makes one unmeasured start before `--runs`
+without a baseline (the first start after a setup writes the Consumer counts and Shard conditions).
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import fcntl
 import os
 import re
 import shutil
@@ -49,8 +54,9 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -708,6 +714,17 @@ def main(argv: list[str] | None = None) -> int:
         "tree's on the same fleet, `--rounds` pairs (then --runs measured starts of this tree)",
     )
     parser.add_argument("--rounds", type=int, default=3, help="pairs of starts with --baseline (default 3)")
+    parser.add_argument(
+        "--warmup",
+        action="store_true",
+        help="one unmeasured start before the measured runs (--baseline makes one anyway): the first start "
+        "after the setup writes the Consumer counts and Shard conditions",
+    )
+    parser.add_argument(
+        "--lock",
+        type=Path,
+        help="take this flock (e.g. /work/bench.lock) for the measured part only, not for the setup",
+    )
     args = parser.parse_args(argv)
     count = args.count
 
@@ -719,8 +736,6 @@ def main(argv: list[str] | None = None) -> int:
     stack = Stack(
         "scale", log_statements=True, kube_args=["--max-requests-inflight=800", "--max-mutating-requests-inflight=400"]
     )
-    manager: ManagerProcess | None = None
-    spy: PySpy | None = None
     try:
         stack.start_dev()
         rest = stack.admin_rest(args.threads + 8)
@@ -735,26 +750,8 @@ def main(argv: list[str] | None = None) -> int:
         sizes = stack_sizes(stack)
         fleet = Fleet(stack, rest, count, tokens, shards)
         targets: list[Target] = []
-        if args.baseline is not None:
-            targets += compare(fleet, args.baseline.resolve(), args.rounds, args.profile_dir if args.profile else None)
-        for run in range(1, args.runs + 1):
-            targets += measure_start(fleet, run, args)
-
-        if args.profile and args.baseline is None:
-            args.profile_dir.mkdir(parents=True, exist_ok=True)
-            log("profiling a further start with py-spy")
-            manager = ManagerProcess(stack, "scale-manager-profiled")
-            spy = PySpy(manager.pid, args.profile_dir / "scale-start.pyspy.txt", rate=50)
-            spy.start()
-            _, profiled = wait_caught_up(manager, rest, count)
-            spy.stop()
-            print(
-                f"\n== py-spy, a further manager start (caught up after {profiled['caught_up']:.1f} s "
-                "with the profiler attached; not a measured start)"
-            )
-            print(summarize_collapsed(spy.out))
-            manager.stop()
-            manager = None
+        with machine_lock(args.lock):
+            targets += measured(fleet, args)
 
         objects = count * 3 + args.consumers * 2 + args.shards
         print(
@@ -764,8 +761,49 @@ def main(argv: list[str] | None = None) -> int:
         )
         report_targets(targets)
     finally:
-        stack.close(spy, manager)
+        stack.close()
     return 0
+
+
+def measured(fleet: Fleet, args: argparse.Namespace) -> list[Target]:
+    """Everything measured on the fleet: the comparison, the measured starts, the profiled start."""
+    targets: list[Target] = []
+    if args.baseline is not None:
+        targets += compare(fleet, args.baseline.resolve(), args.rounds, args.profile_dir if args.profile else None)
+    elif args.warmup and args.runs:
+        log("a warm-up start (the first start after the setup writes the Consumer counts and Shard conditions)")
+        quick_start(fleet, "scale-warmup", REPO)
+    for run in range(1, args.runs + 1):
+        targets += measure_start(fleet, run, args)
+    if args.profile and args.baseline is None:
+        args.profile_dir.mkdir(parents=True, exist_ok=True)
+        log("profiling a further start with py-spy")
+        found = quick_start(fleet, "scale-manager-profiled", REPO, spy_out=args.profile_dir / "scale-start.pyspy.txt")
+        print(
+            f"\n== py-spy, a further manager start (caught up after {found['caught_up']:.1f} s "
+            "with the profiler attached; not a measured start)"
+        )
+        print(summarize_collapsed(args.profile_dir / "scale-start.pyspy.txt"))
+    return targets
+
+
+@contextmanager
+def machine_lock(path: Path | None) -> Iterator[None]:
+    """Hold `flock(path)` while the body runs (the machine's benchmark lock, shared with other runs), so a long
+    setup (30 minutes at 100,000) need not hold it; no lock without a path."""
+    if path is None:
+        yield
+        return
+    with path.open("a") as handle:
+        asked = time.monotonic()
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        held = time.monotonic()
+        log(f"holding {path} (waited {held - asked:.0f} s; load {os.getloadavg()[0]:.1f})")
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            log(f"released {path} after {time.monotonic() - held:.0f} s")
 
 
 def stack_sizes(stack: Stack) -> str:
