@@ -228,7 +228,7 @@ class Informer:
         return self._stop.is_set()
 
     def has_synced(self) -> bool:
-        """True once the first LIST has been stored (and stays true across relists)."""
+        """True once the first LIST has been stored and its events handled (and stays true across relists)."""
         return self._synced.is_set()
 
     def sync_problem(self) -> str:
@@ -516,10 +516,12 @@ class Informer:
                     self._reindex(object_key(changed), old, new)
             self._items = fresh
             self.resource_version = resource_version
-        if not self._synced.is_set():
-            self._synced.set()
         log.debug("%r: listed %d objects at %s (%d changes)", self, len(fresh), resource_version, len(events))
         self._dispatch(events)
+        # Synced only once the handlers have seen the list (client-go's order): a controller started on "synced"
+        # must not get the first list's 100,000 ADDED events on top of its own resync of the same keys.
+        if not self._synced.is_set():
+            self._synced.set()
 
     def _watch(self, resource_version: str) -> str:
         """Watch from resource_version until the stream ends; returns the last resourceVersion seen."""

@@ -4,6 +4,7 @@ interruption, and their indexes and events stay consistent with the store."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import kubernetes.client
@@ -413,3 +414,20 @@ def test_page_observers_see_every_page_before_the_store_and_a_failing_one_stops_
     assert [p[1] for p in pages] == [False, False, True]  # `last` on the last page only
     assert all(not synced and stored == 0 for _, _, synced, stored in pages)  # before the store has any
     assert {o["metadata"]["name"] for o in informer.list()} == names
+
+
+def test_synced_means_the_handlers_have_seen_the_first_list(
+    admin_rest: Rest, namespace: str, started: list[Informer]
+) -> None:
+    """A controller starts on "synced" and resyncs every key itself: the first list's ADDED events must all
+    have been handled by then (as client-go orders it), or 100,000 of them reach its queue a second time."""
+    for n in range(50):
+        admin_rest.create(CONFIGMAPS, configmap(f"synced-{n}", namespace))
+    informer = Informer(admin_rest, CONFIGMAPS, namespace, page_size=7)
+    informer.add_handler(lambda *event: time.sleep(0.01))  # a handler that takes its time (e.g. a busy queue)
+    recorder = Recorder()
+    informer.add_handler(recorder)
+    started.append(informer.start())
+    assert informer.wait_for_sync(10)
+    events = recorder.snapshot()  # no waiting: synced already says they are in
+    assert len(events) == 50 and {t for t, _, _ in events} == {ADDED}
