@@ -49,10 +49,7 @@ class EarlyVerdicts:
         endpoint: Callable[[Obj], Endpoint | None],
         settled: Callable[[Obj, Endpoint, Obj], bool],
     ) -> None:
-        self._secret_key = secret_key
-        self._shard_name = shard_name
-        self._endpoint = endpoint
-        self._settled = settled
+        self._secret_key, self._shard_name, self._endpoint, self._settled = secret_key, shard_name, endpoint, settled
         self._shards = shards
         self._lock = threading.Lock()
         self._secrets: dict[str, Obj] = {}  # Secrets listed whose Database has not been listed yet
@@ -72,33 +69,34 @@ class EarlyVerdicts:
             self._complete[which] = informer.has_synced()
 
     def _database_page(self, objects: list[Obj], last: bool) -> None:
-        pairs: list[Pair] = []
-        with self._lock:
-            if self._closed():
-                return
-            for db in objects:
-                key = self._secret_key(db)
-                secret = self._secrets.pop(key, None)
-                if secret is None:
-                    self._databases[key] = db
-                else:
-                    pairs.append((db, secret))
-            closing = self._finished("databases", last)
-        self._judge(pairs, closing)
+        self._join("databases", objects, last, self._secret_key, self._databases, self._secrets)
 
     def _secret_page(self, objects: list[Obj], last: bool) -> None:
+        self._join("secrets", objects, last, object_key, self._secrets, self._databases)
+
+    def _join(
+        self,
+        which: str,
+        objects: list[Obj],
+        last: bool,
+        key_of: Callable[[Obj], str],
+        unmatched: dict[str, Obj],
+        partners: dict[str, Obj],
+    ) -> None:
+        """Pair each object of a Database or Secret page (keyed by the Secret's key) with its partner listed
+        before, or keep it until the partner comes."""
         pairs: list[Pair] = []
         with self._lock:
             if self._closed():
                 return
-            for secret in objects:
-                key = object_key(secret)
-                db = self._databases.pop(key, None)
-                if db is None:
-                    self._secrets[key] = secret
+            for obj in objects:
+                key = key_of(obj)
+                partner = partners.pop(key, None)
+                if partner is None:
+                    unmatched[key] = obj
                 else:
-                    pairs.append((db, secret))
-            closing = self._finished("secrets", last)
+                    pairs.append((obj, partner) if which == "databases" else (partner, obj))
+            closing = self._finished(which, last)
         self._judge(pairs, closing)
 
     def _shard_page(self, objects: list[Obj], last: bool) -> None:
