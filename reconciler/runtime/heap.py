@@ -57,3 +57,9 @@ def caches_filling() -> Iterator[None]:
     finally:
         _DEFERRAL.leave()
     gc.freeze()
+
+
+def caches_released() -> None:
+    """A stopped manager's caches and machinery go back to the collector (`gc.unfreeze`): a process that starts
+    managers again and again (the tests) must not keep every stopped one's cycles for good."""
+    gc.unfreeze()

@@ -22,7 +22,7 @@ from kubernetes.client import ApiClient
 from domain.settings import SETTINGS
 from informers import Rest, SharedInformers
 from reconciler.runtime.controller import Controller, ControllerStopping, ensure_active
-from reconciler.runtime.heap import caches_filling
+from reconciler.runtime.heap import caches_filling, caches_released
 from reconciler.runtime.leader import LeaderElector
 from reconciler.runtime.metrics import RuntimeMetrics
 
@@ -170,6 +170,7 @@ class ControllerManager:
             self.elector.stop(release=True, timeout=timeout)
         self._stop_controllers(timeout)
         self.informers.stop()
+        caches_released()
 
     def _start_controllers(self) -> None:
         with self._lock:

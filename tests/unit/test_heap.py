@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from reconciler.runtime.heap import DEFERRED, caches_filling
+from reconciler.runtime.heap import DEFERRED, caches_filling, caches_released
 
 
 @pytest.fixture(autouse=True)
@@ -26,6 +26,8 @@ def test_full_collections_wait_for_the_fill_then_the_caches_are_frozen(threshold
         caches = [{"metadata": {"name": f"db-{i}"}} for i in range(1000)]
     assert gc.get_threshold() == thresholds  # a later growth is collected as before
     assert gc.get_freeze_count() >= len(caches)  # never walked by a full collection again
+    caches_released()  # the manager stopped
+    assert gc.get_freeze_count() == 0
 
 
 def test_overlapping_starts_restore_the_thresholds_once_the_last_one_leaves(thresholds: tuple[int, int, int]) -> None:
