@@ -38,12 +38,17 @@ controller reaching the count, polled each second), caught up, CPU and peak RSS;
 run and the median ratio. With `--profile`, one further start of each is profiled with py-spy. With
 `--compare-idle S` each of those starts is then also measured idle: once every Shard is Ready and 20 s
 more have passed, its CPU over S seconds and the Shard reconciles in them (the checks: CPU per check).
+
+`--lock PATH` takes the machine's benchmark lock (flock) for the measured part only, so the setup of a large
+fleet (half an hour at 100,000) does not hold it; `--warmup` makes one unmeasured start before `--runs`
+without a baseline (the first start after a setup writes the Consumer counts and Shard conditions).
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import fcntl
 import os
 import re
 import shutil
@@ -53,8 +58,9 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -561,7 +567,8 @@ def quick_start(
     milestones["cpu"] = sampler.cpu_at(milestones["caught_up"])
     milestones["rss"] = sampler.peak_rss / 2**20
     for line in manager.log_file.read_text(errors="replace").splitlines():
-        if '"informers synced"' in line or "resync of" in line:  # where the time went, in the manager's words
+        if '"informers synced"' in line or "resync of" in line or "while the lists paged in" in line:
+            # where the time went, in the manager's words
             log(f"  {name}: {line[:1500]}")
     return milestones
 
@@ -770,6 +777,17 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="with --baseline: also measure each start's idle CPU over this many seconds (default: not)",
     )
+    parser.add_argument(
+        "--warmup",
+        action="store_true",
+        help="one unmeasured start before the measured runs (--baseline makes one anyway): the first start "
+        "after the setup writes the Consumer counts and Shard conditions",
+    )
+    parser.add_argument(
+        "--lock",
+        type=Path,
+        help="take this flock (e.g. /work/bench.lock) for the measured part only, not for the setup",
+    )
     args = parser.parse_args(argv)
     count = args.count
 
@@ -781,8 +799,6 @@ def main(argv: list[str] | None = None) -> int:
     stack = Stack(
         "scale", log_statements=True, kube_args=["--max-requests-inflight=800", "--max-mutating-requests-inflight=400"]
     )
-    manager: ManagerProcess | None = None
-    spy: PySpy | None = None
     try:
         stack.start_dev()
         rest = stack.admin_rest(args.threads + 8)
@@ -797,32 +813,8 @@ def main(argv: list[str] | None = None) -> int:
         sizes = stack_sizes(stack)
         fleet = Fleet(stack, rest, count, tokens, shards)
         targets: list[Target] = []
-        if args.baseline is not None:
-            targets += compare(
-                fleet,
-                args.baseline.resolve(),
-                args.rounds,
-                args.profile_dir if args.profile else None,
-                args.compare_idle,
-            )
-        for run in range(1, args.runs + 1):
-            targets += measure_start(fleet, run, args)
-
-        if args.profile and args.baseline is None:
-            args.profile_dir.mkdir(parents=True, exist_ok=True)
-            log("profiling a further start with py-spy")
-            manager = ManagerProcess(stack, "scale-manager-profiled")
-            spy = PySpy(manager.pid, args.profile_dir / "scale-start.pyspy.txt", rate=50)
-            spy.start()
-            _, profiled = wait_caught_up(manager, rest, count)
-            spy.stop()
-            print(
-                f"\n== py-spy, a further manager start (caught up after {profiled['caught_up']:.1f} s "
-                "with the profiler attached; not a measured start)"
-            )
-            print(summarize_collapsed(spy.out))
-            manager.stop()
-            manager = None
+        with machine_lock(args.lock):
+            targets += measured(fleet, args)
 
         objects = count * 3 + args.consumers * 2 + args.shards
         print(
@@ -832,8 +824,50 @@ def main(argv: list[str] | None = None) -> int:
         )
         report_targets(targets)
     finally:
-        stack.close(spy, manager)
+        stack.close()
     return 0
+
+
+def measured(fleet: Fleet, args: argparse.Namespace) -> list[Target]:
+    """Everything measured on the fleet: the comparison, the measured starts, the profiled start."""
+    targets: list[Target] = []
+    if args.baseline is not None:
+        profile_dir = args.profile_dir if args.profile else None
+        targets += compare(fleet, args.baseline.resolve(), args.rounds, profile_dir, args.compare_idle)
+    elif args.warmup and args.runs:
+        log("a warm-up start (the first start after the setup writes the Consumer counts and Shard conditions)")
+        quick_start(fleet, "scale-warmup", REPO)
+    for run in range(1, args.runs + 1):
+        targets += measure_start(fleet, run, args)
+    if args.profile and args.baseline is None:
+        args.profile_dir.mkdir(parents=True, exist_ok=True)
+        log("profiling a further start with py-spy")
+        found = quick_start(fleet, "scale-manager-profiled", REPO, spy_out=args.profile_dir / "scale-start.pyspy.txt")
+        print(
+            f"\n== py-spy, a further manager start (caught up after {found['caught_up']:.1f} s "
+            "with the profiler attached; not a measured start)"
+        )
+        print(summarize_collapsed(args.profile_dir / "scale-start.pyspy.txt"))
+    return targets
+
+
+@contextmanager
+def machine_lock(path: Path | None) -> Iterator[None]:
+    """Hold `flock(path)` while the body runs (the machine's benchmark lock, shared with other runs), so a long
+    setup (30 minutes at 100,000) need not hold it; no lock without a path."""
+    if path is None:
+        yield
+        return
+    with path.open("a") as handle:
+        asked = time.monotonic()
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        held = time.monotonic()
+        log(f"holding {path} (waited {held - asked:.0f} s; load {os.getloadavg()[0]:.1f})")
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            log(f"released {path} after {time.monotonic() - held:.0f} s")
 
 
 def stack_sizes(stack: Stack) -> str:

@@ -12,6 +12,9 @@ Behaviour, in the order a reader needs it:
   new ones ADDED, changed ones (another resourceVersion) MODIFIED, unchanged ones nothing. Watch
   events whose resourceVersion equals the stored one are dropped. So handlers never see an
   object twice nor miss a deletion across reconnects.
+- `add_page_observer` sees each page of a full LIST as it arrives, before the store has it (a start can look
+  at 100,000 objects while the rest of the list is still on its way); the store and `has_synced` still change
+  only once the whole list is in.
 - Stored objects are shared, read-only dicts (no copies: 10,000 Databases must fit in memory).
   `metadata.managedFields` is dropped before storing (pass `transform` to drop more).
 - `metadata_only` lists and watches PartialObjectMetadata (the apiserver sends no spec, status or
@@ -48,6 +51,7 @@ DELETED = "DELETED"
 Handler = Callable[[str, Obj | None, Obj | None], None]
 IndexFunc = Callable[[Obj], Iterable[str]]
 Transform = Callable[[Obj], Obj]
+PageObserver = Callable[[list[Obj], bool], None]
 
 
 def strip_managed_fields(obj: Obj) -> Obj:
@@ -72,22 +76,24 @@ def resource_version_of(obj: Obj) -> str | None:
 
 class ListTiming:
     """Where the last full LIST's time went: waiting for the apiserver's pages (request to the last byte),
-    decoding them, and storing (preparing the objects, replacing the store, dispatching its events)."""
+    decoding them, storing (preparing the objects, replacing the store, dispatching its events), and the
+    page observers."""
 
     def __init__(self) -> None:
         self.objects = self.pages = 0
-        self.spent = dict.fromkeys(("waiting", "decoding", "storing"), 0.0)
+        self.spent = dict.fromkeys(("waiting", "decoding", "storing", "observing"), 0.0)
 
-    def page(self, waiting: float, decoding: float, storing: float) -> None:
+    def page(self, waiting: float, decoding: float, storing: float, observing: float = 0.0) -> None:
         self.pages += 1
-        for part, seconds in zip(self.spent, (waiting, decoding, storing), strict=True):
+        for part, seconds in zip(self.spent, (waiting, decoding, storing, observing), strict=True):
             self.spent[part] += seconds
 
     def describe(self) -> str:
         spent = self.spent
         return (
             f"{self.objects} in {self.pages} pages, {sum(spent.values()):.1f}s: {spent['waiting']:.1f}s waiting "
-            f"for the apiserver, {spent['decoding']:.1f}s decoding, {spent['storing']:.1f}s storing"
+            f"for the apiserver, {spent['decoding']:.1f}s decoding, {spent['storing']:.1f}s storing, "
+            f"{spent['observing']:.1f}s observing"
         )
 
 
@@ -176,6 +182,7 @@ class Informer:
         self._indexers: dict[str, IndexFunc] = {}
         self._indices: dict[str, dict[str, set[str]]] = {}
         self._handlers: list[Handler] = []
+        self._page_observers: list[PageObserver] = []
 
         self._synced = threading.Event()
         self.progressed = time.monotonic()  # when the last LIST page arrived (or the informer was made)
@@ -221,7 +228,7 @@ class Informer:
         return self._stop.is_set()
 
     def has_synced(self) -> bool:
-        """True once the first LIST has been stored (and stays true across relists)."""
+        """True once the first LIST has been stored and its events handled (and stays true across relists)."""
         return self._synced.is_set()
 
     def sync_problem(self) -> str:
@@ -340,6 +347,22 @@ class Informer:
                     self._call(handler, ADDED, None, obj)
         return handler
 
+    def add_page_observer(self, observer: PageObserver) -> None:
+        """Call `observer(objects, last)` from the informer's thread with each page of every full LIST (the
+        first and each relist), the objects as the store will hold them, before it holds them; `last` on the
+        list's last page. The list is one snapshot: what an observer concludes about a page's objects holds
+        until a watch event changes them (after the store has them). An observer must not mutate them; one
+        that raises is logged and the list goes on. Register before `start()` to see the first list."""
+        with self._dispatch_lock:
+            self._page_observers.append(observer)
+
+    def _observe(self, objects: builtins.list[Obj], last: bool) -> None:
+        for observer in list(self._page_observers):
+            try:
+                observer(objects, last)
+            except Exception:  # an observer is an optimisation: the list must go on
+                log.exception("page observer %r failed for %s", observer, self.resource)
+
     def remove_handler(self, handler: Handler) -> None:
         with self._dispatch_lock:
             self._handlers.remove(handler)
@@ -420,18 +443,22 @@ class Informer:
             page = decode_json(data)
             decoded = time.monotonic()
             kind = (page.get("kind") or "").removesuffix("List")
+            stored: list[Obj] = []
             for obj in page.get("items") or ():
                 if kind:
                     obj.setdefault("kind", kind)
                 key = object_key(obj)
                 old = current.get(key)
-                if old is not None and resource_version_of(old) == resource_version_of(obj):
-                    fresh[key] = old  # keep the stored object: no second copy in memory
-                else:
-                    fresh[key] = self._prepare(obj)
-            timing.page(received - started, decoded - received, time.monotonic() - decoded)
+                if old is None or resource_version_of(old) != resource_version_of(obj):
+                    old = self._prepare(obj)
+                fresh[key] = old  # an unchanged object stays the stored one: no second copy in memory
+                stored.append(old)
+            prepared = time.monotonic()
             metadata = page.get("metadata") or {}
             continue_token = metadata.get("continue")
+            if self._page_observers:
+                self._observe(stored, not continue_token)
+            timing.page(received - started, decoded - received, prepared - decoded, time.monotonic() - prepared)
             if not continue_token:
                 resource_version = str(metadata["resourceVersion"])
                 break
@@ -489,10 +516,12 @@ class Informer:
                     self._reindex(object_key(changed), old, new)
             self._items = fresh
             self.resource_version = resource_version
-        if not self._synced.is_set():
-            self._synced.set()
         log.debug("%r: listed %d objects at %s (%d changes)", self, len(fresh), resource_version, len(events))
         self._dispatch(events)
+        # Synced only once the handlers have seen the list (client-go's order): a controller started on "synced"
+        # must not get the first list's 100,000 ADDED events on top of its own resync of the same keys.
+        if not self._synced.is_set():
+            self._synced.set()
 
     def _watch(self, resource_version: str) -> str:
         """Watch from resource_version until the stream ends; returns the last resourceVersion seen."""

@@ -174,6 +174,13 @@ class NamedObjects:
                     self._busy.add(name)
                     return name
                 wait = self._retries[0][0] - now if self._retries else 0.5
+                if self._queue:  # queued by the index's first list, which syncs after its events: wait for that
+                    self._cond.release()
+                    try:
+                        self.index.wait_for_sync(min(max(wait, 0.01), 0.5))
+                    finally:
+                        self._cond.acquire()
+                    continue
                 self._cond.wait(min(max(wait, 0.01), 0.5))
         return None
 

@@ -39,12 +39,14 @@ from domain.constants import (
     DatabaseReason,
     Phase,
 )
+from domain.credentials import Endpoint
 from domain.metadata import object_annotation
 from domain.objects import database_placement
 from domain.validation import format_validation_error
 from informers import Informer, Rest
 from reconciler.admin import AdminEndpointCache, AdminPolicy, AdminSessions
 from reconciler.database.deletion import Deletion
+from reconciler.database.early import EarlyVerdicts
 from reconciler.database.finalizers import Finalizers
 from reconciler.database.login import LoginCheck
 from reconciler.database.ownership import OwnershipConfirmation
@@ -101,6 +103,10 @@ class DatabaseController:
         login = LoginCheck(config, admin_endpoints.policy, self.sessions, self.report, admin_host_override)
         self.provisioner = Provisioner(config, self.sql, self.writes, self.report, login)
         self.ownership = OwnershipConfirmation(self.sql, self.writes, self.report)
+        # Before the informers start: a start's Databases are looked at while their pages arrive.
+        self.early = EarlyVerdicts(
+            databases, secrets, shards, self.secrets.key_of, _shard_name, self.shard_specs.endpoint, self._settled_on
+        )
 
     @property
     def on_shard_trouble(self) -> Callable[[str, str], None] | None:
@@ -128,20 +134,29 @@ class DatabaseController:
         return restore.partition("/")[0] or UNPLACED
 
     def settled(self, key: str) -> bool:
-        """For a resync: the cached Database is Ready and its pass would change nothing (settled.py); False
-        while a write of ours may not show in the cache (the pass reads the live object then)."""
+        """For a resync: the cached Database is Ready and its pass would change nothing (settled.py), as found
+        while the lists paged in (early.py) or now; False while a write of ours may not show in the cache (the
+        pass reads the live object then)."""
         if self.writes.awaiting(key):
             return False
         db = self.databases.get(key)
-        return db is not None and self._settled(db)
+        if db is None:
+            return False
+        secret, endpoint = self.secrets.cached(db), self._endpoint_of(db)
+        return self.early.take(key, db, secret, endpoint) or self._settled_on(db, endpoint, secret)
 
     def _settled(self, db: dict[str, Any]) -> bool:
         """The fast path's question (settled.py), read from the caches only."""
-        shard_name, _ = database_placement(db)
+        return self._settled_on(db, self._endpoint_of(db), self.secrets.cached(db))
+
+    def _endpoint_of(self, db: dict[str, Any]) -> Endpoint | None:
+        """The client endpoint of the cached Shard the Database is placed on (None: none, or no valid spec)."""
+        shard_name = _shard_name(db)
         shard = self.shards.get(shard_name) if shard_name else None
-        spec = self.shard_specs.of(shard) if shard is not None else None
-        endpoint = client_endpoint(spec) if spec is not None else None
-        return settled(db, endpoint, self.secrets.cached(db), self.config)
+        return self.shard_specs.endpoint(shard) if shard is not None else None
+
+    def _settled_on(self, db: dict[str, Any], endpoint: Endpoint | None, secret: dict[str, Any] | None) -> bool:
+        return settled(db, endpoint, secret, self.config)
 
     def _credentials_after_placement(self, database: Database, shard_name: str) -> None:
         """The credentials Secret of a database just placed, written outside any lane slot: in the shard's
@@ -217,3 +232,8 @@ class DatabaseController:
         else:
             self.provisioner.provision(database, shard, secret)
         return None
+
+
+def _shard_name(db: dict[str, Any]) -> str | None:
+    """The Shard a Database object's status places it on (None: not placed)."""
+    return database_placement(db)[0]

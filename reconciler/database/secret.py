@@ -113,8 +113,13 @@ class CredentialsSecrets:
 
     def cached(self, db: dict[str, Any]) -> Secret | None:
         """The credentials Secret of the Database object `db` as the cache holds it (None if not there)."""
+        return self.secrets.get(self.key_of(db))
+
+    @staticmethod
+    def key_of(db: dict[str, Any]) -> str:
+        """The cache key of the credentials Secret of the Database object `db`."""
         meta = db.get("metadata") or {}
-        return self.secrets.get(f"{meta.get('namespace')}/{credentials_secret_name(str(meta.get('name')))}")
+        return f"{meta.get('namespace')}/{credentials_secret_name(str(meta.get('name')))}"
 
     def ensure(self, database: Database, endpoint: Endpoint) -> Secret:
         """The credentials Secret: created before the role exists; endpoint keys follow the shard."""

@@ -51,9 +51,14 @@ _DROP_AFTER = _key(DatabaseStatus, "drop_after")
 _PASSWORD_APPLIED = _key(DatabaseStatus, "password_applied")
 _ROTATION_APPLIED = _key(DatabaseStatus, "rotation_applied")
 _CONDITIONS = _key(DatabaseStatus, "conditions")
-# Conditions whose presence the Ready pass would change (remove), or that send the pass elsewhere.
-_ABSENT = (DatabaseConditionType.DELETION_HELD, DatabaseConditionType.CONNECTION_LIMIT_DRIFT)
-_NOT_TRUE = (DatabaseConditionType.TENANT_DROPPED, DatabaseConditionType.TENANT_DISABLED)
+# Conditions whose presence the Ready pass would change (remove), or that send the pass elsewhere. The enums'
+# values as plain strings: looked up 8 times a key, 100,000 keys at a start.
+_ABSENT = (DatabaseConditionType.DELETION_HELD.value, DatabaseConditionType.CONNECTION_LIMIT_DRIFT.value)
+_NOT_TRUE = (DatabaseConditionType.TENANT_DROPPED.value, DatabaseConditionType.TENANT_DISABLED.value)
+_READY = DatabaseConditionType.READY.value
+_OWNERSHIP = DatabaseConditionType.OWNERSHIP_RECORDED.value
+_PROVISIONED = DatabaseReason.PROVISIONED.value
+_READY_PHASE = Phase.READY.value
 
 
 def settled(
@@ -78,7 +83,7 @@ def settled(
         return False
     # Ready and placed, not (being) deleted: the Ready path, not recovery, placement or provisioning.
     tenant = status.get(_TENANT)
-    if status.get(_PHASE) != Phase.READY.value or status.get(_DROP_AFTER) is not None:
+    if status.get(_PHASE) != _READY_PHASE or status.get(_DROP_AFTER) is not None:
         return False
     if not isinstance(tenant, str) or not tenant:
         return False
@@ -119,14 +124,14 @@ def _conditions_settled(conditions: object, generation: int) -> bool:
         if not isinstance(condition, Mapping):
             return False
         found[str(condition.get("type"))] = condition
-    ready = found.get(DatabaseConditionType.READY.value)
+    ready = found.get(_READY)
     if ready is None or ready.get("status") != _TRUE or ready.get("observedGeneration") != generation:
         return False
-    if ready.get("reason") != DatabaseReason.PROVISIONED.value or ready.get("message") != READY_MESSAGE:
+    if ready.get("reason") != _PROVISIONED or ready.get("message") != READY_MESSAGE:
         return False
-    ownership = found.get(DatabaseConditionType.OWNERSHIP_RECORDED.value)
+    ownership = found.get(_OWNERSHIP)
     if ownership is None or ownership.get("status") != _TRUE:
         return False
-    if any(kind.value in found for kind in _ABSENT):
+    if any(kind in found for kind in _ABSENT):
         return False
-    return not any((found.get(kind.value) or {}).get("status") == _TRUE for kind in _NOT_TRUE)
+    return not any((found.get(kind) or {}).get("status") == _TRUE for kind in _NOT_TRUE)

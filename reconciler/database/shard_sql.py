@@ -93,20 +93,28 @@ class ShardSpecs:
     dict reads and writes are atomic, so the workers need no lock (two may parse the same version once each)."""
 
     def __init__(self) -> None:
-        self._specs: dict[str, tuple[str, ShardSpec | None]] = {}
+        self._specs: dict[str, tuple[str, ShardSpec | None, Endpoint | None]] = {}
 
     def of(self, shard: Obj) -> ShardSpec | None:
         """`shard_spec(shard)`, from the cache when this version of the Shard was parsed before."""
+        return self._parsed(shard)[0]
+
+    def endpoint(self, shard: Obj) -> Endpoint | None:
+        """`client_endpoint` of its spec (None: the spec does not parse), one object per version: a start
+        compares it for every Database of the shard."""
+        return self._parsed(shard)[1]
+
+    def _parsed(self, shard: Obj) -> tuple[ShardSpec | None, Endpoint | None]:
         meta = shard.get("metadata") or {}
         name, version = meta.get("name"), meta.get("resourceVersion")
-        if not isinstance(name, str) or not isinstance(version, str):
-            return shard_spec(shard)
-        held = self._specs.get(name)
+        held = self._specs.get(name) if isinstance(name, str) else None
         if held is not None and held[0] == version:
-            return held[1]
+            return held[1], held[2]
         spec = shard_spec(shard)
-        self._specs[name] = (version, spec)
-        return spec
+        endpoint = client_endpoint(spec) if spec is not None else None
+        if isinstance(name, str) and isinstance(version, str):
+            self._specs[name] = (version, spec, endpoint)
+        return spec, endpoint
 
 
 def shard_state(shard: Obj) -> ShardState:

@@ -297,9 +297,12 @@ class Controller:
         if not self._running:
             return 0
         started = time.monotonic()
-        keys = dict.fromkeys(
-            key for informer, mapper in self._watches for obj in informer.list() for key in mapper(obj)
-        )
+        keys: dict[str, None] = {}
+        for informer, mapper in self._watches:
+            if mapper is _own_key:  # the store's keys are the objects' own: no key to build for 100,000 objects
+                keys.update(dict.fromkeys(informer.keys()))
+            else:
+                keys.update(dict.fromkeys(key for obj in informer.list() for key in mapper(obj)))
         settled = 0
         for key in keys:
             if self._stopping.is_set():

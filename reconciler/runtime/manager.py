@@ -22,6 +22,7 @@ from kubernetes.client import ApiClient
 from domain.settings import SETTINGS
 from informers import Rest, SharedInformers
 from reconciler.runtime.controller import Controller, ControllerStopping, ensure_active
+from reconciler.runtime.heap import caches_filling, caches_released
 from reconciler.runtime.leader import LeaderElector
 from reconciler.runtime.metrics import RuntimeMetrics
 
@@ -144,10 +145,11 @@ class ControllerManager:
         """
         self._started = True
         started = time.monotonic()
-        self.informers.start()
-        if not self.informers.wait_until_synced(self.sync_timeout):
-            problems = "; ".join(f"{i!r}: {i.sync_problem()}" for i in self.informers.unsynced())
-            raise TimeoutError(f"informers not synced, no list progress for {self.sync_timeout:.0f}s: {problems}")
+        with caches_filling():  # no full collection over the growing caches; frozen once they are full
+            self.informers.start()
+            if not self.informers.wait_until_synced(self.sync_timeout):
+                problems = "; ".join(f"{i!r}: {i.sync_problem()}" for i in self.informers.unsynced())
+                raise TimeoutError(f"informers not synced, no list progress for {self.sync_timeout:.0f}s: {problems}")
         lists = {repr(i): i.last_list.describe() for i in self.informers.required() if i.last_list is not None}
         # Where a large fleet's start goes (docs/performance.md section 5): the apiserver, decoding, storing.
         log.info("informers synced", extra={"seconds": round(time.monotonic() - started, 2), "lists": str(lists)})
@@ -168,6 +170,7 @@ class ControllerManager:
             self.elector.stop(release=True, timeout=timeout)
         self._stop_controllers(timeout)
         self.informers.stop()
+        caches_released()
 
     def _start_controllers(self) -> None:
         with self._lock:

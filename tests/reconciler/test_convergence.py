@@ -69,13 +69,22 @@ def test_ready_databases_run_no_sql_on_restart_and_client_change(logged_pg, flee
     names = [fleet.database(f"quiet-{i}") for i in range(3)]
     for name in names:
         fleet.wait_phase(name, "Ready")
+    wait_for(
+        lambda: all(manager.controllers.databases.settled(f"{NAMESPACE}/{name}") for name in names),
+        what="the controller done with them (ownership recorded)",
+    )
     manager.stop()
     before = len(provisioner_statements(logged_pg))
 
     # A restarted manager resyncs every Ready database: no statement reaches the shard for them, and
     # what the controller left is what the resync's fast path (reconciler/database/settled.py) takes
-    # for settled, so the start hands none of them to a worker.
+    # for settled, so the start hands none of them to a worker. It finds them settled while the lists
+    # page in (reconciler/database/early.py), and its resync takes those verdicts.
     restarted = start_manager()
+    early = restarted.controllers.databases.early
+    # (The namespace may hold other tests' Databases too: at least these.)
+    wait_for(lambda: early.taken >= len(names), what="the verdicts reached on the list pages taken by the resync")
+    assert early.found >= len(names)
     wait_for(
         lambda: all(restarted.controllers.databases.settled(f"{NAMESPACE}/{name}") for name in names),
         what="the Ready databases recognised as settled on the caches",

@@ -4,6 +4,7 @@ interruption, and their indexes and events stay consistent with the store."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import kubernetes.client
@@ -384,3 +385,49 @@ def test_a_long_list_that_keeps_making_progress_is_waited_for(admin_rest: Rest, 
     # A quarter of the whole list's time: far longer than one page, far shorter than all of them.
     synced, again = list_once(stall_timeout=whole / 4)
     assert synced, f"gave up on a list that was making progress ({again:.2f} s, stall {whole / 4:.2f} s)"
+
+
+def test_page_observers_see_every_page_before_the_store_and_a_failing_one_stops_nothing(
+    admin_rest: Rest, namespace: str, started: list[Informer]
+) -> None:
+    """A start looks at each page of a large list as it arrives (reconciler/database/early.py); the store and
+    has_synced still wait for the whole list."""
+    names = {f"observed-{n}" for n in range(7)}
+    for name in names:
+        admin_rest.create(CONFIGMAPS, configmap(name, namespace))
+    informer = Informer(admin_rest, CONFIGMAPS, namespace, page_size=3)
+    pages: list[tuple[list[str], bool, bool, int]] = []
+
+    def observer(objects: list[dict[str, object]], last: bool) -> None:
+        seen = [str(o["metadata"]["name"]) for o in objects]  # type: ignore[index]
+        pages.append((seen, last, informer.has_synced(), len(informer)))
+
+    def broken(objects: list[dict[str, object]], last: bool) -> None:
+        raise RuntimeError("a bug in an observer")
+
+    informer.add_page_observer(broken)
+    informer.add_page_observer(observer)
+    started.append(informer.start())
+    assert informer.wait_for_sync(10)
+    assert [len(p[0]) for p in pages] == [3, 3, 1]
+    assert {name for p in pages for name in p[0]} == names
+    assert [p[1] for p in pages] == [False, False, True]  # `last` on the last page only
+    assert all(not synced and stored == 0 for _, _, synced, stored in pages)  # before the store has any
+    assert {o["metadata"]["name"] for o in informer.list()} == names
+
+
+def test_synced_means_the_handlers_have_seen_the_first_list(
+    admin_rest: Rest, namespace: str, started: list[Informer]
+) -> None:
+    """A controller starts on "synced" and resyncs every key itself: the first list's ADDED events must all
+    have been handled by then (as client-go orders it), or 100,000 of them reach its queue a second time."""
+    for n in range(50):
+        admin_rest.create(CONFIGMAPS, configmap(f"synced-{n}", namespace))
+    informer = Informer(admin_rest, CONFIGMAPS, namespace, page_size=7)
+    informer.add_handler(lambda *event: time.sleep(0.01))  # a handler that takes its time (e.g. a busy queue)
+    recorder = Recorder()
+    informer.add_handler(recorder)
+    started.append(informer.start())
+    assert informer.wait_for_sync(10)
+    events = recorder.snapshot()  # no waiting: synced already says they are in
+    assert len(events) == 50 and {t for t, _, _ in events} == {ADDED}
