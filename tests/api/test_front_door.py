@@ -7,6 +7,7 @@ legitimate client from 127.0.0.1, so the per-address cap is exercised only where
 
 from __future__ import annotations
 
+import http.client
 import logging
 import re
 import socket
@@ -162,11 +163,22 @@ def test_unauthenticated_connections_over_the_address_bound_wait_their_turn(
 
 def test_parked_connection_is_dropped_after_the_header_deadline(env: ApiEnv) -> None:
     registry = CollectorRegistry()
-    with Served(env.components.app, env, max_connections_per_client=1, header_timeout=1, registry=registry) as base:
+    options = {"max_connections_per_client": 1, "header_timeout": 1, "idle_timeout": 30}
+    with Served(env.components.app, env, registry=registry, **options) as base:
         port = port_of(base)
-        with socket.create_connection(("127.0.0.1", port), source_address=("127.0.0.2", 0)):
+        # The address' one place is held by an idle keep-alive connection (30 s), not by one in its
+        # handshake: that one's own header deadline would end first and give its place to the parked one.
+        context = ssl.create_default_context(cafile=str(env.ca_file))
+        holder = http.client.HTTPSConnection("127.0.0.1", port, context=context, source_address=("127.0.0.2", 0))
+        try:
+            holder.request("GET", "/healthz")
+            answer = holder.getresponse()
+            answer.read()
+            assert answer.status == 200
             with socket.create_connection(("127.0.0.1", port), timeout=10, source_address=("127.0.0.2", 0)) as extra:
                 assert extra.recv(1) == b""
+        finally:
+            holder.close()
     assert registry.get_sample_value("dbprovider_api_connections_dropped_total", {"reason": "parkedTimeout"}) >= 1
 
 
