@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from dbprovider.clitools import EXIT_FINDINGS, EXIT_INVALID, EXIT_OK
 from dbprovider.upgrade_facts import LiveInstall, LiveInstallError, read_live_install
-from domain.admin_access import tls_refusal
+from domain.admin_access import OutsidePod, tls_refusal
 from domain.conditions import READY, Condition, object_conditions
 from domain.connection_budget import Commitments, budget, provider_sessions
 from domain.constants import SERVED_VERSIONS, Phase, ShardReason
@@ -283,8 +283,7 @@ def run_upgrade_check(args: argparse.Namespace, stdout: TextIO | None = None, st
             args.release,
             args.config,
             shard_sql=args.shard_sql,
-            admin_host_override=args.admin_host_override,
-            shard_ca_file=args.shard_ca_file,
+            outside_pod=OutsidePod(args.admin_host_override, args.shard_ca_file),
         )
     except (LiveInstallError, OSError) as exc:
         print(f"dbprovider upgrade check: {exc}", file=err)
