@@ -118,7 +118,7 @@ _FALCON_ERRORS = {
     404: ("not_found", "no such resource"),
     405: ("method_not_allowed", "this method is not allowed on this resource"),
     411: ("length_required", "a Content-Length is required"),
-    413: ("payload_too_large", "the request body is too large"),
+    413: (PayloadTooLarge.code, PayloadTooLarge.default_message),  # Falcon's own (e.g. Content-Length) says ours
     414: ("uri_too_long", "the request URI is too long"),
     415: ("unsupported_media_type", "the request body must be JSON"),
     431: ("headers_too_large", "the request headers are too large"),

@@ -281,6 +281,7 @@ def _add_upgrade(commands: Any) -> None:
 
 def _run_manager(args: argparse.Namespace) -> int:
     from dbprovider.manager import main_from_args
+    from domain.admin_access import OutsidePod
 
     return main_from_args(
         args.config,
@@ -288,8 +289,7 @@ def _run_manager(args: argparse.Namespace) -> int:
         args.namespace,
         args.api_port,
         args.metrics_port,
-        args.admin_host_override,
-        args.shard_ca_file,
+        OutsidePod(args.admin_host_override, args.shard_ca_file),
         args.quota_reservation_timeout,
     )
 

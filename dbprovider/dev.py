@@ -27,6 +27,7 @@ from typing import Any
 from dbprovider.devstack import DevStack
 from dbprovider.logs import configure_logging
 from dbprovider.manager import Manager, ManagerOptions, wait_for_stop
+from domain.admin_access import OutsidePod
 from domain.config import format_duration
 from harness import KubeControlPlane, MissingBinaryError, PostgresServer
 
@@ -123,7 +124,7 @@ def run_dev(postgres_flavor: str, state_dir: str, overrides: Mapping[str, Any] |
             tls_cert=str(stack.tls_cert),
             tls_key=str(stack.tls_key),
             identity="dbprovider-dev",
-            admin_host_override="127.0.0.1",
+            outside_pod=OutsidePod(admin_host="127.0.0.1"),
         )
         manager = Manager(options).start()
         # "ready" promises that the walkthrough works now: before the caches synced and the elector's

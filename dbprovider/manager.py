@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from api import ApiServer, build_api
 from api.server import DEFAULT_THREADS, FrontDoorOptions
 from dbprovider.logs import configure_logging
+from domain.admin_access import OutsidePod
 from domain.config import InstallConfig, load_install_config, read_install_values
 from domain.connection_budget import database_limit
 from domain.settings import SETTINGS
@@ -57,9 +58,8 @@ class ManagerOptions:
     tls_cert: str = SETTINGS.files.tls_cert
     tls_key: str = SETTINGS.files.tls_key
     identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
-    admin_host_override: str | None = None
-    # The shard CA bundle outside a pod (--shard-ca-file); None: the mounted one if shardTLS.caBundle is set.
-    shard_ca_file: str | None = None
+    # --admin-host-override and --shard-ca-file; by default the Services and the bundle mounted from shardTLS.caBundle.
+    outside_pod: OutsidePod = OutsidePod()
     api_threads: int = DEFAULT_THREADS
     # Tests shorten these (and the backoff cap, along with the alert rules' windows).
     lease_duration: float = SETTINGS.lease.duration
@@ -122,8 +122,7 @@ class Manager:
             options.config,
             options.namespace,
             instance=options.identity,
-            admin_host_override=options.admin_host_override,
-            shard_ca_file=options.shard_ca_file,
+            outside_pod=options.outside_pod,
             shard_ping_interval=options.shard_ping_interval,
         )
         registry = self.controllers.metrics.registry
@@ -298,8 +297,7 @@ def main_from_args(
     namespace: str | None,
     api_port: int,
     metrics_port: int,
-    admin_host_override: str | None,
-    shard_ca_file: str | None = None,
+    outside_pod: OutsidePod,
     quota_reservation_timeout: float = SETTINGS.quota.reservation_timeout,
 ) -> int:
     configure_logging()
@@ -314,8 +312,7 @@ def main_from_args(
         tls_cert=os.environ.get(env.tls_cert, ManagerOptions.tls_cert),
         tls_key=os.environ.get(env.tls_key, ManagerOptions.tls_key),
         identity=os.environ.get(env.pod_name) or f"{socket.gethostname()}-{os.getpid()}",
-        admin_host_override=admin_host_override,
-        shard_ca_file=shard_ca_file,
+        outside_pod=outside_pod,
         quota_reservation_timeout=quota_reservation_timeout,
     )
     if not Path(options.tls_cert).is_file():
@@ -324,8 +321,9 @@ def main_from_args(
     if (problem := raise_fd_limit(config.api.max_connections)) is not None:
         log.error(problem)
         return 2
-    if shard_ca_file is not None and (problem := shard_ca_problem(shard_ca_file)) is not None:
+    ca_file = outside_pod.ca_file
+    if ca_file is not None and (problem := shard_ca_problem(ca_file)) is not None:
         # At startup, not as every verify-ca/-full shard turning Unreachable (tls_failed) later.
-        log.error(f"--shard-ca-file ({SETTINGS.env.shard_ca}): {problem}", extra={"path": shard_ca_file})
+        log.error(f"--shard-ca-file ({SETTINGS.env.shard_ca}): {problem}", extra={"path": ca_file})
         return 2
     return run_manager(options)

@@ -3,6 +3,7 @@
 Run it with the CLI of the release you are about to install, against the DB cluster that runs the
 current one. It reads (dbprovider.upgrade_facts) and changes nothing. Each rule is one small
 function in `CHECKS`: a rule another change adds (a new refusal of this release) is one more row.
+A rule about single Shards says what is wrong with one; `_each_shard` runs it for every Shard.
 Findings are errors (this release refuses it: fix it first), warnings (it keeps working but is
 reported differently) or notices (what the upgrade will do, or what was not checked). Exit 1 on
 any error, 2 when the cluster cannot be read.
@@ -22,12 +23,13 @@ from typing import Any, TextIO
 from pydantic import ValidationError
 
 from dbprovider.clitools import EXIT_FINDINGS, EXIT_INVALID, EXIT_OK
-from dbprovider.upgrade_facts import LiveInstall, LiveInstallError, read_live_install
-from domain.admin_access import tls_refusal
+from dbprovider.upgrade_facts import LiveInstall, LiveInstallError, ShardSqlFact, read_live_install
+from domain.admin_access import OutsidePod, tls_refusal
 from domain.conditions import READY, Condition, object_conditions
 from domain.connection_budget import Commitments, budget, provider_sessions
 from domain.constants import SERVED_VERSIONS, Phase, ShardReason
 from domain.metadata import ObjectMeta
+from domain.specs import ShardSpec
 from domain.version import UPGRADES_FROM, __version__, parse_version
 from reconciler.sql.errors import INSECURE_AUTH_REFUSED
 from reconciler.sql.tenant import Ownership
@@ -46,13 +48,17 @@ class Finding:
         return f"{self.severity}: {self.obj}: {self.message} [{self.rule}]"
 
 
+Rule = Callable[[LiveInstall], Iterable[tuple[str, str, str]]]  # yields (severity, object, message)
+ShardRule = Callable[[LiveInstall, "ShardFacts"], Iterable[str]]  # yields what is wrong with one Shard
+
+
 @dataclass(frozen=True)
 class Check:
     """One rule: its id, what it makes sure of, and the function that finds what breaks it."""
 
     rule: str
     ensures: str
-    find: Callable[[LiveInstall], Iterable[tuple[str, str, str]]]  # (severity, object, message)
+    find: Rule
 
 
 # -- the rules ----------------------------------------------------------------------------------------
@@ -96,77 +102,82 @@ def _stored_versions(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
                 )
 
 
-def _admin_secrets_listed(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
-    if live.config is None:
+@dataclass(frozen=True)
+class ShardFacts:
+    """What the rules about one Shard read of it: its object, its spec (None: invalid) and what its admin
+    session showed (None: not asked, without --shard-sql)."""
+
+    name: str
+    obj: dict[str, Any]
+    spec: ShardSpec | None
+    sql: ShardSqlFact | None
+
+
+def _each_shard(severity: str) -> Callable[[ShardRule], Rule]:
+    """A rule of a function that says what is wrong with one Shard: it runs for every Shard in name
+    order, and each message it yields is a finding of `severity` on that Shard."""
+
+    def rule(problems: ShardRule) -> Rule:
+        def find(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
+            for name in sorted(live.shards):
+                shard = ShardFacts(name, live.shards[name], live.shard_spec(name), (live.shard_sql or {}).get(name))
+                for message in problems(live, shard):
+                    yield severity, f"Shard/{name}", message
+
+        return find
+
+    return rule
+
+
+@_each_shard(ERROR)
+def _admin_secrets_listed(live: LiveInstall, shard: ShardFacts) -> Iterator[str]:
+    if live.config is None or shard.spec is None:
         return
     listed = {(ref.namespace, ref.name) for ref in live.config.shard_secrets}
-    for name in sorted(live.shards):
-        spec = live.shard_spec(name)
-        if spec is None:
-            continue
-        ref = spec.admin.secret_ref
-        if (ref.namespace, ref.name) not in listed:
-            yield (
-                ERROR,
-                f"Shard/{name}",
-                (
-                    f"its admin Secret {ref.namespace}/{ref.name} is not in shardSecrets: it is never read, the shard "
-                    "is not Ready (AdminSecretInvalid). Add it to shardSecrets, also in the release namespace"
-                ),
-            )
+    ref = shard.spec.admin.secret_ref
+    if (ref.namespace, ref.name) not in listed:
+        yield (
+            f"its admin Secret {ref.namespace}/{ref.name} is not in shardSecrets: it is never read, the shard "
+            "is not Ready (AdminSecretInvalid). Add it to shardSecrets, also in the release namespace"
+        )
 
 
-def _admin_tls(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
+@_each_shard(ERROR)
+def _admin_tls(live: LiveInstall, shard: ShardFacts) -> Iterator[str]:
     cleartext = live.config.shard_tls.cleartext_shards if live.config is not None else ()
-    for name in sorted(live.shards):
-        spec = live.shard_spec(name)
-        refusal = None if spec is None else tls_refusal(name, spec.admin.sslmode, cleartext)
-        if refusal is not None:
-            yield (
-                ERROR,
-                f"Shard/{name}",
-                (
-                    f"{refusal}: the shard would be AdminTlsRequired (no placements, no SQL). Turn TLS on, or only "
-                    "where the server cannot do TLS, add the shard to shardTLS.cleartextShards in the new config"
-                ),
-            )
+    refusal = None if shard.spec is None else tls_refusal(shard.name, shard.spec.admin.sslmode, cleartext)
+    if refusal is not None:
+        yield (
+            f"{refusal}: the shard would be AdminTlsRequired (no placements, no SQL). Turn TLS on, or only "
+            "where the server cannot do TLS, add the shard to shardTLS.cleartextShards in the new config"
+        )
 
 
-def _admin_endpoint(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
-    if live.shard_sql is None:
-        return  # the Secrets are read with --shard-sql only; tenant-ownership says it was not run
-    for shard, fact in sorted(live.shard_sql.items()):
-        if fact.refusal is not None and fact.refusal[0] == ShardReason.ADMIN_ENDPOINT_MISMATCH:
-            yield (
-                ERROR,
-                f"Shard/{shard}",
-                (
-                    f"{fact.refusal[1]}: the shard would be AdminEndpointMismatch (no placements, no SQL). Point "
-                    "spec.admin at the Service the Secret names, or bind the Secret in shardSecrets[].host/port"
-                ),
-            )
+@_each_shard(ERROR)
+def _admin_endpoint(live: LiveInstall, shard: ShardFacts) -> Iterator[str]:
+    # The Secrets are read with --shard-sql only; tenant-ownership says it was not run.
+    refusal = shard.sql.refusal if shard.sql is not None else None
+    if refusal is not None and refusal[0] == ShardReason.ADMIN_ENDPOINT_MISMATCH:
+        yield (
+            f"{refusal[1]}: the shard would be AdminEndpointMismatch (no placements, no SQL). Point "
+            "spec.admin at the Service the Secret names, or bind the Secret in shardSecrets[].host/port"
+        )
 
 
-def _connection_budget(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
-    if live.shard_sql is None or live.config is None:
+@_each_shard(WARNING)
+def _connection_budget(live: LiveInstall, shard: ShardFacts) -> Iterator[str]:
+    if shard.sql is None or shard.sql.slots is None or live.config is None:
         return
     provider = provider_sessions(live.config.workers_per_shard)  # the new config's, as the new leader counts
-    for shard, fact in sorted(live.shard_sql.items()):
-        if fact.slots is None:
-            continue
-        shard_budget = budget(fact.slots, provider, live.config.connection_budget.reserved)
-        limits = (db.connection_limit for db in live.databases if db.shard == shard and db.phase != Phase.DELETED)
-        committed = Commitments.of(limits).total(shard_budget)
-        if committed > shard_budget:
-            yield (
-                WARNING,
-                f"Shard/{shard}",
-                (
-                    f"its databases commit {committed} connections, more than its budget of {shard_budget} "
-                    f"(max_connections {fact.slots.max_connections}): it keeps working but takes no new databases "
-                    "(ConnectionBudgetExceeded). Raise max_connections or lower connectionBudget.reserved"
-                ),
-            )
+    shard_budget = budget(shard.sql.slots, provider, live.config.connection_budget.reserved)
+    limits = (db.connection_limit for db in live.databases if db.shard == shard.name and db.phase != Phase.DELETED)
+    committed = Commitments.of(limits).total(shard_budget)
+    if committed > shard_budget:
+        yield (
+            f"its databases commit {committed} connections, more than its budget of {shard_budget} "
+            f"(max_connections {shard.sql.slots.max_connections}): it keeps working but takes no new databases "
+            "(ConnectionBudgetExceeded). Raise max_connections or lower connectionBudget.reserved"
+        )
 
 
 def _insecure_auth_reported(shard: dict[str, Any]) -> bool:
@@ -182,20 +193,15 @@ def _insecure_auth_reported(shard: dict[str, Any]) -> bool:
     return False
 
 
-def _admin_scram(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
-    for name in sorted(live.shards):
-        seen = _insecure_auth_reported(live.shards[name])
-        sql = (live.shard_sql or {}).get(name)
-        if seen or (sql is not None and sql.error_class == INSECURE_AUTH_REFUSED):
-            yield (
-                ERROR,
-                f"Shard/{name}",
-                (
-                    "the server offers the provisioner only md5 or cleartext, never SCRAM: the provider sends it no "
-                    "password. Set password_encryption = scram-sha-256, set the provisioner's password again, and use "
-                    "scram-sha-256 in pg_hba.conf"
-                ),
-            )
+@_each_shard(ERROR)
+def _admin_scram(live: LiveInstall, shard: ShardFacts) -> Iterator[str]:
+    refused = shard.sql is not None and shard.sql.error_class == INSECURE_AUTH_REFUSED
+    if refused or _insecure_auth_reported(shard.obj):
+        yield (
+            "the server offers the provisioner only md5 or cleartext, never SCRAM: the provider sends it no "
+            "password. Set password_encryption = scram-sha-256, set the provisioner's password again, and use "
+            "scram-sha-256 in pg_hba.conf"
+        )
 
 
 def _tenant_ownership(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
@@ -220,35 +226,36 @@ def _tenant_ownership(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
                 continue  # the drop needs no record; a recovered one is checked once it is Ready
             where = f"Database/{live.namespace}/{name}"
             why = f" ({'; '.join(check.problems)})" if check.problems else ""
-            if not db.provisioned:
-                if check.verdict in (Ownership.FOREIGN, Ownership.OTHER_OWNER):
+            if check.verdict in (Ownership.FOREIGN, Ownership.OTHER_OWNER):
+                if not db.provisioned:
                     yield (
                         ERROR,
                         where,
                         f"a role of its tenant's name is not its own{why}: provisioning fails with "
                         "name_taken. Check whose role it is; drop it, or record it (docs/upgrade.md)",
                     )
-                elif check.verdict == Ownership.ADOPTABLE:
-                    yield NOTICE, where, "its tenant role has no ownership record: provisioning records it"
-            elif check.verdict == Ownership.ADOPTABLE and db.held:
-                yield (
-                    WARNING,
-                    where,
-                    (
-                        "its tenant has no ownership record and the Database is held (no SQL while held): "
-                        "restore-tenant refuses it until the record is written (docs/operations.md)"
-                    ),
-                )
+                else:
+                    yield (
+                        WARNING,
+                        where,
+                        f"{check.verdict.value.replace('_', ' ')}{why}: keeps working, reported as "
+                        "OwnershipRecorded=False, not adopted (docs/operations.md)",
+                    )
             elif check.verdict == Ownership.ADOPTABLE:
-                yield NOTICE, where, "its tenant has no ownership record: it is adopted once (TenantAdopted)"
-            elif check.verdict in (Ownership.FOREIGN, Ownership.OTHER_OWNER):
-                yield (
-                    WARNING,
-                    where,
-                    f"{check.verdict.value.replace('_', ' ')}{why}: keeps working, reported as "
-                    "OwnershipRecorded=False, not adopted (docs/operations.md)",
-                )
-            elif check.verdict == Ownership.MISSING:
+                if not db.provisioned:
+                    yield NOTICE, where, "its tenant role has no ownership record: provisioning records it"
+                elif db.held:
+                    yield (
+                        WARNING,
+                        where,
+                        (
+                            "its tenant has no ownership record and the Database is held (no SQL while held): "
+                            "restore-tenant refuses it until the record is written (docs/operations.md)"
+                        ),
+                    )
+                else:
+                    yield NOTICE, where, "its tenant has no ownership record: it is adopted once (TenantAdopted)"
+            elif check.verdict == Ownership.MISSING and db.provisioned:
                 yield WARNING, where, "its tenant is not on its shard (OwnershipRecorded=False, TenantMissing)"
 
 
@@ -283,8 +290,7 @@ def run_upgrade_check(args: argparse.Namespace, stdout: TextIO | None = None, st
             args.release,
             args.config,
             shard_sql=args.shard_sql,
-            admin_host_override=args.admin_host_override,
-            shard_ca_file=args.shard_ca_file,
+            outside_pod=OutsidePod(args.admin_host_override, args.shard_ca_file),
         )
     except (LiveInstallError, OSError) as exc:
         print(f"dbprovider upgrade check: {exc}", file=err)

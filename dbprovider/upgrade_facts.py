@@ -20,6 +20,7 @@ from kubernetes.config import ConfigException
 from pydantic import ValidationError
 from urllib3.exceptions import HTTPError
 
+from domain.admin_access import OutsidePod
 from domain.config import ConfigError, InstallConfig, load_install_config
 from domain.connection_budget import ServerSlots
 from domain.constants import Phase
@@ -118,8 +119,7 @@ def read_live_install(
     config_file: str | None = None,
     *,
     shard_sql: bool = False,
-    admin_host_override: str | None = None,
-    shard_ca_file: str | None = None,
+    outside_pod: OutsidePod,
 ) -> LiveInstall:
     """Read the install (LiveInstallError if the cluster cannot be read at all)."""
     try:
@@ -127,7 +127,7 @@ def read_live_install(
             rest = Rest(client)
             live = _read(rest, namespace, release, config_file)
             if shard_sql and live.config is not None:
-                live.shard_sql = _read_shards(rest, live, admin_host_override, shard_ca_file)
+                live.shard_sql = _read_shards(rest, live, outside_pod)
             return live
     except ApiException as exc:
         raise LiveInstallError(f"reading the cluster failed with HTTP {exc.status}") from None
@@ -211,12 +211,10 @@ def _database(obj: dict[str, Any]) -> DatabaseFact:
     )
 
 
-def _read_shards(
-    rest: Rest, live: LiveInstall, host_override: str | None, ca_file: str | None
-) -> dict[str, ShardSqlFact]:
+def _read_shards(rest: Rest, live: LiveInstall, outside_pod: OutsidePod) -> dict[str, ShardSqlFact]:
     """Per shard with placed databases: the ownership verdict of each tenant, read-only."""
     assert live.config is not None
-    policy = AdminPolicy.from_config(live.config, ca_file)
+    policy = AdminPolicy.from_config(live.config, outside_pod.ca_file)
     placed: dict[str, list[DatabaseFact]] = {}
     for db in live.databases:
         if db.shard and db.tenant and db.phase != Phase.DELETED:
@@ -226,7 +224,7 @@ def _read_shards(
         spec = live.shard_spec(name)
         if spec is None:
             continue
-        facts[name] = _read_shard(rest, name, spec, policy, host_override, placed.get(name, []))
+        facts[name] = _read_shard(rest, name, spec, policy, outside_pod.admin_host, placed.get(name, []))
     return facts
 
 

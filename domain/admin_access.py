@@ -35,6 +35,19 @@ def tls_refusal(shard: str, sslmode: str, cleartext_shards: Collection[str]) -> 
 
 
 @dataclass(frozen=True)
+class OutsidePod:
+    """How a process outside the cluster's pods reaches the shards' admin ports (dev, tests, `upgrade
+    check` over port-forwards); the default is a pod's way.
+
+    `admin_host` replaces every Shard's admin Service host (the Shard's port stays); `ca_file` verifies
+    verify-ca/-full shards instead of the bundle mounted from shardTLS.caBundle.
+    """
+
+    admin_host: str | None = None
+    ca_file: str | None = None
+
+
+@dataclass(frozen=True)
 class EndpointBinding:
     """The one admin endpoint a Secret may be sent to (an unset part is not checked)."""
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from domain.admin_access import OutsidePod
 from domain.conditions import READY, find_condition
 from domain.config import InstallConfig
 from domain.constants import CREDENTIALS_SECRET_SELECTOR, CREDENTIALS_SECRET_SUFFIX, Engine
@@ -131,11 +132,10 @@ def register_controllers(
     namespace: str,
     *,
     instance: str,
-    admin_host_override: str | None = None,
+    outside_pod: OutsidePod,
     shard_ping_interval: float = PING_INTERVAL,
-    shard_ca_file: str | None = None,
 ) -> Controllers:
-    """`admin_host_override` and `shard_ca_file` exist for managers outside a pod (dev, tests)."""
+    """`outside_pod`: how a manager outside a pod (dev, tests) reaches the shards; OutsidePod() in a pod."""
     informers = manager.informers
     # Every write of the controllers (status, finalizers, Secrets, Events, counts) and every
     # statement they send to a shard checks leadership first: a replica that lost (or may have
@@ -160,7 +160,7 @@ def register_controllers(
         informers.mark_optional(clusters)
         manager.metrics.registry.register(EngineCollector({Engine.CLOUDBERRY.value: clusters.has_synced}))
     sessions = AdminSessions(fence=manager.fence, application_name=replica_application_name(instance))
-    policy = AdminPolicy.from_config(config, shard_ca_file)
+    policy = AdminPolicy.from_config(config, outside_pod.ca_file)
     # A lost Lease (or shutdown) cuts every shard session at once, then closes them once the workers are done.
     manager.when_controllers_stopping(sessions.sever_all)
     manager.after_controllers_stop(sessions.close_all)
@@ -171,7 +171,7 @@ def register_controllers(
         databases,
         clusters,
         sessions,
-        admin_host_override,
+        outside_pod.admin_host,
         ping_interval=shard_ping_interval,
         policy=policy,
         budgets=ShardBudgets(config, databases, config.workers_per_shard),
@@ -206,7 +206,7 @@ def register_controllers(
         secrets,
         events,
         sessions,
-        admin_host_override,
+        outside_pod.admin_host,
         policy=policy,
     )
     # A lane per shard: at most workersPerShard passes on one shard's databases (and on placement) at

@@ -29,6 +29,7 @@ import yaml
 
 from dbprovider.devstack import DevStack
 from dbprovider.manager import Manager, ManagerOptions
+from domain.admin_access import OutsidePod
 from domain.config import load_install_config
 from domain.constants import ANNOTATION_DELETE_REQUESTED_AT
 from domain.naming import database_object_name
@@ -78,7 +79,7 @@ class Replica:
             tls_cert=str(stack.tls_cert),
             tls_key=str(stack.tls_key),
             identity="alerttest-a",
-            admin_host_override="127.0.0.1",
+            outside_pod=OutsidePod(admin_host="127.0.0.1"),
             lease_duration=4.0,
             renew_deadline=3.0,
             retry_period=0.5,

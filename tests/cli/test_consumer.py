@@ -36,18 +36,8 @@ def snapshot(directory: Path) -> dict[str, bytes]:
 
 
 def test_new_on_a_terminal_prints_the_token_once_and_commits_only_its_hash(tmp_path: Path) -> None:
-    result = run_on_terminal(
-        "consumer",
-        "new",
-        "team-a",
-        "--max-databases",
-        "50",
-        "--namespace",
-        "databases",
-        "--out",
-        "consumers",
-        cwd=tmp_path,
-    )
+    command = "consumer new team-a --max-databases 50 --namespace databases --out consumers"
+    result = run_on_terminal(*command.split(), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     tokens = TOKEN_RE.findall(result.stdout)
     assert len(tokens) == 1, result.stdout

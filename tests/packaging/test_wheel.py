@@ -81,21 +81,8 @@ def test_render_from_the_installed_package(installed: Path, tmp_path: Path) -> N
 
 def test_consumer_and_lint_from_the_installed_package(installed: Path, tmp_path: Path) -> None:
     (tmp_path / "landscape").mkdir()
-    new = run(
-        installed,
-        tmp_path,
-        "consumer",
-        "new",
-        "team-a",
-        "--max-databases",
-        "50",
-        "--namespace",
-        "databases",
-        "--out",
-        "landscape",
-        "--token-file",
-        "team-a.token",
-    )
+    command = "consumer new team-a --max-databases 50 --namespace databases --out landscape --token-file team-a.token"
+    new = run(installed, tmp_path, *command.split())
     assert new.returncode == 0, new.stderr
     assert len((tmp_path / "team-a.token").read_text().strip()) == 64
     (tmp_path / "values.yaml").write_text(yaml.safe_dump(VALUES))

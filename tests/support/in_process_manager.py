@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from kubernetes.client import ApiClient
 
+from domain.admin_access import OutsidePod
 from domain.config import InstallConfig
 from harness.postgres import shard_ca
 from reconciler.runtime import ControllerManager
@@ -41,9 +42,8 @@ class InProcessManager:
             config,
             namespace,
             instance=identity,
-            admin_host_override="127.0.0.1",
+            outside_pod=OutsidePod("127.0.0.1", shard_ca_file or str(shard_ca().ca_file)),
             shard_ping_interval=2.0,
-            shard_ca_file=shard_ca_file or str(shard_ca().ca_file),
         )
 
     def start(self, wait_leading: bool = True) -> InProcessManager:
