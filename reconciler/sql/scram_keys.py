@@ -98,26 +98,38 @@ def fingerprint(*fields: object) -> str:
 
 
 class KeyCache:
-    """Keys by login fingerprint, at most `capacity` (the oldest go first), thread-safe.
+    """Keys by login fingerprint, thread-safe: at most `capacity` (the oldest go first), and none
+    unused for `max_idle` seconds (a rotated or deleted password's keys do not stay in memory).
 
     `failed` remembers a login whose salt could not be read, so it is not asked again for
     `retry_after` seconds (a pooler that speaks no SCRAM, a server that asks for too many rounds).
     """
 
-    def __init__(self, capacity: int = 4096, retry_after: float = 300.0) -> None:
+    def __init__(self, capacity: int = 4096, retry_after: float = 300.0, max_idle: float = 600.0) -> None:
         self.capacity = capacity
         self.retry_after = retry_after
-        self._keys: OrderedDict[str, ScramKeys] = OrderedDict()
+        self.max_idle = max_idle
+        self._keys: OrderedDict[str, tuple[ScramKeys, float]] = OrderedDict()  # by last use, oldest first
         self._failed: OrderedDict[str, float] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: str) -> ScramKeys | None:
+    def get(self, key: str, now: float | None = None) -> ScramKeys | None:
+        now = time.monotonic() if now is None else now
         with self._lock:
-            return self._keys.get(key)
+            self._expire(now)
+            entry = self._keys.get(key)
+            if entry is None:
+                return None
+            self._keys[key] = (entry[0], now)
+            self._keys.move_to_end(key)
+            return entry[0]
 
-    def pop(self, key: str) -> ScramKeys | None:
-        with self._lock:
-            return self._keys.pop(key, None)
+    def _expire(self, now: float) -> None:
+        while self._keys:
+            key, (_, used) = next(iter(self._keys.items()))
+            if now - used < self.max_idle:
+                return
+            del self._keys[key]
 
     def wants(self, key: str, now: float | None = None) -> bool:
         """Whether the salt of this login is worth reading now (no keys, no recent failure)."""
@@ -128,10 +140,11 @@ class KeyCache:
             failed_at = self._failed.get(key)
             return failed_at is None or now - failed_at >= self.retry_after
 
-    def put(self, key: str, keys: ScramKeys) -> None:
+    def put(self, key: str, keys: ScramKeys, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
         with self._lock:
             self._failed.pop(key, None)
-            self._keys[key] = keys
+            self._keys[key] = (keys, now)
             self._keys.move_to_end(key)
             while len(self._keys) > self.capacity:
                 self._keys.popitem(last=False)

@@ -30,13 +30,16 @@ def test_only_printable_ascii_passwords_are_derived() -> None:
     assert not derivable("tab\there")
 
 
-def test_the_cache_forgets_the_oldest_and_waits_after_a_failure() -> None:
-    cache = KeyCache(capacity=2, retry_after=60)
+def test_the_cache_forgets_the_oldest_the_unused_and_waits_after_a_failure() -> None:
+    cache = KeyCache(capacity=2, retry_after=60, max_idle=600)
     keys = ScramKeys.new("p")
     for name in ("a", "b", "c"):
-        cache.put(name, keys)
-    assert (cache.get("a"), len(cache)) == (None, 2)
+        cache.put(name, keys, now=0.0)
+    assert (cache.get("a", now=1.0), len(cache)) == (None, 2)
     assert not cache.wants("b")
+    assert cache.get("b", now=500.0) is keys  # used: kept 600 s more
+    assert cache.get("c", now=700.0) is None  # unused for 700 s: gone
+    assert cache.get("b", now=1000.0) is keys
 
     cache.failed("d", now=100.0)
     assert not cache.wants("d", now=130.0)
