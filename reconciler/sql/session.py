@@ -160,9 +160,12 @@ def connect_admin(
     *,
     statement_timeout: str = STATEMENT_TIMEOUT,
     lock_timeout: str = LOCK_TIMEOUT,
+    fence: Fence | None = None,
 ) -> psycopg.Connection:
     """Open one autocommit admin session. Raises psycopg errors (see `errors.classify`).
 
+    After the first login to an endpoint its SCRAM salt is read once more (`ADMIN_KEYS`): `fence` is
+    asked first, so a replica that lost its Lease in between contacts the shard no further.
     Never log a raw connection error of psycopg: its `pgconn` attribute carries the password.
     """
     # SCRAM bound to the TLS channel: a relay (even one terminating TLS) cannot use the login. In the
@@ -180,6 +183,12 @@ def connect_admin(
         return connect_with_keys(params, None)
     conn = connect_with_keys(params, ADMIN_KEYS.get(key), lambda: ADMIN_KEYS.drop(key))
     if ADMIN_KEYS.wants(key):  # once per endpoint and password: the next logins skip PBKDF2
+        if fence is not None:
+            try:
+                fence()
+            except BaseException:
+                conn.close()
+                raise
         source = SaltSource(
             endpoint.host,
             int(endpoint.port),
@@ -275,6 +284,7 @@ class AdminSession:
                 timeout,
                 statement_timeout=statement_timeout,
                 lock_timeout=lock_timeout,
+                fence=fence,
             )
 
         return cls(connect, connect_timeout, fence)

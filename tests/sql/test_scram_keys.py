@@ -24,7 +24,14 @@ from reconciler.sql import scram_keys
 from reconciler.sql.errors import SqlFailure, classify
 from reconciler.sql.login import TenantLogin, log_in, remember_login
 from reconciler.sql.scram_keys import SaltSource, SaltUnavailable, ScramKeys, read_salt
-from reconciler.sql.session import ADMIN_KEYS, AdminEndpoint, AdminSession, admin_keys_key, connect_admin
+from reconciler.sql.session import (
+    ADMIN_KEYS,
+    AdminEndpoint,
+    AdminSession,
+    admin_keys_key,
+    connect_admin,
+    run_operation,
+)
 from reconciler.sql.tenant import TenantSpec, ensure_tenant
 from tests.sql.helpers import admin_endpoint
 from tests.support.postgres import login_role
@@ -228,3 +235,28 @@ def test_keys_hide_in_reprs() -> None:
     for secret in (keys.client_key, keys.server_key, keys.salt):
         assert base64.b64encode(secret).decode() not in text and secret.hex() not in text
     assert hashlib.sha256(keys.client_key).hexdigest() not in text
+
+
+class _LeaseLost(Exception):
+    pass
+
+
+def test_a_replica_that_lost_its_lease_after_the_login_reads_no_salt(
+    postgres: PostgresServer, role: tuple[str, str]
+) -> None:
+    """The salt read is a contact with the shard like any statement: the fence is asked first."""
+    user, password = role
+    endpoint = _endpoint(postgres, user, password)
+    calls = []
+
+    def fence() -> None:
+        calls.append(1)
+        if len(calls) > 1:  # the Lease was held for the login, lost right after it
+            raise _LeaseLost()
+
+    with AdminSession.for_endpoint(endpoint, fence=fence) as session:
+        with pytest.raises(_LeaseLost):
+            run_operation(session, "check", lambda conn: conn.execute("SELECT 1"))
+
+    key = admin_keys_key(endpoint) or ""
+    assert ADMIN_KEYS.get(key) is None and ADMIN_KEYS.wants(key)
