@@ -4,6 +4,12 @@
 answering while the postmaster accepts nobody), checks whom it logged in as, and closes it. The
 password goes only to a server that proves SCRAM (`require_auth`), as with the admin sessions; it
 is never logged. Failures leave as a sanitized `SqlFailure` of operation "login".
+
+The role was just created with a verifier computed here (tenant.py), so its SCRAM keys are known:
+`remember_login` keeps them (memory only, until the login or a bounded number of newer ones), and
+`log_in` hands them to libpq instead of having it run the password's PBKDF2 again. Keys the server
+refuses (a verifier set elsewhere, a pooler with a salt of its own) cost one more login with the
+password, which decides as before.
 """
 
 from __future__ import annotations
@@ -12,9 +18,18 @@ import psycopg
 
 from reconciler.sql import errors
 from reconciler.sql.errors import SqlFailure, classify
-from reconciler.sql.session import AdminEndpoint, connect_params, release_exception, run_operation
+from reconciler.sql.scram_keys import SUPPORTED, KeyCache, ScramKeys, fingerprint
+from reconciler.sql.session import AdminEndpoint, connect_params, connect_with_keys, release_exception, run_operation
 
 OPERATION = "login"
+# Keys of the tenant passwords whose verifiers were computed lately, by (role, password).
+_TENANT_KEYS = KeyCache(capacity=1024)
+
+
+def remember_login(user: str, password: str, keys: ScramKeys) -> None:
+    """Keep the keys of the verifier just computed for `user`'s `password` for its first login."""
+    if SUPPORTED:
+        _TENANT_KEYS.put(fingerprint(user, password), keys)
 
 
 class TenantLogin(AdminEndpoint):
@@ -25,11 +40,14 @@ class TenantLogin(AdminEndpoint):
 def log_in(login: TenantLogin, timeout: float, application_name: str) -> None:
     """Log in as the tenant on a new session within `timeout` seconds; SqlFailure("login", ...) if not."""
     try:  # no channel_binding: a pooler (pgBouncer) in front of the server may not offer it
-        conn = psycopg.connect(**connect_params(login, application_name, timeout))
+        key = fingerprint(login.user, login.password)
+        keys = _TENANT_KEYS.get(key) if SUPPORTED else None
+        conn = connect_with_keys(connect_params(login, application_name, timeout), keys, lambda: _TENANT_KEYS.drop(key))
     except psycopg.Error as exc:  # classified, never re-raised with driver text
         release_exception(exc)
         failure = classify(exc, OPERATION)
     else:
+        _TENANT_KEYS.drop(key)  # used: a later login of this role goes with the password
         with conn:
             who = run_operation(conn, OPERATION, _current_user, timeout=timeout)
         if who == login.user:

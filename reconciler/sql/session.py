@@ -5,7 +5,10 @@ name, `search_path=pg_catalog`, `statement_timeout`, `lock_timeout`). The passwo
 server that proves SCRAM (`require_auth=scram-sha-256`: libpq refuses a cleartext or md5 request
 instead of answering it), over TLS and bound to the TLS channel (`channel_binding=require`); an
 `AdminEndpoint` in a mode that may go without TLS exists only when the install allows it for that
-shard (`cleartext_allowed`, reconciler.admin).
+shard (`cleartext_allowed`, reconciler.admin). With libpq 18 an admin login after the first one to an
+endpoint hands libpq the password's SCRAM keys instead of having it run PBKDF2 (`ADMIN_KEYS`,
+reconciler.sql.scram_keys): every login is still a fresh, complete SCRAM exchange bound to TLS; keys
+the server refuses are dropped and the login is made again with the password.
 `AdminSession` keeps such a session for one worker and reopens it after a connection loss.
 `run_operation` runs one operation: bounded by a deadline that cuts the session's socket if the
 shard stops answering (a stopped or partitioned server never enforces its own statement_timeout),
@@ -42,9 +45,10 @@ import psycopg
 
 from domain.constants import SslMode
 from domain.settings import SETTINGS
-from reconciler.sql import errors
+from reconciler.sql import errors, scram_keys
 from reconciler.sql.deadlines import DEADLINES, Deadline
 from reconciler.sql.errors import SqlFailure, classify
+from reconciler.sql.scram_keys import KeyCache, SaltSource, ScramKeys
 
 # The bounds of SQL work (SETTINGS.sql says why each is what it is).
 OPERATION_TIMEOUT = SETTINGS.sql.operation_timeout  # seconds: one whole operation, reconnects and retries included
@@ -156,9 +160,12 @@ def connect_admin(
     *,
     statement_timeout: str = STATEMENT_TIMEOUT,
     lock_timeout: str = LOCK_TIMEOUT,
+    fence: Fence | None = None,
 ) -> psycopg.Connection:
     """Open one autocommit admin session. Raises psycopg errors (see `errors.classify`).
 
+    After the first login to an endpoint its SCRAM salt is read once more (`ADMIN_KEYS`): `fence` is
+    asked first, so a replica that lost its Lease in between contacts the shard no further.
     Never log a raw connection error of psycopg: its `pgconn` attribute carries the password.
     """
     # SCRAM bound to the TLS channel: a relay (even one terminating TLS) cannot use the login. In the
@@ -166,15 +173,76 @@ def connect_admin(
     binding: dict[str, Any] = {"channel_binding": "require" if SslMode(endpoint.sslmode).always_tls else "prefer"}
     if endpoint.sslmode == SslMode.DISABLE:
         binding["channel_binding"] = "disable"
-    try:
-        return psycopg.connect(
-            **connect_params(endpoint, application_name, connect_timeout),
-            **binding,
-            options=session_options(statement_timeout, lock_timeout),
+    params = {
+        **connect_params(endpoint, application_name, connect_timeout),
+        **binding,
+        "options": session_options(statement_timeout, lock_timeout),
+    }
+    key = admin_keys_key(endpoint)
+    if key is None:
+        return connect_with_keys(params, None)
+    conn = connect_with_keys(params, ADMIN_KEYS.get(key), lambda: ADMIN_KEYS.drop(key))
+    if ADMIN_KEYS.wants(key):  # once per endpoint and password: the next logins skip PBKDF2
+        if fence is not None:
+            try:
+                fence()
+            except BaseException:
+                conn.close()
+                raise
+        source = SaltSource(
+            endpoint.host,
+            int(endpoint.port),
+            endpoint.user,
+            endpoint.dbname,
+            endpoint.sslmode,
+            endpoint.sslrootcert,
+            application_name,
         )
+        scram_keys.learn(ADMIN_KEYS, key, source, endpoint.password, params["connect_timeout"])
+    return conn
+
+
+# The SCRAM keys of the admin logins (reconciler.sql.scram_keys), by endpoint and password.
+ADMIN_KEYS = KeyCache()
+
+
+def admin_keys_key(endpoint: AdminEndpoint) -> str | None:
+    """The cache key of an endpoint's SCRAM keys; None when its logins derive none (libpq < 18, or a
+    password SASLprep would change)."""
+    if not scram_keys.SUPPORTED or not scram_keys.derivable(endpoint.password):
+        return None
+    return scram_keys.fingerprint(endpoint.host, endpoint.port, endpoint.user, endpoint.password)
+
+
+def connect_with_keys(
+    params: dict[str, Any], keys: ScramKeys | None, refused: Callable[[], None] | None = None
+) -> psycopg.Connection:
+    """`psycopg.connect(**params)`, first with `keys` if given (libpq skips the password's PBKDF2).
+
+    Keys the server refuses (a password or salt changed since they were derived) are reported to
+    `refused` and the login is made once more with the password, so what the caller sees (success
+    or the error) is what a login with the password gives. Raises psycopg errors.
+    """
+    if keys is not None:
+        try:
+            return psycopg.connect(**{**params, **keys.conninfo()})
+        except psycopg.Error as exc:
+            release_exception(exc)  # close a half-open connection now (see release_exception)
+            if not keys_refused(exc):
+                raise
+        if refused is not None:
+            refused()
+    try:
+        return psycopg.connect(**params)
     except psycopg.Error as exc:
-        release_exception(exc)  # close a half-open connection now (see release_exception)
+        release_exception(exc)
         raise
+
+
+def keys_refused(exc: psycopg.Error) -> bool:
+    """Whether a login with SCRAM keys failed because of the keys: the server rejected the proof
+    (an auth failure), or the server's signature did not match the ServerKey."""
+    return classify(exc, "login").error_class == errors.AUTH_FAILED or "server signature" in str(exc).lower()
 
 
 class AdminSession:
@@ -216,6 +284,7 @@ class AdminSession:
                 timeout,
                 statement_timeout=statement_timeout,
                 lock_timeout=lock_timeout,
+                fence=fence,
             )
 
         return cls(connect, connect_timeout, fence)

@@ -31,12 +31,8 @@ are ended, and is tried again (ending sessions again) when it meets `lock_timeou
 
 from __future__ import annotations
 
-import base64
 import enum
-import hashlib
-import hmac
 import json
-import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,14 +47,15 @@ from domain.settings import SETTINGS
 from reconciler.sql import errors
 from reconciler.sql.errors import SqlFailure
 from reconciler.sql.foreign_grants import drop_role
+from reconciler.sql.login import remember_login
 from reconciler.sql.provisioner import SET_OPTION_MAJOR
 from reconciler.sql.roles import as_role as _as_role
 from reconciler.sql.roles import end_sessions as _end_sessions
 from reconciler.sql.roles import has_sessions as _has_sessions
+from reconciler.sql.scram_keys import DEFAULT_ITERATIONS, ScramKeys
 from reconciler.sql.session import OPERATION_TIMEOUT, Admin, run_operation
 
-SCRAM_ITERATIONS = 4096  # PostgreSQL's default scram_iterations
-SCRAM_SALT_BYTES = 16
+SCRAM_ITERATIONS = DEFAULT_ITERATIONS  # PostgreSQL's default scram_iterations
 # Disable and drop: attempts of the whole close sequence when a tenant session blocks it (each
 # ends the tenant's sessions first); each attempt waits at most the session's lock_timeout.
 SESSION_RETRIES = SETTINGS.sql.blocked_attempts
@@ -239,23 +236,20 @@ def read_state(conn: psycopg.Connection, name: str) -> TenantState:
 # -- SCRAM -------------------------------------------------------------------------------------
 
 
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
 def scram_verifier(password: str, *, salt: bytes | None = None, iterations: int = SCRAM_ITERATIONS) -> str:
     """The SCRAM-SHA-256 verifier PostgreSQL stores for `password` (RFC 5802 / RFC 7677).
 
     `SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>`; PostgreSQL stores a verifier given
     as PASSWORD as it is. Printable ASCII passwords need no SASLprep normalisation.
     """
+    return _scram_keys(password, salt=salt, iterations=iterations).verifier()
+
+
+def _scram_keys(password: str, *, salt: bytes | None = None, iterations: int = SCRAM_ITERATIONS) -> ScramKeys:
     validate_password(password)
-    salt = os.urandom(SCRAM_SALT_BYTES) if salt is None else salt
-    salted = hashlib.pbkdf2_hmac("sha256", password.encode("utf-8"), salt, iterations)
-    client_key = hmac.new(salted, b"Client Key", hashlib.sha256).digest()
-    stored_key = hashlib.sha256(client_key).digest()
-    server_key = hmac.new(salted, b"Server Key", hashlib.sha256).digest()
-    return f"SCRAM-SHA-256${iterations}:{_b64(salt)}${_b64(stored_key)}:{_b64(server_key)}"
+    if salt is None:
+        return ScramKeys.new(password, iterations)
+    return ScramKeys.derive(password, salt, iterations)
 
 
 # -- building blocks ---------------------------------------------------------------------------
@@ -367,7 +361,9 @@ def ensure_role(conn: psycopg.Connection, spec: TenantSpec) -> bool:
         # A finished tenant (database open) is left alone: set_password, set_connection_limit and
         # enable_tenant change it deliberately.
         return True
-    verifier = sql.Literal(scram_verifier(spec.password))
+    keys = _scram_keys(spec.password)
+    remember_login(spec.name, spec.password, keys)  # the login check after creation skips PBKDF2
+    verifier = sql.Literal(keys.verifier())
     role = sql.SQL(statement).format(_ident(spec.name), verifier, sql.Literal(spec.connection_limit))
     if state.role_exists or spec.owner is None:
         conn.execute(role)
