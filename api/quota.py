@@ -3,7 +3,9 @@
 The rule and the ledger are domain/quota.py's. Here: reading and writing the ledger ConfigMap, and
 batching. Per consumer and replica one write is in flight at a time; the requests that arrive
 meanwhile are decided together in the next write (group commit), which takes a free slot for each of
-them with one JSON patch that tests the slots are free. Each replica fills the ledger from its own
+them with one JSON patch that tests the slots are free. The request that wrote hands the next write to
+the first request waiting for one and goes on with its create; the others of its batch go on as soon as
+they are decided, never behind the next batch's write. Each replica fills the ledger from its own
 random position and, when it runs into taken slots, continues in the middle of the longest free run,
 so the claims of different replicas rarely meet; a claim that loses one slot reads the ledger again and
 takes others. So a burst of one consumer costs a few writes per replica, the replicas do not wait for
@@ -74,10 +76,11 @@ class Reservation:
     taken: float  # time.monotonic() when the slot was taken
 
 
-@dataclass
+@dataclass(eq=False)
 class _Request:
     external_id: str
-    decided: threading.Event = field(default_factory=threading.Event)
+    woken: threading.Event = field(default_factory=threading.Event)  # decided, or handed the next write
+    writes: bool = False  # this request writes the next batch (guarded by QuotaLedgers._guard)
     reservation: Reservation | None = None
     error: BaseException | None = None
 
@@ -88,8 +91,8 @@ class _Ledger:
 
     # One write at a time: bench.quota measured two in flight per replica slower, the apiserver then
     # retrying its own conflicts on the one object (a ledger PATCH took 250-530 ms there, 115-170 alone).
-    writer: threading.Lock = field(default_factory=threading.Lock)
-    pending: list[_Request] = field(default_factory=list)  # guarded by QuotaLedgers._guard
+    writing: bool = False  # a request of this replica is writing the ledger (guarded by QuotaLedgers._guard)
+    pending: list[_Request] = field(default_factory=list)  # waiting for the next write (guarded, too)
     view: QuotaLedger | None = None  # as the last request returned it (None: read it)
     cursor: int = field(default_factory=random_cursor)  # where this replica takes the next free slot
 
@@ -127,18 +130,42 @@ class QuotaLedgers:
         with self._guard:
             state = self._ledgers.setdefault(consumer, _Ledger())
             state.pending.append(request)
-        with state.writer:
-            with self._guard:  # still waiting to be written: this thread writes for everyone waiting
-                mine = any(r is request for r in state.pending)
-                batch, state.pending = (state.pending, []) if mine else ([], state.pending)
-            if batch:
-                self._decide(consumer, state, batch)
-        if not request.decided.wait(DECISION_TIMEOUT):  # set by the write that took it, which is done
-            raise Unavailable("the quota could not be checked in time; try again")
+            if not state.writing:  # no write in flight: this request writes at once
+                state.writing = request.writes = True
+        if not request.writes:
+            self._wait(state, request)
+        if request.writes:
+            self._write_next(consumer, state)
         if request.error is not None:
             raise request.error
         assert request.reservation is not None
         return request.reservation
+
+    def _wait(self, state: _Ledger, request: _Request) -> None:
+        """Until `request` is decided by another request's write, or handed the next write itself."""
+        if request.woken.wait(DECISION_TIMEOUT):
+            return
+        with self._guard:  # a safety net: every write gives up within the create deadline
+            if request.woken.is_set() or request.writes:
+                return
+            state.pending = [r for r in state.pending if r is not request]
+        raise Unavailable("the quota could not be checked in time; try again")
+
+    def _write_next(self, consumer: str, state: _Ledger) -> None:
+        """Write for every request waiting (this one first), then hand the next write to the first request
+        that arrived meanwhile: this request goes on with its create, and no decided one waits for a write."""
+        with self._guard:
+            batch, state.pending = state.pending, []
+        try:
+            self._decide(consumer, state, batch)
+        finally:
+            with self._guard:
+                if state.pending:
+                    following = state.pending[0]
+                    following.writes = True
+                    following.woken.set()
+                else:
+                    state.writing = False
 
     def _decide(self, consumer: str, state: _Ledger, batch: list[_Request]) -> None:
         """Take slots for `batch` (in arrival order) and give each request its answer."""
@@ -147,7 +174,7 @@ class QuotaLedgers:
         except Exception as exc:  # noqa: BLE001 - every request of the batch gets the same answer
             for request in batch:
                 request.error = exc
-                request.decided.set()
+                request.woken.set()
             return
         taken = time.monotonic()
         for request in batch:
@@ -160,7 +187,7 @@ class QuotaLedgers:
             else:
                 request.reservation = Reservation(consumer, request.external_id, slot, holder, taken)
                 granted.pop(request.external_id, None)  # a second request for it takes no slot of its own
-            request.decided.set()
+            request.woken.set()
 
     def _claim(
         self, consumer: str, state: _Ledger, requested: list[str]
