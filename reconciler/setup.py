@@ -178,9 +178,9 @@ def register_controllers(
     )
     # Several workers: each checks a different shard, so a dead shard's timeout delays no other.
     shard_controller = Controller("shard", shard_logic.reconcile, workers=SHARD_WORKERS)
-    shard_logic.enqueue = shard_controller.enqueue
+    shard_logic.enqueue = shard_logic.echoes.enqueue = shard_controller.enqueue
     sessions.on_slow = shard_logic.suspect  # SQL hanging on a shard: check it now
-    shard_controller.watch(shards)
+    shard_controller.watch(shards, echo=shard_logic.echoes.echo)  # not the echo of its own status write
     databases.add_handler(_coalesced(shard_controller, database_shard), replay=False)
     if clusters is not None:
 
@@ -252,7 +252,8 @@ def register_controllers(
 
     consumer_logic = ConsumerController(rest, consumers, databases)
     consumer_controller = Controller("consumer", consumer_logic.reconcile, workers=1)
-    consumer_controller.watch(consumers)
+    consumer_logic.echoes.enqueue = consumer_controller.enqueue
+    consumer_controller.watch(consumers, echo=consumer_logic.echoes.echo)
     databases.add_handler(_coalesced(consumer_controller, database_consumer), replay=False)
 
     for controller in (shard_controller, db_controller, consumer_controller):

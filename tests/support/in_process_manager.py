@@ -26,6 +26,7 @@ class InProcessManager:
         lease_name: str,
         identity: str,
         shard_ca_file: str | None = None,
+        shard_ping_interval: float = 2.0,
     ) -> None:
         self.manager = ControllerManager(
             client,
@@ -42,7 +43,7 @@ class InProcessManager:
             namespace,
             instance=identity,
             admin_host_override="127.0.0.1",
-            shard_ping_interval=2.0,
+            shard_ping_interval=shard_ping_interval,
             shard_ca_file=shard_ca_file or str(shard_ca().ca_file),
         )
 
