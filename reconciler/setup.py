@@ -227,7 +227,8 @@ def register_controllers(
         )
     )
     db_logic.on_shard_trouble = shard_logic.suspect  # a failed statement triggers a shard check
-    db_controller.watch(databases)
+    db_logic.writes.echoes.enqueue = db_controller.enqueue
+    db_controller.watch(databases, echo=db_logic.writes.echoes.echo)  # not the echo of a pass's last write
 
     def credentials_owner(secret: dict[str, Any]) -> list[str]:
         key = object_key(secret)  # namespace/name

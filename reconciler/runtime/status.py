@@ -158,6 +158,7 @@ class StatusEchoes:
 
     def __init__(self) -> None:
         self.enqueue: Callable[[str], None] | None = None  # the controller's queue (set by setup)
+        self.on_echo: Callable[[str], None] | None = None  # told of each echo once it is known to be one
         self._written: dict[str, str] = {}  # key -> the resourceVersion our last write returned
         self._writing: dict[str, _Write] = {}
         self._lock = threading.Lock()
@@ -168,27 +169,39 @@ class StatusEchoes:
         if not patch:
             return None
         meta = obj.metadata
-        key, read = meta.key, meta.resource_version
+        return self.send(
+            meta.key,
+            meta.resource_version,
+            lambda: patch_status(
+                rest, resource, meta.name, patch, namespace=meta.namespace, resource_version=meta.resource_version
+            ),
+        )
+
+    def send(self, key: str, read: str | None, write: Callable[[], dict[str, Any] | None]) -> dict[str, Any] | None:
+        """Run `write`, a status write of `key` conditional on version `read` that returns the object written
+        (None: nothing was), remembering it for `echo`."""
         if read is not None:
             with self._lock:
                 self._writing[key] = _Write(read)
         written: dict[str, Any] | None = None
         try:
-            written = patch_status(
-                rest, resource, meta.name, patch, namespace=meta.namespace, resource_version=meta.resource_version
-            )
+            written = write()
         finally:
             version = resource_version_of(written) if written is not None else None
             with self._lock:
                 pending = self._writing.pop(key, None)
-                if version is not None:
-                    self._written[key] = version
                 arrived = pending.arrived if pending is not None else None
-                if arrived is not None and arrived == version:
-                    del self._written[key]  # its echo came already
-            if arrived is not None and arrived != version and self.enqueue is not None:
+                if version is not None and arrived != version:
+                    self._written[key] = version
+            if arrived is not None and arrived == version:
+                self._echoed(key)  # its echo came already
+            elif arrived is not None and self.enqueue is not None:
                 self.enqueue(key)  # the event held back was not ours (or the write failed): its pass after all
         return written
+
+    def _echoed(self, key: str) -> None:
+        if self.on_echo is not None:
+            self.on_echo(key)
 
     def forget(self, key: str) -> None:
         """The object is gone: nothing to remember."""
@@ -204,11 +217,12 @@ class StatusEchoes:
             return False
         key = object_key(new)
         with self._lock:
-            if self._written.get(key) == version:
-                del self._written[key]
-                return True
-            pending = self._writing.get(key)
-            if pending is not None and pending.arrived is None and resource_version_of(old) == pending.read:
+            if self._written.get(key) != version:
+                pending = self._writing.get(key)
+                if pending is None or pending.arrived is not None or resource_version_of(old) != pending.read:
+                    return False
                 pending.arrived = version  # decided when the write returns
                 return True
-        return False
+            del self._written[key]
+        self._echoed(key)
+        return True

@@ -1,5 +1,6 @@
 """The watch event of a Shard's or Consumer's own status write wakes no pass; another writer's change
-to the same status does, and is undone.
+to the same status does, and is undone. A new Database takes two passes (placement, then SQL and Ready):
+the event of its Ready write wakes none.
 
 Before, the echo of each count write brought one more pass, which during a burst wrote the count
 again at once (bench.fleet: 0.67 Shard status writes per new database where COUNT_BURST_GAP allows
@@ -14,10 +15,12 @@ from typing import Any
 
 import pytest
 
+from domain.constants import FINALIZER_TENANT
+from domain.naming import database_object_name
 from harness import PostgresServer
 from informers import Rest
 from informers.informer import resource_version_of
-from reconciler.resources import CONSUMERS, SHARDS
+from reconciler.resources import CONSUMERS, DATABASES, SHARDS
 from reconciler.runtime import Controller
 from tests.reconciler.conftest import NAMESPACE
 from tests.support.common import wait_for
@@ -95,3 +98,34 @@ def test_a_status_write_is_not_followed_by_a_pass_for_its_own_event(
         assert admin_rest.get(resource, name)["metadata"]["resourceVersion"] == resource_version_of(restored)
     finally:
         admin_rest.delete(CONSUMERS, consumer)
+
+
+def test_a_new_database_takes_two_passes_and_its_ready_write_wakes_none(
+    postgres_pool: Any, fleet: Any, start_manager: Callable[..., InProcessManager], admin_rest: Rest
+) -> None:
+    shard = fleet.shard(postgres_pool.get("16"))
+    manager = start_manager()
+    fleet.wait_shard(shard, "Ok")
+    controller = _controller(manager, "database")
+    databases = manager.manager.informers.informer(DATABASES, NAMESPACE)
+    wait_for(lambda: _idle(controller), what="the database controller idle")
+    before = _reconciles(manager, "database")
+
+    # As the API creates it: with the finalizer (a first pass that adds it would write once more).
+    name = database_object_name(fleet.consumer, "two-passes")
+    body = {
+        "apiVersion": "db.bnerd.com/v1alpha1",
+        "kind": "Database",
+        "metadata": {"name": name, "namespace": NAMESPACE, "finalizers": [FINALIZER_TENANT]},
+        "spec": {"consumer": fleet.consumer, "externalId": "two-passes", "sizeClass": ""},
+    }
+    admin_rest.create(DATABASES, body, NAMESPACE)
+    fleet.databases.append(name)
+    ready = fleet.wait_phase(name, "Ready")
+    key = f"{NAMESPACE}/{name}"
+    wait_for(
+        lambda: resource_version_of(databases.get(key) or {}) == resource_version_of(ready) and _idle(controller),
+        what="the Ready write's event handled",
+    )
+    assert _reconciles(manager, "database") - before == 2  # placement; SQL, login and Ready
+    assert fleet.get_database(name)["metadata"]["resourceVersion"] == resource_version_of(ready)
