@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from domain.constants import FINALIZER_TENANT
+from domain.constants import API_VERSION, FINALIZER_TENANT, KIND_CONSUMER
 from domain.naming import database_object_name
 from harness import PostgresServer
 from informers import Rest
@@ -42,15 +42,10 @@ def _idle(controller: Controller) -> bool:
 
 
 def _consumer(rest: Rest, name: str) -> str:
-    rest.create(
-        CONSUMERS,
-        {
-            "apiVersion": "db.bnerd.com/v1alpha1",
-            "kind": "Consumer",
-            "metadata": {"name": name},
-            "spec": {"tokenSecretRef": {"namespace": NAMESPACE, "name": f"{name}-token", "key": "sha256"}},
-        },
-    )
+    """A Consumer (its token Secret is not needed: only its databaseCount is looked at)."""
+    token = {"namespace": NAMESPACE, "name": f"{name}-token", "key": "sha256"}
+    body = {"apiVersion": API_VERSION, "kind": KIND_CONSUMER, "metadata": {"name": name}}
+    rest.create(CONSUMERS, {**body, "spec": {"tokenSecretRef": token}})
     return name
 
 
