@@ -241,7 +241,7 @@ class Controller:
 
         Without `keys` the object's own key ("namespace/name") is enqueued: use that for the
         controller's primary kind. For a secondary kind map to the affected primary keys, e.g.
-        a Shard to the keys of the Databases on it via an index. An event `echo(old, new)` calls
+        a Shard to the keys of the Databases on it via an index. An event that `echo(old, new)` calls
         the echo of the controller's own write (see `StatusEchoes`) enqueues nothing; a resync still
         covers the object.
         """
