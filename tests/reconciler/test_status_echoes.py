@@ -1,6 +1,7 @@
 """The watch event of a Shard's or Consumer's own status write wakes no pass; another writer's change
 to the same status does, and is undone. A new Database takes two passes (placement, then SQL and Ready):
-the event of its Ready write wakes none.
+the event of its Ready write wakes none. A Database change that leaves its Shard's and Consumer's counts
+alone schedules no count refresh.
 
 Before, the echo of each count write brought one more pass, which during a burst wrote the count
 again at once (bench.fleet: 0.67 Shard status writes per new database where COUNT_BURST_GAP allows
@@ -18,7 +19,7 @@ import pytest
 from domain.constants import API_VERSION, FINALIZER_TENANT, KIND_CONSUMER
 from domain.naming import database_object_name
 from harness import PostgresServer
-from informers import Rest
+from informers import Rest, object_key
 from informers.informer import resource_version_of
 from reconciler.resources import CONSUMERS, DATABASES, SHARDS
 from reconciler.runtime import Controller
@@ -124,3 +125,39 @@ def test_a_new_database_takes_two_passes_and_its_ready_write_wakes_none(
     )
     assert _reconciles(manager, "database") - before == 2  # placement; SQL, login and Ready
     assert fleet.get_database(name)["metadata"]["resourceVersion"] == resource_version_of(ready)
+
+
+def test_a_database_change_that_keeps_the_counts_schedules_no_count_refresh(
+    postgres_pool: Any, fleet: Any, start_manager: Callable[..., InProcessManager], admin_rest: Rest
+) -> None:
+    shard = fleet.shard(postgres_pool.get("16"))
+    manager = start_manager(shard_ping_interval=600.0)
+    fleet.wait_shard(shard, "Ok")
+    name = fleet.database("counted")
+    fleet.wait_phase(name, "Ready")
+    key, consumer = f"{NAMESPACE}/{name}", fleet.consumer
+    shards, consumers = _controller(manager, "shard"), _controller(manager, "consumer")
+    databases = manager.manager.informers.informer(DATABASES, NAMESPACE)
+    seen: list[str] = []  # the Database's resourceVersions, after the count handlers had their events
+    databases.add_handler(
+        lambda _type, _old, new: (
+            seen.append(resource_version_of(new) or "") if new and object_key(new) == key else None
+        ),
+        replay=False,
+    )
+
+    def refresh_due(controller: Controller, name: str) -> bool:
+        due = controller.queue.due_in(name)
+        return due is not None and due <= 5.0  # a count refresh (the Shard's next check is minutes away)
+
+    wait_for(
+        lambda: not refresh_due(shards, shard) and not refresh_due(consumers, consumer) and _idle(consumers),
+        what="the counts refreshed",
+    )
+    labelled = admin_rest.patch(DATABASES, name, {"metadata": {"labels": {"team": "a"}}}, NAMESPACE)
+    wait_for(lambda: resource_version_of(labelled) in seen, what="the label's event handled")
+    assert not refresh_due(shards, shard) and not refresh_due(consumers, consumer)
+    assert _idle(consumers)
+
+    fleet.request_delete(name)  # deleted: it commits no connections (a change that counts still refreshes)
+    wait_for(lambda: fleet.get_shard(shard)["status"].get("connectionsCommitted") == 0, what="the budget freed")
