@@ -6,6 +6,7 @@ caught up before the first burst, and a burst's cost, measured the same way in b
         ...                                   # PUTs, then wait for Ready
         cpu, busy = cost.cpu()                # read when the burst is over
     cost.requests(), cost.passes()            # apiserver requests and Database reconciles since its start
+    cost.passes("shard")                      # the same for the Shard (or Consumer) controller
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from bench.common import (
     wait_for,
 )
 from informers import Rest
+
+CONTROLLERS = ("database", "shard", "consumer")  # the manager's controllers, as dbprovider_reconciles_total names them
 
 
 def start_manager(stack: Stack, rest: Rest, shards: list[str], name: str) -> tuple[ManagerProcess, ReadyWatch]:
@@ -60,7 +63,7 @@ class BurstCost:
         if self.spy is not None:
             self.spy.start()
         self._requests = self.stack.apiserver_requests()
-        self._passes = self.manager.reconciles()
+        self._passes = {c: self.manager.reconciles(c) for c in CONTROLLERS}
         self._cpu = CpuSpent(self.meter)
         return self
 
@@ -75,6 +78,6 @@ class BurstCost:
     def requests(self) -> ApiserverRequests:
         return self.stack.apiserver_requests().since(self._requests)
 
-    def passes(self) -> float:
-        """Database reconciles so far."""
-        return self.manager.reconciles() - self._passes
+    def passes(self, controller: str = "database") -> float:
+        """`controller`'s reconciles so far (Database by default)."""
+        return self.manager.reconciles(controller) - self._passes[controller]

@@ -593,9 +593,9 @@ class ManagerProcess(ManagerEndpoints):
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def reconciles(self) -> float:
-        """Database reconciles so far (dbprovider_reconciles_total), for deltas."""
-        return metric_sum(self.metrics(), "dbprovider_reconciles_total", controller="database")
+    def reconciles(self, controller: str = "database") -> float:
+        """`controller`'s reconciles so far (dbprovider_reconciles_total), for deltas."""
+        return metric_sum(self.metrics(), "dbprovider_reconciles_total", controller=controller)
 
     def ready(self) -> bool:
         if not self.alive():

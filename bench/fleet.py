@@ -248,6 +248,8 @@ class Burst:
     requests: ApiserverRequests = field(default_factory=ApiserverRequests)
     finished: dict[str, float] = field(default_factory=dict)  # shard -> first PUT to its last database Ready
     total_in_flight_peak: float = 0.0  # every lane together (the global bound: workersTotal)
+    shard_passes: float = 0.0  # Shard reconciles during the burst
+    consumer_passes: float = 0.0  # Consumer reconciles during the burst
 
 
 def create_consumers(rest: Rest, namespace: str, count: int, max_databases: int) -> list[str]:
@@ -349,6 +351,8 @@ def run_burst(
         requests_made,
         finished,
         sampler.total_peak,
+        cost.passes("shard"),
+        cost.passes("consumer"),
     )
 
 
@@ -603,7 +607,11 @@ def main(argv: list[str] | None = None) -> int:
             ("phase", "shards", "databases", "done after (s)", "slowest", "postgres CPU"),
         )
         print(
-            f"\nDatabase reconciles per new database: r0 {r0.passes / args.count:.2f}, r1 {r1.passes / args.count:.2f}"
+            "\nreconciles per new database, r0 / r1: "
+            + ", ".join(
+                f"{what} {getattr(r0, field) / args.count:.2f} / {getattr(r1, field) / args.count:.2f}"
+                for what, field in (("Database", "passes"), ("Shard", "shard_passes"), ("Consumer", "consumer_passes"))
+            )
         )
         writes, reads = r0.requests.writes, r0.requests.reads
         table(

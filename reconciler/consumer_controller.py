@@ -3,7 +3,8 @@
 The count is the consumer's Databases that count against its quota (domain.quota: not yet Deleted),
 the rule the API's quota applies to spec.maxDatabases. The Consumer's metadata and status are parsed
 once (domain.objects.ConsumerState) and the status is written back from them: an unchanged count writes
-nothing, and status keys a newer release wrote are kept.
+nothing, and status keys a newer release wrote are kept. The watch event of our own write wakes no pass
+(`echoes`): the next count waits for the next Database change, as setup.py paces it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from domain.objects import ConsumerState
 from domain.quota import counts_against_quota
 from informers import Informer, Rest
 from reconciler.resources import BY_CONSUMER, CONSUMERS
-from reconciler.runtime import Result, write_status
+from reconciler.runtime import Result, StatusEchoes
 
 
 class ConsumerController:
@@ -20,14 +21,16 @@ class ConsumerController:
         self.rest = rest
         self.consumers = consumers
         self.databases = databases
+        self.echoes = StatusEchoes()
 
     def reconcile(self, name: str) -> Result | None:
         cached = self.consumers.get(name)
         if cached is None:
+            self.echoes.forget(name)
             return None
         consumer, _ = ConsumerState.parse_lenient_status(cached)
         count = sum(1 for db in self.databases.by_index(BY_CONSUMER, name) if counts_against_quota(db))
         observed = {"database_count": count, "observed_generation": consumer.metadata.generation}
         consumer = consumer.with_status(**{field: value for field, value in observed.items() if value is not None})
-        write_status(self.rest, CONSUMERS, consumer)
+        self.echoes.write(self.rest, CONSUMERS, consumer)
         return None

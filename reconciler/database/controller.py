@@ -178,7 +178,7 @@ class DatabaseController:
     def _reconcile(self, key: str) -> Result | None:
         cached = self.databases.get(key)
         if cached is None:
-            self.writes.forget(key)
+            self.writes.gone(key)
             return None
         db = self.writes.caught_up(key, cached)
         if db is None:

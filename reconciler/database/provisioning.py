@@ -74,6 +74,6 @@ class Provisioner:
         # The shard's work is done: its lane slot goes to the next database now, not after the
         # Ready write (bench.provisioning: that write was 14% of the slots' busy time).
         release_slot()
-        self.writes.status(database)
+        self.writes.status(database, last=True)  # the pass ends here: its echo wakes none (settled)
         self.report.event(database, EventReason.READY, "ready")
         log.info("database ready", extra={"database": database.name, "shard": database.shard})

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +26,7 @@ from informers import Rest
 from informers.informer import resource_version_of
 from reconciler.database.state import Database
 from reconciler.resources import DATABASES
-from reconciler.runtime import ensure_active, update_status
+from reconciler.runtime import StatusEchoes, ensure_active, update_status
 
 log = logging.getLogger(__name__)
 
@@ -71,15 +72,31 @@ class DatabaseWrites:
     # key -> (resourceVersion, monotonic time) of our last write
     _written: dict[str, tuple[str, float]] = field(default_factory=dict)
     _placed: dict[str, str] = field(default_factory=dict)  # key -> status.shard of that write, if any
+    echoes: StatusEchoes = field(default_factory=StatusEchoes)  # the writes whose events wake no pass
 
-    def status(self, database: Database) -> None:
+    def __post_init__(self) -> None:
+        self.echoes.on_echo = self.forget  # the cache shows that write: nothing to wait for
+
+    def status(self, database: Database, *, last: bool = False) -> None:
         """Write the pass's status if it differs from the stored one (else nothing at all), then send
-        the Events that waited for it; a failed write raises and they are never sent (see state.py)."""
-        updated = update_status(self.rest, DATABASES, database.db, database.status_body())
-        waiting = database.take_after_write()
-        if updated is not None:
-            database.load(updated)
-            self._wrote(database)
+        the Events that waited for it; a failed write raises and they are never sent (see state.py).
+
+        `last`: the pass ends with this write and needs no pass for its watch event (`echoes`; the Ready
+        write of a new database: that pass found it settled, one of the 3 passes of each new database)."""
+        waiting: list[Callable[[], None]] = []
+
+        def write() -> dict[str, Any] | None:
+            updated = update_status(self.rest, DATABASES, database.db, database.status_body())
+            waiting.extend(database.take_after_write())
+            if updated is not None:
+                database.load(updated)
+                self._wrote(database)
+            return updated
+
+        if last:
+            self.echoes.send(database.key, database.resource_version, write)
+        else:
+            write()
         for send in waiting:
             send()
 
@@ -106,6 +123,11 @@ class DatabaseWrites:
     def forget(self, key: str) -> None:
         self._written.pop(key, None)
         self._placed.pop(key, None)
+
+    def gone(self, key: str) -> None:
+        """The Database is gone: nothing of it to remember."""
+        self.forget(key)
+        self.echoes.forget(key)
 
     def awaiting(self, key: str) -> bool:
         """A write of ours to `key` may not show in the cache yet (`caught_up` decides what to read)."""

@@ -18,6 +18,7 @@ from reconciler.runtime.leader import LeaderElector
 from reconciler.runtime.manager import ControllerManager
 from reconciler.runtime.metrics import MetricsServer, RuntimeMetrics, start_metrics_server
 from reconciler.runtime.status import (
+    StatusEchoes,
     merge_patch,
     patch_status,
     update_status,
@@ -37,6 +38,7 @@ __all__ = [
     "Result",
     "RuntimeMetrics",
     "Slot",
+    "StatusEchoes",
     "TerminalError",
     "WorkQueue",
     "current_slot",

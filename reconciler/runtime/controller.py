@@ -169,6 +169,7 @@ def _retry_later(queue: WorkQueue, key: str, exc: Exception) -> float:
 
 Reconcile = Callable[[str], "Result | None"]
 KeyFunc = Callable[[dict[str, Any]], Iterable[str]]
+EchoFunc = Callable[[dict[str, Any] | None, dict[str, Any] | None], bool]  # (old, new): our own write's echo?
 
 
 def _own_key(obj: dict[str, Any]) -> Iterable[str]:
@@ -235,22 +236,27 @@ class Controller:
         if self._running:
             self._queue.add_after(key, seconds)
 
-    def watch(self, informer: Informer, keys: KeyFunc | None = None) -> None:
+    def watch(self, informer: Informer, keys: KeyFunc | None = None, *, echo: EchoFunc | None = None) -> None:
         """Enqueue keys(obj) for the old and the new object of every event of informer.
 
         Without `keys` the object's own key ("namespace/name") is enqueued: use that for the
         controller's primary kind. For a secondary kind map to the affected primary keys, e.g.
-        a Shard to the keys of the Databases on it via an index.
+        a Shard to the keys of the Databases on it via an index. An event that `echo(old, new)` calls
+        the echo of the controller's own write (see `StatusEchoes`) enqueues nothing; a resync still
+        covers the object.
         """
         mapper = keys or _own_key
 
         def handler(event_type: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
             if not self._running:
                 return
-            for obj in (old, new):
-                if obj is not None:
-                    for key in mapper(obj):
-                        self._queue.add(key)
+            if echo is not None and echo(old, new):
+                return
+            # Each key once: the old and the new object of an update mostly map to the same keys, and a
+            # worker that took the key after the first add would be made to run it again by the second.
+            keys = dict.fromkeys(key for obj in (old, new) if obj is not None for key in mapper(obj))
+            for key in keys:
+                self._queue.add(key)
 
         self._watches.append((informer, mapper))
         informer.add_handler(handler, replay=False)

@@ -299,6 +299,35 @@ def test_one_key_is_never_reconciled_twice_at_once_while_keys_run_in_parallel(en
     assert 2 <= runs[keys[0]] <= 3  # the bursts collapsed into one or two more passes
 
 
+def test_an_update_event_queues_its_key_once(env: Harness) -> None:
+    """The old and the new object of an update map to the same key: queued once, one pass. Queued once per
+    object, a worker that took the key after the first add ran it again after the second (a Shard pass
+    twice for one status change)."""
+    key = env.create("updated")
+    started = threading.Event()
+    runs: list[str] = []
+
+    def keys(obj: dict[str, object]) -> list[str]:
+        if obj["data"] == {"v": "1"}:  # the new object: give a worker the time to take a key already queued
+            started.wait(1.0)
+        return [key]
+
+    def reconcile(name: str) -> Result:
+        runs.append(name)
+        started.set()
+        return Result()
+
+    controller = Controller("updates", reconcile, queue=WorkQueue(ExponentialBackoff(*FAST)), metrics=env.metrics)
+    env.controllers.append(controller)
+    controller.watch(env.informer, keys)
+    controller.start()  # the resync's pass
+    wait_for(lambda: runs and not env.busy(controller), what="the first pass done")
+    started.clear()
+    env.rest.patch(CONFIGMAPS, "updated", {"data": {"v": "1"}}, env.namespace)
+    wait_for(lambda: len(runs) >= 2 and not env.busy(controller), what="the update's pass done")
+    assert runs == [key, key]
+
+
 def test_a_hung_lane_holds_only_its_own_workers_and_a_key_that_changes_lane_moves(env: Harness) -> None:
     """Lanes read from the cache (a ConfigMap's `lane`), two workers per lane, five in all: the hung
     lane's reconciles block and hold two workers; the other lane's keys all run meanwhile, and a

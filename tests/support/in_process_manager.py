@@ -27,6 +27,7 @@ class InProcessManager:
         lease_name: str,
         identity: str,
         shard_ca_file: str | None = None,
+        shard_ping_interval: float = 2.0,
     ) -> None:
         self.manager = ControllerManager(
             client,
@@ -43,7 +44,7 @@ class InProcessManager:
             namespace,
             instance=identity,
             outside_pod=OutsidePod("127.0.0.1", shard_ca_file or str(shard_ca().ca_file)),
-            shard_ping_interval=2.0,
+            shard_ping_interval=shard_ping_interval,
         )
 
     def start(self, wait_leading: bool = True) -> InProcessManager:

@@ -84,11 +84,17 @@ class Release:
         return api
 
     def manager(
-        self, client: ApiClient, identity: str, config: InstallConfig | None = None, shard_ca_file: str | None = None
+        self,
+        client: ApiClient,
+        identity: str,
+        config: InstallConfig | None = None,
+        shard_ca_file: str | None = None,
+        shard_ping_interval: float = 2.0,
     ) -> InProcessManager:
         """The controllers of one replica of this release, in this process (not started)."""
+        lease = f"{self.name}-manager"
         return InProcessManager(
-            client, config or self.config(), self.namespace, f"{self.name}-manager", identity, shard_ca_file
+            client, config or self.config(), self.namespace, lease, identity, shard_ca_file, shard_ping_interval
         )
 
 
@@ -119,9 +125,13 @@ def release_fixtures(release: Release, fleet_class: Callable[[Rest], Any]) -> tu
         counter = itertools.count()
 
         def start(
-            config: InstallConfig | None = None, wait_leading: bool = True, shard_ca_file: str | None = None
+            config: InstallConfig | None = None,
+            wait_leading: bool = True,
+            shard_ca_file: str | None = None,
+            shard_ping_interval: float = 2.0,
         ) -> InProcessManager:
-            manager = release.manager(provider_client, f"{release.name}-{next(counter)}", config, shard_ca_file)
+            identity = f"{release.name}-{next(counter)}"
+            manager = release.manager(provider_client, identity, config, shard_ca_file, shard_ping_interval)
             started.append(manager.start(wait_leading))
             return manager
 
