@@ -88,10 +88,15 @@ class CredentialsSecrets:
         key, version = object_key(secret), resource_version_of(secret)
         with self._lock:
             created = self._created.get(key)
-            if version is None or created is None or resource_version_of(created[0]) != version:
+            if created is None:
                 return False
             stored = self.secrets.get(key)
-            if stored is None or resource_version_of(stored) != version:
+            if stored is None or resource_version_of(stored) != resource_version_of(created[0]):
+                # The cache moved past our create (the Secret was deleted or changed since): it rules now.
+                # Kept, the create would mask a deletion made within REMEMBER_CREATED (see `_remembered`).
+                del self._created[key]
+                return False
+            if version != resource_version_of(created[0]):
                 return False
             del self._created[key]
             return True
@@ -99,6 +104,9 @@ class CredentialsSecrets:
     def _remember(self, created: Secret) -> None:
         now = time.monotonic()
         with self._lock:
+            stored = self.secrets.get(object_key(created))
+            if stored is not None and resource_version_of(stored) == resource_version_of(created):
+                return  # its event came before the create's answer: the cache shows it already
             if len(self._created) >= REMEMBER_PRUNE_AT:  # events that never came (a stopped controller)
                 self._created = {k: v for k, v in self._created.items() if now - v[1] < REMEMBER_CREATED}
             self._created[object_key(created)] = (created, now)
