@@ -242,6 +242,7 @@ def register_controllers(
     )
     db_logic.on_shard_trouble = shard_logic.suspect  # a failed statement triggers a shard check
     db_logic.writes.echoes.enqueue = db_controller.enqueue
+    db_logic.secrets.enqueue = db_controller.enqueue
     db_controller.watch(databases, echo=db_logic.writes.echoes.echo)  # not the echo of a pass's last write
 
     def credentials_owner(secret: dict[str, Any]) -> list[str]:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from domain.constants import DatabaseReason, Phase
+from domain.constants import CREDENTIALS_SECRET_SUFFIX, DatabaseReason, Phase
 from domain.credentials import (
     Endpoint,
     SecretState,
@@ -71,22 +72,35 @@ class CredentialsSecrets:
     pass comes anyway. Without this the event re-queued the key behind the pass running it, and where
     the shard's lane was idle (bench.fleet) the re-queued pass ran before the Ready write's event,
     found the cache behind it and scheduled one more: 4.6 passes per new database instead of 3.
+
+    The event may also come while the create is still in flight (before its answer): it is held
+    (`_creating`) and, once the answer is in, dropped if it was the create's own version, else its
+    pass is queued after all (`enqueue`, the Database controller's queue).
     """
 
     rest: Rest
     secrets: Informer
     report: Reporter
+    enqueue: Callable[[str], None] | None = None  # the Database controller's queue (set by setup)
     # Secret key -> (the Secret as our create returned it, time.monotonic() of the create)
     _created: dict[str, tuple[Secret, float]] = field(default_factory=dict)
+    # Secret key -> the resourceVersion of a cached Secret whose event came while our create was in flight
+    _creating: dict[str, str | None] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def own_create(self, secret: Secret) -> bool:
         """True (once) when `secret` is the cached Secret exactly as this replica created it: the event
         echoes our own write. A deletion's event (the cache no longer holds it) is never one."""
-        if not self._created:
+        if not self._created and not self._creating:
             return False  # the common case (no create in flight): no look at the object at all
         key, version = object_key(secret), resource_version_of(secret)
         with self._lock:
+            if key in self._creating:
+                stored = self.secrets.get(key)
+                if stored is None or version is None or resource_version_of(stored) != version:
+                    return False  # a deletion, or not the cache's state: a pass as always
+                self._creating[key] = version  # decided once the create's answer is in (`_create`)
+                return True
             created = self._created.get(key)
             if created is None:
                 return False
@@ -101,15 +115,36 @@ class CredentialsSecrets:
             del self._created[key]
             return True
 
-    def _remember(self, created: Secret) -> None:
-        now = time.monotonic()
+    def _create(self, key: str, body: Secret, namespace: str) -> Secret | None:
+        """Create the Secret `key` (None: it exists already, 409), holding its event while in flight."""
+        ensure_active()
         with self._lock:
-            stored = self.secrets.get(object_key(created))
-            if stored is not None and resource_version_of(stored) == resource_version_of(created):
-                return  # its event came before the create's answer: the cache shows it already
-            if len(self._created) >= REMEMBER_PRUNE_AT:  # events that never came (a stopped controller)
-                self._created = {k: v for k, v in self._created.items() if now - v[1] < REMEMBER_CREATED}
-            self._created[object_key(created)] = (created, now)
+            self._creating[key] = None
+        created: Secret | None = None
+        try:
+            created = self.rest.create(SECRETS, body, namespace)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        finally:
+            version = resource_version_of(created) if created is not None else None
+            with self._lock:  # one step: an event between the two finds the create in one of them
+                arrived = self._creating.pop(key, None)
+                if created is not None and version is not None and arrived != version:
+                    self._remember(created)
+            if arrived is not None and arrived != version and self.enqueue is not None:
+                self.enqueue(key[: -len(CREDENTIALS_SECRET_SUFFIX)])  # held back, not ours: its pass after all
+        return created
+
+    def _remember(self, created: Secret) -> None:
+        """Keep our create until its event comes (the caller holds `_lock`)."""
+        now = time.monotonic()
+        stored = self.secrets.get(object_key(created))
+        if stored is not None and resource_version_of(stored) == resource_version_of(created):
+            return  # its event came before the create's answer: the cache shows it already
+        if len(self._created) >= REMEMBER_PRUNE_AT:  # events that never came (a stopped controller)
+            self._created = {k: v for k, v in self._created.items() if now - v[1] < REMEMBER_CREATED}
+        self._created[object_key(created)] = (created, now)
 
     def _remembered(self, key: str) -> Secret | None:
         """Our own create of `key`, made less than REMEMBER_CREATED ago (after that the cache rules)."""
@@ -141,15 +176,8 @@ class CredentialsSecrets:
             # between the SQL and the status write), and ensure_tenant leaves a finished tenant's
             # password alone.
             body = build_secret(database.db, tenant, new_password(), endpoint)
-            ensure_active()
-            try:
-                created: Secret = self.rest.create(SECRETS, body, database.namespace)
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
-            else:
-                if resource_version_of(created) is not None:
-                    self._remember(created)
+            created = self._create(key, body, database.namespace)
+            if created is not None:
                 return created
             secret, state = self._uncached(database, tenant)
         if state is not SecretState.OURS:
