@@ -43,6 +43,10 @@ class ApiError(Exception):
         super().__init__(self.message)
 
 
+# The body of an unexpected failure, the app's or the front door's (api.server): nothing of the cause.
+INTERNAL_ERROR_BODY = json.dumps({"error": ApiError.code, "message": ApiError.default_message})
+
+
 class InvalidBody(ApiError, status=falcon.HTTP_400, code="invalid_body", message="the request body is invalid"):
     """Not JSON, not an object, an unknown field or a wrong type; the message never echoes the body."""
 
@@ -112,8 +116,9 @@ class Unavailable(
     """The apiserver is unreachable or the write cannot be done now; the client may retry."""
 
 
-# Codes and texts of Falcon's own errors (routing, methods, headers), in the same body format.
-_FALCON_ERRORS = {
+# Codes and texts of Falcon's own errors (routing, methods, headers), in the same body format. The front
+# door (api.server) answers the statuses it refuses by itself with these codes too.
+FALCON_ERRORS = {
     400: ("bad_request", "the request is malformed"),
     404: ("not_found", "no such resource"),
     405: ("method_not_allowed", "this method is not allowed on this resource"),
@@ -163,7 +168,7 @@ def _handle_unknown_size_class(
 def _handle_http_error(
     req: falcon.Request, resp: falcon.Response, ex: falcon.HTTPError, params: dict[str, Any]
 ) -> None:
-    code, message = _FALCON_ERRORS.get(ex.status_code, ("error", "the request failed"))
+    code, message = FALCON_ERRORS.get(ex.status_code, ("error", "the request failed"))
     _write(resp, ex.status, code, message)
     for name, value in dict(ex.headers or {}).items():
         resp.set_header(name, value)
@@ -187,7 +192,7 @@ def _handle_unexpected(req: falcon.Request, resp: falcon.Response, ex: Exception
     # The exception text may contain request data: log the type only (the traceback at debug level).
     log.error("unhandled %s during %s %s", type(ex).__name__, req.method, req.uri_template)
     log.debug("traceback of the unhandled error", exc_info=(type(ex), ex, ex.__traceback__))
-    _write(resp, falcon.HTTP_500, "internal_error", "internal error")
+    _write(resp, falcon.HTTP_500, ApiError.code, ApiError.default_message)
 
 
 def register_error_handlers(app: falcon.App[falcon.Request, falcon.Response]) -> None:

@@ -56,6 +56,7 @@ from prometheus_client import CollectorRegistry
 
 from api.admission import AUTHENTICATED_HOOK, Connections, ConsumerRequests, Lanes, Slot, State
 from api.channel import Channel
+from api.errors import FALCON_ERRORS, INTERNAL_ERROR_BODY, ApiError, Unavailable
 from api.http1 import DEFAULT_MAX_CHUNKS, BadRequest, RequestHead, RequestParser
 from api.refusals import FrontDoorEvents
 from domain.config import ApiConfig
@@ -80,12 +81,12 @@ TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
 # held (`_hold`), reading nothing, for the header deadline: each connection it opens costs the server a TLS
 # handshake, so one that ends in a refusal must not be cheaper to repeat than an idle one.
 LINGER_SECONDS, LINGER_QUIET, LINGER_BYTES = 2.0, 0.2, 64 * 1024
-_ERROR_CODES = {
-    413: "payload_too_large",
-    431: "headers_too_large",
-    500: "internal_error",
+# The `error` code of the front door's own answers: Falcon's where Falcon answers that status too (400, 413,
+# 431), so a client reads one code whichever of the two refused.
+_ERROR_CODES = {status: code for status, (code, _message) in FALCON_ERRORS.items()} | {
+    500: ApiError.code,
     501: "not_implemented",
-    503: "unavailable",
+    503: Unavailable.code,
     505: "http_version_not_supported",
 }
 _STATUS_RE = re.compile(r"[1-5][0-9]{2} [\t -~]*")
@@ -237,7 +238,7 @@ def _internal_error() -> _Response:
     failed = _Response()
     failed.status = "500 Internal Server Error"
     failed.headers = [("Content-Type", "application/json")]
-    failed.chunks = [b'{"error": "internal_error", "message": "internal error"}']
+    failed.chunks = [INTERNAL_ERROR_BODY.encode()]
     return failed
 
 

@@ -34,6 +34,7 @@ import requests
 from psycopg import sql
 
 from dbprovider.devstack import DevStack
+from domain.config import InstallConfig
 from harness import KubeControlPlane, PostgresServer
 from harness.manager_endpoints import ManagerEndpoints
 from harness.process import spawn
@@ -62,6 +63,33 @@ def bench_parser(doc: str | None, *, profile: str | None = None) -> argparse.Arg
             "--profile-dir", type=Path, default=PROFILE_DIR, help=f"where the profiles go (default {PROFILE_DIR})"
         )
     return parser
+
+
+# The install config's worker bounds a bench may change for an experiment: (config key, InstallConfig field);
+# the option is the field's name (--workers-per-shard), the default the install config's own.
+_WORKER_BOUNDS = (("workersPerShard", "workers_per_shard"), ("workersTotal", "workers_total"))
+
+
+def add_worker_options(parser: argparse.ArgumentParser) -> None:
+    """--workers-per-shard and --workers-total: a run with other worker bounds (see `worker_experiment`)."""
+    for key, name in _WORKER_BOUNDS:
+        default = InstallConfig.model_fields[name].default
+        parser.add_argument(
+            f"--{name.replace('_', '-')}",
+            type=int,
+            metavar="N",
+            help=f"experiment: install config {key} (default {default})",
+        )
+
+
+def worker_experiment(args: argparse.Namespace) -> dict[str, int]:
+    """The install config keys the worker options set, for `Stack(config=...)`; announced as an EXPERIMENT
+    so that its figures are not taken for the defaults'."""
+    experiment = {key: getattr(args, name) for key, name in _WORKER_BOUNDS if getattr(args, name) is not None}
+    if experiment:
+        defaults = ", ".join(f"{key} {InstallConfig.model_fields[name].default}" for key, name in _WORKER_BOUNDS)
+        print(f"EXPERIMENT: {experiment} (defaults: {defaults})")
+    return experiment
 
 
 # -- output ----------------------------------------------------------------------------------------

@@ -59,6 +59,7 @@ from bench.common import (
     ReadyWatch,
     Stack,
     Target,
+    add_worker_options,
     bench_owner,
     bench_parser,
     drop_all_tenants,
@@ -73,6 +74,7 @@ from bench.common import (
     summarize_collapsed,
     table,
     wait_for,
+    worker_experiment,
 )
 from domain.constants import (
     API_VERSION,
@@ -398,13 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=4, help="baseline sessions per shard (default 4)")
     parser.add_argument("--clients", type=int, default=50, help="keep-alive API clients of a burst (default 50)")
     parser.add_argument("--consumers", type=int, default=20, help="consumers the PUTs come from (default 20)")
-    parser.add_argument("--workers-per-shard", type=int, default=None, help="experiment: install config key")
-    parser.add_argument(
-        "--workers-total",
-        type=int,
-        default=None,
-        help="experiment: install config key (4 with --workers-per-shard 4: the seed's 4 for all)",
-    )
+    add_worker_options(parser)
     args = parser.parse_args(argv)
     names = shard_names(args.shards)
     per_shard = -(-args.count // args.shards)
@@ -414,13 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         f"adding {1000 * args.delay:.0f} ms each way, vs ensure_tenant on {args.sessions} sessions per shard"
     )
     print(f"machine: {machine_line()}")
-    experiment = {
-        key: value
-        for key, value in (("workersPerShard", args.workers_per_shard), ("workersTotal", args.workers_total))
-        if value is not None
-    }
-    if experiment:
-        print(f"EXPERIMENT: {experiment} (defaults: workersPerShard 4, workersTotal 64)")
+    experiment = worker_experiment(args)
     stack = Stack(
         "fleet",
         log_statements=True,

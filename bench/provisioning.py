@@ -36,6 +36,7 @@ from bench.common import (
     ReadyWatch,
     Stack,
     Target,
+    add_worker_options,
     bench_owner,
     bench_parser,
     fmt_s,
@@ -49,6 +50,7 @@ from bench.common import (
     summarize_collapsed,
     table,
     wait_for,
+    worker_experiment,
 )
 from domain.credentials import new_password
 from reconciler.resources import CONSUMERS, SHARDS
@@ -167,12 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="experiment: N keep-alive clients share the PUTs (default: one connection per PUT)",
     )
-    parser.add_argument(
-        "--workers-per-shard",
-        type=int,
-        default=None,
-        help="experiment: install config workersPerShard (default 4, the seed's bound)",
-    )
+    add_worker_options(parser)
     args = parser.parse_args(argv)
     count, repeats = args.count, args.repeats
 
@@ -182,13 +179,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.clients is not None:
         print(f"EXPERIMENT: {args.clients} keep-alive clients share the PUTs of a burst")
-    if args.workers_per_shard is not None:
-        print(f"EXPERIMENT: workersPerShard {args.workers_per_shard} (the default is 4, as the baseline's sessions)")
+    experiment = worker_experiment(args)
     print(f"machine: {machine_line()}")
     # Placement counts connections (the Shard's budget, max_connections less the reserve): the 650 databases
     # of size class small at 1 connection each fit a server with max_connections 1000 (at 5 each in 200,
     # 38 were placed and the rest never got Ready).
-    experiment = {"workersPerShard": args.workers_per_shard} if args.workers_per_shard is not None else {}
     stack = Stack(
         "provisioning",
         log_statements=True,

@@ -18,11 +18,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Annotated, Any, Final
 
-from pydantic import Field, PlainSerializer, StrictInt, StrictStr
+from pydantic import Field, PlainSerializer, StrictStr
 
 from domain.constants import ConditionStatus
 from domain.timefmt import format_time
-from domain.validation import SpecModel
+from domain.validation import Count, SpecModel
 
 # The condition type every kind of ours carries (Shard, Consumer, Database): the object's summary.
 READY: Final = "Ready"
@@ -34,7 +34,8 @@ CONDITION_TYPE_RE = (
 CONDITION_REASON_RE = "^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 CONDITION_MESSAGE_MAX_LENGTH = 32768
 
-Generation = Annotated[StrictInt, Field(ge=0)]
+Generation = Count
+"""A metadata.generation: the apiserver numbers each version of the spec (1 at creation, +1 per change)."""
 
 # UTC, whole seconds, `Z` (domain.timefmt): the one format status timestamps are stored in, so re-dumping
 # an unchanged status gives back exactly what is stored (and a pass that changes nothing writes nothing).

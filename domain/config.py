@@ -31,7 +31,16 @@ from pydantic import (
 from domain.constants import DEFAULT_NAMESPACE, DEFAULT_RELEASE_NAME, SIZE_CLASS_MAX_LENGTH
 from domain.naming import DNS1035_LABEL_RE, DNS1123_SUBDOMAIN_RE, LABEL_VALUE_MAX_LENGTH, LABEL_VALUE_RE
 from domain.settings import SETTINGS
-from domain.validation import ClientHost, ConfigModel, Namespace, ObjectName, Port, SecretKey, validation_problems
+from domain.validation import (
+    ClientHost,
+    ConfigModel,
+    Count,
+    Namespace,
+    ObjectName,
+    Port,
+    SecretKey,
+    validation_problems,
+)
 from domain.version import __version__
 
 DEFAULT_IMAGE = f"ghcr.io/bnerd/dbprovider:{__version__}"
@@ -251,7 +260,7 @@ class ConnectionBudgetConfig(ConfigModel):
 
     # Connections for roles that are neither tenants nor the provider: monitoring, the operator's own
     # users, an operator's psql. Raising it can overcommit a shard (reported, never enforced on tenants).
-    reserved: Annotated[StrictInt, Field(ge=0)] = 5
+    reserved: Count = 5
 
 
 class DeletionProtectionConfig(ConfigModel):

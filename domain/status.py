@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated
 
-from pydantic import Field, StrictInt, StrictStr
+from pydantic import Field, StrictStr
 
 from domain.conditions import Condition, Conditions, Generation, StatusTime
+from domain.config import ConnectionLimit
 from domain.constants import SIZE_CLASS_MAX_LENGTH, Phase
-from domain.validation import ObjectName, SpecModel
+from domain.validation import Count, ObjectName, SpecModel
 
 __all__ = ["Condition", "ConsumerStatus", "DatabaseStatus", "ObjectStatus", "ShardStatus"]
 
@@ -42,7 +43,7 @@ class ShardStatus(ObjectStatus):
         default=None, description="The metadata.generation the conditions were computed for."
     )
     conditions: Conditions = ()
-    database_count: Annotated[StrictInt, Field(ge=0)] | None = Field(
+    database_count: Count | None = Field(
         default=None,
         description="Database objects placed on this shard (every phase, until the object is gone). While "
         "above 0, deleting the Shard is refused by the deletion-protection admission policy.",
@@ -52,14 +53,14 @@ class ShardStatus(ObjectStatus):
         description="Server version seen on the admin connection (e.g. 16.4); below 16 the older grant "
         "dialect is used and role isolation is weaker (condition WeakRoleIsolation).",
     )
-    connection_budget: Annotated[StrictInt, Field(ge=0)] | None = Field(
+    connection_budget: Count | None = Field(
         default=None,
         description="Connections the tenants' CONNECTION LIMITs may add up to on this shard: the server's "
         "max_connections minus its superuser and reserved slots, the provider's own sessions and the "
         "install's connectionBudget.reserved (read at each check). A database is placed only where its "
         "limit fits.",
     )
-    connections_committed: Annotated[StrictInt, Field(ge=0)] | None = Field(
+    connections_committed: Count | None = Field(
         default=None,
         description="The connection limits of the databases placed here (an unlimited one counts as the whole "
         "budget); above connectionBudget: condition ConnectionBudgetExceeded.",
@@ -73,7 +74,7 @@ class ConsumerStatus(ObjectStatus):
         default=None, description="The metadata.generation this status describes."
     )
     conditions: Conditions = ()
-    database_count: Annotated[StrictInt, Field(ge=0)] | None = Field(
+    database_count: Count | None = Field(
         default=None,
         description="This consumer's databases that are not yet Deleted (Deleting ones count): the number "
         "compared with spec.maxDatabases.",
@@ -100,7 +101,7 @@ class DatabaseStatus(ObjectStatus):
         default=None,
         description="The spec.sizeClass whose connection limit is applied (empty: connectionLimit.default).",
     )
-    applied_connection_limit: Annotated[StrictInt, Field(ge=-1)] | None = Field(
+    applied_connection_limit: ConnectionLimit | None = Field(
         default=None,
         description="CONNECTION LIMIT set on the tenant role (-1 = unlimited); compared with the install "
         "config to report ConnectionLimitDrift.",

@@ -82,6 +82,9 @@ ExternalId = Annotated[
 Port = Annotated[StrictInt, Field(ge=1, le=65535)]
 """A TCP port."""
 
+Count = Annotated[StrictInt, Field(ge=0)]
+"""A number of things (databases, connections, spec changes): zero or more."""
+
 ClientHost = Annotated[
     str,
     AfterValidator(validate_client_host),

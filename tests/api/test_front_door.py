@@ -8,6 +8,7 @@ legitimate client from 127.0.0.1, so the per-address cap is exercised only where
 from __future__ import annotations
 
 import http.client
+import json
 import logging
 import re
 import socket
@@ -543,6 +544,8 @@ def test_oversized_header_block_gets_431_and_a_closed_connection(env: ApiEnv) ->
         tls.sendall(b"GET /healthz HTTP/1.1\r\nHost: api\r\nX-Pad: " + b"a" * 20000 + b"\r\n\r\n")
         answer = read_to_eof(tls)
     assert status_lines(answer) == [b"HTTP/1.1 431 Request Header Fields Too Large"]
+    # The front door's own refusal says what Falcon's 431 says (api.errors.FALCON_ERRORS).
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"] == "headers_too_large"
 
 
 def test_unread_body_closes_the_connection(env: ApiEnv) -> None:
