@@ -158,7 +158,7 @@ class Informer:
         field_selector: str | None = None,
         metadata_only: bool = False,
         transform: Transform | None = strip_managed_fields,
-        page_size: int = 500,
+        page_size: int = SETTINGS.watch.list_page_size,
         watch_timeout: tuple[int, int] = SETTINGS.watch.watch_timeout,
         backoff: Backoff = SETTINGS.watch.relist,
         request_timeout: tuple[float, float] = SETTINGS.watch.request_timeout,
