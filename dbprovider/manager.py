@@ -34,6 +34,7 @@ from domain.config import InstallConfig, load_install_config, read_install_value
 from domain.connection_budget import database_limit
 from domain.settings import SETTINGS
 from domain.version import __version__
+from informers.rest import throttle_credential_refresh
 from reconciler.fleet_metrics import FleetCollector
 from reconciler.resources import DATABASES, SHARDS
 from reconciler.runtime import ControllerManager, MetricsServer, start_metrics_server
@@ -83,6 +84,7 @@ def kube_client(kubeconfig: str | None, identity: str | None = None, workers: in
     else:
         kubernetes.config.load_incluster_config(client_configuration=configuration)
     configuration.connection_pool_maxsize = CONNECTION_POOL_SIZE + workers
+    throttle_credential_refresh(configuration)  # not before every request (informers.rest says why)
     client = ApiClient(configuration)
     if identity:
         client.user_agent = f"dbprovider/{identity}"

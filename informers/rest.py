@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import copy
 import socket
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
-from kubernetes.client import ApiClient
+from kubernetes.client import ApiClient, Configuration
 from kubernetes.client.exceptions import ApiException
 
 from domain.objects import Obj
@@ -43,6 +44,49 @@ def decode_json(data: bytes) -> Any:
     """A JSON body as plain dicts and lists: orjson, 1.6-2x as fast as the standard library on a list page
     (a start decodes every Database and credentials Secret of the fleet; docs/performance.md section 5)."""
     return orjson.loads(data)
+
+
+# How often the client's credential hook runs at most (seconds): see `throttle_credential_refresh`.
+CREDENTIAL_REFRESH_EVERY = 1.0
+
+
+def throttle_credential_refresh(
+    configuration: Configuration,
+    every: float = CREDENTIAL_REFRESH_EVERY,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """Run the configuration's credential hook at most once every `every` seconds, not per request.
+
+    The kubernetes client calls `refresh_api_key_hook` before every request; the hooks of
+    `load_incluster_config` and `load_kube_config` re-apply the whole configuration each time, and
+    setting `host` reads the proxy variables of the whole environment (`urllib.request.getproxies`):
+    40 us a request with 35 variables, 340 us with 335 (a pod gets seven per Service of its
+    namespace), paid by every GET of an admin Secret and every Lease renewal
+    (docs/performance.md section 5). The hooks' own checks stay what they were, a second late at
+    most: the in-cluster token file is read again once its minute is up, a kubeconfig token once
+    its expiry has passed. The hooks re-install themselves when they run; the throttle is put back
+    after each run. A copy of the configuration (`Rest.without_retries`) keeps its own time.
+    """
+    hook: Callable[[Configuration], None] | None = getattr(configuration, _HOOK, None)  # untyped in the client
+    if hook is None:
+        return
+
+    def refresh(config: Configuration) -> None:
+        now = clock()
+        last: float | None = getattr(config, _REFRESHED_AT, None)  # per configuration: a copy has its own token
+        if last is not None and now - last < every:
+            return
+        setattr(config, _REFRESHED_AT, now)
+        try:
+            hook(config)
+        finally:
+            setattr(config, _HOOK, refresh)
+
+    setattr(configuration, _HOOK, refresh)
+
+
+_HOOK = "refresh_api_key_hook"
+_REFRESHED_AT = "_dbprovider_credentials_refreshed_at"
 
 
 def _raise_for_status(response: Any) -> None:

@@ -30,6 +30,7 @@ messages carry a sanitized error class only. A shard that is not Ready gets no p
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from collections.abc import Callable
@@ -351,9 +352,24 @@ class ShardController:
         """When to check a Ready shard again: ping_interval, stretched in a large fleet so that all shards'
         checks together stay under SETTINGS.shard_checks.ready_checks_per_second. A fleet that started
         together would be checked in one burst every interval: a shard's first interval is drawn from the
-        whole interval, so the checks spread evenly, and later ones keep their place (a little jitter)."""
+        whole interval, so the checks spread evenly, and later ones keep their place (a little jitter). Each
+        ends on the grid of `on_grid`: the checks due in the same two seconds start together."""
         interval = SETTINGS.shard_checks.ready_interval_for(len(self.shards), self.ping_interval)
         if name not in self._spread:
             self._spread.add(name)
-            return interval * random.uniform(0.1, 1.0)
-        return interval * random.uniform(0.95, 1.0)
+            return on_grid(interval * random.uniform(0.1, 1.0), interval)
+        return on_grid(interval * random.uniform(0.95, 1.0), interval)
+
+
+def on_grid(delay: float, interval: float, now: float | None = None) -> float:
+    """`delay`, shortened to end on the process' grid of SETTINGS.shard_checks.ready_check_grid seconds
+    (monotonic clock; at most a quarter of `interval`), so the Ready checks due in the same stretch start
+    together (the settings say why); never shortened to less than half of itself."""
+    grid = min(SETTINGS.shard_checks.ready_check_grid, interval / 4)
+    if grid <= 0:
+        return delay
+    start = time.monotonic() if now is None else now
+    due = math.floor((start + delay) / grid) * grid
+    if due - start < delay / 2:
+        due += grid
+    return due - start

@@ -3,7 +3,9 @@
 Why not `kubernetes.leaderelection`: it folds API errors into booleans and keeps the worker
 running after the lease is lost. Here:
 - Every write of the Lease is a PUT carrying the resourceVersion we read: a 409 means another
-  replica wrote it first, and we are not (or no longer) the leader, at once.
+  replica wrote it first, and we are not (or no longer) the leader, at once. A leader renews
+  without reading first, on the resourceVersion of its own last write (client-go's fast path);
+  if the Lease changed or went since, it is read and decided on as any replica does.
 - Other API errors (403, 5xx, timeouts) are logged with their status and retried every
   `retry_period`; if no renewal succeeded for `renew_deadline`, we stop leading at once
   (`on_stopped_leading` runs before anything else happens). Each request's timeout is bounded
@@ -335,6 +337,8 @@ class LeaderElector:
         # answer arrives, and another replica's wait starts no earlier than that commit.
         started = time.monotonic()
         now = _micro_time()
+        if self._leading and (fast := self._renew_own_write(deadline, started, now)) is not None:
+            return fast
         try:  # every request's timeout is what is left until the renew deadline
             lease = self.rest.get(LEASES, self.name, self.namespace, timeout=self._timeout(deadline))
         except ApiException as exc:
@@ -359,6 +363,29 @@ class LeaderElector:
         timeout = self._timeout(deadline)
         replace_lease = lambda: self.rest.replace(LEASES, body, timeout=timeout)  # noqa: E731
         return self._write(replace_lease, deadline, started, "lost the race for the lease")
+
+    def _renew_own_write(self, deadline: float | None, started: float, now: str) -> bool | None:
+        """A leader's renewal without reading the Lease first (client-go's fast path): a PUT of the Lease
+        as we last wrote it, conditional on that write's resourceVersion, so it succeeds only if nobody
+        wrote the Lease since, which is stricter than a PUT after a GET. None when it was changed (409) or
+        deleted (404) meanwhile, or is not ours as last seen: then the Lease is read (the usual path).
+        Saves the GET of every renewal, one apiserver request every retry_period."""
+        lease = self._lease
+        if lease is None or lease.spec.holder_identity != self.identity or self._released_by_self():
+            return None
+        renewed = lease.with_spec(lease_duration_seconds=self._advertised_seconds(), renew_time=now)
+        try:
+            written = self.rest.replace(LEASES, self._marked(renewed), timeout=self._timeout(deadline))
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                raise
+            self.last_contact = time.monotonic()
+            log.info("%r: the lease changed since our last renewal (%s); reading it", self, exc.status)
+            return None
+        self.last_contact = time.monotonic()
+        self._observe(written)
+        self._last_renew = started
+        return True
 
     def _lease_seconds(self) -> int:
         return max(1, round(self.timings.duration))

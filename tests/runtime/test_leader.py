@@ -216,3 +216,46 @@ def test_parameters_must_leave_room_for_a_safe_takeover(admin_rest: Rest) -> Non
     identity = LeaderElector(admin_rest, "ns", "lock").identity
     assert str(os.getpid()) in identity and identity != LeaderElector(admin_rest, "ns", "lock").identity
     assert unique("x") != unique("x")
+
+
+def test_a_leader_renews_without_reading_the_lease_and_reads_it_when_someone_else_wrote(
+    admin_rest: Rest, namespace: str, electors: list[LeaderElector]
+) -> None:
+    """Renewals are PUTs on the resourceVersion of the leader's own last write (no GET each time); a
+    write by someone else in between (an annotation) makes that PUT fail, and the leader reads the
+    Lease and renews it as usual: it keeps leading and the other writer's annotation stays."""
+    timeline = Timeline()
+    a = _elector(admin_rest, namespace, "lock", "replica-a", timeline)
+    electors.append(a)
+    a.start()
+    assert a.wait_until_leading(10)
+    reads: list[str] = []
+    read = a.rest.get
+
+    def counted_get(*args: object, **kwargs: object) -> dict:
+        reads.append(str(args[1]))
+        return read(*args, **kwargs)  # type: ignore[arg-type]
+
+    a.rest.get = counted_get  # type: ignore[method-assign]
+
+    def renewals(count: int) -> None:
+        seen: set[str] = set()
+
+        def more() -> bool:
+            seen.add(admin_rest.get(LEASES, "lock", namespace)["spec"]["renewTime"])
+            return len(seen) > count
+
+        wait_for(more, timeout=count * RETRY * 3 + 2, what=f"{count} renewals", interval=0.02, max_interval=0.05)
+
+    renewals(3)
+    assert reads == []
+    lease = admin_rest.get(LEASES, "lock", namespace)
+    lease["metadata"].setdefault("annotations", {})["example.com/note"] = "an operator's"
+    admin_rest.replace(LEASES, lease)
+    wait_for(lambda: reads, timeout=RENEW, interval=0.05, what="the leader to read the changed Lease")
+    renewals(2)
+    assert a.is_leading() and timeline.of("replica-a", "stop") == []
+    after = admin_rest.get(LEASES, "lock", namespace)
+    assert after["spec"]["holderIdentity"] == "replica-a"
+    assert after["metadata"]["annotations"]["example.com/note"] == "an operator's"
+    assert reads == ["lock"]  # one read after the other write, none for the renewals since
