@@ -139,3 +139,24 @@ def test_an_install_config_that_overcommits_is_reported_not_applied(small, fleet
     assert sorted(limits) == [(10,), (10,)]
     newcomer = fleet.database(f"over-new-{small.major}", size_class="small")
     fleet.wait_reason(newcomer, "Failed", "NoCapacity")
+
+
+def test_a_dropped_database_no_longer_commits_its_connections(small, fleet, start_manager):
+    """What a shard's databases commit follows their changes: a database dropped after its retention (its
+    object then removed) gives its 10 connections back, on the running manager and after a restart."""
+    name = fleet.shard(small, max_databases=50)
+    manager = start_manager(install_config(softDelete={"retention": "4s"}))
+    dbs = [fleet.database(f"drop-{i}-{small.major}") for i in range(2)]
+    for db in dbs:
+        fleet.wait_phase(db, "Ready")
+    _wait_committed(fleet, name, 20)
+
+    fleet.request_delete(dbs[0])
+    wait_for(lambda: fleet.get_database(dbs[0]) is None, timeout=60, what="dropped after the window")
+    _wait_committed(fleet, name, 10)
+
+    manager.stop()  # a new manager sums the cache it lists anew
+    start_manager(install_config(softDelete={"retention": "4s"}))
+    newcomer = fleet.database(f"drop-new-{small.major}")
+    fleet.wait_phase(newcomer, "Ready")
+    _wait_committed(fleet, name, 20)
