@@ -20,9 +20,6 @@ from domain.naming import InvalidExternalId
 
 log = logging.getLogger(__name__)
 
-# The body of every authentication failure: one fixed text, whatever the cause.
-UNAUTHORIZED_BODY = json.dumps({"error": "unauthorized", "message": "authentication required"})
-
 
 class ApiError(Exception):
     """An error with a fixed HTTP status and a stable machine-readable code.
@@ -53,6 +50,10 @@ class InvalidBody(ApiError, status=falcon.HTTP_400, code="invalid_body", message
 
 class Unauthorized(ApiError, status=falcon.HTTP_401, code="unauthorized", message="authentication required"):
     """Every authentication failure; rendered as the same bare 401 whatever the cause."""
+
+
+# The body of every authentication failure: one fixed text, whatever the cause.
+UNAUTHORIZED_BODY = json.dumps({"error": Unauthorized.code, "message": Unauthorized.default_message})
 
 
 class NotFound(ApiError, status=falcon.HTTP_404, code="not_found", message="no such database"):
@@ -125,7 +126,7 @@ FALCON_ERRORS = {
     411: ("length_required", "a Content-Length is required"),
     413: (PayloadTooLarge.code, PayloadTooLarge.default_message),  # Falcon's own (e.g. Content-Length) says ours
     414: ("uri_too_long", "the request URI is too long"),
-    415: ("unsupported_media_type", "the request body must be JSON"),
+    415: (UnsupportedMediaType.code, "the request body must be JSON"),
     431: ("headers_too_large", "the request headers are too large"),
 }
 

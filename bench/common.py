@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import fcntl
 import math
 import os
 import queue
@@ -24,8 +25,9 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -53,16 +55,40 @@ PROFILE_DIR = Path("bench/profiles")  # not committed
 T = TypeVar("T")
 
 
-def bench_parser(doc: str | None, *, profile: str | None = None) -> argparse.ArgumentParser:
+def bench_parser(doc: str | None, *, profile: str | None = None, lock: str | None = None) -> argparse.ArgumentParser:
     """A bench's options, its module docstring as the description. A bench that profiles says what
-    --profile records; where it writes (--profile-dir) is the same for all."""
+    --profile records; where it writes (--profile-dir) is the same for all. A bench that takes the
+    machine's benchmark lock itself (--lock, see `machine_lock`) says during what."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     if profile is not None:
         parser.add_argument("--profile", action="store_true", help=profile)
         parser.add_argument(
             "--profile-dir", type=Path, default=PROFILE_DIR, help=f"where the profiles go (default {PROFILE_DIR})"
         )
+    if lock is not None:
+        parser.add_argument(
+            "--lock", type=Path, metavar="PATH", help=f"hold this flock (e.g. /work/bench.lock) during {lock}"
+        )
     return parser
+
+
+@contextmanager
+def machine_lock(path: Path | None) -> Iterator[None]:
+    """Hold `flock(path)` while the body runs (the machine's benchmark lock, shared with other runs), so a long
+    setup (30 minutes at 100,000) need not hold it; no lock without a path."""
+    if path is None:
+        yield
+        return
+    with path.open("a") as handle:
+        asked = time.monotonic()
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        held = time.monotonic()
+        log(f"holding {path} (waited {held - asked:.0f} s; load {os.getloadavg()[0]:.1f})")
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            log(f"released {path} after {time.monotonic() - held:.0f} s")
 
 
 # The install config's worker bounds a bench may change for an experiment: (config key, InstallConfig field);

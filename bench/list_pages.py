@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import statistics
 import time
-from pathlib import Path
 
 import psutil
 
-from bench.common import Stack, Target, bench_parser, log, report_targets, table
-from bench.scale import create_databases, machine_lock
+from bench.common import Stack, Target, bench_parser, log, machine_lock, report_targets, table
+from bench.scale import create_databases
 from domain.constants import CREDENTIALS_SECRET_SELECTOR
 from domain.settings import SETTINGS
 from informers import SECRETS, Informer, Rest
@@ -67,14 +66,13 @@ def measure(
 
 
 def main() -> None:
-    parser = bench_parser(__doc__)
+    parser = bench_parser(__doc__, lock="the listing only, not the creating")
     parser.add_argument("--count", type=int, default=100_000, help="Databases (and Secrets) to create")
     parser.add_argument(
         "--sizes", default=f"500,{SETTINGS.watch.list_page_size}", help="page sizes, the first is the baseline"
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=24, help="threads creating the objects")
-    parser.add_argument("--lock", type=Path, default=None, help="a flock held while listing (e.g. /work/bench.lock)")
     args = parser.parse_args()
     sizes = [int(size) for size in args.sizes.split(",")]
 

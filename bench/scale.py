@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import fcntl
 import os
 import re
 import shutil
@@ -58,9 +57,8 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -80,6 +78,7 @@ from bench.common import (
     counter_delta,
     log,
     machine_line,
+    machine_lock,
     metric_sum,
     report_targets,
     shards_ready,
@@ -740,53 +739,36 @@ def profile_idle(manager: ManagerProcess, run: int, args: argparse.Namespace) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = bench_parser(__doc__, profile="also start a second manager with py-spy attached and profile its start")
-    parser.add_argument("--count", type=int, default=10_000, help="Database objects (default 10,000)")
-    parser.add_argument("--shards", type=int, default=20, help="Shards sharing the one server (default 20)")
-    parser.add_argument("--consumers", type=int, default=1, help="Consumers owning them (default 1)")
-    parser.add_argument(
-        "--extra-consumers",
-        type=int,
-        default=100,
-        help="Consumers added once caught up, to show the watches do not grow (default 100)",
+    parser = bench_parser(
+        __doc__,
+        profile="also start a second manager with py-spy attached and profile its start",
+        lock="the measured part only, not the setup",
     )
-    parser.add_argument("--threads", type=int, default=16, help="threads creating the objects (default 16)")
-    parser.add_argument("--idle-seconds", type=float, default=60.0, help="idle CPU window (default 60)")
-    parser.add_argument(
-        "--runs",
-        type=int,
-        default=1,
-        help="manager starts measured on the same objects, one after the other (default 1)",
-    )
-    parser.add_argument(
-        "--profile-idle",
-        type=float,
-        default=0.0,
-        help="then sample the idle manager with py-spy for this many seconds (on-CPU only)",
-    )
+    # The numbers of a run, as (option, default, what it is): the type is the default's and the help names it.
+    for option, default, what in (
+        ("--count", 10_000, "Database objects"),
+        ("--shards", 20, "Shards sharing the one server"),
+        ("--consumers", 1, "Consumers owning them"),
+        ("--extra-consumers", 100, "Consumers added once caught up, to show the watches do not grow"),
+        ("--threads", 16, "threads creating the objects"),
+        ("--idle-seconds", 60.0, "idle CPU window"),
+        ("--runs", 1, "manager starts measured on the same objects, one after the other"),
+        ("--profile-idle", 0.0, "then sample the idle manager with py-spy for this many seconds (on-CPU only)"),
+        ("--rounds", 3, "pairs of starts with --baseline"),
+        ("--compare-idle", 0.0, "with --baseline: also measure each start's idle CPU over this many seconds"),
+    ):
+        parser.add_argument(option, type=type(default), default=default, help=f"{what} (default {default:,})")
     parser.add_argument(
         "--baseline",
         type=Path,
         help="a checkout of other code (e.g. `git archive main`): compare its starts with this "
         "tree's on the same fleet, `--rounds` pairs (then --runs measured starts of this tree)",
     )
-    parser.add_argument("--rounds", type=int, default=3, help="pairs of starts with --baseline (default 3)")
-    parser.add_argument(
-        "--compare-idle",
-        type=float,
-        default=0.0,
-        help="with --baseline: also measure each start's idle CPU over this many seconds (default: not)",
-    )
     parser.add_argument(
         "--warmup",
         action="store_true",
         help="one unmeasured start before the measured runs (--baseline makes one anyway): the first start "
         "after the setup writes the Consumer counts and Shard conditions",
-    )
-    parser.add_argument(
-        "--lock",
-        type=Path,
-        help="take this flock (e.g. /work/bench.lock) for the measured part only, not for the setup",
     )
     args = parser.parse_args(argv)
     count = args.count
@@ -849,25 +831,6 @@ def measured(fleet: Fleet, args: argparse.Namespace) -> list[Target]:
         )
         print(summarize_collapsed(args.profile_dir / "scale-start.pyspy.txt"))
     return targets
-
-
-@contextmanager
-def machine_lock(path: Path | None) -> Iterator[None]:
-    """Hold `flock(path)` while the body runs (the machine's benchmark lock, shared with other runs), so a long
-    setup (30 minutes at 100,000) need not hold it; no lock without a path."""
-    if path is None:
-        yield
-        return
-    with path.open("a") as handle:
-        asked = time.monotonic()
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        held = time.monotonic()
-        log(f"holding {path} (waited {held - asked:.0f} s; load {os.getloadavg()[0]:.1f})")
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-            log(f"released {path} after {time.monotonic() - held:.0f} s")
 
 
 def stack_sizes(stack: Stack) -> str:

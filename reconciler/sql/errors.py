@@ -12,60 +12,48 @@ from __future__ import annotations
 import psycopg
 from psycopg import errors as pgerrors
 
-# The error classes, each with whether retrying soon may help (True: a transient fault of the
-# shard or the network; False: needs a change of configuration, credentials or data first). This is
-# the one classification: the Database controller retries the True ones with backoff and records the
-# False ones as terminal (TerminalError, `retryable="false"`), picked up again by the next change. The
-# Database controller retries the True ones with backoff and raises the False ones as terminal
-# (reconciler/database/shard_sql.py).
-TIMEOUT = "timeout"
-LOCK_TIMEOUT = "lock_timeout"
-AUTH_FAILED = "auth_failed"
-INSECURE_AUTH_REFUSED = "insecure_auth_refused"  # the server asked for cleartext/md5: nothing was sent
-CONNECTION_LOST = "connection_lost"
-UNREACHABLE = "unreachable"
-TLS_FAILED = "tls_failed"
-TOO_MANY_CONNECTIONS = "too_many_connections"
-READ_ONLY = "read_only"
-INSUFFICIENT_PRIVILEGE = "insufficient_privilege"
-INVALID_PROVISIONER = "invalid_provisioner"
-NOT_FOUND = "not_found"
-NAME_TAKEN = "name_taken"
-OBJECT_IN_USE = "object_in_use"
-DEPENDENT_OBJECTS = "dependent_objects"
-CONFLICT = "conflict"
-RESTORE_REFUSED = "restore_refused"
-DISK_FULL = "disk_full"
-# The Shard controller found the shard not answering: its sessions were cut and no new one is opened.
-SHARD_NOT_ANSWERING = "shard_not_answering"
-OTHER = "other"
+# The error classes, each declared with whether retrying soon may help (True: a transient fault of the
+# shard or the network; False: needs a change of configuration, credentials or data first). RETRYABLE is
+# the one classification: the Database controller retries the True ones with backoff and raises the
+# False ones as terminal (TerminalError, `retryable="false"`; reconciler/database/shard_sql.py), picked
+# up again by the next change.
+RETRYABLE: dict[str, bool] = {}
 
-RETRYABLE: dict[str, bool] = {
-    TIMEOUT: True,
-    LOCK_TIMEOUT: True,
-    # The admin connection's own refusals are retryable: they are the Shard's problem (the Shard
-    # controller reports AdminAuthFailed/Unreachable and is asked to check at once), and the retry
-    # reads the admin Secret again. After a provisioner password rotation a worker may hold the old
-    # password for up to 10 s (AdminEndpointCache): that must cost one retry, not a terminal wait.
-    AUTH_FAILED: True,
-    INSECURE_AUTH_REFUSED: True,
-    CONNECTION_LOST: True,
-    UNREACHABLE: True,
-    TLS_FAILED: True,
-    TOO_MANY_CONNECTIONS: True,
-    READ_ONLY: True,
-    INSUFFICIENT_PRIVILEGE: False,
-    INVALID_PROVISIONER: False,
-    NOT_FOUND: False,
-    NAME_TAKEN: False,
-    OBJECT_IN_USE: True,
-    DEPENDENT_OBJECTS: False,
-    CONFLICT: True,
-    RESTORE_REFUSED: False,
-    DISK_FULL: True,  # space may be freed; the Shard is not Ready (DiskFull) meanwhile
-    SHARD_NOT_ANSWERING: True,
-    OTHER: True,  # an unknown cause may well be transient: never give up on it silently
-}
+
+def _error_class(name: str, *, retryable: bool) -> str:
+    """Declare an error class: it cannot exist without its entry in RETRYABLE."""
+    RETRYABLE[name] = retryable
+    return name
+
+
+TIMEOUT = _error_class("timeout", retryable=True)
+LOCK_TIMEOUT = _error_class("lock_timeout", retryable=True)
+# The admin connection's own refusals are retryable: they are the Shard's problem (the Shard
+# controller reports AdminAuthFailed/Unreachable and is asked to check at once), and the retry
+# reads the admin Secret again. After a provisioner password rotation a worker may hold the old
+# password for up to 10 s (AdminEndpointCache): that must cost one retry, not a terminal wait.
+AUTH_FAILED = _error_class("auth_failed", retryable=True)
+# The server asked for cleartext/md5: nothing was sent.
+INSECURE_AUTH_REFUSED = _error_class("insecure_auth_refused", retryable=True)
+CONNECTION_LOST = _error_class("connection_lost", retryable=True)
+UNREACHABLE = _error_class("unreachable", retryable=True)
+TLS_FAILED = _error_class("tls_failed", retryable=True)
+TOO_MANY_CONNECTIONS = _error_class("too_many_connections", retryable=True)
+READ_ONLY = _error_class("read_only", retryable=True)
+INSUFFICIENT_PRIVILEGE = _error_class("insufficient_privilege", retryable=False)
+INVALID_PROVISIONER = _error_class("invalid_provisioner", retryable=False)
+NOT_FOUND = _error_class("not_found", retryable=False)
+NAME_TAKEN = _error_class("name_taken", retryable=False)
+OBJECT_IN_USE = _error_class("object_in_use", retryable=True)
+DEPENDENT_OBJECTS = _error_class("dependent_objects", retryable=False)
+CONFLICT = _error_class("conflict", retryable=True)
+RESTORE_REFUSED = _error_class("restore_refused", retryable=False)
+# Space may be freed; the Shard is not Ready (DiskFull) meanwhile.
+DISK_FULL = _error_class("disk_full", retryable=True)
+# The Shard controller found the shard not answering: its sessions were cut and no new one is opened.
+SHARD_NOT_ANSWERING = _error_class("shard_not_answering", retryable=True)
+# An unknown cause may well be transient: never give up on it silently.
+OTHER = _error_class("other", retryable=True)
 
 AUTH_SQLSTATES = frozenset({"28P01", "28000"})
 

@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar, Unpack
 
 import psycopg
 
@@ -151,6 +151,16 @@ def connect_params(endpoint: AdminEndpoint, application_name: str, connect_timeo
         **tls,
         **keepalive_options(),
     }
+
+
+class SessionOptions(TypedDict, total=False):
+    """The settings of an admin session that a caller may choose, by keyword; `connect_admin` holds
+    their defaults, and `AdminSession.for_endpoint` passes them on."""
+
+    application_name: str
+    statement_timeout: str
+    lock_timeout: str
+    fence: Fence | None
 
 
 def connect_admin(
@@ -268,26 +278,14 @@ class AdminSession:
 
     @classmethod
     def for_endpoint(
-        cls,
-        endpoint: AdminEndpoint,
-        *,
-        application_name: str = APPLICATION_NAME,
-        connect_timeout: float = CONNECT_TIMEOUT,
-        statement_timeout: str = STATEMENT_TIMEOUT,
-        lock_timeout: str = LOCK_TIMEOUT,
-        fence: Fence | None = None,
+        cls, endpoint: AdminEndpoint, *, connect_timeout: float = CONNECT_TIMEOUT, **options: Unpack[SessionOptions]
     ) -> AdminSession:
-        def connect(timeout: float) -> psycopg.Connection:
-            return connect_admin(
-                endpoint,
-                application_name,
-                timeout,
-                statement_timeout=statement_timeout,
-                lock_timeout=lock_timeout,
-                fence=fence,
-            )
+        """A session whose connections are `connect_admin(endpoint, **options)` (its defaults apply)."""
 
-        return cls(connect, connect_timeout, fence)
+        def connect(timeout: float) -> psycopg.Connection:
+            return connect_admin(endpoint, connect_timeout=timeout, **options)
+
+        return cls(connect, connect_timeout, options.get("fence"))
 
     def connection(self, timeout: float | None = None) -> psycopg.Connection:
         """The open session, or a new one (connect timeout: the smaller of its own and `timeout`)."""

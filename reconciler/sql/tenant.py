@@ -41,6 +41,7 @@ from typing import Any
 import psycopg
 from psycopg import errors as pgerrors
 from psycopg import sql
+from psycopg.rows import dict_row
 
 from domain.naming import PG_IDENTIFIER_MAX_BYTES, PG_IDENTIFIER_RE
 from domain.settings import SETTINGS
@@ -198,15 +199,17 @@ class TenantState:
         )
 
 
+# One row, its columns named as TenantState's fields (and the role's comment, its ownership record).
 _STATE = """
-SELECT r.oid, coalesce(r.rolcanlogin, false), r.rolconnlimit,
-       d.oid IS NOT NULL, coalesce(d.datdba = r.oid, false), coalesce(d.datallowconn, false),
+SELECT r.oid IS NOT NULL AS role_exists, coalesce(r.rolcanlogin, false) AS can_login,
+       r.rolconnlimit AS connection_limit, d.oid IS NOT NULL AS database_exists,
+       coalesce(d.datdba = r.oid, false) AS owned_by_role, coalesce(d.datallowconn, false) AS allow_connections,
        coalesce(d.datacl IS NOT NULL
                 AND NOT EXISTS (SELECT 1 FROM pg_catalog.aclexplode(d.datacl) a WHERE a.grantee = 0),
-                false),
+                false) AS public_revoked,
        coalesce(EXISTS (SELECT 1 FROM pg_catalog.aclexplode(d.datacl) a
-                         WHERE a.grantee = r.oid AND a.privilege_type = 'CONNECT'), false),
-       pg_catalog.shobj_description(r.oid, 'pg_authid')
+                         WHERE a.grantee = r.oid AND a.privilege_type = 'CONNECT'), false) AS tenant_can_connect,
+       r.oid AS role_oid, pg_catalog.shobj_description(r.oid, 'pg_authid') AS comment
   FROM (VALUES (%(name)s::text)) AS n(name)
   LEFT JOIN pg_catalog.pg_roles r ON r.rolname = n.name
   LEFT JOIN pg_catalog.pg_database d ON d.datname = n.name
@@ -215,22 +218,10 @@ SELECT r.oid, coalesce(r.rolcanlogin, false), r.rolconnlimit,
 
 def read_state(conn: psycopg.Connection, name: str) -> TenantState:
     """One catalog read (no bound, no classification: for use inside an operation)."""
-    row = conn.execute(_STATE, {"name": name}).fetchone()
+    row = conn.cursor(row_factory=dict_row).execute(_STATE, {"name": name}).fetchone()
     assert row is not None
-    role_oid, can_login, limit, db_exists, owned, allow, public_revoked, tenant_connect, comment = row
-    return TenantState(
-        name=name,
-        role_exists=role_oid is not None,
-        can_login=can_login,
-        connection_limit=limit,
-        database_exists=db_exists,
-        owned_by_role=owned,
-        allow_connections=allow,
-        public_revoked=public_revoked,
-        tenant_can_connect=tenant_connect,
-        role_oid=role_oid,
-        owner=OwnerRecord.parse(comment),
-    )
+    comment = row.pop("comment")
+    return TenantState(name=name, owner=OwnerRecord.parse(comment), **row)
 
 
 # -- SCRAM -------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,11 @@ def _edit(path: Path, change: Any) -> None:
     write_yaml(path, *docs)
 
 
+def edit(relative: str, change: Any) -> Callable[[Path], None]:
+    """A case's break: `change` applied to the first document of the repo's file `relative`."""
+    return lambda repo: _edit(repo / relative, change)
+
+
 def _second_consumer_with_the_same_secret(repo: Path) -> None:
     (secret,) = read_docs(repo / "consumers" / "team-a.token-secret.yaml")
     twin = copy.deepcopy(secret)
@@ -106,15 +112,12 @@ CASES = [
         id="same-hash-on-two-consumers",
     ),
     pytest.param(
-        lambda repo: _edit(repo / "consumers" / "team-a.consumer.yaml", lambda c: c["spec"].pop("maxDatabases")),
+        edit("consumers/team-a.consumer.yaml", lambda c: c["spec"].pop("maxDatabases")),
         [("consumers/team-a.consumer.yaml", "Consumer team-a spec", "consumer-quota")],
         id="consumer-without-quota",
     ),
     pytest.param(
-        lambda repo: _edit(
-            repo / "consumers" / "team-a.consumer.yaml",
-            lambda c: c["spec"]["tokenSecretRef"].update(namespace="elsewhere"),
-        ),
+        edit("consumers/team-a.consumer.yaml", lambda c: c["spec"]["tokenSecretRef"].update(namespace="elsewhere")),
         [
             (
                 "consumers/team-a.consumer.yaml",
@@ -126,15 +129,12 @@ CASES = [
         id="token-secret-outside-the-release-namespace",
     ),
     pytest.param(
-        lambda repo: _edit(
-            repo / "shards" / "shard01.yaml",
-            lambda s: s["spec"]["admin"]["secretRef"].update(name="not-listed"),
-        ),
+        edit("shards/shard01.yaml", lambda s: s["spec"]["admin"]["secretRef"].update(name="not-listed")),
         [("shards/shard01.yaml", "Shard shard01 spec.admin.secretRef", "shard-secret")],
         id="admin-secret-not-in-shardSecrets",
     ),
     pytest.param(
-        lambda repo: _edit(repo / "shards" / "shard01.yaml", lambda s: s["spec"]["admin"].update(sslmode="prefer")),
+        edit("shards/shard01.yaml", lambda s: s["spec"]["admin"].update(sslmode="prefer")),
         [("shards/shard01.yaml", "Shard shard01 spec.admin.sslmode", "shard-admin-tls")],
         id="admin-sslmode-that-may-go-without-tls",
     ),
@@ -147,8 +147,8 @@ CASES = [
         id="admin-sslmode-disable-allowed-for-the-shard",
     ),
     pytest.param(
-        lambda repo: _edit(
-            repo / "dbprovider-values.yaml",
+        edit(
+            "dbprovider-values.yaml",
             lambda v: v["shardSecrets"][0].update(host="pg-shard02-primary.databases.svc", port=5432),
         ),
         [("shards/shard01.yaml", "Shard shard01 spec.admin", "shard-admin-endpoint")],
@@ -165,9 +165,7 @@ CASES = [
         id="cloudberry-shard-while-the-engine-is-off",
     ),
     pytest.param(
-        lambda repo: _edit(
-            repo / "consumers" / "team-a.token-secret.yaml", lambda s: s["stringData"].update(sha256="not-a-hash\n")
-        ),
+        edit("consumers/team-a.token-secret.yaml", lambda s: s["stringData"].update(sha256="not-a-hash\n")),
         [
             (
                 "consumers/team-a.token-secret.yaml",
@@ -183,22 +181,22 @@ CASES = [
         id="secret-without-a-hash",
     ),
     pytest.param(
-        lambda repo: _edit(repo / "shards" / "shard01.yaml", lambda s: s["spec"]["client"].update(host="10.0.0.010")),
+        edit("shards/shard01.yaml", lambda s: s["spec"]["client"].update(host="10.0.0.010")),
         [("shards/shard01.yaml", "Shard shard01 spec.client.host", "schema")],
         id="client-host-with-a-leading-zero",
     ),
     pytest.param(
-        lambda repo: _edit(repo / "dbprovider-values.yaml", lambda v: v.update(softDelete={"retention": "1w"})),
+        edit("dbprovider-values.yaml", lambda v: v.update(softDelete={"retention": "1w"})),
         [("dbprovider-values.yaml", "install values softDelete.retention", "values")],
         id="invalid-install-value",
     ),
     pytest.param(
-        lambda repo: _edit(repo / "dbprovider-values.yaml", lambda v: v.update(replicaCount=3)),
+        edit("dbprovider-values.yaml", lambda v: v.update(replicaCount=3)),
         [("dbprovider-values.yaml", "install values replicaCount", "values")],
         id="unknown-install-key",
     ),
     pytest.param(  # a key another change added to domain/config.py: lint knows it through the parser
-        lambda repo: _edit(repo / "dbprovider-values.yaml", lambda v: v.update(api={"headerTimeout": "2h"})),
+        edit("dbprovider-values.yaml", lambda v: v.update(api={"headerTimeout": "2h"})),
         [("dbprovider-values.yaml", "install values api.headerTimeout", "values")],
         id="api-timeout-out-of-range",
     ),

@@ -32,7 +32,7 @@ from harness.node import ExposedService, KubeNode
 from harness.pulumi import REPO_ROOT, PulumiWorkspace
 from informers import LEASES, SECRETS, Resource, Rest
 from reconciler.resources import CONSUMERS, SHARDS
-from tests.support.common import b64, wait_for
+from tests.support.common import b64, shard_object, wait_for
 
 NAMESPACE = "dbprovider"  # the install's defaults: release `dbprovider` in namespace `dbprovider`
 RELEASE = "dbprovider"
@@ -207,25 +207,18 @@ def shard_ready(stack: Stack, rest: Rest, shard: Shard) -> str:
 
 def create_shard(rest: Rest, shard: Shard) -> str:
     """The Shard, Ready: the leader reached PostgreSQL by the Service's name through cluster DNS."""
-    rest.create(
-        SHARDS,
-        {
-            "apiVersion": "db.bnerd.com/v1alpha1",
-            "kind": "Shard",
-            "metadata": {"name": SHARD},
-            "spec": {
-                "maxDatabases": 400,
-                "perconaCluster": {"namespace": SHARDS_NAMESPACE, "name": SHARD},
-                "admin": {
-                    "serviceName": shard.service.name,
-                    "port": shard.service.port,
-                    "sslmode": "require",
-                    "secretRef": {"namespace": SHARDS_NAMESPACE, "name": ADMIN_SECRET},
-                },
-                "client": {"host": shard.service.host, "port": shard.service.port, "sslmode": "require"},
-            },
+    spec = {
+        "maxDatabases": 400,
+        "perconaCluster": {"namespace": SHARDS_NAMESPACE, "name": SHARD},
+        "admin": {
+            "serviceName": shard.service.name,
+            "port": shard.service.port,
+            "sslmode": "require",
+            "secretRef": {"namespace": SHARDS_NAMESPACE, "name": ADMIN_SECRET},
         },
-    )
+        "client": {"host": shard.service.host, "port": shard.service.port, "sslmode": "require"},
+    }
+    rest.create(SHARDS, shard_object(SHARD, spec))
 
     def ready() -> bool:
         conditions = (rest.get(SHARDS, SHARD).get("status") or {}).get("conditions") or []

@@ -26,7 +26,7 @@ from harness.manager_endpoints import ManagerEndpoints
 from informers import LEASES, Rest
 from reconciler.resources import CONSUMERS, SHARDS
 from reconciler.runtime.leader import lease_holder
-from tests.support.common import condition, wait_for
+from tests.support.common import condition, shard_object, wait_for
 from tests.support.devstack import install_stack
 from tests.support.replica import REPO, ManagerReplica
 
@@ -182,7 +182,7 @@ def verified_shard(stack: DevStack, kube: KubeControlPlane) -> Iterator[str]:
         "admin": admin,
         "client": {"host": "127.0.0.1", "port": stack.postgres.port, "sslmode": "require"},
     }
-    body = {"apiVersion": "db.bnerd.com/v1alpha1", "kind": "Shard", "metadata": {"name": name}, "spec": spec}
+    body = shard_object(name, spec)
     with kube.admin_client() as client:
         Rest(client).create(SHARDS, body)
     yield name

@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from domain.constants import API_VERSION, KIND_SHARD
+
 T = TypeVar("T")
 
 _names = itertools.count(1)
@@ -64,3 +66,8 @@ def condition(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
         if cond.get("type") == type_:
             return cond
     return None
+
+
+def shard_object(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """A Shard object named `name` with `spec`, as a test creates it."""
+    return {"apiVersion": API_VERSION, "kind": KIND_SHARD, "metadata": {"name": name}, "spec": spec}

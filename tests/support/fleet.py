@@ -19,7 +19,7 @@ from harness import PostgresServer
 from informers import SECRETS, Resource, Rest
 from reconciler.resources import DATABASES, SHARDS
 from tests.support.admin_secrets import AdminSecrets
-from tests.support.common import condition, decoded, now_stamp, wait_for
+from tests.support.common import condition, decoded, now_stamp, shard_object, wait_for
 from tests.support.install import Release
 
 
@@ -101,8 +101,7 @@ class Fleet:
         return self.create_shard(name, spec, postgres)
 
     def create_shard(self, name: str, spec: dict[str, Any], server: PostgresServer) -> str:
-        body = {"apiVersion": "db.bnerd.com/v1alpha1", "kind": "Shard", "metadata": {"name": name}, "spec": spec}
-        self.rest.create(SHARDS, body)
+        self.rest.create(SHARDS, shard_object(name, spec))
         self.shards.append(name)
         return name
 

@@ -8,6 +8,8 @@ Cloudberry suites, which differ only in their release (namespace, Lease name, in
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 from kubernetes.client import ApiClient
 
 from domain.admin_access import OutsidePod
@@ -16,6 +18,13 @@ from harness.postgres import shard_ca
 from reconciler.runtime import ControllerManager
 from reconciler.setup import Controllers, register_controllers
 from tests.support.common import wait_for
+
+
+class ReplicaOptions(TypedDict, total=False):
+    """What a test may choose of a replica, by keyword; InProcessManager holds the defaults."""
+
+    shard_ca_file: str | None
+    shard_ping_interval: float
 
 
 class InProcessManager:

@@ -17,7 +17,7 @@ import copy
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Unpack
 
 import pytest
 from kubernetes.client import ApiClient
@@ -27,7 +27,7 @@ from harness import KubeControlPlane
 from informers import Rest
 from infra.render import render_manifests
 from tests.support.admin_secrets import shard_secrets
-from tests.support.in_process_manager import InProcessManager
+from tests.support.in_process_manager import InProcessManager, ReplicaOptions
 from tests.support.kubeapi import KubeApi, apply_all
 
 
@@ -84,18 +84,11 @@ class Release:
         return api
 
     def manager(
-        self,
-        client: ApiClient,
-        identity: str,
-        config: InstallConfig | None = None,
-        shard_ca_file: str | None = None,
-        shard_ping_interval: float = 2.0,
+        self, client: ApiClient, identity: str, config: InstallConfig | None = None, **options: Unpack[ReplicaOptions]
     ) -> InProcessManager:
         """The controllers of one replica of this release, in this process (not started)."""
         lease = f"{self.name}-manager"
-        return InProcessManager(
-            client, config or self.config(), self.namespace, lease, identity, shard_ca_file, shard_ping_interval
-        )
+        return InProcessManager(client, config or self.config(), self.namespace, lease, identity, **options)
 
 
 def release_fixtures(release: Release, fleet_class: Callable[[Rest], Any]) -> tuple[Any, ...]:
@@ -125,13 +118,10 @@ def release_fixtures(release: Release, fleet_class: Callable[[Rest], Any]) -> tu
         counter = itertools.count()
 
         def start(
-            config: InstallConfig | None = None,
-            wait_leading: bool = True,
-            shard_ca_file: str | None = None,
-            shard_ping_interval: float = 2.0,
+            config: InstallConfig | None = None, wait_leading: bool = True, **options: Unpack[ReplicaOptions]
         ) -> InProcessManager:
             identity = f"{release.name}-{next(counter)}"
-            manager = release.manager(provider_client, identity, config, shard_ca_file, shard_ping_interval)
+            manager = release.manager(provider_client, identity, config, **options)
             started.append(manager.start(wait_leading))
             return manager
 

@@ -30,7 +30,7 @@ from reconciler.sql.session import AdminSession
 from reconciler.sql.tenant import OwnerRecord, TenantSpec, ensure_tenant
 from tests.reconciler.hostile_postgres import MD5, HostilePostgres
 from tests.sql.helpers import admin_endpoint
-from tests.support.common import b64, unique
+from tests.support.common import b64, shard_object, unique
 from tests.support.install import release_config
 from tests.support.postgres import drop_as_superuser, role_comment
 from tests.upgrade.stack import built_release, this_checkout
@@ -100,25 +100,18 @@ class Setup:
 
     def shard(self, name: str, port: int, secret: str, sslmode: str, ready: dict[str, Any]) -> str:
         name = f"{name}-{self.suffix}"
-        self.rest.create(
-            SHARDS,
-            {
-                "apiVersion": "db.bnerd.com/v1alpha1",
-                "kind": "Shard",
-                "metadata": {"name": name},
-                "spec": {
-                    "maxDatabases": 10,
-                    "perconaCluster": {"namespace": NAMESPACE, "name": name},
-                    "admin": {
-                        "serviceName": "pg",
-                        "port": port,
-                        "sslmode": sslmode,
-                        "secretRef": {"namespace": SECRETS_NS, "name": secret},
-                    },
-                    "client": {"host": "127.0.0.1", "port": port},
-                },
+        spec = {
+            "maxDatabases": 10,
+            "perconaCluster": {"namespace": NAMESPACE, "name": name},
+            "admin": {
+                "serviceName": "pg",
+                "port": port,
+                "sslmode": sslmode,
+                "secretRef": {"namespace": SECRETS_NS, "name": secret},
             },
-        )
+            "client": {"host": "127.0.0.1", "port": port},
+        }
+        self.rest.create(SHARDS, shard_object(name, spec))
         self.rest.patch(SHARDS, name, {"status": {"conditions": [ready]}}, subresource="status")
         self.shards.append(name)
         return name
