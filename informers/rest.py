@@ -115,21 +115,19 @@ class WatchStream:
         self._aborted = False
 
     def lines(self) -> Iterator[bytes]:
-        buffer = b""
+        """The stream's non-empty lines (one watch event each). A chunk is split once, so a chunk holding many
+        events (a streamed list's initial events come that way) costs time linear in its size."""
+        rest = b""
         raw = self._response.response
         for chunk in raw.stream(amt=None, decode_content=True):
             if not chunk:
                 continue
-            buffer += chunk
-            while True:
-                newline = buffer.find(b"\n")
-                if newline < 0:
-                    break
-                line, buffer = buffer[:newline], buffer[newline + 1 :]
+            *complete, rest = (rest + chunk).split(b"\n")
+            for line in complete:
                 if line.strip():
                     yield line
-        if buffer.strip():
-            yield buffer
+        if rest.strip():
+            yield rest
 
     def abort(self) -> None:
         """Unblock a reader stuck in recv() by shutting the socket down (closing alone would not)."""

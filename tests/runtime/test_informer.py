@@ -14,6 +14,7 @@ from kubernetes.client.exceptions import ApiException
 from domain.settings import Backoff
 from harness import KubeControlPlane
 from informers import ADDED, CONFIGMAPS, DELETED, MODIFIED, Informer, Rest, SharedInformers
+from informers.rest import WatchStream
 from tests.runtime.support import WIDGETS, Recorder, configmap, widget
 from tests.support.common import unique, wait_for
 
@@ -158,18 +159,21 @@ def test_bookmarks_advance_the_resource_version_and_break_nothing(
 
 
 class _PausedInformer(Informer):
-    """Holds its first watch until released, so the world can move on (and be compacted)."""
+    """Drops its first watch (the stream of a streamed list, once the store is filled) and waits until
+    released, so the world can move on (and be compacted) before it watches from the listed version."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.paused = threading.Event()
         self.release = threading.Event()
 
-    def _watch(self, resource_version: str) -> str:
+    def _follow(self, stream: WatchStream, lines: Iterator[bytes], resource_version: str) -> str:
         if not self.release.is_set():
+            self._close_stream(stream)
             self.paused.set()
             self.release.wait()
-        return super()._watch(resource_version)
+            return resource_version
+        return super()._follow(stream, lines, resource_version)
 
 
 @pytest.fixture(scope="module")
