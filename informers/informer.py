@@ -501,11 +501,8 @@ class Informer:
             if event_type == DELETED:  # never among initial events; harmless if it ever is
                 fresh.pop(key, None)
             else:
-                old = current.get(key)
-                if old is None or resource_version_of(old) != resource_version_of(obj):
-                    old = self._prepare(obj)
-                fresh[key] = old  # an unchanged object stays the stored one: no second copy in memory
-                batch.append(old)
+                fresh[key] = stored = self._fresh(current.get(key), obj)
+                batch.append(stored)
             for part, seconds in (("waiting", received - started), ("decoding", decoded - received)):
                 spent[part] += seconds
             spent["storing"] += time.monotonic() - decoded
@@ -515,13 +512,8 @@ class Informer:
                 if self._stop.is_set():
                     raise InterruptedError("stopped during list")
         self._end_batch(batch, True, timing, spent)
-        self.stats["lists"] += 1
         self.stats["streamed"] += 1
-        timing.objects = len(fresh)
-        self.last_list = timing  # before the store is synced: the start logs it then
-        replacing = time.monotonic()
-        self._replace(fresh, resource_version)
-        timing.spent["storing"] += time.monotonic() - replacing
+        self._store_list(fresh, resource_version, timing)
         return resource_version
 
     def _end_batch(self, batch: builtins.list[Obj], last: bool, timing: ListTiming, spent: dict[str, float]) -> None:
@@ -560,11 +552,8 @@ class Informer:
                 if kind:
                     obj.setdefault("kind", kind)
                 key = object_key(obj)
-                old = current.get(key)
-                if old is None or resource_version_of(old) != resource_version_of(obj):
-                    old = self._prepare(obj)
-                fresh[key] = old  # an unchanged object stays the stored one: no second copy in memory
-                stored.append(old)
+                fresh[key] = kept = self._fresh(current.get(key), obj)
+                stored.append(kept)
             prepared = time.monotonic()
             metadata = page.get("metadata") or {}
             continue_token = metadata.get("continue")
@@ -578,13 +567,17 @@ class Informer:
                 raise InterruptedError("stopped during list")
             if continue_token != guessed:  # not read from the first bytes: ask now
                 asked = self._ask(path, continue_token)
+        self._store_list(fresh, resource_version, timing)
+        return resource_version
+
+    def _store_list(self, fresh: dict[str, Obj], resource_version: str, timing: ListTiming) -> None:
+        """A whole list is in: count it, keep its timing and replace the store with it."""
         self.stats["lists"] += 1
         timing.objects = len(fresh)
         self.last_list = timing  # before the store is synced: the start logs it then
         replacing = time.monotonic()
         self._replace(fresh, resource_version)
         timing.spent["storing"] += time.monotonic() - replacing
-        return resource_version
 
     def _ask(self, path: str, continue_token: str | None) -> PageRequest:
         return PageRequest(lambda: self._page(path, continue_token), f"list-{self.resource.plural}")
@@ -600,6 +593,12 @@ class Informer:
             if exc.status == 410:  # the continue token expired: start over
                 raise GoneError("list continue token expired") from exc
             raise
+
+    def _fresh(self, stored: Obj | None, listed: Obj) -> Obj:
+        """A listed object as the new store keeps it: the stored one if unchanged (no second copy in memory)."""
+        if stored is not None and resource_version_of(stored) == resource_version_of(listed):
+            return stored
+        return self._prepare(listed)
 
     def _prepare(self, obj: Obj) -> Obj:
         obj.setdefault("apiVersion", self.resource.api_version)  # typed list items carry no apiVersion

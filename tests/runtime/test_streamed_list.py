@@ -6,6 +6,7 @@ first from etcd, decoding each object again (3x its CPU for a manager start at 1
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -22,6 +23,18 @@ def _fetched_from_etcd(rest: Rest, resource: str) -> float:
         if line.startswith("apiserver_storage_list_fetched_objects_total{") and f'resource="{resource}"' in line:
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+@contextmanager
+def _configmaps(kube: KubeControlPlane, prefix: str, count: int) -> Iterator[tuple[Rest, str]]:
+    """A client of `kube` and a new namespace holding `count` ConfigMaps."""
+    with kube.admin_client() as api:
+        rest = Rest(api)
+        namespace = unique(f"rt-{prefix}")
+        kube.ensure_namespace(namespace)
+        for n in range(count):
+            rest.create(CONFIGMAPS, configmap(f"{prefix}-{n}", namespace))
+        yield rest, namespace
 
 
 def _fill(rest: Rest, namespace: str, *, stream_lists: bool, page_size: int) -> Informer:
@@ -71,12 +84,7 @@ def kube_without_watch_list() -> Iterator[KubeControlPlane]:
 def test_an_apiserver_that_refuses_streamed_lists_is_listed_page_by_page(
     kube_without_watch_list: KubeControlPlane,
 ) -> None:
-    with kube_without_watch_list.admin_client() as api:
-        rest = Rest(api)
-        namespace = unique("rt-paged")
-        kube_without_watch_list.ensure_namespace(namespace)
-        for n in range(5):
-            rest.create(CONFIGMAPS, configmap(f"paged-{n}", namespace))
+    with _configmaps(kube_without_watch_list, "paged", 5) as (rest, namespace):
         informer = _fill(rest, namespace, stream_lists=True, page_size=2)
         try:
             assert informer.stats["streamed"] == 0 and informer.stats["lists"] == 1 and informer.stats["errors"] == 0
@@ -99,12 +107,7 @@ def kube_compacting() -> Iterator[KubeControlPlane]:
 def test_after_a_compaction_pages_come_from_etcd_and_the_streamed_list_from_the_cache(
     kube_compacting: KubeControlPlane,
 ) -> None:
-    with kube_compacting.admin_client() as api:
-        rest = Rest(api)
-        namespace = unique("rt-compacted")
-        kube_compacting.ensure_namespace(namespace)
-        for n in range(20):
-            rest.create(CONFIGMAPS, configmap(f"compacted-{n}", namespace))
+    with _configmaps(kube_compacting, "compacted", 20) as (rest, namespace):
 
         def paged_list_reads_etcd() -> bool:
             before = _fetched_from_etcd(rest, "configmaps")
