@@ -329,6 +329,36 @@ class Stack:
         return ApiserverRequests(parse_request_totals(text), parse_request_totals(text, READ_VERBS))
 
 
+# The apiserver arguments of a `--compacted` run: etcd compacted every 10 s instead of every 5 minutes.
+COMPACTING = ["--etcd-compaction-interval=10s"]
+
+
+def read_from_etcd(stack: Stack) -> float:
+    """Objects the apiserver has read from etcd to answer LISTs, all resources (its own counter)."""
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in stack.apiserver_metrics().splitlines()
+        if line.startswith("apiserver_storage_list_fetched_objects_total{")
+    )
+
+
+def wait_until_compacted(stack: Stack, collection: str, timeout: float = 180) -> None:
+    """Until a paginated LIST of `collection` (at least 11 objects) reads its later pages from etcd: etcd was
+    compacted past the objects' last write and the apiserver's watch cache dropped its snapshots of them, as
+    in any cluster where they have not changed for a while (etcd is compacted every 5 minutes by default)."""
+    rest = stack.admin_rest()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        before = read_from_etcd(stack)
+        first = rest.get_bytes(collection, query=[("limit", "10")])
+        token = first.split(b'"continue":"', 1)[1].split(b'"', 1)[0].decode()
+        rest.get_bytes(collection, query=[("limit", "10"), ("continue", token)])
+        if read_from_etcd(stack) - before >= 10:
+            return
+        time.sleep(5)
+    raise TimeoutError(f"the apiserver still serves the pages of a LIST from its cache after {timeout:.0f} s")
+
+
 @dataclass
 class ApiserverRequests:
     """apiserver_request_total by "resource[/subresource] VERB", the writes apart from the reads."""

@@ -27,7 +27,18 @@ import time
 
 import psutil
 
-from bench.common import Stack, Target, bench_parser, log, machine_lock, report_targets, table
+from bench.common import (
+    COMPACTING,
+    Stack,
+    Target,
+    bench_parser,
+    log,
+    machine_lock,
+    read_from_etcd,
+    report_targets,
+    table,
+    wait_until_compacted,
+)
 from bench.scale import create_databases
 from domain.constants import CREDENTIALS_SECRET_SELECTOR
 from domain.settings import SETTINGS
@@ -57,30 +68,6 @@ def fill(rest: Rest, namespace: str, way: str) -> float:
     finally:
         for informer in informers:
             informer.stop()
-
-
-def read_from_etcd(stack: Stack) -> float:
-    """Objects the apiserver has read from etcd to answer LISTs, all resources."""
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in stack.apiserver_metrics().splitlines()
-        if line.startswith("apiserver_storage_list_fetched_objects_total{")
-    )
-
-
-def wait_until_compacted(stack: Stack, rest: Rest, namespace: str) -> None:
-    """Until a paginated LIST of the Databases reads its later pages from etcd (the cache's snapshots gone)."""
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        before = read_from_etcd(stack)
-        rest.get_bytes(DATABASES.collection_path(namespace), query=[("limit", "10")])
-        first = rest.get_bytes(DATABASES.collection_path(namespace), query=[("limit", "10")])
-        token = first.split(b'"continue":"', 1)[1].split(b'"', 1)[0].decode()
-        rest.get_bytes(DATABASES.collection_path(namespace), query=[("limit", "10"), ("continue", token)])
-        if read_from_etcd(stack) - before >= 10:
-            return
-        time.sleep(5)
-    raise TimeoutError("the apiserver still serves the pages of a LIST from its cache after 180 s")
 
 
 def measure(
@@ -125,7 +112,7 @@ def main() -> None:
     args = parser.parse_args()
     ways = args.ways.split(",")
 
-    stack = Stack("list-pages", kube_args=["--etcd-compaction-interval=10s"] if args.compacted else None)
+    stack = Stack("list-pages", kube_args=COMPACTING if args.compacted else None)
     try:
         dev = stack.start_dev()
         rest = stack.admin_rest()
@@ -135,7 +122,7 @@ def main() -> None:
         )
         log(f"created in {took:.0f} s")
         if args.compacted:
-            wait_until_compacted(stack, rest, dev.namespace)
+            wait_until_compacted(stack, DATABASES.collection_path(dev.namespace))
             log("etcd compacted past the objects: the LIST's later pages come from etcd")
         processes = {
             "kube-apiserver": psutil.Process(stack.kube.apiserver_pid),

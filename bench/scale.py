@@ -68,6 +68,7 @@ import psutil
 import requests
 
 from bench.common import (
+    COMPACTING,
     REPO,
     ManagerProcess,
     ProvisionerStatements,
@@ -85,6 +86,7 @@ from bench.common import (
     summarize_collapsed,
     table,
     wait_for,
+    wait_until_compacted,
 )
 from domain.constants import (
     API_VERSION,
@@ -765,6 +767,12 @@ def main(argv: list[str] | None = None) -> int:
         "tree's on the same fleet, `--rounds` pairs (then --runs measured starts of this tree)",
     )
     parser.add_argument(
+        "--compacted",
+        action="store_true",
+        help="measure once etcd is compacted past the Databases (every 10 s here, 5 min by default) and the "
+        "apiserver serves the later pages of a LIST from etcd: a cluster whose Databases have not changed lately",
+    )
+    parser.add_argument(
         "--warmup",
         action="store_true",
         help="one unmeasured start before the measured runs (--baseline makes one anyway): the first start "
@@ -778,9 +786,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"machine: {machine_line()}")
     # A larger request budget keeps the setup's creates from being throttled by the apiserver.
-    stack = Stack(
-        "scale", log_statements=True, kube_args=["--max-requests-inflight=800", "--max-mutating-requests-inflight=400"]
-    )
+    kube_args = ["--max-requests-inflight=800", "--max-mutating-requests-inflight=400"]
+    stack = Stack("scale", log_statements=True, kube_args=kube_args + (COMPACTING if args.compacted else []))
     try:
         stack.start_dev()
         rest = stack.admin_rest(args.threads + 8)
@@ -794,6 +801,9 @@ def main(argv: list[str] | None = None) -> int:
         log(f"created in {setup_seconds:.0f} s")
         sizes = stack_sizes(stack)
         fleet = Fleet(stack, rest, count, tokens, shards)
+        if args.compacted:
+            wait_until_compacted(stack, DATABASES.collection_path(stack.dev.namespace))
+            log("etcd compacted past the Databases: a LIST's later pages come from etcd")
         targets: list[Target] = []
         with machine_lock(args.lock):
             targets += measured(fleet, args)
