@@ -26,9 +26,9 @@ def _fetched_from_etcd(rest: Rest, resource: str) -> float:
 
 
 @contextmanager
-def _configmaps(kube: KubeControlPlane, prefix: str, count: int) -> Iterator[tuple[Rest, str]]:
-    """A client of `kube` and a new namespace holding `count` ConfigMaps."""
-    with kube.admin_client() as api:
+def _apiserver_with_configmaps(apiserver_args: list[str], prefix: str, count: int) -> Iterator[tuple[Rest, str]]:
+    """An apiserver of its own, started with `apiserver_args`: a client and a namespace holding `count` ConfigMaps."""
+    with KubeControlPlane(extra_args=apiserver_args) as kube, kube.admin_client() as api:
         rest = Rest(api)
         namespace = unique(f"rt-{prefix}")
         kube.ensure_namespace(namespace)
@@ -74,17 +74,10 @@ def test_the_cache_fills_from_a_streamed_list_and_watches_on_from_the_same_strea
         informer.stop()
 
 
-@pytest.fixture(scope="module")
-def kube_without_watch_list() -> Iterator[KubeControlPlane]:
-    """An apiserver as Kubernetes 1.30-1.33 ship it: the WatchList feature off (it answers 422)."""
-    with KubeControlPlane(extra_args=["--feature-gates=WatchList=false"]) as control_plane:
-        yield control_plane
-
-
-def test_an_apiserver_that_refuses_streamed_lists_is_listed_page_by_page(
-    kube_without_watch_list: KubeControlPlane,
-) -> None:
-    with _configmaps(kube_without_watch_list, "paged", 5) as (rest, namespace):
+@pytest.mark.server
+def test_an_apiserver_that_refuses_streamed_lists_is_listed_page_by_page() -> None:
+    # An apiserver as Kubernetes 1.30-1.33 ship it: the WatchList feature off (it answers 422).
+    with _apiserver_with_configmaps(["--feature-gates=WatchList=false"], "paged", 5) as (rest, namespace):
         informer = _fill(rest, namespace, stream_lists=True, page_size=2)
         try:
             assert informer.stats["streamed"] == 0 and informer.stats["lists"] == 1 and informer.stats["errors"] == 0
@@ -96,18 +89,11 @@ def test_an_apiserver_that_refuses_streamed_lists_is_listed_page_by_page(
             informer.stop()
 
 
-@pytest.fixture(scope="module")
-def kube_compacting() -> Iterator[KubeControlPlane]:
-    """An apiserver that compacts etcd every 2 s (5 min by default): the state of any cluster that has run
-    for a while since its objects last changed, reached in seconds."""
-    with KubeControlPlane(extra_args=["--etcd-compaction-interval=2s"]) as control_plane:
-        yield control_plane
-
-
-def test_after_a_compaction_pages_come_from_etcd_and_the_streamed_list_from_the_cache(
-    kube_compacting: KubeControlPlane,
-) -> None:
-    with _configmaps(kube_compacting, "compacted", 20) as (rest, namespace):
+@pytest.mark.server
+def test_after_a_compaction_pages_come_from_etcd_and_the_streamed_list_from_the_cache() -> None:
+    # An apiserver that compacts etcd every 2 s (5 min by default): the state of any cluster whose objects
+    # have not changed for a while, reached in seconds.
+    with _apiserver_with_configmaps(["--etcd-compaction-interval=2s"], "compacted", 20) as (rest, namespace):
 
         def paged_list_reads_etcd() -> bool:
             before = _fetched_from_etcd(rest, "configmaps")
