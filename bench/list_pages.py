@@ -13,7 +13,7 @@ the objects the apiserver read from etcd for it (its apiserver_storage_list_fetc
 median over the rounds and its ratio against the first way (the baseline, measured side by side).
 
 `--compacted` measures the state of a cluster that has run for a while since its objects last changed:
-the apiserver compacts etcd every 10 s instead of every 5 minutes, and the listing starts once its watch
+the apiserver compacts etcd every 2 minutes instead of every 5, and the listing starts once its watch
 cache has dropped its snapshots (a paginated LIST's later pages are then read from etcd). The target
 lines: the streamed list costs the apiserver at most what the default page size does, and (`--compacted`)
 reads nothing from etcd.

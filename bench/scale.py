@@ -769,7 +769,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--compacted",
         action="store_true",
-        help="measure once etcd is compacted past the Databases (every 10 s here, 5 min by default) and the "
+        help="measure once etcd is compacted past the Databases (every 2 min here, 5 min by default) and the "
         "apiserver serves the later pages of a LIST from etcd: a cluster whose Databases have not changed lately",
     )
     parser.add_argument(
