@@ -43,7 +43,11 @@ TEAM_A, TEAM_B, TEAM_OFF = "upg-team-a", "upg-team-b", "upg-team-off"
 # CHANGELOG.md ("SQL that runs on existing databases during the upgrade"), as patterns, with how
 # often each may run per database. Add a row here only together with a line there.
 ANNOUNCED_READY_SQL: dict[str, tuple[re.Pattern[str], int]] = {
-    "ownership check: the tenant's catalog row": (re.compile(r"^SELECT r\.oid, coalesce\(r\.rolcanlogin"), 2),
+    # The read's text as 0.2.0 sent it, and as it names its columns since (the same read).
+    "ownership check: the tenant's catalog row": (
+        re.compile(r"^SELECT r\.oid(?: IS NOT NULL AS role_exists)?, coalesce\(r\.rolcanlogin"),
+        2,
+    ),
     "ownership check: the lock of an adoption": (re.compile(r"^SELECT pg_catalog\.pg_advisory_xact_lock"), 1),
     "ownership record of a tenant made before records": (re.compile(r'^COMMENT ON ROLE "[a-z0-9_]+" IS '), 1),
 }
