@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 
+from domain.settings import Backoff
 from harness import KubeControlPlane
 from informers import ADDED, CONFIGMAPS, MODIFIED, Informer, Rest
 from tests.runtime.support import Recorder, configmap
@@ -112,3 +114,54 @@ def test_after_a_compaction_pages_come_from_etcd_and_the_streamed_list_from_the_
             assert _fetched_from_etcd(rest, "configmaps") - before <= 1
         finally:
             informer.stop()
+
+
+class _BrokenOnce(Informer):
+    """Its first streamed list stops after 3 initial events: with a connection error (`raises`), or as a
+    stream that just ends (a server that never sends the bookmark ending the initial events)."""
+
+    def __init__(self, *args: Any, raises: bool, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.raises = raises
+        self.broken = False
+
+    def _receive_initial_events(self, lines: Iterator[bytes]) -> str:
+        if not self.broken:
+            self.broken = True
+            lines = self._three_then_stop(lines)
+        return super()._receive_initial_events(lines)
+
+    def _three_then_stop(self, lines: Iterator[bytes]) -> Iterator[bytes]:
+        for _ in range(3):
+            yield next(lines)
+        if self.raises:
+            raise ConnectionResetError("the connection was cut mid-list")
+
+
+@pytest.mark.parametrize("raises", [True, False], ids=["connection-cut", "stream-ends-early"])
+def test_a_streamed_list_cut_short_leaves_the_store_untouched_and_is_listed_again(
+    admin_rest: Rest, namespace: str, raises: bool
+) -> None:
+    """Nothing of a streamed list reaches the store or the handlers before its end: a cut one is listed again
+    (streamed after a connection error; page by page after a stream that ended without the bookmark), and
+    every object arrives once."""
+    names = {f"cut-{n}" for n in range(8)}
+    for name in names:
+        admin_rest.create(CONFIGMAPS, configmap(name, namespace))
+    informer = _BrokenOnce(admin_rest, CONFIGMAPS, namespace, raises=raises, backoff=Backoff(0.05, cap=0.2))
+    recorder = Recorder()
+    informer.add_handler(recorder)
+    informer.start()
+    try:
+        assert informer.wait_for_sync(20), informer.sync_problem()
+        assert informer.broken and informer.stats["lists"] == 1
+        assert {o["metadata"]["name"] for o in informer.list()} == names
+        # Each object once, as ADDED: none from the attempt that was cut short.
+        assert sorted((t, k) for t, k, _ in recorder.snapshot()) == sorted((ADDED, f"{namespace}/{n}") for n in names)
+        if raises:  # an error: retried after the backoff, still streamed
+            assert informer.stats["errors"] == 1 and informer.stats["streamed"] == 1
+        else:  # no bookmark: this apiserver is taken not to stream lists
+            assert informer.stats["errors"] == 0 and informer.stats["streamed"] == 0
+            assert informer.last_list is not None and not informer.last_list.streamed
+    finally:
+        informer.stop()
