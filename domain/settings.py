@@ -188,10 +188,10 @@ class WatchTimings:
     # listed in pages of 500 cost it 4.5-6.0 CPU-s, in pages of 5,000 1.6-2.2 s (docs/performance.md
     # section 5, "the list's page size"); a page of 5,000 Databases is about 15 MB of JSON.
     list_page_size: int = 5000
-    # Fill the caches with a streamed list (a WATCH with sendInitialEvents, Kubernetes 1.34's default; an
-    # apiserver that refuses it is listed page by page). A paginated LIST's later pages are served from
-    # etcd once a compaction has passed the collection's last write: 2-3x the start at 100,000 Databases
-    # (docs/performance.md section 5, "the streamed list").
+    # Fill the caches with a streamed list (a WATCH with sendInitialEvents: the WatchList feature, on by
+    # default in Kubernetes 1.32 and from 1.34; an apiserver that refuses it is listed page by page). A
+    # paginated LIST's later pages are served from etcd once a compaction has passed the collection's last
+    # write: 2-3x the start at 100,000 Databases (docs/performance.md section 5, "the streamed list").
     stream_lists: bool = True
 
 

@@ -7,8 +7,8 @@ Behaviour, in the order a reader needs it:
   after a LIST, and the same stream goes on as the watch. Unlike a paginated LIST it needs no snapshot
   of the cache for its later pages: after an etcd compaction (every 5 minutes) the apiserver serves
   the pages of a LIST from etcd, decoding every object again (3x its CPU at 100,000 Databases).
-- An apiserver that refuses the streamed list (422: the WatchList feature is off, the default before
-  Kubernetes 1.34) or ends the stream before its initial events did is listed page by page from then on
+- An apiserver that refuses the streamed list (422: the WatchList feature is off, the default of
+  Kubernetes 1.30, 1.31 and 1.33) or ends the stream before its initial events did is listed page by page from then on
   (`stream_lists=False` asks for that from the start). The next page is asked for while one is decoded
   and stored. `last_list` says where the list's time went, either way.
 - The store is kept current by a WATCH from the list's resourceVersion with `allowWatchBookmarks`
@@ -458,7 +458,7 @@ class Informer:
         try:
             stream = self._open_watch([("sendInitialEvents", "true"), ("resourceVersionMatch", "NotOlderThan")])
         except ApiException as exc:
-            if exc.status in (400, 422):  # the WatchList feature is off (the default before Kubernetes 1.34)
+            if exc.status in (400, 422):  # WatchList off (the default of 1.30, 1.31 and 1.33)
                 raise StreamRefused(f"the apiserver does not stream lists ({exc.status} {exc.reason})") from exc
             raise
         lines = stream.lines()

@@ -78,7 +78,7 @@ def test_the_cache_fills_from_a_streamed_list_and_watches_on_from_the_same_strea
 
 @pytest.mark.server
 def test_an_apiserver_that_refuses_streamed_lists_is_listed_page_by_page() -> None:
-    # An apiserver as Kubernetes 1.30-1.33 ship it: the WatchList feature off (it answers 422).
+    # An apiserver as Kubernetes 1.30, 1.31 and 1.33 ship it: the WatchList feature off (it answers 422).
     with _apiserver_with_configmaps(["--feature-gates=WatchList=false"], "paged", 5) as (rest, namespace):
         informer = _fill(rest, namespace, stream_lists=True, page_size=2)
         try:
