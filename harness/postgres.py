@@ -43,10 +43,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
 from psycopg import sql
+from psycopg.abc import Params
 
 from harness.certs import CertificateAuthority
 from harness.process import free_port, spawn, stop, wait_for_port
@@ -477,6 +478,20 @@ class PostgresServer:
 
     def provisioner_connection(self, dbname: str = "postgres") -> psycopg.Connection:
         return self.connect(self.PROVISIONER, self.provisioner_password, dbname, autocommit=True)
+
+    def query(
+        self,
+        statement: LiteralString | sql.Composed,
+        params: Params | None = None,
+        *,
+        as_: str = SUPERUSER,
+        dbname: str = "postgres",
+    ) -> list[tuple[Any, ...]]:
+        """The rows of one statement, run as `as_` (SUPERUSER or PROVISIONER) on a session of its own: how a
+        test reads the server's state (a catalog row, a setting) in one line."""
+        connect = {self.SUPERUSER: self.superuser_connection, self.PROVISIONER: self.provisioner_connection}[as_]
+        with connect(dbname) as conn:
+            return conn.execute(statement, params).fetchall()
 
     def statement_log(self) -> str:
         """The server's jsonlog (read it with harness.statement_log); with log_statements=True it

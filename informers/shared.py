@@ -113,11 +113,17 @@ class SharedInformers:
         with self._lock:
             return [i for i in self._informers.values() if id(i) in self._optional]
 
-    def start(self) -> None:
+    def _switch(self, *, start: bool = False, stop: bool = False) -> tuple[list[Informer], list[NamedObjects]]:
+        """Set the started or stopped flag and take what is registered, in one hold of the lock: one registered
+        before is in the list, one registered after sees the flag (and starts itself, or is refused), so none
+        is missed or started twice."""
         with self._lock:
-            self._started = True
-            informers = list(self._informers.values())
-            named = list(self._named.values())
+            self._started |= start
+            self._stopped |= stop
+            return list(self._informers.values()), list(self._named.values())
+
+    def start(self) -> None:
+        informers, named = self._switch(start=True)
         for informer in informers:
             informer.start()
         for cache in named:
@@ -154,10 +160,7 @@ class SharedInformers:
         return [informer for informer in self.required() if not informer.has_synced()]
 
     def stop(self, timeout: float | None = 10.0) -> None:
-        with self._lock:
-            self._stopped = True
-            informers = list(self._informers.values())
-            named = list(self._named.values())
+        informers, named = self._switch(stop=True)
         for cache in named:
             cache.signal_stop()
         for informer in informers:

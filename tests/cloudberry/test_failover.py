@@ -58,17 +58,14 @@ def coordinator_refusing_provisioner(server: PostgresServer) -> Iterator[None]:
 
 
 def _provisioner_waiting_on_lock(server: PostgresServer) -> bool:
-    with server.superuser_connection() as su:
-        row = su.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE usename = %s AND wait_event_type = 'Lock'",
-            [server.PROVISIONER],
-        ).fetchone()
-    return row[0] > 0
+    [(waiting,)] = server.query(
+        "SELECT count(*) FROM pg_stat_activity WHERE usename = %s AND wait_event_type = 'Lock'", [server.PROVISIONER]
+    )
+    return waiting > 0
 
 
 def _role_exists(server: PostgresServer, role: str) -> bool:
-    with server.superuser_connection() as su:
-        return su.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [role]).fetchone() is not None
+    return bool(server.query("SELECT 1 FROM pg_roles WHERE rolname = %s", [role]))
 
 
 def test_provisioning_during_coordinator_failover_is_retried_and_completes(

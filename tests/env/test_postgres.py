@@ -12,18 +12,16 @@ from harness import PostgresServer
 
 
 def test_reports_its_major_version(postgres: PostgresServer) -> None:
-    with postgres.provisioner_connection() as conn:
-        version_num = int(conn.execute("SHOW server_version_num").fetchone()[0])
-    assert version_num // 10000 == postgres.major
+    [(version_num,)] = postgres.query("SHOW server_version_num", as_=postgres.PROVISIONER)
+    assert int(version_num) // 10000 == postgres.major
 
 
 def test_provisioner_has_exactly_the_seed_attributes(postgres: PostgresServer) -> None:
-    with postgres.provisioner_connection() as conn:
-        row = conn.execute(
-            "SELECT rolsuper, rolcanlogin, rolcreatedb, rolcreaterole, rolinherit, rolreplication, rolbypassrls"
-            " FROM pg_roles WHERE rolname = current_user"
-        ).fetchone()
-    superuser, login, createdb, createrole, inherit, replication, bypassrls = row
+    [(superuser, login, createdb, createrole, inherit, replication, bypassrls)] = postgres.query(
+        "SELECT rolsuper, rolcanlogin, rolcreatedb, rolcreaterole, rolinherit, rolreplication, rolbypassrls"
+        " FROM pg_roles WHERE rolname = current_user",
+        as_=postgres.PROVISIONER,
+    )
     assert (superuser, login, createdb, createrole, replication, bypassrls) == (False, True, True, True, False, False)
     # Before 16 the pre-16 dialect needs a NOINHERIT provisioner (design.md).
     assert inherit is (postgres.major >= 16)
@@ -88,9 +86,8 @@ def test_a_crashed_server_restarts_on_its_data_and_accepts_sessions_when_start_r
         assert server.pid is None
         server.restart()
         assert server.port == port and server.pid is not None
-        with server.provisioner_connection() as conn:  # at once: no retry loop of our own
-            names = {row[0] for row in conn.execute("SELECT datname FROM pg_database")}
-        assert "survives" in names
+        names = server.query("SELECT datname FROM pg_database", as_=server.PROVISIONER)  # at once: no retry loop
+        assert ("survives",) in names
     finally:
         server.close()
 
@@ -100,8 +97,7 @@ def test_only_a_durable_server_may_be_killed_and_it_commits_durably() -> None:
     """synchronous_commit=off (fast) would lose acknowledged commits to a kill: killing such a
     server is refused, and a durable one (what every killing suite starts) commits synchronously."""
     with PostgresServer("18") as fast:
-        with fast.superuser_connection() as conn:
-            assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "off"
+        assert fast.query("SHOW synchronous_commit") == [("off",)]
         for kill in (fast.kill, fast.crash):
             with pytest.raises(RuntimeError, match="durable=True"):
                 kill()
@@ -122,12 +118,10 @@ def test_only_a_durable_server_may_be_killed_and_it_commits_durably() -> None:
 
 def test_the_server_is_prepared_as_docs_sql_md_asks(postgres: PostgresServer) -> None:
     """PUBLIC may not connect to postgres and template1; the provisioner keeps postgres, its admin database."""
-    with postgres.superuser_connection() as admin:
-        rows = admin.execute(
-            "SELECT datname, has_database_privilege('public', oid, 'CONNECT'),"
-            " has_database_privilege('provisioner', oid, 'CONNECT')"
-            " FROM pg_database WHERE datname IN ('postgres', 'template1') ORDER BY 1"
-        ).fetchall()
+    rows = postgres.query(
+        "SELECT datname, has_database_privilege('public', oid, 'CONNECT'),"
+        " has_database_privilege('provisioner', oid, 'CONNECT')"
+        " FROM pg_database WHERE datname IN ('postgres', 'template1') ORDER BY 1"
+    )
     assert rows == [("postgres", False, True), ("template1", False, False)]
-    with postgres.provisioner_connection() as conn:
-        assert conn.execute("SELECT current_database()").fetchone() == ("postgres",)
+    assert postgres.query("SELECT current_database()", as_=postgres.PROVISIONER) == [("postgres",)]

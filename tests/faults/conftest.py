@@ -22,8 +22,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultStack]:
     try:
         # The suite kills its shards: acknowledged commits must survive that, as on a real shard.
         for server in created.shards.values():
-            with server.superuser_connection() as conn:
-                assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "on"
+            assert server.query("SHOW synchronous_commit") == [("on",)]
         yield created
     finally:
         created.close()

@@ -117,8 +117,7 @@ def test_size_class_change_runs_one_alter_role_and_drift_is_reported(logged_pg, 
     fleet.wait_database(name, lambda d: d["status"].get("appliedConnectionLimit") == 50)
     ddl = [s.text for s in provisioner_statements(logged_pg)[before:] if s.text.upper().startswith("ALTER ROLE")]
     assert len(ddl) == 1 and "CONNECTION LIMIT 50" in ddl[0] and "LOGIN" not in ddl[0].upper()
-    with logged_pg.superuser_connection() as su:
-        assert su.execute("SELECT rolconnlimit FROM pg_roles WHERE rolname = %s", (tenant,)).fetchone()[0] == 50
+    assert logged_pg.query("SELECT rolconnlimit FROM pg_roles WHERE rolname = %s", (tenant,)) == [(50,)]
 
     # The install config changes underneath: the database stays Ready and reports drift, no SQL.
     manager.stop()

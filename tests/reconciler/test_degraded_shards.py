@@ -79,8 +79,7 @@ def test_a_read_only_shard_is_not_ready_gets_no_placements_and_its_drops_wait(
     set_read_only(server, False)
     fleet.wait_shard(shard, "Ok", timeout=30)
     wait_for(lambda: fleet.get_database(old) is None, timeout=60, what="the drop once the shard writes again")
-    with server.superuser_connection() as su:
-        assert su.execute("SELECT count(*) FROM pg_roles WHERE rolname LIKE 't\\_ro\\_old\\_%'").fetchone() == (0,)
+    assert server.query("SELECT count(*) FROM pg_roles WHERE rolname LIKE 't\\_ro\\_old\\_%'") == [(0,)]
 
 
 def test_a_shard_in_recovery_is_not_ready_until_promoted(server: PostgresServer, fleet: Fleet, start_manager) -> None:
@@ -170,5 +169,4 @@ def test_a_far_or_flaky_shard_that_answers_is_used(
             wait_for(lambda name=name: fleet.get_database(name) is None, timeout=120, what=f"{name} dropped")
         if resets is not None:
             assert proxy.resets > 0
-    with server.superuser_connection() as su:
-        assert su.execute("SELECT count(*) FROM pg_database WHERE datname LIKE 't\\_far\\_%'").fetchone() == (0,)
+    assert server.query("SELECT count(*) FROM pg_database WHERE datname LIKE 't\\_far\\_%'") == [(0,)]

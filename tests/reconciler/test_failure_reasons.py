@@ -158,9 +158,8 @@ def test_ensure_failed_when_a_foreign_database_has_the_tenant_name(
         )
         assert_warning(admin_rest, db, ready, password_of(admin_rest, name), dialect_pg.provisioner_password)
         assert manager.errors("database", "EnsureFailed") >= 1
-        with dialect_pg.superuser_connection() as su:
-            row = su.execute("SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = %s", (tenant,)).fetchone()
-        assert row == (owner,)  # neither taken over nor dropped
+        row = dialect_pg.query("SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = %s", (tenant,))
+        assert row == [(owner,)]  # neither taken over nor dropped
 
     # The operator removes the foreign database. name_taken is terminal (no retry with backoff): the
     # next change of the Database (here an annotation), of its Shard, or the 5-minute requeue finishes it.
@@ -189,9 +188,8 @@ def test_ensure_failed_when_a_foreign_role_has_the_tenant_name(pg18, fleet, star
         "does not hold ADMIN on the role, so it did not create it)"
     )
     assert_warning(admin_rest, db, ready, password_of(admin_rest, name), pg18.provisioner_password)
-    with pg18.superuser_connection() as su:
-        row = su.execute("SELECT rolconnlimit FROM pg_roles WHERE rolname = %s", (tenant,)).fetchone()
-    assert row == (1,) and tenant_exists(pg18, tenant) == (True, False)  # the foreign role is untouched
+    row = pg18.query("SELECT rolconnlimit FROM pg_roles WHERE rolname = %s", (tenant,))
+    assert row == [(1,)] and tenant_exists(pg18, tenant) == (True, False)  # the foreign role is untouched
 
 
 # -- credentials -----------------------------------------------------------------------------------
@@ -265,8 +263,7 @@ def test_set_limit_failed_while_an_open_transaction_holds_the_role(pg18, fleet, 
         lambda d: d["status"].get("appliedConnectionLimit") == 50 and condition(d, "Ready")["status"] == "True",
         timeout=60,
     )
-    with pg18.superuser_connection() as su:
-        assert su.execute("SELECT rolconnlimit FROM pg_roles WHERE rolname = %s", (tenant,)).fetchone() == (50,)
+    assert pg18.query("SELECT rolconnlimit FROM pg_roles WHERE rolname = %s", (tenant,)) == [(50,)]
 
 
 def test_a_rotation_waits_with_shard_not_ready_when_the_admin_secret_breaks(

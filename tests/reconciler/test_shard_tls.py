@@ -28,11 +28,10 @@ def wait_ready(fleet, name: str, reason: str) -> dict:
 
 def provider_sessions_use_tls(server: PostgresServer) -> bool:
     """Whether the server sees the provider's admin sessions, and every one of them encrypted."""
-    with server.superuser_connection() as conn:
-        rows = conn.execute(
-            "SELECT s.ssl FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid)"
-            " WHERE a.usename = 'provisioner' AND a.application_name LIKE 'dbprovider%'"
-        ).fetchall()
+    rows = server.query(
+        "SELECT s.ssl FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid)"
+        " WHERE a.usename = 'provisioner' AND a.application_name LIKE 'dbprovider%'"
+    )
     return bool(rows) and all(ssl for (ssl,) in rows)
 
 

@@ -41,9 +41,8 @@ def test_a_lost_lease_stops_an_operation_between_two_statements(
     with AdminSession.for_endpoint(endpoint, fence=lease.fence) as session:
         with pytest.raises(Deposed):
             run_operation(session, "ensure", body)
-    with postgres.superuser_connection() as conn:
-        can_login = conn.execute("SELECT rolcanlogin FROM pg_roles WHERE rolname = %s", (tenant.name,)).fetchone()
-    assert can_login == (False,)  # the first statement ran, the second was never sent
+    can_login = postgres.query("SELECT rolcanlogin FROM pg_roles WHERE rolname = %s", (tenant.name,))
+    assert can_login == [(False,)]  # the first statement ran, the second was never sent
 
 
 def test_a_replica_without_the_lease_does_not_even_connect(

@@ -110,11 +110,10 @@ def _grant(postgres: PostgresServer, granter: TenantSpec, victim: TenantSpec, by
 
 def _references(postgres: PostgresServer, role: str) -> int:
     """pg_shdepend rows naming the role, in every database (what keeps DROP ROLE from working)."""
-    with postgres.superuser_connection() as su:
-        return su.execute(
-            "SELECT count(*) FROM pg_shdepend WHERE refobjid = (SELECT oid FROM pg_roles WHERE rolname = %s)",
-            (role,),
-        ).fetchone()[0]
+    [(count,)] = postgres.query(
+        "SELECT count(*) FROM pg_shdepend WHERE refobjid = (SELECT oid FROM pg_roles WHERE rolname = %s)", (role,)
+    )
+    return int(count)
 
 
 def _acl_snapshot(postgres: PostgresServer, database: str, without: str) -> dict[str, object]:
@@ -185,8 +184,7 @@ def test_the_drop_removes_what_another_tenant_granted_and_nothing_else(
 
 
 def _provisioner_has_no_connect(postgres: PostgresServer, database: str) -> None:
-    with postgres.superuser_connection() as su:
-        acl = su.execute("SELECT datacl::text[] FROM pg_database WHERE datname = %s", (database,)).fetchone()[0]
+    [(acl,)] = postgres.query("SELECT datacl::text[] FROM pg_database WHERE datname = %s", (database,))
     assert not [item for item in acl if item.startswith(f"{postgres.PROVISIONER}=")]
 
 
@@ -243,11 +241,8 @@ def test_a_granter_that_limited_its_database_to_no_connections_gets_its_limit_ba
     drop_tenant(admin, victim.name)
 
     assert catalog_counts(postgres, victim.name) == (0, 0)
-    with postgres.superuser_connection() as su:
-        row = su.execute(
-            "SELECT datconnlimit, datallowconn FROM pg_database WHERE datname = %s", (granter.name,)
-        ).fetchone()
-    assert row == (0, True)
+    row = postgres.query("SELECT datconnlimit, datallowconn FROM pg_database WHERE datname = %s", (granter.name,))
+    assert row == [(0, True)]
     _provisioner_has_no_connect(postgres, granter.name)
 
 

@@ -81,12 +81,11 @@ def test_provisioning_never_adopts_a_foreign_role_of_the_tenant_name(
     assert role_comment(postgres, tenant.name) is None
     state = tenant_state(admin, tenant.name)
     assert not state.database_exists
-    with postgres.superuser_connection() as su:  # and no membership was granted to the provisioner
-        granted = su.execute(
-            "SELECT count(*) FROM pg_auth_members m JOIN pg_roles r ON r.oid = m.roleid WHERE r.rolname = %s",
-            (tenant.name,),
-        ).fetchone()[0]
-    assert granted == 0
+    granted = postgres.query(  # and no membership was granted to the provisioner
+        "SELECT count(*) FROM pg_auth_members m JOIN pg_roles r ON r.oid = m.roleid WHERE r.rolname = %s",
+        (tenant.name,),
+    )
+    assert granted == [(0,)]
 
 
 def test_ensure_refuses_a_role_recorded_for_another_database(admin: AdminSession, owned: TenantSpec) -> None:

@@ -65,8 +65,7 @@ def test_a_provisioner_that_would_inherit_tenant_privileges_is_refused_before_16
                 with pytest.raises(SqlFailure) as failure:
                     ensure_tenant(session, tenant)
                 state = tenant_state(session, tenant.name)
-            with postgres.superuser_connection() as su:
-                member = su.execute("SELECT pg_has_role(%s, %s, 'MEMBER')", (user, tenant.name)).fetchone()[0]
+            [(member,)] = postgres.query("SELECT pg_has_role(%s, %s, 'MEMBER')", (user, tenant.name))
         finally:
             drop_as_superuser(postgres, tenant.name)
 
@@ -97,6 +96,4 @@ def test_from_16_a_self_grant_with_inherit_is_refused(postgres_16_plus: Postgres
 
 
 def _assert_inherits_nothing(server: PostgresServer, provisioner: str, tenant: str) -> None:
-    with server.superuser_connection() as su:
-        usage = su.execute("SELECT pg_has_role(%s, %s, 'USAGE')", (provisioner, tenant)).fetchone()[0]
-    assert usage is False
+    assert server.query("SELECT pg_has_role(%s, %s, 'USAGE')", (provisioner, tenant)) == [(False,)]

@@ -21,9 +21,8 @@ from tests.support.postgres import catalog_counts, drop_as_superuser, login_role
 
 def _acl(server: PostgresServer, name: str) -> tuple[bool, str | None]:
     """(datallowconn, datacl) as the superuser sees them; (False, None) without a database."""
-    with server.superuser_connection() as conn:
-        row = conn.execute("SELECT datallowconn, datacl::text FROM pg_database WHERE datname = %s", (name,)).fetchone()
-    return (row[0], row[1]) if row else (False, None)
+    rows = server.query("SELECT datallowconn, datacl::text FROM pg_database WHERE datname = %s", (name,))
+    return (rows[0][0], rows[0][1]) if rows else (False, None)
 
 
 class TestTheTenantGets:
@@ -77,11 +76,11 @@ class TestNobodyElseGets:
             conn.execute("CREATE TABLE secret_rows (v text)")
             conn.execute("INSERT INTO secret_rows VALUES ('tenant data')")
 
-        with postgres.provisioner_connection() as conn:
-            usage, member = conn.execute(
-                "SELECT pg_has_role(current_user, %s, 'USAGE'), pg_has_role(current_user, %s, 'MEMBER')",
-                (tenant.name, tenant.name),
-            ).fetchone()
+        [(usage, member)] = postgres.query(
+            "SELECT pg_has_role(current_user, %s, 'USAGE'), pg_has_role(current_user, %s, 'MEMBER')",
+            (tenant.name, tenant.name),
+            as_=postgres.PROVISIONER,
+        )
         # Member (it needs SET ROLE for owner-only statements), but inherits nothing.
         assert (usage, member) == (False, True)
 
@@ -198,8 +197,5 @@ class TestRefusals:
 
         assert failure.value.error_class == "name_taken"
         assert str(failure.value).startswith("create failed: name_taken")
-        with postgres.superuser_connection() as su:
-            owner = su.execute(
-                "SELECT datdba::regrole::text FROM pg_database WHERE datname = %s", (tenant.name,)
-            ).fetchone()[0]
-        assert owner == "postgres"
+        owner = postgres.query("SELECT datdba::regrole::text FROM pg_database WHERE datname = %s", (tenant.name,))
+        assert owner == [("postgres",)]

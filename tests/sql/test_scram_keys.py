@@ -40,8 +40,8 @@ pytestmark = pytest.mark.skipif(not scram_keys.SUPPORTED, reason="libpq < 18 tak
 
 
 def _stored(server: PostgresServer, role: str) -> str:
-    with server.superuser_connection() as conn:
-        return str(conn.execute("SELECT rolpassword FROM pg_authid WHERE rolname = %s", (role,)).fetchone()[0])
+    [(stored,)] = server.query("SELECT rolpassword FROM pg_authid WHERE rolname = %s", (role,))
+    return str(stored)
 
 
 def _endpoint(server: PostgresServer, user: str, password: str, sslmode: str = "require") -> AdminEndpoint:

@@ -76,11 +76,8 @@ def login_role(server: PostgresServer, prefix: str, attributes: str = "LOGIN") -
 
 def role_comment(server: PostgresServer, role: str) -> str | None:
     """The comment on `role` (a tenant's ownership record), None without one or without the role."""
-    with server.superuser_connection() as conn:
-        row = conn.execute(
-            "SELECT shobj_description(oid, 'pg_authid') FROM pg_roles WHERE rolname = %s", (role,)
-        ).fetchone()
-    return row[0] if row else None
+    rows = server.query("SELECT shobj_description(oid, 'pg_authid') FROM pg_roles WHERE rolname = %s", (role,))
+    return rows[0][0] if rows else None
 
 
 def catalog_counts(server: PostgresServer, name: str) -> tuple[int, int]:
