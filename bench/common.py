@@ -118,6 +118,33 @@ def worker_experiment(args: argparse.Namespace) -> dict[str, int]:
     return experiment
 
 
+def least_seconds(cpu: dict[str, float], cores: int, pinned: ShardCpus | None) -> float:
+    """The shortest wall time in which this CPU (seconds by component) can run: on all `cores` at once, and,
+    pinned, PostgreSQL's on its CPUs and the rest's on theirs. A CPU-bound phase cannot end sooner."""
+    total = sum(cpu.values())
+    if pinned is None:
+        return total / cores
+    postgres = cpu.get("postgres", 0.0)
+    return max(total / cores, postgres / len(pinned.shard), (total - postgres) / len(pinned.rest))
+
+
+def add_topology_option(parser: argparse.ArgumentParser) -> None:
+    """--shard-cpu: PostgreSQL on a CPU of its own (see `ShardCpus`)."""
+    parser.add_argument(
+        "--shard-cpu",
+        action="store_true",
+        help="PostgreSQL (every shard) on the last CPU, everything else on the others: shards on hosts of their own, "
+        "so the control plane's CPU is not taken from them (default: all share every CPU)",
+    )
+
+
+def topology(args: argparse.Namespace) -> ShardCpus | None:
+    """The CPUs of `--shard-cpu` (None: all share every CPU), announced with the machine."""
+    shard_cpus = ShardCpus.last_cpu() if args.shard_cpu else None
+    print(f"topology: {shard_cpus.describe() if shard_cpus else 'PostgreSQL and the control plane share every CPU'}")
+    return shard_cpus
+
+
 # -- output ----------------------------------------------------------------------------------------
 
 
@@ -221,6 +248,53 @@ BENCH_CONFIG: dict[str, Any] = {
     "tls": {"secretName": "dbprovider-tls"},
     "deletionProtection": {"enabled": False},
 }
+
+
+def pin_to_cpus(pid: int, cpus: set[int]) -> None:
+    """Run every thread of process `pid` on `cpus` only; the processes and threads it starts later inherit it.
+    A process that ended meanwhile (a backend whose session closed) is passed over."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return
+    for task in tasks:
+        try:
+            os.sched_setaffinity(int(task), cpus)
+        except ProcessLookupError:
+            pass  # the thread ended meanwhile
+
+
+@dataclass(frozen=True)
+class ShardCpus:
+    """A shard host of its own on one machine: PostgreSQL runs on `shard`, everything else (the apiserver,
+    etcd, the manager, this benchmark and its clients) on `rest`, so the control plane takes no CPU from
+    the shard, as in a cluster where the shard's pods and the control plane run on different nodes."""
+
+    shard: set[int]
+    rest: set[int]
+
+    @classmethod
+    def last_cpu(cls) -> ShardCpus:
+        cpus = os.sched_getaffinity(0)
+        if len(cpus) < 2:
+            raise SystemExit("--shard-cpu needs at least 2 CPUs")
+        return cls({max(cpus)}, cpus - {max(cpus)})
+
+    def pin_this_process(self) -> None:
+        """Before anything starts: the apiserver, etcd, PostgreSQL and the manager inherit `rest`."""
+        pin_to_cpus(os.getpid(), self.rest)
+
+    def pin_postgres(self, *servers: PostgresServer) -> None:
+        """Each postmaster and what it started; the backends they start later inherit `shard`."""
+        for server in servers:
+            for pid in server.process_ids():
+                pin_to_cpus(pid, self.shard)
+
+    def describe(self) -> str:
+        return (
+            f"PostgreSQL on CPU {','.join(map(str, sorted(self.shard)))}, everything else on CPU "
+            f"{','.join(map(str, sorted(self.rest)))} (the shards on a host apart from the control plane)"
+        )
 
 
 class Stack:

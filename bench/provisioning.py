@@ -1,6 +1,6 @@
 """Provisioning burst: N PUTs at once against a real `dbprovider manager`, vs the bare SQL.
 
-    python -m bench.provisioning [--count 200] [--repeats 3] [--sessions 4] [--profile]
+    python -m bench.provisioning [--count 200] [--repeats 3] [--sessions 4] [--profile] [--shard-cpu]
 
 Measured in one run on one PostgreSQL 18 server, alternating so that every burst has a baseline
 right before and right after it (b0, r0, b1, r1, b2, r2, b3):
@@ -15,11 +15,17 @@ right before and right after it (b0, r0, b1, r1, b2, r2, b3):
   (apiserver_request_total before/after) and the provisioner's statements per database
   (log_statement=all).
 Targets: the median over the bursts of (burst time / mean of its two neighbouring baselines) <= 1.25x,
-and no connection error on the bursts' PUTs.
+and no connection error on the bursts' PUTs. Also printed: the CPU of this benchmark's processes in a
+burst over its baselines', and the least time ratio that CPU allows on this machine's cores.
+
+Topology: by default PostgreSQL, the apiserver, etcd, the manager and the clients share every CPU, so
+the control plane's CPU is taken from the shard. `--shard-cpu` gives PostgreSQL the last CPU to itself
+and everything else the others, as when the shard runs on nodes of its own (baselines and bursts alike).
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import statistics
 import time
@@ -34,12 +40,15 @@ from bench.common import (
     ManagerProcess,
     ProvisionerStatements,
     ReadyWatch,
+    ShardCpus,
     Stack,
     Target,
+    add_topology_option,
     add_worker_options,
     bench_owner,
     bench_parser,
     fmt_s,
+    least_seconds,
     log,
     log_in_as_tenant,
     machine_line,
@@ -49,6 +58,7 @@ from bench.common import (
     run_on_sessions,
     summarize_collapsed,
     table,
+    topology,
     wait_for,
     worker_experiment,
 )
@@ -63,8 +73,12 @@ TARGET_RATIO = 1.25
 @dataclass
 class Phase:
     seconds: float
-    postgres_cpu: float  # CPU seconds of the PostgreSQL processes
+    cpu: dict[str, float]  # CPU seconds by component (this benchmark's processes)
     machine_cpu: float  # CPU seconds the whole machine was busy (every tenant)
+
+    @property
+    def postgres_cpu(self) -> float:
+        return self.cpu.get("postgres", 0.0)
 
 
 def baseline(
@@ -92,7 +106,7 @@ def baseline(
 
     statements = ProvisionerStatements(pg)
     timed = run_on_sessions(jobs, provision, label, CpuMeter())
-    return Phase(timed.seconds, timed.cpu.get("postgres", 0.0), timed.machine_cpu), statements.expect(
+    return Phase(timed.seconds, timed.cpu, timed.machine_cpu), statements.expect(
         f"baseline {label} (ensure_tenant x{count})", detail=True
     )
 
@@ -151,6 +165,22 @@ def run_burst(
     )
 
 
+def _cpu_floor(bursts: list[BurstResult], baselines: list[Phase], cores: int, pinned: ShardCpus | None) -> str:
+    """What the machine allows: a burst cannot end before its processes' CPU has run (`least_seconds`), so
+    that time over its baselines' is the lowest ratio this machine can show; the burst adds the apiserver,
+    etcd and the manager's own work to the same SQL."""
+    lines = []
+    for n, b in enumerate(bursts):
+        around = baselines[n : n + 2]
+        floor = least_seconds(b.cpu, cores, pinned) / statistics.mean(p.seconds for p in around)
+        more = sum(b.cpu.values()) / statistics.mean(sum(p.cpu.values()) for p in around)
+        lines.append(f"r{n} {more:.2f}x the CPU, so at least {floor:.2f}x the time")
+    return (
+        f"\nthis benchmark's processes, burst / its baselines: {'; '.join(lines)} (the least: every core "
+        "busy from the first PUT to the last Ready)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__doc__, profile="record the manager (every thread) with py-spy during the last burst")
     parser.add_argument("--count", type=int, default=200, help="databases in each burst (default 200)")
@@ -169,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="experiment: N keep-alive clients share the PUTs (default: one connection per PUT)",
     )
+    add_topology_option(parser)
     add_worker_options(parser)
     args = parser.parse_args(argv)
     count, repeats = args.count, args.repeats
@@ -181,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"EXPERIMENT: {args.clients} keep-alive clients share the PUTs of a burst")
     experiment = worker_experiment(args)
     print(f"machine: {machine_line()}")
+    cores = len(os.sched_getaffinity(0))
+    shard_cpus = topology(args)
     # Placement counts connections (the Shard's budget, max_connections less the reserve): the 650 databases
     # of size class small at 1 connection each fit a server with max_connections 1000 (at 5 each in 200,
     # 38 were placed and the rest never got Ready).
@@ -193,7 +226,11 @@ def main(argv: list[str] | None = None) -> int:
     manager: ManagerProcess | None = None
     watch: ReadyWatch | None = None
     try:
+        if shard_cpus is not None:
+            shard_cpus.pin_this_process()
         dev = stack.start_dev()
+        if shard_cpus is not None:
+            shard_cpus.pin_postgres(stack.postgres)
         rest = stack.admin_rest()
         rest.patch(CONSUMERS, dev.consumer, {"spec": {"maxDatabases": repeats * count + 50}})
         rest.patch(SHARDS, dev.shard, {"spec": {"maxDatabases": repeats * count + 50}})
@@ -288,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
             + [("wall seconds x 2 cores", *(f"{2 * b.seconds:.1f}" for b in bursts))],
             ("component", *(f"r{n}" for n in range(repeats))),
         )
+        print(_cpu_floor(bursts, ensure_phases, cores, shard_cpus))
         answers: Counter[str] = sum((b.answers for b in bursts), Counter())
         table("PUT answers, all bursts (incl. retries)", sorted(answers.items()), ("answer", "count"))
         writes: Counter[str] = sum((b.requests.writes for b in bursts), Counter())
