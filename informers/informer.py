@@ -135,17 +135,29 @@ class PageRequest:
 
 
 _CONTINUE = re.compile(rb'"continue":"([A-Za-z0-9_=+/-]*)"')
-_HEAD = 4096  # the list's metadata comes before its items, within the first bytes
+_HEAD = 4096  # a built-in type's list writes its metadata before its items, within the first bytes
+_TAIL = 4096  # a custom resource's list (keys sorted: apiVersion, items, kind, metadata) writes it last
+_ITEMS_FIRST = re.compile(rb'\{"apiVersion":"[^"]*","items":\[')
+_LIST_METADATA = b'List","metadata":{'  # after the list's kind (DatabaseList), as the last key
 
 
 def continue_token_of(page: bytes) -> str | None:
-    """The continue token of an undecoded LIST page, read from its metadata, which the apiserver writes before
-    the items; None when it is not found there (the last page, or another layout: the caller decodes first)."""
+    """The continue token of an undecoded LIST page, read from its metadata; None when it is not found
+    (the last page, or a layout not known here: the caller decodes first). A built-in type's list (kind,
+    apiVersion, metadata, items) has the metadata in its first bytes; a custom resource's list (Databases:
+    the apiserver writes unstructured objects with sorted keys) has it as its last key, after every item
+    and right after the list's kind: a flat object (no `{` in it) at the page's end, none of anyone's."""
     head = page[:_HEAD]
-    items = head.find(b'"items":')
-    if items < 0:
-        return None
-    found = _CONTINUE.search(head, 0, items)
+    if _ITEMS_FIRST.match(head):
+        tail = page[-_TAIL:]
+        start = tail.rfind(_LIST_METADATA)
+        metadata = tail[start + len(_LIST_METADATA) :] if start >= 0 else b"{"
+        found = _CONTINUE.search(metadata) if b"{" not in metadata else None
+    else:
+        items = head.find(b'"items":')
+        if items < 0:
+            return None
+        found = _CONTINUE.search(head, 0, items)
     return found.group(1).decode("ascii") if found and found.group(1) else None
 
 
@@ -528,7 +540,7 @@ class Informer:
         """LIST page by page and replace the store; returns the list's resourceVersion.
 
         The next page is asked for while this one is decoded and stored (its continue token is read from
-        the page's first bytes, checked once the page is decoded): at 100,000 objects the apiserver's time
+        the undecoded page, checked once the page is decoded): at 100,000 objects the apiserver's time
         and ours overlap instead of adding up."""
         path = self.resource.collection_path(self.namespace)
         fresh: dict[str, Obj] = {}
@@ -565,7 +577,7 @@ class Informer:
                 break
             if self._stop.is_set():
                 raise InterruptedError("stopped during list")
-            if continue_token != guessed:  # not read from the first bytes: ask now
+            if continue_token != guessed:  # not read from the undecoded page: ask now
                 asked = self._ask(path, continue_token)
         self._store_list(fresh, resource_version, timing)
         return resource_version

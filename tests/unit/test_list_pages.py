@@ -32,6 +32,32 @@ def test_the_last_page_has_none_even_when_an_item_spells_one() -> None:
 
 
 def test_another_layout_is_not_guessed() -> None:
-    """Metadata after the items, or no items key in the first bytes: the informer decodes the page first."""
+    """Metadata after the items of a built-in kind's layout, or no items key in the first bytes: the informer decodes
+    the page first."""
     assert continue_token_of(page({"continue": TOKEN}, [HOSTILE], metadata_first=False)) is None
     assert continue_token_of(b'{"kind":"SecretList","metadata":{"continue":"' + b"a" * 5000 + b'"},"items":[]}') is None
+
+
+def custom_page(metadata: dict[str, Any], items: list[dict[str, Any]]) -> bytes:
+    """A custom resource's page as the apiserver writes it: unstructured, every key sorted (items before metadata)."""
+    body = {"apiVersion": "db.example/v1", "kind": "DatabaseList", "metadata": metadata, "items": items}
+    return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+
+
+FORGING = {
+    "kind": "Database",
+    "metadata": {"name": "y", "annotations": {"continue": 'List","metadata":{"continue":"forged"}'}},
+    "spec": {"continue": "forged"},
+}
+
+
+def test_a_custom_resource_page_has_its_token_after_the_items() -> None:
+    assert continue_token_of(custom_page({"resourceVersion": "9", "continue": TOKEN}, [HOSTILE, FORGING])) == TOKEN
+    assert continue_token_of(custom_page({"resourceVersion": "9"}, [HOSTILE, FORGING])) is None
+    assert continue_token_of(custom_page({"resourceVersion": "9", "continue": TOKEN}, [])) == TOKEN
+
+
+def test_a_custom_resource_page_whose_last_metadata_is_not_flat_is_not_guessed() -> None:
+    """Only the list's own metadata (flat, the last key) is read: a nested object there is not it."""
+    page = custom_page({"resourceVersion": "9", "continue": TOKEN, "x": {"continue": "forged"}}, [])
+    assert continue_token_of(page) is None
