@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from bench.common import ShardCpus, least_seconds
 from harness import PostgresServer
 
 CPUS = os.sched_getaffinity(0)
 
 
+@pytest.mark.server  # starts a PostgreSQL server of its own
 def test_a_pinned_server_and_its_later_sessions_run_on_the_shard_cpu_only() -> None:
     pinned = ShardCpus.last_cpu()
     assert pinned.shard == {max(CPUS)} and pinned.rest == CPUS - {max(CPUS)}
