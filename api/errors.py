@@ -117,6 +117,10 @@ class Unavailable(
     """The apiserver is unreachable or the write cannot be done now; the client may retry."""
 
 
+KUBE_API_SLOW = "the Kubernetes API did not answer in time; try again"
+KUBE_API_UNREACHABLE = "the Kubernetes API is unreachable; try again"
+
+
 # Codes and texts of Falcon's own errors (routing, methods, headers), in the same body format. The front
 # door (api.server) answers the statuses it refuses by itself with these codes too.
 FALCON_ERRORS = {
@@ -184,9 +188,17 @@ def _handle_kube_error(req: falcon.Request, resp: falcon.Response, ex: ApiExcept
 def _handle_transport_error(
     req: falcon.Request, resp: falcon.Response, ex: urllib3.exceptions.HTTPError, params: dict[str, Any]
 ) -> None:
-    # The apiserver did not answer in time or refused the connection: a prompt 503, not a 500.
-    log.error("kube-apiserver unreachable during %s %s: %s", req.method, req.uri_template, type(ex).__name__)
-    _write(resp, falcon.HTTP_503, Unavailable.code, "the Kubernetes API is unreachable; try again")
+    # The apiserver did not answer in time or refused the connection: a prompt 503, not a 500. Which of
+    # the two, said as it is: a slow apiserver (one starved of CPU) is not a gone one.
+    log.error("kube-apiserver request failed during %s %s: %s", req.method, req.uri_template, type(ex).__name__)
+    _write(resp, falcon.HTTP_503, Unavailable.code, transport_error_message(ex))
+
+
+def transport_error_message(ex: urllib3.exceptions.HTTPError) -> str:
+    """A timeout says so; a refused or broken connection is unreachable (urllib3 makes a refused connection,
+    NewConnectionError, a kind of ConnectTimeoutError for old callers' sake)."""
+    slow = isinstance(ex, urllib3.exceptions.TimeoutError) and not isinstance(ex, urllib3.exceptions.NewConnectionError)
+    return KUBE_API_SLOW if slow else KUBE_API_UNREACHABLE
 
 
 def _handle_unexpected(req: falcon.Request, resp: falcon.Response, ex: Exception, params: dict[str, Any]) -> None:

@@ -41,6 +41,7 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from api.errors import (
+    KUBE_API_SLOW,
     CredentialsUnavailable,
     DatabaseDeleting,
     NotFound,
@@ -120,7 +121,7 @@ class _Budget:
     def left(self) -> float:
         remaining = self.end - time.monotonic()
         if remaining <= 0:
-            raise Unavailable("the Kubernetes API did not answer in time; try again")
+            raise Unavailable(KUBE_API_SLOW)
         return remaining
 
 

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import pytest
 from kubernetes.client import ApiClient
 
+from api.errors import KUBE_API_SLOW, KUBE_API_UNREACHABLE
 from api.store import REQUEST_BUDGET, DatabaseStore
 from harness.sockets import accepted
 from informers import Rest
@@ -98,4 +99,23 @@ def test_a_silent_apiserver_costs_a_write_at_most_a_second(
     finally:
         client.close()
     assert response.status_code == 503 and response.json()["error"] == "unavailable", response.text
+    assert response.json()["message"] == KUBE_API_SLOW  # silent is not gone: it says so
     assert elapsed < REQUEST_BUDGET + 0.5, f"the {method} took {elapsed:.1f}s"
+
+
+def test_a_refused_connection_is_unreachable_not_slow(env: ApiEnv, store: DatabaseStore) -> None:
+    """A port nobody listens on answers at once: the write is 503 'unreachable' (urllib3 makes a refused
+    connection a kind of connect timeout; the message does not take it for a slow apiserver)."""
+    consumer = env.ready_consumer()
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        port = closed.getsockname()[1]
+    configuration = copy.deepcopy(env.informers.rest.api_client.configuration)
+    configuration.host = f"https://127.0.0.1:{port}"
+    client = ApiClient(configuration)
+    try:
+        store.rest = Rest(client).without_retries()
+        response = env.call("PUT", "/v1/databases/refused", consumer.token)
+    finally:
+        client.close()
+    assert response.status_code == 503 and response.json()["error"] == "unavailable", response.text
+    assert response.json()["message"] == KUBE_API_UNREACHABLE
