@@ -4,10 +4,11 @@ it starts later included, and the least time a phase's CPU allows is what the be
 from __future__ import annotations
 
 import os
+import subprocess
 
 import pytest
 
-from bench.common import ShardCpus, least_seconds
+from bench.common import ShardCpus, least_seconds, pin_to_cpus
 from harness import PostgresServer
 
 CPUS = os.sched_getaffinity(0)
@@ -32,3 +33,12 @@ def test_least_seconds_is_the_cpu_on_all_cores_or_the_busier_side_when_pinned() 
     assert least_seconds(cpu, 2, None) == 7.0
     assert least_seconds(cpu, 2, ShardCpus({1}, {0})) == 8.0  # PostgreSQL alone on its one CPU
     assert least_seconds({"postgres": 2.0, "manager": 6.0}, 2, ShardCpus({1}, {0})) == 6.0
+
+
+def test_pinning_a_process_that_has_ended_is_passed_over() -> None:
+    """A backend whose session closed between listing the server's processes and pinning them (seen in a
+    bench.fleet run): its PID is gone, and the pin goes on with the others instead of failing the run."""
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    pin_to_cpus(ended.pid, {min(CPUS)})  # no error
+    assert os.sched_getaffinity(0) == CPUS
