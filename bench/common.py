@@ -129,19 +129,25 @@ def least_seconds(cpu: dict[str, float], cores: int, pinned: ShardCpus | None) -
 
 
 def add_topology_option(parser: argparse.ArgumentParser) -> None:
-    """--shard-cpu: PostgreSQL on a CPU of its own (see `ShardCpus`)."""
+    """--shared-cpus: PostgreSQL and the control plane on every CPU (by default the shards get one of their own)."""
     parser.add_argument(
-        "--shard-cpu",
+        "--shared-cpus",
         action="store_true",
-        help="PostgreSQL (every shard) on the last CPU, everything else on the others: shards on hosts of their own, "
-        "so the control plane's CPU is not taken from them (default: all share every CPU)",
+        help="PostgreSQL (every shard), the apiserver, etcd, the manager and the clients all share every CPU, so the "
+        "control plane's CPU is taken from the shards (default: PostgreSQL on the last CPU, everything else on the "
+        "others, as shards on hosts of their own; see `ShardCpus`)",
     )
 
 
 def topology(args: argparse.Namespace) -> ShardCpus | None:
-    """The CPUs of `--shard-cpu` (None: all share every CPU), announced with the machine."""
-    shard_cpus = ShardCpus.last_cpu() if args.shard_cpu else None
-    print(f"topology: {shard_cpus.describe() if shard_cpus else 'PostgreSQL and the control plane share every CPU'}")
+    """The CPUs of the shards apart (`ShardCpus`; None: all share every CPU, by `--shared-cpus` or on a machine
+    of one CPU), announced with the machine."""
+    shard_cpus = None if args.shared_cpus else ShardCpus.last_cpu()
+    if shard_cpus is not None:
+        print(f"topology: {shard_cpus.describe()}")
+    else:
+        why = "--shared-cpus" if args.shared_cpus else "one CPU: the shards cannot have their own"
+        print(f"topology: PostgreSQL and the control plane share every CPU ({why})")
     return shard_cpus
 
 
@@ -274,10 +280,11 @@ class ShardCpus:
     rest: set[int]
 
     @classmethod
-    def last_cpu(cls) -> ShardCpus:
+    def last_cpu(cls) -> ShardCpus | None:
+        """The last CPU for the shards, the others for the rest (None: this process may run on one CPU only)."""
         cpus = os.sched_getaffinity(0)
         if len(cpus) < 2:
-            raise SystemExit("--shard-cpu needs at least 2 CPUs")
+            return None
         return cls({max(cpus)}, cpus - {max(cpus)})
 
     def pin_this_process(self) -> None:

@@ -1,7 +1,7 @@
 """Fleet: a burst over 20 shards in another zone, against the same SQL on 4 sessions per shard.
 
     python -m bench.fleet [--shards 20] [--count 1000] [--delay 0.010] [--sessions 4] [--clients 50]
-                          [--consumers 20]
+                          [--consumers 20] [--shared-cpus]
 
 Every shard is its own PostgreSQL 18 server (small settings: the RSS of all of them is reported)
 behind a TCP proxy that adds `--delay` each way (`harness.latency_proxy`, one process for all), so
@@ -32,6 +32,11 @@ placements per shard, CPU per component, per phase the provisioner's statements 
 loudly if the log shows none), when each shard's last database was done and PostgreSQL's CPU per
 database (is the baseline the same work as the burst?), the peak of
 `dbprovider_database_workers_in_flight` per shard and in all during r1. Targets: both ratios <= 1.5x.
+
+Topology (bench.common `ShardCpus`): the 20 servers run on the last CPU, the apiserver, etcd, the manager,
+the proxy and the clients on the others, baselines and bursts alike: shards in another zone share no CPU
+with the control plane. `--shared-cpus` puts everything on every CPU: the burst then also pays for the
+control plane's CPU, which the baselines do not use (docs/performance.md section 8).
 """
 
 from __future__ import annotations

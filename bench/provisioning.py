@@ -1,6 +1,6 @@
 """Provisioning burst: N PUTs at once against a real `dbprovider manager`, vs the bare SQL.
 
-    python -m bench.provisioning [--count 200] [--repeats 3] [--sessions 4] [--profile] [--shard-cpu]
+    python -m bench.provisioning [--count 200] [--repeats 3] [--sessions 4] [--profile] [--shared-cpus]
 
 Measured in one run on one PostgreSQL 18 server, alternating so that every burst has a baseline
 right before and right after it (b0, r0, b1, r1, b2, r2, b3):
@@ -18,9 +18,10 @@ Targets: the median over the bursts of (burst time / mean of its two neighbourin
 and no connection error on the bursts' PUTs. Also printed: the CPU of this benchmark's processes in a
 burst over its baselines', and the least time ratio that CPU allows on this machine's cores.
 
-Topology: by default PostgreSQL, the apiserver, etcd, the manager and the clients share every CPU, so
-the control plane's CPU is taken from the shard. `--shard-cpu` gives PostgreSQL the last CPU to itself
-and everything else the others, as when the shard runs on nodes of its own (baselines and bursts alike).
+Topology (bench.common `ShardCpus`): PostgreSQL runs on the last CPU, the apiserver, etcd, the manager
+and the clients on the others, baselines and bursts alike, as when the shard runs on nodes of its own.
+`--shared-cpus` puts everything on every CPU: the control plane's CPU is then taken from the shard in the
+bursts only, and the ratio measures the machine's cores more than the product (docs/performance.md section 1).
 """
 
 from __future__ import annotations
