@@ -22,6 +22,7 @@ import copy
 import statistics
 import threading
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from bench.common import (
@@ -63,7 +64,7 @@ class _IdleStream:
     def __init__(self) -> None:
         self._stop = threading.Event()
 
-    def lines(self):
+    def lines(self) -> Iterator[bytes]:
         self._stop.wait()
         return iter(())
 
@@ -252,7 +253,7 @@ def live_benchmark(placements: int, rounds: int) -> tuple[dict[str, list[float]]
         secrets.wait_for_sync(60)
         pending = iter(range(total))
 
-        def placer(label: str):
+        def placer(label: str) -> Callable[[], None]:
             controller = controllers[label]
 
             def once() -> None:
