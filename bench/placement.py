@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import orjson
+
 from bench.common import (
     Stack,
     Target,
@@ -90,6 +92,10 @@ class ListOnlyRest(Rest):
             "metadata": {"resourceVersion": "1"},
         }
 
+    def get_bytes(self, path: str, **kwargs: Any) -> bytes:
+        """The LIST as the informer pages it (one page, no continue token), encoded as the apiserver sends it."""
+        return orjson.dumps(self.request("GET", path))
+
     def stream(self, path: str, **kwargs: Any) -> _IdleStream:  # type: ignore[override]
         return _IdleStream()
 
@@ -148,11 +154,13 @@ def database_object(i: int, shard: str) -> dict[str, Any]:
 
 def filled_informers(shard_count: int, databases: int, capacity: int) -> tuple[Informer, Informer]:
     names = [f"shard-{i:03d}" for i in range(shard_count)]
-    shards = Informer(ListOnlyRest([shard_object(n, capacity) for n in names], "Shard"), SHARDS)
+    # stream_lists off: ListOnlyRest answers a LIST; its watch (a streamed list's too) never sends an event.
+    shards = Informer(ListOnlyRest([shard_object(n, capacity) for n in names], "Shard"), SHARDS, stream_lists=False)
     dbs = Informer(
         ListOnlyRest([database_object(i, names[i % shard_count]) for i in range(databases)], "Database"),
         DATABASES,
         "dbprovider",
+        stream_lists=False,
     )
     dbs.add_index(BY_SHARD, database_shard)
     for informer in (shards, dbs):
