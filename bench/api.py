@@ -40,11 +40,11 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from bench.common import (
     Stack,
@@ -62,6 +62,9 @@ from bench.common import (
     table,
     wait_for,
 )
+from domain.objects import Obj
+from informers import Informer
+from informers.informer import Handler
 
 THROUGHPUT_TARGET = 0.5
 ATTACK_THROUGHPUT_TARGET = 0.8
@@ -133,7 +136,46 @@ def serve(args: argparse.Namespace) -> int:
 # -- clients ---------------------------------------------------------------------------------------
 
 
-def client_process(port: int, path: str, token: str, ca: str, threads: int, start_at: float, seconds: float) -> dict:
+class ClientRun(TypedDict):
+    """What one client process measured (returned through the process pool, so a plain dict)."""
+
+    latencies: list[float]
+    errors: list[str]
+
+
+class LoadRun(ClientRun):
+    """One round of load on one server: the client processes' results, with throughput and CPU."""
+
+    rps: float
+    server_cpu: float
+    machine_busy: float
+
+
+class AttackRounds(TypedDict):
+    """The rounds without and with the hostile connections, how many each attacked round opened, and which."""
+
+    quiet: list[LoadRun]
+    attacked: list[LoadRun]
+    opened: list[int]
+    what: str
+
+
+class RoundsSummary(TypedDict):
+    """The rounds of one server summarized, in the units the tables print."""
+
+    rps: float
+    p50: float
+    p99: float
+    errors: int
+    server_us: float
+    server_core: float
+    machine_core: float
+    rounds: str
+
+
+def client_process(
+    port: int, path: str, token: str, ca: str, threads: int, start_at: float, seconds: float
+) -> ClientRun:
     """`threads` keep-alive TLS clients GET `path` from start_at for `seconds`; latencies and errors."""
     context = ssl.create_default_context(cafile=ca)
     headers = {"Authorization": f"Bearer {token}"}
@@ -179,7 +221,7 @@ def client_process(port: int, path: str, token: str, ca: str, threads: int, star
 
 def load(
     port: int, path: str, token: str, ca: str, clients: int, seconds: float, pool: Any, server_pid: int | None = None
-) -> dict:
+) -> LoadRun:
     """`clients` connections over two client processes; requests/s, latencies, and the CPU the server
     process and the whole machine used while the clock ran."""
     import psutil
@@ -201,7 +243,7 @@ def load(
     latencies: list[float] = []
     errors: list[str] = []
     for job in jobs:
-        result = job.get(timeout=seconds + 120)
+        result: ClientRun = job.get(timeout=seconds + 120)
         latencies += result["latencies"]
         errors += result["errors"]
     return {
@@ -295,16 +337,16 @@ def create_ready_database(rest: Any, stack: Stack, external_id: str) -> None:
 class LabelledSecrets:
     """The bench's token Secrets, selected by label (one informer), in the shape TokenIndex reads."""
 
-    def __init__(self, informer: Any, namespace: str) -> None:
+    def __init__(self, informer: Informer, namespace: str) -> None:
         self.informer, self.namespace = informer, namespace
 
-    def want(self, names: Any) -> None:
+    def want(self, names: Iterable[str]) -> None:
         """All labelled Secrets are cached already."""
 
-    def add_handler(self, handler: Any) -> object:
+    def add_handler(self, handler: Handler) -> object:
         return self.informer.add_handler(handler)
 
-    def get(self, name: str) -> Any:
+    def get(self, name: str) -> Obj | None:
         return self.informer.get(f"{self.namespace}/{name}")
 
     def has_synced(self) -> bool:
@@ -343,7 +385,7 @@ def auth_benchmark(
 
         resource = Resource()
 
-        def call(label: str, token: str):
+        def call(label: str, token: str) -> Callable[[], None]:
             middleware, _ = middlewares[label]
             req = falcon.testing.create_req(path="/v1/databases/x", headers={"Authorization": f"Bearer {token}"})
             resp = falcon.Response()
@@ -378,7 +420,7 @@ def auth_benchmark(
 
 def attack_rounds(
     args: argparse.Namespace, port: int, path: str, token: str, ca: str, pool: Any, server_pid: int
-) -> dict[str, Any]:
+) -> AttackRounds:
     """Rounds of the GET load alternating without and with the hostile connections held."""
     from harness.attacks import HostileClients
 
@@ -386,7 +428,7 @@ def attack_rounds(
     what = (
         f"{args.attack_slow} slow-header, {args.attack_silent} silent TCP and {args.attack_idle} idle TLS connections"
     )
-    done: dict[str, Any] = {"quiet": [], "attacked": [], "opened": [], "what": what}
+    done: AttackRounds = {"quiet": [], "attacked": [], "opened": [], "what": what}
     for n in range(args.rounds):
         for name in ("quiet", "attacked") if n % 2 == 0 else ("attacked", "quiet"):
             if name == "quiet":
@@ -412,7 +454,7 @@ def attack_rounds(
     return done
 
 
-def summarize_rounds(done: list[dict], seconds: float) -> dict[str, Any]:
+def summarize_rounds(done: list[LoadRun], seconds: float) -> RoundsSummary:
     """Median round throughput, p50/p99 over every request of the rounds, errors, CPU."""
     latencies = [x for r in done for x in r["latencies"]]
     requests_done = sum(len(r["latencies"]) for r in done)
@@ -428,7 +470,7 @@ def summarize_rounds(done: list[dict], seconds: float) -> dict[str, Any]:
     }
 
 
-def load_row(label: str, summary: dict[str, Any], columns: Sequence[str]) -> tuple[Any, ...]:
+def load_row(label: str, summary: RoundsSummary, columns: Sequence[str]) -> tuple[Any, ...]:
     """A summary of rounds as a table row: `label`, the `columns` asked, then each round's req/s."""
     cells = {
         "req/s": f"{summary['rps']:.0f}",
@@ -529,7 +571,7 @@ def main(argv: list[str] | None = None) -> int:
         log("warm-up")
         load(bare_port, path, dev.token, ca, args.clients, 1.0, pool)
         load(real_port, path, dev.token, ca, args.clients, 1.0, pool)
-        rounds: dict[str, list[dict]] = {"bare": [], "api": []}
+        rounds: dict[str, list[LoadRun]] = {"bare": [], "api": []}
         for n in range(args.rounds):
             order = ("bare", "api") if n % 2 == 0 else ("api", "bare")
             for name in order:

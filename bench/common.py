@@ -25,18 +25,19 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import requests
 from psycopg import sql
 
 from dbprovider.devstack import DevStack
 from domain.config import InstallConfig
+from domain.objects import Obj
 from harness import KubeControlPlane, PostgresServer
 from harness.manager_endpoints import ManagerEndpoints
 from harness.process import spawn
@@ -47,6 +48,10 @@ from reconciler.resources import DATABASES, SHARDS
 from reconciler.sql.login import TenantLogin, log_in
 from reconciler.sql.session import AdminSession
 from reconciler.sql.tenant import OwnerRecord, TenantSpec
+
+if TYPE_CHECKING:
+    # The bench extra; pyinstrument_profile imports it when it runs, and runs without it.
+    from pyinstrument import Profiler
 
 REPO = Path(__file__).resolve().parents[1]
 WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "DELETE", "APPLY"})
@@ -223,9 +228,10 @@ def wait_for(check: Callable[[], T], timeout: float, what: str, interval: float 
         time.sleep(interval)
 
 
-def interleaved(variants: dict[str, Callable[[], None]], rounds: int, iterations: int) -> dict[str, list[float]]:
+def interleaved(variants: Mapping[str, Callable[[], object]], rounds: int, iterations: int) -> dict[str, list[float]]:
     """Time `iterations` calls of each variant per round, alternating the variants (and their order)
-    round by round, so both see the same machine. Returns seconds per call, one value per round."""
+    round by round, so both see the same machine. Returns seconds per call, one value per round (what a
+    variant returns is dropped)."""
     results: dict[str, list[float]] = {name: [] for name in variants}
     names = list(variants)
     for n in range(rounds):
@@ -391,9 +397,11 @@ class Stack:
 
     def apiserver_metrics(self) -> str:
         configuration = self.kube.configuration()
+        cert_file, key_file = configuration.cert_file, configuration.key_file
+        assert cert_file is not None and key_file is not None, "the admin configuration has a client certificate"
         response = requests.get(
             f"{self.kube.url}/metrics",
-            cert=(configuration.cert_file, configuration.key_file),
+            cert=(cert_file, key_file),
             verify=configuration.ssl_ca_cert,
             timeout=30,
         )
@@ -631,11 +639,13 @@ class ReadyWatch:
         self.informer = Informer(stack.admin_rest(4), DATABASES, namespace)
         self.informer.add_handler(self._on_event)
 
-    def _on_event(self, event_type: str, old: dict | None, new: dict | None) -> None:
+    def _on_event(self, event_type: str, old: Obj | None, new: Obj | None) -> None:
         if new is None:
             return
         status = new.get("status") or {}
         external_id = (new.get("spec") or {}).get("externalId")
+        if not isinstance(external_id, str):  # not a Database the API could have created: nobody waits for it
+            return
         now = time.perf_counter()
         with self.lock:
             if status.get("shard"):
@@ -752,7 +762,7 @@ class ManagerProcess(ManagerEndpoints):
         argv = self.dev.manager_argv(python, self.api_port, self.metrics_port)
         argv.insert(1, "-P")  # not the working directory first: the code is `checkout`'s (PYTHONPATH)
         self.started = time.monotonic()
-        self.proc: subprocess.Popen = spawn(argv, self.log_file, env=env)
+        self.proc: subprocess.Popen[bytes] = spawn(argv, self.log_file, env=env)
 
     @property
     def pid(self) -> int:
@@ -821,7 +831,7 @@ class PySpy:
     out: Path
     rate: int = 50
     idle: bool = True
-    proc: subprocess.Popen | None = field(default=None, init=False)
+    proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
     def start(self) -> PySpy:
         exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
@@ -946,7 +956,7 @@ def summarize_collapsed(path: Path, top: int = 15) -> str:
     return "\n".join(lines)
 
 
-def pyinstrument_profile() -> Any:
+def pyinstrument_profile() -> Profiler | None:
     """A started pyinstrument Profiler, or None when pyinstrument is not installed (bench extra)."""
     try:
         from pyinstrument import Profiler
@@ -958,11 +968,11 @@ def pyinstrument_profile() -> Any:
     return profiler
 
 
-def pyinstrument_text(profiler: Any, path: Path | None = None) -> str:
+def pyinstrument_text(profiler: Profiler | None, path: Path | None = None) -> str:
     if profiler is None:
         return "(pyinstrument not installed)"
     profiler.stop()
-    text = profiler.output_text(unicode=False, color=False, show_all=False)
+    text: str = profiler.output_text(unicode=False, color=False, show_all=False)
     if path is not None:
         path.write_text(text)
     return text

@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from bench.common import bench_parser, machine_line, percentile, table
 
@@ -89,7 +89,7 @@ def serve_cheroot(cert: Path, key: Path, port: int) -> Callable[[], None]:
     class Adapter(BuiltinSSLAdapter):
         def wrap(self, sock: Any) -> Any:
             sock.settimeout(5.0)
-            return super().wrap(sock)
+            return BuiltinSSLAdapter.wrap(self, sock)
 
     server = wsgi.Server(
         ("127.0.0.1", port), app, numthreads=16, max=16, timeout=15, accepted_queue_size=64, accepted_queue_timeout=1
@@ -99,7 +99,8 @@ def serve_cheroot(cert: Path, key: Path, port: int) -> Callable[[], None]:
     server.prepare()
     thread = threading.Thread(target=server.serve, daemon=True)
     thread.start()
-    return server.stop
+    stop: Callable[[], None] = server.stop
+    return stop
 
 
 def serve_uvicorn(cert: Path, key: Path, port: int) -> Callable[[], None]:
@@ -253,7 +254,15 @@ def cbc_refused(port: int, ca: Path) -> bool:
 
 # -- issue 25: the real manager under attack ---------------------------------------------------------
 
-ATTACKS: dict[str, dict[str, int]] = {"chunk": {"chunks": 50}, "idle TLS": {"idle": 400}}
+
+class Attack(TypedDict, total=False):
+    """How many hostile connections of each kind an attack holds (HostileClients' keywords)."""
+
+    chunks: int
+    idle: int
+
+
+ATTACKS: dict[str, Attack] = {"chunk": {"chunks": 50}, "idle TLS": {"idle": 400}}
 SOURCES = tuple(f"127.0.0.{n}" for n in range(2, 10))
 THROUGHPUT_TARGET, P99_TARGET = 0.8, 2.0
 
@@ -576,7 +585,8 @@ def attack_ratios(args: argparse.Namespace, manager: Any, ca: Path, token: str) 
     port, server = manager.api_port, manager.pid
 
     kinds = [kind for kind in ATTACKS if kind in args.attacks.split(",")]
-    rows, ratios = [], {kind: {"throughput": [], "p99": []} for kind in kinds}
+    rows: list[list[Any]] = []
+    ratios: dict[str, dict[str, list[float]]] = {kind: {"throughput": [], "p99": []} for kind in kinds}
     for n in range(args.rounds):
         for kind in kinds:
             log(f"round {n}: alone, then under the {kind} attack, then alone")

@@ -22,7 +22,10 @@ import copy
 import statistics
 import threading
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
+
+import orjson
 
 from bench.common import (
     Stack,
@@ -63,7 +66,7 @@ class _IdleStream:
     def __init__(self) -> None:
         self._stop = threading.Event()
 
-    def lines(self):
+    def lines(self) -> Iterator[bytes]:
         self._stop.wait()
         return iter(())
 
@@ -88,6 +91,10 @@ class ListOnlyRest(Rest):
             "items": [copy.deepcopy(i) for i in self.items],
             "metadata": {"resourceVersion": "1"},
         }
+
+    def get_bytes(self, path: str, **kwargs: Any) -> bytes:
+        """The LIST as the informer pages it (one page, no continue token), encoded as the apiserver sends it."""
+        return orjson.dumps(self.request("GET", path))
 
     def stream(self, path: str, **kwargs: Any) -> _IdleStream:  # type: ignore[override]
         return _IdleStream()
@@ -147,11 +154,13 @@ def database_object(i: int, shard: str) -> dict[str, Any]:
 
 def filled_informers(shard_count: int, databases: int, capacity: int) -> tuple[Informer, Informer]:
     names = [f"shard-{i:03d}" for i in range(shard_count)]
-    shards = Informer(ListOnlyRest([shard_object(n, capacity) for n in names], "Shard"), SHARDS)
+    # stream_lists off: ListOnlyRest answers a LIST; its watch (a streamed list's too) never sends an event.
+    shards = Informer(ListOnlyRest([shard_object(n, capacity) for n in names], "Shard"), SHARDS, stream_lists=False)
     dbs = Informer(
         ListOnlyRest([database_object(i, names[i % shard_count]) for i in range(databases)], "Database"),
         DATABASES,
         "dbprovider",
+        stream_lists=False,
     )
     dbs.add_index(BY_SHARD, database_shard)
     for informer in (shards, dbs):
@@ -252,7 +261,7 @@ def live_benchmark(placements: int, rounds: int) -> tuple[dict[str, list[float]]
         secrets.wait_for_sync(60)
         pending = iter(range(total))
 
-        def placer(label: str):
+        def placer(label: str) -> Callable[[], None]:
             controller = controllers[label]
 
             def once() -> None:

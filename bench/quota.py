@@ -25,6 +25,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from typing import TypedDict
 
 import requests
 
@@ -47,6 +48,16 @@ from reconciler.resources import DATABASES, SHARDS
 
 TARGET_RATIO = 3.0
 Call = Callable[[requests.Session], requests.Response]
+
+
+class Burst(TypedDict):
+    """What one burst of PUTs got: the answers, the Databases created, the ledger's requests, the
+    apiserver's mean time per write (ms, by "Database POST" and "ledger PATCH")."""
+
+    statuses: Counter[int]
+    created: int
+    ledger: Counter[str]
+    latency: dict[str, float]
 
 
 def concurrent(calls: list[Call]) -> tuple[Counter[int], list[float]]:
@@ -171,18 +182,17 @@ def main(argv: list[str] | None = None) -> int:
             return concurrent(calls)
 
         rounds: list[tuple[str, Counter[int], list[float]]] = []
-        bursts: list[dict] = []
+        bursts: list[Burst] = []
         log("g0")
         rounds.append(("g0", *get_round()))
         for n in range(args.bursts):
             consumer = f"quota-burst-{n}"
             token = dev.add_consumer(rest, consumer, args.max_databases)
-            wait_for(
-                lambda t=token: all(_status(m, "GET", "/v1/databases", t) == 200 for m in managers),
-                60,
-                f"{consumer} on every replica",
-                0.1,
-            )
+
+            def everywhere(t: str = token) -> bool:
+                return all(_status(m, "GET", "/v1/databases", t) == 200 for m in managers)
+
+            wait_for(everywhere, 60, f"{consumer} on every replica", 0.1)
             before, latency_before = ledger_requests(stack), write_latency(stack)
             log(f"p{n}: {args.puts} PUTs")
             calls = [

@@ -421,7 +421,11 @@ def measure_start(fleet: Fleet, run: int, args: argparse.Namespace) -> list[Targ
 
         extra = create_consumers(rest, stack, args.extra_consumers, args.threads, prefix=f"scale-extra{run}")
         for token in extra.values():
-            wait_for(lambda t=token: authenticated(manager, t) == 200, 120, "the extra consumers", 0.1)
+
+            def answers(t: str = token) -> bool:
+                return authenticated(manager, t) == 200
+
+            wait_for(answers, 120, "the extra consumers", 0.1)
         watches_more = delta(watches(stack), watches_before)
         consumers_before = len(fleet.tokens)
         fleet.tokens.update(extra)
@@ -657,11 +661,11 @@ def compare(
         ("milestone (since the process started)", "baseline", "this tree", "median ratio"),
     )
     caught_up = statistics.median(r["caught_up"] for r in results["this tree"])
-    before = statistics.median(r["caught_up"] for r in results["baseline"])
+    caught_up_before = statistics.median(r["caught_up"] for r in results["baseline"])
     targets = [
         Target(
             f"start to caught up at {fleet.count} Databases {caught_up:.1f} s (median of {rounds}; baseline "
-            f"{before:.1f} s)",
+            f"{caught_up_before:.1f} s)",
             f"< {CAUGHT_UP_LIMIT_S} s",
             caught_up < CAUGHT_UP_LIMIT_S,
         )
@@ -846,7 +850,7 @@ def measured(fleet: Fleet, args: argparse.Namespace) -> list[Target]:
 def stack_sizes(stack: Stack) -> str:
     """etcd's database on disk and the control plane's memory, after the setup (where limits would bite)."""
     etcd_bytes = sum(f.stat().st_size for f in (stack.kube.workdir / "etcd").rglob("*") if f.is_file())
-    rss = {}
+    rss: dict[str, int] = {}
     for proc in psutil.Process().children(recursive=True):
         try:
             name = proc.name()

@@ -32,6 +32,8 @@ DEFAULT_PORT = 5432
 
 _IMMUTABLE: list[JsonValue] = [{"rule": "self == oldSelf", "message": "is immutable"}]
 _ENGINE_EXPR = "(has(self.engine) ? self.engine : 'postgres')"
+# Written once: the CRD's CEL rule and ShardSpec's validator refuse a postgres Shard without it in the same words.
+_ADMIN_SERVICE_NAME_REQUIRED = "admin.serviceName is required when engine is postgres"
 
 # (CEL rule on ShardSpec, message): the CRD's form of ShardSpec._check_engine_refs.
 SHARD_CEL_RULES: tuple[tuple[str, str], ...] = (
@@ -45,7 +47,7 @@ SHARD_CEL_RULES: tuple[tuple[str, str], ...] = (
     ),
     (
         f"{_ENGINE_EXPR} != 'postgres' || has(self.admin.serviceName)",
-        "admin.serviceName is required when engine is postgres",
+        _ADMIN_SERVICE_NAME_REQUIRED,
     ),
 )
 
@@ -152,7 +154,7 @@ class ShardSpec(SpecModel):
             if self.keldon_cluster is not None:
                 problems.append("keldonCluster must not be set when engine is postgres")
             if self.admin.service_name is None:
-                problems.append("admin.serviceName is required when engine is postgres")
+                problems.append(_ADMIN_SERVICE_NAME_REQUIRED)
         else:
             if self.keldon_cluster is None:
                 problems.append("keldonCluster is required when engine is cloudberry")

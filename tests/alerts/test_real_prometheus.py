@@ -31,7 +31,7 @@ from dbprovider.devstack import DevStack
 from dbprovider.manager import Manager, ManagerOptions
 from domain.admin_access import OutsidePod
 from domain.config import load_install_config
-from domain.constants import ANNOTATION_DELETE_REQUESTED_AT
+from domain.constants import ANNOTATION_DELETE_REQUESTED_AT, API_VERSION
 from domain.naming import database_object_name
 from harness import KubeControlPlane
 from harness.manager_endpoints import ManagerEndpoints
@@ -394,7 +394,7 @@ def _down_shard(rest: Rest, stack: DevStack) -> None:
     rest.create(
         SHARDS,
         {
-            "apiVersion": "db.bnerd.com/v1alpha1",
+            "apiVersion": API_VERSION,
             "kind": "Shard",
             "metadata": {"name": DOWN_SHARD},
             "spec": {

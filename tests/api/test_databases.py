@@ -17,6 +17,7 @@ from domain.constants import (
     ANNOTATION_DELETE_REQUESTED_AT,
     ANNOTATION_ROTATE_END_SESSIONS,
     ANNOTATION_ROTATE_REQUESTED_AT,
+    API_VERSION,
     FINALIZER_TENANT,
     LABEL_CONSUMER,
     LABEL_EXTERNAL_ID,
@@ -220,7 +221,7 @@ def test_quota_counts_a_database_made_without_the_api(env: ApiEnv) -> None:
     env.admin.create(
         DATABASES,
         {
-            "apiVersion": "db.bnerd.com/v1alpha1",
+            "apiVersion": API_VERSION,
             "kind": "Database",
             "metadata": {"name": name, "namespace": NAMESPACE},
             "spec": {"consumer": consumer.name, "externalId": "by-hand"},

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from domain.constants import API_VERSION
 from tests.cli.conftest import read_docs, run, run_on_terminal, write_yaml
 from tests.support.common import b64
 
@@ -49,7 +50,7 @@ def test_new_on_a_terminal_prints_the_token_once_and_commits_only_its_hash(tmp_p
     assert sorted(p.name for p in (tmp_path / "consumers").iterdir()) == [consumer_file.name, secret_file.name]
     (consumer,) = read_docs(consumer_file)
     assert consumer == {
-        "apiVersion": "db.bnerd.com/v1alpha1",
+        "apiVersion": API_VERSION,
         "kind": "Consumer",
         "metadata": {"name": "team-a"},
         "spec": {

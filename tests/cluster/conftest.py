@@ -23,6 +23,7 @@ import pytest
 import yaml
 from psycopg import sql
 
+from domain.constants import API_VERSION
 from domain.settings import SETTINGS
 from domain.tokens import hash_token
 from harness import PostgresServer
@@ -188,7 +189,7 @@ def create_consumer(rest: Rest) -> str:
     rest.create(
         CONSUMERS,
         {
-            "apiVersion": "db.bnerd.com/v1alpha1",
+            "apiVersion": API_VERSION,
             "kind": "Consumer",
             "metadata": {"name": CONSUMER},
             "spec": {

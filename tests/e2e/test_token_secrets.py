@@ -17,6 +17,7 @@ import pytest
 import requests
 
 from dbprovider.devstack import DevStack
+from domain.constants import API_VERSION
 from domain.tokens import hash_token
 from harness import KubeControlPlane, PostgresServer
 from informers import SECRETS, Resource, Rest
@@ -84,7 +85,7 @@ def new_consumer(admin: Rest, tokens: list[str]) -> str:
     admin.create(
         CONSUMERS,
         {
-            "apiVersion": "db.bnerd.com/v1alpha1",
+            "apiVersion": API_VERSION,
             "kind": "Consumer",
             "metadata": {"name": name},
             "spec": {"tokenSecretRef": {"namespace": NAMESPACE, "name": f"{name}-token", "key": "sha256"}},

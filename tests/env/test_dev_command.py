@@ -17,6 +17,7 @@ import pytest
 import requests
 from psycopg.conninfo import make_conninfo
 
+from domain.constants import GROUP, PLURAL_SHARDS, VERSION
 from tests.support.common import wait_for
 from tests.support.dev_command import read_env_file, wait_ready_line
 
@@ -63,7 +64,7 @@ def test_dev_runs_the_consumer_flow_and_stops_cleanly(tmp_path: Path) -> None:
             objects = kubernetes.client.CustomObjectsApi(api)
 
             def database_count() -> int | None:
-                shard = objects.list_cluster_custom_object("db.bnerd.com", "v1alpha1", "shards")["items"][0]
+                shard = objects.list_cluster_custom_object(GROUP, VERSION, PLURAL_SHARDS)["items"][0]
                 return shard["status"].get("databaseCount")
 
             # The count is written a second after the change.

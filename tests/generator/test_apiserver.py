@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient
 
-from domain.constants import API_VERSION
+from domain.constants import API_VERSION, VERSION
 from domain.specs import SHARD_CEL_RULES
 from domain.status import Condition, DatabaseStatus
 from infra.render import dump_yaml
@@ -147,11 +147,11 @@ def test_openapi_published_for_kubectl_explain_carries_descriptions(installed: I
     api = installed.admin
     # The apiserver publishes CRD schemas asynchronously.
     response = wait_for(
-        lambda: (r := api.request("GET", "/openapi/v3/apis/db.bnerd.com/v1alpha1")).status == 200 and r,
+        lambda: (r := api.request("GET", f"/openapi/v3/apis/{API_VERSION}")).status == 200 and r,
         what="the published OpenAPI v3 document",
     )
     schemas = response.body["components"]["schemas"]
-    (shard_key,) = [k for k in schemas if k.endswith(".v1alpha1.Shard")]
+    (shard_key,) = [k for k in schemas if k.endswith(f".{VERSION}.Shard")]
     spec = schemas[shard_key]["properties"]["spec"]
     assert "placement never goes over it" in spec["properties"]["maxDatabases"]["description"]
     host = spec["properties"]["client"]["properties"]["host"]
@@ -550,7 +550,7 @@ def test_service_account_token_reads_listed_shard_secret_and_nothing_else(instal
         assert got.status == 200, got.message
         assert sa.request("GET", f"/api/v1/namespaces/{SHARD_NS_A}/secrets/unlisted").status == 403
         assert sa.request("GET", f"/api/v1/namespaces/{SHARD_NS_A}/secrets").status == 403
-        assert sa.request("GET", "/apis/db.bnerd.com/v1alpha1/shards").status == 200
+        assert sa.request("GET", f"/apis/{API_VERSION}/shards").status == 200
 
 
 def test_dump_of_the_installed_objects_is_stable(installed: Installed) -> None:

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from domain.constants import API_VERSION
+
 REPO = Path(__file__).resolve().parents[2]
 VALUES = {
     "namespace": "databases",
@@ -89,7 +91,7 @@ def test_consumer_and_lint_from_the_installed_package(installed: Path, tmp_path:
     clean = run(installed, tmp_path, "lint", "--values", "values.yaml", "landscape")
     assert clean.returncode == 0, clean.stdout + clean.stderr
     (tmp_path / "landscape" / "broken.yaml").write_text(
-        "apiVersion: db.bnerd.com/v1alpha1\nkind: Consumer\nmetadata: {name: team-b}\nspec: {maxDatabases: -1}\n"
+        f"apiVersion: {API_VERSION}\nkind: Consumer\nmetadata: {{name: team-b}}\nspec: {{maxDatabases: -1}}\n"
     )
     broken = run(installed, tmp_path, "lint", "--values", "values.yaml", "landscape")
     assert broken.returncode == 1 and "broken.yaml" in broken.stdout, broken.stdout + broken.stderr

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from domain.constants import API_VERSION
 from domain.credentials import Endpoint, SecretState, build_secret, classify_secret, endpoint_patch, secret_values
 from tests.support.common import b64
 
 DATABASE = {
-    "apiVersion": "db.bnerd.com/v1alpha1",
+    "apiVersion": API_VERSION,
     "kind": "Database",
     "metadata": {"name": "orders.consumer-a", "namespace": "dbprovider", "uid": "uid-1"},
     "spec": {"consumer": "consumer-a", "externalId": "orders"},

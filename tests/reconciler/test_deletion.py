@@ -8,7 +8,12 @@ import kubernetes
 import psycopg
 import pytest
 
-from domain.constants import ANNOTATION_DELETE_REQUESTED_AT, ANNOTATION_PASSWORD_ID, ANNOTATION_ROTATE_REQUESTED_AT
+from domain.constants import (
+    ANNOTATION_DELETE_REQUESTED_AT,
+    ANNOTATION_PASSWORD_ID,
+    ANNOTATION_ROTATE_REQUESTED_AT,
+    API_VERSION,
+)
 from harness.statement_log import log_text, parse_records
 from informers import SECRETS
 from reconciler.resources import DATABASES, SHARDS
@@ -269,19 +274,15 @@ def test_emptied_drained_shard_may_be_deleted_under_deletion_protection(
         wait_for(lambda: fleet.get_shard(shard)["status"].get("databaseCount") == 1, what="count 1")
         admin_rest.patch(SHARDS, shard, {"spec": {"accepting": False}})
         as_operator = KubeApi(kube.client_as(operator))
-        shard_ref = {"apiVersion": "db.bnerd.com/v1alpha1", "kind": "Shard", "metadata": {"name": shard}}
+        shard_ref = {"apiVersion": API_VERSION, "kind": "Shard", "metadata": {"name": shard}}
         # A new policy takes a moment to be enforced: probe with dry-run deletes until it refuses.
         wait_for(lambda: as_operator.delete(shard_ref, dry_run=True).status in (403, 422), what="policy active")
-        refused = as_operator.delete(
-            {"apiVersion": "db.bnerd.com/v1alpha1", "kind": "Shard", "metadata": {"name": shard}}
-        )
+        refused = as_operator.delete({"apiVersion": API_VERSION, "kind": "Shard", "metadata": {"name": shard}})
         assert refused.status in (403, 422), refused.message
         fleet.request_delete(name)
         wait_for(lambda: fleet.get_database(name) is None, timeout=60, what="last database gone")
         wait_for(lambda: fleet.get_shard(shard)["status"].get("databaseCount") == 0, what="count 0")
-        allowed = as_operator.delete(
-            {"apiVersion": "db.bnerd.com/v1alpha1", "kind": "Shard", "metadata": {"name": shard}}
-        )
+        allowed = as_operator.delete({"apiVersion": API_VERSION, "kind": "Shard", "metadata": {"name": shard}})
         assert allowed.status == 200, allowed.message
     finally:
         for obj in reversed(policy_objects + rbac):

@@ -13,6 +13,7 @@ import pytest
 from kubernetes.client import ApiClient, Configuration
 from kubernetes.client.exceptions import ApiException
 
+from domain.constants import API_VERSION
 from informers import Rest
 from reconciler.database.state import Database
 from reconciler.events import EventRecorder
@@ -24,7 +25,7 @@ from tests.support.common import wait_for
 
 def subject(name: str, namespace: str = NAMESPACE) -> dict:
     return {
-        "apiVersion": "db.bnerd.com/v1alpha1",
+        "apiVersion": API_VERSION,
         "kind": "Database",
         "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "resourceVersion": "1"},
     }

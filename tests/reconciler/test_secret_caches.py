@@ -17,6 +17,7 @@ import pytest
 
 from api.app import build_api
 from api.auth import AuthState
+from domain.constants import API_VERSION
 from harness import PostgresServer
 from informers import SECRETS, Rest
 from reconciler.resources import CONSUMERS
@@ -46,7 +47,7 @@ class Objects:
 
     def consumer(self, name: str, token_secret: str) -> str:
         body = {
-            "apiVersion": "db.bnerd.com/v1alpha1",
+            "apiVersion": API_VERSION,
             "kind": "Consumer",
             "metadata": {"name": name},
             "spec": {"tokenSecretRef": {"namespace": NAMESPACE, "name": token_secret, "key": "sha256"}},

@@ -135,7 +135,7 @@ def test_a_new_database_takes_two_passes_and_its_ready_write_wakes_none(
     # As the API creates it: with the finalizer (a first pass that adds it would write once more).
     name = database_object_name(fleet.consumer, f"two-passes-{order.split()[0]}")
     body = {
-        "apiVersion": "db.bnerd.com/v1alpha1",
+        "apiVersion": API_VERSION,
         "kind": "Database",
         "metadata": {"name": name, "namespace": NAMESPACE, "finalizers": [FINALIZER_TENANT]},
         "spec": {"consumer": fleet.consumer, "externalId": f"two-passes-{order.split()[0]}", "sizeClass": ""},

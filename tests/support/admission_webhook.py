@@ -23,7 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from domain.constants import GROUP, LABEL_EXTERNAL_ID, PLURAL_DATABASES
+from domain.constants import API_VERSION, GROUP, LABEL_EXTERNAL_ID, PLURAL_DATABASES
 from harness import KubeControlPlane
 from harness.certs import CertificateAuthority
 from informers import Resource, Rest
@@ -119,7 +119,7 @@ class RefusingWebhook:
     def _wait_active(self) -> None:
         """The apiserver loads webhook configurations asynchronously: probe with dry-run creates."""
         probe = {
-            "apiVersion": f"{GROUP}/v1alpha1",
+            "apiVersion": API_VERSION,
             "kind": "Database",
             "metadata": {
                 "name": unique("probe"),
@@ -128,7 +128,7 @@ class RefusingWebhook:
             },
             "spec": {"consumer": "probe", "externalId": self.external_id},
         }
-        path = f"/apis/{GROUP}/v1alpha1/namespaces/{self.namespace}/{PLURAL_DATABASES}"
+        path = f"/apis/{API_VERSION}/namespaces/{self.namespace}/{PLURAL_DATABASES}"
 
         def refused() -> bool:
             try:

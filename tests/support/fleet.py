@@ -13,7 +13,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from domain.constants import ANNOTATION_RESTORE_TENANT
+from domain.constants import ANNOTATION_RESTORE_TENANT, API_VERSION
 from domain.naming import database_object_name
 from harness import PostgresServer
 from informers import SECRETS, Resource, Rest
@@ -132,7 +132,7 @@ class Fleet:
         metadata: dict[str, Any] = {"name": name, "namespace": self.namespace}
         if annotations:
             metadata["annotations"] = annotations
-        body = {"apiVersion": "db.bnerd.com/v1alpha1", "kind": "Database", "metadata": metadata, "spec": spec}
+        body = {"apiVersion": API_VERSION, "kind": "Database", "metadata": metadata, "spec": spec}
         self.rest.create(DATABASES, body, self.namespace)
         self.databases.append(name)
         return name

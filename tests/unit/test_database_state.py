@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from domain.constants import ANNOTATION_DELETE_REQUESTED_AT, FINALIZER_TENANT, Phase
+from domain.constants import ANNOTATION_DELETE_REQUESTED_AT, API_VERSION, FINALIZER_TENANT, Phase
 from reconciler.database.state import Database
 
 STORED: dict[str, Any] = {
-    "apiVersion": "db.bnerd.com/v1alpha1",
+    "apiVersion": API_VERSION,
     "kind": "Database",
     "metadata": {
         "name": "d",

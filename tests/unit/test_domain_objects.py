@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from domain.constants import ANNOTATION_DELETE_REQUESTED_AT, Phase
+from domain.constants import ANNOTATION_DELETE_REQUESTED_AT, API_VERSION, Phase
 from domain.metadata import Identity, ObjectMeta
 from domain.objects import ConsumerObject, DatabaseObject, ShardObject
 from domain.resources import DATABASES, SHARDS, database_consumer, database_shard
@@ -18,7 +18,7 @@ from tests.support.objects import STORED_STATUS
 
 def database(**changes: Any) -> dict[str, Any]:
     obj: dict[str, Any] = {
-        "apiVersion": "db.bnerd.com/v1alpha1",
+        "apiVersion": API_VERSION,
         "kind": "Database",
         "metadata": {
             "name": "team-a-orders",
@@ -78,9 +78,9 @@ def test_metadata_knows_deletion_and_its_controller() -> None:
             "name": "x-credentials",
             "deletionTimestamp": "2026-12-01T10:00:00Z",
             "ownerReferences": [
-                {"apiVersion": "db.bnerd.com/v1alpha1", "kind": "Database", "name": "x", "uid": "u1"},
+                {"apiVersion": API_VERSION, "kind": "Database", "name": "x", "uid": "u1"},
                 {
-                    "apiVersion": "db.bnerd.com/v1alpha1",
+                    "apiVersion": API_VERSION,
                     "kind": "Database",
                     "name": "y",
                     "uid": "u2",
@@ -121,6 +121,7 @@ def test_the_database_indexes_read_one_field_and_tolerate_what_is_not_there() ->
 
 def test_the_resources_are_written_once_and_the_informers_use_the_same_type() -> None:
     assert InformersResource is type(DATABASES)
+    # Spelt out, not built from API_VERSION: these URLs are the apiserver's contract (a version bump changes them here).
     assert DATABASES.object_path("a", "ns", "status") == "/apis/db.bnerd.com/v1alpha1/namespaces/ns/databases/a/status"
     assert SHARDS.collection_path() == "/apis/db.bnerd.com/v1alpha1/shards"
 

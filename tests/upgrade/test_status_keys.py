@@ -11,12 +11,13 @@ import json
 import subprocess
 import textwrap
 
+from domain.constants import API_VERSION
 from harness.releases import BuiltRelease
 from reconciler.database.state import Database
 from reconciler.runtime.status import merge_patch
 
 STORED = {
-    "apiVersion": "db.bnerd.com/v1alpha1",
+    "apiVersion": API_VERSION,
     "kind": "Database",
     "metadata": {"name": "d", "namespace": "n", "uid": "u", "resourceVersion": "7", "generation": 1},
     "spec": {"consumer": "c", "externalId": "e"},

@@ -21,6 +21,7 @@ from kubernetes.client.exceptions import ApiException
 from psycopg import sql
 
 from dbprovider.kubeapply import Applier
+from domain.constants import API_VERSION
 from domain.naming import tenant_name
 from harness import KubeControlPlane, PostgresServer
 from harness.releases import REPO, BuiltRelease
@@ -122,7 +123,7 @@ class Setup:
         db = self.rest.create(
             DATABASES,
             {
-                "apiVersion": "db.bnerd.com/v1alpha1",
+                "apiVersion": API_VERSION,
                 "kind": "Database",
                 "metadata": {"name": name, "namespace": NAMESPACE},
                 "spec": {"consumer": "team", "externalId": external_id},

@@ -14,10 +14,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from domain.constants import API_VERSION
 from tests.vectors.hosts import HOST_VECTORS
 
 NAMESPACE = "clitest-system"
-API_VERSION = "db.bnerd.com/v1alpha1"
 
 SHARD_SPEC: dict[str, Any] = {
     "maxDatabases": 200,
