@@ -22,8 +22,9 @@ Behaviour, in the order a reader needs it:
   events whose resourceVersion equals the stored one are dropped. So handlers never see an
   object twice nor miss a deletion across reconnects.
 - Every list, the first and each relist, runs with the cycle collector's full collections deferred
-  (`informers.heap.listing`): at 100,000 objects a relist would otherwise run many of them, each stopping
-  every thread of the process (the API's too), right when the apiserver was just degraded.
+  (`informers.heap.listing`): a relist of changed objects, or of pages, otherwise runs many of them, each
+  stopping every thread of the process (the API's too), right when the apiserver was just degraded
+  (docs/performance.md section 5).
 - `add_page_observer` sees each page of a full LIST (`page_size` objects of a streamed one) as it arrives,
   before the store has it (a start can look at 100,000 objects while the rest of the list is still on its
   way); the store and `has_synced` still change only once the whole list is in.
