@@ -21,6 +21,10 @@ Behaviour, in the order a reader needs it:
   new ones ADDED, changed ones (another resourceVersion) MODIFIED, unchanged ones nothing. Watch
   events whose resourceVersion equals the stored one are dropped. So handlers never see an
   object twice nor miss a deletion across reconnects.
+- Every list, the first and each relist, runs with the cycle collector's full collections deferred
+  (`informers.heap.listing`): a relist of changed objects, or of pages, otherwise runs many of them, each
+  stopping every thread of the process (the API's too), right when the apiserver was just degraded
+  (docs/performance.md section 5).
 - `add_page_observer` sees each page of a full LIST (`page_size` objects of a streamed one) as it arrives,
   before the store has it (a start can look at 100,000 objects while the rest of the list is still on its
   way); the store and `has_synced` still change only once the whole list is in.
@@ -41,6 +45,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 from kubernetes.client import ApiClient
@@ -48,6 +53,7 @@ from kubernetes.client.exceptions import ApiException
 
 from domain.objects import Obj
 from domain.settings import SETTINGS, Backoff
+from informers.heap import listing
 from informers.resource import Resource, object_key
 from informers.rest import METADATA_ACCEPT, METADATA_LIST_ACCEPT, Rest, WatchStream, decode_json
 
@@ -461,7 +467,13 @@ class Informer:
             except StreamRefused as exc:
                 self._stream_lists = False
                 log.info("%r: %s; listing page by page from now on", self, exc)
-        return self._list_and_replace()
+        with self._listing():
+            return self._list_and_replace()
+
+    def _listing(self) -> AbstractContextManager[None]:
+        """What a whole list (the first or a relist, up to its store replaced) runs under: no full collection
+        of the cycle collector meanwhile, its survivors frozen after it (informers.heap)."""
+        return listing()
 
     def _stream_and_replace(self) -> str:
         """A streamed list: the current objects as the initial events of a watch, the store replaced at the bookmark
@@ -475,7 +487,8 @@ class Informer:
             raise
         lines = stream.lines()
         try:
-            resource_version = self._receive_initial_events(lines)
+            with self._listing():  # the initial events only: the watch that follows them is not a list
+                resource_version = self._receive_initial_events(lines)
         except BaseException:
             self._close_stream(stream)
             raise

@@ -3,9 +3,12 @@ interruption, and their indexes and events stay consistent with the store."""
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import weakref
 from collections.abc import Iterator
+from typing import Any
 
 import kubernetes.client
 import pytest
@@ -14,6 +17,7 @@ from kubernetes.client.exceptions import ApiException
 from domain.settings import Backoff
 from harness import KubeControlPlane
 from informers import ADDED, CONFIGMAPS, DELETED, MODIFIED, Informer, Rest, SharedInformers
+from informers.heap import DEFERRED, caches_filling, caches_released
 from informers.rest import WatchStream
 from tests.runtime.support import WIDGETS, Recorder, configmap, widget
 from tests.support.common import unique, wait_for
@@ -249,6 +253,162 @@ def test_410_gone_relists_without_losing_or_duplicating_state(compacting_kube: K
         finally:
             informer.release.set()
             informer.stop()
+
+
+class _RelistingInformer(Informer):
+    """After each list it waits (the watch closed) until released, then watches on from the version it listed.
+    Once etcd is compacted past that version: a real 410 Gone (an ERROR event on that watch), and a relist."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.paused = threading.Event()
+        self.release = threading.Event()
+        self._released = False
+
+    def _follow(self, stream: WatchStream, lines: Iterator[bytes], resource_version: str) -> str:
+        if self._released:  # the watch from the listed version: its 410 ends it
+            self._released = False
+            return super()._follow(stream, lines, resource_version)
+        self._close_stream(stream)
+        self.paused.set()
+        self.release.wait()
+        self.release.clear()
+        self._released = True
+        return resource_version
+
+
+def _relist_after_a_410(informer: _RelistingInformer, rest: Rest, namespace: str) -> None:
+    """Let the paused informer watch on from its listed version once etcd has compacted it away (a write to the
+    namespace first: the compaction must pass it); return when its relist is done and it pauses again."""
+    assert informer.paused.wait(10)
+    informer.paused.clear()
+    listed = informer.resource_version
+    assert listed is not None
+    lists, gone = informer.stats["lists"], informer.stats["gone"]
+    rest.create(CONFIGMAPS, configmap(unique("later"), namespace))
+    wait_for(
+        lambda: _watch_status(rest, namespace, listed) == 410,
+        timeout=30,
+        interval=0.5,
+        what="etcd to compact the listed resourceVersion",
+    )
+    informer.release.set()
+    wait_for(lambda: informer.stats["lists"] > lists and informer.paused.is_set(), what="the relist")
+    assert informer.stats["gone"] == gone + 1  # relisted because of the 410, nothing else
+
+
+@pytest.mark.parametrize("stream_lists", [False, True], ids=["paged", "streamed"])
+def test_a_relist_after_a_410_runs_without_full_collections_and_restores_them(
+    compacting_kube: KubeControlPlane, stream_lists: bool
+) -> None:
+    """At 100,000 objects a relist ran many full collections, each one stopping every thread (the API's too) while
+    it walked the heap. Now none runs while it lists, one after it, and the thresholds are as they were."""
+    with compacting_kube.admin_client() as api:
+        rest = Rest(api)
+        namespace = unique("rt-gc")
+        compacting_kube.ensure_namespace(namespace)
+        for i in range(20):
+            rest.create(CONFIGMAPS, configmap(f"cm-{i}", namespace, {"v": "1"}))
+        thresholds = gc.get_threshold()
+        relisting = threading.Event()
+        during: list[tuple[int, int, int]] = []  # the thresholds at each page of the relist
+        full: list[str] = []  # when each full collection ran: "relist" (while its pages came in) or "other"
+
+        paging = threading.Event()
+
+        def observe(objects: list[Any], last: bool) -> None:
+            if not relisting.is_set():
+                return
+            paging.set()
+            during.append(gc.get_threshold())
+            # As many new survivors as a large relist's: enough for CPython to run a full collection (it does once
+            # the survivors since the last one are a quarter of those it kept then).
+            kept = [[i] for i in range(len(gc.get_objects()) // 2 + 100_000)]
+            during.append(gc.get_threshold())
+            del kept
+            paging.clear()
+
+        def collections(phase: str, info: dict[str, int]) -> None:
+            if phase == "start" and info["generation"] == 2:
+                full.append("relist" if paging.is_set() else "other")
+
+        informer = _RelistingInformer(rest, CONFIGMAPS, namespace, stream_lists=stream_lists)
+        informer.add_page_observer(observe)
+        gc.callbacks.append(collections)
+        try:
+            informer.start()
+            assert informer.wait_for_sync(10)
+            relisting.set()
+            rest.patch(CONFIGMAPS, "cm-0", {"data": {"v": "2"}}, namespace)
+            _relist_after_a_410(informer, rest, namespace)
+            relisting.clear()
+            assert (informer.stats["streamed"] > 0) is stream_lists  # the way asked for is the way it listed
+            assert during and "relist" not in full, full  # not one full collection while its pages came in
+            assert set(during) == {(thresholds[0], thresholds[1], DEFERRED)}
+            assert gc.get_threshold() == thresholds  # back once it was done
+            assert informer.get(f"{namespace}/cm-0")["data"]["v"] == "2"
+        finally:
+            gc.callbacks.remove(collections)
+            informer.release.set()
+            informer.stop()
+            informer.release.set()
+            caches_released()
+        assert gc.get_threshold() == thresholds
+
+
+class _Cycle:
+    """Cyclic garbage (a request's objects in another thread, a traceback): only a full collection frees it."""
+
+    def __init__(self) -> None:
+        self.me = self
+        self.padding = [[i] for i in range(1000)]
+
+
+def test_repeated_relists_free_the_replaced_caches_and_freeze_no_garbage(compacting_kube: KubeControlPlane) -> None:
+    """The caches are frozen once filled. A relist replaces them: the old objects must still be freed (reference
+    counting frees frozen objects too), and what the relist froze must not be garbage, which nothing would ever
+    free again: the frozen objects stay as many from one relist to the next."""
+    with compacting_kube.admin_client() as api:
+        rest = Rest(api)
+        namespace = unique("rt-frozen")
+        compacting_kube.ensure_namespace(namespace)
+        names = [f"cm-{i}" for i in range(100)]
+        for name in names:
+            rest.create(CONFIGMAPS, configmap(name, namespace, {"v": "0" * 1000}))
+        relisting = threading.Event()
+        garbage: list[weakref.ref[_Cycle]] = []
+
+        def observe(objects: list[Any], last: bool) -> None:
+            if relisting.is_set():
+                cycle = _Cycle()
+                garbage.append(weakref.ref(cycle))
+                gc.collect(1)  # it outlives the young collections, as a request that takes a while
+                del cycle  # now garbage that waits for a full collection
+
+        informer = _RelistingInformer(rest, CONFIGMAPS, namespace)
+        informer.add_page_observer(observe)
+        frozen: list[int] = []
+        try:
+            with caches_filling():  # as the manager's start: the filled cache is frozen
+                informer.start()
+                assert informer.wait_for_sync(10)
+            relisting.set()
+            for round_ in range(1, 5):
+                for name in names:  # every object changes: the relist replaces every frozen one
+                    rest.patch(CONFIGMAPS, name, {"data": {"v": str(round_) * 1000}}, namespace)
+                _relist_after_a_410(informer, rest, namespace)
+                assert informer.get(f"{namespace}/cm-0")["data"]["v"] == str(round_) * 1000
+                frozen.append(gc.get_freeze_count())
+            relisting.clear()
+            gc.collect()  # a full collection, the frozen objects left alone
+            assert len(garbage) >= 4 and not [ref for ref in garbage if ref() is not None]
+            # 100 objects of 1,000 characters replaced each time; a frozen cycle would add 1,000 lists a relist.
+            assert frozen[-1] - frozen[0] < 500, frozen
+        finally:
+            informer.release.set()
+            informer.stop()
+            informer.release.set()
+            caches_released()
 
 
 def test_errors_back_off_and_relist_until_permitted(
