@@ -35,6 +35,7 @@ import http.client
 import multiprocessing
 import os
 import signal
+import socket
 import ssl
 import statistics
 import sys
@@ -62,6 +63,7 @@ from bench.common import (
     table,
     wait_for,
 )
+from domain.constants import API_VERSION, KIND_CONSUMER
 from domain.objects import Obj
 from informers import Informer
 from informers.informer import Handler
@@ -285,8 +287,8 @@ def create_consumers(rest: Any, namespace: str, label: str, count: int, prefix: 
         rest.create(
             CONSUMERS,
             {
-                "apiVersion": "db.bnerd.com/v1alpha1",
-                "kind": "Consumer",
+                "apiVersion": API_VERSION,
+                "kind": KIND_CONSUMER,
                 "metadata": {"name": name, "labels": {"bench-auth": label}},
                 "spec": {
                     "tokenSecretRef": {"namespace": namespace, "name": f"{name}-token", "key": "sha256"},
@@ -561,6 +563,8 @@ def main(argv: list[str] | None = None) -> int:
             if server.poll() is not None:
                 raise RuntimeError(f"API server exited: {log_file.read_text()[-2000:]}")
             try:
+                # A plain connect first: the client's threads would print a traceback per refusal.
+                socket.create_connection(("127.0.0.1", real_port), timeout=1).close()
                 out = client_process(real_port, path, dev.token, ca, 1, time.time(), 0.2)
                 return bool(out["latencies"])
             except OSError:

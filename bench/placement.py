@@ -40,6 +40,7 @@ from bench.common import (
     report_targets,
     table,
 )
+from domain.constants import API_VERSION, FINALIZER_TENANT, KIND_DATABASE, KIND_SHARD
 from informers import Informer, Rest
 from reconciler.placement import PlacementIndex
 from reconciler.resources import BY_SHARD, DATABASES, SHARDS, database_shard
@@ -102,8 +103,8 @@ class ListOnlyRest(Rest):
 
 def shard_object(name: str, max_databases: int, labels: dict[str, str] | None = None) -> dict[str, Any]:
     return {
-        "apiVersion": "db.bnerd.com/v1alpha1",
-        "kind": "Shard",
+        "apiVersion": API_VERSION,
+        "kind": KIND_SHARD,
         "metadata": {
             "name": name,
             "resourceVersion": "1",
@@ -132,15 +133,15 @@ def shard_object(name: str, max_databases: int, labels: dict[str, str] | None = 
 
 def database_object(i: int, shard: str) -> dict[str, Any]:
     return {
-        "apiVersion": "db.bnerd.com/v1alpha1",
-        "kind": "Database",
+        "apiVersion": API_VERSION,
+        "kind": KIND_DATABASE,
         "metadata": {
             "name": f"db-{i:05d}.consumer-a",
             "namespace": "dbprovider",
             "resourceVersion": "1",
             "uid": f"uid-{i}",
             "generation": 1,
-            "finalizers": ["db.bnerd.com/tenant"],
+            "finalizers": [FINALIZER_TENANT],
         },
         "spec": {"consumer": "consumer-a", "externalId": f"db-{i:05d}", "sizeClass": "small", "engine": "postgres"},
         "status": {
@@ -224,8 +225,8 @@ def live_benchmark(placements: int, rounds: int) -> tuple[dict[str, list[float]]
             rest.create(
                 DATABASES,
                 {
-                    "apiVersion": "db.bnerd.com/v1alpha1",
-                    "kind": "Database",
+                    "apiVersion": API_VERSION,
+                    "kind": KIND_DATABASE,
                     "metadata": {"name": f"place-{i:04d}.{dev.consumer}", "namespace": dev.namespace},
                     "spec": {
                         "consumer": dev.consumer,
