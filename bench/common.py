@@ -78,17 +78,20 @@ def bench_parser(doc: str | None, *, profile: str | None = None, lock: str | Non
 
 
 @contextmanager
-def machine_lock(path: Path | None) -> Iterator[None]:
-    """Hold `flock(path)` while the body runs (the machine's benchmark lock, shared with other runs), so a long
-    setup (30 minutes at 100,000) need not hold it; no lock without a path."""
+def machine_lock(path: Path | None, *, shared: bool = False) -> Iterator[None]:
+    """Hold `flock(path)` while the body runs (the machine's benchmark lock, shared with other runs); no lock
+    without a path. Exclusive for what is measured. `shared` for a long setup (30 minutes at 100,000): other
+    setups may run beside it, but not a measurement, whose figures its load would skew (a `flock` from the
+    shell, or another benchmark's measured part, waits for it, and it waits for them)."""
     if path is None:
         yield
         return
+    mode, what = (fcntl.LOCK_SH, "shared, for the setup") if shared else (fcntl.LOCK_EX, "exclusive")
     with path.open("a") as handle:
         asked = time.monotonic()
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        fcntl.flock(handle, mode)
         held = time.monotonic()
-        log(f"holding {path} (waited {held - asked:.0f} s; load {os.getloadavg()[0]:.1f})")
+        log(f"holding {path} {what} (waited {held - asked:.0f} s; load {os.getloadavg()[0]:.1f})")
         try:
             yield
         finally:

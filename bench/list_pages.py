@@ -17,7 +17,8 @@ the apiserver compacts etcd every 2 minutes instead of every 5, and the listing 
 cache has dropped its snapshots (a paginated LIST's later pages are then read from etcd). The target
 lines: the streamed list costs the apiserver at most what the default page size does, and (`--compacted`)
 reads nothing from etcd.
-`--lock` takes the machine's benchmark lock for the listing only (as bench.scale), not for the creating.
+`--lock` takes the machine's benchmark lock exclusive for the listing and shared for the creating (as
+bench.scale): another setup may run beside the creating, a measurement (a `flock` from the shell) may not.
 
 `--relists N` measures a relist instead of a start: both caches are filled as a manager's start does (under
 `caches_filling`, frozen after it), then both informers relist at once, N times in a row, as after a 410 Gone
@@ -397,7 +398,7 @@ def label(way: str) -> str:
 
 
 def main() -> None:
-    parser = bench_parser(__doc__, lock="the listing only, not the creating")
+    parser = bench_parser(__doc__, lock="the listing (exclusive) and the creating (shared with other setups)")
     parser.add_argument("--count", type=int, default=100_000, help="Databases (and Secrets) to create")
     parser.add_argument(
         "--ways",
@@ -426,13 +427,14 @@ def main() -> None:
     relisted: dict[str, list[list[dict[str, float]]]] = {}
     setup = RelistSetup(args.relists, args.changed, args.relist_by)
     try:
-        dev = stack.start_dev()
-        rest = stack.admin_rest()
-        log(f"creating {args.count} Databases and their Secrets")
-        took = create_databases(
-            rest, stack, ["list-shard"], [f"list-c{i}" for i in range(100)], args.count, args.threads
-        )
-        log(f"created in {took:.0f} s")
+        with machine_lock(args.lock, shared=True):
+            dev = stack.start_dev()
+            rest = stack.admin_rest()
+            log(f"creating {args.count} Databases and their Secrets")
+            took = create_databases(
+                rest, stack, ["list-shard"], [f"list-c{i}" for i in range(100)], args.count, args.threads
+            )
+            log(f"created in {took:.0f} s")
         if args.compacted:
             wait_until_compacted(stack, DATABASES.collection_path(dev.namespace))
             log("etcd compacted past the objects: the LIST's later pages come from etcd")

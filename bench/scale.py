@@ -39,9 +39,11 @@ run and the median ratio. With `--profile`, one further start of each is profile
 `--compare-idle S` each of those starts is then also measured idle: once every Shard is Ready and 20 s
 more have passed, its CPU over S seconds and the Shard reconciles in them (the checks: CPU per check).
 
-`--lock PATH` takes the machine's benchmark lock (flock) for the measured part only, so the setup of a large
-fleet (half an hour at 100,000) does not hold it; `--warmup` makes one unmeasured start before `--runs`
-without a baseline (the first start after a setup writes the Consumer counts and Shard conditions).
+`--lock PATH` takes the machine's benchmark lock (flock) exclusive for the measured part and shared for the
+setup: the setup of a large fleet (half an hour at 100,000) may run beside another setup, not beside a
+measurement (a `flock` from the shell or another benchmark's measured part), whose figures its load would skew.
+`--warmup` makes one unmeasured start before `--runs` without a baseline (the first start after a setup writes
+the Consumer counts and Shard conditions).
 """
 
 from __future__ import annotations
@@ -748,7 +750,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(
         __doc__,
         profile="also start a second manager with py-spy attached and profile its start",
-        lock="the measured part only, not the setup",
+        lock="the measured part (exclusive) and the setup (shared: other setups, not measurements, beside it)",
     )
     # The numbers of a run, as (option, default, what it is): the type is the default's and the help names it.
     for option, default, what in (
@@ -793,16 +795,17 @@ def main(argv: list[str] | None = None) -> int:
     kube_args = ["--max-requests-inflight=800", "--max-mutating-requests-inflight=400"]
     stack = Stack("scale", log_statements=True, kube_args=kube_args + (COMPACTING if args.compacted else []))
     try:
-        stack.start_dev()
-        rest = stack.admin_rest(args.threads + 8)
-        setup_started = time.monotonic()
-        shards = create_shards(rest, stack, args.shards, -(-count // args.shards))
-        log(f"creating {args.consumers} Consumers with their token Secrets")
-        tokens = create_consumers(rest, stack, args.consumers, args.threads)
-        log(f"creating {count} Databases (+ status, + Secret) with {args.threads} threads")
-        setup_seconds = create_databases(rest, stack, shards, sorted(tokens), count, args.threads)
-        setup_total = time.monotonic() - setup_started
-        log(f"created in {setup_seconds:.0f} s")
+        with machine_lock(args.lock, shared=True):
+            stack.start_dev()
+            rest = stack.admin_rest(args.threads + 8)
+            setup_started = time.monotonic()
+            shards = create_shards(rest, stack, args.shards, -(-count // args.shards))
+            log(f"creating {args.consumers} Consumers with their token Secrets")
+            tokens = create_consumers(rest, stack, args.consumers, args.threads)
+            log(f"creating {count} Databases (+ status, + Secret) with {args.threads} threads")
+            setup_seconds = create_databases(rest, stack, shards, sorted(tokens), count, args.threads)
+            setup_total = time.monotonic() - setup_started
+            log(f"created in {setup_seconds:.0f} s")
         sizes = stack_sizes(stack)
         fleet = Fleet(stack, rest, count, tokens, shards)
         if args.compacted:
