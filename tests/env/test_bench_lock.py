@@ -29,4 +29,3 @@ def test_a_measurement_keeps_everything_out(tmp_path: Path) -> None:
         assert not taken_now(lock, "-s")
         assert not taken_now(lock, "-x")
     assert taken_now(lock, "-s")
-
