@@ -60,7 +60,7 @@ from bench.scale import create_databases
 from domain.constants import CREDENTIALS_SECRET_SELECTOR
 from domain.settings import SETTINGS, Backoff
 from informers import SECRETS, Informer, Rest
-from informers.heap import _DEFERRAL, caches_filling, caches_released, listing
+from informers.heap import caches_filling, caches_released, listing
 from informers.informer import GoneError
 from informers.rest import WatchStream
 from reconciler.resources import DATABASES
@@ -120,23 +120,11 @@ def measure(
 # -- relists -----------------------------------------------------------------------------------------
 
 
-@contextmanager
-def _frozen_without_collection() -> Iterator[None]:
-    """The alternative the fix rejects: deferred as `informers.heap.listing`, then frozen with no full collection
-    first (whatever cyclic garbage piled up while the collections waited is frozen for good)."""
-    _DEFERRAL.enter()
-    try:
-        yield
-    except BaseException:
-        _DEFERRAL.leave()
-        raise
-    if _DEFERRAL.leave():
-        gc.freeze()
-
-
 RELIST_WAYS: dict[str, Callable[[], AbstractContextManager[None]]] = {
     "main": nullcontext,  # a relist before the fix: collections as CPython schedules them, nothing frozen after
-    "freeze": _frozen_without_collection,
+    # The alternative the fix rejects: frozen with no full collection first (whatever cyclic garbage piled up
+    # while the collections waited is frozen for good).
+    "freeze": lambda: listing(gc.freeze),
     "collect+freeze": listing,  # the fix
 }
 

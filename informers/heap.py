@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import gc
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 # A generation-2 threshold no list reaches (it counts generation-1 collections since the last full one).
@@ -83,11 +83,17 @@ def caches_filling() -> Iterator[None]:
     _DEFERRAL.frozen = True
 
 
+def _collect_and_freeze() -> None:
+    gc.collect()
+    gc.freeze()
+
+
 @contextmanager
-def listing() -> Iterator[None]:
+def listing(after_last: Callable[[], None] = _collect_and_freeze) -> Iterator[None]:
     """Defer full collections while an informer lists (its first list or a relist). If the body returned, no
-    other list or start is still filling and a start froze the caches: one full collection, then its survivors
-    are frozen too. A list that fails midway restores the thresholds (when it is the last) and freezes nothing."""
+    other list or start is still filling and a start froze the caches: `after_last`, by default one full
+    collection, then its survivors are frozen too (bench.list_pages passes the alternatives it measures). A list
+    that fails midway restores the thresholds (when it is the last) and freezes nothing."""
     _DEFERRAL.enter()
     try:
         yield
@@ -95,8 +101,7 @@ def listing() -> Iterator[None]:
         _DEFERRAL.leave()
         raise
     if _DEFERRAL.leave() and _DEFERRAL.frozen:
-        gc.collect()
-        gc.freeze()
+        after_last()
 
 
 def caches_released() -> None:

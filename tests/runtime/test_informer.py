@@ -207,6 +207,16 @@ def _watch_status(rest: Rest, namespace: str, resource_version: str) -> int | No
         stream.close()
 
 
+def _wait_compacted_past(rest: Rest, namespace: str, resource_version: str) -> None:
+    """Until etcd has compacted resource_version away: a watch from it answers 410 Gone."""
+    wait_for(
+        lambda: _watch_status(rest, namespace, resource_version) == 410,
+        timeout=30,
+        interval=0.5,
+        what="etcd to compact the listed resourceVersion",
+    )
+
+
 def test_410_gone_relists_without_losing_or_duplicating_state(compacting_kube: KubeControlPlane) -> None:
     with compacting_kube.admin_client() as api:
         rest = Rest(api)
@@ -229,12 +239,7 @@ def test_410_gone_relists_without_losing_or_duplicating_state(compacting_kube: K
             rest.patch(CONFIGMAPS, "change", {"data": {"v": "2"}}, namespace)
             rest.delete(CONFIGMAPS, "remove", namespace)
             rest.create(CONFIGMAPS, configmap("new", namespace, {"v": "1"}))
-            wait_for(
-                lambda: _watch_status(rest, namespace, listed_rv) == 410,
-                timeout=30,
-                interval=0.5,
-                what="etcd to compact the listed resourceVersion",
-            )
+            _wait_compacted_past(rest, namespace, listed_rv)
 
             informer.release.set()
             wait_for(lambda: informer.stats["gone"] >= 1 and informer.stats["lists"] >= 2, what="the relist")
@@ -286,12 +291,7 @@ def _relist_after_a_410(informer: _RelistingInformer, rest: Rest, namespace: str
     assert listed is not None
     lists, gone = informer.stats["lists"], informer.stats["gone"]
     rest.create(CONFIGMAPS, configmap(unique("later"), namespace))
-    wait_for(
-        lambda: _watch_status(rest, namespace, listed) == 410,
-        timeout=30,
-        interval=0.5,
-        what="etcd to compact the listed resourceVersion",
-    )
+    _wait_compacted_past(rest, namespace, listed)
     informer.release.set()
     wait_for(lambda: informer.stats["lists"] > lists and informer.paused.is_set(), what="the relist")
     assert informer.stats["gone"] == gone + 1  # relisted because of the 410, nothing else
