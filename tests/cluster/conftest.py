@@ -33,6 +33,7 @@ from harness.node import ExposedService, KubeNode
 from harness.pulumi import REPO_ROOT, PulumiWorkspace
 from informers import LEASES, SECRETS, Resource, Rest
 from reconciler.resources import CONSUMERS, SHARDS
+from reconciler.runtime.leader import lease_holder
 from tests.support.common import b64, shard_object, wait_for
 
 NAMESPACE = "dbprovider"  # the install's defaults: release `dbprovider` in namespace `dbprovider`
@@ -356,7 +357,19 @@ def ready_pods(rest: Rest) -> list[dict[str, Any]]:
 
 
 def leader(rest: Rest) -> str:
-    return rest.get(LEASES, f"{RELEASE}-manager", NAMESPACE)["spec"].get("holderIdentity") or ""
+    """Who leads, read as the replicas read the Lease: "" while none does, also when the last leader released it
+    on shutdown (a released Lease still names its holder for older releases' sake: reconciler/runtime/leader.py)."""
+    return lease_holder(rest.get(LEASES, f"{RELEASE}-manager", NAMESPACE)) or ""
+
+
+def ready_leader_pod(rest: Rest, timeout: float = 120) -> dict[str, Any]:
+    """A Ready pod holding the Lease. After a roll or a restart the Lease may be released or name a pod that is
+    gone or not Ready yet (a loaded machine can fail one readiness probe): wait for one rather than assume it."""
+    return wait_for(
+        lambda: next((p for p in ready_pods(rest) if p["metadata"]["name"] == leader(rest)), None),
+        timeout=timeout,
+        what="a Ready pod holding the Lease",
+    )
 
 
 def container(pod: dict[str, Any]) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from tests.cluster.conftest import (
     exec_in,
     leader,
     pods,
+    ready_leader_pod,
     ready_pods,
     renewed_certificate,
     rss_bytes,
@@ -235,8 +236,7 @@ def _all_databases_ready(rest: Rest) -> bool:
 
 
 def test_deleting_the_leader_pod_hands_over_the_lease(node: KubeNode, api: ApiClient, rest: Rest, steady: str) -> None:
-    old = leader(rest)
-    assert old
+    old = ready_leader_pod(rest)["metadata"]["name"]
     ids = _put_all(api, "during-delete", 10)
     with Caller(api, steady) as caller:
         started = time.monotonic()
@@ -255,13 +255,8 @@ def test_deleting_the_leader_pod_hands_over_the_lease(node: KubeNode, api: ApiCl
 def test_sigkill_of_the_leaders_manager_hands_over_and_restarts_it(
     node: KubeNode, api: ApiClient, rest: Rest, steady: str
 ) -> None:
-    # The previous test's replacement pod may still be starting, or a loaded machine may fail one
-    # readiness probe: wait for a Ready Lease holder rather than assume one.
-    pod = wait_for(
-        lambda: next((p for p in ready_pods(rest) if p["metadata"]["name"] == leader(rest)), None),
-        timeout=120,
-        what="a Ready pod holding the Lease",
-    )
+    # The previous test's replacement pod may still be starting.
+    pod = ready_leader_pod(rest)
     old = pod["metadata"]["name"]
     restarts = container(pod)["restartCount"]
     pids = node.container_pids(container(pod)["containerID"])
