@@ -4,10 +4,12 @@ what is measured holds it exclusive, so nothing else takes it."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
+import sys
 from pathlib import Path
 
-from bench.common import machine_lock
+from bench.common import REPO, machine_lock
 
 
 def taken_now(path: Path, mode: str) -> bool:
@@ -29,3 +31,29 @@ def test_a_measurement_keeps_everything_out(tmp_path: Path) -> None:
         assert not taken_now(lock, "-s")
         assert not taken_now(lock, "-x")
     assert taken_now(lock, "-s")
+
+
+def test_a_setup_killed_midway_leaves_no_lock_behind(tmp_path: Path) -> None:
+    """A benchmark killed during its setup (SIGKILL: no finally runs) frees the lock with its open file."""
+    lock = tmp_path / "bench.lock"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from bench.common import REPO, machine_lock\n"
+            "with machine_lock(Path(sys.argv[1]), shared=True):\n"
+            "    print('held', flush=True); time.sleep(600)",
+            str(lock),
+        ],
+        stdout=subprocess.PIPE,
+        cwd=REPO,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == b"held"
+        assert not taken_now(lock, "-x")
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(10)
+        assert taken_now(lock, "-x")
+    finally:
+        holder.kill()
+        holder.wait()
