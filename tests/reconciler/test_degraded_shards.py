@@ -103,8 +103,20 @@ def test_a_hung_shard_delays_no_other_shard_and_gives_up_its_sessions(
     """Every process of shard A stopped mid-burst (a hung host). Shard B's databases are provisioned
     meanwhile as fast as ever: A's hung work holds only A's lane (workersPerShard workers), never the
     others'. A's SQL is abandoned within the shard check's bounds (not the two-minute operation bound):
-    its databases wait in Provisioning saying why, and finish after the resume."""
-    shard = fleet.shard(server)
+    its databases wait in Provisioning saying why, and finish after the resume.
+
+    A is reached through a proxy adding 100 ms of round trip, so that each of its databases takes
+    seconds and the freeze surely lands mid-burst: on a near link a fast machine finished all twelve
+    between the first Ready and the freeze."""
+    with TcpProxy("127.0.0.1", server.port) as proxy:
+        proxy.set_latency(0.1)
+        _hung_shard_mid_burst(server, pg18, fleet, start_manager, admin_rest, proxy.port)
+
+
+def _hung_shard_mid_burst(
+    server: PostgresServer, pg18: PostgresServer, fleet: Fleet, start_manager, admin_rest, port: int
+) -> None:
+    shard = fleet.shard(server, port=port, client_port=port)
     other = fleet.shard(pg18, accepting=False)
     manager = start_manager()
     burst = [fleet.database(f"hung-{i}") for i in range(12)]
