@@ -275,11 +275,7 @@ def test_sigkill_of_the_leaders_manager_hands_over_and_restarts_it(
     terminated = container(after)["lastState"]["terminated"]
     assert terminated["exitCode"] == 137 and terminated["reason"] != "OOMKilled", terminated
     wait_for(lambda: len(ready_pods(rest)) == 2, timeout=120, what="two Ready pods again")
-    wait_for(
-        lambda: leader(rest) in {p["metadata"]["name"] for p in ready_pods(rest)},
-        timeout=60,
-        what="a Ready replica holding the Lease",
-    )
+    ready_leader_pod(rest, timeout=60)
     FIGURES["manager_sigkilled_leader_and_two_ready_seconds"] = round(time.monotonic() - started, 1)
     caller.__exit__()
     # What consumers saw: calls that reached the killed replica before its endpoint was removed failed.
