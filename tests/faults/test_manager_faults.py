@@ -108,17 +108,24 @@ def test_leader_alone_cut_off_from_the_apiserver(owned: FaultStack) -> None:
     """The leader's path to the apiserver goes silent (requests get no answer), the other replica's
     does not. The leader stops its controllers and closes its shard sessions no later than its renew
     deadline (no hidden retries of the Lease request), the other replica takes over after the Lease
-    duration, and nothing is written by the cut-off replica meanwhile."""
+    duration, and nothing is written by the cut-off replica meanwhile.
+
+    Until the cut the shards are reached through 100 ms of round trip (then the link is near again), so
+    that each database takes seconds: twelve are more than the leader's eight workers (four per shard)
+    take at once, and the cut surely lands mid-burst, with SQL in flight. On a near link this 2-core
+    machine had 6 of 8 Ready at the cut, and a faster one may have none left to do."""
     fault = "leader alone cut off from the apiserver"
     stack = owned
-    with TcpProxy("127.0.0.1", stack.kube.port) as proxy:
+    with TcpProxy("127.0.0.1", stack.kube.port) as proxy, stack.slow_shard_links(0.1) as shard_links:
         cut = stack.replica("cutoff-a", stack.kubeconfig_through(proxy.port, "cutoff-a"))
         assert stack.leader() == cut.name
         other = stack.replica("cutoff-b")
-        names = stack.burst(other, "cutoff", 8)
+        names = stack.burst(other, "cutoff", 12)
         wait_for(lambda: stack.sessions_of(cut) > 0 and stack.phases(names)["Ready"] >= 2, 60, "the burst under way")
         proxy.blackhole()
         silenced = time.monotonic()
+        for link in shard_links:
+            link.set_latency(0)
         try:
             stopped = timed(lambda: leading_intervals(cut)[-1][1] is not None, 60, "the cut-off leader to stop")
             record(fault, "cut-off leader stopped leading, after the cut", stopped)
@@ -128,6 +135,8 @@ def test_leader_alone_cut_off_from_the_apiserver(owned: FaultStack) -> None:
             # Its renew deadline ran out at most 10 s after the cut (its last renewal was before it).
             assert stopped <= RENEW_DEADLINE + 0.5, f"stopped leading {stopped:.1f}s after the cut"
             assert closed <= RENEW_DEADLINE + 1.5, f"shard sessions still open {closed:.1f}s after the cut"
+            # What was Ready at the cut: no other replica leads yet, the blackhole holds the cut-off one's writes.
+            assert stack.phases(names)["Ready"] < len(names), "the whole burst was done before the cut"
             wait_for(lambda: stack.holder() == other.name, 60, "takeover")
             record(fault, "other replica leads, after the cut", time.monotonic() - silenced)
             during = stack.burst(other, "cutoff-during", 4)
