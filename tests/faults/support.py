@@ -14,7 +14,8 @@ import json
 import re
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -27,6 +28,7 @@ from kubernetes.client.exceptions import ApiException
 from domain.constants import ANNOTATION_ROTATE_REQUESTED_AT, LABEL_CONSUMER
 from harness import KubeControlPlane, PostgresServer
 from harness.statement_log import parse_statement_log
+from harness.tcp_proxy import TcpProxy
 from informers import EVENTS, LEASES, SECRETS, Rest
 from reconciler.resources import CONSUMERS, DATABASES, SHARDS
 from reconciler.runtime.leader import lease_holder
@@ -88,6 +90,8 @@ class FaultStack:
     # replicas whose link to the apiserver a fault cut: an Event they made while leading may be
     # held by the partition and arrive whenever the link is back (see fencing_violations)
     cut_off: set[str] = field(default_factory=set)
+    # proxies a test put in front of the shards (slow_shard_links): closed with the stack
+    proxies: list[TcpProxy] = field(default_factory=list)
 
     def start(self) -> FaultStack:
         self.kube, self.audit_log = audited_control_plane(self.root / "kube")
@@ -148,11 +152,35 @@ class FaultStack:
     def close(self) -> None:
         for replica in self.replicas:
             replica.kill()
+        for proxy in self.proxies:
+            proxy.close()
         for server in self.shards.values():
             server.thaw()  # a test that failed while a shard was frozen
             server.close()
         self._client.close()
         self.kube.close()
+
+    @contextmanager
+    def slow_shard_links(self, round_trip: float) -> Iterator[list[TcpProxy]]:
+        """Both shards reached (admin and client endpoint) through a TcpProxy adding `round_trip` seconds,
+        so that each database's SQL takes seconds: a fault injected once part of a burst is done surely
+        lands while the rest is in flight (on a near link a fast machine may finish it all in between).
+        Yields the proxies (a test sets their latency to 0 once the fault is in). On exit the Shards'
+        own ports are restored; the proxies forward on until the stack closes, for a session or a check
+        that still has the old port."""
+        proxies = {name: TcpProxy("127.0.0.1", server.port).start() for name, server in self.shards.items()}
+        self.proxies.extend(proxies.values())
+        originals = {name: self.rest.get(SHARDS, name)["spec"] for name in proxies}
+        for name, proxy in proxies.items():
+            proxy.set_latency(round_trip)
+            link = {"admin": {"port": proxy.port}, "client": {"port": proxy.port}}
+            self.rest.patch(SHARDS, name, {"spec": link})
+        try:
+            yield list(proxies.values())
+        finally:
+            for name, spec in originals.items():
+                own = {"admin": {"port": spec["admin"]["port"]}, "client": {"port": spec["client"]["port"]}}
+                self.rest.patch(SHARDS, name, {"spec": own})
 
     # -- replicas ----------------------------------------------------------------------------
 

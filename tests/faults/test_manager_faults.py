@@ -15,32 +15,53 @@ PAST_RENEW_DEADLINE = 12.0  # > renew deadline (10 s), < lease duration
 
 
 def test_manager_sigkill_mid_burst(owned: FaultStack) -> None:
+    """The leader killed once three of fifteen databases are Ready. Until the kill the shards are
+    reached through 100 ms of round trip (then the link is near again), so that each database takes
+    seconds: fifteen are more than the leader's eight workers (four per shard) take at once, and the
+    kill surely lands before the second wave is done. On a near link a fast machine may finish the
+    whole burst between the third Ready and the kill, and the check would prove nothing about a kill."""
     fault = "manager SIGKILL mid-burst"
     stack = owned
-    first, names = stack.leading_burst("burstkill-a", 15)
-    wait_for(lambda: stack.phases(names)["Ready"] >= 3, 60, "the burst under way")
-    first.kill()
-    killed = time.monotonic()
-    second = stack.replica("burstkill-b")
-    wait_for(lambda: stack.holder() == second.name, 60, "takeover")
-    record(fault, "new replica leads, after the kill", time.monotonic() - killed)
-    check_invariants(stack, fault)
-    record(fault, "every database Ready, after the kill", time.monotonic() - killed)
+    with stack.slow_shard_links(0.1) as proxies:
+        first, names = stack.leading_burst("burstkill-a", 15)
+        wait_for(lambda: stack.phases(names)["Ready"] >= 3, 60, "the burst under way")
+        first.kill()
+        killed = time.monotonic()
+        for proxy in proxies:
+            proxy.set_latency(0)
+        assert stack.phases(names)["Ready"] < len(names), "the whole burst was done before the kill"
+        second = stack.replica("burstkill-b")
+        wait_for(lambda: stack.holder() == second.name, 60, "takeover")
+        record(fault, "new replica leads, after the kill", time.monotonic() - killed)
+        check_invariants(stack, fault)
+        record(fault, "every database Ready, after the kill", time.monotonic() - killed)
 
 
 def test_manager_sigkill_mid_drop(owned: FaultStack) -> None:
+    """The leader killed once two of ten drops are done. The drops run through 100 ms of round trip to
+    the shards (until the kill, then the link is near again), so that each takes seconds: ten are more
+    than the leader's eight workers (four per shard) take at once, and the kill surely lands before
+    the second wave is done. On a near link even a 2-core machine had every tenant dropped (8 objects
+    gone, 2 Deleted) by the time the check saw the second object gone: it proved nothing about a kill."""
     fault = "manager SIGKILL mid-drop"
     stack = owned
-    first, names = stack.leading_burst("dropkill-a", 10)
-    wait_for(lambda: stack.phases(names)["Ready"] == len(names), 90, "the databases Ready")
-    for name in names:
-        stack.delete(first, name)
-    wait_for(lambda: stack.phases(names)["absent"] >= 2, 60, "the drops under way")
-    first.kill()
-    killed = time.monotonic()
-    stack.replica("dropkill-b")
-    check_invariants(stack, fault)
-    record(fault, "every drop done after the kill", time.monotonic() - killed)
+    with stack.slow_shard_links(0) as proxies:
+        first, names = stack.leading_burst("dropkill-a", 10)
+        wait_for(lambda: stack.phases(names)["Ready"] == len(names), 90, "the databases Ready")
+        for proxy in proxies:
+            proxy.set_latency(0.1)
+        for name in names:
+            stack.delete(first, name)
+        wait_for(lambda: stack.phases(names)["absent"] >= 2, 60, "the drops under way")
+        first.kill()
+        killed = time.monotonic()
+        for proxy in proxies:
+            proxy.set_latency(0)
+        phases = stack.phases(names)
+        assert phases["absent"] + phases["Deleted"] < len(names), f"every tenant was dropped before the kill: {phases}"
+        stack.replica("dropkill-b")
+        check_invariants(stack, fault)
+        record(fault, "every drop done after the kill", time.monotonic() - killed)
 
 
 def test_leader_sigstop_past_lease_with_second_replica(owned: FaultStack) -> None:
@@ -87,17 +108,24 @@ def test_leader_alone_cut_off_from_the_apiserver(owned: FaultStack) -> None:
     """The leader's path to the apiserver goes silent (requests get no answer), the other replica's
     does not. The leader stops its controllers and closes its shard sessions no later than its renew
     deadline (no hidden retries of the Lease request), the other replica takes over after the Lease
-    duration, and nothing is written by the cut-off replica meanwhile."""
+    duration, and nothing is written by the cut-off replica meanwhile.
+
+    Until the cut the shards are reached through 100 ms of round trip (then the link is near again), so
+    that each database takes seconds: twelve are more than the leader's eight workers (four per shard)
+    take at once, and the cut surely lands mid-burst, with SQL in flight. On a near link this 2-core
+    machine had 6 of 8 Ready at the cut, and a faster one may have none left to do."""
     fault = "leader alone cut off from the apiserver"
     stack = owned
-    with TcpProxy("127.0.0.1", stack.kube.port) as proxy:
+    with TcpProxy("127.0.0.1", stack.kube.port) as proxy, stack.slow_shard_links(0.1) as shard_links:
         cut = stack.replica("cutoff-a", stack.kubeconfig_through(proxy.port, "cutoff-a"))
         assert stack.leader() == cut.name
         other = stack.replica("cutoff-b")
-        names = stack.burst(other, "cutoff", 8)
+        names = stack.burst(other, "cutoff", 12)
         wait_for(lambda: stack.sessions_of(cut) > 0 and stack.phases(names)["Ready"] >= 2, 60, "the burst under way")
         proxy.blackhole()
         silenced = time.monotonic()
+        for link in shard_links:
+            link.set_latency(0)
         try:
             stopped = timed(lambda: leading_intervals(cut)[-1][1] is not None, 60, "the cut-off leader to stop")
             record(fault, "cut-off leader stopped leading, after the cut", stopped)
@@ -107,6 +135,8 @@ def test_leader_alone_cut_off_from_the_apiserver(owned: FaultStack) -> None:
             # Its renew deadline ran out at most 10 s after the cut (its last renewal was before it).
             assert stopped <= RENEW_DEADLINE + 0.5, f"stopped leading {stopped:.1f}s after the cut"
             assert closed <= RENEW_DEADLINE + 1.5, f"shard sessions still open {closed:.1f}s after the cut"
+            # What was Ready at the cut: no other replica leads yet, the blackhole holds the cut-off one's writes.
+            assert stack.phases(names)["Ready"] < len(names), "the whole burst was done before the cut"
             wait_for(lambda: stack.holder() == other.name, 60, "takeover")
             record(fault, "other replica leads, after the cut", time.monotonic() - silenced)
             during = stack.burst(other, "cutoff-during", 4)
