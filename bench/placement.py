@@ -42,6 +42,7 @@ from bench.common import (
 )
 from domain.constants import API_VERSION, FINALIZER_TENANT, KIND_DATABASE, KIND_SHARD
 from informers import Informer, Rest
+from informers.rest import WatchStream
 from reconciler.placement import PlacementIndex
 from reconciler.resources import BY_SHARD, DATABASES, SHARDS, database_shard
 
@@ -61,10 +62,11 @@ READY_CONDITIONS = [
 # -- in-process ------------------------------------------------------------------------------------
 
 
-class _IdleStream:
+class _IdleStream(WatchStream):
     """A watch that never delivers an event (until the informer stops)."""
 
     def __init__(self) -> None:
+        super().__init__(None)
         self._stop = threading.Event()
 
     def lines(self) -> Iterator[bytes]:
@@ -97,7 +99,7 @@ class ListOnlyRest(Rest):
         """The LIST as the informer pages it (one page, no continue token), encoded as the apiserver sends it."""
         return orjson.dumps(self.request("GET", path))
 
-    def stream(self, path: str, **kwargs: Any) -> _IdleStream:  # type: ignore[override]
+    def stream(self, path: str, **kwargs: Any) -> WatchStream:
         return _IdleStream()
 
 
