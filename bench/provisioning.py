@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import os
 import queue
+import shutil
 import statistics
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -80,6 +82,26 @@ class Phase:
     @property
     def postgres_cpu(self) -> float:
         return self.cpu.get("postgres", 0.0)
+
+
+# Disk for the databases the benchmark keeps until it ends (its server lives in the temp directory): an empty
+# database copied from template0 is 7.4 MB on PostgreSQL 18, and CREATE DATABASE writes it to the WAL too, which
+# max_wal_size (1 GB) lets grow to about twice that between checkpoints.
+DATABASE_BYTES = 7_500_000
+WAL_BYTES = 2_000_000_000
+
+
+def check_disk(databases: int, directory: str | None = None) -> None:
+    """Refuse to start when the temp directory cannot hold `databases` databases: a run that fills the disk
+    fails minutes in, with disk_full on every create, after its figures are spoilt."""
+    where = directory or tempfile.gettempdir()
+    needed = databases * DATABASE_BYTES + WAL_BYTES
+    free = shutil.disk_usage(where).free
+    if free < needed:
+        raise SystemExit(
+            f"bench.provisioning keeps its {databases} databases until it ends: it needs about "
+            f"{needed / 1e9:.1f} GB free in {where}, and {free / 1e9:.1f} GB are (TMPDIR picks another place)"
+        )
 
 
 def baseline(
@@ -212,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.clients is not None:
         print(f"EXPERIMENT: {args.clients} keep-alive clients share the PUTs of a burst")
     experiment = worker_experiment(args)
+    check_disk(count * (2 * repeats + 2))  # the baseline with set_password, repeats + 1 baselines, repeats bursts
     print(f"machine: {machine_line()}")
     cores = len(os.sched_getaffinity(0))
     shard_cpus = topology(args)
