@@ -30,8 +30,8 @@ from domain.settings import SETTINGS
 from domain.specs import ShardSpec, parse_database, parse_shard
 from domain.status import DatabaseStatus
 from informers import CONFIGMAPS, Rest
-from reconciler.admin import AdminPolicy, AdminRefused, AdminSecretInvalid, admin_endpoint
 from reconciler.resources import CONSUMERS, DATABASES, SHARDS
+from reconciler.shard.admin import AdminPolicy, AdminRefused, AdminSecretInvalid, admin_endpoint
 from reconciler.sql.errors import classify
 from reconciler.sql.provisioner import server_slots
 from reconciler.sql.session import connect_admin

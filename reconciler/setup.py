@@ -25,7 +25,6 @@ from domain.quota import counts_against_quota
 from domain.specs import ShardSpec, parse_shard
 from informers import SECRETS, Informer, Rest, object_key, split_key
 from informers.informer import Handler
-from reconciler.admin import AdminPolicy, AdminSessions
 from reconciler.consumer_controller import ConsumerController
 from reconciler.database import DatabaseController
 from reconciler.events import EventRecorder
@@ -41,8 +40,9 @@ from reconciler.resources import (
     database_shard,
 )
 from reconciler.runtime import Controller, ControllerManager, Lanes
-from reconciler.shard_budget import ShardBudgets
-from reconciler.shard_controller import PING_INTERVAL, ShardController
+from reconciler.shard.admin import AdminPolicy, AdminSessions
+from reconciler.shard.budget import ShardBudgets
+from reconciler.shard.controller import PING_INTERVAL, ShardController
 from reconciler.sql.session import APPLICATION_NAME
 from reconciler.worker_metrics import DatabaseWorkersCollector
 

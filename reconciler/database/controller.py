@@ -44,7 +44,6 @@ from domain.metadata import object_annotation
 from domain.objects import database_placement
 from domain.validation import format_validation_error
 from informers import Informer, Rest
-from reconciler.admin import AdminEndpointCache, AdminPolicy, AdminSessions
 from reconciler.database.deletion import Deletion
 from reconciler.database.early import EarlyVerdicts
 from reconciler.database.finalizers import Finalizers
@@ -63,6 +62,7 @@ from reconciler.events import EventRecorder
 from reconciler.placement import PlacementIndex
 from reconciler.resources import database_shard
 from reconciler.runtime import Result, TerminalError, release_slot
+from reconciler.shard.admin import AdminEndpointCache, AdminPolicy, AdminSessions
 
 INVALID_OBJECT = "InvalidObject"
 

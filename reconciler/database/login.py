@@ -19,11 +19,11 @@ from domain.constants import DatabaseReason, Phase
 from domain.credentials import secret_values
 from domain.specs import ShardSpec
 from informers import object_key
-from reconciler.admin import AdminPolicy, AdminSessions
 from reconciler.database.report import Reporter
 from reconciler.database.shard_sql import SHARD_TROUBLE_RETRY_CAP, shard_spec
 from reconciler.database.state import Database
 from reconciler.runtime import ensure_active
+from reconciler.shard.admin import AdminPolicy, AdminSessions
 from reconciler.sql.errors import SqlFailure
 from reconciler.sql.login import TenantLogin, log_in
 

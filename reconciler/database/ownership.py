@@ -26,13 +26,13 @@ from kubernetes.client.exceptions import ApiException
 
 from domain.constants import DatabaseConditionType, EventReason, OwnershipReason
 from domain.settings import SETTINGS
-from reconciler.admin import AdminSecretInvalid
 from reconciler.database.placement import owner
 from reconciler.database.report import Reporter
 from reconciler.database.shard_sql import ShardSql, shard_ready, shard_spec, shard_state
 from reconciler.database.state import Database
 from reconciler.database.writes import DatabaseWrites
 from reconciler.runtime import Result
+from reconciler.shard.admin import AdminSecretInvalid
 from reconciler.sql.errors import SqlFailure
 from reconciler.sql.tenant import Ownership, OwnershipCheck, confirm_ownership
 

@@ -40,10 +40,10 @@ from domain.objects import Obj, ShardState
 from domain.settings import SETTINGS
 from domain.specs import ShardSpec, parse_shard
 from informers import object_key
-from reconciler.admin import AdminEndpointCache, AdminRefused, AdminSessions
 from reconciler.database.report import Reporter, Waiting
 from reconciler.database.state import Database
 from reconciler.runtime import ReconcileError
+from reconciler.shard.admin import AdminEndpointCache, AdminRefused, AdminSessions
 from reconciler.sql import errors as sqlerrors
 from reconciler.sql.errors import SqlFailure
 from reconciler.sql.session import AdminSession

@@ -5,7 +5,7 @@ name, `search_path=pg_catalog`, `statement_timeout`, `lock_timeout`). The passwo
 server that proves SCRAM (`require_auth=scram-sha-256`: libpq refuses a cleartext or md5 request
 instead of answering it), over TLS and bound to the TLS channel (`channel_binding=require`); an
 `AdminEndpoint` in a mode that may go without TLS exists only when the install allows it for that
-shard (`cleartext_allowed`, reconciler.admin). With libpq 18 an admin login after the first one to an
+shard (`cleartext_allowed`, reconciler.shard.admin). With libpq 18 an admin login after the first one to an
 endpoint hands libpq the password's SCRAM keys instead of having it run PBKDF2 (`ADMIN_KEYS`,
 reconciler.sql.scram_keys): every login is still a fresh, complete SCRAM exchange bound to TLS; keys
 the server refuses are dropped and the login is made again with the password.

@@ -3,7 +3,7 @@ away, how many connections the server allows.
 
 One operation ("check") of one statement: the provisioner's role and the server version (what
 provisioner.read_provisioner reads), whether the server can write, its connection slots (the input
-of the shard's connection budget, reconciler.shard_budget), and the round trip of that statement,
+of the shard's connection budget, reconciler.shard.budget), and the round trip of that statement,
 which the controller uses to size its next timeouts (one round trip matters on a slow link). A
 server that cannot write is not a shard placements can use, however well it answers: a standby
 (`pg_is_in_recovery()`, e.g. the admin Service points at a replica after a failover) or a server

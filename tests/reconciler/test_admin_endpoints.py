@@ -12,7 +12,7 @@ import pytest
 
 from domain.specs import parse_shard
 from informers import SECRETS, Rest
-from reconciler.admin import AdminEndpointCache, AdminPolicy, AdminSecretInvalid
+from reconciler.shard.admin import AdminEndpointCache, AdminPolicy, AdminSecretInvalid
 from tests.reconciler.conftest import NAMESPACE
 from tests.support.common import b64
 

@@ -114,7 +114,7 @@ def test_an_install_config_that_overcommits_is_reported_not_applied(small, fleet
     manager.stop()
 
     # Reserving more for other roles leaves less than the 20 connections already committed.
-    caplog.set_level(logging.WARNING, logger="reconciler.shard_budget")
+    caplog.set_level(logging.WARNING, logger="reconciler.shard.budget")
     tighter = _expected_budget(small, reserved=RESERVED + 10)
     start_manager(install_config(connectionBudget={"reserved": RESERVED + 10}))
 

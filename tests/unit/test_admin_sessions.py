@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from reconciler.admin import AdminSessions
 from reconciler.runtime import Slot, holding_slot
+from reconciler.shard.admin import AdminSessions
 from reconciler.sql.session import AdminEndpoint, AdminSession
 
 ENDPOINT = AdminEndpoint("127.0.0.1", 5432, "provisioner", "secret", sslmode="require")

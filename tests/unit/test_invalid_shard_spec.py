@@ -11,7 +11,7 @@ from typing import Any
 
 from reconciler.placement import PlacementIndex
 from reconciler.resources import database_shard
-from reconciler.shard_controller import NOT_READY_RECHECK, ShardController
+from reconciler.shard.controller import NOT_READY_RECHECK, ShardController
 
 READY = {"type": "Ready", "status": "True", "reason": "Ok", "message": "", "lastTransitionTime": "2026-11-30T08:00:00Z"}
 BROKEN = {

@@ -7,7 +7,7 @@ import math
 import random
 
 from domain.settings import SETTINGS
-from reconciler.shard_controller import on_grid
+from reconciler.shard.controller import on_grid
 
 GRID = SETTINGS.shard_checks.ready_check_grid
 

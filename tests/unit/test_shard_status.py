@@ -8,7 +8,7 @@ from typing import Any
 from domain.constants import ShardReason
 from domain.objects import ShardState
 from reconciler.runtime import merge_patch
-from reconciler.shard_controller import Health, observe
+from reconciler.shard.controller import Health, observe
 
 OK = Health(ShardReason.OK, "admin connection healthy", server_version="17.2")
 

@@ -41,7 +41,7 @@ from domain.settings import SETTINGS
 from domain.specs import ShardSpec, parse_shard
 from informers import SECRETS, Rest
 from reconciler.runtime import Slot, current_slot
-from reconciler.shard_links import ShardLinks
+from reconciler.shard.links import ShardLinks
 from reconciler.sql.session import APPLICATION_NAME, AdminEndpoint, AdminSession, Fence
 
 

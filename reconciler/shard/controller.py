@@ -14,7 +14,7 @@ A ping passes when the provisioner logs in, its role fits (provisioner.dialect_p
 server can write (shard_probe.Writability: not a standby, new sessions not read-only; and, once a
 Database worker's write failed with disk_full, a small test write passes: DiskFull until then). The
 same statement reads the server's connection slots, from which the shard's connection budget is
-recorded (reconciler.shard_budget). Its timeouts follow the link (`ShardLinks`: from the measured
+recorded (reconciler.shard.budget). Its timeouts follow the link (`ShardLinks`: from the measured
 round trip, bounded), and a Ready shard gets a second try with the longer timeouts before it is
 declared Unreachable, so a slow or flaky link that still answers stays Ready. A shard that does not
 answer is marked so in `ShardLinks`: the Database workers' sessions to it are cut at once and no new
@@ -46,11 +46,11 @@ from domain.objects import ShardState, cluster_phase
 from domain.settings import SETTINGS
 from domain.specs import ShardSpec, parse_shard
 from informers import Informer, Rest
-from reconciler.admin import AdminPolicy, AdminRefused, AdminSessions, admin_endpoint
 from reconciler.resources import BY_SHARD, SHARDS
 from reconciler.runtime import Result, StatusEchoes
-from reconciler.shard_budget import ShardBudgets
-from reconciler.shard_links import ShardLinks
+from reconciler.shard.admin import AdminPolicy, AdminRefused, AdminSessions, admin_endpoint
+from reconciler.shard.budget import ShardBudgets
+from reconciler.shard.links import ShardLinks
 from reconciler.sql import errors as sqlerrors
 from reconciler.sql.errors import SqlFailure, is_auth_failure
 from reconciler.sql.provisioner import WEAK_CREATEROLE_MESSAGE, dialect_problem
@@ -147,7 +147,7 @@ class ShardController:
         budgets: ShardBudgets | None = None,
     ) -> None:
         self.rest = rest
-        self.budgets = budgets  # the connection budget in the status (reconciler.shard_budget)
+        self.budgets = budgets  # the connection budget in the status (reconciler.shard.budget)
         self.policy = policy or AdminPolicy()  # shardSecrets: without it no admin Secret is used
         self.shards = shards
         self.databases = databases
