@@ -15,7 +15,7 @@ the median round; p99 is over every request of the rounds at that concurrency. T
 `--consumers` extra Consumers (3 token hashes each) while this runs, so the API's token index is big.
 Target: API throughput >= 0.5x the bare route.
 
-Under attack (issue 14): the same authenticated GET load on the API, in rounds alternating with
+Under attack: the same authenticated GET load on the API, in rounds alternating with
 and without hostile connections held against the same server: `--attack-slow` (64) TLS connections
 sending their headers a byte a second, `--attack-silent` (8) TCP sockets that never send a TLS hello
 and `--attack-idle` (200) TLS connections idle after the handshake, each reopened as the server's

@@ -2,7 +2,7 @@
 
     python -m bench.scale [--count 10000] [--shards 20] [--consumers 1] [--extra-consumers 100]
                           [--idle-seconds 60] [--profile] [--profile-idle 60]
-    python -m bench.scale --count 100000 --shards 200 --consumers 1000      # issue 28
+    python -m bench.scale --count 100000 --shards 200 --consumers 1000 --compacted   # docs/performance.md
     python -m bench.scale --count 20000 --shards 200 --consumers 1000 --runs 0 --baseline /tmp/base [--profile]
     python -m bench.scale --count 2000 --shards 200 --consumers 1000 --runs 0 --baseline /tmp/base --rounds 2 \
         --compare-idle 120                                             # idle CPU, two trees on one fleet
