@@ -165,7 +165,7 @@ class ShardController:
         self._spread: set[str] = set()  # Ready shards whose checks have been given their place in the interval
         self.enqueue: Callable[[str], None] | None = None  # set by setup: the controller's queue
         # Our own status writes: their watch events wake no pass (setup.py; a pass on the echo wrote the
-        # count again at once, past the burst's COUNT_BURST_GAP: 0.67 Shard writes per new database).
+        # count again at once, past the burst's COUNT_BURST_GAP).
         self.echoes = StatusEchoes()
 
     def suspect(self, name: str, error_class: str | None = None) -> None:
