@@ -85,7 +85,7 @@ def bench_parser(doc: str | None, *, profile: str | None = None, lock: str | Non
         )
     if lock is not None:
         parser.add_argument(
-            "--lock", type=Path, metavar="PATH", help=f"hold this flock (e.g. /work/bench.lock) during {lock}"
+            "--lock", type=Path, metavar="PATH", help=f"hold this flock (e.g. /tmp/bench.lock) during {lock}"
         )
     return parser
 
