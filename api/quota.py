@@ -89,8 +89,8 @@ class _Request:
 class _Ledger:
     """What a replica knows of one consumer's ledger, and the requests waiting to be written."""
 
-    # One write at a time: bench.quota measured two in flight per replica slower, the apiserver then
-    # retrying its own conflicts on the one object (a ledger PATCH took 250-530 ms there, 115-170 alone).
+    # One write at a time: two in flight per replica are slower, the apiserver then retrying its own
+    # conflicts on the one object (a ledger PATCH takes about twice as long).
     writing: bool = False  # a request of this replica is writing the ledger (guarded by QuotaLedgers._guard)
     pending: list[_Request] = field(default_factory=list)  # waiting for the next write (guarded, too)
     view: QuotaLedger | None = None  # as the last request returned it (None: read it)

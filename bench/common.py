@@ -4,6 +4,8 @@ Nothing here is a fake: `Stack` starts a real kube-apiserver + etcd and a real P
 harness and installs the product on them with `DevStack`; `ManagerProcess` runs `dbprovider manager`
 as its own process (the kernel kills it if the benchmark dies). Every benchmark prints a table and
 ends with one line per target (`<figure>  target <target>  PASS|FAIL`); the exit code is 0 either way.
+Each target's figure is also written to its results file under bench/results/ (`report_targets`), from
+which `python -m bench.report` generates the results table of docs/performance.md.
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import fcntl
+import json
 import math
 import os
 import queue
 import re
+import shlex
 import shutil
 import signal
 import statistics
@@ -35,6 +39,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import requests
 from psycopg import sql
 
+from bench.report import RESULTS_DIR
 from dbprovider.devstack import DevStack
 from domain.config import InstallConfig
 from domain.objects import Obj
@@ -65,6 +70,14 @@ def bench_parser(doc: str | None, *, profile: str | None = None, lock: str | Non
     --profile records; where it writes (--profile-dir) is the same for all. A bench that takes the
     machine's benchmark lock itself (--lock, see `machine_lock`) says during what."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=RESULTS_DIR,
+        metavar="DIR",
+        help=f"write each target's results file here (default {RESULTS_DIR.relative_to(REPO)})",
+    )
+    parser.add_argument("--no-results", dest="results", action="store_const", const=None, help="print the targets only")
     if profile is not None:
         parser.add_argument("--profile", action="store_true", help=profile)
         parser.add_argument(
@@ -72,7 +85,7 @@ def bench_parser(doc: str | None, *, profile: str | None = None, lock: str | Non
         )
     if lock is not None:
         parser.add_argument(
-            "--lock", type=Path, metavar="PATH", help=f"hold this flock (e.g. /work/bench.lock) during {lock}"
+            "--lock", type=Path, metavar="PATH", help=f"hold this flock (e.g. /tmp/bench.lock) during {lock}"
         )
     return parser
 
@@ -184,15 +197,71 @@ class Target:
     figure: str  # e.g. "provisioning ratio 1.23x"
     target: str  # e.g. "<= 1.5x"
     passed: bool
+    # Its results file: bench/results/<benchmark>.<key>.json, the row `what` names in docs/performance.md.
+    key: str = ""
+    what: str = ""
+    value: float = 0.0
+    unit: str = ""  # "x", "%", "s", "MB", ... ("" for a count)
 
     def line(self) -> str:
         return f"{self.figure}  target {self.target}  {'PASS' if self.passed else 'FAIL'}"
 
 
-def report_targets(targets: Iterable[Target]) -> None:
+@dataclass(frozen=True)
+class ResultsFiles:
+    """Where a run's results files go (None: nowhere) and the command line they record."""
+
+    benchmark: str
+    command: str
+    directory: Path | None
+
+    @classmethod
+    def of(cls, module: str, args: argparse.Namespace, argv: Sequence[str] | None = None) -> ResultsFiles:
+        words = sys.argv[1:] if argv is None else list(argv)
+        command = shlex.join(["python", "-m", module, *words])
+        return cls(module.rsplit(".", 1)[-1], command, args.results)
+
+    def write(self, target: Target) -> Path | None:
+        """The target's results file, replaced by this run's figure (the git history keeps the earlier ones)."""
+        if self.directory is None or not target.key:
+            return None
+        record = {
+            "benchmark": self.benchmark,
+            "target": target.key,
+            "what": target.what,
+            "goal": target.target,
+            "figure": float(f"{target.value:.3g}"),
+            "unit": target.unit,
+            "pass": target.passed,
+            "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d"),
+            "commit": tree_commit(),
+            "command": self.command,
+            "detail": target.figure,
+        }
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / f"{self.benchmark}.{target.key}.json"
+        path.write_text(json.dumps(record, indent=2) + "\n")
+        return path
+
+
+def tree_commit() -> str:
+    """The checkout's short commit, `+changes` when tracked files outside bench/results differ from it."""
+
+    def git(*words: str) -> str:
+        return subprocess.run(["git", "-C", str(REPO), *words], capture_output=True, text=True, check=False).stdout
+
+    commit = git("rev-parse", "--short=7", "HEAD").strip() or "unknown"
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/results")
+    return commit + ("+changes" if changed.strip() else "")
+
+
+def report_targets(targets: Iterable[Target], results: ResultsFiles | None = None) -> None:
+    """The target lines on stdout, and each target's results file when `results` says where."""
     print()
     for target in targets:
         print(target.line())
+        if results is not None and (path := results.write(target)) is not None:
+            log(f"wrote {path}")
     sys.stdout.flush()
 
 

@@ -4,7 +4,7 @@ under each attack as ratios to the same run without it, and the memory each kind
     python -m bench.front_door [--seconds 10] [--rounds 3] [--connections 300] [--attacks chunk,idle TLS]
     python -m bench.front_door --compare [--seconds 20] [--candidates ours,cheroot,uvicorn,granian]
 
-Default run (issue 25), one `dbprovider manager` on a real apiserver and PostgreSQL:
+Default run, one `dbprovider manager` on a real apiserver and PostgreSQL:
 - a legitimate client makes authenticated GETs of /v1/databases, each on a new TLS connection with a
   kubelet probe's 3 s timeout, for `--seconds` per phase, in rounds of: alone, under the chunk attack
   (50 TLS connections sending request bodies in 1-byte chunks as fast as they can, reconnecting when
@@ -18,9 +18,9 @@ Default run (issue 25), one `dbprovider manager` on a real apiserver and Postgre
   connection; and whether api.maxConnections times the worst of them
   fits the budget the install config is checked against (domain/config.py).
 
-`--compare` is the measurement the front door was chosen by (issue 14): each candidate serves the
-same bare Falcon app over TLS while the attacks of issue 14 run. Candidates: `ours`, `cheroot` (the
-server before it), `uvicorn` (h11; `pip install uvicorn a2wsgi`) and `granian` (`pip install granian`).
+`--compare` is the measurement the front door was chosen by: each candidate serves the same bare
+Falcon app over TLS while silent, slow-header and idle TLS connections are held. Candidates: `ours`,
+`cheroot` (the server before it), `uvicorn` (h11; `pip install uvicorn a2wsgi`) and `granian` (`pip install granian`).
 """
 
 from __future__ import annotations
@@ -252,7 +252,7 @@ def cbc_refused(port: int, ca: Path) -> bool:
         return True
 
 
-# -- issue 25: the real manager under attack ---------------------------------------------------------
+# -- the real manager under attack -------------------------------------------------------------------
 
 
 class Attack(TypedDict, total=False):
@@ -453,8 +453,8 @@ def _timed(frame: Callable[[bytes], None], data: bytes, count: int) -> float:
 
 
 def probes_and_deadline(cert: Path, key: Path, ca: Path) -> list[list[str]]:
-    """The issue's case: 40 clients on a handler that takes 2 s keep all 16 workers busy; how long do
-    /healthz and /readyz take meanwhile, and when does a handler stuck for 60 s get its 503?"""
+    """Busy workers must not starve the probes: 40 clients on a handler that takes 2 s keep all 16 workers
+    busy; how long do /healthz and /readyz take meanwhile, and when does a handler stuck for 60 s get its 503?"""
     import threading
 
     import falcon
@@ -520,8 +520,8 @@ def probes_and_deadline(cert: Path, key: Path, ca: Path) -> list[list[str]]:
     ]
 
 
-def manager_run(args: argparse.Namespace) -> int:
-    from bench.common import ManagerProcess, Stack, Target, log, report_targets
+def manager_run(args: argparse.Namespace, argv: list[str] | None) -> int:
+    from bench.common import ManagerProcess, ResultsFiles, Stack, Target, log, report_targets
     from domain.settings import SETTINGS
     from harness.certs import CertificateAuthority
 
@@ -556,8 +556,12 @@ def manager_run(args: argparse.Namespace) -> int:
                 Target(
                     f"worst connection {worst / 1024:.0f} KiB measured, {per / 1024:.0f} KiB assumed "
                     "by the install config check",
-                    "measured <= assumed",
+                    f"<= {per / 1024:.0f} KiB (the install config's assumption)",
                     worst <= per,
+                    key="memory-per-connection",
+                    what="the manager's RSS per connection, the worst kind",
+                    value=worst / 1024,
+                    unit="KiB",
                 )
             )
             needed = default_max * worst
@@ -566,13 +570,17 @@ def manager_run(args: argparse.Namespace) -> int:
                     f"maxConnections {default_max} x {worst / 1024:.0f} KiB = {needed / 2**20:.0f} MiB",
                     f"<= {budget / 2**20:.0f} MiB (pod limit less the manager)",
                     needed <= budget,
+                    key="connections-memory",
+                    what="api.maxConnections connections of the worst kind",
+                    value=needed / 2**20,
+                    unit="MiB",
                 )
             )
         if "attacks" in parts:
             manager = ManagerProcess(stack)
             manager.wait_leading(stack.admin_rest())
             targets += attack_ratios(args, manager, stack.dev.ca_file, stack.dev.token)
-        report_targets(targets)
+        report_targets(targets, ResultsFiles.of("bench.front_door", args, argv))
     finally:
         stack.close(manager)
     return 0
@@ -638,15 +646,28 @@ def attack_ratios(args: argparse.Namespace, manager: Any, ca: Path, token: str) 
     targets = []
     for kind, figures in ratios.items():
         throughput, p99 = statistics.median(figures["throughput"]), statistics.median(figures["p99"])
+        slug = kind.lower().replace(" ", "-")
         targets.append(
             Target(
                 f"{kind} attack: legitimate throughput {throughput:.2f}x of alone",
                 f">= {THROUGHPUT_TARGET}x",
                 throughput >= THROUGHPUT_TARGET,
+                key=f"{slug}-throughput",
+                what=f"authenticated GETs on new connections under the {kind} attack, over alone (throughput)",
+                value=throughput,
+                unit="x",
             )
         )
         targets.append(
-            Target(f"{kind} attack: legitimate p99 {p99:.2f}x of alone", f"<= {P99_TARGET}x", p99 <= P99_TARGET)
+            Target(
+                f"{kind} attack: legitimate p99 {p99:.2f}x of alone",
+                f"<= {P99_TARGET}x",
+                p99 <= P99_TARGET,
+                key=f"{slug}-p99",
+                what=f"authenticated GETs on new connections under the {kind} attack, over alone (p99)",
+                value=p99,
+                unit="x",
+            )
         )
     return targets
 
@@ -658,7 +679,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connections", type=int, default=300, help="per kind, for the memory figures")
     parser.add_argument("--parts", default="probes,memory,attacks", help="of the default run (comma-separated)")
     parser.add_argument("--attacks", default=",".join(ATTACKS), help="of the attacks part (comma-separated)")
-    parser.add_argument("--compare", action="store_true", help="the candidate servers of issue 14")
+    parser.add_argument("--compare", action="store_true", help="compare the candidate servers instead")
     parser.add_argument("--candidates", default=",".join(CANDIDATES))
     parser.add_argument("--attacker", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -668,7 +689,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.compare:
         args.seconds = args.seconds or 10.0
-        return manager_run(args)
+        return manager_run(args, argv)
     args.seconds = args.seconds or 20.0
     from harness.attacks import HostileClients
     from harness.certs import CertificateAuthority

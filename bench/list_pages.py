@@ -46,6 +46,7 @@ import psutil
 
 from bench.common import (
     COMPACTING,
+    ResultsFiles,
     Stack,
     Target,
     bench_parser,
@@ -307,7 +308,9 @@ def measure_relists(
     return measured
 
 
-def report_relists(measured: dict[str, list[list[dict[str, float]]]], count: int, setup: RelistSetup) -> None:
+def report_relists(
+    measured: dict[str, list[list[dict[str, float]]]], count: int, setup: RelistSetup, results: ResultsFiles
+) -> None:
     """Medians over every relist of every round per way, ratios against the first way; RSS and frozen objects
     after the first and the last relist (median over the rounds)."""
     ways = list(measured)
@@ -367,6 +370,10 @@ def report_relists(measured: dict[str, list[list[dict[str, float]]]], count: int
                     f"longest stall of another thread in a relist, fixed vs main: {stall:.2f}x",
                     "<= 0.50x",
                     stall <= 0.5,
+                    key="relist-stall",
+                    what="the longest stall another thread sees in a relist, over the plain relist's",
+                    value=stall,
+                    unit="x",
                 )
             )
         report_targets(
@@ -376,8 +383,13 @@ def report_relists(measured: dict[str, list[list[dict[str, float]]]], count: int
                     f"frozen objects added from the first to the last relist (fixed): {frozen[0]:.0f}",
                     "<= 1000",
                     frozen[0] <= 1000,
+                    key="relist-frozen",
+                    what="frozen objects added from the first relist to the last",
+                    value=frozen[0],
+                    unit="objects",
                 ),
-            ]
+            ],
+            results,
         )
 
 
@@ -442,7 +454,7 @@ def main() -> None:
     finally:
         stack.close()
         if relisted:
-            report_relists(relisted, args.count, setup)
+            report_relists(relisted, args.count, setup, ResultsFiles.of("bench.list_pages", args))
 
     columns = ["synced", "kube-apiserver", "etcd", "this process", "from etcd"]
     medians = {way: {c: statistics.median(r[c] for r in rows) for c in columns} for way, rows in measured.items()}
@@ -467,16 +479,30 @@ def main() -> None:
     if STREAMED in medians and default in medians:
         streamed, paged = medians[STREAMED], medians[default]
         ratio = streamed["kube-apiserver"] / paged["kube-apiserver"]
-        targets = [Target(f"apiserver CPU, streamed vs {default} a page: {ratio:.2f}x", "<= 1.00x", ratio <= 1.0)]
+        targets = [
+            Target(
+                f"apiserver CPU, streamed vs {default} a page: {ratio:.2f}x",
+                "<= 1.00x",
+                ratio <= 1.0,
+                key="streamed-apiserver-cpu",
+                what="the apiserver's CPU for a start's two large lists streamed, over paged at the default size",
+                value=ratio,
+                unit="x",
+            )
+        ]
         if args.compacted:
             targets.append(
                 Target(
                     f"objects the streamed list read from etcd: {streamed['from etcd']:.0f}",
                     "<= 2",
                     streamed["from etcd"] <= 2,
+                    key="streamed-etcd-reads",
+                    what="objects a streamed list reads from etcd once etcd is compacted past them",
+                    value=streamed["from etcd"],
+                    unit="objects",
                 )
             )
-        report_targets(targets)
+        report_targets(targets, ResultsFiles.of("bench.list_pages", args))
 
 
 if __name__ == "__main__":

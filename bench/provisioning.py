@@ -43,6 +43,7 @@ from bench.common import (
     ManagerProcess,
     ProvisionerStatements,
     ReadyWatch,
+    ResultsFiles,
     ShardCpus,
     Stack,
     Target,
@@ -414,9 +415,21 @@ def main(argv: list[str] | None = None) -> int:
                     f"{', '.join(f'{r:.2f}' for r in ratios)})",
                     f"<= {TARGET_RATIO}x",
                     ratio <= TARGET_RATIO,
+                    key="burst-ratio",
+                    what="200 PUTs at once until all Ready, over the same SQL on 4 sessions (median of the bursts)",
+                    value=ratio,
+                    unit="x",
                 ),
-                Target(f"connection errors of the bursts' PUTs {connection_errors}", "== 0", connection_errors == 0),
-            ]
+                Target(
+                    f"connection errors of the bursts' PUTs {connection_errors}",
+                    "== 0",
+                    connection_errors == 0,
+                    key="connection-errors",
+                    what="connection errors on the bursts' PUTs",
+                    value=connection_errors,
+                ),
+            ],
+            ResultsFiles.of("bench.provisioning", args, argv),
         )
     finally:
         stack.close(watch, manager)

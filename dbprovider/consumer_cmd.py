@@ -1,4 +1,4 @@
-"""`dbprovider consumer new` and `consumer rotate`: the operator guide's token steps as one command each.
+"""`dbprovider consumer new` and `consumer rotate`: a consumer's token steps (docs/install.md) as one command each.
 
 Both work on files in the landscape repository and never touch a cluster; Flux applies what is
 merged. The token is 256 random bits in hex (like `openssl rand -hex 32`); only its SHA-256 goes into
@@ -45,7 +45,7 @@ from domain.tokens import SHA256_HEX_RE, hash_token
 from domain.validation import validation_problems
 from infra.render import dump_yaml
 
-TOKEN_BYTES = 32  # 256 bits, as the operator guide prescribes
+TOKEN_BYTES = 32  # 256 random bits: a token cannot be guessed
 
 # Spec fields of a new Consumer, as the user spelled them on the command line.
 _ARGUMENT_OF_FIELD = {

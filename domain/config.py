@@ -1,4 +1,4 @@
-"""The install config: the chart values of the seed, also the Pulumi stack config and the input of `render`.
+"""The install config: the chart values, also the Pulumi stack config and the input of `render`.
 
 Parsed once, strictly: unknown keys and wrong types fail with a ConfigError that names every offending
 key as a dotted camelCase path, so a broken config stops the preview/render instead of a running manager.
@@ -352,7 +352,7 @@ class EnginesConfig(ConfigModel):
     cloudberry: CloudberryEngineConfig = CloudberryEngineConfig()
 
 
-# -- api: the consumer API's front door (issue 14) ---------------------------------------------------
+# -- api: the consumer API's front door --------------------------------------------------------------
 
 MAX_API_TIMEOUT = timedelta(hours=1)
 

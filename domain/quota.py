@@ -69,8 +69,8 @@ class Holder:
 @functools.lru_cache(maxsize=1 << 16)
 def _parse_holder(value: str) -> Holder | None:
     """Cached: holders are frozen and a slot's value changes only when it is claimed or freed, so the
-    ledger each write returns (the whole ConfigMap: 650 slots in bench.provisioning, 3 ms to parse,
-    under the consumer's one writer) costs a parse of its new claims only."""
+    ledger each write returns (the whole ConfigMap: hundreds of slots, milliseconds to parse, under the
+    consumer's one writer) costs a parse of its new claims only."""
     if not value:
         return None
     external_id, _, stamp = value.partition(" ")

@@ -184,14 +184,14 @@ class WatchTimings:
     watch_timeout: tuple[int, int] = (300, 600)
     # (connect, read) seconds of an ordinary apiserver request.
     request_timeout: tuple[float, float] = (10.0, 60.0)
-    # Objects per LIST page. The apiserver's cost per page grows with the collection: 100,000 Secrets
-    # listed in pages of 500 cost it 4.5-6.0 CPU-s, in pages of 5,000 1.6-2.2 s (docs/performance.md
-    # section 5, "the list's page size"); a page of 5,000 Databases is about 15 MB of JSON.
+    # Objects per LIST page. The apiserver pays per page as well as per object: 100,000 Secrets cost it
+    # about a third of the CPU in pages of 5,000 that they cost in pages of 500; a page of 5,000 Databases
+    # is about 15 MB of JSON.
     list_page_size: int = 5000
     # Fill the caches with a streamed list (a WATCH with sendInitialEvents: the WatchList feature, on by
     # default in Kubernetes 1.32 and from 1.34; an apiserver that refuses it is listed page by page). A
     # paginated LIST's later pages are served from etcd once a compaction has passed the collection's last
-    # write: 2-3x the start at 100,000 Databases (docs/performance.md section 5, "the streamed list").
+    # write: 2-3x the start at 100,000 Databases (docs/performance.md, section 5).
     stream_lists: bool = True
 
 
@@ -214,18 +214,18 @@ class ShardChecks:
     """
 
     ready_interval: float = 15.0  # a Ready shard is pinged this often, in a small fleet
-    # A large fleet spreads its Ready checks out: each is a fresh TLS + SCRAM login (about 5 ms of the
-    # manager's CPU), 13 a second for 200 shards at 15 s (7% of a core while idle, bench.scale). So the
+    # A large fleet spreads its Ready checks out: each is a fresh TLS + SCRAM login (milliseconds of the
+    # manager's CPU), 13 a second for 200 shards at 15 s (several percent of a core while idle). So the
     # Ready checks of all shards together stay under this rate, the interval growing with the Shard count
-    # up to the operator guide's 60 s: 15 s up to 45 shards, 60 s from 180. A shard whose SQL fails or
-    # hangs is checked at once whatever the interval (ShardController.suspect).
+    # up to 60 s (the longest a broken admin Secret may take to show): 15 s up to 45 shards, 60 s from 180.
+    # A shard whose SQL fails or hangs is checked at once whatever the interval (ShardController.suspect).
     ready_checks_per_second: float = 3.0
     max_ready_interval: float = 60.0
     # The Ready checks end on a grid of this many seconds (at most a quarter of the interval), so those
     # due within the same stretch start together on the Shard workers instead of one at a time: the
     # rate and each shard's interval stay (shortened by less than this), and a check that starts beside
     # others costs the manager a third less CPU than one alone between other processes' work (its code
-    # and OpenSSL's stay in the caches; docs/performance.md section 5).
+    # and OpenSSL's stay in the caches).
     ready_check_grid: float = 2.0
     not_ready_interval: float = 5.0  # a shard that is not Ready, more often
     # Within this gap (and for an unchanged generation) a burst of Database changes reuses the last result.
@@ -290,8 +290,8 @@ class PodResources:
     """The manager container's memory (the Deployment's requests and limits), and the share of the limit
     that API connections may take: what the install config's api.maxConnections is checked against.
 
-    The manager itself keeps `manager_room` (143 MB RSS at 10,000 Databases, docs/performance.md, with
-    room to grow); each connection is counted at `connection_bytes`, the worst kind measured by
+    The manager itself keeps `manager_room` (about 145 MB RSS at 10,000 Databases, docs/performance.md
+    section 3, with room to grow); each connection is counted at `connection_bytes`, the worst kind measured by
     `python -m bench.front_door` (a connection in the middle of a request body), rounded up.
     """
 

@@ -1,4 +1,4 @@
-"""Hostile clients of the API, for its tests and benchmarks (issue 14), on loopback only.
+"""Hostile clients of the API, for its tests and benchmarks, on loopback only.
 
     with HostileClients(port, silent=8, slow=16, idle=20) as attack:
         ...                      # legitimate requests meanwhile
@@ -8,7 +8,7 @@
 - slow: a TLS connection that sends its request headers one byte every `byte_every` seconds;
 - idle: a TLS connection that completes the handshake and sends nothing;
 - chunks: a TLS connection that sends a chunked request body in 1-byte chunks, as fast as it can,
-  until the server refuses it (issue 25: tiny chunks cost the server per chunk).
+  until the server refuses it (tiny chunks cost the server per chunk).
 
 Bounded: one thread per connection, and every thread stops by itself after `max_seconds` even if the
 block is never left. `sources` spreads the connections over loopback source addresses (127.0.0.x),

@@ -5,7 +5,7 @@ not); `hack/fetch-postgres.sh` (run by setup.sh) unpacks them into the shared ca
 
 Each server gets a throwaway data directory, listens on a free 127.0.0.1 port with SCRAM password
 authentication over TCP (the harness itself uses the Unix socket as superuser), and has a
-`provisioner` role created as the seed describes: LOGIN CREATEDB CREATEROLE, not superuser. Before
+`provisioner` role as a shard's admin role must be: LOGIN CREATEDB CREATEROLE, not superuser. Before
 PostgreSQL 16 the provisioner is also NOINHERIT, which the pre-16 SQL dialect relies on.
 
 Every server is prepared as docs/sql.md asks of a shard ("Preparing a shard"): PUBLIC may not

@@ -2,9 +2,8 @@
 
 A start lists every Database and credentials Secret: at 100,000 of each, about 20 million container objects
 that all survive. CPython runs a full collection each time the survivors grow by a quarter, so the heap is
-traversed again and again while it grows: 21 full collections and 7-10 s of CPU (with the GIL held, every
-thread stopped) to decode 200,000 objects that take 2.5 s to decode without them (docs/performance.md
-section 5). The young collections still run (they are cheap and find short-lived cycles); only the full ones
+traversed again and again while it grows: a few times the CPU of the decoding itself, with the GIL held and
+every thread stopped. The young collections still run (they are cheap and find short-lived cycles); only the full ones
 wait until every cache has synced. Then the survivors, the caches above all, are frozen (`gc.freeze`): no
 later full collection walks them again, as Python's documentation suggests for a process' long-lived state.
 
@@ -13,11 +12,8 @@ at the moment the apiserver was just degraded: every list of an informer, the fi
 under the same deferral (`listing`), which nests and overlaps across threads with the start's. When the last
 list in progress is done in a process whose caches a start froze (a manager's), one full collection runs and
 its survivors (the objects the relist stored) are frozen; a process that never froze (tests, tools) is left to
-CPython's own schedule once the thresholds are back. Measured (bench.list_pages --relists, 2026-12-03, load
-1.4-7.2 on 2 cores): a paged relist of 20,000 Databases + 20,000 Secrets ran 16 full collections (1.1 s with
-every thread stopped) with its objects unchanged and 9 (3.1 s) with all of them changed, now one (2 ms and
-0.21 s); at 100,000 changed, paged, 10-33 (8.7-13.5 s), now one (0.83 s), and streamed 4-11 (2.4 s), now one
-(0.46 s). A streamed relist of unchanged objects ran none and still does not. The collection comes first
+CPython's own schedule once the thresholds are back. A relist so runs one full collection instead of many
+(`python -m bench.list_pages --relists`; docs/performance.md, section 5). The collection comes first
 because a relist is not once per process: whatever cyclic garbage the deferral let pile up (other threads'
 requests, a failed page's traceback) would otherwise be frozen with the survivors, never freed again, once per
 relist. It walks only what is not frozen yet, and CPython would run it anyway as soon as the thresholds are

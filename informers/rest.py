@@ -42,7 +42,7 @@ Query = list[tuple[str, str]]
 
 def decode_json(data: bytes) -> Any:
     """A JSON body as plain dicts and lists: orjson, 1.6-2x as fast as the standard library on a list page
-    (a start decodes every Database and credentials Secret of the fleet; docs/performance.md section 5)."""
+    (a start decodes every Database and credentials Secret of the fleet)."""
     return orjson.loads(data)
 
 
@@ -61,8 +61,8 @@ def throttle_credential_refresh(
     `load_incluster_config` and `load_kube_config` re-apply the whole configuration each time, and
     setting `host` reads the proxy variables of the whole environment (`urllib.request.getproxies`):
     40 us a request with 35 variables, 340 us with 335 (a pod gets seven per Service of its
-    namespace), paid by every GET of an admin Secret and every Lease renewal
-    (docs/performance.md section 5). The hooks' own checks stay what they were, a second late at
+    namespace), paid by every GET of an admin Secret and every Lease renewal.
+    The hooks' own checks stay what they were, a second late at
     most: the in-cluster token file is read again once its minute is up, a kubeconfig token once
     its expiry has passed. The hooks re-install themselves when they run; the throttle is put back
     after each run. A copy of the configuration (`Rest.without_retries`) keeps its own time.

@@ -1,4 +1,4 @@
-"""The fleet gauges of the seed's metrics table, computed from the informer caches at scrape time.
+"""The fleet gauges (docs/operations.md, "Metrics and alerts"), computed from the informer caches at scrape time.
 
 Computing at scrape time keeps reconciles free of metric bookkeeping and makes the numbers always
 agree with the cache. No series carries consumer, externalId or role names: only shard, phase and the

@@ -73,8 +73,8 @@ class Controllers:
 
 COUNT_COALESCE_SECONDS = 1.0
 # During a burst a count is refreshed at most this often: each refresh is a status write, its watch
-# event in every replica and one more pass of the Shard (bench.fleet: 0.75 Shard writes per new
-# database with 1 s, 20 shards each refreshed about once a second for the whole burst).
+# event in every replica and one more pass of the Shard (with 1 s, a burst over 20 shards rewrote
+# each shard's count about once a second for the whole burst).
 COUNT_BURST_GAP = 5.0
 
 
@@ -87,8 +87,8 @@ def _coalesced(
     A burst of placements then writes each count once per COUNT_BURST_GAP, not once per database (the
     work queue keeps the earliest pending time of a key); a change after a quiet spell shows within a second.
     An update that keeps a database on the same keys with the same `counted(db)` (what it adds to their
-    status) changes nothing there and wakes no pass: the Ready write of each new database, say, whose
-    Consumer passes were half of them in bench.fleet (0.42 for 0.18 writes per new database).
+    status) changes nothing there and wakes no pass: the Ready write of each new database, say, which
+    would otherwise wake a Consumer pass for nothing.
     """
     scheduled: dict[str, float] = {}  # key -> when its last refresh was due (time.monotonic())
     lock = threading.Lock()

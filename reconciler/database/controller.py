@@ -160,8 +160,8 @@ class DatabaseController:
 
     def _credentials_after_placement(self, database: Database, shard_name: str) -> None:
         """The credentials Secret of a database just placed, written outside any lane slot: in the shard's
-        pass it held one of the shard's slots, and was 10% of their busy time (bench.provisioning, 02:10
-        profile). Still before the role: the shard's pass needs it (and writes it itself if this did not).
+        pass it held one of the shard's slots, a tenth of their busy time in a provisioning burst. Still
+        before the role: the shard's pass needs it (and writes it itself if this did not).
         A shard gone or invalid meanwhile is the shard pass's to report."""
         release_slot()  # placed: the placement lane's next database may go now
         shard = self.shards.get(shard_name)

@@ -1,8 +1,8 @@
 """Settled verdicts reached while a start's lists page in, so the start's resync only has to confirm them.
 
 A start lists every Database and credentials Secret (at 100,000: 200 pages each, most of the time waiting for
-the apiserver) and then resyncs: `settled()` on every key, 20-60 us each, 2-6 s on one core after the lists
-(docs/performance.md section 5). Here each Database is looked at as soon as its page, its Secret's page and
+the apiserver) and then resyncs: `settled()` on every key, 20-60 us each, seconds of one core after the
+lists. Here each Database is looked at as soon as its page, its Secret's page and
 its Shard have all arrived (the lists run side by side, in any order), in the informers' threads, while the
 next pages are on their way. A verdict records what it was reached on: the resourceBasis of the Database
 and its Secret, and the Shard's client endpoint (all the check reads of a Shard: its status writes, the

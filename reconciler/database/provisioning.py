@@ -72,7 +72,7 @@ class Provisioner:
         recorded_at_creation(database)  # ensure_tenant wrote or found this Database's record
         set_drift(self.config, database, self.report)
         # The shard's work is done: its lane slot goes to the next database now, not after the
-        # Ready write (bench.provisioning: that write was 14% of the slots' busy time).
+        # Ready write (which would hold the slot for a seventh of its busy time in a burst).
         release_slot()
         self.writes.status(database, last=True)  # the pass ends here: its echo wakes none (settled)
         self.report.event(database, EventReason.READY, "ready")

@@ -70,7 +70,7 @@ class CredentialsSecrets:
     before the event, uses it instead of creating it again (a 409 and a GET). That event itself
     (`own_create`) needs no pass of its Database: the pass that created it holds it, and the next
     pass comes anyway. Without this the event re-queued the key behind the pass running it, and where
-    the shard's lane was idle (bench.fleet) the re-queued pass ran before the Ready write's event,
+    the shard's lane was idle the re-queued pass ran before the Ready write's event,
     found the cache behind it and scheduled one more: 4.6 passes per new database instead of 3.
 
     The event may also come while the create is still in flight (before its answer): it is held

@@ -2,7 +2,7 @@
 
 A start (and a resync) passes over every Database. The full pass parses metadata, spec and status with
 pydantic, classifies the credentials Secret, rebuilds the status and compares it with the stored one:
-about 100 us of one core per database, 10 s at 100,000, with the GIL held (docs/performance.md section 5).
+about 100 us of one core per database, 10 s at 100,000, with the GIL held.
 `settled()` answers from the cached objects, without parsing them, whether that pass would take the Ready
 path and find nothing to do: no rotation, resize or pending password, every condition it sets already set
 as it would set it, the Secret ours, naming the tenant, with a password, and pointing at the shard's client

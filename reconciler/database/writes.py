@@ -6,8 +6,8 @@ that is Ready already) and fail on a conflict. So, like controller-runtime's exp
 the resourceVersion each pass wrote and skip a pass while the cache lags it: the write's own watch
 event wakes the key again, normally within milliseconds. Only when the cache has not shown the write
 after CACHE_LAG_WAIT (someone wrote after us, so the cache holds a version we never wrote) is the
-object read live. Reading it live at once, as before, cost a GET for most databases of a burst
-(0.82 per database in bench.fleet) on an apiserver that the burst keeps busy.
+object read live. Reading it live at once cost a GET for most databases of a burst on an apiserver
+that the burst keeps busy.
 """
 
 from __future__ import annotations

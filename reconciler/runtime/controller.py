@@ -200,7 +200,7 @@ class Controller:
 
         `settled(key)`: a cheap look at the caches, True when a reconcile of key would find nothing to do.
         A resync then counts the key as reconciled without queueing it: handing each of 100,000 settled
-        keys to a worker thread costs more than looking at it (docs/performance.md section 5)."""
+        keys to a worker thread costs more than looking at it."""
         if workers < 1:
             raise ValueError("workers must be at least 1")
         if queue is not None and lanes is not None:

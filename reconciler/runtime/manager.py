@@ -151,7 +151,7 @@ class ControllerManager:
                 problems = "; ".join(f"{i!r}: {i.sync_problem()}" for i in self.informers.unsynced())
                 raise TimeoutError(f"informers not synced, no list progress for {self.sync_timeout:.0f}s: {problems}")
         lists = {repr(i): i.last_list.describe() for i in self.informers.required() if i.last_list is not None}
-        # Where a large fleet's start goes (docs/performance.md section 5): the apiserver, decoding, storing.
+        # Where a large fleet's start goes: the apiserver, decoding, storing.
         log.info("informers synced", extra={"seconds": round(time.monotonic() - started, 2), "lists": str(lists)})
         # An optional engine's kind: give it a moment (its CRD is usually there), but never wait for
         # it long; while it is not synced its shards say so and everything else runs.

@@ -153,7 +153,7 @@ class StatusEchoes:
 
     A pass on the echo found the same as the pass that wrote, except where other inputs moved meanwhile (a
     Shard's database count in a burst), and then wrote again, ahead of the pace those inputs' own triggers
-    keep (bench.fleet: 0.67 Shard status writes per new database where the 5 s burst gap allows 0.4).
+    keep (in a burst, two thirds more Shard status writes than the burst gap allows).
     """
 
     def __init__(self) -> None:

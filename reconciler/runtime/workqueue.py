@@ -112,7 +112,7 @@ class WorkQueue:
         # When the one idle worker that waits for the next delayed key (the timekeeper) wakes; None: no
         # timekeeper. The other idle workers wait until a key is ready: when every idle worker slept
         # until the next due key, each due key woke all of them (and each add_after too), 14 wake-ups
-        # per Shard check with 4 workers (docs/performance.md section 5).
+        # per Shard check with 4 workers.
         self._keeper_until: float | None = None
 
     # -- lanes -----------------------------------------------------------------------------------

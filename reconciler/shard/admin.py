@@ -186,8 +186,8 @@ ADMIN_ENDPOINT_TTL = 10.0
 class AdminEndpointCache:
     """Each shard's admin endpoint as last read, reused for `ttl` seconds (errors are not kept).
 
-    A rotated admin Secret reaches the Database workers within `ttl` (the seed allows the Shard 60 s
-    to show it), and at once after a failed operation: the caller `forget`s the shard, so the retry
+    A rotated admin Secret reaches the Database workers within `ttl` (well within the 60 s in which
+    the Shard must show it), and at once after a failed operation: the caller `forget`s the shard, so the retry
     reads the Secret again. A change of the Shard's admin block (another Secret, host or port)
     is a different key and is read at once.
     """

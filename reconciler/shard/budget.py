@@ -1,4 +1,4 @@
-"""A Shard's connection budget in its status (issue 24): the budget from its last check, what the
+"""A Shard's connection budget in its status: the budget from its last check, what the
 databases placed on it commit (from the Database cache), the condition ConnectionBudgetExceeded,
 and one log line each time a shard becomes overcommitted or stops being so.
 
@@ -54,7 +54,7 @@ class ShardBudgets:
 
     What each shard's databases commit is kept up to date from the Database informer's events, not summed
     over the shard's databases at each check: at 100,000 on 200 shards that sum walked 500 databases in
-    every Ready check (docs/performance.md section 5).
+    every Ready check.
     """
 
     def __init__(self, config: InstallConfig, databases: Informer, workers_per_shard: int) -> None:

@@ -1,11 +1,12 @@
 """The Shard controller: is the shard's admin connection usable, and how many databases it holds.
 
-Pings every Ready shard every 15 s (PING_INTERVAL; in a fleet of more than 45 shards less often, up to the
-operator guide's 60 s from 180 shards: SETTINGS.shard_checks.ready_interval_for) and a shard that is not Ready every 5 s
-(NOT_READY_RECHECK), so a failure is seen and a recovery taken up well within the guide's
-minute; also whenever the Shard or one of its Databases changes (a Ready shard at most every 10 s:
-a burst of placements must not ping once per database), and at once when a Database worker's SQL
-on it failed or hangs (`suspect`). Each ping opens a NEW admin connection and closes it: a reused
+Pings every Ready shard every 15 s (PING_INTERVAL; in a fleet of more than 45 shards less often, up to
+60 s from 180 shards, the longest a rotated or broken admin Secret may take to show on the Shard:
+SETTINGS.shard_checks.ready_interval_for) and a shard that is not Ready every 5 s (NOT_READY_RECHECK), so
+a failure is seen and a recovery taken up well within that minute; also whenever the Shard or one of its
+Databases changes (a Ready shard at most every 10 s: a burst of placements must not ping once per
+database), and at once when a Database worker's SQL on it failed or hangs (`suspect`).
+Each ping opens a NEW admin connection and closes it: a reused
 session would keep answering while the postmaster accepts no new connections (stopped, out of
 slots), which no consumer could then use. Shards are checked concurrently (the controller's
 workers), so dead shards do not delay the others.
@@ -164,7 +165,7 @@ class ShardController:
         self._spread: set[str] = set()  # Ready shards whose checks have been given their place in the interval
         self.enqueue: Callable[[str], None] | None = None  # set by setup: the controller's queue
         # Our own status writes: their watch events wake no pass (setup.py; a pass on the echo wrote the
-        # count again at once, past the burst's COUNT_BURST_GAP: 0.67 Shard writes per new database).
+        # count again at once, past the burst's COUNT_BURST_GAP).
         self.echoes = StatusEchoes()
 
     def suspect(self, name: str, error_class: str | None = None) -> None:

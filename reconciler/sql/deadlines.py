@@ -4,7 +4,7 @@ Each operation is bounded by a watchdog (reconciler.sql.session) that cuts its s
 deadline and, after `suspect_after` seconds, asks for a shard check. That used to be a
 `threading.Timer` per operation: a new thread started and ended for every statement batch, about
 0.2-0.3 ms of CPU each (thread creation, its start handshake, its exit), which the Shard checks of a
-200-shard fleet paid 3.3 times a second (docs/performance.md section 5). Here one daemon thread keeps
+large fleet paid several times a second. Here one daemon thread keeps
 the deadlines in a heap and sleeps until the earliest.
 
 What runs on it must return at once (cutting a socket): a blocked action would delay every other

@@ -1,4 +1,4 @@
-"""Dropping a tenant role whatever other tenants granted to it (issue 24).
+"""Dropping a tenant role whatever other tenants granted to it.
 
 Every role may grant privileges on what it owns to any other role, and PostgreSQL records each grant
 as a dependency of the grantee: `DROP ROLE t` fails (dependent_objects) while one exists in any
@@ -30,7 +30,7 @@ Nothing else of the other tenant changes: its objects, data and grants to anyone
 that keeps a lock on its catalog rows (an open transaction) or grants again in between is handled
 like a tenant blocking its own drop: the sequence is tried again (`SESSION_RETRIES`), and right
 before its changes the sessions of the tenants found granting are ended, so a tenant granting in a
-loop would have to log in again within that transaction's few milliseconds (measured: a loop
+loop would have to log in again within that transaction's few milliseconds (a loop
 granting as fast as it can no longer wins). A grant that a role the provider did not create made (an operator's role, a
 superuser's object in `template1`) cannot be removed: the drop then fails with dependent_objects
 and says how many such references remain, without names.

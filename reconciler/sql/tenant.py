@@ -549,7 +549,7 @@ def _drop_steps(conn: psycopg.Connection, name: str, state: TenantState) -> None
         # privileges anyone may set, and what another tenant built on them) would otherwise make
         # DROP ROLE fail with dependent_objects.
         conn.execute(sql.SQL("DROP OWNED BY {} CASCADE").format(_ident(name)))
-    # What other tenants granted to the role, in their own databases too, goes first (issue 24).
+    # What other tenants granted to the role, in their own databases too, goes first (foreign_grants).
     drop_role(conn, name, state.role_oid)
 
 

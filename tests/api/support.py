@@ -53,7 +53,7 @@ CONFIG = release_config(RELEASE, NAMESPACE)
 
 
 def new_token() -> str:
-    """A consumer token as the seed prescribes: 256 random bits, hex."""
+    """A consumer token as `dbprovider consumer new` makes one: 256 random bits, hex."""
     return secrets.token_hex(32)
 
 

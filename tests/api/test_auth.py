@@ -1,4 +1,4 @@
-"""Authentication: every rule of the seed ends in the same bare 401; changes apply without a restart."""
+"""Authentication: every refusal ends in the same bare 401; changes apply without a restart."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The API's front door under hostile clients (issue 14), over real TLS sockets on loopback.
+"""The API's front door under hostile clients, over real TLS sockets on loopback.
 
 Each attack is bounded (a few dozen connections, stopped when the test's legitimate requests are
 done, and by itself after two minutes at most). The attackers connect from 127.0.0.2-127.0.0.9, the
@@ -186,7 +186,7 @@ def test_parked_connection_is_dropped_after_the_header_deadline(env: ApiEnv) -> 
 def test_a_client_streaming_chunks_after_its_refusal_is_held_and_cannot_reconnect_at_once(
     env: ApiEnv, consumer: Consumer
 ) -> None:
-    """The chunk attack (issue 25): 8 clients send 1-byte chunks as fast as they can; the server refuses
+    """The chunk attack: 8 clients send 1-byte chunks as fast as they can; the server refuses
     each body at its chunk bound (413), and they reconnect the moment their connection ends. Each refused
     connection whose client goes on sending is held, reading nothing, for the header deadline, then
     dropped and counted: an attacker gets one TLS handshake per deadline out of the server, not one per

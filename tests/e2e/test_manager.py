@@ -237,7 +237,7 @@ def test_a_bad_shard_ca_file_stops_the_manager_at_startup(stack: DevStack, tmp_p
     assert "--shard-ca-file (DBPROVIDER_SHARD_CA_FILE)" in replica.log.read_text()
 
 
-# -- the file descriptor limit (issue 25): raised to the hard limit at start; a maxConnections without
+# -- the file descriptor limit: raised to the hard limit at start; a maxConnections without
 # room for watches, shard sessions and metrics stops the manager, naming the key.
 
 

@@ -1,4 +1,4 @@
-"""The PostgreSQL servers are real, of the right major, and the provisioner is what the seed says."""
+"""The PostgreSQL servers are real, of the right major, and the provisioner is what a shard's admin role must be."""
 
 from __future__ import annotations
 

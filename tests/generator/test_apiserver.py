@@ -34,7 +34,7 @@ SA_GROUPS = ["system:serviceaccounts", f"system:serviceaccounts:{RELEASE_NAMESPA
 
 
 def shard(name: str, **changes: Any) -> dict[str, Any]:
-    """A valid postgres Shard (the seed's example) whose admin Secret is listed, with `a__b=value` changes."""
+    """A valid postgres Shard (the documented example) whose admin Secret is listed, with `a__b=value` changes."""
     listed = {"namespace": SHARD_NS_A, "name": "pg-a-provisioner"}
     return vectors.shard(name, **{"admin__secretRef": listed, **changes})
 

@@ -188,7 +188,7 @@ def test_thresholds_of_the_seed() -> None:
     assert ">= 0.9" in exprs["DBProviderShardNearCapacity"]
     assert "dbprovider_shard_max_databases" in exprs["DBProviderShardNearCapacity"]
     assert "> 0)" in exprs["DBProviderShardNearCapacity"]  # max 0 = no limit: disabled
-    assert "dbprovider_shard_connection_budget" in exprs["DBProviderShardNearCapacity"]  # connections too (#24)
+    assert "dbprovider_shard_connection_budget" in exprs["DBProviderShardNearCapacity"]  # connections too
     assert 'phase="Failed"' in exprs["DBProviderDatabaseFailed"]
     assert "absent(up{" in exprs["DBProviderDown"]
     # Twice the backoff cap (300 s): one object failing on every retry keeps the expression true.

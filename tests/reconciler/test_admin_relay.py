@@ -1,5 +1,5 @@
-"""The provisioner's login only reaches the server it belongs to, whatever a Shard says (issue 24,
-item 2): a relay in front of the real shard, in cleartext and over TLS; admin Secrets bound to their
+"""The provisioner's login only reaches the server it belongs to, whatever a Shard says: a
+relay in front of the real shard, in cleartext and over TLS; admin Secrets bound to their
 endpoint. A refused Shard says why in its Ready condition and no connection is opened."""
 
 from __future__ import annotations

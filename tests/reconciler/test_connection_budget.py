@@ -1,4 +1,4 @@
-"""A shard's capacity counts connections (issue 24, item 4), against real servers with a small
+"""A shard's capacity counts connections, against real servers with a small
 max_connections: the Shard reports its budget and what is committed, placement puts a database only
 where its size class's limit fits, and an install config change that overcommits is reported, never
 applied to the tenants.

@@ -1,5 +1,5 @@
 """A crash between any two provisioning statements converges; a Ready database runs no SQL on resync;
-a client-block change rewrites Secrets without SQL; size classes, drift and resize behave as the seed says."""
+a client-block change rewrites Secrets without SQL; size classes, drift and resize behave as documented."""
 
 from __future__ import annotations
 

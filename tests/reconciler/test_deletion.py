@@ -1,4 +1,4 @@
-"""Soft delete with retention, recovery, DeletionHeld, credential rotation and shard drain (issue 5)."""
+"""Soft delete with retention, recovery, DeletionHeld, credential rotation and shard drain."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Every failure reason of the operator guide, caused for real, with the Warning Event it promises.
+"""Every documented failure reason (docs/operations.md), caused for real, with the Warning Event it promises.
 
 Each test causes its failure the way it happens on a fleet: a name on the shard taken by someone
 else, a Secret in the way, an operator's open transaction holding the tenant role, a DBA session

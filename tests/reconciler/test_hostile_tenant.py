@@ -1,4 +1,4 @@
-"""A hostile tenant against the running controllers (issue 13): it cannot block another consumer's
+"""A hostile tenant against the running controllers: it cannot block another consumer's
 create, nor its own disable and drop; a restore cannot adopt another consumer's or a live Database's
 tenant; a rotation can end the sessions opened with the old password."""
 
@@ -191,7 +191,7 @@ def test_rotation_ends_old_sessions_only_when_asked(postgres, fleet, start_manag
         assert conn.execute("SELECT 1").fetchone() == (1,)
 
 
-# -- another tenant's grants (issue 24) --------------------------------------------------------------
+# -- another tenant's grants ---------------------------------------------------------------------------
 
 
 def test_another_tenants_grants_do_not_keep_a_database_from_being_dropped(postgres, fleet, start_manager, admin_rest):

@@ -187,7 +187,7 @@ def test_follows_database_placement_moves_and_deletion() -> None:
 def reference_choice(
     shards: dict[str, dict[str, Any]], placed: dict[int, tuple[str, int]], engine: str, limit: int
 ) -> str | None:
-    """The rule as written in the operator guide (and the connection budget), computed from scratch."""
+    """The placement rule as documented (and the connection budget), computed from scratch."""
     counts: dict[str, int] = {}
     limits: dict[str, list[int]] = {}
     for name, db_limit in placed.values():

@@ -100,7 +100,7 @@ def converges_after_a_change(
     with cause(logged_pg, tenant):
         manager = start_manager()
         db = wait_reason(fleet, name, "EnsureFailed")
-        assert condition(db, "Ready")["message"] == message  # the seed's reason, the sanitized class
+        assert condition(db, "Ready")["message"] == message  # the documented reason, the sanitized class
         assert db["status"]["phase"] == "Provisioning"
         queue = database_queue(manager)
         # Five minutes, not the 1 s of a first backoff step. A pass woken by an earlier write's event (the

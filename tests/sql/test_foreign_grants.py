@@ -1,4 +1,4 @@
-"""Another tenant's grants cannot keep a tenant from being dropped (issue 24, item 1).
+"""Another tenant's grants cannot keep a tenant from being dropped.
 
 Tenant A (`granter`) grants tenant B's role (`victim`) whatever it may in its own database; B's drop
 removes those grants as A, without A's help, and drops the role. A's own objects, data and grants

@@ -1,5 +1,5 @@
 """What a hostile tenant can try on its own connections, and why it blocks neither the provider nor
-another tenant (issue 13): sessions on template1, objects planted there, locks held on its own role
+another tenant: sessions on template1, objects planted there, locks held on its own role
 or database across disable and drop, sessions kept through a password rotation."""
 
 from __future__ import annotations

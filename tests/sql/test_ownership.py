@@ -1,4 +1,4 @@
-"""The ownership record in a tenant role's comment, and the restore that checks it (issue 13)."""
+"""The ownership record in a tenant role's comment, and the restore that checks it."""
 
 from __future__ import annotations
 
@@ -173,7 +173,7 @@ def test_the_record_round_trips() -> None:
     assert OwnerRecord.parse(OWNER.comment()) == OWNER
 
 
-# -- adoption of a Ready database's tenant made before records existed (0.2.0, issue 23) ------------
+# -- adoption of a Ready database's tenant made before records existed (0.2.0) ----------------------
 
 
 def _legacy(admin: AdminSession, tenant: TenantSpec) -> TenantSpec:

@@ -2,7 +2,7 @@
 harness.statement_log, the one reader of tests and benchmarks).
 
 Exact statements are a supplement to the behaviour tests (which assert rows and connections): they
-pin the order the seed prescribes, that re-runs only read, and that no password reaches the log.
+pin the order of the provisioning steps (docs/sql.md), that re-runs only read, and that no password reaches the log.
 """
 
 from __future__ import annotations
@@ -195,7 +195,7 @@ def test_a_benchmark_refuses_to_count_from_a_log_that_shows_no_statement(
     logged_admin: AdminSession,
     logged_tenant: TenantSpec,
 ) -> None:
-    """The benchmarks' statements per database read 0.00 while the reader was blind (issue 28 item 7):
+    """The benchmarks' statements per database would read 0.00 with a blind reader:
     on a server without log_statement=all the same work now stops the benchmark instead."""
     blind = ProvisionerStatements(postgres)
     seeing = ProvisionerStatements(logged_postgres)

@@ -51,7 +51,7 @@ def test_the_bundled_libpq_supports_require_auth_and_sslrootcert_system() -> Non
     assert psycopg.pq.version() >= 160000
 
 
-# -- a relay between the provider and the shard (issue 24, item 2) ----------------------------------
+# -- a relay between the provider and the shard --------------------------------------------------------
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The install config's `api` block: the front door's deadlines and connection bounds (issue 14)."""
+"""The install config's `api` block: the front door's deadlines and connection bounds."""
 
 from __future__ import annotations
 

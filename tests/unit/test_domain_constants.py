@@ -1,5 +1,5 @@
 """The shared vocabulary: what the install serves is what the code calls, and the enums spell what the
-seed's tables (the users' contract) say."""
+documented tables (the users' contract) say."""
 
 from __future__ import annotations
 

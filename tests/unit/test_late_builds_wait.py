@@ -1,7 +1,7 @@
 """Waiting for hack/late-builds.sh's background builds: as long as its runner works on them, no longer.
 
-A cold CI run once failed every tests/pulumi test because the wait ran inside pytest-timeout's 600 s
-clock while the Pulumi build took 28 min; tests/conftest.py now waits with this before the clock starts.
+tests/conftest.py waits with this before pytest-timeout's clock starts: a cold build of the Pulumi
+tools takes longer than one test's 600 s timeout.
 """
 
 from __future__ import annotations

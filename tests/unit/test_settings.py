@@ -167,6 +167,6 @@ def test_a_large_fleet_checks_its_ready_shards_less_often_up_to_the_guides_minut
     assert checks.ready_interval_for(20) == checks.ready_interval == 15.0
     assert checks.ready_interval_for(45) == 15.0
     assert checks.ready_interval_for(120) == 40.0
-    assert checks.ready_interval_for(200) == checks.ready_interval_for(100_000) == 60.0  # the operator guide's
+    assert checks.ready_interval_for(200) == checks.ready_interval_for(100_000) == 60.0  # the longest interval
     assert 180 / checks.ready_interval_for(180) == checks.ready_checks_per_second  # beyond 180, the minute rules
     assert checks.ready_interval_for(3, interval=1.0) == 1.0  # a test's short interval holds in a small fleet

@@ -1,6 +1,6 @@
 """The statement-log reader refuses what it cannot read instead of counting zero statements: the
 text log it used to parse with regexes read 0 statements per database in the benchmarks once the
-line prefix changed (issue 28, item 7)."""
+line prefix changed."""
 
 from __future__ import annotations
 

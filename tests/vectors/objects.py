@@ -58,7 +58,7 @@ def with_changes(base: dict[str, Any], **changes: Any) -> dict[str, Any]:
 
 
 def shard(name: str = "vec-shard", base: dict[str, Any] = SHARD_SPEC, **changes: Any) -> dict[str, Any]:
-    """A valid postgres Shard (the seed's example; `base=CLOUDBERRY_SPEC` for a cloudberry one), with
+    """A valid postgres Shard (the documented example; `base=CLOUDBERRY_SPEC` for a cloudberry one), with
     `a__b=value` changes (None deletes the key)."""
     spec = with_changes(base, **changes)
     return {"apiVersion": API_VERSION, "kind": "Shard", "metadata": {"name": name}, "spec": spec}
@@ -84,7 +84,7 @@ _HASH = "ab" * 32
 
 OBJECT_VECTORS: list[tuple[dict[str, Any], bool, str]] = [
     # --- Shards: names ---
-    (shard(), True, "the operator guide's example"),
+    (shard(), True, "the documented example"),
     (shard("shard.eu-1.db"), True, "an object name may contain dots"),
     (shard("Shard01"), False, "uppercase name"),
     (shard("shard_01"), False, "underscore in the name"),
@@ -127,7 +127,7 @@ OBJECT_VECTORS: list[tuple[dict[str, Any], bool, str]] = [
     (shard(accepting="no"), False, "accepting as a string"),
     (shard(accepting=False), True, "a draining shard"),
     # --- Consumers ---
-    (consumer(), True, "the operator guide's example"),
+    (consumer(), True, "the documented example"),
     (consumer(maxDatabases=None), True, "no quota: allowed by the CRD (lint only warns)"),
     (consumer(maxDatabases=0), True, "quota 0"),
     (consumer(maxDatabases=-1), False, "negative quota"),
