@@ -178,8 +178,13 @@ def _connection_budget(live: LiveInstall, shard: ShardFacts) -> Iterator[str]:
     if shard.sql is None or shard.sql.slots is None or live.config is None:
         return
     provider = provider_sessions(live.config.workers_per_shard)  # the new config's, as the new leader counts
-    shard_budget = budget(shard.sql.slots, provider, live.config.connection_budget.reserved)
-    limits = (db.connection_limit for db in live.databases if db.shard == shard.name and db.phase != Phase.DELETED)
+    settings = live.config.connection_budget
+    shard_budget = budget(shard.sql.slots, provider, settings.reserved, settings.overcommit_of(shard.name))
+    limits = (
+        db.connection_limit
+        for db in live.databases
+        if db.shard == shard.name and db.phase != Phase.DELETED and not db.disabled
+    )
     committed = Commitments.of(limits).total(shard_budget)
     if committed > shard_budget:
         yield (

@@ -23,7 +23,7 @@ from urllib3.exceptions import HTTPError
 
 from domain.admin_access import EndpointBinding, OutsidePod, bound_endpoint
 from domain.config import ConfigError, InstallConfig, SecretObjectRef, load_install_config
-from domain.connection_budget import ServerSlots
+from domain.connection_budget import ServerSlots, tenant_disabled
 from domain.constants import Phase
 from domain.credentials import secret_values
 from domain.metadata import ListPage, ObjectMeta, object_label
@@ -67,6 +67,7 @@ class DatabaseFact:
     tenant: str | None
     connection_limit: int | None
     held: bool
+    disabled: bool = False  # soft-deleted and its tenant disabled: it commits no connections
 
     @property
     def provisioned(self) -> bool:
@@ -223,6 +224,7 @@ def _database(obj: dict[str, Any]) -> DatabaseFact:
         tenant=status.tenant_name,
         connection_limit=status.applied_connection_limit,
         held=meta.deleting,
+        disabled=tenant_disabled(obj),
     )
 
 
