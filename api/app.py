@@ -115,9 +115,11 @@ def build_api(
     once while it is False. `quota_timings` go to the quota ledgers (api.quota.QuotaLedgers), e.g.
     a shorter `reservation_timeout` in tests.
     """
-    store = DatabaseStore.register(config, informers, reachable=apiserver_reachable, quota_timings=quota_timings)
+    metrics = ApiMetrics(registry)
+    store = DatabaseStore.register(
+        config, informers, reachable=apiserver_reachable, quota_timings=quota_timings, registry=metrics.registry
+    )
     admin_secrets = config.shard_secrets_by_namespace().get(config.namespace, ())
     tokens = TokenIndex.register(informers, config.namespace, admin_secrets)
-    metrics = ApiMetrics(registry)
     app = create_app(config, store, tokens, metrics=metrics, ready_checks=ready_checks, **app_options)  # type: ignore[arg-type]
     return ApiComponents(app=app, store=store, tokens=tokens, metrics=metrics)

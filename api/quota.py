@@ -18,6 +18,11 @@ returned it, and reads it again only after a claim lost or before refusing.
     ... create the Database ...
     ledgers.release(reservation)                            # only if the apiserver refused the create
 
+A slot no replica can have written (domain.quota.implausible) is checked against the apiserver at once
+and freed unless its database exists, with a warning naming the consumer and the slot (not its value) and
+`dbprovider_quota_ledger_repairs_total{reason}` (reason: future, malformed, unknown_holder; never a
+consumer or externalId).
+
 A consumer without maxDatabases has no ledger: nothing is reserved. When it gets a quota, its next
 create builds the ledger from the databases the replica's cache shows.
 """
@@ -33,6 +38,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
+from prometheus_client import CollectorRegistry, Counter
 
 from api.errors import QuotaExceeded, Unavailable
 from api.kube import DATABASES
@@ -115,12 +121,27 @@ class QuotaLedgers:
     clock: Callable[[], datetime]
     timings: QuotaTimings = SETTINGS.quota
     request_timeout: float = 1.0
+    registry: CollectorRegistry | None = None  # where the repairs are counted (None: a registry of its own)
     _guard: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _ledgers: dict[str, _Ledger] = field(default_factory=dict, init=False, repr=False)
+    repairs: Counter = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.repairs = Counter(
+            "dbprovider_quota_ledger_repairs",
+            "Quota ledger slots freed because no replica can have written them, by reason "
+            "(future, malformed, unknown_holder).",
+            ["reason"],
+            registry=self.registry if self.registry is not None else CollectorRegistry(),
+        )
 
     @property
     def reservation_timeout(self) -> timedelta:
         return timedelta(seconds=self.timings.reservation_timeout)
+
+    @property
+    def clock_skew(self) -> timedelta:
+        return timedelta(seconds=self.timings.clock_skew)
 
     # -- reserving -------------------------------------------------------------------------------
 
@@ -298,9 +319,10 @@ class QuotaLedgers:
         read again (then the caller starts over)."""
         cached = self.cached_of(consumer)
         now = self.clock()
-        gone, check = stale_holders(ledger, cached, now, self.reservation_timeout)
-        if check:
-            gone |= self._gone(consumer, check)
+        stale = stale_holders(ledger, cached, now, self.reservation_timeout, self.clock_skew)
+        gone = set(stale.free)
+        if stale.check:
+            gone |= self._gone(consumer, stale.check)
         counted = [key for key, db in cached.items() if counts_against_quota(db)]
         data = restructure(ledger, counted, gone, limit, now)
         if data is None:
@@ -325,6 +347,16 @@ class QuotaLedgers:
                 )
             raise
         self._remember(consumer, state, written)
+        held = ledger.held()
+        for external_id in sorted(gone):
+            if reason := stale.implausible.get(external_id):
+                log.warning(
+                    "consumer %s: freed quota ledger slot %s, which held an entry no replica can have written (%s)",
+                    consumer,
+                    held[external_id][0],
+                    reason,
+                )
+                self.repairs.labels(reason).inc()
         if gone:
             log.info("consumer %s: freed %d quota slot(s) of databases that are gone", consumer, len(gone))
         return True

@@ -38,6 +38,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
+from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
 from api.errors import (
@@ -150,6 +151,7 @@ class DatabaseStore:
         request_budget: float = REQUEST_BUDGET,
         read_budget: float = READ_BUDGET,
         quota_timings: QuotaTimings = SETTINGS.quota,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self.config = config
         self.namespace = config.namespace
@@ -175,6 +177,7 @@ class DatabaseStore:
             clock=clock,
             timings=quota_timings,
             request_timeout=request_budget,  # each ledger request, as each of a write's: a silent apiserver is 503
+            registry=registry,
         )
         # domain.resources: the index the Consumer controller reads too (one index on the shared informer)
         databases.add_index(BY_CONSUMER, database_consumer)

@@ -24,7 +24,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dbprovider.devstack import DevStack
+from dbprovider.dev_values import dev_install_config
+from dbprovider.devstack import DevStack, dev_shard_capacity
 from dbprovider.logs import configure_logging
 from dbprovider.manager import Manager, ManagerOptions, wait_for_stop
 from domain.admin_access import OutsidePod
@@ -110,9 +111,14 @@ def run_dev(postgres_flavor: str, state_dir: str, overrides: Mapping[str, Any] |
         print("dbprovider dev: starting etcd and kube-apiserver ...", flush=True)
         kube.start()
         print(f"dbprovider dev: starting PostgreSQL {postgres_flavor} ...", flush=True)
-        postgres = PostgresServer(postgres_flavor).start()
+        # The server's max_connections and the Shard's maxDatabases agree: MAX databases of the default
+        # connection limit fit its connection budget.
+        max_connections, max_databases = dev_shard_capacity(dev_install_config(overrides or {}))
+        settings = {"max_connections": str(max_connections)}
+        postgres = PostgresServer(postgres_flavor, settings=settings).start()
         print("dbprovider dev: installing the provider and registering the shard and a consumer ...", flush=True)
-        stack = DevStack(kube, postgres, state, config_overrides=dict(overrides or {})).install()
+        overrides = dict(overrides or {})
+        stack = DevStack(kube, postgres, state, config_overrides=overrides, max_databases=max_databases).install()
         options = ManagerOptions(
             config=stack.config,
             namespace=stack.namespace,

@@ -2,13 +2,15 @@
 
 Given a running control plane and PostgreSQL server (harness), `DevStack.install()` applies the
 rendered install (CRDs, RBAC, admission policy, ...), registers the server as a Shard (TLS on, its
-admin Secret in a namespace of its own and listed in shardSecrets, as docs/install.md asks), creates a
+admin Secret in a namespace of its own and listed in shardSecrets, as docs/install.md asks; its
+maxDatabases what `dev_shard_capacity` says the server holds), creates a
 Consumer with a fresh bearer token, issues the API's TLS certificate and writes the files the
 manager needs: its install config and a kubeconfig with a real token of its ServiceAccount.
 """
 
 from __future__ import annotations
 
+import math
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +19,7 @@ from typing import Any
 from dbprovider.dev_values import DEV_CONFIG, dev_install_config, merge_values
 from dbprovider.kubeapply import Applier
 from domain.config import InstallConfig
+from domain.connection_budget import UNLIMITED, ServerSlots, budget, provider_sessions
 from domain.constants import (
     API_VERSION,
     DEFAULT_TOKEN_KEY,
@@ -38,6 +41,31 @@ from informers import SECRETS, Rest
 from infra.render import config_yaml, dump_yaml, render_manifests
 from reconciler.resources import CONSUMERS, SHARDS
 
+DEV_SHARD = "local-pg"
+DEV_MAX_DATABASES = 100
+# The least and the most max_connections dev starts its PostgreSQL with.
+DEV_MAX_CONNECTIONS = (200, 2000)
+SUPERUSER_RESERVED = 3  # PostgreSQL's default superuser_reserved_connections
+
+
+def dev_shard_capacity(config: InstallConfig, shard: str = DEV_SHARD) -> tuple[int, int]:
+    """(max_connections for dev's PostgreSQL, maxDatabases of its Shard) that agree: the shard's connection
+    budget holds maxDatabases databases of the default connection limit. 100 databases where the server
+    may have the connections they need (at most 2000), fewer where a large default limit would need more."""
+    limit = config.connection_limit.default
+    low, high = DEV_MAX_CONNECTIONS
+    if limit == UNLIMITED:
+        return low, 1  # one such database takes the whole budget
+    if limit == 0:
+        return low, DEV_MAX_DATABASES
+    provider = provider_sessions(config.workers_per_shard)
+    reserved = config.connection_budget.reserved
+    ratio = config.connection_budget.overcommit_of(shard)
+    need = SUPERUSER_RESERVED + provider + reserved + math.ceil(DEV_MAX_DATABASES * limit / ratio)
+    max_connections = min(max(need, low), high)
+    shard_budget = budget(ServerSlots(max_connections, SUPERUSER_RESERVED), provider, reserved, ratio)
+    return max_connections, max(1, min(DEV_MAX_DATABASES, shard_budget // limit))
+
 
 @dataclass
 class DevStack:
@@ -46,7 +74,8 @@ class DevStack:
     state_dir: Path
     config_overrides: dict[str, Any] = field(default_factory=dict)
     consumer: str = "dev-consumer"
-    shard: str = "local-pg"
+    shard: str = DEV_SHARD
+    max_databases: int = DEV_MAX_DATABASES  # dev_shard_capacity's, for a server started with its max_connections
 
     def __post_init__(self) -> None:
         self.admin_secret = f"{self.shard}-provisioner"
@@ -133,7 +162,7 @@ class DevStack:
                 "kind": KIND_SHARD,
                 "metadata": {"name": self.shard},
                 "spec": {
-                    "maxDatabases": 100,
+                    "maxDatabases": self.max_databases,
                     "perconaCluster": {"namespace": self.namespace, "name": self.shard},
                     # The local server's certificate comes from a throwaway CA: TLS, not verified.
                     "admin": {

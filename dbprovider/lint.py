@@ -7,7 +7,8 @@ there is checked here without touching this file. On top come the rules that oth
 run time, between objects: a hash on two Consumers (both denied), a Consumer without a quota, a
 tokenSecretRef outside the release namespace or to a missing key, a Shard whose admin Secret is not in
 shardSecrets, whose admin.sslmode may go without TLS or whose admin endpoint is not the one its
-shardSecrets entry binds (or a cloudberry Shard while that engine is off), duplicate names, and, with
+shardSecrets entry binds (or a cloudberry Shard while that engine is off), an admin Secret in the linted
+files bound to no endpoint (neither its shardSecrets entry nor its own keys name one), duplicate names, and, with
 --kubeconfig, a Shard whose maxDatabases is below what is already placed on it.
 
 Which files: every *.yaml / *.yml under the given paths. A document with apiVersion/kind is checked if
@@ -34,7 +35,14 @@ from pydantic import BaseModel, ValidationError
 
 from dbprovider.clitools import EXIT_FINDINGS, EXIT_INVALID, EXIT_OK, FORMAT_GITHUB, UsageError
 from dbprovider.landscape import SecretValueError, decode_data_value, is_secret, read_secret_value
-from domain.admin_access import EndpointBinding, tls_refusal
+from domain.admin_access import (
+    SECRET_HOST_KEY,
+    SECRET_PORT_KEY,
+    UNBOUND_ADVICE,
+    EndpointBinding,
+    bound_endpoint,
+    tls_refusal,
+)
 from domain.config import ConfigError, InstallConfig, load_install_config
 from domain.constants import (
     GROUP,
@@ -69,6 +77,7 @@ RULE_TOKEN_SECRET = "token-secret"
 RULE_SHARD_SECRET = "shard-secret"
 RULE_SHARD_TLS = "shard-admin-tls"
 RULE_SHARD_ENDPOINT = "shard-admin-endpoint"
+RULE_SHARD_UNBOUND = "shard-admin-unbound"
 RULE_ENGINE = "engine-disabled"
 RULE_CAPACITY = "shard-capacity"
 RULE_NO_VALUES = "no-values"
@@ -308,6 +317,7 @@ class Linter:
         self._duplicates()
         self._consumers(config)
         self._shards(config)
+        self._unbound_admin_secrets(config)
         if kubeconfig:
             self._live_capacity(kubeconfig)
         return sorted(self.findings, key=lambda f: (f.file, f.line, f.rule))
@@ -474,6 +484,29 @@ class Linter:
                     "install values: the provider cannot read the DatabaseCluster",
                     RULE_ENGINE,
                 )
+
+    def _unbound_admin_secrets(self, config: InstallConfig | None) -> None:
+        """A warning on each shardSecrets entry whose Secret is in the linted files and bound to no endpoint
+        (a Secret elsewhere, or SOPS-encrypted, cannot be told from here: `upgrade check` reads it)."""
+        if config is None:
+            return
+        doc = self.values[0][0]
+        for index, entry in enumerate(config.shard_secrets):
+            secret = self._secret(entry.namespace, entry.name)
+            if secret is None or "sops" in secret.data:
+                continue
+            values = {}
+            for key in (SECRET_HOST_KEY, SECRET_PORT_KEY):
+                try:
+                    value = read_secret_value(secret.data, key)
+                except SecretValueError:
+                    continue  # reported on the Secret already
+                if value is not None:
+                    text = value.text
+                    values[key] = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+            if bound_endpoint(EndpointBinding(entry.host, entry.port), values) is None:
+                message = f"admin Secret {entry.namespace}/{entry.name} {UNBOUND_ADVICE}"
+                self.report(doc, ["shardSecrets", index], message, RULE_SHARD_UNBOUND, WARNING)
 
     def _live_capacity(self, kubeconfig: str) -> None:
         from dbprovider.livecluster import LiveClusterError, placed_databases

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from dbprovider.clitools import EXIT_FINDINGS, EXIT_INVALID, EXIT_OK
 from dbprovider.upgrade_facts import LiveInstall, LiveInstallError, ShardSqlFact, read_live_install
-from domain.admin_access import OutsidePod, tls_refusal
+from domain.admin_access import UNBOUND_ADVICE, OutsidePod, tls_refusal
 from domain.conditions import READY, Condition, object_conditions
 from domain.connection_budget import Commitments, budget, provider_sessions
 from domain.constants import SERVED_VERSIONS, Phase, ShardReason
@@ -164,13 +164,27 @@ def _admin_endpoint(live: LiveInstall, shard: ShardFacts) -> Iterator[str]:
         )
 
 
+def _admin_secret_bound(live: LiveInstall) -> Iterator[tuple[str, str, str]]:
+    for fact in live.admin_secrets:
+        where = f"Secret/{fact.namespace}/{fact.name}"
+        if fact.bound is None:
+            yield NOTICE, where, f"{fact.unread}: whether this admin Secret is bound to an endpoint was not checked"
+        elif not fact.bound:
+            yield WARNING, where, f"this admin Secret {UNBOUND_ADVICE}"
+
+
 @_each_shard(WARNING)
 def _connection_budget(live: LiveInstall, shard: ShardFacts) -> Iterator[str]:
     if shard.sql is None or shard.sql.slots is None or live.config is None:
         return
     provider = provider_sessions(live.config.workers_per_shard)  # the new config's, as the new leader counts
-    shard_budget = budget(shard.sql.slots, provider, live.config.connection_budget.reserved)
-    limits = (db.connection_limit for db in live.databases if db.shard == shard.name and db.phase != Phase.DELETED)
+    settings = live.config.connection_budget
+    shard_budget = budget(shard.sql.slots, provider, settings.reserved, settings.overcommit_of(shard.name))
+    limits = (
+        db.connection_limit
+        for db in live.databases
+        if db.shard == shard.name and db.phase != Phase.DELETED and not db.disabled
+    )
     committed = Commitments.of(limits).total(shard_budget)
     if committed > shard_budget:
         yield (
@@ -266,6 +280,7 @@ CHECKS: tuple[Check, ...] = (
     Check("admin-secret-listed", "every Shard's admin Secret is listed in shardSecrets", _admin_secrets_listed),
     Check("admin-tls", "every Shard's admin connection uses TLS", _admin_tls),
     Check("admin-endpoint", "every admin Secret goes only to the endpoint it names", _admin_endpoint),
+    Check("admin-secret-bound", "every admin Secret is bound to the endpoint it belongs to", _admin_secret_bound),
     Check("admin-scram", "every shard offers the provisioner SCRAM", _admin_scram),
     Check("connection-budget", "no shard's databases commit more connections than its budget", _connection_budget),
     Check("tenant-ownership", "every tenant carries its Database's ownership record, or gets it", _tenant_ownership),

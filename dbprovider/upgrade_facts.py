@@ -3,7 +3,8 @@
 Everything is read with GETs (a kubeconfig that may only read is enough), and with `--shard-sql`
 from each shard over an admin session that is read-only (`default_transaction_read_only`): the
 catalog rows of the tenants the Databases name, and whether the server offers SCRAM at all. The
-admin Secrets are read only when they are listed in shardSecrets, as the manager reads them.
+admin Secrets are read only when they are listed in shardSecrets, as the manager reads them; of those
+the check keeps whether they are bound to an endpoint, never a value.
 Errors carry an error class, never server text or credentials.
 """
 
@@ -20,16 +21,17 @@ from kubernetes.config import ConfigException
 from pydantic import ValidationError
 from urllib3.exceptions import HTTPError
 
-from domain.admin_access import OutsidePod
-from domain.config import ConfigError, InstallConfig, load_install_config
-from domain.connection_budget import ServerSlots
+from domain.admin_access import EndpointBinding, OutsidePod, bound_endpoint
+from domain.config import ConfigError, InstallConfig, SecretObjectRef, load_install_config
+from domain.connection_budget import ServerSlots, tenant_disabled
 from domain.constants import Phase
+from domain.credentials import secret_values
 from domain.metadata import ListPage, ObjectMeta, object_label
 from domain.objects import lenient_status
 from domain.settings import SETTINGS
 from domain.specs import ShardSpec, parse_database, parse_shard
 from domain.status import DatabaseStatus
-from informers import CONFIGMAPS, Rest
+from informers import CONFIGMAPS, SECRETS, Rest
 from reconciler.resources import CONSUMERS, DATABASES, SHARDS
 from reconciler.shard.admin import AdminPolicy, AdminRefused, AdminSecretInvalid, admin_endpoint
 from reconciler.sql.errors import classify
@@ -65,6 +67,7 @@ class DatabaseFact:
     tenant: str | None
     connection_limit: int | None
     held: bool
+    disabled: bool = False  # soft-deleted and its tenant disabled: it commits no connections
 
     @property
     def provisioned(self) -> bool:
@@ -82,6 +85,16 @@ class ShardSqlFact:
     slots: ServerSlots | None = None  # the server's connection slots, the input of its budget
 
 
+@dataclass(frozen=True)
+class AdminSecretFact:
+    """A Secret listed in shardSecrets: whether it is bound to an endpoint (None: it could not be read)."""
+
+    namespace: str
+    name: str
+    bound: bool | None
+    unread: str | None = None  # why it was not read
+
+
 @dataclass
 class LiveInstall:
     """The install as it runs now."""
@@ -97,6 +110,7 @@ class LiveInstall:
     databases: list[DatabaseFact]
     crds: dict[str, dict[str, Any]]  # plural -> the CRD (absent: not installed)
     shard_sql: dict[str, ShardSqlFact] | None = None  # None: --shard-sql was not given
+    admin_secrets: list[AdminSecretFact] = field(default_factory=list)  # the config's shardSecrets
 
     @property
     def installed_version(self) -> str | None:
@@ -126,6 +140,8 @@ def read_live_install(
         with kubernetes.config.new_client_from_config(config_file=kubeconfig) as client:
             rest = Rest(client)
             live = _read(rest, namespace, release, config_file)
+            if live.config is not None:
+                live.admin_secrets = [_admin_secret(rest, ref) for ref in live.config.shard_secrets]
             if shard_sql and live.config is not None:
                 live.shard_sql = _read_shards(rest, live, outside_pod)
             return live
@@ -208,7 +224,23 @@ def _database(obj: dict[str, Any]) -> DatabaseFact:
         tenant=status.tenant_name,
         connection_limit=status.applied_connection_limit,
         held=meta.deleting,
+        disabled=tenant_disabled(obj),
     )
+
+
+def _admin_secret(rest: Rest, ref: SecretObjectRef) -> AdminSecretFact:
+    """Whether the shardSecrets entry `ref` binds its Secret, else whether the Secret's own keys do."""
+    entry = EndpointBinding(ref.host, ref.port)
+    if entry.binds:
+        return AdminSecretFact(ref.namespace, ref.name, True)
+    try:
+        secret = rest.get(SECRETS, ref.name, ref.namespace)
+    except ApiException as exc:
+        if exc.status in (403, 404):
+            why = "not found" if exc.status == 404 else "not readable with this kubeconfig"
+            return AdminSecretFact(ref.namespace, ref.name, None, why)
+        raise
+    return AdminSecretFact(ref.namespace, ref.name, bound_endpoint(entry, secret_values(secret)) is not None)
 
 
 def _read_shards(rest: Rest, live: LiveInstall, outside_pod: OutsidePod) -> dict[str, ShardSqlFact]:

@@ -9,7 +9,9 @@ credential with the server it belongs to:
   shardTLS.cleartextShards (`tls_refusal`);
 - binding: an admin Secret bound to an endpoint (its shardSecrets entry's host and port, else the
   Secret's own `host` and `port` keys, as Percona's pguser Secrets have) is sent only there
-  (`EndpointBinding`).
+  (`EndpointBinding`, `bound_endpoint`). An unbound Secret still needs TLS, but its SCRAM proof goes to
+  any server with TLS a Shard names, where a weak password can be guessed offline: `dbprovider lint` and
+  `upgrade check` warn about it (`UNBOUND_ADVICE`).
 """
 
 from __future__ import annotations
@@ -74,6 +76,10 @@ class EndpointBinding:
         bound = self.host.lower().rstrip(".")
         return bound == host or bound.startswith(host + ".")
 
+    @property
+    def binds(self) -> bool:
+        return self.host is not None or self.port is not None
+
     def refusal(self, secret: str, host: str, port: int) -> str | None:
         """Why Secret `secret` (namespace/name) may not go to host:port, or None when it may."""
         if self.allows(host, port):
@@ -82,3 +88,19 @@ class EndpointBinding:
             f"admin Secret {secret} may only be sent to {self.host or host}:{self.port or port}, "
             f"not to the Shard's {host}:{port}"
         )
+
+
+def bound_endpoint(entry: EndpointBinding | None, values: Mapping[str, str] | None) -> EndpointBinding | None:
+    """The endpoint an admin Secret is bound to, or None: its shardSecrets entry's `host`/`port` if set,
+    else the Secret's own keys (`values`: its decoded data; None when it was not read)."""
+    if entry is not None and entry.binds:
+        return entry
+    return EndpointBinding.of_secret(values) if values is not None else None
+
+
+# What lint and upgrade check tell about an admin Secret bound to no endpoint.
+UNBOUND_ADVICE = (
+    "is bound to no endpoint: the provisioner's SCRAM proof goes to whatever server with TLS a Shard names, "
+    "where a weak password can be guessed offline. Bind it: set host and port on its shardSecrets entry "
+    "(the Shard's admin Service host and port), or give the Secret host and port keys"
+)

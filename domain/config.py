@@ -6,6 +6,7 @@ key as a dotted camelCase path, so a broken config stops the preview/render inst
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from datetime import timedelta
@@ -255,12 +256,38 @@ class ConnectionLimitConfig(ConfigModel):
     default: ConnectionLimit = 10
 
 
+MAX_OVERCOMMIT = 10.0
+
+
+def _check_overcommit(value: object) -> float:
+    """A number from 1 to MAX_OVERCOMMIT (not a string, not a boolean)."""
+    number = value if isinstance(value, int | float) and not isinstance(value, bool) else math.nan
+    if not math.isfinite(number) or not 1 <= number <= MAX_OVERCOMMIT:
+        raise ValueError(f"must be a ratio from 1 (no overcommit) to {MAX_OVERCOMMIT:g}")
+    return float(number)
+
+
+OvercommitRatio = Annotated[
+    float,
+    PlainValidator(_check_overcommit),
+    WithJsonSchema({"type": "number", "minimum": 1, "maximum": MAX_OVERCOMMIT}),
+]
+
+
 class ConnectionBudgetConfig(ConfigModel):
-    """What each shard keeps free besides its tenants' connection limits and the provider's own sessions."""
+    """What each shard keeps free besides its tenants' connection limits and the provider's own sessions,
+    and by how much the tenants' limits may add up to more than the server's slots on pooled shards."""
 
     # Connections for roles that are neither tenants nor the provider: monitoring, the operator's own
     # users, an operator's psql. Raising it can overcommit a shard (reported, never enforced on tenants).
     reserved: Count = 5
+    # Shard name -> ratio the tenants' part of its budget is multiplied by: for shards whose clients come
+    # through a transaction-mode pooler, where a tenant holds a server connection only during a
+    # transaction. Unnamed shards: 1 (the limits add up to at most the server's slots).
+    overcommit: dict[ObjectName, OvercommitRatio] = Field(default_factory=dict)
+
+    def overcommit_of(self, shard: str) -> float:
+        return self.overcommit.get(shard, 1.0)
 
 
 class DeletionProtectionConfig(ConfigModel):

@@ -4,10 +4,14 @@ Placement counts connections as well as databases: one consumer's few large data
 able to take every connection slot of a shared server. The budget is what the server allows
 ordinary roles (`max_connections` minus `superuser_reserved_connections` and, from 16 on,
 `reserved_connections`), minus the provider's own sessions on the shard (`provider_sessions`) and
-the install's `connectionBudget.reserved` (other roles: monitoring, the operator's users).
+the install's `connectionBudget.reserved` (other roles: monitoring, the operator's users), times the
+shard's `connectionBudget.overcommit` ratio (1 unless the install names the shard: one behind a
+transaction-mode pooler, whose tenants rarely hold all their server connections at once).
 
 A database commits its role's CONNECTION LIMIT: the one applied on the shard, or, before it is
-provisioned, the one its size class resolves to. The rule for an unlimited database (-1): its role
+provisioned, the one its size class resolves to. A soft-deleted database whose tenant is disabled
+(its role NOLOGIN, its database closed to connections) commits nothing: it cannot connect until it
+is recovered, and its recovery waits until its limit fits again. The rule for an unlimited database (-1): its role
 can take every slot, so it commits the shard's whole budget. It is placed only on a shard where
 nothing is committed yet, and nothing else fits beside it (a database of limit 0 aside).
 
@@ -21,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from domain.config import InstallConfig, UnknownSizeClass
-from domain.constants import Phase
+from domain.constants import DatabaseConditionType, Phase
+from domain.objects import DatabaseGlance
 
 UNLIMITED = -1
 # Sessions the provider may hold on one shard per Database worker: its admin session, and a second
@@ -49,9 +54,10 @@ def provider_sessions(workers_per_shard: int) -> int:
     return SESSIONS_PER_WORKER * workers_per_shard + CHECK_SESSIONS
 
 
-def budget(slots: ServerSlots, provider: int, reserved: int) -> int:
-    """Connections the shard's tenants may commit: never below 0."""
-    return max(0, slots.for_ordinary_roles - provider - reserved)
+def budget(slots: ServerSlots, provider: int, reserved: int, overcommit: float = 1.0) -> int:
+    """Connections the shard's tenants may commit: never below 0. `overcommit` multiplies what is left for
+    the tenants only (the provider's sessions and the reserved ones are real connections)."""
+    return max(0, int((slots.for_ordinary_roles - provider - reserved) * overcommit))
 
 
 @dataclass(frozen=True)
@@ -89,12 +95,39 @@ def fits(limit: int, commitments: Commitments, shard_budget: int | None) -> bool
     return commitments.plus(limit).total(shard_budget) <= shard_budget
 
 
+def databases_available(
+    max_databases: int, database_count: int, limit: int, commitments: Commitments, shard_budget: int
+) -> int:
+    """How many more databases of CONNECTION LIMIT `limit` fit on a shard: below maxDatabases and, all
+    together, within its connection budget."""
+    room = max(0, max_databases - database_count)
+    if limit == UNLIMITED:
+        return min(room, 1) if fits(limit, commitments, shard_budget) else 0
+    if limit <= 0:
+        return room
+    return min(room, max(0, shard_budget - commitments.total(shard_budget)) // limit)
+
+
+def tenant_disabled(database: Mapping[str, Any]) -> bool:
+    """A soft-deleted Database whose tenant is disabled (condition TenantDisabled): its role cannot log in."""
+    glance = DatabaseGlance.of(database)
+    return glance.phase == Phase.DELETING and glance.is_true(DatabaseConditionType.TENANT_DISABLED)
+
+
 def database_limit(database: Mapping[str, Any], config: InstallConfig) -> int | None:
     """The CONNECTION LIMIT a Database object commits: the applied one, else its size class's; None
-    when it commits nothing (Deleted, or a class the config no longer knows and never applied)."""
+    when it commits nothing (Deleted, its tenant disabled, or a class the config no longer knows and
+    never applied)."""
     status = database.get("status") or {}
-    if status.get("phase") == Phase.DELETED:
+    if status.get("phase") == Phase.DELETED or tenant_disabled(database):
         return None
+    return connection_limit(database, config)
+
+
+def connection_limit(database: Mapping[str, Any], config: InstallConfig) -> int | None:
+    """The CONNECTION LIMIT of a Database's role whatever its phase: the applied one, else its size
+    class's (None: a class the config no longer knows, never applied)."""
+    status = database.get("status") or {}
     applied = status.get("appliedConnectionLimit")
     if isinstance(applied, int) and not isinstance(applied, bool):
         return applied

@@ -87,6 +87,9 @@ ANNOTATION_ROTATE_END_SESSIONS = f"{GROUP}/rotate-end-sessions"
 # finalizer was removed): "<shard>/<tenant name>" adopts that existing tenant instead of placing anew.
 ANNOTATION_RESTORE_TENANT = f"{GROUP}/restore-tenant"
 FINALIZER_TENANT = f"{GROUP}/tenant"
+# Held on every Shard (while deletion protection is on) until no Database is placed on it: a delete of a
+# Shard whose status.databaseCount lies is held, not done (reconciler.shard.deletion).
+FINALIZER_SHARD_DATABASES = f"{GROUP}/shard-databases"
 
 # On the leader Lease: which release holds it, and the lease duration replicas of that release (and
 # newer ones) honour; older releases see only spec.leaseDurationSeconds (reconciler.runtime.leader).
@@ -196,6 +199,9 @@ class DatabaseReason(enum.StrEnum):
     SHARD_NOT_READY = "ShardNotReady"
     # Provisioned, but a fresh login with the database's own credentials through the client endpoint failed.
     LOGIN_FAILED = "LoginFailed"
+    # The delete annotation was removed, but the tenant's connection limit does not fit its shard's budget
+    # any more: it stays disabled (phase Deleting) until it fits, then is recovered.
+    RECOVERY_OVER_BUDGET = "RecoveryOverBudget"
 
 
 class OwnershipReason(enum.StrEnum):
@@ -230,6 +236,8 @@ class ShardConditionType(enum.StrEnum):
     WEAK_ROLE_ISOLATION = "WeakRoleIsolation"
     CONNECTION_BUDGET_EXCEEDED = "ConnectionBudgetExceeded"
     SCALING = "Scaling"  # cloudberry only: True while the DatabaseCluster is Scaling (since lastTransitionTime)
+    # True while the Shard is deleted but Databases are still placed on it: held by its finalizer.
+    DELETION_HELD = "DeletionHeld"
 
 
 class ShardReason(enum.StrEnum):
@@ -263,6 +271,8 @@ class ShardReason(enum.StrEnum):
     CLUSTER_SCALING = "ClusterScaling"
     # The shard's engine cannot be watched (its CRD is missing or not served): nothing is known about it.
     ENGINE_UNAVAILABLE = "EngineUnavailable"
+    # The reason of DeletionHeld: the Shard was deleted while Databases are still placed on it.
+    DATABASES_REMAIN = "DatabasesRemain"
 
 
 class EventReason(enum.StrEnum):

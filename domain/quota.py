@@ -20,7 +20,11 @@ adopted), and freeing slots:
 - a database the cache shows Deleted frees its slot (a terminal phase, so no replica needs to agree);
 - a slot older than the reservation timeout whose database the apiserver does not have is freed (a
   replica died between claiming and creating, or its create failed without an answer);
-- a create the apiserver refused frees its slot at once (`release_patch`, by the replica that took it).
+- a create the apiserver refused frees its slot at once (`release_patch`, by the replica that took it);
+- a slot no replica can have written (`implausible`: a holder that is not an externalId, a value that is
+  not "<externalId> <time>", a time further ahead than the replicas' clocks can differ) is checked at
+  once rather than after the timeout, and freed unless its database exists: a slot edited by hand, or
+  by anyone with write access to ConfigMaps in the release namespace, holds no quota for good.
 There are max(maxDatabases, databases counted) slots: lowering the quota below what is counted keeps
 every counted database's slot and leaves no free one.
 """
@@ -35,7 +39,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from domain.constants import LABEL_CONSUMER, LABEL_MANAGED_BY, MANAGED_BY, Phase
-from domain.naming import label_value, quota_ledger_name
+from domain.naming import is_valid_external_id, label_value, quota_ledger_name
 from domain.timefmt import format_micro_time, parse_time
 
 Obj = Mapping[str, Any]
@@ -55,6 +59,7 @@ class Holder:
 
     external_id: str
     reserved_at: datetime
+    malformed: bool = field(default=False, compare=False)  # the value was not "<externalId> <time>"
 
     def value(self) -> str:
         return f"{self.external_id} {format_micro_time(self.reserved_at)}"
@@ -74,7 +79,22 @@ def _parse_holder(value: str) -> Holder | None:
     if not value:
         return None
     external_id, _, stamp = value.partition(" ")
-    return Holder(external_id, parse_time(stamp) or _EPOCH)
+    reserved_at = parse_time(stamp)
+    return Holder(external_id, reserved_at or _EPOCH, malformed=reserved_at is None)
+
+
+def implausible(holder: Holder, now: datetime, skew: timedelta) -> str | None:
+    """Why no replica can have written `holder` (the reason a repair is counted by), or None.
+
+    `skew` is how far the replicas' clocks may differ: a reservation dated further ahead was not made
+    by a replica's clock."""
+    if not is_valid_external_id(holder.external_id):
+        return "unknown_holder"
+    if holder.malformed:
+        return "malformed"
+    if holder.reserved_at - now > skew:
+        return "future"
+    return None
 
 
 @dataclass(frozen=True)
@@ -112,24 +132,36 @@ def _slot_order(key: str) -> tuple[int, str]:
 # -- restructuring (compare-and-swap on the resourceVersion) ---------------------------------------
 
 
+@dataclass(frozen=True)
+class StaleHolders:
+    """What a look at the ledger beside the cache found (see `stale_holders`)."""
+
+    free: set[str] = field(default_factory=set)  # externalIds whose slot is freed now
+    check: set[str] = field(default_factory=set)  # externalIds to check against the apiserver
+    implausible: dict[str, str] = field(default_factory=dict)  # those of `check` no replica wrote -> why
+
+
 def stale_holders(
-    ledger: QuotaLedger, cached: Mapping[str, Obj], now: datetime, timeout: timedelta
-) -> tuple[set[str], set[str]]:
-    """(externalIds whose slot is freed now, externalIds to check against the apiserver).
+    ledger: QuotaLedger, cached: Mapping[str, Obj], now: datetime, timeout: timedelta, skew: timedelta
+) -> StaleHolders:
+    """The holders to free now and to check against the apiserver.
 
     `cached` holds the consumer's databases in this replica's cache by externalId. A holder the cache
-    shows Deleted is freed; one the cache does not show and that is older than `timeout` is checked (its
-    create may have failed, or its database may be gone); younger ones stay.
+    shows Deleted is freed; one the cache does not show is checked when it is older than `timeout` (its
+    create may have failed, or its database may be gone) or `implausible` (at once); younger ones stay.
     """
-    free, check = set(), set()
+    found = StaleHolders()
     for external_id, (_, holder) in ledger.held().items():
         db = cached.get(external_id)
         if db is not None:
             if not counts_against_quota(db):
-                free.add(external_id)
+                found.free.add(external_id)
+        elif reason := implausible(holder, now, skew):
+            found.check.add(external_id)
+            found.implausible[external_id] = reason
         elif now - holder.reserved_at >= timeout:
-            check.add(external_id)
-    return free, check
+            found.check.add(external_id)
+    return found
 
 
 def restructure(

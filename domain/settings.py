@@ -320,6 +320,10 @@ class QuotaTimings:
     # is 60 s), so a freed slot never belongs to a create that lands later. It is also how long a
     # replica killed between reserving and creating holds one slot.
     reservation_timeout: float = 120.0
+    # How far the replicas' clocks may differ: a reservation dated further in the future than this was
+    # not written by a replica, and is checked against the apiserver at once (freed if its database is
+    # not there) instead of holding its slot until its time has passed and the timeout after it.
+    clock_skew: float = 60.0
     # A replica sends its create only this soon after its reservation was written (else it gives the
     # slot back and answers 503), which keeps it far inside reservation_timeout even when it was paused.
     create_deadline: float = 10.0

@@ -57,13 +57,20 @@ class ShardStatus(ObjectStatus):
         default=None,
         description="Connections the tenants' CONNECTION LIMITs may add up to on this shard: the server's "
         "max_connections minus its superuser and reserved slots, the provider's own sessions and the "
-        "install's connectionBudget.reserved (read at each check). A database is placed only where its "
-        "limit fits.",
+        "install's connectionBudget.reserved (read at each check), times the install's "
+        "connectionBudget.overcommit ratio for this shard. A database is placed only where its limit fits.",
     )
     connections_committed: Count | None = Field(
         default=None,
         description="The connection limits of the databases placed here (an unlimited one counts as the whole "
-        "budget); above connectionBudget: condition ConnectionBudgetExceeded.",
+        "budget; a soft-deleted one whose tenant is disabled, nothing); above connectionBudget: condition "
+        "ConnectionBudgetExceeded.",
+    )
+    databases_available: Count | None = Field(
+        default=None,
+        description="How many more databases of the default connection limit (connectionLimit.default) fit "
+        "here now: below maxDatabases and within the connection budget (0 while the shard takes no databases: "
+        "not Ready, not accepting or being deleted).",
     )
 
 

@@ -29,6 +29,7 @@ from pydantic.fields import FieldInfo
 
 from domain.config import InstallConfig, format_duration
 from domain.constants import (
+    FINALIZER_SHARD_DATABASES,
     GROUP,
     KELDON_GROUP,
     KELDON_PLURAL_DATABASE_CLUSTERS,
@@ -277,6 +278,8 @@ def _context(config: InstallConfig, time_scale: int = 1) -> dict[str, Any]:
         "metrics_service": config.metrics_service_name(),
         "deletion_policy": f"{config.release_name}-shard-deletion-protection",
         "break_glass_condition": break_glass,
+        "shard_finalizer": FINALIZER_SHARD_DATABASES,
+        "provider_user": f"system:serviceaccount:{config.namespace}:{config.release_name}",
         "shard_secret_roles": shard_secret_roles,
         "common_labels": labels,
         "selector_labels": selector_labels(config),

@@ -145,6 +145,13 @@ class PlacementIndex:
         with self._lock:
             self._release_locked(database)
 
+    def commitments(self, shard: str) -> tuple[Commitments, int | None]:
+        """(what the databases placed and reserved on `shard` commit, its connection budget; None: unknown)."""
+        with self._lock:
+            candidate = self._candidates.get(shard)
+            budget = candidate.connection_budget if candidate is not None else None
+            return self._commitments.get(shard, Commitments()), budget
+
     def reserved(self) -> dict[str, str]:
         """Database key -> shard of every reservation the cache does not show yet (tests, debugging)."""
         with self._lock:

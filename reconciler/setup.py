@@ -43,6 +43,7 @@ from reconciler.runtime import Controller, ControllerManager, Lanes
 from reconciler.shard.admin import AdminPolicy, AdminSessions
 from reconciler.shard.budget import ShardBudgets
 from reconciler.shard.controller import PING_INTERVAL, ShardController
+from reconciler.shard.deletion import ShardDeletion
 from reconciler.sql.session import APPLICATION_NAME
 from reconciler.worker_metrics import DatabaseWorkersCollector
 
@@ -187,6 +188,7 @@ def register_controllers(
         ping_interval=shard_ping_interval,
         policy=policy,
         budgets=ShardBudgets(config, databases, config.workers_per_shard),
+        deletion=ShardDeletion(rest, databases, namespace, config.deletion_protection.enabled),
     )
     # Several workers: each checks a different shard, so a dead shard's timeout delays no other.
     shard_controller = Controller("shard", shard_logic.reconcile, workers=SHARD_WORKERS)

@@ -98,7 +98,9 @@ class DatabaseController:
         self.secrets = CredentialsSecrets(rest, secrets, self.report)
         self.finalizers = Finalizers(rest, self.writes, self.secrets)
         self.placer = Placer(config, self.placement, rest, shards, self.writes, self.report, self.sql)
-        self.deletion = Deletion(config, shards, self.sql, self.writes, self.report, self.finalizers, clock)
+        self.deletion = Deletion(
+            config, shards, self.sql, self.writes, self.report, self.finalizers, clock, self.placement
+        )
         self.ready = ReadyPath(config, rest, self.secrets, self.sql, self.writes, self.report)
         login = LoginCheck(config, admin_endpoints.policy, self.sessions, self.report, admin_host_override)
         self.provisioner = Provisioner(config, self.sql, self.writes, self.report, login)

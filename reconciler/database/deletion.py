@@ -1,5 +1,10 @@
 """Deletion: the hold (a Kubernetes delete without the delete annotation: no SQL at all), the soft
-delete (disable now, drop after the retention), and recovery (the annotation removed before the drop)."""
+delete (disable now, drop after the retention), and recovery (the annotation removed before the drop).
+
+A disabled tenant commits no connections (domain.connection_budget), so its shard may have given them
+to others meanwhile. A recovery whose connection limit no longer fits the shard's budget is not done
+silently over it: the Database stays disabled, Ready False with reason RecoveryOverBudget (a Warning
+Event says so once) and the numbers, and is recovered as soon as the limit fits."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from domain.config import InstallConfig
+from domain.connection_budget import connection_limit, fits
 from domain.constants import (
     ANNOTATION_DELETE_REQUESTED_AT,
     DatabaseConditionType,
@@ -23,9 +29,14 @@ from reconciler.database.report import Reporter
 from reconciler.database.shard_sql import ShardSql
 from reconciler.database.state import Database
 from reconciler.database.writes import DatabaseWrites
+from reconciler.placement import PlacementIndex
 from reconciler.runtime import Result
 from reconciler.sql.session import AdminSession
 from reconciler.sql.tenant import disable_tenant, drop_tenant, enable_tenant
+
+# Seconds between looks at a recovery waiting for its connections (a database deleted or a budget
+# raised on the shard frees them without an event of this Database).
+RECOVERY_RECHECK = 10.0
 
 
 @dataclass
@@ -39,6 +50,7 @@ class Deletion:
     report: Reporter
     finalizers: Finalizers
     clock: Callable[[], datetime]
+    placement: PlacementIndex  # what each shard's databases commit, as placement counts it
 
     def hold(self, database: Database) -> Result | None:
         """Deleted in Kubernetes without a delete request: keep everything, run no SQL, say so."""
@@ -140,6 +152,11 @@ class Deletion:
             return
         if database.is_true(DatabaseConditionType.TENANT_DISABLED):
             shard = self._placed_shard(database, Phase.DELETING, f"shard {database.shard} not found")
+            over = self._over_budget(database)
+            if over is not None:
+                raise self.report.waiting(
+                    database, Phase.DELETING, DatabaseReason.RECOVERY_OVER_BUDGET, over, RECOVERY_RECHECK
+                )
             tenant = database.tenant
             self.sql.run(
                 database,
@@ -155,3 +172,16 @@ class Deletion:
         )
         self.writes.status(database)
         self.report.event(database, EventReason.READY, "recovered from soft delete")
+
+    def _over_budget(self, database: Database) -> str | None:
+        """Why re-enabling the tenant would commit more connections than its shard's budget, or None."""
+        limit = connection_limit(database.db, self.config)
+        committed, shard_budget = self.placement.commitments(database.shard)
+        if limit is None or shard_budget is None or fits(limit, committed, shard_budget):
+            return None
+        return (
+            f"the delete annotation was removed, but recovering would overcommit shard {database.shard}: its "
+            f"databases commit {committed.total(shard_budget)} of its {shard_budget} connections and this one's "
+            f"limit is {limit}. The tenant stays disabled and is recovered once the limit fits (delete another "
+            "database there, raise the shard's max_connections, or its connectionBudget.overcommit)"
+        )

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from kubernetes.client.exceptions import ApiException
 
-from domain.admin_access import EndpointBinding, tls_refusal
+from domain.admin_access import EndpointBinding, bound_endpoint, tls_refusal
 from domain.config import InstallConfig
 from domain.constants import SHARD_CA_FILE, ShardReason, SslMode
 from domain.credentials import secret_values
@@ -116,7 +116,7 @@ class AdminPolicy:
     def check_binding(self, spec: ShardSpec, values: Mapping[str, str]) -> None:
         """AdminEndpointMismatch unless the Shard's admin endpoint is the one its Secret is bound to."""
         ref = spec.admin.secret_ref
-        binding = self.bindings.get((ref.namespace, ref.name)) or EndpointBinding.of_secret(values) or EndpointBinding()
+        binding = bound_endpoint(self.bindings.get((ref.namespace, ref.name)), values) or EndpointBinding()
         refusal = binding.refusal(f"{ref.namespace}/{ref.name}", spec.admin_host, spec.admin.port)
         if refusal is not None:
             raise AdminEndpointMismatch(f"{refusal}; no connection is made")

@@ -1,6 +1,8 @@
-"""A Shard's connection budget in its status: the budget from its last check, what the
-databases placed on it commit (from the Database cache), the condition ConnectionBudgetExceeded,
-and one log line each time a shard becomes overcommitted or stops being so.
+"""A Shard's connection budget in its status: the budget from its last check (times the install's
+overcommit ratio for the shard), what the databases placed on it commit (from the Database cache; a
+disabled tenant commits nothing), how many more databases of the default connection limit fit, the
+condition ConnectionBudgetExceeded, and one log line each time a shard becomes overcommitted or stops
+being so.
 
 Kept apart from the Shard controller's health checks: the check only reads the server's slots
 (reconciler.sql.shard_probe, in its one statement); everything else is computed here. Nothing is ever
@@ -17,7 +19,14 @@ from dataclasses import dataclass
 
 from domain.conditions import condition_is_true
 from domain.config import InstallConfig
-from domain.connection_budget import Commitments, ServerSlots, budget, database_limit, provider_sessions
+from domain.connection_budget import (
+    Commitments,
+    ServerSlots,
+    budget,
+    database_limit,
+    databases_available,
+    provider_sessions,
+)
 from domain.constants import ShardConditionType, ShardReason
 from domain.objects import Obj, ShardState
 from domain.resources import database_shard
@@ -29,10 +38,13 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ShardBudget:
-    """The budget (None: never read) and what is committed against it (None while the budget is unknown)."""
+    """The budget (None: never read), what is committed against it and how many more databases of the
+    default connection limit fit (both None while the budget is unknown; `available` also when the
+    Shard's spec is invalid)."""
 
     budget: int | None
     committed: int | None
+    available: int | None = None
 
     @property
     def exceeded(self) -> bool:
@@ -87,15 +99,33 @@ class ShardBudgets:
         with self._lock:
             return self._commitments.get(shard, Commitments())
 
-    def of(self, shard: str, slots: ServerSlots | None, status: ShardStatus) -> ShardBudget:
-        """From the slots just read, else the budget last recorded (a check that did not get that far)."""
+    def of(
+        self,
+        shard: str,
+        slots: ServerSlots | None,
+        status: ShardStatus,
+        *,
+        max_databases: int | None = None,
+        takes_databases: bool = False,
+    ) -> ShardBudget:
+        """From the slots just read, else the budget last recorded (a check that did not get that far).
+        `max_databases`: the Shard's (None: its spec is invalid); `takes_databases`: it is open to new ones
+        (Ready, accepting, not being deleted), else none fits."""
+        settings = self.config.connection_budget
         if slots is not None:
-            shard_budget: int | None = budget(slots, self.provider, self.config.connection_budget.reserved)
+            shard_budget: int | None = budget(slots, self.provider, settings.reserved, settings.overcommit_of(shard))
         else:
             shard_budget = status.connection_budget
         if shard_budget is None:
             return ShardBudget(None, None)
-        return ShardBudget(shard_budget, self.committed(shard).total(shard_budget))
+        committed = self.committed(shard)
+        available = None
+        if max_databases is not None:
+            limit = self.config.connection_limit.default
+            count = status.database_count or 0
+            fit = databases_available(max_databases, count, limit, committed, shard_budget)
+            available = fit if takes_databases else 0
+        return ShardBudget(shard_budget, committed.total(shard_budget), available)
 
     def record(self, shard: ShardState, view: ShardBudget) -> ShardState:
         """`shard` with the budget's status fields and condition; a log line when it turns overcommitted or back."""
@@ -103,6 +133,8 @@ class ShardBudgets:
             return shard
         was_exceeded = condition_is_true(shard.status.conditions, ShardConditionType.CONNECTION_BUDGET_EXCEEDED)
         shard = shard.with_status(connection_budget=view.budget, connections_committed=view.committed)
+        if view.available is not None:
+            shard = shard.with_status(databases_available=view.available)
         shard = shard.with_condition(
             ShardConditionType.CONNECTION_BUDGET_EXCEEDED,
             view.exceeded,

@@ -21,6 +21,8 @@ declared Unreachable, so a slow or flaky link that still answers stays Ready. A 
 answer is marked so in `ShardLinks`: the Database workers' sessions to it are cut at once and no new
 ones are opened until a ping passes, so its work waits instead of hanging.
 
+A deleted Shard is held by its finalizer while Databases are placed on it (reconciler.shard.deletion).
+
 The Ready condition's reason says what is wrong (Ok, AdminAuthFailed, AdminSecretInvalid,
 AdminTlsRequired, AdminEndpointMismatch, Unreachable, ReadOnly, InRecovery, DiskFull,
 ClusterNotRunning, ClusterScaling, EngineUnavailable, ProvisionerInherits/ProvisionerInvalid);
@@ -51,6 +53,7 @@ from reconciler.resources import BY_SHARD, SHARDS
 from reconciler.runtime import Result, StatusEchoes
 from reconciler.shard.admin import AdminPolicy, AdminRefused, AdminSessions, admin_endpoint
 from reconciler.shard.budget import ShardBudgets
+from reconciler.shard.deletion import ShardDeletion
 from reconciler.shard.links import ShardLinks
 from reconciler.sql import errors as sqlerrors
 from reconciler.sql.errors import SqlFailure, is_auth_failure
@@ -146,9 +149,11 @@ class ShardController:
         ping_interval: float = PING_INTERVAL,
         policy: AdminPolicy | None = None,
         budgets: ShardBudgets | None = None,
+        deletion: ShardDeletion | None = None,
     ) -> None:
         self.rest = rest
         self.budgets = budgets  # the connection budget in the status (reconciler.shard.budget)
+        self.deletion = deletion  # the finalizer that holds a deleted Shard while it has databases
         self.policy = policy or AdminPolicy()  # shardSecrets: without it no admin Secret is used
         self.shards = shards
         self.databases = databases
@@ -327,7 +332,14 @@ class ShardController:
             self._spread.discard(name)
             self.links.forget(name)
             self.echoes.forget(name)
+            if self.deletion is not None:
+                self.deletion.forget(name)
             return None
+        if self.deletion is not None:
+            converged = self.deletion.converge(name, cached)
+            if converged is None:
+                return None  # on its way out: the next pass finds it gone
+            cached = converged
         # Metadata and status typed once; a status that does not validate is written anew (its keys a
         # newer release wrote are kept), and the spec apart: an invalid one is reported, not raised.
         shard, _ = ShardState.parse_lenient_status(cached)
@@ -341,8 +353,13 @@ class ShardController:
             health = self._health(name, spec, shard.metadata.generation)
         cloudberry = spec is not None and spec.engine == Engine.CLOUDBERRY
         shard = observe(shard, health, self.databases.count_by_index(BY_SHARD, name), cloudberry=cloudberry)
+        if self.deletion is not None:
+            shard = self.deletion.report(shard)
         if self.budgets is not None:
-            shard = self.budgets.record(shard, self.budgets.of(name, health.slots, shard.status))
+            takes = health.ready and spec is not None and spec.accepting and not shard.metadata.deleting
+            max_databases = spec.max_databases if spec is not None else None
+            view = self.budgets.of(name, health.slots, shard.status, max_databases=max_databases, takes_databases=takes)
+            shard = self.budgets.record(shard, view)
         if self.echoes.write(self.rest, SHARDS, shard) is not None and not health.ready:
             log.warning("shard not ready", extra={"shard": name, "reason": str(health.reason)})
         if not health.ready:

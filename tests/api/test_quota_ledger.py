@@ -1,7 +1,7 @@
 """The quota ledger's group commit on the real apiserver: the creates that arrive while a ledger write is
 in flight share the next one, a create whose slot is written goes on without waiting for the next write,
 and replicas writing one ledger at once stay exact, a lost claim (a slot another replica took) costing a
-read and never a slot too many."""
+read and never a slot too many. A slot edited into something no replica writes is given back."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
 
 from api.errors import QuotaExceeded
 from api.quota import QuotaLedgers, Reservation
@@ -64,9 +67,10 @@ class LedgerClaims(Rest):
         return written
 
 
-def replica(rest: LedgerClaims, limit: int) -> QuotaLedgers:
+def replica(rest: LedgerClaims, limit: int, registry: CollectorRegistry | None = None) -> QuotaLedgers:
     """One replica's quota ledgers; its cache shows no database (the reservations create none)."""
-    return QuotaLedgers(rest, NAMESPACE, lambda _: limit, lambda _: {}, clock=lambda: datetime.now(UTC))
+    clock = lambda: datetime.now(UTC)  # noqa: E731
+    return QuotaLedgers(rest, NAMESPACE, lambda _: limit, lambda _: {}, clock=clock, registry=registry)
 
 
 def ledger_holders(env: ApiEnv, consumer: str) -> set[str]:
@@ -180,3 +184,30 @@ def test_three_replicas_bursting_at_once_grant_exactly_the_quota(env: ApiEnv) ->
     writes = sum(len(rest.answers) for rest in clients)
     print(f"60 creates on 3 replicas: {writes} claim writes, {sum(r.answers.count('refused') for r in clients)} lost")
     assert writes < 60  # the creates of each replica shared writes
+
+
+@pytest.mark.parametrize(
+    ("reason", "value"),
+    [
+        ("future", "ghost 2099-01-01T00:00:00.000000Z"),
+        ("malformed", "ghost"),
+        ("malformed", "ghost not-a-time"),
+        ("unknown_holder", "Ghost_Of_Nobody 2026-12-05T00:00:00.000000Z"),
+    ],
+)
+def test_a_slot_no_replica_can_have_written_is_given_back(
+    env: ApiEnv, caplog: pytest.LogCaptureFixture, reason: str, value: str
+) -> None:
+    consumer = unique("ledger-c")
+    rest = LedgerClaims(env.admin)
+    ledgers = replica(rest, 2)
+    ledgers.reserve(consumer, "a")  # the ledger exists: "a" holds one of two slots
+    (free,) = QuotaLedger.parse(consumer, env.admin.get(CONFIGMAPS, quota_ledger_name(consumer), NAMESPACE)).free()
+    env.admin.patch(CONFIGMAPS, quota_ledger_name(consumer), {"data": {free: value}}, NAMESPACE)
+    # A second replica (its own view of the ledger) is asked for the consumer's second database.
+    registry = CollectorRegistry()
+    other = replica(LedgerClaims(env.admin), 2, registry)
+    assert other.reserve(consumer, "b").slot == free
+    assert ledger_holders(env, consumer) == {"a", "b"}
+    assert registry.get_sample_value("dbprovider_quota_ledger_repairs_total", {"reason": reason}) == 1
+    assert f"freed quota ledger slot {free}, which held an entry no replica can have written ({reason})" in caplog.text

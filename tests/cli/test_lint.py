@@ -155,6 +155,29 @@ CASES = [
         id="admin-secret-bound-to-another-endpoint",
     ),
     pytest.param(
+        lambda repo: write_yaml(repo / "shards" / "provisioner.yaml", _admin_secret()),
+        [("dbprovider-values.yaml", "install values shardSecrets[0]", "shard-admin-unbound")],
+        id="admin-secret-bound-to-no-endpoint",
+    ),
+    pytest.param(
+        lambda repo: write_yaml(
+            repo / "shards" / "provisioner.yaml", _admin_secret(host="pg-shard01-primary.databases.svc", port="5432")
+        ),
+        [],
+        id="admin-secret-bound-by-its-own-keys",
+    ),
+    pytest.param(
+        lambda repo: (
+            write_yaml(repo / "shards" / "provisioner.yaml", _admin_secret()),
+            _edit(
+                repo / "dbprovider-values.yaml",
+                lambda v: v["shardSecrets"][0].update(host="pg-shard01-primary.databases.svc", port=5432),
+            ),
+        ),
+        [],
+        id="admin-secret-bound-by-its-shardSecrets-entry",
+    ),
+    pytest.param(
         lambda repo: write_yaml(repo / "shards" / "copy.yaml", shard("shard01")),
         [("shards/shard01.yaml", "Shard shard01 metadata.name", "duplicate-name")],
         id="duplicate-shard-name",
@@ -201,6 +224,16 @@ CASES = [
         id="api-timeout-out-of-range",
     ),
 ]
+
+
+def _admin_secret(**keys: str) -> dict[str, Any]:
+    """The Shard's admin Secret as a landscape repository may hold it (SOPS aside), with `keys` added."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "pg-shard01-provisioner", "namespace": NAMESPACE},
+        "stringData": {"user": "provisioner", "password": "not-a-real-password", **keys},
+    }
 
 
 def _cloudberry() -> dict[str, Any]:

@@ -246,8 +246,11 @@ class ApiClient:
         connection.sock = self.context.wrap_socket(raw, server_hostname=API_HOST)
         return connection
 
-    def call(self, method: str, path: str, body: Any = None, timeout: float = 10) -> tuple[int, Any]:
-        connection = self.connection(timeout)
+    def call(
+        self, method: str, path: str, body: Any = None, timeout: float = 10, port: int | None = None
+    ) -> tuple[int, Any]:
+        """One request through the Service, or through `port` (a forward to one pod) when given."""
+        connection = self.connection(timeout, port)
         try:
             headers = {"Authorization": f"Bearer {self.token}", "Connection": "close"}
             payload = None

@@ -63,6 +63,7 @@ from tests.cluster.conftest import (
 from tests.support.common import condition, decoded, wait_for
 from tests.upgrade.stack import Runtime, built_release, this_checkout
 
+REPLICAS = 2  # the install's default
 CRDS = ("shards.db.bnerd.com", "consumers.db.bnerd.com", "databases.db.bnerd.com")
 # Whatever a failed call looked like, it was an HTTP answer (an error status) or no answer at all.
 HTTP_ANSWER = re.compile(r"^\S+ (GET|PUT) \d{3} ")
@@ -257,6 +258,34 @@ class Case:
         return database_object_name(CONSUMER, self.external_id)
 
 
+def api_port(pod: dict[str, Any]) -> int:
+    """The API's container port as the pod declares it (the release that runs it chose the number)."""
+    (manager,) = (c for c in pod["spec"]["containers"] if c["name"] == "manager")
+    port: int = next(p["containerPort"] for p in manager["ports"] if p["name"] == "https")
+    return port
+
+
+def wait_every_pod_authenticates(node: KubeNode, rest: Rest, api: ApiClient) -> None:
+    """Wait until each of the release's pods, asked directly, knows the consumer's token. One 200 through
+    the Service shows only the pod kube-proxy picked: under load the other pod's token index may not have
+    the token's Secret yet, and a first PUT sent to it answers 401."""
+
+    def every_pod_knows_the_token() -> bool:
+        ready = ready_pods(rest)
+        if len(ready) < REPLICAS:
+            return False
+        for pod in ready:
+            port = node.forward(pod["status"]["podIP"], api_port(pod))
+            try:
+                if api.call("GET", "/v1/databases", port=port)[0] != 200:
+                    return False
+            except OSError:
+                return False
+        return True
+
+    wait_for(every_pod_knows_the_token, timeout=120, what="every pod authenticating the consumer")
+
+
 def database(rest: Rest, case: Case) -> dict[str, Any]:
     found: dict[str, Any] = rest.get(DATABASES, case.name, NAMESPACE)
     return found
@@ -309,6 +338,7 @@ def world(node: KubeNode, rest: Rest, shard: Shard, installed: Installed) -> dic
             Case("deleting", "Deleting", "Deleting"),
         )
     }
+    wait_every_pod_authenticates(node, rest, api)
     for case in cases.values():
         status, body = api.call("PUT", f"/v1/databases/{case.external_id}", {"sizeClass": "small"})
         assert status == 201, body
@@ -376,7 +406,7 @@ def test_the_previous_release_runs_as_two_pods_with_one_leader(
 ) -> None:
     FIGURES["install_previous_rollout_seconds"] = round(installed.seconds, 1)
     ready = ready_pods(rest)
-    assert [image_of(p) for p in ready] == [previous_image.tag] * 2
+    assert [image_of(p) for p in ready] == [previous_image.tag] * REPLICAS
     assert all("app.kubernetes.io/version" not in p["metadata"]["labels"] for p in ready)  # 0.1.0 set none
     wait_for(lambda: leader(rest) in {p["metadata"]["name"] for p in ready}, timeout=60, what="a pod holding the Lease")
 

@@ -63,13 +63,22 @@ def test_dev_runs_the_consumer_flow_and_stops_cleanly(tmp_path: Path) -> None:
         with api:
             objects = kubernetes.client.CustomObjectsApi(api)
 
-            def database_count() -> int | None:
+            def shard_capacity() -> tuple[int | None, int | None, int | None, int]:
+                """(databaseCount, connectionsCommitted, databasesAvailable, maxDatabases) of dev's shard."""
                 shard = objects.list_cluster_custom_object(GROUP, VERSION, PLURAL_SHARDS)["items"][0]
-                return shard["status"].get("databaseCount")
+                status = shard["status"]
+                keys = ("databaseCount", "connectionsCommitted", "databasesAvailable")
+                count, committed, available = (status.get(key) for key in keys)
+                return count, committed, available, shard["spec"]["maxDatabases"]
 
-            # The count is written a second after the change.
-            wait_for(lambda: database_count() == 1, 30, "the shard to count the database")
-        assert session.delete(f"{base}/orders", timeout=10).status_code == 202
+            # The count is written a second after the change. The shard holds what its MAX says: after one
+            # small database (5 connections), MAX - 1 more of the default limit fit its budget.
+            maximum = shard_capacity()[3]
+            wait_for(lambda: shard_capacity()[:3] == (1, 5, maximum - 1), 30, "the shard to count the database")
+            assert maximum == 100
+            # A deleted (disabled) database keeps its slot until it is dropped, but commits no connections.
+            assert session.delete(f"{base}/orders", timeout=10).status_code == 202
+            wait_for(lambda: shard_capacity()[:3] == (1, 0, maximum - 1), 30, "the disabled tenant to commit nothing")
 
         children = psutil.Process(proc.pid).children(recursive=True)
         assert children, "the stack runs as children of dbprovider dev"

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient
 
-from domain.constants import API_VERSION, VERSION
+from domain.constants import API_VERSION, FINALIZER_SHARD_DATABASES, VERSION
 from domain.specs import SHARD_CEL_RULES
 from domain.status import Condition, DatabaseStatus
 from infra.render import dump_yaml
@@ -344,14 +344,20 @@ def test_printer_columns_show_what_the_seed_promises(installed: Installed, clean
         cleanup(obj)
     now = now_stamp()
     ready = {"type": "Ready", "status": "True", "reason": "Ok", "message": "", "lastTransitionTime": now}
-    shard_status = {"databaseCount": 12, "connectionsCommitted": 95, "connectionBudget": 180, "conditions": [ready]}
+    shard_status = {
+        "databaseCount": 12,
+        "connectionsCommitted": 95,
+        "connectionBudget": 180,
+        "databasesAvailable": 8,
+        "conditions": [ready],
+    }
     assert api.merge_patch(sh, {"status": shard_status}, "status").status == 200
     assert api.merge_patch(co, {"status": {"databaseCount": 3}}, "status").status == 200
     assert api.merge_patch(db, {"status": {"phase": "Ready", "shard": "gentest-columns"}}, "status").status == 200
 
     names, rows = _table(api, api.object_path(sh))
-    assert names[:8] == ["Name", "Accepting", "Databases", "Max", "Connections", "Budget", "Ready", "Age"]
-    assert rows[0][:7] == ["gentest-columns", False, 12, 150, 95, 180, "True"]
+    assert names[:9] == ["Name", "Accepting", "Databases", "Max", "Connections", "Budget", "Free", "Ready", "Age"]
+    assert rows[0][:8] == ["gentest-columns", False, 12, 150, 95, 180, 8, "True"]
 
     names, rows = _table(api, api.object_path(co))
     assert names[:4] == ["Name", "Disabled", "Databases", "Max"]
@@ -373,7 +379,9 @@ def shard_deleters(kube: Any, installed: Installed) -> Any:
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRole",
         "metadata": {"name": "gentest-shard-deleter"},
-        "rules": [{"apiGroups": ["db.bnerd.com"], "resources": ["shards"], "verbs": ["get", "list", "delete"]}],
+        "rules": [
+            {"apiGroups": ["db.bnerd.com"], "resources": ["shards"], "verbs": ["get", "list", "delete", "patch"]}
+        ],
     }
     binding = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -423,6 +431,29 @@ def test_deleting_a_shard_with_databases_is_refused_except_for_break_glass(
     # The break-glass group passes.
     assert bob.delete(busy).status == 200
     wait_for(lambda: api.get(busy).status == 404, what="the shard to be gone")
+
+
+def test_only_the_provider_removes_the_shard_finalizer(
+    kube: Any, installed: Installed, cleanup: Any, shard_deleters: tuple[KubeApi, KubeApi]
+) -> None:
+    """A Shard writer who could delete a Shard whose status lies cannot take its finalizer off either."""
+    api = installed.admin
+    alice, bob = shard_deleters
+    held, other = shard("gentest-finalized"), shard("gentest-finalized-2")
+    for obj in (held, other):
+        obj["metadata"]["finalizers"] = [FINALIZER_SHARD_DATABASES]
+        assert api.create(obj).status == 201
+        cleanup(obj)
+    assert api.merge_patch(held, {"status": {"databaseCount": 1}}, "status").status == 200
+    wait_for(lambda: alice.delete(held, dry_run=True).status == 403, what="the deletion policy")
+
+    removal = {"metadata": {"finalizers": None}}
+    refused = alice.merge_patch(held, removal)
+    assert refused.status == 403 and "only the provider removes the finalizer" in refused.message
+    assert alice.merge_patch(held, {"metadata": {"labels": {"team": "a"}}}).status == 200  # other changes pass
+    with kube.client_as(SA_USER, tuple(SA_GROUPS)) as provider:
+        assert KubeApi(provider).merge_patch(held, removal).status == 200
+    assert bob.merge_patch(other, removal).status == 200  # the break-glass group too
 
 
 def test_deletion_protection_can_be_disabled() -> None:
@@ -479,6 +510,10 @@ ALLOWED = [
     {"verb": "watch", "group": "db.bnerd.com", "resource": "shards"},
     {"verb": "list", "group": "db.bnerd.com", "resource": "consumers"},
     {"verb": "patch", "group": "db.bnerd.com", "resource": "shards", "subresource": "status"},
+    # The Shard finalizer (metadata only, though RBAC cannot say so; the admission policy keeps others from
+    # removing it).
+    {"verb": "patch", "group": "db.bnerd.com", "resource": "shards"},
+    {"verb": "update", "group": "db.bnerd.com", "resource": "shards", "subresource": "finalizers"},
     {"verb": "update", "group": "db.bnerd.com", "resource": "consumers", "subresource": "status"},
     {"namespace": RELEASE_NAMESPACE, "verb": "create", "resource": "events"},
     {"namespace": RELEASE_NAMESPACE, "verb": "create", "group": "events.k8s.io", "resource": "events"},

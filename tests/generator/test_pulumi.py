@@ -289,6 +289,14 @@ def test_warning_when_the_rule_has_no_cluster() -> None:
     assert WARNING_NO_CLUSTER not in run_program(config()).warnings()
 
 
+def test_the_overcommit_ratio_of_a_pooled_shard_reaches_the_managers_config() -> None:
+    """connectionBudget.overcommit from the stack config is in the ConfigMap the managers read."""
+    run = run_program(config(connectionBudget={"overcommit": {"pg-pooled": 2.5}}))
+    (config_map,) = [r for r in run.kubernetes_objects() if r.name == "databases/dbprovider-config"]
+    (text,) = config_map.inputs["data"].values()
+    assert yaml.safe_load(text)["connectionBudget"] == {"reserved": 5, "overcommit": {"pg-pooled": 2.5}}
+
+
 @pytest.mark.parametrize(
     ("values", "expected"),
     [
@@ -303,6 +311,10 @@ def test_warning_when_the_rule_has_no_cluster() -> None:
         (config(shardSecrets=[{"namespace": "Bad_NS", "name": "x"}]), "dbprovider:shardSecrets[0].namespace:"),
         (config(prometheusNamespace="Not A Namespace"), "dbprovider:prometheusNamespace:"),
         (config(dashboardConfigMap="yes"), "dbprovider:dashboardConfigMap: must be true or false"),
+        (
+            config(connectionBudget={"overcommit": {"pg-pooled": 0.5}}),
+            "dbprovider:connectionBudget.overcommit.pg-pooled:",
+        ),
     ],
 )
 def test_invalid_stack_config_fails_naming_the_key(values: dict[str, Any], expected: str) -> None:

@@ -1,7 +1,8 @@
 """A shard's capacity counts connections, against real servers with a small
-max_connections: the Shard reports its budget and what is committed, placement puts a database only
-where its size class's limit fits, and an install config change that overcommits is reported, never
-applied to the tenants.
+max_connections: the Shard reports its budget, what is committed and how many more databases fit,
+placement puts a database only where its size class's limit fits, a disabled tenant commits nothing
+(its recovery waits for room and says so), a pooled shard overcommits by its declared ratio, and an
+install config change that overcommits is reported, never applied to the tenants.
 
 The test release's size classes: small 5, large 50, no class 10. The provider's own sessions on a
 shard are 2 per Database worker of the shard (workersPerShard, 4) plus the check's: 9;
@@ -16,8 +17,10 @@ from collections.abc import Iterator
 import pytest
 
 from domain.connection_budget import provider_sessions
+from domain.constants import ANNOTATION_DELETE_REQUESTED_AT
 from harness import PostgresServer
-from tests.reconciler.conftest import condition, install_config
+from reconciler.resources import DATABASES, SHARDS
+from tests.reconciler.conftest import NAMESPACE, condition, install_config, wait_events
 from tests.support.common import wait_for
 
 MAX_CONNECTIONS = 40
@@ -160,3 +163,54 @@ def test_a_dropped_database_no_longer_commits_its_connections(small, fleet, star
     newcomer = fleet.database(f"drop-new-{small.major}")
     fleet.wait_phase(newcomer, "Ready")
     _wait_committed(fleet, name, 20)
+
+
+def test_a_disabled_tenant_commits_nothing_and_its_recovery_waits_for_room(small, fleet, start_manager, admin_rest):
+    """A soft-deleted database gives its connections back while its tenant is disabled; removing the delete
+    annotation when they were placed elsewhere meanwhile is reported (RecoveryOverBudget) and done once they
+    fit again."""
+    name = fleet.shard(small, max_databases=50)
+    start_manager(install_config(softDelete={"retention": "1h"}))
+    first, second = fleet.database(f"rec-a{small.major}"), fleet.database(f"rec-b{small.major}")
+    tenant = fleet.wait_phase(first, "Ready")["status"]["tenantName"]
+    fleet.wait_phase(second, "Ready")
+    _wait_committed(fleet, name, 20)
+
+    fleet.request_delete(first)
+    status = _wait_committed(fleet, name, 10)  # disabled: no login, no connections committed
+    assert status["databaseCount"] == 2  # it keeps its place until it is dropped
+    third = fleet.database(f"rec-c{small.major}")
+    fleet.wait_phase(third, "Ready")  # placed with the connections the disabled tenant gave back
+    _wait_committed(fleet, name, 20)
+
+    admin_rest.patch(DATABASES, first, {"metadata": {"annotations": {ANNOTATION_DELETE_REQUESTED_AT: None}}}, NAMESPACE)
+    waiting = fleet.wait_reason(first, "Deleting", "RecoveryOverBudget")
+    message = condition(waiting, "Ready")["message"]
+    assert f"commit 20 of its {_expected_budget(small)} connections" in message and "limit is 10" in message
+    assert small.query("SELECT rolcanlogin FROM pg_roles WHERE rolname = %s", (tenant,)) == [(False,)]
+    wait_events(admin_rest, first, {"RecoveryOverBudget"})
+
+    fleet.request_delete(third)  # its 10 connections come back: the waiting recovery goes ahead
+    fleet.wait_phase(first, "Ready", timeout=90)
+    assert small.query("SELECT rolcanlogin FROM pg_roles WHERE rolname = %s", (tenant,)) == [(True,)]
+    _wait_committed(fleet, name, 20)
+
+
+def test_a_pooled_shard_overcommits_by_its_ratio_and_shows_what_fits(small, fleet, start_manager):
+    """connectionBudget.overcommit multiplies the tenants' part of a named shard's budget; the Shard says how many
+    more databases of the default limit (10) fit: by budget, by maxDatabases, none while it is drained."""
+    name = fleet.shard(small, max_databases=50)
+    start_manager(install_config(connectionBudget={"overcommit": {name: 2}}))
+    pooled = 2 * _expected_budget(small)
+    status = wait_for(
+        lambda: (s := _status(fleet, name)).get("connectionBudget") == pooled and s, 30, "the overcommitted budget"
+    )
+    assert status["databasesAvailable"] == pooled // 10
+    db = fleet.database(f"pooled-{small.major}")
+    fleet.wait_phase(db, "Ready")
+    wait_for(lambda: _status(fleet, name).get("databasesAvailable") == (pooled - 10) // 10, 30, "one fewer fits")
+
+    fleet.rest.patch(SHARDS, name, {"spec": {"maxDatabases": 2}})
+    wait_for(lambda: _status(fleet, name).get("databasesAvailable") == 1, 30, "maxDatabases bounds what fits")
+    fleet.rest.patch(SHARDS, name, {"spec": {"accepting": False}})
+    wait_for(lambda: _status(fleet, name).get("databasesAvailable") == 0, 30, "a drained shard takes none")

@@ -199,6 +199,7 @@ class Fleet:
             with contextlib.suppress(ApiException):
                 self.rest.delete(SECRETS, f"{name}-credentials", self.namespace)
         for name in self.shards:
-            with contextlib.suppress(ApiException):
+            with contextlib.suppress(ApiException):  # the Shard finalizer: no manager may be left to remove it
+                self.rest.patch(SHARDS, name, {"metadata": {"finalizers": None}})
                 self.rest.delete(SHARDS, name)
         self.admin_secrets.cleanup()

@@ -11,6 +11,7 @@ from domain.quota import (
     FREE,
     Holder,
     QuotaLedger,
+    StaleHolders,
     choose_free,
     claim_patch,
     counts_against_quota,
@@ -22,6 +23,7 @@ from domain.quota import (
 
 NOW = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
 TIMEOUT = timedelta(seconds=120)
+SKEW = timedelta(seconds=60)
 
 
 def db(phase: str | None) -> dict:
@@ -81,16 +83,41 @@ def test_a_lowered_limit_keeps_every_counted_database_and_no_free_slot() -> None
 def test_stale_holders_free_deleted_ones_and_check_old_ones_the_cache_lacks() -> None:
     cached = {"ready": db("Ready"), "deleting": db("Deleting"), "deleted": db("Deleted")}
     book = ledger(("ready", 999), ("deleting", 999), ("deleted", 1), ("young", 119), ("old", 120))
-    free, check = stale_holders(book, cached, NOW, TIMEOUT)
-    assert free == {"deleted"}
-    assert check == {"old"}  # a young slot may belong to a create still on its way
+    found = stale_holders(book, cached, NOW, TIMEOUT, SKEW)
+    assert found.free == {"deleted"}
+    assert found.check == {"old"}  # a young slot may belong to a create still on its way
+    assert not found.implausible
 
 
 def test_an_unreadable_holder_counts_and_is_checked() -> None:
     parsed = QuotaLedger.parse("c", {"metadata": {"resourceVersion": "7"}, "data": {"0": "garbage", "1": ""}})
     assert parsed.free() == ["1"] and set(parsed.held()) == {"garbage"}
-    assert stale_holders(parsed, {}, NOW, TIMEOUT)[1] == {"garbage"}
+    found = stale_holders(parsed, {}, NOW, TIMEOUT, SKEW)
+    assert found.check == {"garbage"} and found.implausible == {"garbage": "malformed"}
     assert not QuotaLedger.parse("c", None).exists
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        ("ghost 2099-01-01T00:00:00Z", "future"),
+        ("ghost 2026-12-02T10:01:01Z", "future"),  # just past the clock skew
+        ("ghost", "malformed"),
+        ("ghost 2026-12-02T10:00:00Z trailing", "malformed"),
+        ("Ghost_Of_Nobody 2026-12-02T10:00:00Z", "unknown_holder"),
+        ("-ghost 2026-12-02T10:00:00Z", "unknown_holder"),
+        ("ghost 2026-12-02T10:00:59Z", None),  # within the clock skew: a replica with a clock ahead
+        ("ghost 2026-12-02T09:59:00Z", None),  # young: a create still on its way
+    ],
+)
+def test_a_holder_no_replica_can_have_written_is_checked_at_once(value: str, reason: str | None) -> None:
+    parsed = QuotaLedger.parse("c", {"metadata": {"resourceVersion": "7"}, "data": {"0": value}})
+    found = stale_holders(parsed, {}, NOW, TIMEOUT, SKEW)
+    assert found.implausible == ({} if reason is None else {value.split(" ")[0]: reason})
+    assert found.check == set(found.implausible)
+    # Its database exists: it counts and stays, whatever the slot says.
+    (external_id,) = parsed.held()
+    assert stale_holders(parsed, {external_id: db("Ready")}, NOW, TIMEOUT, SKEW) == StaleHolders()
 
 
 def test_a_replica_fills_from_its_cursor_and_jumps_into_the_longest_free_run() -> None:

@@ -350,3 +350,28 @@ def test_a_shard_named_in_cleartext_shards_may_keep_a_mode_without_tls(
     values.write_text(yaml.safe_dump(config))
     code, findings, text = _check(kube, tmp_path, "--config", str(values))
     assert ("error", "admin-tls", f"Shard/{plain}") not in findings, text
+
+
+def test_an_admin_secret_bound_to_no_endpoint_is_a_warning(
+    kube: KubeControlPlane, setup: Setup, postgres: PostgresServer, tmp_path: Path
+) -> None:
+    unbound, own_keys, by_entry, missing = (f"{n}-{setup.suffix}" for n in ("unbound", "own-keys", "entry", "missing"))
+    setup.secret(unbound, postgres.PROVISIONER, postgres.provisioner_password)
+    setup.secret(own_keys, postgres.PROVISIONER, postgres.provisioner_password, host="pg.shards.svc", port="5432")
+    setup.secret(by_entry, postgres.PROVISIONER, postgres.provisioner_password)
+    values = tmp_path / "values.yaml"
+    listed = [
+        {"namespace": SECRETS_NS, "name": unbound},
+        {"namespace": SECRETS_NS, "name": own_keys},
+        {"namespace": SECRETS_NS, "name": by_entry, "host": "pg.shards.svc", "port": 5432},
+        {"namespace": SECRETS_NS, "name": missing},
+    ]
+    values.write_text(yaml.safe_dump(release_config(RELEASE, NAMESPACE, shardSecrets=listed)))
+    code, findings, text = _check(kube, tmp_path, "--config", str(values))
+    mine = {f for f in findings if f[1] == "admin-secret-bound"}
+    assert mine == {
+        ("warning", "admin-secret-bound", f"Secret/{SECRETS_NS}/{unbound}"),
+        ("notice", "admin-secret-bound", f"Secret/{SECRETS_NS}/{missing}"),
+    }, text
+    assert "set host and port on its shardSecrets entry" in text
+    assert postgres.provisioner_password not in text
