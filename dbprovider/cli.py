@@ -152,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_consumer(commands)
     _add_lint(commands)
     _add_upgrade(commands)
+    _add_move(commands)
     return parser
 
 
@@ -279,6 +280,39 @@ def _add_upgrade(commands: Any) -> None:
     )
 
 
+def _add_move(commands: Any) -> None:
+    summary = "moving a database between shards: what the shards lack for an online move (read-only)"
+    description = "Commands for moving a tenant database from one shard to another (docs/operations.md)."
+    steps = _group(commands, "move", "COMMAND", help=summary, description=description)
+    check = subcommand(
+        steps,
+        "check",
+        _run_move_check,
+        help="list what two shards (and a database) lack for an online move; changes nothing",
+        description=(
+            "Logs in to both shards as their provisioner and reports, one line each, what stands in the way of "
+            "an online move: per shard the server version, wal_level, the provisioner's REPLICATION and "
+            "pg_create_subscription, free replication slots and WAL senders; with --database, its tables "
+            "without a replica identity, its large objects and extensions the target lacks. Exit 0 when an "
+            "online move is possible, 1 when something is missing, 2 when the cluster or a shard cannot be read."
+        ),
+    )
+    check.add_argument("--kubeconfig", required=True, metavar="FILE", help="the DB cluster's kubeconfig")
+    check.add_argument("--shard", required=True, metavar="NAME", help="the Shard the database is on")
+    check.add_argument("--target", required=True, metavar="NAME", help="the Shard to move it to")
+    check.add_argument("--database", metavar="NAME", help="also check this Database (in the release namespace)")
+    check.add_argument(
+        "--namespace", default=DEFAULT_NAMESPACE, help=f"release namespace (default {DEFAULT_NAMESPACE})"
+    )
+    check.add_argument("--release", default=DEFAULT_RELEASE_NAME, help=f"release name (default {DEFAULT_RELEASE_NAME})")
+    check.add_argument(
+        "--admin-host-override", metavar="HOST", help="reach every shard's admin port on this host (port-forwards)"
+    )
+    check.add_argument(
+        "--shard-ca-file", metavar="PATH", help=f"CA bundle for verify-ca/-full shards (as ${SETTINGS.env.shard_ca})"
+    )
+
+
 def _run_manager(args: argparse.Namespace) -> int:
     from dbprovider.manager import main_from_args
     from domain.admin_access import OutsidePod
@@ -352,6 +386,12 @@ def _run_upgrade_check(args: argparse.Namespace) -> int:
     from dbprovider.upgrade_check import run_upgrade_check
 
     return run_upgrade_check(args)
+
+
+def _run_move_check(args: argparse.Namespace) -> int:
+    from dbprovider.move_check import run_move_check
+
+    return run_move_check(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
