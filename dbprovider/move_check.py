@@ -105,7 +105,7 @@ def read_shards(args: argparse.Namespace) -> Shards:
     try:
         with kubernetes.config.new_client_from_config(config_file=args.kubeconfig) as client:
             rest = Rest(client)
-            config, problems, source = _config(rest, args.namespace, args.release, None)
+            config, _, source = _config(rest, args.namespace, args.release, None)
             if config is None:
                 raise CheckError(f"the install config in {source} is invalid")
             policy = AdminPolicy.from_config(config, outside.ca_file)
