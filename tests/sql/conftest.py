@@ -73,13 +73,14 @@ def logged_postgres(postgres: PostgresServer, _logged_servers: PostgresPool) -> 
 
 
 class LogicalPool:
-    """Two servers per major started with wal_level=logical: a move's source and its target."""
+    """Two servers per major started with wal_level=logical: a move's source and its target (which
+    logs every statement, for tests of what a subscription's statements carry)."""
 
     SETTINGS = {"wal_level": "logical", "max_replication_slots": "10", "max_wal_senders": "10"}
 
     def __init__(self) -> None:
         self._sources = PostgresPool(settings=self.SETTINGS)
-        self._targets = PostgresPool(settings=self.SETTINGS)
+        self._targets = PostgresPool(log_statements=True, settings=self.SETTINGS)
 
     def source(self, flavor: str) -> PostgresServer:
         return self._sources.get(flavor)
