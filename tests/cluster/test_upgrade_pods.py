@@ -63,7 +63,7 @@ from tests.cluster.conftest import (
 from tests.support.common import condition, decoded, wait_for
 from tests.upgrade.stack import Runtime, built_release, this_checkout
 
-CRDS = ("shards.db.bnerd.com", "consumers.db.bnerd.com", "databases.db.bnerd.com")  # in every release
+CRDS = ("shards.db.bnerd.com", "consumers.db.bnerd.com", "databases.db.bnerd.com")
 # Whatever a failed call looked like, it was an HTTP answer (an error status) or no answer at all.
 HTTP_ANSWER = re.compile(r"^\S+ (GET|PUT) \d{3} ")
 
@@ -170,7 +170,7 @@ def apply_release(node: KubeNode, manifests: list[dict[str, Any]]) -> float:
     install; returns the seconds from the second apply to the finished rollout."""
     crds = [m for m in manifests if m["kind"] == "CustomResourceDefinition"]
     names = [m["metadata"]["name"] for m in crds]
-    assert set(CRDS) <= set(names)
+    assert set(CRDS) <= set(names)  # what every release has; later ones add more
     kubectl_apply(node, crds)
     waited = node.kubectl("wait", "--for", "condition=Established", "--timeout=60s", *(f"crd/{name}" for name in names))
     assert waited.returncode == 0, waited.stderr
