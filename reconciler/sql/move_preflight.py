@@ -178,22 +178,27 @@ def tenant_database(conn: psycopg.Connection, tenant: str) -> Iterator[psycopg.C
 
 
 _WITHOUT_IDENTITY = """
-SELECT n.nspname, c.relname
+SELECT pg_catalog.format('%I.%I', n.nspname, c.relname)
   FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
- WHERE c.relkind = 'r' AND c.relpersistence = 'p'
-   AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_toast%%'
+ WHERE c.relkind = 'r' AND c.relpersistence = 'p' AND n.nspname NOT IN ('pg_catalog', 'information_schema')
    AND (c.relreplident = 'n'
         OR (c.relreplident = 'd' AND NOT EXISTS (
               SELECT 1 FROM pg_catalog.pg_index i WHERE i.indrelid = c.oid AND i.indisprimary))
         OR (c.relreplident = 'i' AND NOT EXISTS (
               SELECT 1 FROM pg_catalog.pg_index i WHERE i.indrelid = c.oid AND i.indisreplident)))
- ORDER BY 1, 2
+ ORDER BY n.nspname, c.relname
 """
 
 
 def tables_without_replica_identity(conn: psycopg.Connection) -> list[str]:
-    """The database's permanent tables whose UPDATE and DELETE would fail once published."""
-    return [f"{schema}.{table}" for schema, table in conn.execute(_WITHOUT_IDENTITY)]
+    """The database's permanent tables whose UPDATE and DELETE would fail once published, as
+    schema.table (quoted where SQL needs it; characters that are not printable escaped, since the
+    tenant chose the names and they end up in a terminal or a condition)."""
+    return [_printable(name) for (name,) in conn.execute(_WITHOUT_IDENTITY)]
+
+
+def _printable(text: str) -> str:
+    return "".join(ch if ch.isprintable() else f"\\u{ord(ch):04x}" for ch in text)
 
 
 def large_object_count(conn: psycopg.Connection) -> int:

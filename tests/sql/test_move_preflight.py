@@ -155,3 +155,10 @@ def test_move_check_of_an_unreachable_shard_says_so_without_secrets(prepared: Po
     assert check_move(("a", "b"), Shards(admin_endpoint(prepared), wrong), None, out) == EXIT_INVALID
     assert out.getvalue() == "error: shard b: cannot log in (auth_failed)\n"
     assert "not-the-password" not in out.getvalue()
+
+
+def test_a_table_name_cannot_forge_a_line_of_the_report(prepared: PostgresServer, tenant_on: TenantSpec) -> None:
+    with prepared.connect(tenant_on.name, tenant_on.password, tenant_on.name, autocommit=True) as conn:
+        conn.execute('CREATE TABLE "x\nonline move possible" (v int)')
+    with connect_admin(admin_endpoint(prepared)) as conn, preflight.tenant_database(conn, tenant_on.name) as inside:
+        assert preflight.tables_without_replica_identity(inside) == ['public."x\\u000aonline move possible"']
