@@ -152,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_consumer(commands)
     _add_lint(commands)
     _add_upgrade(commands)
+    _add_move(commands)
     return parser
 
 
@@ -258,11 +259,7 @@ def _add_upgrade(commands: Any) -> None:
             "--shard-sql read-only admin sessions."
         ),
     )
-    check.add_argument("--kubeconfig", required=True, metavar="FILE", help="the DB cluster's kubeconfig")
-    check.add_argument(
-        "--namespace", default=DEFAULT_NAMESPACE, help=f"release namespace (default {DEFAULT_NAMESPACE})"
-    )
-    check.add_argument("--release", default=DEFAULT_RELEASE_NAME, help=f"release name (default {DEFAULT_RELEASE_NAME})")
+    _cluster_arguments(check)
     check.add_argument(
         "--config", metavar="FILE", help="the install values you will upgrade with (default: the live ConfigMap's)"
     )
@@ -271,12 +268,54 @@ def _add_upgrade(commands: Any) -> None:
         action="store_true",
         help="also read each shard's catalog over a read-only admin session (tenant ownership records, SCRAM)",
     )
-    check.add_argument(
+    _shard_access_arguments(check)
+
+
+def _cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where a command that reads a live install finds it."""
+    parser.add_argument("--kubeconfig", required=True, metavar="FILE", help="the DB cluster's kubeconfig")
+    parser.add_argument(
+        "--namespace", default=DEFAULT_NAMESPACE, help=f"release namespace (default {DEFAULT_NAMESPACE})"
+    )
+    parser.add_argument(
+        "--release", default=DEFAULT_RELEASE_NAME, help=f"release name (default {DEFAULT_RELEASE_NAME})"
+    )
+
+
+def _shard_access_arguments(parser: argparse.ArgumentParser) -> None:
+    """How a command run outside the cluster reaches the shards' admin ports."""
+    parser.add_argument(
         "--admin-host-override", metavar="HOST", help="reach every shard's admin port on this host (port-forwards)"
     )
-    check.add_argument(
+    parser.add_argument(
         "--shard-ca-file", metavar="PATH", help=f"CA bundle for verify-ca/-full shards (as ${SETTINGS.env.shard_ca})"
     )
+
+
+def _add_move(commands: Any) -> None:
+    summary = "moving a database between shards: what the shards lack for an online move (read-only)"
+    description = "Commands for moving a tenant database from one shard to another (docs/operations.md)."
+    steps = _group(commands, "move", "COMMAND", help=summary, description=description)
+    check = subcommand(
+        steps,
+        "check",
+        _run_move_check,
+        help="list what two shards (and a database) lack for an online move",
+        description=(
+            "Logs in to both shards as their provisioner and reports, one line each, what stands in the way of "
+            "an online move: per shard the server version, wal_level, the provisioner's REPLICATION and "
+            "pg_create_subscription, free replication slots and WAL senders; with --database, its tables "
+            "without a replica identity, its large objects and extensions the target lacks. Exit 0 when an "
+            "online move is possible, 1 when something is missing, 2 when the cluster or a shard cannot be read. "
+            "Changes nothing, but for --database a CONNECT grant to the provisioner for its own login, revoked "
+            "right after."
+        ),
+    )
+    check.add_argument("--shard", required=True, metavar="NAME", help="the Shard the database is on")
+    check.add_argument("--target", required=True, metavar="NAME", help="the Shard to move it to")
+    check.add_argument("--database", metavar="NAME", help="also check this Database (in the release namespace)")
+    _cluster_arguments(check)
+    _shard_access_arguments(check)
 
 
 def _run_manager(args: argparse.Namespace) -> int:
@@ -352,6 +391,12 @@ def _run_upgrade_check(args: argparse.Namespace) -> int:
     from dbprovider.upgrade_check import run_upgrade_check
 
     return run_upgrade_check(args)
+
+
+def _run_move_check(args: argparse.Namespace) -> int:
+    from dbprovider.move_check import run_move_check
+
+    return run_move_check(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

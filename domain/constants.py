@@ -27,12 +27,15 @@ SERVED_API_VERSIONS = tuple(f"{GROUP}/{version}" for version in SERVED_VERSIONS)
 KIND_SHARD = "Shard"
 KIND_CONSUMER = "Consumer"
 KIND_DATABASE = "Database"
+KIND_DATABASE_MOVE = "DatabaseMove"
 PLURAL_SHARDS = "shards"
 PLURAL_CONSUMERS = "consumers"
 PLURAL_DATABASES = "databases"
+PLURAL_DATABASE_MOVES = "databasemoves"
 SINGULAR_SHARD = "shard"
 SINGULAR_CONSUMER = "consumer"
 SINGULAR_DATABASE = "database"
+SINGULAR_DATABASE_MOVE = "databasemove"
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ KINDS: dict[str, KindNames] = {
     SINGULAR_SHARD: KindNames(KIND_SHARD, PLURAL_SHARDS, SINGULAR_SHARD),
     SINGULAR_CONSUMER: KindNames(KIND_CONSUMER, PLURAL_CONSUMERS, SINGULAR_CONSUMER),
     SINGULAR_DATABASE: KindNames(KIND_DATABASE, PLURAL_DATABASES, SINGULAR_DATABASE),
+    SINGULAR_DATABASE_MOVE: KindNames(KIND_DATABASE_MOVE, PLURAL_DATABASE_MOVES, SINGULAR_DATABASE_MOVE),
 }
 
 # The install's defaults the command line shows before anything is parsed (domain.config uses them too):
@@ -157,6 +161,50 @@ class Phase(enum.StrEnum):
     DELETING = "Deleting"
     DELETED = "Deleted"
     FAILED = "Failed"
+
+
+class MoveMode(enum.StrEnum):
+    """DatabaseMove.spec.mode: how the data is copied."""
+
+    ONLINE = "Online"  # logical replication; writes pause only for the cutover
+    OFFLINE = "Offline"  # the tenant closed, dump and restore; writes pause for the whole copy
+    AUTO = "Auto"  # online when both shards allow it, else offline
+
+
+class MovePhase(enum.StrEnum):
+    """DatabaseMove.status.phase."""
+
+    PENDING = "Pending"
+    PREFLIGHT = "Preflight"
+    COPYING = "Copying"
+    CATCHING_UP = "CatchingUp"
+    CUTTING_OVER = "CuttingOver"
+    COMPLETED = "Completed"
+    ABORTED = "Aborted"
+    ROLLED_BACK = "RolledBack"
+    FAILED = "Failed"
+
+
+class MoveConditionType(enum.StrEnum):
+    """Condition types on a DatabaseMove."""
+
+    READY = "Ready"  # True once Completed; the reason says why not (yet)
+
+
+class MoveReason(enum.StrEnum):
+    """Reasons of a DatabaseMove's Ready condition."""
+
+    PENDING = "Pending"
+    PREFLIGHT_FAILED = "PreflightFailed"  # the message names what the shards or the database lack
+    IN_PROGRESS = "InProgress"
+    COMPLETED = "Completed"
+    ABORTED = "Aborted"
+    ROLLED_BACK = "RolledBack"
+    FAILED = "Failed"
+
+
+# DatabaseMove.spec.target meaning "a shard chosen by placement".
+MOVE_TARGET_ANY = "any"
 
 
 class ConditionStatus(enum.StrEnum):

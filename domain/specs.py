@@ -1,4 +1,4 @@
-"""Typed `spec` of the Shard, Consumer and Database objects (group db.bnerd.com/v1alpha1).
+"""Typed `spec` of the Shard, Consumer, Database and DatabaseMove objects (group db.bnerd.com/v1alpha1).
 
 The models parse the object's `spec` dict as the apiserver returns it (camelCase keys). Cross-field rules
 exist twice by necessity, in Python (`_check_engine_refs`) and as CEL in the JSON schema
@@ -14,7 +14,7 @@ from pydantic import Field, StrictBool, StrictInt, StrictStr, ValidationError, m
 from pydantic.config import JsonValue
 from pydantic_core import PydanticCustomError
 
-from domain.constants import DEFAULT_TOKEN_KEY, SIZE_CLASS_MAX_LENGTH, Engine, SslMode
+from domain.constants import DEFAULT_TOKEN_KEY, MOVE_TARGET_ANY, SIZE_CLASS_MAX_LENGTH, Engine, MoveMode, SslMode
 from domain.validation import (
     ClientHost,
     ExternalId,
@@ -116,6 +116,11 @@ class ShardSpec(SpecModel):
         json_schema_extra={"x-kubernetes-validations": _IMMUTABLE},
     )
     accepting: StrictBool = Field(default=True, description="false drains the shard: no new placements.")
+    drain: StrictBool = Field(
+        default=False,
+        description="true asks for every database to be moved off this shard. Recorded only: databases are "
+        "moved one by one with DatabaseMove objects.",
+    )
     max_databases: StrictInt = Field(
         ge=1, description="Limit of databases placed on this shard: placement never goes over it, even in a burst."
     )
@@ -228,6 +233,31 @@ class DatabaseSpec(SpecModel):
     )
 
 
+class DatabaseMoveSpec(SpecModel):
+    """A request to move one Database to another shard; the database and the target are immutable."""
+
+    database: ObjectName = Field(
+        description="Name of the Database to move (in the same namespace as this object).",
+        json_schema_extra={"x-kubernetes-validations": _IMMUTABLE},
+    )
+    target: ObjectName = Field(
+        description=f"The Shard to move the database to, or {MOVE_TARGET_ANY!r}: a shard chosen like a new "
+        "placement (its engine, accepting, within maxDatabases and the connection budget).",
+        json_schema_extra={"x-kubernetes-validations": _IMMUTABLE},
+    )
+    mode: MoveMode = Field(
+        default=MoveMode.AUTO,
+        description="Online: copied by logical replication, writes pause only for the cutover (both shards "
+        "PostgreSQL 16+ with the grants `dbprovider move check` names). Offline: the database is closed, "
+        "dumped and restored, writes pause for the whole copy. Auto: Online when both shards allow it.",
+    )
+    force: StrictBool = Field(
+        default=False,
+        description="Offline only: copy a database above the install's offline size limit anyway.",
+    )
+    abort: StrictBool = Field(default=False, description="true stops the move; the source keeps serving.")
+
+
 # -- reading objects -------------------------------------------------------------------------------
 
 
@@ -256,6 +286,11 @@ def parse_token_secret_ref(obj: Mapping[str, Any]) -> TokenSecretRef | None:
         return TokenSecretRef.model_validate(raw)
     except ValidationError:
         return None
+
+
+def parse_database_move(obj: Mapping[str, Any]) -> DatabaseMoveSpec:
+    """The typed spec of a DatabaseMove object (ValidationError if it does not fit the model)."""
+    return DatabaseMoveSpec.model_validate(_spec(obj))
 
 
 def parse_database(obj: Mapping[str, Any]) -> DatabaseSpec:

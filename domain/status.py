@@ -1,4 +1,4 @@
-"""Typed `status` of the Shard, Consumer and Database objects: what the reconciler writes.
+"""Typed `status` of the Shard, Consumer, Database and DatabaseMove objects: what the reconciler writes.
 
 The CRDs' status schemas are generated from these models (infra.crds), exactly like the spec schemas from
 domain.specs: a field the reconciler writes must exist here, or the apiserver prunes it on the status
@@ -18,10 +18,10 @@ from pydantic import Field, StrictStr
 
 from domain.conditions import Condition, Conditions, Generation, StatusTime
 from domain.config import ConnectionLimit
-from domain.constants import SIZE_CLASS_MAX_LENGTH, Phase
+from domain.constants import SIZE_CLASS_MAX_LENGTH, MovePhase, Phase
 from domain.validation import Count, ObjectName, SpecModel
 
-__all__ = ["Condition", "ConsumerStatus", "DatabaseStatus", "ObjectStatus", "ShardStatus"]
+__all__ = ["Condition", "ConsumerStatus", "DatabaseMoveStatus", "DatabaseStatus", "ObjectStatus", "ShardStatus"]
 
 
 class ObjectStatus(SpecModel):
@@ -128,4 +128,28 @@ class DatabaseStatus(ObjectStatus):
         default=None,
         description="The value of the rotate-requested-at annotation whose new password is in effect; a "
         "different annotation value asks the reconciler for a new password.",
+    )
+
+
+class DatabaseMoveStatus(ObjectStatus):
+    """Observed state of a DatabaseMove: its phase, the two shards and how long writes paused."""
+
+    observed_generation: Generation | None = Field(
+        default=None, description="The metadata.generation this status describes."
+    )
+    phase: MovePhase | None = Field(
+        default=None,
+        description="Pending, Preflight, Copying, CatchingUp, CuttingOver, Completed, Aborted, RolledBack or Failed.",
+    )
+    conditions: Conditions = ()
+    source_shard: ObjectName | None = Field(default=None, description="The Shard the database is moved from.")
+    target_shard: ObjectName | None = Field(
+        default=None, description="The Shard the database is moved to (the one chosen when spec.target is any)."
+    )
+    write_pause_seconds: Annotated[float, Field(ge=0)] | None = Field(
+        default=None, description="How long the database took no writes during the move (the cutover, or the copy)."
+    )
+    started_at: StatusTime | None = Field(default=None, description="When the move started copying.")
+    completed_at: StatusTime | None = Field(
+        default=None, description="When the move ended (Completed, Aborted, RolledBack or Failed)."
     )

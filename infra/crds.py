@@ -14,9 +14,17 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from domain.constants import GROUP, KINDS, SERVED_VERSIONS, SINGULAR_CONSUMER, SINGULAR_DATABASE, SINGULAR_SHARD
-from domain.specs import ConsumerSpec, DatabaseSpec, ShardSpec
-from domain.status import ConsumerStatus, DatabaseStatus, ShardStatus
+from domain.constants import (
+    GROUP,
+    KINDS,
+    SERVED_VERSIONS,
+    SINGULAR_CONSUMER,
+    SINGULAR_DATABASE,
+    SINGULAR_DATABASE_MOVE,
+    SINGULAR_SHARD,
+)
+from domain.specs import ConsumerSpec, DatabaseMoveSpec, DatabaseSpec, ShardSpec
+from domain.status import ConsumerStatus, DatabaseMoveStatus, DatabaseStatus, ShardStatus
 
 # Keys the apiserver accepts in a structural schema node; anything else pydantic emits is dropped.
 _ALLOWED_KEYS = {
@@ -143,6 +151,12 @@ _MODELS: dict[str, tuple[type[BaseModel], type[BaseModel], str]] = {
         "A Database is one tenant database (a role and a database on a shard) requested by a consumer "
         "through the API. Lives in the release namespace; its credentials are in <name>-credentials.",
     ),
+    SINGULAR_DATABASE_MOVE: (
+        DatabaseMoveSpec,
+        DatabaseMoveStatus,
+        "A DatabaseMove asks for one Database to be moved to another shard (same role name and password, only "
+        "the host changes). Lives in the namespace of its Database.",
+    ),
 }
 assert set(_MODELS) == set(KINDS)
 
@@ -152,7 +166,7 @@ def _first_line(model: type[BaseModel]) -> str:
 
 
 def object_schema(key: str) -> dict[str, Any]:
-    """The full openAPIV3Schema of one kind ("shard", "consumer", "database"): spec, status, envelope."""
+    """The full openAPIV3Schema of one kind (a key of domain.constants.KINDS): spec, status, envelope."""
     spec_model, status_model, description = _MODELS[key]
     kind = KINDS[key].kind
     spec = structural_schema(spec_model, description=_first_line(spec_model))

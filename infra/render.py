@@ -37,6 +37,7 @@ from domain.constants import (
     SERVED_VERSIONS,
     SINGULAR_CONSUMER,
     SINGULAR_DATABASE,
+    SINGULAR_DATABASE_MOVE,
     SINGULAR_SHARD,
     STORAGE_VERSION,
     ShardReason,
@@ -309,6 +310,7 @@ def _context(config: InstallConfig, time_scale: int = 1) -> dict[str, Any]:
                 (SINGULAR_SHARD, KINDS[SINGULAR_SHARD], "Cluster"),
                 (SINGULAR_CONSUMER, KINDS[SINGULAR_CONSUMER], "Cluster"),
                 (SINGULAR_DATABASE, KINDS[SINGULAR_DATABASE], "Namespaced"),
+                (SINGULAR_DATABASE_MOVE, KINDS[SINGULAR_DATABASE_MOVE], "Namespaced"),
             )
         ],
         "schemas": crd_schemas(),

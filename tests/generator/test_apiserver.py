@@ -121,6 +121,7 @@ def test_crds_are_established_with_names_scopes_and_status_subresources(installe
         "shards.db.bnerd.com": ("Cluster", ["sh"]),
         "consumers.db.bnerd.com": ("Cluster", ["cons"]),
         "databases.db.bnerd.com": ("Namespaced", ["db"]),
+        "databasemoves.db.bnerd.com": ("Namespaced", ["dbmove"]),
     }
     for name, (scope, short_names) in expected.items():
         crd = installed.admin.ok("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
@@ -366,6 +367,80 @@ def test_printer_columns_show_what_the_seed_promises(installed: Installed, clean
     names, rows = _table(api, api.object_path(db))
     assert names[:4] == ["Name", "Phase", "Shard", "Consumer"]
     assert rows[0][:4] == ["gentest-columns-db", "Ready", "gentest-columns", "gentest-columns-consumer"]
+
+
+def database_move(name: str, **changes: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {"database": "gentest-orders", "target": "gentest-shard-b"}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "DatabaseMove",
+        "metadata": {"name": name, "namespace": RELEASE_NAMESPACE},
+        "spec": with_changes(spec, **changes),
+    }
+
+
+def test_a_database_move_is_followed_with_kubectl_get(installed: Installed, cleanup: Any) -> None:
+    api = installed.admin
+    move = database_move("gentest-move-columns")
+    created = api.create(move)
+    assert created.status == 201, created.message
+    cleanup(move)
+    assert created.body["spec"] == {
+        "database": "gentest-orders",
+        "target": "gentest-shard-b",
+        "mode": "Auto",
+        "force": False,
+        "abort": False,
+    }
+    now = now_stamp()
+    refused = {
+        "type": "Ready",
+        "status": "False",
+        "reason": "PreflightFailed",
+        "message": "shard gentest-shard-b: wal_level is replica",
+        "lastTransitionTime": now,
+    }
+    status = {
+        "phase": "Failed",
+        "sourceShard": "gentest-shard-a",
+        "targetShard": "gentest-shard-b",
+        "writePauseSeconds": 0.0,
+        "startedAt": now,
+        "completedAt": now,
+        "conditions": [refused],
+    }
+    patched = api.merge_patch(move, {"status": status}, "status")
+    assert patched.status == 200, patched.message
+    assert patched.body["status"] == status
+    names, rows = _table(api, api.object_path(move))
+    assert names == ["Name", "Database", "From", "To", "Mode", "Phase", "Pause", "Reason", "Age"]
+    assert rows[0][:8] == [
+        "gentest-move-columns",
+        "gentest-orders",
+        "gentest-shard-a",
+        "gentest-shard-b",
+        "Auto",
+        "Failed",
+        0,
+        "PreflightFailed",
+    ]
+    assert api.merge_patch(move, {"status": {"phase": "Teleporting"}}, "status").status == 422
+
+
+@pytest.mark.parametrize(("field", "value"), [("database", "gentest-other"), ("target", "any")])
+def test_a_moves_database_and_target_are_immutable(installed: Installed, cleanup: Any, field: str, value: str) -> None:
+    api = installed.admin
+    move = database_move(f"gentest-move-immutable-{field}")
+    assert api.create(move).status == 201
+    cleanup(move)
+    response = api.merge_patch(move, {"spec": {field: value}})
+    assert response.status == 422, response.message
+    assert f"spec.{field}" in response.message and "is immutable" in response.message
+    assert api.merge_patch(move, {"spec": {"abort": True}}).status == 200
+
+
+def test_a_move_in_an_unknown_mode_is_refused(installed: Installed) -> None:
+    assert installed.admin.create(database_move("gentest-move-mode", mode="Teleport")).status == 422
 
 
 # --- deletion protection ---------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 
 from domain.hosts import cel_host_rule
 from domain.specs import SHARD_CEL_RULES, SSLMODES
-from domain.status import ConsumerStatus, DatabaseStatus, ShardStatus
+from domain.status import ConsumerStatus, DatabaseMoveStatus, DatabaseStatus, ShardStatus
 from infra.crds import SchemaError, crd_schemas, structural_schema
 
 SCHEMAS = crd_schemas()
@@ -77,6 +77,10 @@ def test_sslmode_is_an_enum_defaulting_to_require(field: str) -> None:
         ("consumer", "disabled", False),
         ("database", "engine", "postgres"),
         ("database", "sizeClass", ""),
+        ("shard", "drain", False),
+        ("databasemove", "mode", "Auto"),
+        ("databasemove", "force", False),
+        ("databasemove", "abort", False),
     ],
 )
 def test_defaults_of_the_seed(kind: str, field: str, default: Any) -> None:
@@ -99,7 +103,13 @@ def test_database_identity_is_immutable(field: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("kind", "model"), [("shard", ShardStatus), ("consumer", ConsumerStatus), ("database", DatabaseStatus)]
+    ("kind", "model"),
+    [
+        ("shard", ShardStatus),
+        ("consumer", ConsumerStatus),
+        ("database", DatabaseStatus),
+        ("databasemove", DatabaseMoveStatus),
+    ],
 )
 def test_status_schema_has_exactly_the_domain_status_fields(kind: str, model: type[BaseModel]) -> None:
     status = SCHEMAS[kind]["properties"]["status"]
@@ -129,3 +139,27 @@ def test_a_real_union_cannot_be_structural() -> None:
 
     with pytest.raises(SchemaError, match="unions"):
         structural_schema(Union)
+
+
+@pytest.mark.parametrize("field", ["database", "target"])
+def test_a_moves_database_and_target_are_immutable(field: str) -> None:
+    rules = [v["rule"] for v in at(spec("databasemove"), field)["x-kubernetes-validations"]]
+    assert rules == ["self == oldSelf"]
+    assert spec("databasemove")["required"] == ["database", "target"]
+    assert "x-kubernetes-validations" not in at(spec("databasemove"), "abort")
+
+
+def test_a_moves_mode_and_phase_are_enums() -> None:
+    assert at(spec("databasemove"), "mode")["enum"] == ["Online", "Offline", "Auto"]
+    phase = SCHEMAS["databasemove"]["properties"]["status"]["properties"]["phase"]
+    assert phase["enum"] == [
+        "Pending",
+        "Preflight",
+        "Copying",
+        "CatchingUp",
+        "CuttingOver",
+        "Completed",
+        "Aborted",
+        "RolledBack",
+        "Failed",
+    ]

@@ -109,6 +109,7 @@ def test_resource_types_and_names(full_run: ProgramRun) -> None:
         ("kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition", "shards.db.bnerd.com"),
         ("kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition", "consumers.db.bnerd.com"),
         ("kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition", "databases.db.bnerd.com"),
+        ("kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition", "databasemoves.db.bnerd.com"),
         ("kubernetes:core/v1:ServiceAccount", "databases/dbprovider"),
         ("kubernetes:rbac.authorization.k8s.io/v1:ClusterRole", "dbprovider"),
         ("kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding", "dbprovider"),
@@ -142,7 +143,7 @@ def test_resource_types_and_names(full_run: ProgramRun) -> None:
 def test_crds_come_before_every_other_object(full_run: ProgramRun) -> None:
     crds = full_run.of_type("kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition")
     crd_urns = {r.urn for r in crds}
-    assert len(crd_urns) == 3
+    assert len(crd_urns) == 4
     assert all(r.dependencies == crds[0].dependencies for r in crds)  # the namespace reads only
     assert {urn.rsplit("::", 1)[1] for urn in crds[0].dependencies} == {
         "must-exist/databases",

@@ -78,7 +78,7 @@ def test_render_writes_the_manifests_crds_first(tmp_path: Path, capsys: Any) -> 
     assert code == 0, err
     documents = list(yaml.safe_load_all(out))
     assert documents == OBJECTS
-    assert [d["kind"] for d in documents[:3]] == ["CustomResourceDefinition"] * 3
+    assert [d["kind"] for d in documents[:4]] == ["CustomResourceDefinition"] * 4
     assert "PrometheusRule" not in {d["kind"] for d in documents}
     # VALUES lists an admin Secret in the release namespace: the one warning.
     assert err == (

@@ -377,7 +377,7 @@ def test_destroy_keeps_the_crds_and_every_shard_consumer_and_database(
     installed.ok("destroy", "--yes", "--skip-preview")
 
     crds = [o for o in rendered if o["kind"] == "CustomResourceDefinition"]
-    assert len(crds) == 3 and None not in versions(clusters.db_api, crds).values()
+    assert len(crds) == 4 and None not in versions(clusters.db_api, crds).values()
     gone = versions(clusters.db_api, [o for o in rendered if o not in crds])
     assert set(gone.values()) == {None}, [key for key, value in gone.items() if value]
     assert versions(clusters.prometheus_api, [rule]) == {object_key(rule): None}

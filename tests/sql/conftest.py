@@ -67,3 +67,34 @@ def _logged_servers() -> Iterator[PostgresPool]:
 def logged_postgres(postgres: PostgresServer, _logged_servers: PostgresPool) -> PostgresServer:
     """A second server of the same major as `postgres`, started with log_statement=all."""
     return _logged_servers.get(str(postgres.major))
+
+
+# -- servers configured for logical replication (moving a tenant between shards) ---------------
+
+
+class LogicalPool:
+    """Two servers per major started with wal_level=logical: a move's source and its target (which
+    logs every statement, for tests of what a subscription's statements carry)."""
+
+    SETTINGS = {"wal_level": "logical", "max_replication_slots": "10", "max_wal_senders": "10"}
+
+    def __init__(self) -> None:
+        self._sources = PostgresPool(settings=self.SETTINGS)
+        self._targets = PostgresPool(log_statements=True, settings=self.SETTINGS)
+
+    def source(self, flavor: str) -> PostgresServer:
+        return self._sources.get(flavor)
+
+    def target(self, flavor: str) -> PostgresServer:
+        return self._targets.get(flavor)
+
+    def close(self) -> None:
+        self._sources.close()
+        self._targets.close()
+
+
+@pytest.fixture(scope="session")
+def logical_pool() -> Iterator[LogicalPool]:
+    pool = LogicalPool()
+    yield pool
+    pool.close()

@@ -24,16 +24,18 @@ class PostgresPool:
     """Starts each PostgreSQL flavor at most once per run and stops them all at the end.
 
     With `log_statements`, its servers log every statement (log_statement=all), for tests that
-    prove which SQL ran, or that none did.
+    prove which SQL ran, or that none did; `settings` are more server settings (e.g. wal_level).
     """
 
-    def __init__(self, log_statements: bool = False) -> None:
+    def __init__(self, log_statements: bool = False, settings: dict[str, str] | None = None) -> None:
         self.log_statements = log_statements
+        self.settings = dict(settings or {})
         self._servers: dict[str, PostgresServer] = {}
 
     def get(self, flavor: str) -> PostgresServer:
         if flavor not in self._servers:
-            self._servers[flavor] = PostgresServer(flavor, log_statements=self.log_statements).start()
+            server = PostgresServer(flavor, log_statements=self.log_statements, settings=self.settings)
+            self._servers[flavor] = server.start()
         return self._servers[flavor]
 
     def close(self) -> None:

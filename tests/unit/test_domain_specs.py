@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from domain.constants import Engine, SslMode
-from domain.specs import SHARD_CEL_RULES, SSLMODES, ConsumerSpec, DatabaseSpec, ShardSpec
+from domain.constants import Engine, MoveMode, SslMode
+from domain.specs import SHARD_CEL_RULES, SSLMODES, ConsumerSpec, DatabaseSpec, ShardSpec, parse_database_move
 from domain.validation import format_validation_error, validation_problems
 from tests.vectors.objects import CLOUDBERRY_SPEC, SHARD_SPEC, with_changes
 
@@ -45,6 +45,7 @@ def test_seed_example_parses_by_alias_and_dumps_back() -> None:
         POSTGRES_SHARD,
         engine="postgres",
         accepting=True,
+        drain=False,
         admin__port=5432,
         admin__sslmode="require",
         admin__secretRef__userKey="user",
@@ -316,3 +317,17 @@ def test_database_errors(data: dict[str, Any], path: str) -> None:
 def test_database_cloudberry_and_size_class() -> None:
     db = DatabaseSpec.model_validate({"consumer": "c", "externalId": "t", "engine": "cloudberry", "sizeClass": "large"})
     assert db.engine is Engine.CLOUDBERRY and db.size_class == "large"
+
+
+def test_a_database_move_defaults_to_auto_and_refuses_what_is_no_move() -> None:
+    move = parse_database_move({"spec": {"database": "orders", "target": "any"}})
+    assert (move.database, move.target, move.mode) == ("orders", "any", MoveMode.AUTO)
+    assert not move.force and not move.abort
+    bad_specs = [
+        {"database": "orders"},
+        {"database": "Orders!", "target": "pg-2"},
+        {"database": "orders", "target": "pg-2", "mode": "Fast"},
+    ]
+    for bad in bad_specs:
+        with pytest.raises(ValidationError):
+            parse_database_move({"spec": bad})
