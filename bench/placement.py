@@ -43,7 +43,7 @@ from bench.common import (
 from domain.constants import API_VERSION, FINALIZER_TENANT, KIND_DATABASE, KIND_SHARD
 from informers import Informer, Rest
 from informers.rest import WatchStream
-from reconciler.placement import PlacementIndex
+from reconciler.placement_index import PlacementIndex
 from reconciler.resources import BY_SHARD, DATABASES, SHARDS, database_shard
 
 TARGET = 1.2

@@ -59,7 +59,7 @@ from reconciler.database.shard_sql import ShardSpecs, ShardSql, client_endpoint
 from reconciler.database.state import Database
 from reconciler.database.writes import CacheLags, DatabaseWrites
 from reconciler.events import EventRecorder
-from reconciler.placement import PlacementIndex
+from reconciler.placement_index import PlacementIndex
 from reconciler.resources import database_shard
 from reconciler.runtime import Result, TerminalError, release_slot
 from reconciler.shard.admin import AdminEndpointCache, AdminPolicy, AdminSessions

@@ -25,7 +25,7 @@ from reconciler.database.report import Reporter
 from reconciler.database.shard_sql import ShardSql
 from reconciler.database.state import Database
 from reconciler.database.writes import DatabaseWrites
-from reconciler.placement import PlacementIndex
+from reconciler.placement_index import PlacementIndex
 from reconciler.resources import DATABASES
 from reconciler.runtime import ControllerStopping, ReconcileError, Result
 from reconciler.sql import errors as sqlerrors

@@ -24,7 +24,7 @@ The Ready condition's reason says what is wrong (Ok, AdminAuthFailed, AdminSecre
 AdminTlsRequired, AdminEndpointMismatch, Unreachable, ReadOnly, InRecovery, DiskFull,
 ClusterNotRunning, ClusterScaling, EngineUnavailable, ProvisionerInherits/ProvisionerInvalid);
 messages carry a sanitized error class only. A shard that is not Ready gets no placements
-(reconciler.placement reads this condition).
+(reconciler.placement_index reads this condition).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reconciler.placement import PlacementIndex
+from reconciler.placement_index import PlacementIndex
 from reconciler.resources import database_shard
 from reconciler.shard.controller import NOT_READY_RECHECK, ShardController
 
