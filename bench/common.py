@@ -45,9 +45,9 @@ from harness.process import stop as stop_process
 from harness.statement_log import LoggedStatement, StatementLog, keywords
 from informers import LEASES, Informer, Rest
 from reconciler.resources import DATABASES, SHARDS
-from reconciler.sql.login import TenantLogin, log_in
 from reconciler.sql.session import AdminSession
 from reconciler.sql.tenant import OwnerRecord, TenantSpec
+from reconciler.sql.tenant_login import TenantLogin, log_in
 
 if TYPE_CHECKING:
     # The bench extra; pyinstrument_profile imports it when it runs, and runs without it.
