@@ -112,7 +112,7 @@ def build_api(
     Call before `informers.start()` (or the manager's start): the informers are Databases and Secrets in
     the release namespace and the cluster-scoped Consumers; writes go through `informers.rest`.
     `apiserver_reachable` (recent apiserver contact) gates /readyz and makes writes answer 503 at
-    once while it is False. `quota_timings` go to the quota ledgers (api.quota.QuotaLedgers), e.g.
+    once while it is False. `quota_timings` go to the quota ledgers (api.quota_ledgers.QuotaLedgers), e.g.
     a shorter `reservation_timeout` in tests.
     """
     store = DatabaseStore.register(config, informers, reachable=apiserver_reachable, quota_timings=quota_timings)

@@ -23,7 +23,7 @@ PUT is idempotent, so the client's retry returns the object (200).
 
 Quota: `Consumer.spec.maxDatabases` bounds the consumer's databases that are not yet Deleted (Deleting
 ones count). Each create first reserves a slot in the consumer's ledger on the apiserver
-(`api.quota.QuotaLedgers`, rules in domain/quota.py), so the count is exact across replicas; a
+(`api.quota_ledgers.QuotaLedgers`, rules in domain/quota.py), so the count is exact across replicas; a
 create the apiserver refuses gives its slot back.
 """
 
@@ -51,7 +51,7 @@ from api.errors import (
 )
 from api.kube import CONSUMERS, DATABASES, SECRETS
 from api.models import CreateDatabase, Credentials, is_delete_requested, is_ready, read_database
-from api.quota import QuotaLedgers
+from api.quota_ledgers import QuotaLedgers
 from domain.config import InstallConfig
 from domain.constants import (
     ANNOTATION_DELETE_REQUESTED_AT,
