@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from api.auth import AuthMiddleware, TokenIndex
 from api.errors import register_error_handlers
 from api.observability import ApiMetrics, ObservabilityMiddleware
-from api.resources import (
+from api.routes import (
     CredentialsRotation,
     Database,
     DatabaseCollection,
