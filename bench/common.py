@@ -38,13 +38,13 @@ from psycopg import sql
 from dbprovider.devstack import DevStack
 from domain.config import InstallConfig
 from domain.objects import Obj
+from domain.resources import DATABASES, SHARDS
 from harness import KubeControlPlane, PostgresServer
 from harness.manager_endpoints import ManagerEndpoints
 from harness.process import spawn
 from harness.process import stop as stop_process
 from harness.statement_log import LoggedStatement, StatementLog, keywords
 from informers import LEASES, Informer, Rest
-from reconciler.resources import DATABASES, SHARDS
 from reconciler.sql.session import AdminSession
 from reconciler.sql.tenant import OwnerRecord, TenantSpec
 from reconciler.sql.tenant_login import TenantLogin, log_in

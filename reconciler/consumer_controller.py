@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from domain.objects import ConsumerState
 from domain.quota import counts_against_quota
+from domain.resources import BY_CONSUMER, CONSUMERS
 from informers import Informer, Rest
-from reconciler.resources import BY_CONSUMER, CONSUMERS
 from reconciler.runtime import Result, StatusEchoes
 
 

@@ -22,14 +22,7 @@ from domain.connection_budget import database_limit
 from domain.constants import CREDENTIALS_SECRET_SELECTOR, CREDENTIALS_SECRET_SUFFIX, Engine
 from domain.objects import ShardState
 from domain.quota import counts_against_quota
-from domain.specs import ShardSpec, parse_shard
-from informers import SECRETS, Informer, Rest, object_key, split_key
-from informers.informer import Handler
-from reconciler.consumer_controller import ConsumerController
-from reconciler.database import DatabaseController
-from reconciler.events import EventRecorder
-from reconciler.fleet_metrics import EngineCollector
-from reconciler.resources import (
+from domain.resources import (
     BY_CONSUMER,
     BY_SHARD,
     CONSUMERS,
@@ -39,6 +32,13 @@ from reconciler.resources import (
     database_consumer,
     database_shard,
 )
+from domain.specs import ShardSpec, parse_shard
+from informers import SECRETS, Informer, Rest, object_key, split_key
+from informers.informer import Handler
+from reconciler.consumer_controller import ConsumerController
+from reconciler.database import DatabaseController
+from reconciler.events import EventRecorder
+from reconciler.fleet_metrics import EngineCollector
 from reconciler.runtime import Controller, ControllerManager, Lanes
 from reconciler.shard.admin import AdminPolicy, AdminSessions
 from reconciler.shard.budget import ShardBudgets

@@ -42,6 +42,7 @@ from domain.constants import (
 from domain.credentials import Endpoint
 from domain.metadata import object_annotation
 from domain.objects import database_placement
+from domain.resources import database_shard
 from domain.validation import format_validation_error
 from informers import Informer, Rest
 from reconciler.database.deletion import Deletion
@@ -60,7 +61,6 @@ from reconciler.database.state import Database
 from reconciler.database.writes import CacheLags, DatabaseWrites
 from reconciler.events import EventRecorder
 from reconciler.placement_index import PlacementIndex
-from reconciler.resources import database_shard
 from reconciler.runtime import Result, TerminalError, release_slot
 from reconciler.shard.admin import AdminEndpointCache, AdminPolicy, AdminSessions
 

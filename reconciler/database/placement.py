@@ -19,6 +19,7 @@ from domain.constants import ANNOTATION_RESTORE_TENANT, DatabaseReason, EventRea
 from domain.metadata import ListPage, ObjectMeta
 from domain.naming import PG_IDENTIFIER_RE, tenant_name
 from domain.objects import database_placement
+from domain.resources import DATABASES
 from domain.settings import SETTINGS
 from informers import Informer, Rest
 from reconciler.database.report import Reporter
@@ -26,7 +27,6 @@ from reconciler.database.shard_sql import ShardSql
 from reconciler.database.state import Database
 from reconciler.database.writes import DatabaseWrites
 from reconciler.placement_index import PlacementIndex
-from reconciler.resources import DATABASES
 from reconciler.runtime import ControllerStopping, ReconcileError, Result
 from reconciler.sql import errors as sqlerrors
 from reconciler.sql.errors import SqlFailure

@@ -22,10 +22,10 @@ from kubernetes.client.exceptions import ApiException
 
 from domain.metadata import ObjectMeta
 from domain.objects import database_placement
+from domain.resources import DATABASES
 from informers import Rest
 from informers.informer import resource_version_of
 from reconciler.database.state import Database
-from reconciler.resources import DATABASES
 from reconciler.runtime import StatusEchoes, ensure_active, update_status
 
 log = logging.getLogger(__name__)

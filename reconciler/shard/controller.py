@@ -43,10 +43,10 @@ from pydantic import ValidationError
 from domain.connection_budget import ServerSlots
 from domain.constants import KELDON_PHASE_RUNNING, KELDON_PHASE_SCALING, Engine, ShardConditionType, ShardReason
 from domain.objects import ShardState, cluster_phase
+from domain.resources import BY_SHARD, SHARDS
 from domain.settings import SETTINGS
 from domain.specs import ShardSpec, parse_shard
 from informers import Informer, Rest
-from reconciler.resources import BY_SHARD, SHARDS
 from reconciler.runtime import Result, StatusEchoes
 from reconciler.shard.admin import AdminPolicy, AdminRefused, AdminSessions, admin_endpoint
 from reconciler.shard.budget import ShardBudgets

@@ -10,9 +10,9 @@ import pytest
 import domain
 from api import kube
 from domain import constants as c
+from domain import resources
 from domain.config import load_install_config
 from infra.render import render_manifests
-from reconciler import resources
 
 
 def test_the_rendered_crds_serve_every_path_the_controllers_and_the_api_call() -> None:

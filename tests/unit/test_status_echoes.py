@@ -10,7 +10,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from domain.objects import ShardState
-from reconciler.resources import SHARDS
+from domain.resources import SHARDS
 from reconciler.runtime import StatusEchoes
 
 
