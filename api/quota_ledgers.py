@@ -35,7 +35,6 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from api.errors import QuotaExceeded, Unavailable
-from api.kube import DATABASES
 from domain.constants import LABEL_CONSUMER
 from domain.metadata import ListPage
 from domain.naming import label_value, quota_ledger_name
@@ -53,6 +52,7 @@ from domain.quota import (
     restructure_patch,
     stale_holders,
 )
+from domain.resources import DATABASES
 from domain.settings import SETTINGS, QuotaTimings
 from domain.specs import database_consumer_name, database_external_id
 from informers import CONFIGMAPS, Rest

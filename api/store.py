@@ -49,7 +49,6 @@ from api.errors import (
     Unauthorized,
     Unavailable,
 )
-from api.kube import CONSUMERS, DATABASES, SECRETS
 from api.models import CreateDatabase, Credentials, is_delete_requested, is_ready, read_database
 from api.quota_ledgers import QuotaLedgers
 from domain.config import InstallConfig
@@ -75,11 +74,11 @@ from domain.credentials import (
 from domain.metadata import object_name
 from domain.naming import credentials_secret_name, database_object_name, label_value, validate_external_id
 from domain.objects import DatabaseObject, Obj
-from domain.resources import BY_CONSUMER, database_consumer
+from domain.resources import BY_CONSUMER, CONSUMERS, DATABASES, database_consumer
 from domain.settings import SETTINGS, QuotaTimings
 from domain.specs import DatabaseSpec, database_consumer_name, database_external_id, parse_consumer
 from domain.timefmt import format_micro_time
-from informers import Informer, Resource, Rest, SharedInformers
+from informers import SECRETS, Informer, Resource, Rest, SharedInformers
 from informers.informer import resource_version_of
 
 log = logging.getLogger(__name__)
