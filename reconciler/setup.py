@@ -35,7 +35,7 @@ from domain.resources import (
 from domain.specs import ShardSpec, parse_shard
 from informers import SECRETS, Informer, Rest, object_key, split_key
 from informers.informer import Handler
-from reconciler.consumer_controller import ConsumerController
+from reconciler.consumer.controller import ConsumerController
 from reconciler.database import DatabaseController
 from reconciler.events import EventRecorder
 from reconciler.fleet_metrics import EngineCollector
