@@ -40,8 +40,8 @@ def write(echoes: StatusEchoes, apiserver: Apiserver, read: str = "7", count: in
 
 
 def echoes_queueing() -> tuple[StatusEchoes, list[str]]:
-    echoes, queued = StatusEchoes(), []
-    echoes.enqueue = queued.append
+    queued: list[str] = []
+    echoes = StatusEchoes(queued.append)
     return echoes, queued
 
 
