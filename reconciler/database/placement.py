@@ -3,7 +3,7 @@ restore-tenant annotation, adopt an existing tenant whose Database is gone.
 
 A placement pass runs no SQL: it reserves the shard's slot in the `PlacementIndex`, writes the
 placement and ends. The write's event brings the key back in its shard's lane of the work queue
-(setup.py), where its SQL runs with that shard's workers.
+(reconciler/database/setup.py), where its SQL runs with that shard's workers.
 """
 
 from __future__ import annotations
