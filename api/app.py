@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from api.auth import AuthMiddleware, TokenIndex
 from api.errors import register_error_handlers
 from api.observability import ApiMetrics, ObservabilityMiddleware
-from api.resources import (
+from api.routes import (
     CredentialsRotation,
     Database,
     DatabaseCollection,
@@ -112,7 +112,7 @@ def build_api(
     Call before `informers.start()` (or the manager's start): the informers are Databases and Secrets in
     the release namespace and the cluster-scoped Consumers; writes go through `informers.rest`.
     `apiserver_reachable` (recent apiserver contact) gates /readyz and makes writes answer 503 at
-    once while it is False. `quota_timings` go to the quota ledgers (api.quota.QuotaLedgers), e.g.
+    once while it is False. `quota_timings` go to the quota ledgers (api.quota_ledgers.QuotaLedgers), e.g.
     a shorter `reservation_timeout` in tests.
     """
     metrics = ApiMetrics(registry)

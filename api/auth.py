@@ -41,14 +41,14 @@ from pydantic import ValidationError
 
 from api.admission import AUTHENTICATED_HOOK
 from api.errors import TooManyRequests, Unauthorized, Unavailable
-from api.kube import CONSUMERS, SECRETS
 from domain.constants import NOT_PROVIDER_MANAGED_SELECTOR
 from domain.credentials import secret_data_bytes, secret_data_values
 from domain.metadata import ObjectMeta, object_name
 from domain.objects import consumer_disabled
+from domain.resources import CONSUMERS
 from domain.specs import TokenSecretRef, parse_consumer, parse_token_secret_ref
 from domain.tokens import TokenHashes, hash_token, parse_token_hashes
-from informers import Informer, SharedInformers
+from informers import SECRETS, Informer, SharedInformers
 from informers.informer import Handler
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 Sans-IO: `RequestParser` is fed the bytes a connection received and hands out whole requests, so every
 rule is testable without a socket, and a body costs no event-loop round trip per chunk. The rules
 close the gaps request smuggling is built from: a request whose framing is ambiguous is refused (400)
-and its connection closed, never guessed at. tests/unit/test_http1_differential.py holds them against
+and its connection closed, never guessed at. tests/unit/api/test_http1_differential.py holds them against
 h11 and llhttp: no byte stream makes this parser see a request that either of them frames differently.
 
 - request line `METHOD SP origin-form SP HTTP/1.0|HTTP/1.1` (METHOD one of `METHODS`), CRLF line ends

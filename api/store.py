@@ -23,7 +23,7 @@ PUT is idempotent, so the client's retry returns the object (200).
 
 Quota: `Consumer.spec.maxDatabases` bounds the consumer's databases that are not yet Deleted (Deleting
 ones count). Each create first reserves a slot in the consumer's ledger on the apiserver
-(`api.quota.QuotaLedgers`, rules in domain/quota.py), so the count is exact across replicas; a
+(`api.quota_ledgers.QuotaLedgers`, rules in domain/quota.py), so the count is exact across replicas; a
 create the apiserver refuses gives its slot back.
 """
 
@@ -50,9 +50,8 @@ from api.errors import (
     Unauthorized,
     Unavailable,
 )
-from api.kube import CONSUMERS, DATABASES, SECRETS
 from api.models import CreateDatabase, Credentials, is_delete_requested, is_ready, read_database
-from api.quota import QuotaLedgers
+from api.quota_ledgers import QuotaLedgers
 from domain.config import InstallConfig
 from domain.constants import (
     ANNOTATION_DELETE_REQUESTED_AT,
@@ -76,11 +75,11 @@ from domain.credentials import (
 from domain.metadata import object_name
 from domain.naming import credentials_secret_name, database_object_name, label_value, validate_external_id
 from domain.objects import DatabaseObject, Obj
-from domain.resources import BY_CONSUMER, database_consumer
+from domain.resources import BY_CONSUMER, CONSUMERS, DATABASES, database_consumer
 from domain.settings import SETTINGS, QuotaTimings
 from domain.specs import DatabaseSpec, database_consumer_name, database_external_id, parse_consumer
 from domain.timefmt import format_micro_time
-from informers import Informer, Resource, Rest, SharedInformers
+from informers import SECRETS, Informer, Resource, Rest, SharedInformers
 from informers.informer import resource_version_of
 
 log = logging.getLogger(__name__)

@@ -267,9 +267,9 @@ def create_consumers(rest: Any, namespace: str, label: str, count: int, prefix: 
     import base64
     import secrets as pysecrets
 
+    from domain.resources import CONSUMERS
     from domain.tokens import hash_token
     from informers import SECRETS
-    from reconciler.resources import CONSUMERS
 
     def one(i: int) -> str:
         name = f"{prefix}-{i:04d}"
@@ -308,8 +308,8 @@ def create_ready_database(rest: Any, stack: Stack, external_id: str) -> None:
     from domain.constants import API_VERSION, FINALIZER_TENANT, KIND_DATABASE
     from domain.credentials import Endpoint, build_secret, new_password, password_id
     from domain.naming import database_object_name, tenant_name
+    from domain.resources import DATABASES
     from informers import SECRETS
-    from reconciler.resources import DATABASES
 
     dev, pg = stack.dev, stack.postgres
     db = rest.create(
@@ -364,8 +364,8 @@ def auth_benchmark(
     import falcon.testing
 
     from api import AuthMiddleware, TokenIndex
+    from domain.resources import CONSUMERS
     from informers import SECRETS, Informer
-    from reconciler.resources import CONSUMERS
 
     logging.getLogger("api.auth").setLevel(logging.ERROR)  # "token Secret is missing" while the informers list
     namespace = stack.dev.namespace

@@ -43,16 +43,16 @@ from bench.report import RESULTS_DIR
 from dbprovider.devstack import DevStack
 from domain.config import InstallConfig
 from domain.objects import Obj
+from domain.resources import DATABASES, SHARDS
 from harness import KubeControlPlane, PostgresServer
 from harness.manager_endpoints import ManagerEndpoints
 from harness.process import spawn
 from harness.process import stop as stop_process
 from harness.statement_log import LoggedStatement, StatementLog, keywords
 from informers import LEASES, Informer, Rest
-from reconciler.resources import DATABASES, SHARDS
-from reconciler.sql.login import TenantLogin, log_in
 from reconciler.sql.session import AdminSession
 from reconciler.sql.tenant import OwnerRecord, TenantSpec
+from reconciler.sql.tenant_login import TenantLogin, log_in
 
 if TYPE_CHECKING:
     # The bench extra; pyinstrument_profile imports it when it runs, and runs without it.

@@ -94,12 +94,12 @@ from domain.constants import (
     UNPLACED,
 )
 from domain.credentials import new_password, opaque_secret
+from domain.resources import CONSUMERS, SHARDS
 from domain.tokens import hash_token
 from harness import PostgresServer
 from harness.background import Background
 from harness.latency_proxy import LatencyProxy
 from informers import SECRETS, Rest
-from reconciler.resources import CONSUMERS, SHARDS
 from reconciler.sql.session import AdminEndpoint, AdminSession
 from reconciler.sql.tenant import TenantSpec, ensure_tenant
 

@@ -59,12 +59,12 @@ from bench.common import (
 )
 from bench.scale import create_databases
 from domain.constants import CREDENTIALS_SECRET_SELECTOR
+from domain.resources import DATABASES
 from domain.settings import SETTINGS, Backoff
 from informers import SECRETS, Informer, Rest
 from informers.heap import caches_filling, caches_released, listing
 from informers.informer import GoneError
 from informers.rest import WatchStream
-from reconciler.resources import DATABASES
 
 STREAMED = "streamed"
 

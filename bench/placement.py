@@ -42,10 +42,10 @@ from bench.common import (
     table,
 )
 from domain.constants import API_VERSION, FINALIZER_TENANT, KIND_DATABASE, KIND_SHARD
+from domain.resources import BY_SHARD, DATABASES, SHARDS, database_shard
 from informers import Informer, Rest
 from informers.rest import WatchStream
-from reconciler.placement import PlacementIndex
-from reconciler.resources import BY_SHARD, DATABASES, SHARDS, database_shard
+from reconciler.placement_index import PlacementIndex
 
 TARGET = 1.2
 READY_CONDITIONS = [

@@ -67,7 +67,7 @@ from bench.common import (
     worker_experiment,
 )
 from domain.credentials import new_password
-from reconciler.resources import CONSUMERS, SHARDS
+from domain.resources import CONSUMERS, SHARDS
 from reconciler.sql.session import AdminEndpoint, AdminSession
 from reconciler.sql.tenant import TenantSpec, ensure_tenant, set_password
 

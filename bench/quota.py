@@ -44,8 +44,8 @@ from bench.common import (
     table,
     wait_for,
 )
+from domain.resources import DATABASES, SHARDS
 from informers import Rest
-from reconciler.resources import DATABASES, SHARDS
 
 TARGET_RATIO = 3.0
 Call = Callable[[requests.Session], requests.Response]

@@ -104,10 +104,10 @@ from domain.constants import (
 )
 from domain.credentials import Endpoint, build_secret, new_password, password_id
 from domain.naming import database_object_name, label_value, tenant_name
+from domain.resources import DATABASES, SHARDS
 from domain.tokens import hash_token
 from harness.background import Background
 from informers import SECRETS, Rest
-from reconciler.resources import DATABASES, SHARDS
 
 RSS_LIMIT_MB = 1024
 CAUGHT_UP_LIMIT_S = 30

@@ -31,6 +31,7 @@ from domain.constants import (
     Engine,
 )
 from domain.credentials import opaque_secret
+from domain.resources import CONSUMERS, SHARDS
 from domain.settings import SETTINGS
 from domain.tokens import hash_token
 from harness import KubeControlPlane, PostgresServer
@@ -39,7 +40,6 @@ from harness.keldon import KELDON_CRD
 from harness.process import free_port
 from informers import SECRETS, Rest
 from infra.render import config_yaml, dump_yaml, render_manifests
-from reconciler.resources import CONSUMERS, SHARDS
 
 DEV_SHARD = "local-pg"
 DEV_MAX_DATABASES = 100

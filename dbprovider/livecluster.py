@@ -14,9 +14,9 @@ from kubernetes.config import ConfigException
 from urllib3.exceptions import HTTPError
 
 from domain.objects import lenient_status
+from domain.resources import SHARDS
 from domain.status import ShardStatus
 from informers import Rest
-from reconciler.resources import SHARDS
 
 
 class LiveClusterError(RuntimeError):

@@ -32,11 +32,11 @@ from dbprovider.logs import configure_logging
 from domain.admin_access import OutsidePod
 from domain.config import InstallConfig, load_install_config, read_install_values
 from domain.connection_budget import database_limit
+from domain.resources import DATABASES, SHARDS
 from domain.settings import SETTINGS
 from domain.version import __version__
 from informers.rest import throttle_credential_refresh
 from reconciler.fleet_metrics import FleetCollector
-from reconciler.resources import DATABASES, SHARDS
 from reconciler.runtime import ControllerManager, MetricsServer, start_metrics_server
 from reconciler.setup import register_controllers
 

@@ -28,11 +28,11 @@ from domain.constants import Phase
 from domain.credentials import secret_values
 from domain.metadata import ListPage, ObjectMeta, object_label
 from domain.objects import lenient_status
+from domain.resources import CONSUMERS, DATABASES, SHARDS
 from domain.settings import SETTINGS
 from domain.specs import ShardSpec, parse_database, parse_shard
 from domain.status import DatabaseStatus
 from informers import CONFIGMAPS, SECRETS, Rest
-from reconciler.resources import CONSUMERS, DATABASES, SHARDS
 from reconciler.shard.admin import AdminPolicy, AdminRefused, AdminSecretInvalid, admin_endpoint
 from reconciler.sql.errors import classify
 from reconciler.sql.provisioner import server_slots

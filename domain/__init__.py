@@ -86,7 +86,7 @@ if TYPE_CHECKING:  # the type checker sees the real names; at run time __getattr
         validation_problems,
     )
 
-# Where each exported name lives (test_domain_constants checks every name of __all__ resolves).
+# Where each exported name lives (tests/unit/domain/test_constants.py checks every name of __all__ resolves).
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "domain.config": (
         "DEFAULT_IMAGE",

@@ -218,7 +218,7 @@ class ShardChecks:
     # manager's CPU), 13 a second for 200 shards at 15 s (several percent of a core while idle). So the
     # Ready checks of all shards together stay under this rate, the interval growing with the Shard count
     # up to 60 s (the longest a broken admin Secret may take to show): 15 s up to 45 shards, 60 s from 180.
-    # A shard whose SQL fails or hangs is checked at once whatever the interval (ShardController.suspect).
+    # A shard whose SQL fails or hangs is checked at once whatever the interval (ShardSuspects.suspect).
     ready_checks_per_second: float = 3.0
     max_ready_interval: float = 60.0
     # The Ready checks end on a grid of this many seconds (at most a quarter of the interval), so those

@@ -42,6 +42,7 @@ from domain.constants import (
 from domain.credentials import Endpoint
 from domain.metadata import object_annotation
 from domain.objects import database_placement
+from domain.resources import database_shard
 from domain.validation import format_validation_error
 from informers import Informer, Rest
 from reconciler.database.deletion import Deletion
@@ -59,9 +60,8 @@ from reconciler.database.shard_sql import ShardSpecs, ShardSql, client_endpoint
 from reconciler.database.state import Database
 from reconciler.database.writes import CacheLags, DatabaseWrites
 from reconciler.events import EventRecorder
-from reconciler.placement import PlacementIndex
-from reconciler.resources import database_shard
-from reconciler.runtime import Result, TerminalError, release_slot
+from reconciler.placement_index import PlacementIndex
+from reconciler.runtime import Result, TerminalError, Wakeups, release_slot
 from reconciler.shard.admin import AdminEndpointCache, AdminPolicy, AdminSessions
 
 INVALID_OBJECT = "InvalidObject"
@@ -81,7 +81,11 @@ class DatabaseController:
         admin_host_override: str | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         policy: AdminPolicy | None = None,
+        wakeups: Wakeups | None = None,
+        on_shard_trouble: Callable[[str, str], None] | None = None,
     ) -> None:
+        """`wakeups`: this controller's (a held-back event that was not ours gets its pass);
+        `on_shard_trouble(shard, error_class)`: a statement failed as if its shard were in trouble."""
         self.namespace = namespace
         self.config = config
         self.databases = databases
@@ -91,11 +95,12 @@ class DatabaseController:
         # Before any handler that enqueues Databases: a woken worker places with the event applied.
         self.placement = PlacementIndex(database_shard, partial(database_limit, config=config)).watch(shards, databases)
 
+        enqueue = wakeups.enqueue if wakeups is not None else None
         self.shard_specs = ShardSpecs()
-        self.writes = DatabaseWrites(rest)
+        self.writes = DatabaseWrites(rest, enqueue)
         self.report = Reporter(self.writes, events)
-        self.sql = ShardSql(self.sessions, admin_endpoints, self.report)
-        self.secrets = CredentialsSecrets(rest, secrets, self.report)
+        self.sql = ShardSql(self.sessions, admin_endpoints, self.report, on_shard_trouble)
+        self.secrets = CredentialsSecrets(rest, secrets, self.report, enqueue)
         self.finalizers = Finalizers(rest, self.writes, self.secrets)
         self.placer = Placer(config, self.placement, rest, shards, self.writes, self.report, self.sql)
         self.deletion = Deletion(
@@ -109,15 +114,6 @@ class DatabaseController:
         self.early = EarlyVerdicts(
             databases, secrets, shards, self.secrets.key_of, _shard_name, self.shard_specs.endpoint, self._settled_on
         )
-
-    @property
-    def on_shard_trouble(self) -> Callable[[str, str], None] | None:
-        """Called with a shard's name and the failure class when its SQL failed as if the shard were in trouble."""
-        return self.sql.on_shard_trouble
-
-    @on_shard_trouble.setter
-    def on_shard_trouble(self, callback: Callable[[str, str], None] | None) -> None:
-        self.sql.on_shard_trouble = callback
 
     def lane(self, key: str) -> str:
         """The work queue lane of a Database: the shard it is placed on (as our own last write says,

@@ -29,7 +29,7 @@ from reconciler.database.report import Reporter
 from reconciler.database.shard_sql import ShardSql
 from reconciler.database.state import Database
 from reconciler.database.writes import DatabaseWrites
-from reconciler.placement import PlacementIndex
+from reconciler.placement_index import PlacementIndex
 from reconciler.runtime import Result
 from reconciler.sql.session import AdminSession
 from reconciler.sql.tenant import disable_tenant, drop_tenant, enable_tenant

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from kubernetes.client.exceptions import ApiException
 
 from domain.constants import FINALIZER_TENANT
+from domain.resources import DATABASES
 from informers import Rest
 from reconciler.database.secret import CredentialsSecrets
 from reconciler.database.state import Database
 from reconciler.database.writes import DatabaseWrites
-from reconciler.resources import DATABASES
 
 log = logging.getLogger(__name__)
 

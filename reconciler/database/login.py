@@ -25,7 +25,7 @@ from reconciler.database.state import Database
 from reconciler.runtime import ensure_active
 from reconciler.shard.admin import AdminPolicy, AdminSessions
 from reconciler.sql.errors import SqlFailure
-from reconciler.sql.login import TenantLogin, log_in
+from reconciler.sql.tenant_login import TenantLogin, log_in
 
 
 @dataclass

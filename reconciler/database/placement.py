@@ -3,7 +3,7 @@ restore-tenant annotation, adopt an existing tenant whose Database is gone.
 
 A placement pass runs no SQL: it reserves the shard's slot in the `PlacementIndex`, writes the
 placement and ends. The write's event brings the key back in its shard's lane of the work queue
-(setup.py), where its SQL runs with that shard's workers.
+(reconciler/database/setup.py), where its SQL runs with that shard's workers.
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ from domain.constants import ANNOTATION_RESTORE_TENANT, DatabaseReason, EventRea
 from domain.metadata import ListPage, ObjectMeta
 from domain.naming import PG_IDENTIFIER_RE, tenant_name
 from domain.objects import database_placement
+from domain.resources import DATABASES
 from domain.settings import SETTINGS
 from informers import Informer, Rest
 from reconciler.database.report import Reporter
 from reconciler.database.shard_sql import ShardSql
 from reconciler.database.state import Database
 from reconciler.database.writes import DatabaseWrites
-from reconciler.placement import PlacementIndex
-from reconciler.resources import DATABASES
+from reconciler.placement_index import PlacementIndex
 from reconciler.runtime import ControllerStopping, ReconcileError, Result
 from reconciler.sql import errors as sqlerrors
 from reconciler.sql.errors import SqlFailure

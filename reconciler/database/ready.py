@@ -18,13 +18,13 @@ from domain.constants import (
     Phase,
 )
 from domain.credentials import new_password, password_patch
+from domain.resources import DATABASES
 from informers import SECRETS, Rest
 from reconciler.database import secret as credentials
 from reconciler.database.report import Reporter
 from reconciler.database.shard_sql import ShardSql
 from reconciler.database.state import Database
 from reconciler.database.writes import DatabaseWrites, conditional
-from reconciler.resources import DATABASES
 from reconciler.runtime import ensure_active
 from reconciler.sql.session import AdminSession
 from reconciler.sql.tenant import set_connection_limit, set_password

@@ -81,7 +81,7 @@ class CredentialsSecrets:
     rest: Rest
     secrets: Informer
     report: Reporter
-    enqueue: Callable[[str], None] | None = None  # the Database controller's queue (set by setup)
+    enqueue: Callable[[str], None] | None = None  # the Database controller's queue (its Wakeups)
     # Secret key -> (the Secret as our create returned it, time.monotonic() of the create)
     _created: dict[str, tuple[Secret, float]] = field(default_factory=dict)
     # Secret key -> the resourceVersion of a cached Secret whose event came while our create was in flight

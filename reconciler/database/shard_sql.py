@@ -140,7 +140,7 @@ class ShardSql:
     admin_endpoints: AdminEndpointCache
     report: Reporter
     # Called with a shard's name and the failure's class when its SQL failed as if the shard were in
-    # trouble (set by setup: the Shard controller checks it now).
+    # trouble (the Shard controller's ShardSuspects: it checks the shard now).
     on_shard_trouble: Callable[[str, str], None] | None = None
 
     def session(self, database: Database, shard: dict[str, Any], phase: Phase, reason: str) -> AdminSession:

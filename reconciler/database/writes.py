@@ -22,10 +22,10 @@ from kubernetes.client.exceptions import ApiException
 
 from domain.metadata import ObjectMeta
 from domain.objects import database_placement
+from domain.resources import DATABASES
 from informers import Rest
 from informers.informer import resource_version_of
 from reconciler.database.state import Database
-from reconciler.resources import DATABASES
 from reconciler.runtime import StatusEchoes, ensure_active, update_status
 
 log = logging.getLogger(__name__)
@@ -69,13 +69,15 @@ class DatabaseWrites:
     """Status and metadata writes, remembering each resourceVersion written (see `caught_up`)."""
 
     rest: Rest
+    enqueue: Callable[[str], None] | None = None  # the Database controller's queue (its Wakeups)
     # key -> (resourceVersion, monotonic time) of our last write
     _written: dict[str, tuple[str, float]] = field(default_factory=dict)
     _placed: dict[str, str] = field(default_factory=dict)  # key -> status.shard of that write, if any
-    echoes: StatusEchoes = field(default_factory=StatusEchoes)  # the writes whose events wake no pass
+    echoes: StatusEchoes = field(init=False)  # the writes whose events wake no pass
 
     def __post_init__(self) -> None:
-        self.echoes.on_echo = self.forget  # the cache shows that write: nothing to wait for
+        # An echo seen: the cache shows that write, nothing to wait for.
+        self.echoes = StatusEchoes(self.enqueue, on_echo=self.forget)
 
     def status(self, database: Database, *, last: bool = False) -> None:
         """Write the pass's status if it differs from the stored one (else nothing at all), then send

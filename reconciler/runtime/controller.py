@@ -176,10 +176,32 @@ def _own_key(obj: dict[str, Any]) -> Iterable[str]:
     return (object_key(obj),)
 
 
+class Wakeups:
+    """Keys a controller's own collaborators ask a pass for: a status write's held-back event that was not
+    ours, a shard a Database worker suspects. Made first and passed to the collaborators' constructors and
+    to the Controller's, which takes the keys from then on; so neither needs the other to exist first.
+    A key sent while no controller takes it, or while it is stopped, is dropped: a start resyncs every key.
+    """
+
+    def __init__(self) -> None:
+        self._controller: Controller | None = None
+
+    def enqueue(self, key: str) -> None:
+        controller = self._controller
+        if controller is not None:
+            controller.enqueue(key)
+
+    def _deliver_to(self, controller: Controller) -> None:
+        if self._controller is not None:
+            raise ValueError(f"these wakeups go to controller {self._controller.name} already")
+        self._controller = controller
+
+
 class Controller:
     """Runs `reconcile(key)` on `workers` threads while started.
 
-    Keys come from `enqueue(key)` and from informers registered with `watch(informer, keys)`.
+    Keys come from `enqueue(key)`, from the `wakeups` given, and from informers registered with
+    `watch(informer, keys)`.
     Enqueues while the controller is not running are dropped: every `start()` enqueues every
     key of the watched informers (a fresh, level-based pass), which covers anything missed.
     A stopped controller can be started again (the manager does so when it leads again).
@@ -194,6 +216,7 @@ class Controller:
         metrics: RuntimeMetrics | None = None,
         lanes: Lanes | None = None,
         settled: Callable[[str], bool] | None = None,
+        wakeups: Wakeups | None = None,
     ) -> None:
         """`workers` threads in all; with `lanes`, at most `lanes.limit` of them on one lane's keys.
         A `queue` given brings its own lanes.
@@ -218,6 +241,8 @@ class Controller:
         self._lock = threading.Lock()
         self._running = False
         self._stopping = threading.Event()
+        if wakeups is not None:
+            wakeups._deliver_to(self)
 
     def __repr__(self) -> str:
         return f"<Controller {self.name} workers={self.workers}>"

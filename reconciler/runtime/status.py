@@ -156,9 +156,11 @@ class StatusEchoes:
     keep (in a burst, two thirds more Shard status writes than the burst gap allows).
     """
 
-    def __init__(self) -> None:
-        self.enqueue: Callable[[str], None] | None = None  # the controller's queue (set by setup)
-        self.on_echo: Callable[[str], None] | None = None  # told of each echo once it is known to be one
+    def __init__(
+        self, enqueue: Callable[[str], None] | None = None, on_echo: Callable[[str], None] | None = None
+    ) -> None:
+        self.enqueue = enqueue  # the controller's queue (its `Wakeups`)
+        self.on_echo = on_echo  # told of each echo once it is known to be one
         self._written: dict[str, str] = {}  # key -> the resourceVersion our last write returned
         self._writing: dict[str, _Write] = {}
         self._lock = threading.Lock()

@@ -1,1 +1,2 @@
-"""The Shard controller and what it shares with the Database workers: admin sessions, link facts, budgets."""
+"""The Shard controller and what it shares with the Database workers: admin sessions, link facts, budgets,
+suspected shards."""

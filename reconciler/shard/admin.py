@@ -236,8 +236,8 @@ class AdminSessions:
     `links` is what the Shard controller learnt about each shard: a session's connect timeout is
     the shard check's, and while the shard is not answering no session to it is opened (`gate`).
     `abort(shard)` cuts every session to a shard, from any thread. `on_slow(shard)` is called when
-    an operation on a shard has waited `suspect_after` seconds (the composition root asks the
-    Shard controller for a check).
+    an operation on a shard has waited `suspect_after` seconds (the Shard controller's
+    `ShardSuspects`: it checks the shard now).
     """
 
     def __init__(
@@ -247,13 +247,14 @@ class AdminSessions:
         fence: Fence | None = None,
         application_name: str = APPLICATION_NAME,
         links: ShardLinks | None = None,
+        on_slow: Callable[[str], None] | None = None,
     ) -> None:
         self._local = threading.local()
         self._connect_timeout = connect_timeout
         self.fence = fence
         self.application_name = application_name
         self.links = links or ShardLinks()
-        self.on_slow: Callable[[str], None] | None = None
+        self.on_slow = on_slow
         self._all: dict[AdminSession, str] = {}  # every session of every thread -> its shard
         self._by_slot: dict[Slot, dict[str, _Entry]] = {}  # a slot is held by one worker at a time
         self._lock = threading.Lock()

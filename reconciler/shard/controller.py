@@ -5,7 +5,7 @@ Pings every Ready shard every 15 s (PING_INTERVAL; in a fleet of more than 45 sh
 SETTINGS.shard_checks.ready_interval_for) and a shard that is not Ready every 5 s (NOT_READY_RECHECK), so
 a failure is seen and a recovery taken up well within that minute; also whenever the Shard or one of its
 Databases changes (a Ready shard at most every 10 s: a burst of placements must not ping once per
-database), and at once when a Database worker's SQL on it failed or hangs (`suspect`).
+database), and at once when a Database worker's SQL on it failed or hangs (`suspects`).
 Each ping opens a NEW admin connection and closes it: a reused
 session would keep answering while the postmaster accepts no new connections (stopped, out of
 slots), which no consumer could then use. Shards are checked concurrently (the controller's
@@ -27,7 +27,7 @@ The Ready condition's reason says what is wrong (Ok, AdminAuthFailed, AdminSecre
 AdminTlsRequired, AdminEndpointMismatch, Unreachable, ReadOnly, InRecovery, DiskFull,
 ClusterNotRunning, ClusterScaling, EngineUnavailable, ProvisionerInherits/ProvisionerInvalid);
 messages carry a sanitized error class only. A shard that is not Ready gets no placements
-(reconciler.placement reads this condition).
+(reconciler.placement_index reads this condition).
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -46,15 +45,16 @@ from pydantic import ValidationError
 from domain.connection_budget import ServerSlots
 from domain.constants import KELDON_PHASE_RUNNING, KELDON_PHASE_SCALING, Engine, ShardConditionType, ShardReason
 from domain.objects import ShardState, cluster_phase
+from domain.resources import BY_SHARD, SHARDS
 from domain.settings import SETTINGS
 from domain.specs import ShardSpec, parse_shard
 from informers import Informer, Rest
-from reconciler.resources import BY_SHARD, SHARDS
-from reconciler.runtime import Result, StatusEchoes
+from reconciler.runtime import Result, StatusEchoes, Wakeups
 from reconciler.shard.admin import AdminPolicy, AdminRefused, AdminSessions, admin_endpoint
 from reconciler.shard.budget import ShardBudgets
 from reconciler.shard.deletion import ShardDeletion
 from reconciler.shard.links import ShardLinks
+from reconciler.shard.suspects import ShardSuspects
 from reconciler.sql import errors as sqlerrors
 from reconciler.sql.errors import SqlFailure, is_auth_failure
 from reconciler.sql.provisioner import WEAK_CREATEROLE_MESSAGE, dialect_problem
@@ -150,6 +150,8 @@ class ShardController:
         policy: AdminPolicy | None = None,
         budgets: ShardBudgets | None = None,
         deletion: ShardDeletion | None = None,
+        suspects: ShardSuspects | None = None,
+        wakeups: Wakeups | None = None,
     ) -> None:
         self.rest = rest
         self.budgets = budgets  # the connection budget in the status (reconciler.shard.budget)
@@ -165,22 +167,12 @@ class ShardController:
         self.min_ping_gap = min(MIN_PING_GAP, ping_interval)
         # shard -> (when, generation, result); workers touch distinct shards (one key, one worker)
         self._last: dict[str, tuple[float, int | None, Health]] = {}
-        self._suspected: set[str] = set()  # ping these at the next reconcile, whatever the last result
-        self._disk_suspects: set[str] = set()  # a write failed with disk_full: probe a write until one passes
+        # Shards whose SQL failed or hangs in a Database worker: pinged at once (reconciler.shard.suspects)
+        self.suspects = suspects or ShardSuspects()
         self._spread: set[str] = set()  # Ready shards whose checks have been given their place in the interval
-        self.enqueue: Callable[[str], None] | None = None  # set by setup: the controller's queue
         # Our own status writes: their watch events wake no pass (setup.py; a pass on the echo wrote the
         # count again at once, past the burst's COUNT_BURST_GAP).
-        self.echoes = StatusEchoes()
-
-    def suspect(self, name: str, error_class: str | None = None) -> None:
-        """A Database worker's SQL on this shard failed (with `error_class`) or hangs: ping it now, not
-        at the next interval; after a `disk_full`, every ping also writes until a write passes."""
-        if error_class == sqlerrors.DISK_FULL:
-            self._disk_suspects.add(name)
-        self._suspected.add(name)
-        if self.enqueue is not None:
-            self.enqueue(name)
+        self.echoes = StatusEchoes(wakeups.enqueue if wakeups is not None else None)
 
     # -- checks ----------------------------------------------------------------------------------
 
@@ -281,7 +273,7 @@ class ShardController:
 
     def _disk_full(self, name: str, session: AdminSession, timeout: float) -> str | None:
         """For a shard whose SQL failed with disk_full: why a small write still fails, or None (it passed)."""
-        if name not in self._disk_suspects:
+        if not self.suspects.disk_full(name):
             return None
         try:
             probe_write(session, timeout=timeout)
@@ -289,13 +281,13 @@ class ShardController:
             if failure.error_class != sqlerrors.DISK_FULL:
                 raise
             return f"{failure}: the shard's disk is full (a SQL write failed with disk_full); free space on it"
-        self._disk_suspects.discard(name)
+        self.suspects.disk_passed(name)
         return None
 
     def _health(self, name: str, spec: ShardSpec, generation: int | None) -> Health:
         """check(), but for an unchanged Shard the SQL ping of a Ready one at most every
         min_ping_gap, of one that is not Ready at most every NOT_READY_RECHECK; a suspected one
-        (see `suspect`) at once, at most every MIN_FORCED_GAP.
+        (see `suspects`) at once, at most every MIN_FORCED_GAP.
 
         The DatabaseCluster phase comes from the cache and is always current.
         """
@@ -305,8 +297,7 @@ class ShardController:
             return cluster
         last = self._last.get(name)
         gap = self.min_ping_gap if last is not None and last[2].ready else NOT_READY_RECHECK
-        if name in self._suspected:
-            self._suspected.discard(name)
+        if self.suspects.take(name):
             gap = MIN_FORCED_GAP
         if last is not None and last[1] == generation and time.monotonic() - last[0] < gap:
             return last[2]
@@ -328,7 +319,7 @@ class ShardController:
         if cached is None:
             self.sessions.drop(name)
             self._last.pop(name, None)
-            self._disk_suspects.discard(name)
+            self.suspects.forget(name)
             self._spread.discard(name)
             self.links.forget(name)
             self.echoes.forget(name)

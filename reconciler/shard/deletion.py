@@ -27,9 +27,8 @@ from kubernetes.client.exceptions import ApiException
 from domain.constants import FINALIZER_SHARD_DATABASES, ShardConditionType, ShardReason
 from domain.metadata import ListPage, ObjectMeta
 from domain.objects import ShardState
-from domain.resources import BY_SHARD, database_shard
+from domain.resources import BY_SHARD, DATABASES, SHARDS, database_shard
 from informers import Informer, Rest
-from reconciler.resources import DATABASES, SHARDS
 
 log = logging.getLogger(__name__)
 

@@ -48,13 +48,13 @@ from domain.settings import SETTINGS
 from reconciler.sql import errors
 from reconciler.sql.errors import SqlFailure
 from reconciler.sql.foreign_grants import drop_role
-from reconciler.sql.login import remember_login
 from reconciler.sql.provisioner import SET_OPTION_MAJOR
 from reconciler.sql.roles import as_role as _as_role
 from reconciler.sql.roles import end_sessions as _end_sessions
 from reconciler.sql.roles import has_sessions as _has_sessions
 from reconciler.sql.scram_keys import DEFAULT_ITERATIONS, ScramKeys
 from reconciler.sql.session import OPERATION_TIMEOUT, Admin, run_operation
+from reconciler.sql.tenant_login import remember_login
 
 SCRAM_ITERATIONS = DEFAULT_ITERATIONS  # PostgreSQL's default scram_iterations
 # Disable and drop: attempts of the whole close sequence when a tenant session blocks it (each

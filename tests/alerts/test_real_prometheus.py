@@ -33,6 +33,7 @@ from domain.admin_access import OutsidePod
 from domain.config import load_install_config
 from domain.constants import ANNOTATION_DELETE_REQUESTED_AT, API_VERSION
 from domain.naming import database_object_name
+from domain.resources import DATABASES, SHARDS
 from harness import KubeControlPlane
 from harness.manager_endpoints import ManagerEndpoints
 from harness.process import free_port
@@ -40,7 +41,6 @@ from harness.prometheus import PrometheusServer
 from informers import SECRETS, Rest
 from infra.dashboard import dashboard_panels
 from infra.render import render_prometheus_rule, rule_groups
-from reconciler.resources import DATABASES, SHARDS
 from tests.support.common import b64, wait_for
 
 TIME_SCALE = 60

@@ -25,7 +25,6 @@ from prometheus_client import CollectorRegistry
 
 from api import ApiServer, build_api
 from api.app import ApiComponents
-from api.kube import CONSUMERS, DATABASES, SECRETS
 from api.server import FrontDoorOptions
 from domain.config import InstallConfig, load_install_config
 from domain.constants import (
@@ -38,8 +37,9 @@ from domain.constants import (
     MANAGED_BY,
 )
 from domain.naming import credentials_secret_name, database_object_name, label_value
+from domain.resources import CONSUMERS, DATABASES
 from harness.certs import CertificateAuthority
-from informers import Rest, SharedInformers
+from informers import SECRETS, Rest, SharedInformers
 from tests.support.common import b64, now_stamp, unique, wait_for
 from tests.support.install import release_config
 from tests.support.kubeapi import KubeApi, apply_all

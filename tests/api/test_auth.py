@@ -8,7 +8,8 @@ import pytest
 import requests
 
 from api.auth import AuthState
-from api.kube import CONSUMERS, SECRETS
+from domain.resources import CONSUMERS
+from informers import SECRETS
 from tests.api.support import NAMESPACE, OTHER_NAMESPACE, ApiEnv, new_token, sha256_hex
 from tests.support.common import wait_for
 

@@ -10,7 +10,6 @@ from datetime import UTC, datetime
 import pytest
 import requests
 
-from api.kube import DATABASES
 from api.models import CreateDatabase
 from api.store import DatabaseStore
 from domain.constants import (
@@ -23,6 +22,7 @@ from domain.constants import (
     LABEL_EXTERNAL_ID,
 )
 from domain.naming import database_object_name, label_value
+from domain.resources import DATABASES
 from informers import Informer
 from tests.api.support import NAMESPACE, ApiEnv, Consumer
 from tests.support.common import wait_for

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from api.errors import QuotaExceeded
-from api.quota import QuotaLedgers, Reservation
+from api.quota_ledgers import QuotaLedgers, Reservation
 from domain.naming import quota_ledger_name
 from domain.objects import Obj
 from domain.quota import QuotaLedger

@@ -23,10 +23,10 @@ from kubernetes.client.exceptions import ApiException
 
 from domain.constants import ANNOTATION_ROTATE_REQUESTED_AT
 from domain.naming import database_object_name
+from domain.resources import DATABASE_CLUSTERS, DATABASES
 from harness import KubeControlPlane, PostgresServer
 from harness.keldon import FAILED, KELDON_CRD, KELDON_CRD_NAME, NOT_RUNNING_PHASES, RUNNING  # noqa: F401 (re-exported to the tests)
 from informers import EVENTS, LEASES, SECRETS, Resource, Rest
-from reconciler.resources import DATABASE_CLUSTERS, DATABASES
 from tests.support.common import condition, wait_for
 from tests.support.fleet import Fleet as BaseFleet
 from tests.support.fleet import gone, ignore_missing

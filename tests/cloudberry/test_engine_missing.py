@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from dbprovider.devstack import DevStack
+from domain.resources import DATABASE_CLUSTERS, DATABASES, SHARDS
 from harness import KubeControlPlane
 from harness.keldon import KELDON_CRD, KELDON_CRD_NAME, RUNNING
 from informers import Resource, Rest
-from reconciler.resources import DATABASE_CLUSTERS, DATABASES, SHARDS
 from tests.support.common import condition, wait_for
 from tests.support.devstack import install_stack
 from tests.support.fleet import gone, ignore_missing

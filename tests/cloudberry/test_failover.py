@@ -11,9 +11,9 @@ import psycopg
 import pytest
 from prometheus_client import CollectorRegistry
 
+from domain.resources import DATABASES, SHARDS
 from harness import PostgresServer
 from reconciler.fleet_metrics import FleetCollector
-from reconciler.resources import DATABASES, SHARDS
 from tests.cloudberry.conftest import NAMESPACE, RUNNING, Fleet, condition, tenant_connection
 from tests.support.common import wait_for
 from tests.support.in_process_manager import InProcessManager

@@ -24,6 +24,7 @@ import yaml
 from psycopg import sql
 
 from domain.constants import API_VERSION
+from domain.resources import CONSUMERS, SHARDS
 from domain.settings import SETTINGS
 from domain.tokens import hash_token
 from harness import PostgresServer
@@ -32,7 +33,6 @@ from harness.images import Image, build_image
 from harness.node import ExposedService, KubeNode
 from harness.pulumi import REPO_ROOT, PulumiWorkspace
 from informers import LEASES, SECRETS, Resource, Rest
-from reconciler.resources import CONSUMERS, SHARDS
 from reconciler.runtime.leader import lease_holder
 from tests.support.common import b64, shard_object, wait_for
 

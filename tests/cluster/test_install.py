@@ -21,10 +21,10 @@ import kubernetes.client
 import pytest
 from cryptography import x509
 
+from domain.resources import DATABASES
 from harness.images import Image
 from harness.node import KubeNode
 from informers import SECRETS, Rest
-from reconciler.resources import DATABASES
 from tests.cluster.conftest import (
     FIGURES,
     NAMESPACE,

@@ -30,13 +30,13 @@ from kubernetes.client.exceptions import ApiException
 
 from domain.constants import ANNOTATION_LEADER
 from domain.naming import database_object_name
+from domain.resources import DATABASES, SHARDS
 from domain.version import __version__
 from harness.certs import CertificateAuthority
 from harness.images import Image, build_image
 from harness.node import KubeNode
 from harness.releases import BuiltRelease, build
 from informers import LEASES, SECRETS, Rest
-from reconciler.resources import DATABASES, SHARDS
 from tests.cluster.conftest import (
     ADMIN_SECRET,
     CONSUMER,

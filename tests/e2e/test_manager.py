@@ -17,6 +17,7 @@ import requests
 
 from dbprovider.devstack import DevStack
 from dbprovider.manager import FD_RESERVE
+from domain.resources import CONSUMERS, SHARDS
 from domain.settings import SETTINGS
 from domain.tokens import hash_token
 from domain.version import __version__
@@ -24,7 +25,6 @@ from harness import KubeControlPlane, PostgresServer
 from harness.certs import CertificateAuthority
 from harness.manager_endpoints import ManagerEndpoints
 from informers import LEASES, Rest
-from reconciler.resources import CONSUMERS, SHARDS
 from reconciler.runtime.leader import lease_holder
 from tests.support.common import condition, shard_object, wait_for
 from tests.support.devstack import install_stack

@@ -16,9 +16,9 @@ import requests
 from dbprovider.devstack import DevStack
 from domain.naming import quota_ledger_name
 from domain.quota import QuotaLedger
+from domain.resources import CONSUMERS, DATABASES, SHARDS
 from harness import KubeControlPlane, PostgresServer
 from informers import CONFIGMAPS, Rest
-from reconciler.resources import CONSUMERS, DATABASES, SHARDS
 from tests.support.admission_webhook import RefusingWebhook
 from tests.support.common import unique, wait_for
 from tests.support.devstack import install_stack

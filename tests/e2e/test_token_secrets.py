@@ -18,10 +18,10 @@ import requests
 
 from dbprovider.devstack import DevStack
 from domain.constants import API_VERSION
+from domain.resources import CONSUMERS
 from domain.tokens import hash_token
 from harness import KubeControlPlane, PostgresServer
 from informers import SECRETS, Resource, Rest
-from reconciler.resources import CONSUMERS
 from tests.support.common import b64, unique, wait_for
 from tests.support.devstack import install_stack
 from tests.support.replica import ManagerReplica

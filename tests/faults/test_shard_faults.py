@@ -9,8 +9,8 @@ import os
 import signal
 import time
 
+from domain.resources import SHARDS
 from harness.tcp_proxy import TcpProxy
-from reconciler.resources import SHARDS
 from tests.faults.support import SHARD_A, SHARD_B, FaultStack, check_invariants, record, timed, wait_for
 
 

@@ -14,9 +14,9 @@ from typing import Any
 from psycopg import sql
 
 from domain.naming import tenant_name
+from domain.resources import DATABASES
 from harness import PostgresServer
 from informers import Rest
-from reconciler.resources import DATABASES
 from tests.reconciler.conftest import NAMESPACE, Fleet
 from tests.support.common import condition
 

@@ -15,12 +15,12 @@ import pytest
 from kubernetes.client import ApiClient
 
 from domain.constants import ANNOTATION_DELETE_REQUESTED_AT, FINALIZER_TENANT
+from domain.resources import DATABASES, SHARDS
 from harness import PostgresServer
 from harness.statement_log import LoggedStatement, parse_statement_log
 from informers import SECRETS, Informer, Rest
 from reconciler.database import DatabaseController
 from reconciler.events import EventRecorder
-from reconciler.resources import DATABASES, SHARDS
 from tests.support.common import condition, decoded, wait_for
 from tests.support.fleet import Fleet as BaseFleet
 from tests.support.install import Release, release_fixtures

@@ -18,8 +18,8 @@ import pytest
 
 from domain.connection_budget import provider_sessions
 from domain.constants import ANNOTATION_DELETE_REQUESTED_AT
+from domain.resources import DATABASES, SHARDS
 from harness import PostgresServer
-from reconciler.resources import DATABASES, SHARDS
 from tests.reconciler.conftest import NAMESPACE, condition, install_config, wait_events
 from tests.support.common import wait_for
 

@@ -7,9 +7,9 @@ import pytest
 
 from domain.credentials import Endpoint, build_secret, new_password
 from domain.naming import tenant_name
+from domain.resources import DATABASES, SHARDS
 from harness import PostgresServer
 from informers import SECRETS
-from reconciler.resources import DATABASES, SHARDS
 from reconciler.sql.session import AdminEndpoint, AdminSession
 from reconciler.sql.tenant import PROVISIONING_STEPS, OwnerRecord, TenantSpec, read_state
 from tests.reconciler.conftest import (

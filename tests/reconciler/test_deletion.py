@@ -14,9 +14,9 @@ from domain.constants import (
     ANNOTATION_ROTATE_REQUESTED_AT,
     API_VERSION,
 )
+from domain.resources import DATABASES, SHARDS
 from harness.statement_log import log_text, parse_records
 from informers import SECRETS
-from reconciler.resources import DATABASES, SHARDS
 from tests.reconciler.conftest import (
     NAMESPACE,
     install_config,

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from domain.resources import SHARDS
 from harness import PostgresServer
-from reconciler.resources import SHARDS
 from tests.reconciler.causes import wait_reason
 from tests.reconciler.conftest import Fleet
 from tests.support.common import condition

@@ -14,10 +14,10 @@ from kubernetes.client import ApiClient, Configuration
 from kubernetes.client.exceptions import ApiException
 
 from domain.constants import API_VERSION
+from domain.resources import DATABASES
 from informers import Rest
 from reconciler.database.state import Database
 from reconciler.events import EventRecorder
-from reconciler.resources import DATABASES
 from reconciler.runtime import TerminalError
 from tests.reconciler.conftest import NAMESPACE, condition, controller_parts
 from tests.support.common import wait_for

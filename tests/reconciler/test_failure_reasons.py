@@ -21,9 +21,9 @@ import pytest
 from psycopg import sql
 
 from domain.constants import ANNOTATION_DELETE_REQUESTED_AT, ANNOTATION_ROTATE_REQUESTED_AT, FINALIZER_TENANT
+from domain.resources import DATABASES, SHARDS
 from harness import PostgresServer
 from informers import SECRETS, Rest
-from reconciler.resources import DATABASES, SHARDS
 from tests.reconciler.causes import foreign_database, retry_now, tenant_of, wait_reason
 from tests.reconciler.conftest import (
     NAMESPACE,

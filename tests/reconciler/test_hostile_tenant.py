@@ -15,9 +15,9 @@ from kubernetes.client.exceptions import ApiException
 from psycopg import sql
 
 from domain.constants import ANNOTATION_ROTATE_END_SESSIONS, ANNOTATION_ROTATE_REQUESTED_AT
+from domain.resources import DATABASES
 from harness import PostgresServer
 from informers import SECRETS
-from reconciler.resources import DATABASES
 from tests.reconciler.conftest import NAMESPACE, install_config, provisioner_statements, secret_data, wait_events
 from tests.support.common import condition, wait_for
 from tests.support.postgres import is_alive, tenant_exists

@@ -12,9 +12,9 @@ from typing import Any
 
 from psycopg import sql
 
+from domain.resources import DATABASES
 from harness import PostgresServer
 from informers import Rest
-from reconciler.resources import DATABASES
 from reconciler.sql.tenant import OwnerRecord
 from tests.reconciler.conftest import NAMESPACE, Fleet, condition, event_reasons, wait_events
 from tests.support.common import wait_for

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
+from domain.resources import SHARDS
 from reconciler.database import writes
-from reconciler.resources import SHARDS
 from tests.reconciler.conftest import NAMESPACE, controller_parts, provisioner_statements
 from tests.support.common import now_stamp, wait_for
 

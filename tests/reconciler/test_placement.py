@@ -19,8 +19,8 @@ import pytest
 
 from domain.config import load_install_config
 from domain.connection_budget import Commitments, database_limit, fits
-from reconciler.placement import PlacementIndex, ShardCandidate
-from reconciler.resources import database_shard
+from domain.resources import database_shard
+from reconciler.placement_index import PlacementIndex, ShardCandidate
 
 SINCE = "2026-11-30T00:00:00Z"
 READY = [{"type": "Ready", "status": "True", "reason": "Ok", "message": "", "lastTransitionTime": SINCE}]

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from reconciler.resources import DATABASES, SHARDS
+from domain.resources import DATABASES, SHARDS
 from tests.reconciler.conftest import NAMESPACE, condition, install_config
 from tests.support.common import wait_for
 

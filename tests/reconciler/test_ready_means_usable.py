@@ -15,9 +15,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from domain.resources import SHARDS
 from harness import PostgresServer
 from harness.tcp_proxy import TcpProxy
-from reconciler.resources import SHARDS
 from tests.reconciler.causes import wait_reason
 from tests.reconciler.conftest import RELEASE, Fleet
 from tests.support.common import condition

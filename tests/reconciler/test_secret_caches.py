@@ -18,9 +18,9 @@ import pytest
 from api.app import build_api
 from api.auth import AuthState
 from domain.constants import API_VERSION
+from domain.resources import CONSUMERS
 from harness import PostgresServer
 from informers import SECRETS, Rest
-from reconciler.resources import CONSUMERS
 from tests.reconciler.conftest import BASE_CONFIG, NAMESPACE, install_config
 from tests.support.common import b64, condition, wait_for
 from tests.support.in_process_manager import InProcessManager

@@ -7,7 +7,7 @@ finalizer existed gets it at its next check."""
 from __future__ import annotations
 
 from domain.constants import FINALIZER_SHARD_DATABASES
-from reconciler.resources import SHARDS
+from domain.resources import SHARDS
 from tests.reconciler.conftest import condition, install_config
 from tests.support.common import wait_for
 from tests.support.fleet import gone

@@ -18,10 +18,10 @@ import pytest
 
 from domain.constants import API_VERSION, FINALIZER_TENANT, KIND_CONSUMER
 from domain.naming import database_object_name
+from domain.resources import CONSUMERS, DATABASES, SHARDS
 from harness import PostgresServer
 from informers import SECRETS, Rest, object_key
 from informers.informer import resource_version_of
-from reconciler.resources import CONSUMERS, DATABASES, SHARDS
 from reconciler.runtime import Controller
 from tests.reconciler.conftest import NAMESPACE
 from tests.support.common import wait_for

@@ -19,8 +19,8 @@ import pytest
 from psycopg import sql
 
 from domain.constants import ANNOTATION_ROTATE_REQUESTED_AT
+from domain.resources import DATABASES, SHARDS
 from harness import PostgresServer
-from reconciler.resources import DATABASES, SHARDS
 from reconciler.runtime import WorkQueue
 from tests.reconciler.causes import foreign_database, retry_now, tenant_of, wait_reason
 from tests.reconciler.conftest import NAMESPACE, Fleet, is_shard_check, provisioner_statements, tenant_sql

@@ -13,9 +13,9 @@ import pytest
 from psycopg import sql
 
 from domain.constants import UNPLACED
+from domain.resources import SHARDS
 from harness import PostgresServer
 from harness.background import Background
-from reconciler.resources import SHARDS
 from reconciler.runtime import Controller, current_slot
 from tests.reconciler.conftest import install_config
 from tests.support.common import condition, wait_for

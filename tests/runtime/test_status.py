@@ -1,5 +1,5 @@
 """Status writes through the status subresource: a reconcile that changes nothing writes nothing, and a
-stale read is a 409 (conditions: tests/unit/test_domain_conditions.py)."""
+stale read is a 409 (conditions: tests/unit/domain/test_conditions.py)."""
 
 from __future__ import annotations
 

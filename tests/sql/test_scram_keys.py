@@ -19,10 +19,8 @@ from psycopg import sql
 from harness import PostgresServer
 from harness.postgres import shard_ca
 from harness.statement_log import parse_records
-from reconciler.sql import login as tenant_login
-from reconciler.sql import scram_keys
+from reconciler.sql import scram_keys, tenant_login
 from reconciler.sql.errors import SqlFailure, classify
-from reconciler.sql.login import TenantLogin, log_in, remember_login
 from reconciler.sql.scram_keys import SaltSource, SaltUnavailable, ScramKeys, read_salt
 from reconciler.sql.session import (
     ADMIN_KEYS,
@@ -33,6 +31,7 @@ from reconciler.sql.session import (
     run_operation,
 )
 from reconciler.sql.tenant import TenantSpec, ensure_tenant
+from reconciler.sql.tenant_login import TenantLogin, log_in, remember_login
 from tests.sql.helpers import admin_endpoint
 from tests.support.postgres import login_role
 

@@ -15,9 +15,9 @@ from kubernetes.client.exceptions import ApiException
 
 from domain.constants import ANNOTATION_RESTORE_TENANT, API_VERSION
 from domain.naming import database_object_name
+from domain.resources import DATABASES, SHARDS
 from harness import PostgresServer
 from informers import SECRETS, Resource, Rest
-from reconciler.resources import DATABASES, SHARDS
 from tests.support.admin_secrets import AdminSecrets
 from tests.support.common import condition, decoded, now_stamp, shard_object, wait_for
 from tests.support.install import Release

@@ -14,8 +14,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from domain.resources import CONSUMERS, DATABASES, SHARDS
 from informers import LEASES, Informer, Rest
-from reconciler.resources import CONSUMERS, DATABASES, SHARDS
 from reconciler.runtime.leader import lease_holder
 
 

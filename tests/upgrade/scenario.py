@@ -29,11 +29,11 @@ from kubernetes.client.exceptions import ApiException
 from psycopg import sql
 
 from domain.naming import database_object_name
+from domain.resources import DATABASES, SHARDS
 from harness import PostgresServer
 from harness.background import Background
 from harness.statement_log import LoggedStatement, parse_statement_log
 from informers import SECRETS, Rest
-from reconciler.resources import DATABASES, SHARDS
 from tests.support.common import condition, decoded, wait_for
 from tests.support.logins import logs_in
 

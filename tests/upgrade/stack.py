@@ -32,11 +32,11 @@ from kubernetes.client.exceptions import ApiException
 from dbprovider.kubeapply import Applier
 from domain.constants import API_VERSION, KIND_CONSUMER, KIND_SHARD
 from domain.credentials import opaque_secret
+from domain.resources import CONSUMERS, SHARDS
 from harness import PostgresServer
 from harness.certs import CertificateAuthority
 from harness.releases import REPO, BuiltRelease
 from informers import LEASES, SECRETS, Rest
-from reconciler.resources import CONSUMERS, SHARDS
 from reconciler.runtime.leader import lease_holder
 from tests.support.audit import audited_control_plane, controller_writes
 from tests.support.manager_process import ManagerProcess

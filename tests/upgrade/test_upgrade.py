@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
+from domain.resources import CONSUMERS, DATABASES, SHARDS
 from domain.version import __version__
 from harness.releases import BuiltRelease
 from informers import LEASES
-from reconciler.resources import CONSUMERS, DATABASES, SHARDS
 from tests.support.audit import leading_intervals
 from tests.support.common import condition, wait_for
 from tests.upgrade.history import History

@@ -23,10 +23,10 @@ from psycopg import sql
 from dbprovider.kubeapply import Applier
 from domain.constants import API_VERSION
 from domain.naming import tenant_name
+from domain.resources import DATABASES, SHARDS
 from harness import KubeControlPlane, PostgresServer
 from harness.releases import REPO, BuiltRelease
 from informers import SECRETS, Rest
-from reconciler.resources import DATABASES, SHARDS
 from reconciler.sql.session import AdminSession
 from reconciler.sql.tenant import OwnerRecord, TenantSpec, ensure_tenant
 from tests.reconciler.hostile_postgres import MD5, HostilePostgres

@@ -10,7 +10,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from domain.objects import ShardState
-from reconciler.resources import SHARDS
+from domain.resources import SHARDS
 from reconciler.runtime import StatusEchoes
 
 
@@ -40,8 +40,8 @@ def write(echoes: StatusEchoes, apiserver: Apiserver, read: str = "7", count: in
 
 
 def echoes_queueing() -> tuple[StatusEchoes, list[str]]:
-    echoes, queued = StatusEchoes(), []
-    echoes.enqueue = queued.append
+    queued: list[str] = []
+    echoes = StatusEchoes(queued.append)
     return echoes, queued
 
 

@@ -11,7 +11,7 @@ from domain.credentials import Endpoint
 from informers.informer import PageObserver
 from reconciler.database.early import EarlyVerdicts
 from reconciler.database.settled import settled
-from tests.unit.test_settled import CONFIG, ENDPOINT, ready_pair
+from tests.unit.reconciler.test_settled import CONFIG, ENDPOINT, ready_pair
 
 Obj = dict[str, Any]
 SHARD: Obj = {"metadata": {"name": "shard-a", "resourceVersion": "40"}, "client": ENDPOINT}

@@ -4,24 +4,24 @@ The count is the consumer's Databases that count against its quota (domain.quota
 the rule the API's quota applies to spec.maxDatabases. The Consumer's metadata and status are parsed
 once (domain.objects.ConsumerState) and the status is written back from them: an unchanged count writes
 nothing, and status keys a newer release wrote are kept. The watch event of our own write wakes no pass
-(`echoes`): the next count waits for the next Database change, as setup.py paces it.
+(`echoes`): the next count waits for the next Database change, as counts.py paces it.
 """
 
 from __future__ import annotations
 
 from domain.objects import ConsumerState
 from domain.quota import counts_against_quota
+from domain.resources import BY_CONSUMER, CONSUMERS
 from informers import Informer, Rest
-from reconciler.resources import BY_CONSUMER, CONSUMERS
-from reconciler.runtime import Result, StatusEchoes
+from reconciler.runtime import Result, StatusEchoes, Wakeups
 
 
 class ConsumerController:
-    def __init__(self, rest: Rest, consumers: Informer, databases: Informer) -> None:
+    def __init__(self, rest: Rest, consumers: Informer, databases: Informer, wakeups: Wakeups | None = None) -> None:
         self.rest = rest
         self.consumers = consumers
         self.databases = databases
-        self.echoes = StatusEchoes()
+        self.echoes = StatusEchoes(wakeups.enqueue if wakeups is not None else None)
 
     def reconcile(self, name: str) -> Result | None:
         cached = self.consumers.get(name)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from reconciler.placement import PlacementIndex
-from reconciler.resources import database_shard
+from domain.resources import database_shard
+from reconciler.placement_index import PlacementIndex
 from reconciler.shard.controller import NOT_READY_RECHECK, ShardController
 
 READY = {"type": "Ready", "status": "True", "reason": "Ok", "message": "", "lastTransitionTime": "2026-11-30T08:00:00Z"}

@@ -8,11 +8,10 @@ import enum
 import pytest
 
 import domain
-from api import kube
 from domain import constants as c
+from domain import resources
 from domain.config import load_install_config
 from infra.render import render_manifests
-from reconciler import resources
 
 
 def test_the_rendered_crds_serve_every_path_the_controllers_and_the_api_call() -> None:
@@ -25,7 +24,7 @@ def test_the_rendered_crds_serve_every_path_the_controllers_and_the_api_call() -
         for version in crd["spec"]["versions"]
         if version["served"]
     }
-    called = [resources.SHARDS, resources.CONSUMERS, resources.DATABASES, kube.CONSUMERS, kube.DATABASES]
+    called = [resources.SHARDS, resources.CONSUMERS, resources.DATABASES]
     assert {(r.group, r.version, r.plural) for r in called} <= served
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from reconciler.sql.errors import RETRYABLE
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+DOCS = Path(__file__).resolve().parents[3] / "docs"
 _ROW = re.compile(r"^\| `(?P<cls>[a-z_]+)` \| (?P<retryable>yes|no) \| .+ \|$")
 
 

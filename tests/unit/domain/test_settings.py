@@ -30,7 +30,7 @@ from infra.render import render_manifests
 from reconciler.runtime import ControllerManager, ExponentialBackoff, LeaderElector
 from reconciler.sql.session import RECONNECT_BACKOFF
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CONFIG = load_install_config(
     {"tls": {"secretName": "api-tls"}, "shardTLS": {"caBundle": {"configMap": {"name": "ca", "key": "ca.crt"}}}}
 )

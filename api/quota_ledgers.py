@@ -41,7 +41,6 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry, Counter
 
 from api.errors import QuotaExceeded, Unavailable
-from api.kube import DATABASES
 from domain.constants import LABEL_CONSUMER
 from domain.metadata import ListPage
 from domain.naming import label_value, quota_ledger_name
@@ -59,6 +58,7 @@ from domain.quota import (
     restructure_patch,
     stale_holders,
 )
+from domain.resources import DATABASES
 from domain.settings import SETTINGS, QuotaTimings
 from domain.specs import database_consumer_name, database_external_id
 from informers import CONFIGMAPS, Rest

@@ -1,0 +1,1 @@
+"""The Consumer controller: keeps each Consumer's status.databaseCount current."""

@@ -1,0 +1,59 @@
+"""The shards whose SQL failed or hangs elsewhere: the Shard controller checks them now, not at the next interval.
+
+A Database worker's statement that failed as if its shard were in trouble (`ShardSql.on_shard_trouble`), or
+an admin session's operation that waits too long (`AdminSessions.on_slow`), calls `suspect`; the Shard
+controller's next pass of that shard pings it at once (`take`), and after a `disk_full` every ping also
+writes until a write passes (`disk_full`, `disk_passed`). Made before the admin sessions, the Shard
+controller and the Database controller, which all take it in their constructors.
+
+Thread-safe: called from the Database workers and the sessions' watchdogs, read by the Shard workers (one
+shard is checked by one worker at a time).
+"""
+
+from __future__ import annotations
+
+import threading
+
+from reconciler.runtime import Wakeups
+from reconciler.sql import errors as sqlerrors
+
+
+class ShardSuspects:
+    def __init__(self, wakeups: Wakeups | None = None) -> None:
+        self._wakeups = wakeups  # the Shard controller's: a suspected shard gets its pass now
+        self._suspected: set[str] = set()  # ping these at the next reconcile, whatever the last result
+        self._disk: set[str] = set()  # a write failed with disk_full: probe a write until one passes
+        self._lock = threading.Lock()
+
+    def suspect(self, name: str, error_class: str | None = None) -> None:
+        """SQL on this shard failed (with `error_class`) or hangs: ping it now, not at the next interval;
+        after a `disk_full`, every ping also writes until a write passes."""
+        with self._lock:
+            if error_class == sqlerrors.DISK_FULL:
+                self._disk.add(name)
+            self._suspected.add(name)
+        if self._wakeups is not None:
+            self._wakeups.enqueue(name)
+
+    def take(self, name: str) -> bool:
+        """Was the shard suspected since the last `take`? (It is not any more.)"""
+        with self._lock:
+            suspected = name in self._suspected
+            self._suspected.discard(name)
+        return suspected
+
+    def disk_full(self, name: str) -> bool:
+        """Did a write on the shard fail with disk_full, and no test write pass since?"""
+        with self._lock:
+            return name in self._disk
+
+    def disk_passed(self, name: str) -> None:
+        """A test write on the shard passed: its disk is no longer suspected."""
+        with self._lock:
+            self._disk.discard(name)
+
+    def forget(self, name: str) -> None:
+        """The Shard is gone."""
+        with self._lock:
+            self._suspected.discard(name)
+            self._disk.discard(name)
