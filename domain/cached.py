@@ -1,0 +1,186 @@
+"""What the shared caches keep of each kind: the one table of the informers' transforms.
+
+A manager holds every Database of its namespace, and each one's credentials Secret, for as long as it runs;
+its memory grows by what it keeps of each. So the informers keep only the fields that the controllers and
+the API read (client-go's transform functions do the same): whatever an object holds besides them
+(managedFields, the `kubectl.kubernetes.io/last-applied-configuration` copy of an applied object, a Secret's
+data, fields the apiserver or other tools add) is dropped before the store holds it. Strings that repeat
+across objects of a kind (the namespace, a shard's name, a consumer's, condition reasons) are held once
+(`sys.intern`) rather than once per object.
+
+A Secret's data is never kept: the cache holds its metadata and `domain.credentials.secret_digest`, which
+is enough to decide that a credentials Secret is current (settled.py); whoever needs a value (the password
+for SQL, the API's credentials) reads the Secret from the apiserver. Reading values from a cached Secret
+raises (domain.credentials), so a reader that forgets does not see a Secret without data.
+
+A path is a tuple of keys from the object's root; it keeps everything under it. `*` in a `shared` path
+stands for every item of a list or every value of a mapping. tests/unit/test_cached.py runs the readers of
+each kind on full and on cached objects and asserts they answer the same: a field read but dropped here
+fails there.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from domain.constants import ANNOTATION_PASSWORD_ID, LABEL_CONSUMER
+from domain.credentials import DIGEST, secret_digest
+from domain.resources import CONSUMERS, DATABASE_CLUSTERS, DATABASES, SHARDS, Resource
+
+Path = tuple[str, ...]
+Obj = dict[str, Any]
+
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+SECRETS = Resource("", "v1", "secrets")
+
+# metav1.ObjectMeta as domain.metadata.ObjectMeta reads it (labels and annotations whole, less LAST_APPLIED).
+_METADATA: tuple[Path, ...] = tuple(
+    ("metadata", field)
+    for field in (
+        "name",
+        "namespace",
+        "uid",
+        "generation",
+        "resourceVersion",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "labels",
+        "annotations",
+        "finalizers",
+        "ownerReferences",
+    )
+)
+_TYPE: tuple[Path, ...] = (("apiVersion",), ("kind",))
+_CONDITIONS: tuple[Path, ...] = tuple(
+    ("status", "conditions", "*", key) for key in ("type", "status", "reason", "message")
+)
+
+
+@dataclass(frozen=True)
+class CachedForm:
+    """What a cache keeps of one kind: `kept` paths (everything else is dropped), `shared` paths whose string
+    values repeat across objects (held once), and `digest`: a function whose value replaces the object's
+    `data` under domain.credentials.DIGEST (Secrets), or None."""
+
+    kept: tuple[Path, ...]
+    shared: tuple[Path, ...] = ()
+    digest: Callable[[Mapping[str, Any]], str] | None = None
+
+    def apply(self, obj: Obj) -> Obj:
+        """The object as the cache keeps it (a new dict; `obj` is left as it was)."""
+        kept = _pick(obj, _tree(self.kept))
+        annotations = (kept.get("metadata") or {}).get("annotations")
+        if isinstance(annotations, dict) and LAST_APPLIED in annotations:
+            kept["metadata"]["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
+        for path in self.shared:
+            _intern(kept, path)
+        if self.digest is not None:
+            kept[DIGEST] = self.digest(obj)
+        return kept
+
+
+# kind (its resource) -> what its cache keeps. A kind not listed keeps all but managedFields.
+CACHED: dict[Resource, CachedForm] = {
+    DATABASES: CachedForm(
+        kept=(*_TYPE, *_METADATA, ("spec",), ("status",)),
+        shared=(
+            *_TYPE,
+            ("metadata", "namespace"),
+            ("metadata", "finalizers", "*"),
+            ("metadata", "labels", LABEL_CONSUMER),
+            ("spec", "consumer"),
+            ("spec", "sizeClass"),
+            ("spec", "engine"),
+            ("status", "shard"),
+            ("status", "phase"),
+            ("status", "appliedSizeClass"),
+            *_CONDITIONS,
+        ),
+    ),
+    SHARDS: CachedForm(kept=(*_TYPE, *_METADATA, ("spec",), ("status",)), shared=_TYPE),
+    CONSUMERS: CachedForm(kept=(*_TYPE, *_METADATA, ("spec",), ("status",)), shared=_TYPE),
+    DATABASE_CLUSTERS: CachedForm(kept=(*_TYPE, *_METADATA, ("spec",), ("status",)), shared=_TYPE),
+    # Only credentials Secrets are cached whole-object (label-selected); other Secrets are read by name.
+    SECRETS: CachedForm(
+        kept=(
+            *_TYPE,
+            ("metadata", "name"),
+            ("metadata", "namespace"),
+            ("metadata", "uid"),
+            ("metadata", "resourceVersion"),
+            ("metadata", "deletionTimestamp"),
+            ("metadata", "annotations", ANNOTATION_PASSWORD_ID),
+            ("metadata", "ownerReferences"),
+        ),
+        shared=(
+            *_TYPE,
+            ("metadata", "namespace"),
+            ("metadata", "ownerReferences", "*", "apiVersion"),
+            ("metadata", "ownerReferences", "*", "kind"),
+        ),
+        digest=secret_digest,
+    ),
+}
+
+
+def cached_form(resource: Resource) -> Callable[[Obj], Obj]:
+    """The informers' transform for `resource`: `CachedForm.apply` of its entry, or dropping managedFields."""
+    form = CACHED.get(resource)
+    return form.apply if form is not None else _without_managed_fields
+
+
+def _without_managed_fields(obj: Obj) -> Obj:
+    obj.get("metadata", {}).pop("managedFields", None)
+    return obj
+
+
+_Tree = dict[str, "_Tree | None"]  # None: keep everything under it
+
+
+def _tree(paths: tuple[Path, ...]) -> _Tree:
+    tree: _Tree = {}
+    for path in paths:
+        node = tree
+        for key in path[:-1]:
+            child = node.setdefault(key, {})
+            if child is None:
+                break
+            node = child
+        else:
+            node[path[-1]] = None
+    return tree
+
+
+def _pick(obj: Mapping[str, Any], tree: _Tree) -> Obj:
+    picked: Obj = {}
+    for key, sub in tree.items():
+        if key not in obj:
+            continue
+        value = obj[key]
+        if sub is None:
+            picked[key] = value
+        elif isinstance(value, Mapping):
+            picked[key] = _pick(value, sub)
+    return picked
+
+
+def _intern(node: Any, path: Path) -> None:
+    """Replace the string at `path` under `node` (a mapping or list) by its interned copy."""
+    key, rest = path[0], path[1:]
+    if key == "*":
+        items = (
+            list(node.items()) if isinstance(node, dict) else list(enumerate(node)) if isinstance(node, list) else []
+        )
+    elif isinstance(node, dict) and key in node:
+        items = [(key, node[key])]
+    else:
+        return
+    for at, value in items:
+        if rest:
+            if isinstance(value, dict | list):
+                _intern(value, rest)
+        elif isinstance(value, str):
+            node[at] = sys.intern(value)
