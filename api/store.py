@@ -499,6 +499,7 @@ class DatabaseStore:
             if secret is None:
                 self._held_secrets.pop(name, None)
             else:
+                secret.get("metadata", {}).pop("managedFields", None)  # never read: not worth holding
                 self._held_secrets[name] = secret
                 self._held_secrets.move_to_end(name)
                 while len(self._held_secrets) > SECRETS_HELD:

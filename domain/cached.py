@@ -13,6 +13,9 @@ is enough to decide that a credentials Secret is current (settled.py); whoever n
 for SQL, the API's credentials) reads the Secret from the apiserver. Reading values from a cached Secret
 raises (domain.credentials), so a reader that forgets does not see a Secret without data.
 
+Objects kept by name (informers.named: the Consumers' token Secrets, whose hashes the API compares) are kept
+whole but for their managedFields and LAST_APPLIED (`without_bookkeeping`).
+
 A path is a tuple of keys from the object's root; it keeps everything under it. `*` in a `shared` path
 stands for every item of a list or every value of a mapping. tests/unit/test_cached.py runs the readers of
 each kind on full and on cached objects and asserts they answer the same: a field read but dropped here
@@ -127,13 +130,19 @@ CACHED: dict[Resource, CachedForm] = {
 
 
 def cached_form(resource: Resource) -> Callable[[Obj], Obj]:
-    """The informers' transform for `resource`: `CachedForm.apply` of its entry, or dropping managedFields."""
+    """The informers' transform for `resource`: `CachedForm.apply` of its entry, or `without_bookkeeping`."""
     form = CACHED.get(resource)
-    return form.apply if form is not None else _without_managed_fields
+    return form.apply if form is not None else without_bookkeeping
 
 
-def _without_managed_fields(obj: Obj) -> Obj:
-    obj.get("metadata", {}).pop("managedFields", None)
+def without_bookkeeping(obj: Obj) -> Obj:
+    """`obj` without its managedFields and its LAST_APPLIED annotation (in place): what a whole object kept by
+    name (a Consumer's token Secret) does not need."""
+    metadata = obj.get("metadata") or {}
+    metadata.pop("managedFields", None)
+    annotations = metadata.get("annotations")
+    if isinstance(annotations, dict):
+        annotations.pop(LAST_APPLIED, None)
     return obj
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from api.auth import token_secret_names
 from api.models import database_view, read_database
-from domain.cached import CACHED, LAST_APPLIED, SECRETS, cached_form
+from domain.cached import CACHED, LAST_APPLIED, SECRETS, cached_form, without_bookkeeping
 from domain.constants import (
     ANNOTATION_DELETE_REQUESTED_AT,
     ANNOTATION_RESTORE_TENANT,
@@ -219,3 +219,14 @@ def test_every_kind_the_caches_hold_keeps_its_identity() -> None:
     for resource, form in CACHED.items():
         kept = form.apply({"metadata": {"name": "n", "namespace": "ns", "uid": "u", "resourceVersion": "7"}})
         assert kept["metadata"] == {"name": "n", "namespace": "ns", "uid": "u", "resourceVersion": "7"}, resource
+
+
+def test_an_object_kept_by_name_loses_only_its_bookkeeping() -> None:
+    token = {
+        "metadata": {"name": "t", "managedFields": MANAGED, "annotations": {LAST_APPLIED: "{}", "keep": "me"}},
+        "data": {"sha256": "YWJj"},
+    }
+    assert without_bookkeeping(copy.deepcopy(token)) == {
+        "metadata": {"name": "t", "annotations": {"keep": "me"}},
+        "data": {"sha256": "YWJj"},
+    }
