@@ -16,8 +16,8 @@ raises (domain.credentials), so a reader that forgets does not see a Secret with
 Objects kept by name (informers.named: the Consumers' token Secrets, whose hashes the API compares) are kept
 whole but for their managedFields and LAST_APPLIED (`without_bookkeeping`).
 
-A path is a tuple of keys from the object's root; it keeps everything under it. `*` in a `shared` path
-stands for every item of a list or every value of a mapping. tests/unit/test_cached.py runs the readers of
+A path is a tuple of keys from the object's root; it keeps everything under it. `*` stands for every item
+of a list (and, in a `shared` path, every value of a mapping). tests/unit/test_cached.py runs the readers of
 each kind on full and on cached objects and asserts they answer the same: a field read but dropped here
 fails there.
 """
@@ -57,8 +57,9 @@ _METADATA: tuple[Path, ...] = tuple(
     )
 )
 _TYPE: tuple[Path, ...] = (("apiVersion",), ("kind",))
+# lastTransitionTime too: the conditions one pass sets share it.
 _CONDITIONS: tuple[Path, ...] = tuple(
-    ("status", "conditions", "*", key) for key in ("type", "status", "reason", "message")
+    ("status", "conditions", "*", key) for key in ("type", "status", "reason", "message", "lastTransitionTime")
 )
 
 
@@ -109,21 +110,15 @@ CACHED: dict[Resource, CachedForm] = {
     # Only credentials Secrets are cached whole-object (label-selected); other Secrets are read by name.
     SECRETS: CachedForm(
         kept=(
-            *_TYPE,
             ("metadata", "name"),
             ("metadata", "namespace"),
-            ("metadata", "uid"),
             ("metadata", "resourceVersion"),
-            ("metadata", "deletionTimestamp"),
             ("metadata", "annotations", ANNOTATION_PASSWORD_ID),
-            ("metadata", "ownerReferences"),
+            # is_controlled_by: whose controller reference it is
+            ("metadata", "ownerReferences", "*", "uid"),
+            ("metadata", "ownerReferences", "*", "controller"),
         ),
-        shared=(
-            *_TYPE,
-            ("metadata", "namespace"),
-            ("metadata", "ownerReferences", "*", "apiVersion"),
-            ("metadata", "ownerReferences", "*", "kind"),
-        ),
+        shared=(("metadata", "namespace"),),
         digest=secret_digest,
     ),
 }
@@ -173,6 +168,8 @@ def _pick(obj: Mapping[str, Any], tree: _Tree) -> Obj:
             picked[key] = value
         elif isinstance(value, Mapping):
             picked[key] = _pick(value, sub)
+        elif isinstance(value, list) and isinstance(each := sub.get("*"), dict):
+            picked[key] = [_pick(item, each) for item in value if isinstance(item, Mapping)]
     return picked
 
 

@@ -237,8 +237,9 @@ class CredentialsSecrets:
         return secret, state
 
     def reread(self, database: Database, secret: Secret) -> Secret:
-        """The Secret from the apiserver (before SQL that must run once: the cache may lag our writes)."""
-        return self.rest.get(SECRETS, ObjectMeta.of(secret).name, database.namespace)
+        """The Secret from the apiserver, with its data (before SQL that must run once: the cache may lag our
+        writes, and holds no data)."""
+        return self.rest.get(SECRETS, secret_name(database), database.namespace)
 
     def delete(self, database: Database) -> None:
         """Remove the Secret (no garbage collector is relied on); gone already is fine."""
