@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from domain.constants import ANNOTATION_PASSWORD_ID, LABEL_CONSUMER
@@ -63,6 +63,72 @@ _CONDITIONS: tuple[Path, ...] = tuple(
 )
 
 
+_Tree = dict[str, "_Tree | None"]  # None: the end of a path
+
+
+def _tree(paths: tuple[Path, ...]) -> _Tree:
+    tree: _Tree = {}
+    for path in paths:
+        node = tree
+        for key in path[:-1]:
+            child = node.setdefault(key, {})
+            if child is None:  # a shorter path keeps all of it already
+                break
+            node = child
+        else:
+            node[path[-1]] = None
+    return tree
+
+
+@dataclass
+class _Node:
+    """One place of a kind's object: `whole` keeps every key under it (else only `children`'s), `each` applies
+    to every item of a list (or value of a whole mapping), `intern` holds a string once."""
+
+    whole: bool = False
+    intern: bool = False
+    children: dict[str, _Node] = field(default_factory=dict)
+    each: _Node | None = None
+
+
+def _compile(kept: _Tree | None, shared: _Tree | None, *, interned: bool = False) -> _Node:
+    """The node for a place `kept` (None: kept whole) whose shared paths below are `shared` (None: none)."""
+    node = _Node(whole=kept is None, intern=interned)
+    keys = set(kept or ()) | (set(shared or ()) if kept is None else set())
+    for key in keys:
+        below_kept = None if kept is None else kept[key]
+        below_shared = (shared or {}).get(key)
+        child = _compile(
+            below_kept, below_shared, interned=shared is not None and key in shared and below_shared is None
+        )
+        if key == "*":
+            node.each = child
+        else:
+            node.children[key] = child
+    return node
+
+
+def _walk(node: _Node, value: Any) -> Any:
+    if node.intern:
+        return sys.intern(value) if type(value) is str else value
+    if type(value) is dict:
+        if node.whole:
+            for key, child in node.children.items():
+                if key in value:
+                    value[key] = _walk(child, value[key])
+            if node.each is not None:
+                for key in value:
+                    value[key] = _walk(node.each, value[key])
+            return value
+        return {key: _walk(child, value[key]) for key, child in node.children.items() if key in value}
+    if type(value) is list and node.each is not None:
+        each = node.each
+        if node.whole:
+            return [_walk(each, item) for item in value]
+        return [_walk(each, item) for item in value if type(item) is dict]
+    return value
+
+
 @dataclass(frozen=True)
 class CachedForm:
     """What a cache keeps of one kind: `kept` paths (everything else is dropped), `shared` paths whose string
@@ -72,17 +138,21 @@ class CachedForm:
     kept: tuple[Path, ...]
     shared: tuple[Path, ...] = ()
     digest: Callable[[Mapping[str, Any]], str] | None = None
+    _root: _Node = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_root", _compile(_tree(self.kept), _tree(self.shared)))
 
     def apply(self, obj: Obj) -> Obj:
-        """The object as the cache keeps it (a new dict; `obj` is left as it was)."""
-        kept = _pick(obj, _tree(self.kept))
+        """The object as the cache keeps it: one walk over what is kept. `obj` (a decoded answer, owned by the
+        caller) may be changed on the way; use the returned dict."""
+        digest = self.digest(obj) if self.digest is not None else None
+        kept: Obj = _walk(self._root, obj)
         annotations = (kept.get("metadata") or {}).get("annotations")
         if isinstance(annotations, dict) and LAST_APPLIED in annotations:
             kept["metadata"]["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
-        for path in self.shared:
-            _intern(kept, path)
-        if self.digest is not None:
-            kept[DIGEST] = self.digest(obj)
+        if digest is not None:
+            kept[DIGEST] = digest
         return kept
 
 
@@ -139,54 +209,3 @@ def without_bookkeeping(obj: Obj) -> Obj:
     if isinstance(annotations, dict):
         annotations.pop(LAST_APPLIED, None)
     return obj
-
-
-_Tree = dict[str, "_Tree | None"]  # None: keep everything under it
-
-
-def _tree(paths: tuple[Path, ...]) -> _Tree:
-    tree: _Tree = {}
-    for path in paths:
-        node = tree
-        for key in path[:-1]:
-            child = node.setdefault(key, {})
-            if child is None:
-                break
-            node = child
-        else:
-            node[path[-1]] = None
-    return tree
-
-
-def _pick(obj: Mapping[str, Any], tree: _Tree) -> Obj:
-    picked: Obj = {}
-    for key, sub in tree.items():
-        if key not in obj:
-            continue
-        value = obj[key]
-        if sub is None:
-            picked[key] = value
-        elif isinstance(value, Mapping):
-            picked[key] = _pick(value, sub)
-        elif isinstance(value, list) and isinstance(each := sub.get("*"), dict):
-            picked[key] = [_pick(item, each) for item in value if isinstance(item, Mapping)]
-    return picked
-
-
-def _intern(node: Any, path: Path) -> None:
-    """Replace the string at `path` under `node` (a mapping or list) by its interned copy."""
-    key, rest = path[0], path[1:]
-    if key == "*":
-        items = (
-            list(node.items()) if isinstance(node, dict) else list(enumerate(node)) if isinstance(node, list) else []
-        )
-    elif isinstance(node, dict) and key in node:
-        items = [(key, node[key])]
-    else:
-        return
-    for at, value in items:
-        if rest:
-            if isinstance(value, dict | list):
-                _intern(value, rest)
-        elif isinstance(value, str):
-            node[at] = sys.intern(value)
