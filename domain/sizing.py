@@ -118,7 +118,7 @@ class ManagerSizing:
     each rounded up."""
 
     base_mib: int = 85
-    per_1000_databases_kib: int = 4300
+    per_1000_databases_kib: int = 4500
     per_consumer_kib: int = 7
 
     def manager_memory_mib(self, databases: int, consumers: int) -> int:
