@@ -18,8 +18,11 @@ left as its whole timeout (connect, TLS, answer), on a client that never retries
 no DELETE hangs. A read that misses the cache (a database another replica created an instant ago,
 credentials the cache lags) asks the apiserver within `read_budget` (5 s): reads are served from the
 cache even while the apiserver is gone, so only those rare fallbacks wait, and a slow but working
-apiserver does not turn them into errors. A create whose answer timed out may still have been committed:
-PUT is idempotent, so the client's retry returns the object (200).
+apiserver does not turn them into errors. The Secrets cache holds no Secret's data (domain.cached): the
+credentials route reads the credentials Secret from the apiserver within that budget, and keeps the last
+SECRETS_HELD read while the cache shows the same version of them (a repeated fetch needs no request). A
+create whose answer timed out may still have been committed: PUT is idempotent, so the client's retry
+returns the object (200).
 
 Quota: `Consumer.spec.maxDatabases` bounds the consumer's databases that are not yet Deleted (Deleting
 ones count). Each create first reserves a slot in the consumer's ledger on the apiserver
@@ -32,6 +35,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -96,6 +100,8 @@ PASSWORD_PENDING = "a new password is pending"  # a _read_credentials problem th
 REQUEST_BUDGET = 1.0
 # Seconds of a read's live fallback (a cache miss): as before this budget, a slow answer is still one.
 READ_BUDGET = 5.0
+# Credentials Secrets read for the API kept in memory (the most recently fetched; the cache holds no data).
+SECRETS_HELD = 1024
 
 Clock = Callable[[], datetime]
 
@@ -168,6 +174,7 @@ class DatabaseStore:
         # object name -> this replica's last annotation write, until the cache shows it: a PUT right after
         # this replica's DELETE answers 409 database_deleting, not 200 from a cache a few ms behind.
         self._own_writes: dict[str, _Pending] = {}
+        self._held_secrets: OrderedDict[str, Obj] = OrderedDict()  # Secret name -> as last read (with its data)
         self.quota = QuotaLedgers(
             rest,
             self.namespace,
@@ -233,12 +240,14 @@ class DatabaseStore:
         if not is_ready(db):
             raise NotReady()
         name = credentials_secret_name(db.name)
-        secret = self.secrets.get(f"{self.namespace}/{name}")
+        budget = self._budget(self.read_budget)
+        secret, live = self._credentials_secret(name, budget)
         credentials, problem = self._read_credentials(secret, db)
         if problem is not None:  # the caches may lag writes of the reconciler: ask the apiserver once
-            budget = self._budget(self.read_budget)
             db = self._mine(self._get_live(db.name, budget), consumer, external_id) or db
-            credentials, problem = self._read_credentials(self._get_live(name, budget, SECRETS), db)
+            if not live:
+                secret = self._get_live(name, budget, SECRETS)
+            credentials, problem = self._read_credentials(secret, db)
         if problem == PASSWORD_PENDING:
             raise CredentialsUnavailable("a new password is being set; retry in a few seconds")
         if problem is not None or credentials is None:
@@ -474,6 +483,30 @@ class DatabaseStore:
     @staticmethod
     def _same_version(one: Obj, other: Obj) -> bool:
         return resource_version_of(one) == resource_version_of(other)
+
+    def _credentials_secret(self, name: str, budget: _Budget) -> tuple[Obj | None, bool]:
+        """The credentials Secret `name` with its data, and whether it was read from the apiserver just now.
+
+        The cache holds no Secret's data (domain.cached): the Secret is read from the apiserver, and the last
+        SECRETS_HELD read are kept while the cache shows the same version of them, so a consumer fetching its
+        credentials again is answered from memory (and while the apiserver is gone)."""
+        cached = self.secrets.get(f"{self.namespace}/{name}")
+        with self._pending_lock:
+            held = self._held_secrets.get(name)
+            if held is not None and cached is not None and self._same_version(held, cached):
+                self._held_secrets.move_to_end(name)
+                return held, False
+        secret = self._get_live(name, budget, SECRETS)
+        with self._pending_lock:
+            if secret is None:
+                self._held_secrets.pop(name, None)
+            else:
+                secret.get("metadata", {}).pop("managedFields", None)  # never read: not worth holding
+                self._held_secrets[name] = secret
+                self._held_secrets.move_to_end(name)
+                while len(self._held_secrets) > SECRETS_HELD:
+                    self._held_secrets.popitem(last=False)
+        return secret, True
 
     def _read_credentials(self, secret: Obj | None, db: DatabaseObject) -> tuple[Credentials | None, str | None]:
         """(credentials, None) if the Secret is present, owned by the Database and consistent; else a reason."""

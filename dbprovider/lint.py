@@ -56,6 +56,8 @@ from domain.constants import (
 )
 from domain.metadata import Identity
 from domain.naming import InvalidName, validate_dns1123_label, validate_dns1123_subdomain, validate_secret_key
+from domain.settings import SETTINGS
+from domain.sizing import memory_needed_mib
 from domain.specs import ConsumerSpec, DatabaseSpec, ShardSpec
 from domain.tokens import parse_token_hashes
 from domain.validation import validation_problems
@@ -81,6 +83,7 @@ RULE_SHARD_UNBOUND = "shard-admin-unbound"
 RULE_ENGINE = "engine-disabled"
 RULE_CAPACITY = "shard-capacity"
 RULE_NO_VALUES = "no-values"
+RULE_MEMORY = "manager-memory"
 
 _SPEC_MODELS: dict[str, type[BaseModel]] = {
     KIND_SHARD: ShardSpec,
@@ -318,6 +321,7 @@ class Linter:
         self._consumers(config)
         self._shards(config)
         self._unbound_admin_secrets(config)
+        self._sizing(config)
         if kubeconfig:
             self._live_capacity(kubeconfig)
         return sorted(self.findings, key=lambda f: (f.file, f.line, f.rule))
@@ -340,6 +344,38 @@ class Linter:
             )
             self.findings.append(Finding(self.objects[0][0].file, 1, "", "", message, WARNING, RULE_NO_VALUES))
         return config
+
+    def _sizing(self, config: InstallConfig | None) -> None:
+        """The manager's memory limit holds what the documented sizing (domain.sizing) needs for the fleet:
+        sizing.expectedDatabases and expectedConsumers, else the linted Shards' maxDatabases summed (the most the
+        shards take) and the linted Consumers counted."""
+        if config is None or not self.values:
+            return
+        limit = config.resources.manager.memory_limit_bytes
+        if limit is None:
+            return
+        specs = [spec for _, spec in self.objects]
+        sizing = config.sizing
+        databases = sizing.expected_databases
+        if databases is None:
+            databases = sum(spec.max_databases for spec in specs if isinstance(spec, ShardSpec))
+        consumers = sizing.expected_consumers
+        if consumers is None:
+            consumers = sum(1 for spec in specs if isinstance(spec, ConsumerSpec))
+        connections = config.api.max_connections * SETTINGS.pod.connection_bytes
+        needed = memory_needed_mib(databases, consumers, connections)
+        if limit >= needed * 2**20:
+            return
+        source = "sizing.expectedDatabases" if sizing.expected_databases is not None else "the Shards' maxDatabases"
+        self.report(
+            self.values[0][0],
+            ["resources", "manager", "limits", "memory"],
+            f"is {config.resources.manager.limits.memory}, below the {needed}Mi the manager needs for {databases} "
+            f"Databases ({source}) and {consumers} Consumers with api.maxConnections {config.api.max_connections} "
+            "(docs/install.md, Sizing): the replicas would be OOM-killed one after the other",
+            RULE_MEMORY,
+            WARNING,
+        )
 
     def _duplicates(self) -> None:
         seen: dict[tuple[str, str, str], Document] = {}

@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from api import ApiServer, build_api
 from api.server import DEFAULT_THREADS, FrontDoorOptions
+from dbprovider.last_termination import LastTermination
 from dbprovider.logs import configure_logging
 from domain.admin_access import OutsidePod
 from domain.config import InstallConfig, load_install_config, read_install_values
@@ -35,7 +36,7 @@ from domain.connection_budget import database_limit
 from domain.resources import DATABASES, SHARDS
 from domain.settings import SETTINGS
 from domain.version import __version__
-from informers.rest import throttle_credential_refresh
+from informers.rest import Rest, throttle_credential_refresh
 from reconciler.fleet_metrics import FleetCollector
 from reconciler.runtime import ControllerManager, MetricsServer, start_metrics_server
 from reconciler.setup import register_controllers
@@ -59,6 +60,7 @@ class ManagerOptions:
     tls_cert: str = SETTINGS.files.tls_cert
     tls_key: str = SETTINGS.files.tls_key
     identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    pod_name: str | None = None  # the replica's own Pod (POD_NAME): its previous end is reported at start
     # --admin-host-override and --shard-ca-file; by default the Services and the bundle mounted from shardTLS.caBundle.
     outside_pod: OutsidePod = OutsidePod()
     api_threads: int = DEFAULT_THREADS
@@ -134,6 +136,7 @@ class Manager:
             FleetCollector(shards.list, databases.list, connection_limit=partial(database_limit, config=options.config))
         )
         register_build_info(registry)
+        self.last_termination = LastTermination(Rest(self.client), registry, options.identity)
         self.api = build_api(
             options.config,
             informers,
@@ -159,6 +162,13 @@ class Manager:
         )
         self.api_server.start()  # /healthz answers while the caches sync; /readyz waits for them
         self.controllers.start()
+        if self.options.pod_name:  # why the previous container ended (OOMKilled...): one GET, beside the start
+            threading.Thread(
+                target=self.last_termination.report,
+                args=(self.options.namespace, self.options.pod_name),
+                name="last-termination",
+                daemon=True,
+            ).start()
         log.info(
             "manager started",
             extra={"api_port": self.api_server.port, "metrics_port": self.metrics_server.port},
@@ -314,6 +324,7 @@ def main_from_args(
         tls_cert=os.environ.get(env.tls_cert, ManagerOptions.tls_cert),
         tls_key=os.environ.get(env.tls_key, ManagerOptions.tls_key),
         identity=os.environ.get(env.pod_name) or f"{socket.gethostname()}-{os.getpid()}",
+        pod_name=os.environ.get(env.pod_name) or None,
         outside_pod=outside_pod,
         quota_reservation_timeout=quota_reservation_timeout,
     )

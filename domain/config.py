@@ -32,6 +32,7 @@ from pydantic import (
 from domain.constants import DEFAULT_NAMESPACE, DEFAULT_RELEASE_NAME, SIZE_CLASS_MAX_LENGTH
 from domain.naming import DNS1035_LABEL_RE, DNS1123_SUBDOMAIN_RE, LABEL_VALUE_MAX_LENGTH, LABEL_VALUE_RE
 from domain.settings import SETTINGS
+from domain.sizing import ResourcesConfig, SizingConfig
 from domain.validation import (
     ClientHost,
     ConfigModel,
@@ -393,19 +394,6 @@ def _check_api_timeout(value: timedelta) -> timedelta:
 ApiTimeout = Annotated[Duration, AfterValidator(_check_api_timeout)]
 
 
-def _check_max_connections(value: int) -> int:
-    """maxConnections times what a connection may cost must fit the pod's memory limit with room."""
-    pod = SETTINGS.pod
-    if value > pod.max_connections:
-        raise ValueError(
-            f"{value} connections of up to {pod.connection_bytes // 1024} KiB each need "
-            f"{value * pod.connection_bytes // 2**20} MiB, more than the {pod.connections_bytes // 2**20} MiB that "
-            f"the pod's memory limit of {pod.memory_limit_mib}Mi leaves beside the manager; at most "
-            f"{pod.max_connections}"
-        )
-    return value
-
-
 class ApiConfig(ConfigModel):
     """Deadlines and connection bounds of the consumer API's server (api/server.py, docs/api.md)."""
 
@@ -413,7 +401,8 @@ class ApiConfig(ConfigModel):
     body_timeout: ApiTimeout = timedelta(seconds=10)
     idle_timeout: ApiTimeout = timedelta(seconds=30)
     request_timeout: ApiTimeout = timedelta(seconds=10)
-    max_connections: Annotated[StrictInt, Field(ge=1), AfterValidator(_check_max_connections)] = 1000
+    # Checked against resources.manager.limits.memory (`_connection_problems`).
+    max_connections: Annotated[StrictInt, Field(ge=1)] = 1000
     max_connections_per_client: Annotated[StrictInt, Field(ge=1, le=100_000)] = 100
     max_requests_per_consumer: Annotated[StrictInt, Field(ge=1, le=1000)] = 8
 
@@ -445,6 +434,8 @@ class InstallConfig(ConfigModel):
     engines: EnginesConfig = EnginesConfig()
     api: ApiConfig = ApiConfig()
     readiness: ReadinessConfig = ReadinessConfig()
+    resources: ResourcesConfig = ResourcesConfig()
+    sizing: SizingConfig = SizingConfig()
     # The Database controller's workers (docs/runtime.md, "Workers and lanes"): at most workersPerShard
     # on one shard's databases (and on placement), workersTotal in all.
     workers_per_shard: Annotated[StrictInt, Field(ge=1, le=MAX_WORKERS_PER_SHARD)] = 4
@@ -502,9 +493,32 @@ def load_install_config(data: Mapping[str, Any] | None) -> InstallConfig:
     if not isinstance(data, Mapping):
         raise ConfigError((("", "the install config must be a mapping of keys to values"),))
     try:
-        return InstallConfig.model_validate(dict(data))
+        config = InstallConfig.model_validate(dict(data))
     except ValidationError as exc:
         raise ConfigError(validation_problems(exc)) from None
+    problems = _connection_problems(config)
+    if problems:
+        raise ConfigError(problems)
+    return config
+
+
+def _connection_problems(config: InstallConfig) -> tuple[tuple[str, str], ...]:
+    """api.maxConnections times what a connection may cost must fit the manager's memory limit with room."""
+    limit = config.resources.manager.memory_limit_bytes
+    if limit is None:
+        return ()
+    pod, wanted = SETTINGS.pod, config.api.max_connections
+    room = max(0, limit - pod.manager_room_mib * 2**20)
+    most = room // pod.connection_bytes
+    if wanted <= most:
+        return ()
+    message = (
+        f"{wanted} connections of up to {pod.connection_bytes // 1024} KiB each need "
+        f"{wanted * pod.connection_bytes // 2**20} MiB, more than the {room // 2**20} MiB that the pod's memory limit "
+        f"of {config.resources.manager.limits.memory} (resources.manager.limits.memory) leaves beside the manager; "
+        f"at most {most}"
+    )
+    return (("api.maxConnections", message),)
 
 
 def read_install_values(path: str | Path) -> Any:

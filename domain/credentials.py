@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -64,12 +65,14 @@ def opaque_secret(name: str, namespace: str, data: Mapping[str, str], type_: str
 
 def secret_data_bytes(secret: Mapping[str, Any], key: str) -> bytes | None:
     """The decoded value of `key` in a Secret's data, or None if the key is missing or not base64."""
+    _require_data(secret)
     data = secret.get("data")
     return decode_secret_value(data.get(key)) if isinstance(data, Mapping) else None
 
 
 def secret_data_values(secret: Mapping[str, Any]) -> dict[str, bytes]:
     """Every key of a Secret's data, decoded; a value that is not base64 is left out."""
+    _require_data(secret)
     data = secret.get("data")
     if not isinstance(data, Mapping):
         return {}
@@ -77,7 +80,9 @@ def secret_data_values(secret: Mapping[str, Any]) -> dict[str, bytes]:
 
 
 def decode_secret_data(secret: Mapping[str, Any]) -> dict[str, str]:
-    """Every key of a Secret's data as text; a value that is not base64 UTF-8 reads as "" (unusable)."""
+    """Every key of a Secret's data as text; a value that is not base64 UTF-8 reads as "" (unusable).
+    A Secret as the caches hold it has no data to read: ValueError (read it from the apiserver)."""
+    _require_data(secret)
     data = secret.get("data")
     if not isinstance(data, Mapping):
         return {}
@@ -92,6 +97,55 @@ def decode_secret_data(secret: Mapping[str, Any]) -> dict[str, str]:
 
 
 secret_values = decode_secret_data  # the name the controllers know it by
+
+
+# -- a Secret as the caches hold it ----------------------------------------------------------------
+
+# The key of a cached Secret (domain.cached) that stands for its data: `secret_digest` of it.
+DIGEST = "digest"
+_DIGESTED = ("database", "user", "host", "port", "sslmode")
+
+
+def is_digested(secret: Mapping[str, Any]) -> bool:
+    """The Secret is the caches' form: metadata and a digest, no data."""
+    return DIGEST in secret
+
+
+def _require_data(secret: Mapping[str, Any]) -> None:
+    if DIGEST in secret:
+        raise ValueError("a Secret from the cache holds no data: read it from the apiserver")
+
+
+def _password_usable(raw: object) -> bool:
+    password = decode_secret_value(raw)
+    if not password:
+        return False
+    try:
+        return bool(password.decode("utf-8"))  # as decode_secret_data reads it
+    except UnicodeDecodeError:
+        return False
+
+
+def _digest_of(values: tuple[object, ...], password_usable: bool) -> str:
+    text = "\0".join(value if isinstance(value, str) else "\1" for value in values)
+    return hashlib.blake2b(f"{text}\0{int(password_usable)}".encode(), digest_size=8).hexdigest()
+
+
+def secret_digest(secret: Mapping[str, Any]) -> str:
+    """What decides that a credentials Secret is current, in 16 hex digits: its database, user, host, port and
+    sslmode as stored (base64), and whether its password is usable (never the password itself). The caches
+    keep this instead of the data; `secret_settled` compares it with `expected_digest`."""
+    if DIGEST in secret:
+        return str(secret[DIGEST])
+    data = secret.get("data")
+    data = data if isinstance(data, Mapping) else {}
+    return _digest_of(tuple(data.get(key) for key in _DIGESTED), _password_usable(data.get("password")))
+
+
+def expected_digest(tenant: str, endpoint: Endpoint) -> str:
+    """The digest of a Secret that names `tenant` and `endpoint` and holds a usable password."""
+    names = encode_secret_value(tenant)
+    return _digest_of((names, names, *_encoded_endpoint(endpoint)), True)
 
 
 # -- passwords -------------------------------------------------------------------------------------
@@ -179,26 +233,10 @@ def classify_secret(secret: Mapping[str, Any] | None, database_uid: str, tenant:
 
 def secret_settled(secret: Mapping[str, Any], database_uid: str, tenant: str, endpoint: Endpoint) -> bool:
     """The Secret is ours and consistent (`classify_secret` says OURS) and its endpoint keys are `endpoint`'s
-    (`endpoint_patch` finds nothing to change), checked for every Secret at a start: the expected values are
-    compared in their base64 form (the apiserver always writes the canonical one; any other reads as not
-    settled, and the full pass decides), so only the password is decoded."""
-    if not is_controlled_by(secret, database_uid):
-        return False
-    data = secret.get("data")
-    if not isinstance(data, Mapping):
-        return False
-    names = encode_secret_value(tenant)
-    if data.get("database") != names or data.get("user") != names:
-        return False
-    if (data.get("host"), data.get("port"), data.get("sslmode")) != _encoded_endpoint(endpoint):
-        return False
-    password = decode_secret_value(data.get("password"))
-    if not password:
-        return False
-    try:
-        return bool(password.decode("utf-8"))  # as decode_secret_data reads it
-    except UnicodeDecodeError:
-        return False
+    (`endpoint_patch` finds nothing to change), checked for every Secret at a start on the caches' form: its
+    digest (`secret_digest`) is that of the expected values in their base64 form (the apiserver always writes
+    the canonical one; any other reads as not settled, and the full pass decides)."""
+    return is_controlled_by(secret, database_uid) and secret_digest(secret) == expected_digest(tenant, endpoint)
 
 
 @lru_cache(maxsize=1024)

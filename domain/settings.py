@@ -287,8 +287,9 @@ _MIB = 2**20
 
 @dataclass(frozen=True)
 class PodResources:
-    """The manager container's memory (the Deployment's requests and limits), and the share of the limit
-    that API connections may take: what the install config's api.maxConnections is checked against.
+    """The manager container's default memory (resources.manager's defaults in the install config), and the
+    share of its limit that API connections may take: what the install config's api.maxConnections is checked
+    against (with the limit the install config sets).
 
     The manager itself keeps `manager_room` (about 145 MB RSS at 10,000 Databases, docs/performance.md
     section 3, with room to grow); each connection is counted at `connection_bytes`, the worst kind measured by

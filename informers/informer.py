@@ -17,19 +17,22 @@ Behaviour, in the order a reader needs it:
 - 410 Gone (an expired resourceVersion, as an ERROR event or as the HTTP status) relists at once:
   the client's `kubernetes.watch.Watch` retries a 410 only once and then raises, so it is not used.
 - Any other error (network, 403, 5xx, a broken stream) relists after an exponential backoff.
-- A relist replaces the store by diffing: objects that vanished meanwhile produce DELETED,
-  new ones ADDED, changed ones (another resourceVersion) MODIFIED, unchanged ones nothing. Watch
-  events whose resourceVersion equals the stored one are dropped. So handlers never see an
-  object twice nor miss a deletion across reconnects.
+- A list (the first or a relist) goes into the store page by page, replacing each key's object as
+  its page comes (so the process never holds the old store and a whole new list at once): new keys
+  produce ADDED, changed ones (another resourceVersion) MODIFIED, unchanged ones nothing (the stored
+  object stays); once the list is in, the keys it did not show produce DELETED. Watch events whose
+  resourceVersion equals the stored one are dropped. So handlers never see an object twice nor miss
+  a deletion across reconnects.
 - Every list, the first and each relist, runs with the cycle collector's full collections deferred
   (`informers.heap.listing`): a relist of changed objects, or of pages, otherwise runs many of them, each
   stopping every thread of the process (the API's too), right when the apiserver was just degraded
   (docs/performance.md section 5).
 - `add_page_observer` sees each page of a full LIST (`page_size` objects of a streamed one) as it arrives,
   before the store has it (a start can look at 100,000 objects while the rest of the list is still on its
-  way); the store and `has_synced` still change only once the whole list is in.
-- Stored objects are shared, read-only dicts (no copies: 10,000 Databases must fit in memory).
-  `metadata.managedFields` is dropped before storing (pass `transform` to drop more).
+  way); `has_synced` changes only once the whole list is in.
+- Stored objects are shared, read-only dicts (no copies: 100,000 Databases must fit in memory).
+  `metadata.managedFields` is dropped before storing; `transform` keeps less (SharedInformers passes
+  each kind's domain.cached form).
 - `metadata_only` lists and watches PartialObjectMetadata (the apiserver sends no spec, status or
   data) and keeps only each object's name, namespace, uid and resourceVersion: annotations are
   dropped too, since `kubectl apply` copies a whole Secret, data included, into one.
@@ -497,8 +500,8 @@ class Informer:
     def _receive_initial_events(self, lines: Iterator[bytes]) -> str:
         """Read a streamed list's initial events up to the bookmark that ends them and replace the store with
         them, as `_list_and_replace` does with the pages of a LIST; returns the bookmark's resourceVersion."""
-        fresh: dict[str, Obj] = {}
-        batch: list[Obj] = []
+        seen: set[str] = set()
+        batch: list[tuple[str, Obj]] = []
         timing = ListTiming(streamed=True)
         spent = dict.fromkeys(("waiting", "decoding", "storing"), 0.0)
         current = self._items  # only this thread writes the store (see _list_and_replace)
@@ -522,31 +525,38 @@ class Informer:
                         raise ValueError("the bookmark that ends the initial events has no resourceVersion")
                     break
                 continue  # an ordinary bookmark: the resourceVersion moves only once the store holds the objects
-            key = object_key(obj)
-            if event_type == DELETED:  # never among initial events; harmless if it ever is
-                fresh.pop(key, None)
-            else:
-                fresh[key] = stored = self._fresh(current.get(key), obj)
-                batch.append(stored)
+            if event_type != DELETED:  # never among initial events; a key not seen is deleted at the end anyway
+                key = object_key(obj)
+                batch.append((key, self._fresh(current.get(key), obj)))
             for part, seconds in (("waiting", received - started), ("decoding", decoded - received)):
                 spent[part] += seconds
             spent["storing"] += time.monotonic() - decoded
             if len(batch) >= self._page_size:
-                self._end_batch(batch, False, timing, spent)
+                self._end_batch(batch, False, timing, spent, seen)
                 batch = []
                 if self._stop.is_set():
                     raise InterruptedError("stopped during list")
-        self._end_batch(batch, True, timing, spent)
+        self._end_batch(batch, True, timing, spent, seen)
         self.stats["streamed"] += 1
-        self._store_list(fresh, resource_version, timing)
+        self._store_list(seen, resource_version, timing)
         return resource_version
 
-    def _end_batch(self, batch: builtins.list[Obj], last: bool, timing: ListTiming, spent: dict[str, float]) -> None:
-        """A streamed list's `page_size` objects: shown to the page observers like a page of a LIST."""
+    def _end_batch(
+        self,
+        batch: builtins.list[tuple[str, Obj]],
+        last: bool,
+        timing: ListTiming,
+        spent: dict[str, float],
+        seen: set[str],
+    ) -> None:
+        """A streamed list's `page_size` objects: shown to the page observers like a page of a LIST, then stored."""
         self.progressed = time.monotonic()
         if self._page_observers:
-            self._observe(batch, last)
-        timing.page(spent["waiting"], spent["decoding"], spent["storing"], time.monotonic() - self.progressed)
+            self._observe([obj for _, obj in batch], last)
+        observed = time.monotonic()
+        self._store_page(batch, seen)
+        storing = spent["storing"] + time.monotonic() - observed
+        timing.page(spent["waiting"], spent["decoding"], storing, observed - self.progressed)
         spent.update(dict.fromkeys(spent, 0.0))
 
     def _list_and_replace(self) -> str:
@@ -556,7 +566,7 @@ class Informer:
         the undecoded page, checked once the page is decoded): at 100,000 objects the apiserver's time
         and ours overlap instead of adding up."""
         path = self.resource.collection_path(self.namespace)
-        fresh: dict[str, Obj] = {}
+        seen: set[str] = set()
         timing = ListTiming()
         # Only this thread writes the store, so reading it here needs no lock: the API and the workers
         # reading the store are never held up while a page of a large relist is prepared.
@@ -572,19 +582,29 @@ class Informer:
             page = decode_json(data)
             decoded = time.monotonic()
             kind = (page.get("kind") or "").removesuffix("List")
-            stored: list[Obj] = []
-            for obj in page.get("items") or ():
+            items = page.pop("items", None) or []
+            metadata = page.get("metadata") or {}
+            del page, data  # the page's objects as decoded go as soon as each is prepared: one copy of them at most
+            stored: list[tuple[str, Obj]] = []
+            while items:
+                obj = items.pop()
                 if kind:
                     obj.setdefault("kind", kind)
                 key = object_key(obj)
-                fresh[key] = kept = self._fresh(current.get(key), obj)
-                stored.append(kept)
+                stored.append((key, self._fresh(current.get(key), obj)))
+            stored.reverse()
             prepared = time.monotonic()
-            metadata = page.get("metadata") or {}
             continue_token = metadata.get("continue")
             if self._page_observers:
-                self._observe(stored, not continue_token)
-            timing.page(received - started, decoded - received, prepared - decoded, time.monotonic() - prepared)
+                self._observe([obj for _, obj in stored], not continue_token)
+            observed = time.monotonic()
+            self._store_page(stored, seen)
+            timing.page(
+                received - started,
+                decoded - received,
+                prepared - decoded + time.monotonic() - observed,
+                observed - prepared,
+            )
             if not continue_token:
                 resource_version = str(metadata["resourceVersion"])
                 break
@@ -592,16 +612,16 @@ class Informer:
                 raise InterruptedError("stopped during list")
             if continue_token != guessed:  # not read from the undecoded page: ask now
                 asked = self._ask(path, continue_token)
-        self._store_list(fresh, resource_version, timing)
+        self._store_list(seen, resource_version, timing)
         return resource_version
 
-    def _store_list(self, fresh: dict[str, Obj], resource_version: str, timing: ListTiming) -> None:
-        """A whole list is in: count it, keep its timing and replace the store with it."""
+    def _store_list(self, seen: set[str], resource_version: str, timing: ListTiming) -> None:
+        """A whole list is in (its pages stored): count it, keep its timing, delete what it did not show."""
         self.stats["lists"] += 1
-        timing.objects = len(fresh)
+        timing.objects = len(seen)
         self.last_list = timing  # before the store is synced: the start logs it then
         replacing = time.monotonic()
-        self._replace(fresh, resource_version)
+        self._end_list(seen, resource_version)
         timing.spent["storing"] += time.monotonic() - replacing
 
     def _ask(self, path: str, continue_token: str | None) -> PageRequest:
@@ -629,35 +649,39 @@ class Informer:
         obj.setdefault("apiVersion", self.resource.api_version)  # typed list items carry no apiVersion
         return self._transform(obj) if self._transform is not None else obj
 
-    def _replace(self, fresh: dict[str, Obj], resource_version: str) -> None:
-        with self._dispatch_lock:  # store change and its dispatch are atomic for add_handler
-            self._replace_locked(fresh, resource_version)
-
-    def _replace_locked(self, fresh: dict[str, Obj], resource_version: str) -> None:
+    def _store_page(self, page: builtins.list[tuple[str, Obj]], seen: set[str]) -> None:
+        """Put one page of a list into the store, object by object (the store never holds two copies of the
+        fleet, as a store replaced whole at the list's end would while the list is in), and dispatch the changes:
+        ADDED for a new key, MODIFIED for another version; an unchanged object is the stored one, no event."""
         events: list[tuple[str, Obj | None, Obj | None]] = []
-        with self._lock:
-            old_items = self._items
-            for key, obj in fresh.items():
-                old = old_items.get(key)
-                if old is None:
-                    events.append((ADDED, None, obj))
-                elif old is not obj:
-                    events.append((MODIFIED, old, obj))
-            for key, old in old_items.items():
-                if key not in fresh:
+        with self._dispatch_lock:  # store change and its dispatch are atomic for add_handler
+            with self._lock:
+                for key, obj in page:
+                    seen.add(key)
+                    old = self._items.get(key)
+                    if old is obj:
+                        continue
+                    self._items[key] = obj
+                    self._reindex(key, old, obj)
+                    events.append((ADDED, None, obj) if old is None else (MODIFIED, old, obj))
+            self._dispatch(events)
+
+    def _end_list(self, seen: set[str], resource_version: str) -> None:
+        """The list is all stored: DELETED for every key it did not show, then the list's resourceVersion."""
+        with self._dispatch_lock:
+            events: list[tuple[str, Obj | None, Obj | None]] = []
+            with self._lock:
+                for key in [key for key in self._items if key not in seen]:
+                    old = self._items.pop(key)
+                    self._reindex(key, old, None)
                     events.append((DELETED, old, None))
-            for _event_type, old, new in events:
-                changed = new if new is not None else old
-                if changed is not None:  # always: an event has an old or a new object, or both
-                    self._reindex(object_key(changed), old, new)
-            self._items = fresh
-            self.resource_version = resource_version
-        log.debug("%r: listed %d objects at %s (%d changes)", self, len(fresh), resource_version, len(events))
-        self._dispatch(events)
-        # Synced only once the handlers have seen the list (client-go's order): a controller started on "synced"
-        # must not get the first list's 100,000 ADDED events on top of its own resync of the same keys.
-        if not self._synced.is_set():
-            self._synced.set()
+                self.resource_version = resource_version
+            log.debug("%r: listed %d objects at %s (%d deleted)", self, len(seen), resource_version, len(events))
+            self._dispatch(events)
+            # Synced only once the handlers have seen the list (client-go's order): a controller started on
+            # "synced" must not get the first list's 100,000 ADDED events on top of its own resync of the same keys.
+            if not self._synced.is_set():
+                self._synced.set()
 
     def _watch(self, resource_version: str) -> str:
         """Watch from resource_version until the stream ends; returns the last resourceVersion seen."""

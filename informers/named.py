@@ -27,6 +27,7 @@ from collections.abc import Iterable
 
 from kubernetes.client.exceptions import ApiException
 
+from domain.cached import without_bookkeeping
 from domain.objects import Obj
 from domain.settings import SETTINGS, Backoff
 from informers.informer import (
@@ -36,7 +37,6 @@ from informers.informer import (
     Handler,
     Informer,
     resource_version_of,
-    strip_managed_fields,
 )
 from informers.rest import Rest
 
@@ -210,7 +210,7 @@ class NamedObjects:
             fresh = held
         else:
             try:
-                fresh = strip_managed_fields(self.rest.get(self.resource, name, self.namespace, timeout=self._timeout))
+                fresh = without_bookkeeping(self.rest.get(self.resource, name, self.namespace, timeout=self._timeout))
             except ApiException as exc:
                 if exc.status != 404:
                     self._failed(name, f"HTTP {exc.status}")

@@ -8,6 +8,7 @@ from typing import Any
 
 from kubernetes.client import ApiClient
 
+from domain.cached import cached_form
 from informers.informer import Informer
 from informers.named import NamedObjects
 from informers.resource import Resource
@@ -26,6 +27,9 @@ class SharedInformers:
     An informer marked `optional` (an optional engine's kind, whose CRD may be missing or not served)
     runs like the others but is not waited for: `has_synced`, `wait_for_sync` and `unsynced` are about
     the required ones, so a missing CRD keeps no replica from starting and no API from serving.
+
+    Each informer keeps of its kind only what domain.cached says (a credentials Secret: its metadata and a
+    digest, never its data).
     """
 
     def __init__(self, api_client: ApiClient | Rest, **informer_options: Any) -> None:
@@ -60,7 +64,7 @@ class SharedInformers:
                     label_selector=label_selector,
                     field_selector=field_selector,
                     metadata_only=metadata_only,
-                    **self._options,
+                    **{"transform": cached_form(resource), **self._options},
                 )
                 self._informers[key] = informer
                 if self._started:

@@ -119,6 +119,8 @@ ADDED_SINCE_PREVIOUS_RELEASE: tuple[tuple[str, ...], ...] = (
     ("engines", "cloudberry", "scalingAlertAfter"),
     ("workersPerShard",),
     ("workersTotal",),
+    ("resources",),
+    ("sizing",),
 )
 
 
@@ -320,7 +322,12 @@ def _context(config: InstallConfig, time_scale: int = 1) -> dict[str, Any]:
         "files": SETTINGS.files,
         "env": SETTINGS.env,
         "probes": SETTINGS.probes,
-        "pod": SETTINGS.pod,
+        # resources.manager: the keys set (a key set to null is left out of the Deployment)
+        "manager_resources": {
+            part: amounts
+            for part, amounts in config.resources.manager.model_dump(mode="json", exclude_none=True).items()
+            if amounts
+        },
         "termination": SETTINGS.termination,
         "uid": SETTINGS.run_as_uid,
     }

@@ -222,9 +222,10 @@ class DatabaseController:
                 DatabaseReason.ADMIN_UNAVAILABLE,
                 f"shard {database.shard} has an invalid spec; retrying",
             )
-        secret = self.secrets.ensure(database, client_endpoint(spec))
+        ready = database.status.phase == Phase.READY
+        secret = self.secrets.ensure(database, client_endpoint(spec), values=not ready)  # provisioning: the password
 
-        if database.status.phase == Phase.READY:
+        if ready:
             self.ready.converge(database, shard, secret)
             return self.ownership.confirm(database, shard)  # SQL once per database, then never again
         else:

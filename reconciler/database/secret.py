@@ -19,8 +19,10 @@ from domain.credentials import (
     classify_secret,
     credentials_labels,
     endpoint_patch,
+    is_digested,
     new_password,
     password_id,
+    secret_settled,
     secret_values,
 )
 from domain.metadata import ObjectMeta
@@ -45,6 +47,7 @@ def secret_name(database: Database) -> str:
 
 
 def password(secret: Secret) -> str:
+    """The password of a Secret read from the apiserver (a cached one holds none: ValueError)."""
     return secret_values(secret)["password"]
 
 
@@ -164,11 +167,24 @@ class CredentialsSecrets:
         meta = db.get("metadata") or {}
         return f"{meta.get('namespace')}/{credentials_secret_name(str(meta.get('name')))}"
 
-    def ensure(self, database: Database, endpoint: Endpoint) -> Secret:
-        """The credentials Secret: created before the role exists; endpoint keys follow the shard."""
+    def ensure(self, database: Database, endpoint: Endpoint, *, values: bool = False) -> Secret:
+        """The credentials Secret: created before the role exists; endpoint keys follow the shard.
+
+        The cache holds a Secret's metadata and digest only (domain.cached): one that is current is returned
+        as cached, unless the caller needs its `values` (the password, for SQL); any other is read from the
+        apiserver first."""
         tenant = database.tenant
         key = f"{database.namespace}/{secret_name(database)}"
-        secret = self.secrets.get(key) or self._remembered(key)  # ours, its event not in the cache yet
+        cached, remembered = self.secrets.get(key), self._remembered(key)  # ours, its event not in the cache yet
+        secret = cached or remembered
+        if remembered is not None and (
+            cached is None or resource_version_of(cached) == resource_version_of(remembered)
+        ):
+            secret = remembered  # our create's answer: the same version, with its data
+        if secret is not None and is_digested(secret):
+            if not values and secret_settled(secret, database.uid, tenant, endpoint):
+                return secret
+            secret = self._live(database)
         state = classify_secret(secret, database.uid, tenant)
         if state is SecretState.MISSING:
             # Its new password (a new id) is pending until status.passwordApplied names it: the role
@@ -195,6 +211,15 @@ class CredentialsSecrets:
             secret = self.rest.patch(SECRETS, secret_name(database), conditional(patch, secret), database.namespace)
         return secret
 
+    def _live(self, database: Database) -> Secret | None:
+        """The Secret as the apiserver holds it now (None: there is none)."""
+        try:
+            return self.rest.get(SECRETS, secret_name(database), database.namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            return None
+
     def _uncached(self, database: Database, tenant: str) -> tuple[Secret, SecretState]:
         """The Secret of that name that the label-selected cache does not hold (or not yet).
 
@@ -212,8 +237,9 @@ class CredentialsSecrets:
         return secret, state
 
     def reread(self, database: Database, secret: Secret) -> Secret:
-        """The Secret from the apiserver (before SQL that must run once: the cache may lag our writes)."""
-        return self.rest.get(SECRETS, ObjectMeta.of(secret).name, database.namespace)
+        """The Secret from the apiserver, with its data (before SQL that must run once: the cache may lag our
+        writes, and holds no data)."""
+        return self.rest.get(SECRETS, secret_name(database), database.namespace)
 
     def delete(self, database: Database) -> None:
         """Remove the Secret (no garbage collector is relied on); gone already is fine."""

@@ -6,6 +6,8 @@ subresource and the `<name>-credentials` Secret owned by the Database (controlle
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
@@ -164,3 +166,21 @@ def test_deleting_database_has_no_credentials(env: ApiEnv, ready: tuple[Consumer
     response = env.call("GET", creds_path(external_id), consumer.token)
     assert response.status_code == 409
     assert response.json()["error"] == "not_ready"
+
+
+def test_the_cache_holds_no_password_and_a_changed_secret_is_read_anew(
+    env: ApiEnv, ready: tuple[Consumer, str, dict]
+) -> None:
+    """The Secrets cache keeps metadata and a digest only: the credentials route reads the Secret from the
+    apiserver, keeps the last ones read while the cache shows that version, and reads a changed one anew."""
+    consumer, external_id, db = ready
+    env.credentials_secret(db, values={"password": "first-password"})
+    assert env.call("GET", creds_path(external_id), consumer.token).json()["password"] == "first-password"
+    cached = env.components.store.secrets.get(
+        f"{db['metadata']['namespace']}/{credentials_secret_name(db['metadata']['name'])}"
+    )
+    assert cached is not None and "data" not in cached
+    assert "first-password" not in json.dumps(cached) and "Zmlyc3QtcGFzc3dvcmQ" not in json.dumps(cached)
+    assert env.call("GET", creds_path(external_id), consumer.token).json()["password"] == "first-password"
+    env.credentials_secret(db, values={"password": "second-password"})  # returns once the cache shows it
+    assert env.call("GET", creds_path(external_id), consumer.token).json()["password"] == "second-password"

@@ -392,3 +392,21 @@ def test_v1beta1_objects_and_descriptions_are_checked_like_v1alpha1(repo: Path) 
     _edit(repo / "shards" / "shard01.yaml", lambda s: s.update(apiVersion="db.bnerd.com/v1"))
     (finding,) = findings(lint(repo).stdout)
     assert "serves no db.bnerd.com/v1 Shard" in finding["rest"]
+
+
+def test_a_memory_limit_below_the_sizing_for_the_fleet_is_a_warning(repo: Path) -> None:
+    """The fleet from sizing.expectedDatabases, else the Shards' maxDatabases: the documented sizing (domain.sizing)
+    must fit resources.manager.limits.memory, or the replicas are OOM-killed one after the other."""
+    values = repo / "dbprovider-values.yaml"
+    _edit(values, lambda v: v.update(sizing={"expectedDatabases": 100_000}))
+    result = lint(repo)
+    assert result.returncode == 0, result.stderr  # a warning: the install still works for a smaller fleet
+    (finding,) = findings(result.stdout)
+    assert (finding["severity"], finding["rule"]) == ("warning", "manager-memory")
+    assert "resources.manager.limits.memory" in finding["rest"] and "100000 Databases" in finding["rest"]
+    _edit(values, lambda v: v.update(resources={"manager": {"limits": {"memory": "8Gi"}}}))
+    assert findings(lint(repo).stdout) == []
+    _edit(values, lambda v: (v.pop("sizing"), v.pop("resources")))
+    _edit(repo / "shards" / "shard01.yaml", lambda s: s["spec"].update(maxDatabases=100_000))
+    (finding,) = findings(lint(repo).stdout)
+    assert finding["rule"] == "manager-memory" and "the Shards' maxDatabases" in finding["rest"]

@@ -596,6 +596,8 @@ ALLOWED = [
     {"namespace": "analytics", "verb": "watch", "group": "keldon.io", "resource": "databaseclusters"},
     # The consumers' quota ledgers: read and written by name, with a resourceVersion precondition.
     *[{"namespace": RELEASE_NAMESPACE, "verb": verb, "resource": "configmaps"} for verb in ("get", "create", "patch")],
+    # Its own Pod, read once at start (how the previous container ended).
+    {"namespace": RELEASE_NAMESPACE, "verb": "get", "resource": "pods"},
 ]
 DENIED = [
     # Other Secrets outside the release namespace: no get, list or watch, even in the shard namespaces.
@@ -619,6 +621,9 @@ DENIED = [
     # No other ConfigMap of the release namespace is listed, watched or changed beyond the ledgers' writes.
     *[{"namespace": RELEASE_NAMESPACE, "verb": verb, "resource": "configmaps"} for verb in ("list", "watch", "delete")],
     {"namespace": OTHER_NS, "verb": "get", "resource": "configmaps"},
+    # Pods: read by name in the release namespace only, never listed, watched or changed.
+    *[{"namespace": RELEASE_NAMESPACE, "verb": verb, "resource": "pods"} for verb in ("list", "watch", "delete")],
+    {"namespace": OTHER_NS, "verb": "get", "resource": "pods"},
 ]
 
 

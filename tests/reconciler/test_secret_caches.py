@@ -1,7 +1,8 @@
 """Which Secrets of the release namespace the provider keeps in memory: only what it needs.
 
 The controllers and the API of one replica run in-process on the shared informers, as the provider's
-ServiceAccount (RBAC on). Credentials Secrets are cached by label, token Secrets by the names the
+ServiceAccount (RBAC on). Credentials Secrets are cached by label (their metadata and a digest, never their
+data: the password is read from the apiserver when it is needed), token Secrets by the names the
 Consumers give (found through one metadata-only watch, which holds names and versions, never data);
 an admin Secret, even a listed one in the release namespace, is read by name when needed and never
 cached, even when a Consumer names it, and no other Secret of the namespace is either.
@@ -19,6 +20,7 @@ from api.app import build_api
 from api.auth import AuthState
 from domain.constants import API_VERSION
 from domain.resources import CONSUMERS
+from domain.credentials import DIGEST
 from harness import PostgresServer
 from informers import SECRETS, Rest
 from tests.reconciler.conftest import BASE_CONFIG, NAMESPACE, install_config
@@ -79,7 +81,7 @@ def pg18(postgres_pool) -> PostgresServer:
 
 
 def cached_secrets(manager: InProcessManager) -> set[str]:
-    """Every Secret whose data the replica holds: in a (not metadata-only) informer or a by-name cache."""
+    """Every Secret the replica holds more of than its name: in a (not metadata-only) informer or a by-name cache."""
     shared = manager.manager.informers
     informers = [i for i in shared.all() if i.resource == SECRETS and not i.metadata_only]
     held = {key for informer in informers for key in informer.keys()}
@@ -126,6 +128,9 @@ def test_admin_and_other_secrets_of_the_release_namespace_are_never_cached(
         fleet.wait_phase(db, "Ready")
         wait_for(lambda: api.tokens.state(consumer) == AuthState.OK, what="the consumer's token to be indexed")
         wait_for(lambda: f"{NAMESPACE}/{db}-credentials" in cached_secrets(manager), what="the credentials cached")
+        credentials = next(i for i in manager.manager.informers.all() if i.resource == SECRETS and not i.metadata_only)
+        held = credentials.get(f"{NAMESPACE}/{db}-credentials")
+        assert held is not None and "data" not in held and DIGEST in held  # provisioned: the password read live
 
         wait_for(lambda: api.tokens.state(greedy) == AuthState.ADMIN_SECRET, what="the greedy consumer refused")
         cached = cached_secrets(manager)
