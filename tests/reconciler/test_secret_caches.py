@@ -19,8 +19,8 @@ import pytest
 from api.app import build_api
 from api.auth import AuthState
 from domain.constants import API_VERSION
-from domain.resources import CONSUMERS
 from domain.credentials import DIGEST
+from domain.resources import CONSUMERS
 from harness import PostgresServer
 from informers import SECRETS, Rest
 from tests.reconciler.conftest import BASE_CONFIG, NAMESPACE, install_config

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from tests.unit.test_settled import CONFIG, ENDPOINT, TENANT, ready_pair
 
 from api.auth import token_secret_names
 from api.models import database_view, read_database
@@ -47,7 +48,6 @@ from informers import object_key
 from informers.informer import resource_version_of
 from reconciler.database.settled import settled
 from reconciler.database.state import Database
-from tests.unit.test_settled import CONFIG, ENDPOINT, TENANT, ready_pair
 
 Obj = dict[str, Any]
 MANAGED = [{"manager": "kubectl", "operation": "Apply", "fieldsV1": {"f:spec": {}}}]
