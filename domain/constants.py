@@ -196,6 +196,8 @@ class DatabaseReason(enum.StrEnum):
     SHARD_NOT_READY = "ShardNotReady"
     # Provisioned, but a fresh login with the database's own credentials through the client endpoint failed.
     LOGIN_FAILED = "LoginFailed"
+    # That login was not bound to TLS, and afterwards the database held what the provider did not make.
+    LOGIN_TAMPERED = "LoginTampered"
 
 
 class OwnershipReason(enum.StrEnum):
