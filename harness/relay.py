@@ -11,10 +11,10 @@ network path would. Wherever it can read the server's messages it records each A
 forwards (`authenticated`): a session the relay could take over, since nothing ties the
 authenticated connection to the client any more.
 
-With `hijack` (and `terminate_tls`) it also acts on every session it relays: once the server has
-authenticated the client, it runs its own statements on that session before the client's first
-query (their answers are not forwarded), and it keeps the session open when the client leaves, as an
-attacker holding the path would, to use it later.
+With `hijack` (and `terminate_tls`) it also acts on the next session it relays: once the server has
+authenticated the client, it runs those statements on that session before the client's first query
+(their answers are not forwarded; `hijack` is then None), and it keeps every session open when the
+client leaves, as an attacker holding the path would, to use it later.
 
 `connections` counts the TCP connections clients opened to it; `client_bytes` is what clients
 sent, as the relay saw it (ciphertext in a TLS pass-through).
@@ -149,7 +149,7 @@ class PostgresRelay:
             up_writer.write(first)
         session = _Session()
         if self.hijack is not None and not first:
-            client = self._hijacking(reader, up_writer, session, self.hijack)
+            client = self._hijacking(reader, up_writer, session)
         else:
             client = self._pump(reader, up_writer, record=True)
         await asyncio.gather(client, self._watch(up_reader, writer, session))
@@ -177,10 +177,11 @@ class PostgresRelay:
                 session.client_gone = True
 
     async def _hijacking(
-        self, reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter, session: _Session, statements: list[str]
+        self, reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter, session: _Session
     ) -> None:
-        """The client's messages to the server, the relay's `statements` before the client's first one
-        after authentication, and the session kept open when the client sends Terminate or leaves."""
+        """The client's messages to the server, the `hijack` statements (if still there) before the
+        client's first one after authentication, and the session kept open when the client leaves."""
+        injected = False
         head = await reader.readexactly(4)  # the startup packet: a length, no type
         up_writer.write(head + await reader.readexactly(struct.unpack("!I", head)[0] - 4))
         await up_writer.drain()
@@ -192,12 +193,14 @@ class PostgresRelay:
                 break
             if head[:1] == b"X":
                 break
-            if session.authenticated and statements:
+            if session.authenticated and not injected:
+                injected = True
+                with self._lock:
+                    statements, self.hijack = self.hijack or [], None
                 session.swallow = len(statements)
                 for statement in statements:
                     payload = statement.encode() + b"\0"
                     up_writer.write(b"Q" + struct.pack("!I", len(payload) + 4) + payload)
-                statements = []
             up_writer.write(head + body)
             await up_writer.drain()
         session.client_gone = True
