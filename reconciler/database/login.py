@@ -13,7 +13,8 @@ endpoint without channel binding such as pgBouncer) may have been relayed. The t
 back on the admin session (its password set again, every session of it ended) and its role and
 database are checked for anything the provider did not make (reconciler.sql.first_login); if
 something is found the database does not turn Ready (`LoginTampered`, terminal: an operator looks at
-what is in front of the client endpoint and deletes the Database).
+what is in front of the client endpoint and deletes the Database). Not for a Database restored onto
+an existing tenant: that login is not the first, and the data found there is its consumer's.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from domain.config import InstallConfig
-from domain.constants import DatabaseReason, Phase
+from domain.constants import ANNOTATION_RESTORE_TENANT, DatabaseReason, Phase
 from domain.credentials import secret_values
 from domain.specs import ShardSpec
 from informers import object_key
@@ -69,7 +70,8 @@ class LoginCheck:
                 f"({self.config.readiness.login_through} endpoint) did not log in",
                 retry_cap=SHARD_TROUBLE_RETRY_CAP,
             ) from None
-        if not bound:
+        if not bound and ANNOTATION_RESTORE_TENANT not in database.annotations:
+            # A restored tenant is not new: its consumer had its credentials, and its data is there.
             self._take_back(database, shard, login)
 
     def _take_back(self, database: Database, shard: dict[str, Any], login: TenantLogin) -> None:

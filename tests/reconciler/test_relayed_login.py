@@ -17,8 +17,10 @@ import pytest
 from harness import PostgresServer
 from harness.certs import CertFiles, CertificateAuthority
 from harness.relay import PostgresRelay
+from informers import SECRETS
+from reconciler.resources import DATABASES
 from tests.reconciler.causes import wait_reason
-from tests.reconciler.conftest import Fleet
+from tests.reconciler.conftest import NAMESPACE, Fleet
 from tests.support.common import condition, wait_for
 
 
@@ -80,3 +82,31 @@ def test_a_relay_that_used_the_first_login_keeps_the_database_from_ready(
     assert creds["password"] not in message and friend not in message
     [(acl,)] = pg18.query("SELECT datacl::text FROM pg_database WHERE datname = %s", (tenant,))
     assert friend in acl  # found and left for an operator to look at; the database is not handed out
+
+
+def test_a_database_restored_onto_its_tenant_behind_a_pooler_keeps_its_data_and_turns_ready(
+    pg18: PostgresServer, relay_cert: CertFiles, fleet: Fleet, start_manager, admin_rest
+) -> None:
+    """A restored tenant is not new: its consumer's tables are no sign of a relay, and are not checked."""
+    with PostgresRelay(pg18.port, terminate_tls=relay_cert, upstream_tls=False) as relay:
+        shard = fleet.shard(pg18, client_port=relay.port)
+        start_manager()
+        name = fleet.database("restored-behind-a-pooler")
+        status = fleet.wait_reason(name, "Ready", "Provisioned", timeout=90)["status"]
+        creds = fleet.credentials(name)
+        with pg18.connect(creds["user"], creds["password"], creds["database"], autocommit=True) as conn:
+            conn.execute("CREATE TABLE kept (v text)")
+            conn.execute("INSERT INTO kept VALUES ('survives')")
+        admin_rest.delete(DATABASES, name, NAMESPACE)  # held, then released, as docs/operations.md says
+        fleet.wait_database(name, lambda d: (c := condition(d, "DeletionHeld")) is not None and c["status"] == "True")
+        admin_rest.patch(DATABASES, name, {"metadata": {"finalizers": None}}, NAMESPACE)
+        wait_for(lambda: fleet.get_database(name) is None, what="released object")
+        admin_rest.delete(SECRETS, f"{name}-credentials", NAMESPACE)
+
+        fleet.restore(name, "rectest-consumer", "restored-behind-a-pooler", shard, status["tenantName"])
+
+        fleet.wait_reason(name, "Ready", "Provisioned", timeout=90)
+        assert relay.authenticated == 2
+    new = fleet.credentials(name)
+    with pg18.connect(new["user"], new["password"], new["database"]) as conn:
+        assert conn.execute("SELECT v FROM kept").fetchone() == ("survives",)
