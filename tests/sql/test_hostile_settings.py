@@ -127,30 +127,30 @@ CONTROLS: dict[str, tuple[str, str, object]] = {
 
 @pytest.mark.parametrize("case", sorted(CONTROLS))
 def test_without_the_overrides_a_login_into_the_database_gets_the_owners_settings(
-    postgres: PostgresServer, granter: TenantSpec, case: str
+    postgres: PostgresServer, provisioned: TenantSpec, case: str
 ) -> None:
     """Control of the tests above: what they set would reach the provisioner's session without its overrides."""
     setting, query, expected = CONTROLS[case]
-    a = _ident(granter.name)
-    with as_tenant(postgres, granter) as conn:
+    a = _ident(provisioned.name)
+    with as_tenant(postgres, provisioned) as conn:
         conn.execute(sql.SQL("ALTER DATABASE {a} SET " + setting).format(a=a))
         conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(a, _ident(postgres.PROVISIONER)))
     if isinstance(expected, str):
         with pytest.raises(psycopg.OperationalError, match=expected):
-            postgres.provisioner_connection(granter.name)
+            postgres.provisioner_connection(provisioned.name)
         return
-    with postgres.provisioner_connection(granter.name) as conn:
-        assert conn.execute(query).fetchone() == tuple(str(v).format(a=granter.name) for v in expected)
+    with postgres.provisioner_connection(provisioned.name) as conn:
+        assert conn.execute(query).fetchone() == tuple(str(v).format(a=provisioned.name) for v in expected)
 
 
 def test_no_parameter_a_tenant_sets_for_its_database_starts_the_providers_session_there(
-    postgres: PostgresServer, admin: AdminSession, granter: TenantSpec
+    postgres: PostgresServer, provisioned: TenantSpec
 ) -> None:
     """A tenant cannot set parameters for the provisioner's own logins, in its database or anywhere."""
-    with as_tenant(postgres, granter) as conn:
+    with as_tenant(postgres, provisioned) as conn:
         for scope in ("ALTER ROLE {p} IN DATABASE {a} SET", "ALTER ROLE {p} SET"):
             statement = sql.SQL(scope + " default_transaction_read_only = on").format(
-                p=_ident(postgres.PROVISIONER), a=_ident(granter.name)
+                p=_ident(postgres.PROVISIONER), a=_ident(provisioned.name)
             )
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute(statement)
