@@ -250,6 +250,8 @@ class DatabaseReason(enum.StrEnum):
     # The delete annotation was removed, but the tenant's connection limit does not fit its shard's budget
     # any more: it stays disabled (phase Deleting) until it fits, then is recovered.
     RECOVERY_OVER_BUDGET = "RecoveryOverBudget"
+    # That login was not bound to TLS, and afterwards the database held what the provider did not make.
+    LOGIN_TAMPERED = "LoginTampered"
 
 
 class OwnershipReason(enum.StrEnum):

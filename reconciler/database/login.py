@@ -7,6 +7,14 @@ with `readiness.loginThrough: admin`, at the admin endpoint's server (for instal
 endpoint the provider's pods cannot reach). Until a login succeeds the database stays Provisioning
 with reason `LoginFailed` (the failure's class and the endpoint in the message), retried with the
 shard-trouble backoff cap, so credentials are never served for a database nobody can log in to.
+
+A login that was not bound to TLS (reconciler.sql.tenant_login: an sslmode that may go without TLS, or an
+endpoint without channel binding such as pgBouncer) may have been relayed. The tenant is then taken
+back on the admin session (its password set again, every session of it ended) and its role and
+database are checked for anything the provider did not make (reconciler.sql.first_login); if
+something is found the database does not turn Ready (`LoginTampered`, terminal: an operator looks at
+what is in front of the client endpoint and deletes the Database). Not for a Database restored onto
+an existing tenant: that login is not the first, and the data found there is its consumer's.
 """
 
 from __future__ import annotations
@@ -15,16 +23,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from domain.config import InstallConfig
-from domain.constants import DatabaseReason, Phase
+from domain.constants import ANNOTATION_RESTORE_TENANT, DatabaseReason, Phase
 from domain.credentials import secret_values
 from domain.specs import ShardSpec
 from informers import object_key
 from reconciler.database.report import Reporter
-from reconciler.database.shard_sql import SHARD_TROUBLE_RETRY_CAP, shard_spec
+from reconciler.database.shard_sql import SHARD_TROUBLE_RETRY_CAP, ShardSql, shard_spec
 from reconciler.database.state import Database
 from reconciler.runtime import ensure_active
-from reconciler.shard.admin import AdminPolicy, AdminSessions
+from reconciler.shard.admin import AdminPolicy
 from reconciler.sql.errors import SqlFailure
+from reconciler.sql.first_login import seal_first_login
+from reconciler.sql.session import AdminSession
 from reconciler.sql.tenant_login import TenantLogin, log_in
 
 
@@ -32,7 +42,7 @@ from reconciler.sql.tenant_login import TenantLogin, log_in
 class LoginCheck:
     config: InstallConfig
     policy: AdminPolicy
-    sessions: AdminSessions
+    sql: ShardSql
     report: Reporter
     admin_host_override: str | None = None
 
@@ -46,10 +56,11 @@ class LoginCheck:
             )
         login = self._login(spec, secret)
         ensure_active()
-        if self.sessions.fence is not None:
-            self.sessions.fence()  # a replica without the Lease sends nothing, not even a login
+        sessions = self.sql.sessions
+        if sessions.fence is not None:
+            sessions.fence()  # a replica without the Lease sends nothing, not even a login
         try:
-            log_in(login, self.sessions.links.timeouts(name).total, self.sessions.application_name)
+            bound = log_in(login, sessions.links.timeouts(name).total, sessions.application_name)
         except SqlFailure as failure:
             raise self.report.failure(
                 database,
@@ -59,6 +70,31 @@ class LoginCheck:
                 f"({self.config.readiness.login_through} endpoint) did not log in",
                 retry_cap=SHARD_TROUBLE_RETRY_CAP,
             ) from None
+        if not bound and ANNOTATION_RESTORE_TENANT not in database.annotations:
+            # A restored tenant is not new: its consumer had its credentials, and its data is there.
+            self._take_back(database, shard, login)
+
+    def _take_back(self, database: Database, shard: dict[str, Any], login: TenantLogin) -> None:
+        """After an unbound login: the tenant's password set again, its sessions ended, and its role and
+        database checked; anything found keeps the database from turning Ready."""
+        found: list[str] = []
+
+        def seal(session: AdminSession) -> None:
+            found.extend(seal_first_login(session, database.tenant, login.password))
+
+        self.sql.run(database, shard, Phase.PROVISIONING, DatabaseReason.LOGIN_FAILED, seal)
+        if found:
+            raise self.report.failure(
+                database,
+                Phase.PROVISIONING,
+                DatabaseReason.LOGIN_TAMPERED,
+                f"the first login as the tenant at {login.host}:{login.port} was not bound to TLS (sslmode "
+                f"{login.sslmode}, or the endpoint offers no channel binding), and afterwards the database held "
+                f"what the provider did not make: {'; '.join(found)}. Its sessions were ended and its password "
+                "set again; it does not turn Ready: check what is in front of the client endpoint, then delete "
+                "this Database",
+                terminal=True,
+            )
 
     def _login(self, spec: ShardSpec, secret: dict[str, Any]) -> TenantLogin:
         values = secret_values(secret)

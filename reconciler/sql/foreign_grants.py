@@ -11,29 +11,36 @@ privileges) or by naming it in a row-level security policy. Tenants cannot grant
 anything; B's role can own objects in A's database only if A let it create them there.
 
 `drop_role(conn, t)` removes all of that without A's cooperation, as the role that granted it (the
-provisioner may SET ROLE to every tenant role it created, and to no other role):
+provisioner may SET ROLE to every tenant role it created, and to no other role; for what A gave
+`pg_database_owner`, as A, who holds its privileges in A's database):
 
 1. in every other database whose catalog still references t (`pg_shdepend`): enter it (its owner
-   lets the provisioner in for the time it takes, see `_entered`), then, in one transaction per
-   database, as each grantor
+   lets the provisioner in for the time it takes, see `_entered`; what the owner set for sessions in
+   its database is overridden, `session.connect_database`), then, in one transaction per database,
+   as each grantor
    `REVOKE ALL ON {SCHEMA|TABLE|SEQUENCE|ROUTINE|TYPE|DOMAIN|LARGE OBJECT} ... FROM t CASCADE`
    (a table's REVOKE also removes its column grants; CASCADE removes what t granted on with a grant
-   option), as the role whose defaults they are `ALTER DEFAULT PRIVILEGES [IN SCHEMA s] REVOKE ALL
-   ON ... FROM t`, as a table's owner t is taken out of its policies (`ALTER POLICY ... TO` the
-   remaining roles, or `DROP POLICY` when t was its only role, as PostgreSQL's own DROP OWNED does),
-   and last as t `DROP OWNED BY t CASCADE` (what t created there, and what the other tenant built on
-   it);
+   option), as the role whose defaults they are `ALTER DEFAULT PRIVILEGES FOR ROLE r [IN SCHEMA s]
+   REVOKE ALL ON ... FROM t`, as a table's owner t is taken out of its policies (`ALTER POLICY ...
+   TO` the remaining roles, or `DROP POLICY` when t was its only role, as PostgreSQL's own DROP OWNED
+   does), and last as t `DROP OWNED BY t CASCADE` (what t created there, and what the other tenant
+   built on it);
 2. in the last of those transactions: database-level grants (a shared catalog), as each grantor
    `REVOKE ALL ON DATABASE d FROM t CASCADE`, then `DROP ROLE t`.
 
-Nothing else of the other tenant changes: its objects, data and grants to anyone else stay. A tenant
-that keeps a lock on its catalog rows (an open transaction) or grants again in between is handled
-like a tenant blocking its own drop: the sequence is tried again (`SESSION_RETRIES`), and right
-before its changes the sessions of the tenants found granting are ended, so a tenant granting in a
-loop would have to log in again within that transaction's few milliseconds (a loop
-granting as fast as it can no longer wins). A grant that a role the provider did not create made (an operator's role, a
-superuser's object in `template1`) cannot be removed: the drop then fails with dependent_objects
-and says how many such references remain, without names.
+A statement that names `s.x` needs USAGE on schema `s`, which its owner may have taken away from
+anyone, itself included: the schema's owner lends it for the statement and takes it back in the same
+transaction (`_usage_lent`). Nothing else of the other tenant changes: its objects, data, settings and
+grants to anyone else stay. A tenant that keeps a lock on its catalog rows (an open transaction),
+grants again or drops what it granted in between is handled like a tenant blocking its own drop:
+the sequence is tried again (`SESSION_RETRIES`), and right before its changes the sessions of the
+tenants found granting are ended, so a tenant granting in a loop would have to log in again within
+that transaction's few milliseconds (a loop
+granting as fast as it can no longer wins).
+Whatever else stops it is reported as retryable, with what was in the way and no names. A grant
+that a role the provider did not create made (an operator's role, a superuser's object in
+`template1`) cannot be removed: the drop then fails with dependent_objects and says how many such
+references remain, without names.
 """
 
 from __future__ import annotations
@@ -102,22 +109,25 @@ def _revoke_database_grants(conn: psycopg.Connection, victim: str, oid: int, inv
 
 # -- 2. grants and objects inside other databases ----------------------------------------------
 
+# Each row: kind, schema name (None: not in a schema), name, the acting grantor's name and OID, and the
+# schemas the statement names (the grantor needs USAGE on them to look the object up).
 _OBJECT_GRANTS = _grants_to_role(
     (
-        """SELECT 'SCHEMA', NULL, n.nspname, g.rolname, g.oid
+        """SELECT 'SCHEMA', NULL, n.nspname, g.rolname, g.oid, ARRAY[]::oid[]
   FROM pg_catalog.pg_namespace n
 """,
         "n.nspacl",
     ),
     (
-        """SELECT CASE c.relkind WHEN 'S' THEN 'SEQUENCE' ELSE 'TABLE' END, n.nspname, c.relname, g.rolname, g.oid
+        """SELECT CASE c.relkind WHEN 'S' THEN 'SEQUENCE' ELSE 'TABLE' END, n.nspname, c.relname, g.rolname, g.oid,
+       ARRAY[n.oid]
   FROM pg_catalog.pg_class c
   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 """,
         "c.relacl",
     ),
     (
-        """SELECT 'TABLE', n.nspname, c.relname, g.rolname, g.oid
+        """SELECT 'TABLE', n.nspname, c.relname, g.rolname, g.oid, ARRAY[n.oid]
   FROM pg_catalog.pg_attribute t
   JOIN pg_catalog.pg_class c ON c.oid = t.attrelid
   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
@@ -125,21 +135,23 @@ _OBJECT_GRANTS = _grants_to_role(
         "t.attacl",
     ),
     (
-        """SELECT CASE t.typtype WHEN 'd' THEN 'DOMAIN' ELSE 'TYPE' END, n.nspname, t.typname, g.rolname, g.oid
+        """SELECT CASE t.typtype WHEN 'd' THEN 'DOMAIN' ELSE 'TYPE' END, n.nspname, t.typname, g.rolname, g.oid,
+       ARRAY[n.oid]
   FROM pg_catalog.pg_type t
   JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace
 """,
         "t.typacl",
     ),
     (
-        """SELECT 'LARGE OBJECT', NULL, l.oid::text, g.rolname, g.oid
+        """SELECT 'LARGE OBJECT', NULL, l.oid::text, g.rolname, g.oid, ARRAY[]::oid[]
   FROM pg_catalog.pg_largeobject_metadata l
 """,
         "l.lomacl",
     ),
 )
 
-# Routines are named with their argument types (schema-qualified type names: `pg_catalog._int4` is int4[]).
+# Routines are named with their argument types (schema-qualified type names: `pg_catalog._int4` is int4[]),
+# so the statement names the routine's schema and those of its argument types.
 _ROUTINE_GRANTS = _grants_to_role(
     (
         """SELECT DISTINCT n.nspname, p.proname, g.rolname, g.oid,
@@ -147,7 +159,9 @@ _ROUTINE_GRANTS = _grants_to_role(
                JOIN pg_catalog.pg_type ty ON ty.oid = u.typ
                JOIN pg_catalog.pg_namespace tn ON tn.oid = ty.typnamespace ORDER BY u.i),
        ARRAY(SELECT ty.typname FROM unnest(p.proargtypes::oid[]) WITH ORDINALITY AS u(typ, i)
-               JOIN pg_catalog.pg_type ty ON ty.oid = u.typ ORDER BY u.i)
+               JOIN pg_catalog.pg_type ty ON ty.oid = u.typ ORDER BY u.i),
+       n.oid || ARRAY(SELECT ty.typnamespace FROM unnest(p.proargtypes::oid[]) AS u(typ)
+                        JOIN pg_catalog.pg_type ty ON ty.oid = u.typ)
   FROM pg_catalog.pg_proc p
   JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
 """,
@@ -177,13 +191,28 @@ _POLICIES = """
 SELECT p.polname, n.nspname, c.relname, o.rolname, o.oid,
        ARRAY(SELECT r.rolname FROM unnest(p.polroles) AS x(role)
                JOIN pg_catalog.pg_roles r ON r.oid = x.role WHERE x.role <> %(role)s ORDER BY r.rolname),
-       0::oid = ANY (p.polroles)
+       0::oid = ANY (p.polroles), n.oid
   FROM pg_catalog.pg_policy p
   JOIN pg_catalog.pg_class c ON c.oid = p.polrelid
   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
   JOIN pg_catalog.pg_roles o ON o.oid = c.relowner
  WHERE %(role)s = ANY (p.polroles)
 """
+
+
+_DATABASE_OWNER = """
+SELECT o.rolname, o.oid FROM pg_catalog.pg_database d JOIN pg_catalog.pg_roles o ON o.oid = d.datdba
+ WHERE d.datname = pg_catalog.current_database()
+"""
+
+
+def _acting_for(conn: psycopg.Connection, role: str, role_oid: int) -> tuple[str, int]:
+    """The role that acts for `role`: itself, or for `pg_database_owner` (a database's owner may give it
+    objects and default privileges) the database's owner, who holds its privileges there."""
+    if role != "pg_database_owner":
+        return role, role_oid
+    row = conn.execute(_DATABASE_OWNER).fetchone()
+    return (str(row[0]), int(row[1])) if row is not None else (role, role_oid)
 
 
 def _act_as(conn: psycopg.Connection, role: str, role_oid: int, involved: Involved) -> bool:
@@ -197,64 +226,107 @@ def _act_as(conn: psycopg.Connection, role: str, role_oid: int, involved: Involv
     return True
 
 
+_WITHOUT_USAGE = """
+SELECT n.nspname, o.rolname, o.oid
+  FROM pg_catalog.pg_namespace n
+  JOIN pg_catalog.pg_roles o ON o.oid = n.nspowner
+ WHERE n.oid = ANY (%(schemas)s::oid[]) AND NOT pg_catalog.has_schema_privilege(%(actor)s::oid, n.oid, 'USAGE')
+"""
+
+
+@contextmanager
+def _usage_lent(
+    conn: psycopg.Connection, actor: str, actor_oid: int, schemas: list[int], involved: Involved
+) -> Iterator[None]:
+    """USAGE on `schemas` for `actor` while the block runs, where a schema's owner took it away.
+
+    A statement that names `s.t` needs USAGE on `s` just to look `t` up, and the owner of `s` may
+    revoke it from anyone, itself included (owners always keep the right to grant it again). So the
+    role acting for the owner lends it, and takes it back after the block, in the same transaction:
+    the schema's privileges end as they were. A schema whose owner the provider may not act as stays
+    as it is (the statement then fails, and the drop is retried).
+    """
+    lent: list[tuple[str, str]] = []
+    if schemas:
+        found = conn.execute(_WITHOUT_USAGE, {"schemas": schemas, "actor": actor_oid}).fetchall()
+        for schema, schema_owner, schema_owner_oid in found:
+            owner, owner_oid = _acting_for(conn, schema_owner, schema_owner_oid)
+            if _act_as(conn, owner, owner_oid, involved):
+                with as_role(conn, owner):
+                    conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(_ident(schema), _ident(actor)))
+                lent.append((schema, owner))
+    yield
+    for schema, owner in lent:
+        with as_role(conn, owner):
+            conn.execute(sql.SQL("REVOKE USAGE ON SCHEMA {} FROM {}").format(_ident(schema), _ident(actor)))
+
+
+def _as_grantor(
+    conn: psycopg.Connection,
+    grantor: str,
+    grantor_oid: int,
+    schemas: list[int],
+    statement: sql.Composed,
+    involved: Involved,
+) -> None:
+    """Run `statement` as (the role acting for) the grantor, if the provider may act as it, with USAGE on
+    the schemas it names."""
+    grantor, grantor_oid = _acting_for(conn, grantor, grantor_oid)
+    if not _act_as(conn, grantor, grantor_oid, involved):
+        return
+    with _usage_lent(conn, grantor, grantor_oid, schemas, involved), as_role(conn, grantor):
+        conn.execute(statement)
+
+
 # The object kinds _OBJECT_GRANTS names, as keywords of REVOKE ... ON <kind>.
 _KINDS = {kind: sql.SQL(kind) for kind in ("SCHEMA", "TABLE", "SEQUENCE", "TYPE", "DOMAIN", "LARGE OBJECT")}
 
 
 def _revoke_object_grants(conn: psycopg.Connection, victim: str, oid: int, involved: Involved) -> None:
-    for kind, schema, name, grantor, grantor_oid in conn.execute(_OBJECT_GRANTS, {"role": oid}).fetchall():
+    for kind, schema, name, grantor, grantor_oid, schemas in conn.execute(_OBJECT_GRANTS, {"role": oid}).fetchall():
         if kind == "LARGE OBJECT":
             target: sql.Composable = sql.Literal(int(name))
         elif schema is None:
             target = _ident(name)
         else:
             target = _ident(schema, name)
-        if _act_as(conn, grantor, grantor_oid, involved):
-            with as_role(conn, grantor):
-                conn.execute(
-                    sql.SQL("REVOKE ALL ON {} {} FROM {} CASCADE").format(_KINDS[kind], target, _ident(victim))
-                )
-    for schema, name, grantor, grantor_oid, arg_schemas, arg_types in conn.execute(
+        statement = sql.SQL("REVOKE ALL ON {} {} FROM {} CASCADE").format(_KINDS[kind], target, _ident(victim))
+        _as_grantor(conn, grantor, grantor_oid, schemas, statement, involved)
+    for schema, name, grantor, grantor_oid, arg_schemas, arg_types, schemas in conn.execute(
         _ROUTINE_GRANTS, {"role": oid}
     ).fetchall():
         args = sql.SQL(", ").join(_ident(s, t) for s, t in zip(arg_schemas, arg_types, strict=True))
-        if _act_as(conn, grantor, grantor_oid, involved):
-            with as_role(conn, grantor):
-                conn.execute(
-                    sql.SQL("REVOKE ALL ON ROUTINE {}({}) FROM {} CASCADE").format(
-                        _ident(schema, name), args, _ident(victim)
-                    )
-                )
+        statement = sql.SQL("REVOKE ALL ON ROUTINE {}({}) FROM {} CASCADE").format(
+            _ident(schema, name), args, _ident(victim)
+        )
+        _as_grantor(conn, grantor, grantor_oid, schemas, statement, involved)
 
 
 def _revoke_default_privileges(conn: psycopg.Connection, victim: str, oid: int, involved: Involved) -> None:
-    for role, role_oid, schema, objtype in conn.execute(_DEFAULT_PRIVILEGES, {"role": oid}).fetchall():
+    """As (the role acting for) the defaults' owner, FOR ROLE that owner (IN SCHEMA needs no USAGE)."""
+    for owner, owner_oid, schema, objtype in conn.execute(_DEFAULT_PRIVILEGES, {"role": oid}).fetchall():
         kind = _DEFAULT_KINDS.get(objtype)
-        if kind is None or not _act_as(conn, role, role_oid, involved):
+        if kind is None:
             continue
         scope = sql.SQL("IN SCHEMA {} ").format(_ident(schema)) if schema is not None else sql.SQL("")
-        with as_role(conn, role):
-            conn.execute(
-                sql.SQL("ALTER DEFAULT PRIVILEGES {}REVOKE ALL ON {} FROM {} CASCADE").format(
-                    scope, kind, _ident(victim)
-                )
-            )
+        statement = sql.SQL("ALTER DEFAULT PRIVILEGES FOR ROLE {} {}REVOKE ALL ON {} FROM {} CASCADE").format(
+            _ident(owner), scope, kind, _ident(victim)
+        )
+        _as_grantor(conn, owner, owner_oid, [], statement, involved)
 
 
 def _leave_policies(conn: psycopg.Connection, oid: int, involved: Involved) -> None:
-    for policy, schema, table, owner, owner_oid, others, public in conn.execute(_POLICIES, {"role": oid}).fetchall():
-        if not _act_as(conn, owner, owner_oid, involved):
-            continue
+    for policy, schema, table, owner, owner_oid, others, public, schema_oid in conn.execute(
+        _POLICIES, {"role": oid}
+    ).fetchall():
         roles = [_ident(role) for role in others] + ([sql.SQL("PUBLIC")] if public else [])
-        with as_role(conn, owner):
-            if roles:
-                conn.execute(
-                    sql.SQL("ALTER POLICY {} ON {} TO {}").format(
-                        _ident(policy), _ident(schema, table), sql.SQL(", ").join(roles)
-                    )
-                )
-            else:
-                conn.execute(sql.SQL("DROP POLICY {} ON {}").format(_ident(policy), _ident(schema, table)))
+        if roles:
+            statement = sql.SQL("ALTER POLICY {} ON {} TO {}").format(
+                _ident(policy), _ident(schema, table), sql.SQL(", ").join(roles)
+            )
+        else:
+            statement = sql.SQL("DROP POLICY {} ON {}").format(_ident(policy), _ident(schema, table))
+        _as_grantor(conn, owner, owner_oid, [schema_oid], statement, involved)
 
 
 def _release_in_database(conn: psycopg.Connection, victim: str, oid: int, involved: Involved) -> None:
@@ -463,26 +535,69 @@ def _still_referenced(conn: psycopg.Connection, oid: int) -> SqlFailure:
     )
 
 
+# Failures a tenant may cause in its own database or with its grants, by class: what the condition
+# message says was in the way (the drop is retried; no name of the other tenant is given).
+_OBSTACLES = {
+    errors.INSUFFICIENT_PRIVILEGE: "a privilege the cleanup needs was denied",
+    errors.LOCK_TIMEOUT: "a lock held in another tenant's database outlasted every attempt",
+    errors.OBJECT_IN_USE: "another tenant's database was in use",
+    errors.TIMEOUT: "a statement ran out of time",
+    errors.READ_ONLY: "a session was read-only",
+    errors.CONNECTION_LOST: "a session was ended",
+    errors.NOT_FOUND: "another tenant's objects changed while they were cleaned up",
+    errors.CONFLICT: "another tenant changed its grants meanwhile",
+}
+# Failures another try may cure at once: a lock (the holder's sessions are ended first), objects that
+# another tenant dropped or made between the catalog read and the statement.
+_TRY_AGAIN = (
+    pgerrors.LockNotAvailable,
+    pgerrors.ObjectInUse,
+    pgerrors.UndefinedObject,
+    pgerrors.UndefinedTable,
+    pgerrors.UndefinedFunction,
+    pgerrors.InvalidSchemaName,
+    pgerrors.DuplicateObject,
+)
+
+
+def _blocked(exc: psycopg.Error) -> SqlFailure:
+    """A failure of the cleanup of other tenants' grants: retried, and saying what was in the way."""
+    failure = errors.classify(exc, OP_DROP)
+    obstacle = _OBSTACLES.get(failure.error_class, "an unexpected error")
+    return SqlFailure(
+        OP_DROP,
+        failure.error_class,
+        retryable=True,
+        sqlstate=failure.sqlstate,
+        detail=f"what other tenants granted to the tenant role could not be removed yet: {obstacle}; retried",
+    )
+
+
 def drop_role(conn: psycopg.Connection, victim: str, oid: int) -> None:
     """Remove what other roles granted to the tenant role, then `DROP ROLE` it (see the module docstring).
 
     Tried `SESSION_RETRIES` times: a tenant whose open transaction locks what must change, or that
-    grants again in between, gets its sessions ended right before the next try's changes. Fails
-    with a `SqlFailure` (lock_timeout, object_in_use, conflict, dependent_objects) after the last.
+    grants again (or drops what it granted) in between, gets its sessions ended right before the
+    next try's changes. Fails with a `SqlFailure` after the last: `dependent_objects` (final) when a
+    role the provider did not create granted something; anything else another tenant may cause is
+    retryable and names the obstacle.
     """
     involved: Involved = {}
     for attempt in range(SESSION_RETRIES):
+        last = attempt + 1 >= SESSION_RETRIES
         try:
             _attempt(conn, victim, oid, involved, end_theirs=attempt > 0)
             return
         except pgerrors.DependentObjectsStillExist:
-            if attempt + 1 >= SESSION_RETRIES:
+            if last:
                 raise _still_referenced(conn, oid) from None
-        except (pgerrors.LockNotAvailable, pgerrors.ObjectInUse) as exc:
-            if attempt + 1 >= SESSION_RETRIES:
-                raise errors.classify(exc, OP_DROP) from None
+        except _TRY_AGAIN as exc:
+            if last:
+                raise _blocked(exc) from None
         except _NotEntered:
-            if attempt + 1 >= SESSION_RETRIES:
+            if last:
                 raise SqlFailure(
                     OP_DROP, errors.CONFLICT, detail="another tenant's database refused the provider's session"
                 ) from None
+        except psycopg.Error as exc:
+            raise _blocked(exc) from None

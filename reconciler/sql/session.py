@@ -405,24 +405,64 @@ def _call_quietly(hint: Callable[[], None]) -> None:
 _running = threading.local()
 
 
+# What the owner of a database may set for every session in it (ALTER DATABASE ... SET, ALTER ROLE ALL
+# IN DATABASE ... SET) is applied when a session logs in. What would stop, end or redirect the
+# provider's session there before it can undo it, or acts in parallel workers (which start with the
+# database's settings), is overridden at login: options sent at login take precedence over both
+# (tested on 15, 16 and 18 with every parameter a database owner may set). `role` would make every
+# session start as (and RESET ROLE return to) the owner; a library the owner names ends the login.
+_LOGIN_OVERRIDES: tuple[tuple[str, str, int], ...] = (  # (parameter, value, from major)
+    ("role", "none", 0),
+    ("local_preload_libraries", "", 0),
+    ("default_transaction_read_only", "off", 0),
+    ("default_transaction_isolation", r"read\ committed", 0),
+    ("idle_in_transaction_session_timeout", "0", 0),
+    ("idle_session_timeout", "0", 14),
+    ("transaction_timeout", "0", 17),
+    ("exit_on_error", "off", 0),
+    ("client_min_messages", "warning", 0),
+    ("max_parallel_workers_per_gather", "0", 0),
+)
+# Everything else the owner set for its database goes back to PostgreSQL's built-in default right
+# after the login, in one statement (planner settings, date styles, search paths, ...).
+_RESET_OWNER_SETTINGS = """
+SELECT count(pg_catalog.set_config(name, boot_val, false)) FROM pg_catalog.pg_settings
+ WHERE source = 'database' AND context = 'user' AND boot_val IS NOT NULL
+"""
+
+
+def owner_settings_overridden(server_version: int) -> str:
+    """libpq `options` that override what a database's owner set for the sessions in it (see above)."""
+    major = server_version // 10000
+    return " ".join(f"-c {name}={value}" for name, value, since in _LOGIN_OVERRIDES if major >= since)
+
+
 def connect_database(conn: psycopg.Connection, dbname: str) -> psycopg.Connection:
     """A second session like `conn` (same server, role, TLS and session settings) in database `dbname`.
 
     For the few statements that must run inside another database (PostgreSQL keeps most of a
-    database's catalog to itself). Inside `run_operation` it is bounded by the operation's deadline
-    like `conn` (cut by the same watchdog) and fenced like it; the caller closes it. Raises psycopg
-    errors (see `errors.classify`); never log them raw (their `pgconn` carries the password).
+    database's catalog to itself). That database's owner (a tenant) may have set parameters for every
+    session in it: the ones that act at login are overridden then (`owner_settings_overridden`, and
+    the client encoding), all others are set back to PostgreSQL's defaults right after, so the
+    session is the provider's, as `conn` is. Inside `run_operation` it is bounded by the
+    operation's deadline like `conn` (cut by the same watchdog) and fenced like it; the caller closes
+    it. Raises psycopg errors (see `errors.classify`); never log them raw (their `pgconn` carries the
+    password).
     """
     params: dict[str, Any] = {key: value for key, value in conn.info.get_parameters().items() if key != "dbname"}
     watchdog: _Watchdog | None = getattr(_running, "watchdog", None)
     timeout = float(params.pop("connect_timeout", CONNECT_TIMEOUT))
     if watchdog is not None:
         timeout = min(timeout, watchdog.deadline - time.monotonic())
+    params.pop("client_encoding", None)
+    options = " ".join(filter(None, (params.pop("options", ""), owner_settings_overridden(conn.info.server_version))))
     try:
         other = psycopg.connect(
             **params,
             password=conn.info.password,
             dbname=dbname,
+            options=options,
+            client_encoding="UTF8",
             connect_timeout=max(2, math.ceil(timeout)),
             autocommit=True,
         )
@@ -432,6 +472,11 @@ def connect_database(conn: psycopg.Connection, dbname: str) -> psycopg.Connectio
     other.cursor_factory = conn.cursor_factory
     if watchdog is not None:
         watchdog.also(other)
+    try:
+        other.execute(_RESET_OWNER_SETTINGS)
+    except BaseException:
+        other.close()
+        raise
     return other
 
 

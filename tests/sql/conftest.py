@@ -13,7 +13,7 @@ import pytest
 from harness import PostgresServer
 from reconciler.sql.session import AdminEndpoint, AdminSession
 from reconciler.sql.tenant import TenantSpec, ensure_tenant
-from tests.sql.helpers import admin_endpoint, new_spec
+from tests.sql.helpers import admin_endpoint, as_tenant, new_spec
 from tests.support.postgres import PG_FLAVORS, PostgresPool, drop_as_superuser
 
 
@@ -51,6 +51,40 @@ def provisioned(admin: AdminSession, tenant: TenantSpec) -> TenantSpec:
     """`tenant`, provisioned."""
     ensure_tenant(admin, tenant)
     return tenant
+
+
+# -- tenants of different consumers on one server: A grants, B is dropped, C looks on ----------------
+
+
+def _provisioned(postgres: PostgresServer, admin: AdminSession) -> Iterator[TenantSpec]:
+    spec = new_spec()
+    ensure_tenant(admin, spec)
+    yield spec
+    drop_as_superuser(postgres, spec.name)
+
+
+@pytest.fixture
+def granter(postgres: PostgresServer, admin: AdminSession, victim: TenantSpec) -> Iterator[TenantSpec]:
+    """Tenant A, with a table of its own (`s.t`, one row) in a schema of its own (dropped before the
+    victim: the victim's role can only be dropped without A's grants)."""
+    for spec in _provisioned(postgres, admin):
+        with as_tenant(postgres, spec) as conn:
+            conn.execute("CREATE SCHEMA s")
+            conn.execute("CREATE TABLE s.t (id int, v text)")
+            conn.execute("INSERT INTO s.t VALUES (1, 'a''s row')")
+        yield spec
+
+
+@pytest.fixture
+def victim(postgres: PostgresServer, admin: AdminSession) -> Iterator[TenantSpec]:
+    """Tenant B, whose DELETE must end with its role dropped."""
+    yield from _provisioned(postgres, admin)
+
+
+@pytest.fixture
+def bystander(postgres: PostgresServer, admin: AdminSession) -> Iterator[TenantSpec]:
+    """Tenant C, to whom A grants the same things (those grants must stay; see tests/sql/test_foreign_grants.py)."""
+    yield from _provisioned(postgres, admin)
 
 
 # -- a server that logs every statement --------------------------------------------------------

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import secrets
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psycopg
 
@@ -59,3 +61,10 @@ def can_connect(server: PostgresServer, user: str, password: str, dbname: str) -
     except psycopg.OperationalError:
         return False
     return True
+
+
+@contextmanager
+def as_tenant(server: PostgresServer, spec: TenantSpec, dbname: str | None = None) -> Iterator[psycopg.Connection]:
+    """An autocommit session of the tenant, in its own database unless `dbname` says otherwise."""
+    with server.connect(spec.name, spec.password, dbname or spec.name, autocommit=True) as conn:
+        yield conn

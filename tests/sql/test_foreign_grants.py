@@ -20,49 +20,16 @@ from psycopg import sql
 from harness import PostgresServer
 from reconciler.sql.errors import SqlFailure
 from reconciler.sql.session import AdminEndpoint, AdminSession
-from reconciler.sql.tenant import TenantSpec, disable_tenant, drop_tenant, ensure_tenant, tenant_state
-from tests.sql.helpers import can_connect, new_spec
+from reconciler.sql.tenant import TenantSpec, disable_tenant, drop_tenant, tenant_state
+from tests.sql.helpers import as_tenant, can_connect
 from tests.support.common import wait_for
 from tests.support.postgres import catalog_counts, drop_as_superuser, is_alive
 
 
 @pytest.fixture
-def granter(
-    postgres: PostgresServer, admin: AdminSession, victim: TenantSpec, bystander: TenantSpec
-) -> Iterator[TenantSpec]:
-    """Tenant A, with a table of its own (`s.t`, one row) in a schema of its own (dropped first: the
-    other tenants' roles can only be dropped without its grants)."""
-    for spec in _provisioned(postgres, admin):
-        with _as(postgres, spec) as conn:
-            conn.execute("CREATE SCHEMA s")
-            conn.execute("CREATE TABLE s.t (id int, v text)")
-            conn.execute("INSERT INTO s.t VALUES (1, 'a''s row')")
-        yield spec
-
-
-def _provisioned(postgres: PostgresServer, admin: AdminSession) -> Iterator[TenantSpec]:
-    spec = new_spec()
-    ensure_tenant(admin, spec)
-    yield spec
-    drop_as_superuser(postgres, spec.name)
-
-
-@pytest.fixture
-def victim(postgres: PostgresServer, admin: AdminSession) -> Iterator[TenantSpec]:
-    """Tenant B, whose DELETE must end with its role dropped."""
-    yield from _provisioned(postgres, admin)
-
-
-@pytest.fixture
-def bystander(postgres: PostgresServer, admin: AdminSession) -> Iterator[TenantSpec]:
-    """Tenant C, to whom A grants the same things (those grants must stay)."""
-    yield from _provisioned(postgres, admin)
-
-
-@contextmanager
-def _as(postgres: PostgresServer, spec: TenantSpec, dbname: str | None = None) -> Iterator[psycopg.Connection]:
-    with postgres.connect(spec.name, spec.password, dbname or spec.name, autocommit=True) as conn:
-        yield conn
+def granter(bystander: TenantSpec, granter: TenantSpec) -> TenantSpec:
+    """Tenant A (tests/sql/conftest.py), made after C and so dropped before it: C is granted things too."""
+    return granter
 
 
 def _role(name: str) -> str:
@@ -101,7 +68,7 @@ GRANTS: dict[str, list[str]] = {
 
 def _grant(postgres: PostgresServer, granter: TenantSpec, victim: TenantSpec, bystander: TenantSpec, kind: str) -> None:
     names = {"a": _role(granter.name), "b": _role(victim.name), "c": _role(bystander.name)}
-    with _as(postgres, granter) as conn:
+    with as_tenant(postgres, granter) as conn:
         for statement in GRANTS[kind]:
             conn.execute(statement.format(**names))
             if statement.startswith(("GRANT", "ALTER DEFAULT")):  # the same to C, which must keep it
@@ -177,7 +144,7 @@ def test_the_drop_removes_what_another_tenant_granted_and_nothing_else(
 
     assert catalog_counts(postgres, victim.name) == (0, 0)
     assert _acl_snapshot(postgres, granter.name, without=victim.name) == before  # C's grants, A's own: kept
-    with _as(postgres, granter) as conn:
+    with as_tenant(postgres, granter) as conn:
         assert conn.execute("SELECT id, v FROM s.t").fetchall() == [(1, "a's row")]
     assert tenant_state(admin, granter.name).provisioned
     _provisioner_has_no_connect(postgres, granter.name)
@@ -196,21 +163,21 @@ def test_all_of_it_at_once_and_what_the_victim_built_there(
         if kind == "default-privileges-large-objects" and postgres.major < 18:
             continue
         _grant(postgres, granter, victim, bystander, kind)
-    with _as(postgres, victim, granter.name) as conn:
+    with as_tenant(postgres, victim, granter.name) as conn:
         conn.execute("CREATE TABLE s.b_table (id int)")
         conn.execute("GRANT SELECT ON s.t TO PUBLIC")  # with A's grant option
-    with _as(postgres, granter) as conn:
+    with as_tenant(postgres, granter) as conn:
         conn.execute("CREATE VIEW s.on_b AS SELECT * FROM s.b_table")
 
     drop_tenant(admin, victim.name)
 
     assert catalog_counts(postgres, victim.name) == (0, 0)
-    with _as(postgres, granter) as conn:
+    with as_tenant(postgres, granter) as conn:
         assert conn.execute("SELECT to_regclass('s.b_table'), to_regclass('s.on_b')").fetchone() == (None, None)
         assert conn.execute("SELECT count(*) FROM s.t").fetchone() == (1,)
         public = conn.execute("SELECT has_table_privilege('public', 's.t', 'SELECT')").fetchone()[0]
         assert not public  # B's own grant went with B's grant option
-    with _as(postgres, bystander, granter.name) as conn:
+    with as_tenant(postgres, bystander, granter.name) as conn:
         assert conn.execute("SELECT v FROM s.t").fetchall() == [("a's row",)]
 
 
@@ -235,7 +202,7 @@ def test_a_granter_that_limited_its_database_to_no_connections_gets_its_limit_ba
 ) -> None:
     """The owner may set its database's CONNECTION LIMIT (it cannot close the database it is in)."""
     _grant(postgres, granter, victim, bystander, "schema")
-    with _as(postgres, granter) as conn:
+    with as_tenant(postgres, granter) as conn:
         conn.execute(sql.SQL("ALTER DATABASE {} CONNECTION LIMIT 0").format(sql.Identifier(granter.name)))
 
     drop_tenant(admin, victim.name)
@@ -257,7 +224,7 @@ def test_a_granter_holding_its_grant_open_is_ended_and_the_drop_completes(
     postgres: PostgresServer, short_lock_admin: AdminSession, granter: TenantSpec, victim: TenantSpec
 ) -> None:
     """A grants again in a transaction it keeps open: the role's lock and A's catalog rows stay held."""
-    with _as(postgres, granter) as conn:
+    with as_tenant(postgres, granter) as conn:
         conn.execute(sql.SQL("GRANT SELECT ON s.t TO {}").format(sql.Identifier(victim.name)))
     holder = postgres.connect(granter.name, granter.password, granter.name)  # not autocommit
     try:
@@ -270,7 +237,7 @@ def test_a_granter_holding_its_grant_open_is_ended_and_the_drop_completes(
     finally:
         holder.close()
     assert catalog_counts(postgres, victim.name) == (0, 0)
-    with _as(postgres, granter) as conn:
+    with as_tenant(postgres, granter) as conn:
         assert conn.execute("SELECT to_regclass('s.more')").fetchone() == (None,)  # rolled back with it
         assert conn.execute("SELECT count(*) FROM s.t").fetchone() == (1,)
 
@@ -279,7 +246,7 @@ def test_a_granter_holding_its_grant_open_is_ended_and_the_drop_completes(
 def _granting_in_a_loop(postgres: PostgresServer, granter: TenantSpec, victim: TenantSpec) -> Iterator[list[int]]:
     """A's sessions granting B's role SELECT on one of 20 tables after another, as fast as they can,
     logging in again whenever a session is ended; yields [grants made] and stops when the block ends."""
-    with _as(postgres, granter) as conn:
+    with as_tenant(postgres, granter) as conn:
         for i in range(20):
             conn.execute(f"CREATE TABLE s.t{i} (v int)")
     stop, made = threading.Event(), [0]
@@ -287,7 +254,7 @@ def _granting_in_a_loop(postgres: PostgresServer, granter: TenantSpec, victim: T
     def loop() -> None:
         while not stop.is_set():
             try:
-                with _as(postgres, granter) as conn:
+                with as_tenant(postgres, granter) as conn:
                     while not stop.is_set():
                         table = sql.Identifier("s", f"t{made[0] % 20}")
                         conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(table, sql.Identifier(victim.name)))
@@ -374,7 +341,7 @@ def test_tenants_cannot_grant_their_role_to_another(
     postgres: PostgresServer, granter: TenantSpec, victim: TenantSpec
 ) -> None:
     """Role membership is not one of the grants to clean up: on 15, 16 and 18 a tenant has no ADMIN on itself."""
-    with _as(postgres, granter) as conn:
+    with as_tenant(postgres, granter) as conn:
         for option in ("", " WITH ADMIN OPTION"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute(

@@ -52,6 +52,7 @@ def test_the_rendered_crds_serve_every_path_the_controllers_and_the_api_call() -
                 "ShardNotReady",
                 "LoginFailed",
                 "RecoveryOverBudget",
+                "LoginTampered",
             ],
         ),
         (

@@ -1,0 +1,96 @@
+"""After a first login that may have been relayed: take the tenant back, and look for what was done.
+
+A login as the tenant that is not bound to the TLS channel (an endpoint without TLS, or one that
+offers no channel binding, such as pgBouncer) may have passed through a relay, which then holds an
+authenticated session as the tenant: it may keep it to read the consumer's data later, set a
+password of its own, grant the database or future tables to another role, set parameters or create
+objects. `seal_first_login` runs on the admin session right after such a login, before the database
+is Ready (nobody else has its credentials yet):
+
+1. in one transaction, `ALTER ROLE t PASSWORD '<verifier of the provider's password>'` and, as the
+   tenant, the end of every session of `t`; again while a session of `t` remains (one that logged in
+   with a password of the relay's before the change committed), so no session and no password of
+   anybody else's is left. Every state in between leaves the provider's password valid unless a
+   relay changes it again, so an interrupted seal is simply run again by the next pass;
+2. one read of the shared catalogs for anything of the tenant the provider did not make (`findings`):
+   the database is new and empty, the provider granted in it only CONNECT to its owner, and set no
+   parameter, so whatever is there came through that login.
+"""
+
+from __future__ import annotations
+
+import psycopg
+from psycopg import sql
+
+from domain.settings import SETTINGS
+from reconciler.sql import errors
+from reconciler.sql.errors import SqlFailure
+from reconciler.sql.roles import end_sessions, has_sessions
+from reconciler.sql.session import OPERATION_TIMEOUT, Admin, run_operation
+from reconciler.sql.tenant import read_state, scram_verifier, validate_tenant_name
+from reconciler.sql.tenant_login import OPERATION
+
+ATTEMPTS = SETTINGS.sql.blocked_attempts
+
+# Counts of what the provider did not make: dependencies on roles recorded in the tenant's database
+# (objects owned by a role, grants and policies naming one), of the tenant's role anywhere but its
+# ownership of its database, and grants on the database to other roles; parameters set for the
+# database or the role; prepared transactions of either; a connection limit on the database.
+_FOREIGN = """
+SELECT (SELECT count(*) FROM pg_catalog.pg_shdepend s
+         WHERE s.dbid = d.oid
+            OR (s.refclassid = 'pg_catalog.pg_authid'::regclass AND s.refobjid = r.oid
+                AND NOT (s.classid = 'pg_catalog.pg_database'::regclass AND s.objid = d.oid AND s.deptype = 'o'))
+            OR (s.classid = 'pg_catalog.pg_database'::regclass AND s.objid = d.oid AND s.deptype <> 'o')),
+       (SELECT count(*) FROM pg_catalog.pg_db_role_setting x WHERE x.setdatabase = d.oid OR x.setrole = r.oid),
+       (SELECT count(*) FROM pg_catalog.pg_prepared_xacts p WHERE p.owner = r.rolname OR p.database = d.datname),
+       d.datconnlimit <> -1
+  FROM pg_catalog.pg_roles r
+  JOIN pg_catalog.pg_database d ON d.datname = r.rolname AND d.datdba = r.oid
+ WHERE r.rolname = %(name)s
+"""
+
+
+def findings(conn: psycopg.Connection, name: str) -> list[str]:
+    """What the tenant's role and database hold that the provider did not make (empty: nothing)."""
+    state = read_state(conn, name)
+    row = conn.execute(_FOREIGN, {"name": name}).fetchone()
+    if row is None or not state.open:
+        return ["the database's privileges or its ALLOW_CONNECTIONS are not the provider's"]
+    objects, settings, prepared, limited = row
+    found = []
+    if objects:
+        found.append(f"{objects} object(s) or grant(s) in the database or of the role")
+    if settings:
+        found.append("parameters set for the database or the role")
+    if prepared:
+        found.append("prepared transactions")
+    if limited:
+        found.append("a connection limit on the database")
+    return found
+
+
+def seal_first_login(admin: Admin, name: str, password: str, *, timeout: float = OPERATION_TIMEOUT) -> list[str]:
+    """Take the tenant back after an unbound first login and return `findings` (see the module docstring).
+
+    Fails (operation "login") with `conflict` when sessions of the tenant keep appearing.
+    """
+    validate_tenant_name(name)
+    verifier = sql.Literal(scram_verifier(password))
+    set_password = sql.SQL("ALTER ROLE {} PASSWORD {}").format(sql.Identifier(name), verifier)
+
+    def body(conn: psycopg.Connection) -> list[str]:
+        state = read_state(conn, name)
+        if state.role_oid is None:
+            raise SqlFailure(OPERATION, errors.NOT_FOUND, detail="the tenant role does not exist")
+        for _ in range(ATTEMPTS):
+            with conn.transaction():
+                conn.execute(set_password)
+                end_sessions(conn, name, state.role_oid)
+            if not has_sessions(conn, state.role_oid):
+                return findings(conn, name)
+        raise SqlFailure(
+            OPERATION, errors.CONFLICT, detail="sessions as the tenant kept appearing while its password was set again"
+        )
+
+    return run_operation(admin, OPERATION, body, timeout=timeout)
