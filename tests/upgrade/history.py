@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from informers import LEASES, Informer, Rest
+from informers.leader import lease_holder
 from reconciler.resources import CONSUMERS, DATABASES, SHARDS
-from reconciler.runtime.leader import lease_holder
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,8 @@ from harness import PostgresServer
 from harness.certs import CertificateAuthority
 from harness.releases import REPO, BuiltRelease
 from informers import LEASES, SECRETS, Rest
+from informers.leader import lease_holder
 from reconciler.resources import CONSUMERS, SHARDS
-from reconciler.runtime.leader import lease_holder
 from tests.support.audit import audited_control_plane, controller_writes
 from tests.support.manager_process import ManagerProcess
 
