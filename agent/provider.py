@@ -24,6 +24,7 @@ USER_AGENT = "dbprovider-agent"
 DEFAULT_TIMEOUT = 10.0
 
 View = dict[str, Any]
+QUOTA_EXCEEDED = "quota_exceeded"  # a 429 that is an answer, not a busy provider
 
 
 class ProviderError(Exception):
@@ -37,8 +38,8 @@ class ProviderError(Exception):
 
     @property
     def transient(self) -> bool:
-        """Worth retrying as is: the provider is busy or away (429, 5xx)."""
-        return self.status == 429 or self.status >= 500
+        """Worth retrying as is: the provider is busy or away (5xx, 429 but for a reached quota)."""
+        return (self.status == 429 and self.code != QUOTA_EXCEEDED) or self.status >= 500
 
 
 class ProviderUnreachable(Exception):

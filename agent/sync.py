@@ -174,6 +174,7 @@ class Syncer:
     def _create(self, claim: ClaimObject, db_id: str, now: datetime) -> View | None:
         refused = self._refused.get(claim.key)
         if refused and refused.generation == claim.metadata.generation and now - refused.at < self.refused_retry:
+            self._write_status(_Report(claim, now).reachable())  # refused a moment ago: not asked again yet
             return None
         try:
             view = self.provider.ensure(db_id, claim.spec.size_class)
