@@ -1,6 +1,7 @@
-"""The agent end to end: a DatabaseClaim in the consumer cluster becomes a database at the real provider and
-a Secret whose credentials log in to PostgreSQL; a rotation reaches the Secret; the provider away keeps
-the Secret; deleting the claim starts the provider's soft delete (Delete) or leaves everything (Orphan)."""
+"""The agent end to end: a DatabaseClaim in the consumer cluster becomes a database at the real provider
+and a Secret whose credentials log in to PostgreSQL; a rotation and a new client endpoint of the shard
+reach the Secret; the provider away keeps the Secret; deleting the claim starts the provider's soft
+delete (Delete) or leaves everything (Orphan)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import requests
 
 from dbprovider.devstack import DevStack
 from domain.naming import claim_database_id
-from domain.resources import CLAIMS
+from domain.resources import CLAIMS, SHARDS
+from harness import KubeControlPlane
+from informers import Rest
 from tests.agent.conftest import Consumer, Provider
 from tests.support.common import unique, wait_for
 
@@ -134,3 +137,24 @@ def test_an_orphan_claim_leaves_the_database_and_the_secret(consumer: Consumer, 
     view = provider_view(stack, claim_database_id(meta["namespace"], meta["name"]))
     assert view["phase"] == "Ready" and view["deleteRequestedAt"] is None
     assert logs_in(values) == values["username"]
+
+
+def test_a_new_client_endpoint_reaches_the_secret(consumer: Consumer, stack: DevStack, kube: KubeControlPlane) -> None:
+    claim, before = ready_claim(consumer)
+    meta = claim["metadata"]
+
+    def secret_host(host: str) -> dict[str, str] | None:
+        secret = consumer.secret(meta["namespace"], meta["name"])
+        values = decoded(secret) if secret else {}
+        return values if values.get("host") == host else None
+
+    with kube.admin_client() as client:
+        shards = Rest(client)
+        shards.patch(SHARDS, stack.shard, {"spec": {"client": {"host": "localhost"}}})
+        try:
+            moved = wait_for(lambda: secret_host("localhost"), 120, "the new host in the Secret", max_interval=0.5)
+            assert moved["password"] == before["password"] and "@localhost:" in moved["uri"]
+        finally:
+            shards.patch(SHARDS, stack.shard, {"spec": {"client": {"host": "127.0.0.1"}}})
+    back = wait_for(lambda: secret_host("127.0.0.1"), 120, "the host back in the Secret", max_interval=0.5)
+    assert logs_in(back) == before["username"]
