@@ -235,12 +235,14 @@ class Syncer:
         if existing is None:
             try:
                 self.rest.create(SECRETS, desired, claim.metadata.namespace)
+                return True
             except ApiException as exc:
                 if exc.status != 409:
                     raise
+            existing = self.rest.get(SECRETS, name, claim.metadata.namespace)  # ours, the cache behind? else foreign
+            if not is_claims_secret(existing, claim):
                 report.condition(READY, False, "SecretConflict", f"Secret {name} exists and is not this claim's")
                 return False
-            return True
         if differs(existing, desired):
             self.rest.replace(SECRETS, merged(existing, desired))
         return True
