@@ -8,11 +8,10 @@ databaseIds, Secrets and error codes, never a password or a token.
 from __future__ import annotations
 
 import logging
-import secrets
 from datetime import UTC, datetime
-from typing import Any
 
 from domain.constants import API_VERSION, CLAIM_NAMES
+from domain.events import event_body
 from domain.objects import ClaimObject
 from domain.timefmt import format_time
 from informers import EVENTS, Rest
@@ -30,27 +29,17 @@ class ClaimEvents:
 
     def record(self, claim: ClaimObject, reason: str, message: str, *, warning: bool = False) -> None:
         meta = claim.metadata
-        now = format_time(datetime.now(UTC))
-        event: dict[str, Any] = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": f"{meta.name}.{secrets.token_hex(8)}", "namespace": meta.namespace},
-            "involvedObject": {
-                "apiVersion": API_VERSION,
-                "kind": CLAIM_NAMES.kind,
-                "name": meta.name,
-                "namespace": meta.namespace,
-                "uid": meta.uid,
-            },
-            "reason": reason,
-            "message": message[:1024],
-            "type": "Warning" if warning else "Normal",
-            "source": {"component": COMPONENT},
-            "reportingComponent": COMPONENT,
-            "reportingInstance": self.instance,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
+        involved = {
+            "apiVersion": API_VERSION,
+            "kind": CLAIM_NAMES.kind,
+            "name": meta.name,
+            "namespace": meta.namespace,
+            "uid": meta.uid,
         }
+        now = format_time(datetime.now(UTC))
+        event = event_body(
+            involved, reason, message, warning=warning, component=COMPONENT, instance=self.instance, now=now
+        )
         try:
             self.rest.create(EVENTS, event, meta.namespace)
         except Exception as exc:  # noqa: BLE001 - events are best effort

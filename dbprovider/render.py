@@ -81,12 +81,17 @@ def run_render(
         warnings = render.install_warnings(config) + render.prometheus_rule_warnings(config)
     for warning in warnings:
         print(f"dbprovider render: warning: {warning}", file=err)
+    _write(text, output)
+    return EXIT_OK
+
+
+def _write(text: str, output: str) -> None:
+    """To stdout for "-", else atomically to the file."""
     if output == "-":
         sys.stdout.write(text)
         sys.stdout.flush()
     else:
         write_atomically(Path(output), text)
-    return EXIT_OK
 
 
 def _dashboard(config: InstallConfig, fmt: str) -> str:
@@ -109,10 +114,5 @@ def run_render_agent(config_path: str, output: str = "-", stderr: TextIO | None 
     except ConfigError as exc:
         print(f"dbprovider render: {exc}".replace("install config", "agent values"), file=err)
         return EXIT_INVALID
-    text = render.dump_yaml(render.render_agent_manifests(config))
-    if output == "-":
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    else:
-        write_atomically(Path(output), text)
+    _write(render.dump_yaml(render.render_agent_manifests(config)), output)
     return EXIT_OK

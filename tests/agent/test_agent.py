@@ -15,7 +15,7 @@ from dbprovider.devstack import DevStack
 from domain.naming import claim_database_id
 from domain.resources import CLAIMS, SHARDS
 from harness import KubeControlPlane
-from informers import Rest
+from informers import EVENTS, Rest
 from tests.agent.conftest import Consumer, Provider
 from tests.support.common import unique, wait_for
 
@@ -76,6 +76,10 @@ def test_a_claim_becomes_a_secret_that_logs_in(consumer: Consumer, stack: DevSta
     assert logs_in(values) == values["username"]
     assert provider_view(stack, db_id)["phase"] == "Ready"
     assert "password" not in str(status) and values["password"] not in str(status)
+    events = consumer.admin.list(EVENTS, meta["namespace"])["items"]
+    recorded = {e["reason"] for e in events if e["involvedObject"]["uid"] == meta["uid"]}
+    assert {"Created", "SecretWritten"} <= recorded
+    assert not any(values["password"] in e["message"] for e in events)
 
 
 def test_a_rotation_asked_on_the_claim_reaches_the_secret(consumer: Consumer) -> None:
