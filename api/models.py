@@ -5,6 +5,7 @@ The shapes are those of `api/openapi.yaml`; tests validate live responses agains
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections.abc import Mapping
@@ -127,8 +128,11 @@ def is_ready(db: DatabaseObject) -> bool:
     return db.status.phase == Phase.READY and not is_delete_requested(db)
 
 
-def database_view(db: DatabaseObject, config: InstallConfig) -> dict[str, Any]:
-    """The consumer's view of a Database object: state and settings, never secrets or shard internals."""
+def database_view(db: DatabaseObject, config: InstallConfig, credentials_version: str | None = None) -> dict[str, Any]:
+    """The consumer's view of a Database object: state and settings, never secrets or shard internals.
+
+    `credentials_version` (api.store.DatabaseStore.credentials_version) changes when the credentials do.
+    """
     spec, state, notes = db.spec, db.status, db.metadata.annotations
     limit = state.applied_connection_limit
     if limit is None:
@@ -149,7 +153,15 @@ def database_view(db: DatabaseObject, config: InstallConfig) -> dict[str, Any]:
         "dropAfter": format_time(state.drop_after) if state.drop_after is not None else None,
         "rotateRequestedAt": rotate_requested,
         "rotationPending": bool(rotate_requested) and state.rotation_applied != rotate_requested,
+        "credentialsVersion": credentials_version,
     }
+
+
+def list_etag(items: list[dict[str, Any]]) -> str:
+    """The strong ETag of a database list: a digest of its canonical JSON, so equal lists give equal tags
+    on every replica, and any visible change (phase, reason, dropAfter, credentialsVersion...) a new one."""
+    canonical = json.dumps(items, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:32]
 
 
 @dataclass(frozen=True)

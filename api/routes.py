@@ -8,7 +8,7 @@ from typing import Any
 import falcon
 
 from api.errors import PayloadTooLarge, Unavailable
-from api.models import database_view, parse_create_body, parse_rotate_body
+from api.models import database_view, list_etag, parse_create_body, parse_rotate_body
 from api.store import DatabaseStore
 from domain.config import InstallConfig
 from domain.objects import DatabaseObject
@@ -52,7 +52,7 @@ def _drain(req: falcon.Request, budget: int) -> None:
 
 
 class DatabaseCollection:
-    """GET /v1/databases: the caller's databases."""
+    """GET /v1/databases: the caller's databases, with an ETag; If-None-Match with the same tag gets 304."""
 
     def __init__(self, config: InstallConfig, store: DatabaseStore) -> None:
         self.config = config
@@ -60,8 +60,14 @@ class DatabaseCollection:
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         consumer = req.context.consumer
-        resp.media = {"items": [database_view(db, self.config) for db in self.store.list(consumer)]}
+        items = [database_view(db, self.config, self.store.credentials_version(db)) for db in self.store.list(consumer)]
+        etag = list_etag(items)
+        resp.etag = etag
         resp.cache_control = [NO_STORE]
+        if any(tag in ("*", etag) for tag in req.if_none_match or ()):  # weak comparison (RFC 9110)
+            resp.status = falcon.HTTP_304
+            return
+        resp.media = {"items": items}
 
 
 class _DatabaseAction:
@@ -74,7 +80,7 @@ class _DatabaseAction:
 
     def _answer(self, resp: falcon.Response, db: DatabaseObject, status: str = falcon.HTTP_200) -> None:
         resp.status = status
-        resp.media = database_view(db, self.config)
+        resp.media = database_view(db, self.config, self.store.credentials_version(db))
         resp.cache_control = [NO_STORE]
 
 

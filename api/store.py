@@ -69,6 +69,7 @@ from domain.constants import (
     LABEL_EXTERNAL_ID,
 )
 from domain.credentials import (
+    credentials_version,
     decode_secret_data,
     endpoint_problem,
     is_controlled_by,
@@ -233,6 +234,16 @@ class DatabaseStore:
                 found[name] = db
         mine = [db for db in found.values() if db.spec.consumer == consumer]
         return sorted(mine, key=lambda db: db.spec.external_id)
+
+    def credentials_version(self, db: DatabaseObject) -> str | None:
+        """The version of the credentials a Ready database hands out (None before, or without its Secret):
+        from the cached Secret and status, so a consumer can tell without fetching that they changed."""
+        if not is_ready(db):
+            return None
+        secret = self.secrets.get(f"{self.namespace}/{credentials_secret_name(db.name)}")
+        if secret is None or not is_controlled_by(secret, db.metadata.uid):
+            return None
+        return credentials_version(secret, db.status.password_applied)
 
     def credentials(self, consumer: str, external_id: str) -> Credentials:
         """The connection details of a Ready database; NotReady before, CredentialsUnavailable if unusable."""

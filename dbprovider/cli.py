@@ -73,6 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     render.add_argument("--config", required=True, metavar="FILE", help="the install config (YAML)")
     render.add_argument(
+        "--agent",
+        action="store_true",
+        help="render the consumer agent for a consumer cluster instead; --config is then the agent's values "
+        "(docs/consumers.md)",
+    )
+    render.add_argument(
         "--only",
         choices=["manifests", "prometheusrule", "dashboard"],
         default="manifests",
@@ -149,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
 
+    _add_agent(commands)
     _add_consumer(commands)
     _add_lint(commands)
     _add_upgrade(commands)
@@ -160,6 +167,63 @@ def _group(commands: Any, name: str, metavar: str, *, help: str, description: st
     """A command whose own subcommands do the work (`consumer new`, `upgrade check`): its add_subparsers()."""
     parser = commands.add_parser(name, help=help, description=description)
     return parser.add_subparsers(dest=f"{name}_command", required=True, metavar=metavar)
+
+
+def _add_agent(commands: Any) -> None:
+    agent = subcommand(
+        commands,
+        "agent",
+        _run_agent,
+        help="run the consumer agent: DatabaseClaims in this cluster, kept by the provider's API",
+        description=(
+            "Runs in a consumer cluster: creates the databases its DatabaseClaims ask for at the provider, "
+            "writes and keeps their Secrets (servicebinding.io), rotates and deletes them. Leader-elected on "
+            "a Lease in --namespace. The token file is re-read on every request, the CA file when it "
+            "changes. Stops cleanly on SIGTERM."
+        ),
+    )
+    agent.add_argument(
+        "--provider-url", default=os.environ.get("DBPROVIDER_API_URL"), help="the provider's API (https://...)"
+    )
+    agent.add_argument(
+        "--token-file",
+        default=os.environ.get("DBPROVIDER_TOKEN_FILE", "/var/run/dbprovider-agent/token/token"),
+        metavar="FILE",
+        help="the consumer's bearer token (a mounted Secret; default $DBPROVIDER_TOKEN_FILE)",
+    )
+    agent.add_argument(
+        "--ca-file",
+        default=os.environ.get("DBPROVIDER_CA_FILE"),
+        metavar="FILE",
+        help="PEM CA of the provider's API certificate (default $DBPROVIDER_CA_FILE; else the system CAs)",
+    )
+    agent.add_argument(
+        "--kubeconfig", default=os.environ.get("KUBECONFIG"), help="kubeconfig file (default: in-cluster)"
+    )
+    agent.add_argument(
+        "--namespace",
+        default=os.environ.get(SETTINGS.env.pod_namespace, "dbprovider-agent"),
+        help=f"the agent's namespace, where its Lease is (default ${SETTINGS.env.pod_namespace})",
+    )
+    agent.add_argument("--watch-namespace", default=None, help="only claims of this namespace (default: all)")
+    agent.add_argument("--lease-name", default="dbprovider-agent", help="the Lease the replicas elect a leader on")
+    agent.add_argument("--poll-interval", type=float, default=30.0, metavar="SECONDS", help="default 30")
+    agent.add_argument(
+        "--max-backoff",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="the longest wait between tries while the provider is away (default 300)",
+    )
+    agent.add_argument(
+        "--no-leader-election", action="store_true", help="run passes without the Lease (one replica only)"
+    )
+
+
+def _run_agent(args: argparse.Namespace) -> int:
+    from dbprovider.agent_cmd import run_agent
+
+    return run_agent(args)
 
 
 def _add_consumer(commands: Any) -> None:
@@ -358,8 +422,10 @@ def _run_dev(args: argparse.Namespace) -> int:
 
 
 def _run_render(args: argparse.Namespace) -> int:
-    from dbprovider.render import run_render
+    from dbprovider.render import run_render, run_render_agent
 
+    if args.agent:
+        return run_render_agent(args.config, args.output)
     return run_render(
         config_path=args.config,
         only=args.only,

@@ -4,6 +4,7 @@
     dbprovider render --config values.yaml --only prometheusrule    # the rule, for the central Prometheus
     dbprovider render --config values.yaml --only prometheusrule --format rules   # a plain rule file
     dbprovider render --config values.yaml --only dashboard [--format configmap]  # the Grafana dashboard
+    dbprovider render --agent --config agent.yaml                   # the consumer agent (consumer cluster)
 
 The objects are exactly those `pulumi up` creates (both come from infra.render). An invalid config exits
 with status 2 and names the offending key; warnings go to stderr so the YAML on stdout stays clean.
@@ -80,12 +81,17 @@ def run_render(
         warnings = render.install_warnings(config) + render.prometheus_rule_warnings(config)
     for warning in warnings:
         print(f"dbprovider render: warning: {warning}", file=err)
+    _write(text, output)
+    return EXIT_OK
+
+
+def _write(text: str, output: str) -> None:
+    """To stdout for "-", else atomically to the file."""
     if output == "-":
         sys.stdout.write(text)
         sys.stdout.flush()
     else:
         write_atomically(Path(output), text)
-    return EXIT_OK
 
 
 def _dashboard(config: InstallConfig, fmt: str) -> str:
@@ -94,3 +100,19 @@ def _dashboard(config: InstallConfig, fmt: str) -> str:
     if fmt == FORMAT_CONFIGMAP:
         return render.dump_yaml([dashboard.dashboard_configmap(config)])
     return dashboard.dashboard_json(config)
+
+
+def run_render_agent(config_path: str, output: str = "-", stderr: TextIO | None = None) -> int:
+    """`dbprovider render --agent`: the consumer agent's objects from its values file."""
+    from domain.agent_config import load_agent_config
+    from domain.config import read_install_values
+    from infra import render
+
+    err = stderr or sys.stderr
+    try:
+        config = load_agent_config(read_install_values(config_path))
+    except ConfigError as exc:
+        print(f"dbprovider render: {exc}".replace("install config", "agent values"), file=err)
+        return EXIT_INVALID
+    _write(render.dump_yaml(render.render_agent_manifests(config)), output)
+    return EXIT_OK

@@ -55,6 +55,43 @@ KINDS: dict[str, KindNames] = {
     SINGULAR_DATABASE_MOVE: KindNames(KIND_DATABASE_MOVE, PLURAL_DATABASE_MOVES, SINGULAR_DATABASE_MOVE),
 }
 
+# The consumer cluster's kind, served there by the agent's CRD (not one of the provider's KINDS).
+KIND_CLAIM = "DatabaseClaim"
+CLAIM_NAMES = KindNames(KIND_CLAIM, "databaseclaims", "databaseclaim")
+# Held on a claim until the provider accepted its DELETE (deletionPolicy Delete) or the claim is orphaned.
+FINALIZER_CLAIM = f"{GROUP}/claim"
+# On a claim: any new value asks the agent for a rotation now (e.g. `date +%s`); on a claim whose
+# provider is gone for good, DETACH lets it be deleted without the provider (the database is left).
+ANNOTATION_CLAIM_ROTATE = f"{GROUP}/rotate"
+ANNOTATION_CLAIM_DETACH = f"{GROUP}/detach"
+# On the Secret the agent writes: the claim's name (label, what the agent watches) and the provider's
+# credentialsVersion of the values in it (annotation, changes with every new password or endpoint).
+LABEL_CLAIM = f"{GROUP}/claim"
+ANNOTATION_CREDENTIALS_VERSION = f"{GROUP}/credentials-version"
+# servicebinding.io: a claim is a provisioned service; its Secret has the spec's type and keys.
+LABEL_PROVISIONED_SERVICE = "servicebinding.io/provisioned-service"
+BINDING_SECRET_TYPE = "servicebinding.io/postgresql"
+BINDING_TYPE = "postgresql"
+BINDING_PROVIDER = "dbprovider"
+
+
+class DeletionPolicy(enum.StrEnum):
+    """DatabaseClaim.spec.deletionPolicy: what deleting the claim does to the database and its Secret."""
+
+    DELETE = "Delete"
+    ORPHAN = "Orphan"
+
+
+class ClaimPhase(enum.StrEnum):
+    """DatabaseClaim.status.phase: the provider's phase, or Pending before the provider has the database."""
+
+    PENDING = "Pending"
+    PROVISIONING = "Provisioning"
+    READY = "Ready"
+    DELETING = "Deleting"
+    FAILED = "Failed"
+
+
 # The install's defaults the command line shows before anything is parsed (domain.config uses them too):
 # here, beside the other plain names, so `dbprovider --help` needs no pydantic model.
 DEFAULT_NAMESPACE = "dbprovider"
@@ -96,7 +133,7 @@ FINALIZER_TENANT = f"{GROUP}/tenant"
 FINALIZER_SHARD_DATABASES = f"{GROUP}/shard-databases"
 
 # On the leader Lease: which release holds it, and the lease duration replicas of that release (and
-# newer ones) honour; older releases see only spec.leaseDurationSeconds (reconciler.runtime.leader).
+# newer ones) honour; older releases see only spec.leaseDurationSeconds (informers.leader).
 ANNOTATION_LEADER = f"{GROUP}/leader"
 
 # On the credentials Secret: a random id that changes with every new password (never derived from

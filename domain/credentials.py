@@ -180,6 +180,21 @@ def password_patch(password: str) -> dict[str, Any]:
     }
 
 
+def credentials_version(secret: Mapping[str, Any], password_applied: str | None) -> str:
+    """A short digest that changes whenever the credentials a consumer is handed change, and only then.
+
+    It covers the Secret's identity, the id of the password in effect (the applied one while a new one
+    is pending) and the other keys, never the password itself: a consumer compares it with the one it
+    last fetched instead of fetching the credentials again. A Secret written without a password id
+    falls back to its resourceVersion. Derived from shared state, so every API replica gives the same.
+    """
+    meta = secret.get("metadata") or {}
+    served_id = password_applied or password_id(secret) or f"rv:{meta.get('resourceVersion', '')}"
+    values = decode_secret_data(secret)
+    parts = [str(meta.get("uid", "")), served_id] + [values.get(k, "") for k in CREDENTIALS_KEYS if k != "password"]
+    return hashlib.sha256("\x00".join(parts).encode("utf-8")).hexdigest()[:16]
+
+
 # -- ownership and consistency ---------------------------------------------------------------------
 
 

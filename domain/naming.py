@@ -154,6 +154,23 @@ def database_object_name(consumer: str, external_id: str) -> str:
     return f"{prefix}-{_sha256_hex(f'{consumer}/{external_id}', _HASH_HEX_LENGTH)}"
 
 
+_CLAIM_ID_HASH_LENGTH = 8
+
+
+def claim_database_id(namespace: str, name: str) -> str:
+    """The externalId of a DatabaseClaim that names none: `<namespace>-<name>` cut to fit, plus `-` and
+    8 hex digits of sha256("<namespace>/<name>").
+
+    The hash makes it collision-free within the consumer's cluster ("a-b"/"c" and "a"/"b-c" read alike
+    but hash apart); the readable part is cut so the whole is a DNS label of at most 63 characters.
+    """
+    validate_dns1123_label(namespace)
+    validate_dns1123_subdomain(name)
+    cut = DNS1123_LABEL_MAX_LENGTH - _CLAIM_ID_HASH_LENGTH - 1
+    readable = re.sub("[^a-z0-9-]", "-", f"{namespace}-{name}")[:cut].strip("-")
+    return validate_external_id(f"{readable}-{_sha256_hex(f'{namespace}/{name}', _CLAIM_ID_HASH_LENGTH)}")
+
+
 def quota_ledger_name(consumer: str) -> str:
     """The ConfigMap holding a consumer's quota ledger (domain/quota.py), in the release namespace.
 

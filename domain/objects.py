@@ -27,8 +27,8 @@ from pydantic import BaseModel, Field, PrivateAttr, ValidationError
 from domain.conditions import with_condition
 from domain.constants import ConditionStatus
 from domain.metadata import ObjectMeta
-from domain.specs import ConsumerSpec, DatabaseSpec, ShardSpec
-from domain.status import ConsumerStatus, DatabaseStatus, ObjectStatus, ShardStatus
+from domain.specs import ConsumerSpec, DatabaseClaimSpec, DatabaseSpec, ShardSpec
+from domain.status import ConsumerStatus, DatabaseClaimStatus, DatabaseStatus, ObjectStatus, ShardStatus
 from domain.validation import SpecModel
 
 # A Kubernetes object as JSON, before (or instead of) parsing: the one spelling of that type.
@@ -216,6 +216,12 @@ class ConsumerObject(KubeObject[ConsumerSpec, ConsumerStatus]):
 
 class DatabaseObject(KubeObject[DatabaseSpec, DatabaseStatus]):
     status: DatabaseStatus = Field(default_factory=DatabaseStatus)
+
+
+class ClaimObject(KubeObject[DatabaseClaimSpec, DatabaseClaimStatus]):
+    """A DatabaseClaim in a consumer cluster (the agent's kind)."""
+
+    status: DatabaseClaimStatus = Field(default_factory=DatabaseClaimStatus)
 
 
 # -- cheap accessors and lenient reads -------------------------------------------------------------

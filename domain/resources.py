@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import quote
 
 from domain.constants import (
+    CLAIM_NAMES,
     GROUP,
     KELDON_GROUP,
     KELDON_PLURAL_DATABASE_CLUSTERS,
@@ -34,6 +35,7 @@ from domain.specs import database_consumer_name
 __all__ = [
     "BY_CONSUMER",
     "BY_SHARD",
+    "CLAIMS",
     "CONSUMERS",
     "DATABASES",
     "DATABASE_MOVES",
@@ -82,6 +84,7 @@ CONSUMERS = Resource(GROUP, VERSION, PLURAL_CONSUMERS)
 DATABASES = Resource(GROUP, VERSION, PLURAL_DATABASES)
 DATABASE_MOVES = Resource(GROUP, VERSION, PLURAL_DATABASE_MOVES)
 DATABASE_CLUSTERS = Resource(KELDON_GROUP, KELDON_VERSION, KELDON_PLURAL_DATABASE_CLUSTERS)
+CLAIMS = Resource(GROUP, VERSION, CLAIM_NAMES.plural)  # in consumer clusters (the agent's)
 
 # Index names on the Database informer.
 BY_SHARD = "databases-by-shard"

@@ -1,4 +1,4 @@
-"""Typed `spec` of the Shard, Consumer, Database and DatabaseMove objects (group db.bnerd.com/v1alpha1).
+"""Typed `spec` of the Shard, Consumer, Database, DatabaseMove and DatabaseClaim objects (group db.bnerd.com/v1alpha1).
 
 The models parse the object's `spec` dict as the apiserver returns it (camelCase keys). Cross-field rules
 exist twice by necessity, in Python (`_check_engine_refs`) and as CEL in the JSON schema
@@ -14,7 +14,16 @@ from pydantic import Field, StrictBool, StrictInt, StrictStr, ValidationError, m
 from pydantic.config import JsonValue
 from pydantic_core import PydanticCustomError
 
-from domain.constants import DEFAULT_TOKEN_KEY, MOVE_TARGET_ANY, SIZE_CLASS_MAX_LENGTH, Engine, MoveMode, SslMode
+from domain.config import Duration
+from domain.constants import (
+    DEFAULT_TOKEN_KEY,
+    MOVE_TARGET_ANY,
+    SIZE_CLASS_MAX_LENGTH,
+    DeletionPolicy,
+    Engine,
+    MoveMode,
+    SslMode,
+)
 from domain.validation import (
     ClientHost,
     ExternalId,
@@ -258,6 +267,56 @@ class DatabaseMoveSpec(SpecModel):
     abort: StrictBool = Field(default=False, description="true stops the move; the source keeps serving.")
 
 
+class ClaimRotation(SpecModel):
+    """When the agent asks the provider for a new password on its own."""
+
+    interval: Duration | None = Field(
+        default=None,
+        description='Rotate this long after the last rotation (or after Ready), e.g. "30d"; unset: only on '
+        "request (annotation db.bnerd.com/rotate).",
+    )
+
+
+# (CEL rule on DatabaseClaimSpec, message): an optional databaseId is set at create or never.
+CLAIM_CEL_RULES: tuple[tuple[str, str], ...] = (
+    ("has(self.databaseId) == has(oldSelf.databaseId)", "databaseId is set when the claim is created, or never"),
+)
+
+
+class DatabaseClaimSpec(SpecModel):
+    """A database of the provider, claimed from a consumer cluster; the agent keeps its Secret current."""
+
+    model_config = SpecModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [{"rule": rule, "message": msg} for rule, msg in CLAIM_CEL_RULES]
+        }
+    }
+
+    size_class: StrictStr = Field(
+        default="",
+        max_length=SIZE_CLASS_MAX_LENGTH,
+        description="A size class the provider offers; empty means its default. Chosen at create time.",
+        json_schema_extra={"x-kubernetes-validations": _IMMUTABLE},
+    )
+    database_id: ExternalId | None = Field(
+        default=None,
+        description="The database's externalId at the provider; unset: derived from namespace and name "
+        "(status.databaseId shows it). Immutable.",
+        json_schema_extra={"x-kubernetes-validations": _IMMUTABLE},
+    )
+    secret_name: ObjectName | None = Field(
+        default=None,
+        description="The Secret the agent writes the connection details into; unset: the claim's name.",
+        json_schema_extra={"x-kubernetes-validations": _IMMUTABLE},
+    )
+    deletion_policy: DeletionPolicy = Field(
+        default=DeletionPolicy.DELETE,
+        description="Delete: deleting the claim starts the provider's soft delete and the Secret goes with "
+        "the claim. Orphan: the database and the Secret are left.",
+    )
+    rotation: ClaimRotation | None = Field(default=None, description="Scheduled rotation of the password.")
+
+
 # -- reading objects -------------------------------------------------------------------------------
 
 
@@ -291,6 +350,11 @@ def parse_token_secret_ref(obj: Mapping[str, Any]) -> TokenSecretRef | None:
 def parse_database_move(obj: Mapping[str, Any]) -> DatabaseMoveSpec:
     """The typed spec of a DatabaseMove object (ValidationError if it does not fit the model)."""
     return DatabaseMoveSpec.model_validate(_spec(obj))
+
+
+def parse_claim(obj: Mapping[str, Any]) -> DatabaseClaimSpec:
+    """The typed spec of a DatabaseClaim object; pydantic.ValidationError if invalid."""
+    return DatabaseClaimSpec.model_validate(_spec(obj))
 
 
 def parse_database(obj: Mapping[str, Any]) -> DatabaseSpec:

@@ -18,10 +18,19 @@ from pydantic import Field, StrictStr
 
 from domain.conditions import Condition, Conditions, Generation, StatusTime
 from domain.config import ConnectionLimit
-from domain.constants import SIZE_CLASS_MAX_LENGTH, MovePhase, Phase
-from domain.validation import Count, ObjectName, SpecModel
+from domain.constants import SIZE_CLASS_MAX_LENGTH, ClaimPhase, MovePhase, Phase
+from domain.validation import Count, ExternalId, ObjectName, SpecModel
 
-__all__ = ["Condition", "ConsumerStatus", "DatabaseMoveStatus", "DatabaseStatus", "ObjectStatus", "ShardStatus"]
+__all__ = [
+    "ClaimBinding",
+    "Condition",
+    "ConsumerStatus",
+    "DatabaseClaimStatus",
+    "DatabaseMoveStatus",
+    "DatabaseStatus",
+    "ObjectStatus",
+    "ShardStatus",
+]
 
 
 class ObjectStatus(SpecModel):
@@ -152,4 +161,41 @@ class DatabaseMoveStatus(ObjectStatus):
     started_at: StatusTime | None = Field(default=None, description="When the move started copying.")
     completed_at: StatusTime | None = Field(
         default=None, description="When the move ended (Completed, Aborted, RolledBack or Failed)."
+    )
+
+
+class ClaimBinding(SpecModel):
+    """servicebinding.io: the Secret a workload binds to."""
+
+    name: ObjectName = Field(description="Name of the Secret with the connection details, in the claim's namespace.")
+
+
+class DatabaseClaimStatus(ObjectStatus):
+    """Observed state of a DatabaseClaim, written by the agent in the consumer cluster."""
+
+    observed_generation: Generation | None = Field(
+        default=None, description="The metadata.generation this status describes."
+    )
+    conditions: Conditions = ()
+    phase: ClaimPhase | None = Field(
+        default=None, description="Pending, Provisioning, Ready, Deleting or Failed (the provider's phase)."
+    )
+    database_id: ExternalId | None = Field(default=None, description="The database's externalId at the provider.")
+    last_sync_time: StatusTime | None = Field(
+        default=None, description="When the agent last heard from the provider about this claim."
+    )
+    drop_after: StatusTime | None = Field(
+        default=None, description="While Deleting: the earliest time the provider drops the database."
+    )
+    binding: ClaimBinding | None = Field(default=None, description="The Secret to bind to, once it is written.")
+    credentials_version: Annotated[StrictStr, Field(max_length=64)] | None = Field(
+        default=None,
+        description="The provider's credentialsVersion of the values in the Secret (changes with every new "
+        "password or endpoint).",
+    )
+    rotation_requested: Annotated[StrictStr, Field(max_length=256)] | None = Field(
+        default=None, description="The value of the db.bnerd.com/rotate annotation the agent last acted on."
+    )
+    last_rotation_time: StatusTime | None = Field(
+        default=None, description="When the agent last asked the provider for a new password."
     )

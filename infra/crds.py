@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from domain.constants import (
+    CLAIM_NAMES,
     GROUP,
     KINDS,
     SERVED_VERSIONS,
@@ -22,9 +23,10 @@ from domain.constants import (
     SINGULAR_DATABASE,
     SINGULAR_DATABASE_MOVE,
     SINGULAR_SHARD,
+    VERSION,
 )
-from domain.specs import ConsumerSpec, DatabaseMoveSpec, DatabaseSpec, ShardSpec
-from domain.status import ConsumerStatus, DatabaseMoveStatus, DatabaseStatus, ShardStatus
+from domain.specs import ConsumerSpec, DatabaseClaimSpec, DatabaseMoveSpec, DatabaseSpec, ShardSpec
+from domain.status import ConsumerStatus, DatabaseClaimStatus, DatabaseMoveStatus, DatabaseStatus, ShardStatus
 
 # Keys the apiserver accepts in a structural schema node; anything else pydantic emits is dropped.
 _ALLOWED_KEYS = {
@@ -165,10 +167,22 @@ def _first_line(model: type[BaseModel]) -> str:
     return (model.__doc__ or "").strip().splitlines()[0]
 
 
+# The consumer cluster's kind (the agent's CRD, `dbprovider render --agent`): not one of the provider's.
+CLAIM_KEY = "databaseclaim"
+CLAIM_VERSIONS = (VERSION,)  # its own version story: v1alpha1 only, so far
+_CLAIM_MODEL = (
+    DatabaseClaimSpec,
+    DatabaseClaimStatus,
+    "A DatabaseClaim asks the provider for a database from a consumer cluster; the dbprovider agent creates "
+    "it, keeps its connection details in a Secret (servicebinding.io) and deletes it with the claim.",
+)
+
+
 def object_schema(key: str) -> dict[str, Any]:
-    """The full openAPIV3Schema of one kind (a key of domain.constants.KINDS): spec, status, envelope."""
-    spec_model, status_model, description = _MODELS[key]
-    kind = KINDS[key].kind
+    """The full openAPIV3Schema of one kind (a key of domain.constants.KINDS, or CLAIM_KEY)."""
+    spec_model, status_model, description = _CLAIM_MODEL if key == CLAIM_KEY else _MODELS[key]
+    kind = CLAIM_NAMES.kind if key == CLAIM_KEY else KINDS[key].kind
+    versions = CLAIM_VERSIONS if key == CLAIM_KEY else SERVED_VERSIONS
     spec = structural_schema(spec_model, description=_first_line(spec_model))
     status = structural_schema(
         status_model, keep_defaults=False, description=f"{_first_line(status_model)} Written by the provider."
@@ -180,7 +194,7 @@ def object_schema(key: str) -> dict[str, Any]:
         "properties": {
             "apiVersion": {
                 "type": "string",
-                "description": f"APIVersion of this object: {' or '.join(f'{GROUP}/{v}' for v in SERVED_VERSIONS)} "
+                "description": f"APIVersion of this object: {' or '.join(f'{GROUP}/{v}' for v in versions)} "
                 "(one schema).",
             },
             "kind": {"type": "string", "description": f"Kind of this object: {kind}."},
@@ -194,3 +208,8 @@ def object_schema(key: str) -> dict[str, Any]:
 def crd_schemas() -> dict[str, dict[str, Any]]:
     """openAPIV3Schema per kind key, as the CRD template consumes them."""
     return {key: object_schema(key) for key in _MODELS}
+
+
+def claim_schema() -> dict[str, Any]:
+    """openAPIV3Schema of the DatabaseClaim CRD (consumer clusters)."""
+    return object_schema(CLAIM_KEY)

@@ -27,13 +27,16 @@ import yaml
 from pydantic import BaseModel, TypeAdapter
 from pydantic.fields import FieldInfo
 
+from domain.agent_config import AGENT_NAME, AgentInstallConfig
 from domain.config import InstallConfig, format_duration
 from domain.constants import (
+    CLAIM_NAMES,
     FINALIZER_SHARD_DATABASES,
     GROUP,
     KELDON_GROUP,
     KELDON_PLURAL_DATABASE_CLUSTERS,
     KINDS,
+    LABEL_PROVISIONED_SERVICE,
     SERVED_VERSIONS,
     SINGULAR_CONSUMER,
     SINGULAR_DATABASE,
@@ -46,7 +49,7 @@ from domain.metadata import ObjectMeta
 from domain.naming import DNS1123_LABEL_RE, label_value
 from domain.settings import SETTINGS
 from domain.version import __version__
-from infra.crds import crd_schemas
+from infra.crds import CLAIM_VERSIONS, claim_schema, crd_schemas
 
 # A cloudberry cluster that is Scaling is planned work, not an outage: DBProviderShardNotReady leaves
 # it to DBProviderShardScalingTooLong.
@@ -350,6 +353,58 @@ def _render(names: Iterable[str], config: InstallConfig, time_scale: int = 1) ->
 def render_manifests(config: InstallConfig) -> list[dict[str, Any]]:
     """Every object of the install in the DB cluster, CRDs first (the PrometheusRule is separate)."""
     return _render(MANIFEST_TEMPLATES, config)
+
+
+AGENT_TEMPLATE = "agent.yaml.j2"
+AGENT_TOKEN_DIR = "/var/run/dbprovider-agent/token"
+AGENT_CA_DIR = "/var/run/dbprovider-agent/ca"
+
+
+def agent_args(config: AgentInstallConfig) -> list[str]:
+    """The agent container's arguments (after `dbprovider`)."""
+    args = [
+        "agent",
+        "--provider-url",
+        config.provider_url,
+        "--token-file",
+        f"{AGENT_TOKEN_DIR}/token",
+        "--poll-interval",
+        str(int(config.poll_interval.total_seconds())),
+        "--lease-name",
+        config.name,
+    ]
+    if config.ca_secret:
+        args += ["--ca-file", f"{AGENT_CA_DIR}/ca.crt"]
+    if config.watch_namespace:
+        args += ["--watch-namespace", config.watch_namespace]
+    return args
+
+
+def render_agent_manifests(config: AgentInstallConfig) -> list[dict[str, Any]]:
+    """The consumer agent's objects for one consumer cluster, its CRD first (`dbprovider render --agent`)."""
+    labels = {
+        "app.kubernetes.io/name": AGENT_NAME,
+        "app.kubernetes.io/instance": config.name,
+        "app.kubernetes.io/version": label_value(__version__),
+        "app.kubernetes.io/managed-by": "dbprovider",
+    }
+    context = {
+        "config": config,
+        "group": GROUP,
+        "claim": CLAIM_NAMES,
+        "claim_versions": CLAIM_VERSIONS,
+        "claim_schema": claim_schema(),
+        "labels": labels,
+        "selector": {k: labels[k] for k in ("app.kubernetes.io/name", "app.kubernetes.io/instance")},
+        "args": agent_args(config),
+        "token_dir": AGENT_TOKEN_DIR,
+        "ca_dir": AGENT_CA_DIR,
+        "pod_namespace_env": SETTINGS.env.pod_namespace,
+        "uid": SETTINGS.run_as_uid,
+        "provisioned_service": LABEL_PROVISIONED_SERVICE,
+    }
+    text = _environment(TEMPLATES_DIR).get_template(AGENT_TEMPLATE).render(context)
+    return [doc for doc in yaml.load_all(text, Loader=_LOADER) if doc]
 
 
 def render_prometheus_rule(config: InstallConfig, time_scale: int = 1) -> dict[str, Any]:

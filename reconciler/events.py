@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import logging
 import queue
-import secrets
 import threading
 import zlib
 from typing import Any
 
+from domain.events import event_body
 from domain.metadata import Identity, ObjectMeta
 from informers import EVENTS, Rest
 from reconciler.runtime.status import now_rfc3339
@@ -117,26 +117,14 @@ class EventRecorder:
         self, obj: dict[str, Any], meta: ObjectMeta, namespace: str, reason: str, message: str, warning: bool
     ) -> dict[str, Any]:
         identity = Identity.of(obj)  # apiVersion and kind: "" where absent, sent as null as before
-        now = now_rfc3339()
-        return {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": f"{meta.name}.{secrets.token_hex(8)}", "namespace": namespace},
-            "involvedObject": {
-                "apiVersion": identity.api_version or None,
-                "kind": identity.kind or None,
-                "name": meta.name,
-                "namespace": namespace,
-                "uid": meta.uid,
-                "resourceVersion": meta.resource_version,
-            },
-            "reason": reason,
-            "message": message[:1024],
-            "type": "Warning" if warning else "Normal",
-            "source": {"component": COMPONENT},
-            "reportingComponent": COMPONENT,
-            "reportingInstance": self.instance,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
+        involved = {
+            "apiVersion": identity.api_version or None,
+            "kind": identity.kind or None,
+            "name": meta.name,
+            "namespace": namespace,
+            "uid": meta.uid,
+            "resourceVersion": meta.resource_version,
         }
+        return event_body(
+            involved, reason, message, warning=warning, component=COMPONENT, instance=self.instance, now=now_rfc3339()
+        )

@@ -2,6 +2,7 @@
 workers, leader election, status helpers, metrics and the manager. Knows no concrete controller.
 """
 
+from informers.leader import LeaderElector
 from reconciler.runtime.controller import (
     Controller,
     ControllerStopping,
@@ -15,7 +16,6 @@ from reconciler.runtime.controller import (
     is_conflict,
     release_slot,
 )
-from reconciler.runtime.leader import LeaderElector
 from reconciler.runtime.manager import ControllerManager
 from reconciler.runtime.metrics import MetricsServer, RuntimeMetrics, start_metrics_server
 from reconciler.runtime.status import (

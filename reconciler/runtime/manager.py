@@ -22,8 +22,8 @@ from kubernetes.client import ApiClient
 from domain.settings import SETTINGS
 from informers import Rest, SharedInformers
 from informers.heap import caches_filling, caches_released
+from informers.leader import LeaderElector
 from reconciler.runtime.controller import Controller, ControllerStopping, ensure_active
-from reconciler.runtime.leader import LeaderElector
 from reconciler.runtime.metrics import RuntimeMetrics
 
 log = logging.getLogger(__name__)

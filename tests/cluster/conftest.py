@@ -33,7 +33,7 @@ from harness.images import Image, build_image
 from harness.node import ExposedService, KubeNode
 from harness.pulumi import REPO_ROOT, PulumiWorkspace
 from informers import LEASES, SECRETS, Resource, Rest
-from reconciler.runtime.leader import lease_holder
+from informers.leader import lease_holder
 from tests.support.common import b64, shard_object, wait_for
 
 NAMESPACE = "dbprovider"  # the install's defaults: release `dbprovider` in namespace `dbprovider`
@@ -361,7 +361,7 @@ def ready_pods(rest: Rest) -> list[dict[str, Any]]:
 
 def leader(rest: Rest) -> str:
     """Who leads, read as the replicas read the Lease: "" while none does, also when the last leader released it
-    on shutdown (a released Lease still names its holder for older releases' sake: reconciler/runtime/leader.py)."""
+    on shutdown (a released Lease still names its holder for older releases' sake: informers/leader.py)."""
     return lease_holder(rest.get(LEASES, f"{RELEASE}-manager", NAMESPACE)) or ""
 
 

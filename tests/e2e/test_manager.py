@@ -25,7 +25,7 @@ from harness import KubeControlPlane, PostgresServer
 from harness.certs import CertificateAuthority
 from harness.manager_endpoints import ManagerEndpoints
 from informers import LEASES, Rest
-from reconciler.runtime.leader import lease_holder
+from informers.leader import lease_holder
 from tests.support.common import condition, shard_object, wait_for
 from tests.support.devstack import install_stack
 from tests.support.replica import REPO, ManagerReplica

@@ -31,7 +31,7 @@ from harness import KubeControlPlane, PostgresServer
 from harness.statement_log import parse_statement_log
 from harness.tcp_proxy import TcpProxy
 from informers import EVENTS, LEASES, SECRETS, Rest
-from reconciler.runtime.leader import lease_holder
+from informers.leader import lease_holder
 from tests.support.audit import Write, audited_control_plane, controller_writes, leading_intervals, parse_time
 from tests.support.common import b64, decoded, wait_for
 from tests.support.devstack import install_stack

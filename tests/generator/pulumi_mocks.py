@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import runpy
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,15 +121,20 @@ def stack_config(values: dict[str, Any]) -> dict[str, str]:
 
 def run_program(config: dict[str, Any], *, preview: bool = True) -> ProgramRun:
     """Run infra/__main__.py with `config` as the `dbprovider:` stack config; return what it registered."""
+    return run_body(lambda: runpy.run_path(str(PROGRAM), run_name="__pulumi_program__"), config, preview=preview)
+
+
+def run_body(body: Callable[[], object], config: dict[str, Any] | None = None, *, preview: bool = True) -> ProgramRun:
+    """Run `body` (a program, or code that creates a component) under the mocks; return what it registered."""
     run = ProgramRun()
     mocks = _Mocks()
     monitor = _RecordingMonitor(mocks, run)
     pulumi.runtime.set_mocks(mocks, preview=preview, monitor=monitor, logger=_Logger(run))  # type: ignore[arg-type]
-    pulumi.runtime.set_all_config(stack_config(config), secret_keys=[])
+    pulumi.runtime.set_all_config(stack_config(config or {}), secret_keys=[])
 
     @pulumi.runtime.test
     def program() -> None:
-        runpy.run_path(str(PROGRAM), run_name="__pulumi_program__")
+        body()
 
     program()
     return run

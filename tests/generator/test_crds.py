@@ -9,11 +9,11 @@ import pytest
 from pydantic import BaseModel, Field
 
 from domain.hosts import cel_host_rule
-from domain.specs import SHARD_CEL_RULES, SSLMODES
-from domain.status import ConsumerStatus, DatabaseMoveStatus, DatabaseStatus, ShardStatus
-from infra.crds import SchemaError, crd_schemas, structural_schema
+from domain.specs import CLAIM_CEL_RULES, SHARD_CEL_RULES, SSLMODES
+from domain.status import ConsumerStatus, DatabaseClaimStatus, DatabaseMoveStatus, DatabaseStatus, ShardStatus
+from infra.crds import CLAIM_KEY, SchemaError, claim_schema, crd_schemas, structural_schema
 
-SCHEMAS = crd_schemas()
+SCHEMAS = {**crd_schemas(), CLAIM_KEY: claim_schema()}
 
 
 def nodes(schema: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
@@ -109,6 +109,7 @@ def test_database_identity_is_immutable(field: str) -> None:
         ("consumer", ConsumerStatus),
         ("database", DatabaseStatus),
         ("databasemove", DatabaseMoveStatus),
+        (CLAIM_KEY, DatabaseClaimStatus),
     ],
 )
 def test_status_schema_has_exactly_the_domain_status_fields(kind: str, model: type[BaseModel]) -> None:
@@ -118,6 +119,15 @@ def test_status_schema_has_exactly_the_domain_status_fields(kind: str, model: ty
     conditions = status["properties"]["conditions"]
     assert conditions["x-kubernetes-list-type"] == "map"
     assert conditions["x-kubernetes-list-map-keys"] == ["type"]
+
+
+@pytest.mark.parametrize("field", ["sizeClass", "databaseId", "secretName"])
+def test_claim_identity_is_immutable(field: str) -> None:
+    rules = [v["rule"] for v in at(spec(CLAIM_KEY), field)["x-kubernetes-validations"]]
+    assert rules == ["self == oldSelf"]
+    assert [(v["rule"], v["message"]) for v in spec(CLAIM_KEY)["x-kubernetes-validations"]] == list(CLAIM_CEL_RULES)
+    assert at(spec(CLAIM_KEY), "deletionPolicy")["enum"] == ["Delete", "Orphan"]
+    assert at(spec(CLAIM_KEY), "deletionPolicy")["default"] == "Delete"
 
 
 def test_a_field_without_description_fails_generation() -> None:

@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from reconciler.resources import DATABASES
 
+from domain.resources import DATABASES
 from harness import PostgresServer
 from harness.certs import CertFiles, CertificateAuthority
 from harness.relay import PostgresRelay

@@ -20,8 +20,8 @@ from domain.settings import SETTINGS
 from domain.version import __version__, parse_version
 from harness import KubeControlPlane
 from informers import LEASES, Rest
+from informers.leader import LeaderMark
 from reconciler.runtime import LeaderElector
-from reconciler.runtime.leader import LeaderMark
 from tests.runtime.support import follower_sees_renewals
 from tests.support.common import unique, wait_for
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from domain.resources import CONSUMERS, DATABASES, SHARDS
 from informers import LEASES, Informer, Rest
-from reconciler.runtime.leader import lease_holder
+from informers.leader import lease_holder
 
 
 @dataclass(frozen=True)

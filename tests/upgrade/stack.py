@@ -37,7 +37,7 @@ from harness import PostgresServer
 from harness.certs import CertificateAuthority
 from harness.releases import REPO, BuiltRelease
 from informers import LEASES, SECRETS, Rest
-from reconciler.runtime.leader import lease_holder
+from informers.leader import lease_holder
 from tests.support.audit import audited_control_plane, controller_writes
 from tests.support.manager_process import ManagerProcess
 

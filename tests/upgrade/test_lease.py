@@ -20,7 +20,7 @@ import pytest
 from harness import KubeControlPlane
 from harness.releases import BuiltRelease
 from informers import LEASES, Rest
-from reconciler.runtime.leader import LeaderElector, lease_holder
+from informers.leader import LeaderElector, lease_holder
 from tests.support.common import unique, wait_for
 
 LEASE, RENEW, RETRY = 2.0, 1.5, 0.25
@@ -30,7 +30,7 @@ OLD_ELECTOR = textwrap.dedent(
     """
     import sys, threading
     import kubernetes
-    from reconciler.runtime.leader import LeaderElector
+    from informers.leader import LeaderElector
 
     kubeconfig, namespace, name, identity, lease, renew, retry = sys.argv[1:]
     client = kubernetes.config.new_client_from_config(config_file=kubeconfig)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from domain.constants import ANNOTATION_LEADER
 from domain.lease import Lease, LeaseSpec
-from reconciler.runtime.leader import LeaderMark, lease_holder
+from informers.leader import LeaderMark, lease_holder
 
 STORED = {
     "apiVersion": "coordination.k8s.io/v1",

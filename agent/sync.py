@@ -1,0 +1,427 @@
+"""One pass of the agent over every claim of its cluster, on one conditional list of the provider.
+
+A pass asks the provider for the consumer's databases with the ETag of the last answer (304 while
+nothing changed: one cheap request, whatever the number of claims), then, from that list and the
+caches of the claims and of the agent's Secrets, does per claim only what changed:
+
+- a claim whose database the provider does not have: PUT (create); refusals (unknown size class,
+  quota, a database being deleted) become the claim's Ready condition, retried now and then;
+- a Ready database whose credentialsVersion differs from the one in the claim's Secret: GET the
+  credentials and write the Secret (only on a difference; never a Secret that is not the claim's);
+- a new value of the rotate annotation, or a rotation interval that has passed: POST rotate;
+- a deleted claim: Delete starts the provider's soft delete (the claim shows dropAfter) and the
+  finalizer goes once the provider accepted it, with the Secret; Orphan releases the Secret and leaves the database;
+  the detach annotation lets a claim go without the provider.
+
+The provider away (no answer, 5xx, 429) changes nothing but ProviderReachable: the Secrets keep their
+last good values, deletes keep their finalizer. Two claims naming one databaseId: the older one has it,
+the other is told so and never touches it. The status is written only when it changes; lastSyncTime
+is refreshed with it, or when it is older than `sync_refresh`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
+
+from agent.binding import (
+    binding_data,
+    binding_secret,
+    database_id,
+    differs,
+    is_claims_secret,
+    merged,
+    secret_name,
+    secret_version,
+    without_owner,
+)
+from agent.events import ClaimEvents
+from agent.provider import Provider, ProviderError, ProviderUnreachable, View
+from domain.constants import (
+    ANNOTATION_CLAIM_DETACH,
+    ANNOTATION_CLAIM_ROTATE,
+    FINALIZER_CLAIM,
+    ClaimPhase,
+    DeletionPolicy,
+)
+from domain.naming import InvalidName
+from domain.objects import ClaimObject, Obj
+from domain.resources import CLAIMS
+from domain.status import ClaimBinding
+from domain.timefmt import parse_time
+from informers import SECRETS, Informer, Rest
+
+log = logging.getLogger(__name__)
+
+READY, REACHABLE, CURRENT, DELETING = "Ready", "ProviderReachable", "CredentialsCurrent", "Deleting"
+# The API's error codes of a refused create, as the claim's Ready reason.
+REFUSALS = {
+    "unknown_size_class": "UnknownSizeClass",
+    "quota_exceeded": "QuotaExceeded",
+    "database_deleting": "DatabaseDeleting",
+    "invalid_external_id": "InvalidDatabaseId",
+    "invalid_body": "InvalidSpec",
+}
+PHASES = {
+    "Provisioning": ClaimPhase.PROVISIONING,
+    "Ready": ClaimPhase.READY,
+    "Deleting": ClaimPhase.DELETING,
+    "Deleted": ClaimPhase.DELETING,
+    "Failed": ClaimPhase.FAILED,
+}
+SYNC_REFRESH = timedelta(minutes=10)
+REFUSED_RETRY = timedelta(minutes=5)
+
+Clock = Callable[[], datetime]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC).replace(microsecond=0)
+
+
+@dataclass
+class PassResult:
+    """How a pass went: `reachable` False with the provider's Retry-After; `again_soon` when a claim waits
+    for something that comes within seconds (a password being set, a write conflict)."""
+
+    reachable: bool = True
+    retry_after: float | None = None
+    again_soon: bool = False
+
+
+@dataclass
+class _Refused:
+    generation: int | None
+    at: datetime
+
+
+@dataclass
+class Syncer:
+    """The agent's pass; one instance per agent (its memory: the last list, its tag, refused creates)."""
+
+    rest: Rest
+    claims: Informer
+    secrets: Informer
+    provider: Provider
+    events: ClaimEvents
+    clock: Clock = utcnow
+    sync_refresh: timedelta = SYNC_REFRESH
+    refused_retry: timedelta = REFUSED_RETRY
+    etag: str | None = None
+    items: dict[str, View] = field(default_factory=dict)
+    _refused: dict[str, _Refused] = field(default_factory=dict)
+
+    def run_pass(self) -> PassResult:
+        claims = list(self._parsed(self.claims.list()))
+        now = self.clock()
+        try:
+            answer = self.provider.list(self.etag)
+        except (ProviderError, ProviderUnreachable) as exc:
+            self._provider_away(claims, exc, now)
+            return PassResult(reachable=False, retry_after=getattr(exc, "retry_after", None))
+        if answer.items is not None:
+            self.items, self.etag = answer.items, answer.etag
+        owners = _id_owners(claims)
+        result = PassResult()
+        for claim in claims:
+            try:
+                if owners.get(database_id(claim)) != claim.key:
+                    self._conflict(claim, now)
+                elif claim.metadata.deleting:
+                    self._delete(claim, now)
+                else:
+                    result.again_soon |= self._sync(claim, now)
+            except (ProviderError, ProviderUnreachable) as exc:
+                if isinstance(exc, ProviderError) and not exc.transient and exc.status != 401:
+                    log.warning("claim %s: the provider answered %s %s", claim.key, exc.status, exc.code)
+                else:
+                    self._provider_away([claim], exc, now)
+                result.again_soon = True
+            except ApiException as exc:  # the consumer cluster's apiserver: a conflict or a hiccup, next pass
+                log.warning("claim %s: write failed (%s)", claim.key, exc.status)
+                result.again_soon = True
+        return result
+
+    # -- one claim -------------------------------------------------------------------------------
+
+    def _sync(self, claim: ClaimObject, now: datetime) -> bool:
+        """Create, follow and keep the Secret of one live claim; True if it wants another pass soon."""
+        db_id = database_id(claim)
+        claim = self._with_finalizer(claim)
+        view = self.items.get(db_id)
+        if view is None:
+            view = self._create(claim, db_id, now)
+            if view is None:
+                return False
+        report = _Report(claim, now).reachable().of_view(db_id, view)
+        again = False
+        if view.get("deleteRequestedAt"):
+            report.condition(READY, False, "DatabaseDeleting", "the provider is deleting this database")
+        elif view.get("phase") == "Ready":
+            again = self._keep_secret(claim, db_id, view, report)
+        else:
+            reason = view.get("reason") or view.get("phase") or "Provisioning"
+            report.condition(READY, False, reason, f"the database is {str(view.get('phase')).lower()}")
+        self._write_status(report)
+        return again
+
+    def _create(self, claim: ClaimObject, db_id: str, now: datetime) -> View | None:
+        refused = self._refused.get(claim.key)
+        if refused and refused.generation == claim.metadata.generation and now - refused.at < self.refused_retry:
+            self._write_status(_Report(claim, now).reachable())  # refused a moment ago: not asked again yet
+            return None
+        try:
+            view = self.provider.ensure(db_id, claim.spec.size_class)
+        except ProviderError as exc:
+            if exc.transient or exc.status == 401:
+                raise
+            reason = REFUSALS.get(exc.code, "Refused")
+            self._refused[claim.key] = _Refused(claim.metadata.generation, now)
+            report = _Report(claim, now).reachable()
+            report.fields(phase=ClaimPhase.PENDING, database_id=db_id)
+            report.condition(READY, False, reason, f"the provider refused the database ({exc.code})")
+            if self._write_status(report):
+                self.events.record(claim, reason, f"the provider refused database {db_id} ({exc.code})", warning=True)
+            return None
+        self._refused.pop(claim.key, None)
+        self.items[db_id] = view
+        self.events.record(claim, "Created", f"database {db_id} requested from the provider")
+        return view
+
+    def _keep_secret(self, claim: ClaimObject, db_id: str, view: View, report: _Report) -> bool:
+        """The Secret at the provider's credentialsVersion (fetched only when it moved); True: try again soon."""
+        name = secret_name(claim)
+        secret = self.secrets.get(f"{claim.metadata.namespace}/{name}")
+        if secret is not None and not is_claims_secret(secret, claim):
+            report.condition(READY, False, "SecretConflict", f"Secret {name} exists and is not this claim's")
+            return False
+        self._rotate_if_asked(claim, db_id, view, report)
+        version = view.get("credentialsVersion")
+        if version is None:
+            report.condition(CURRENT, False, "CredentialsPending", "the provider has no credentials to hand out yet")
+            report.condition(READY, False, "CredentialsPending", "waiting for the credentials")
+            return True
+        if secret is None or secret_version(secret) != version:
+            try:
+                credentials = self.provider.credentials(db_id)
+            except ProviderError as exc:
+                if exc.code != "credentials_unavailable":
+                    raise
+                report.condition(CURRENT, False, "CredentialsPending", "a new password is being set")
+                return True
+            desired = binding_secret(claim, binding_data(credentials), version)
+            if not self._write_secret(claim, secret, desired, report):
+                return False
+            self.events.record(claim, "SecretWritten", f"Secret {name} holds credentials version {version}")
+        pending = bool(view.get("rotationPending"))
+        report.condition(
+            CURRENT,
+            not pending,
+            "RotationPending" if pending else "Current",
+            "a new password is being set" if pending else f"Secret {name} holds the provider's credentials",
+        )
+        report.condition(READY, True, "Ready", f"Secret {name} holds working credentials")
+        report.fields(binding=ClaimBinding(name=name), credentials_version=version)
+        return pending
+
+    def _write_secret(self, claim: ClaimObject, existing: Obj | None, desired: Obj, report: _Report) -> bool:
+        name = desired["metadata"]["name"]
+        if existing is None:
+            try:
+                self.rest.create(SECRETS, desired, claim.metadata.namespace)
+                return True
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+            existing = self.rest.get(SECRETS, name, claim.metadata.namespace)  # ours, the cache behind? else foreign
+            if not is_claims_secret(existing, claim):
+                report.condition(READY, False, "SecretConflict", f"Secret {name} exists and is not this claim's")
+                return False
+        if differs(existing, desired):
+            self.rest.replace(SECRETS, merged(existing, desired))
+        return True
+
+    def _rotate_if_asked(self, claim: ClaimObject, db_id: str, view: View, report: _Report) -> None:
+        """POST rotate for a new rotate annotation value, or when the rotation interval has passed."""
+        asked = claim.metadata.annotations.get(ANNOTATION_CLAIM_ROTATE)
+        last = claim.status.last_rotation_time
+        if last is None:  # first Ready: the password is new; the interval counts from here
+            report.fields(last_rotation_time=report.now, rotation_requested=asked)
+            return
+        interval = claim.spec.rotation.interval if claim.spec.rotation else None
+        due = interval is not None and report.now - last >= interval
+        if not due and (not asked or asked == claim.status.rotation_requested):
+            return
+        self.provider.rotate(db_id)
+        report.fields(rotation_requested=asked, last_rotation_time=report.now)
+        why = "interval" if due else "annotation"
+        self.events.record(claim, "RotationRequested", f"a new password for {db_id} was asked for ({why})")
+        view["rotationPending"] = True
+
+    def _delete(self, claim: ClaimObject, now: datetime) -> None:
+        if FINALIZER_CLAIM not in claim.metadata.finalizers:
+            return
+        db_id = database_id(claim)
+        if ANNOTATION_CLAIM_DETACH in claim.metadata.annotations:
+            self.events.record(claim, "Detached", f"claim let go without the provider; database {db_id} is left")
+        elif claim.spec.deletion_policy == DeletionPolicy.ORPHAN:
+            self._release_secret(claim)
+            self.events.record(claim, "Orphaned", f"database {db_id} and Secret {secret_name(claim)} are left")
+        else:
+            view = self.items.get(db_id)
+            if view is not None and not view.get("deleteRequestedAt"):
+                view = self.provider.delete(db_id)
+                if view is not None:
+                    self.items[db_id] = view
+                    self.events.record(claim, "DeleteRequested", f"database {db_id} drops after {view['dropAfter']}")
+            if view is not None:
+                report = _Report(claim, now).reachable().of_view(db_id, view)
+                report.condition(DELETING, True, "DeleteRequested", "the provider accepted the delete")
+                self._write_status(report)
+            self._delete_secret(claim)
+        self._remove_finalizer(claim)
+
+    def _conflict(self, claim: ClaimObject, now: datetime) -> None:
+        db_id = database_id(claim)
+        if claim.metadata.deleting:
+            self._remove_finalizer(claim)
+            return
+        report = _Report(claim, now)
+        report.fields(phase=ClaimPhase.PENDING)
+        # Not naming the other claim: it may be in a namespace whose users must not learn of it.
+        report.condition(READY, False, "DatabaseIdConflict", f"an older claim has databaseId {db_id}")
+        if self._write_status(report):
+            self.events.record(claim, "DatabaseIdConflict", f"databaseId {db_id} is claimed already", warning=True)
+
+    def _provider_away(self, claims: Iterable[ClaimObject], exc: Exception, now: datetime) -> None:
+        unauthorized = isinstance(exc, ProviderError) and exc.status in (401, 403)
+        reason = "Unauthorized" if unauthorized else "ProviderUnavailable"
+        detail = f"{exc.status} {exc.code}" if isinstance(exc, ProviderError) else str(exc)
+        for claim in claims:
+            report = _Report(claim, now)
+            report.condition(REACHABLE, False, reason, f"the provider did not answer ({detail}); the Secret is kept")
+            try:
+                self._write_status(report, refresh=False)
+            except ApiException as write_error:
+                log.warning("claim %s: status write failed (%s)", claim.key, write_error.status)
+
+    # -- writes to the consumer cluster ----------------------------------------------------------
+
+    def _with_finalizer(self, claim: ClaimObject) -> ClaimObject:
+        if FINALIZER_CLAIM in claim.metadata.finalizers:
+            return claim
+        finalizers = [*claim.metadata.finalizers, FINALIZER_CLAIM]
+        patched = self._patch_finalizers(claim, finalizers)
+        return ClaimObject.parse(patched)
+
+    def _remove_finalizer(self, claim: ClaimObject) -> None:
+        if FINALIZER_CLAIM in claim.metadata.finalizers:
+            self._patch_finalizers(claim, [f for f in claim.metadata.finalizers if f != FINALIZER_CLAIM])
+
+    def _patch_finalizers(self, claim: ClaimObject, finalizers: list[str]) -> Obj:
+        patch = {"metadata": {"finalizers": finalizers, "resourceVersion": claim.metadata.resource_version}}
+        return self.rest.patch(CLAIMS, claim.name, patch, claim.metadata.namespace)
+
+    def _release_secret(self, claim: ClaimObject) -> None:
+        """Orphan: the claim's owner reference off its Secret, so the Secret outlives the claim."""
+        secret = self.secrets.get(f"{claim.metadata.namespace}/{secret_name(claim)}")
+        if secret is None or not is_claims_secret(secret, claim):
+            return
+        kept = without_owner(secret, claim)
+        if kept is not None:
+            version = secret["metadata"].get("resourceVersion")
+            patch = {"metadata": {"ownerReferences": kept, "resourceVersion": version}}
+            self.rest.patch(SECRETS, secret_name(claim), patch, claim.metadata.namespace)
+
+    def _delete_secret(self, claim: ClaimObject) -> None:
+        """Delete: the claim's Secret goes with it (at once, not only when the garbage collector comes)."""
+        secret = self.secrets.get(f"{claim.metadata.namespace}/{secret_name(claim)}")
+        if secret is None or not is_claims_secret(secret, claim):
+            return
+        try:
+            self.rest.delete(SECRETS, secret_name(claim), claim.metadata.namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def _write_status(self, report: _Report, *, refresh: bool = True) -> bool:
+        """Write the claim's status if it changed (or lastSyncTime is due); True if written."""
+        claim = report.result()
+        changed = claim.status_body() != dict(claim.stored_status)
+        last = claim.status.last_sync_time
+        due = refresh and (last is None or report.now - last >= self.sync_refresh)
+        if not changed and not due:
+            return False
+        if refresh:
+            claim = claim.with_status(last_sync_time=report.now)
+        body = {
+            "apiVersion": report.claim_obj_api_version,
+            "kind": "DatabaseClaim",
+            "metadata": {
+                "name": claim.name,
+                "namespace": claim.metadata.namespace,
+                "resourceVersion": claim.metadata.resource_version,
+            },
+            "spec": claim.spec.model_dump(by_alias=True, exclude_none=True, mode="json"),
+            "status": claim.status_body(),
+        }
+        self.rest.replace(CLAIMS, body, subresource="status")
+        return True
+
+    def _parsed(self, objects: Iterable[Obj]) -> Iterable[ClaimObject]:
+        for obj in objects:
+            try:
+                yield ClaimObject.parse(obj)
+            except (ValidationError, InvalidName):
+                log.warning("claim %s/%s does not validate; skipped", *_namespace_name(obj))
+
+
+class _Report:
+    """A claim's new status, built up during its sync (the models are frozen: each change is a copy)."""
+
+    claim_obj_api_version = CLAIMS.api_version
+
+    def __init__(self, claim: ClaimObject, now: datetime) -> None:
+        self.claim = claim.with_status(observed_generation=claim.metadata.generation)
+        self.now = now
+
+    def reachable(self) -> _Report:
+        return self.condition(REACHABLE, True, "Reachable", "the provider answered")
+
+    def of_view(self, db_id: str, view: View) -> _Report:
+        drop_after = parse_time(view.get("dropAfter"))
+        phase = ClaimPhase.DELETING if view.get("deleteRequestedAt") else PHASES.get(str(view.get("phase")))
+        return self.fields(database_id=db_id, phase=phase or ClaimPhase.PROVISIONING, drop_after=drop_after)
+
+    def fields(self, **values: Any) -> _Report:
+        self.claim = self.claim.with_status(**values)
+        return self
+
+    def condition(self, type_: str, status: bool, reason: str, message: str) -> _Report:
+        self.claim = self.claim.with_condition(type_, status, reason, message, now=self.now)
+        return self
+
+    def result(self) -> ClaimObject:
+        return self.claim
+
+
+def _id_owners(claims: Iterable[ClaimObject]) -> dict[str, str]:
+    """databaseId -> the key of the claim that has it: the oldest claim naming it (then by uid)."""
+    owners: dict[str, tuple[str, str, str]] = {}
+    for claim in claims:
+        db_id = database_id(claim)
+        rank = (claim.metadata.creation_timestamp or "", claim.metadata.uid or "", claim.key)
+        if db_id not in owners or rank < owners[db_id]:
+            owners[db_id] = rank
+    return {db_id: rank[2] for db_id, rank in owners.items()}
+
+
+def _namespace_name(obj: Obj) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace")), str(meta.get("name"))

@@ -1,0 +1,164 @@
+"""The agent end to end: a DatabaseClaim in the consumer cluster becomes a database at the real provider
+and a Secret whose credentials log in to PostgreSQL; a rotation and a new client endpoint of the shard
+reach the Secret; the provider away keeps the Secret; deleting the claim starts the provider's soft
+delete (Delete) or leaves everything (Orphan)."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import psycopg
+import requests
+
+from dbprovider.devstack import DevStack
+from domain.naming import claim_database_id
+from domain.resources import CLAIMS, SHARDS
+from harness import KubeControlPlane
+from informers import EVENTS, Rest
+from tests.agent.conftest import Consumer, Provider
+from tests.support.common import unique, wait_for
+
+BINDING_KEYS = {"type", "provider", "host", "port", "database", "username", "password", "uri", "sslmode"}
+
+
+def decoded(secret: dict[str, Any]) -> dict[str, str]:
+    return {key: base64.b64decode(value).decode() for key, value in secret["data"].items()}
+
+
+def logs_in(values: dict[str, str]) -> str:
+    """Connect with the Secret's URI (as a workload would) and return current_user."""
+    with psycopg.connect(values["uri"], connect_timeout=10) as conn:
+        row = conn.execute("SELECT current_user").fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def provider_view(stack: DevStack, external_id: str) -> dict[str, Any]:
+    response = requests.get(
+        f"{stack.api_url}/v1/databases/{external_id}",
+        headers={"Authorization": f"Bearer {stack.token}"},
+        verify=str(stack.ca_file),
+        timeout=10,
+    )
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+def ready_claim(consumer: Consumer, spec: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+    """A new claim, once Ready, and its Secret's values."""
+    claim = consumer.claim(unique("team"), spec)
+    consumer.wait_condition(claim, "Ready", "True", timeout=120)
+    meta = claim["metadata"]
+    secret = consumer.secret(meta["namespace"], (spec or {}).get("secretName", meta["name"]))
+    assert secret is not None
+    return claim, decoded(secret)
+
+
+def test_a_claim_becomes_a_secret_that_logs_in(consumer: Consumer, stack: DevStack) -> None:
+    claim, values = ready_claim(consumer)
+    meta = claim["metadata"]
+    status = (consumer.get_claim(claim) or {})["status"]
+    db_id = claim_database_id(meta["namespace"], meta["name"])
+    assert status["databaseId"] == db_id
+    assert status["phase"] == "Ready"
+    assert status["binding"] == {"name": meta["name"]}
+    assert consumer.condition(claim, "ProviderReachable")["status"] == "True"
+    assert consumer.condition(claim, "CredentialsCurrent")["status"] == "True"
+
+    secret = consumer.secret(meta["namespace"], meta["name"])
+    assert secret is not None
+    assert secret["type"] == "servicebinding.io/postgresql"
+    assert BINDING_KEYS <= set(values)
+    assert values["type"] == "postgresql" and values["provider"] == "dbprovider"
+    owners = secret["metadata"]["ownerReferences"]
+    assert [(o["kind"], o["uid"], o["controller"]) for o in owners] == [("DatabaseClaim", meta["uid"], True)]
+    assert logs_in(values) == values["username"]
+    assert provider_view(stack, db_id)["phase"] == "Ready"
+    assert "password" not in str(status) and values["password"] not in str(status)
+    events = consumer.admin.list(EVENTS, meta["namespace"])["items"]
+    recorded = {e["reason"] for e in events if e["involvedObject"]["uid"] == meta["uid"]}
+    assert {"Created", "SecretWritten"} <= recorded
+    assert not any(values["password"] in e["message"] for e in events)
+
+
+def test_a_rotation_asked_on_the_claim_reaches_the_secret(consumer: Consumer) -> None:
+    claim, before = ready_claim(consumer)
+    meta = claim["metadata"]
+    consumer.admin.patch(
+        CLAIMS, meta["name"], {"metadata": {"annotations": {"db.bnerd.com/rotate": "1"}}}, meta["namespace"]
+    )
+
+    def rotated() -> dict[str, str] | None:
+        secret = consumer.secret(meta["namespace"], meta["name"])
+        values = decoded(secret) if secret else {}
+        return values if values.get("password") not in (None, before["password"]) else None
+
+    after = wait_for(rotated, 120, "the new password in the Secret", max_interval=0.5)
+    assert logs_in(after) == before["username"]
+    status = (consumer.get_claim(claim) or {})["status"]
+    assert status["rotationRequested"] == "1"
+    consumer.wait_condition(claim, "CredentialsCurrent", "True")
+
+
+def test_the_provider_away_keeps_the_secret(consumer: Consumer, provider: Provider) -> None:
+    claim, before = ready_claim(consumer)
+    meta = claim["metadata"]
+    provider.kill()
+    try:
+        away = consumer.wait_condition(claim, "ProviderReachable", "False", timeout=60)
+        assert away["reason"] == "ProviderUnavailable"
+        secret = consumer.secret(meta["namespace"], meta["name"])
+        assert secret is not None and decoded(secret) == before
+        assert consumer.condition(claim, "Ready")["status"] == "True"  # the Secret still works
+        assert logs_in(before) == before["username"]
+    finally:
+        provider.start()
+    consumer.wait_condition(claim, "ProviderReachable", "True", timeout=60)
+    secret = consumer.secret(meta["namespace"], meta["name"])
+    assert secret is not None and decoded(secret) == before
+
+
+def test_deleting_a_claim_starts_the_soft_delete_and_removes_the_secret(consumer: Consumer, stack: DevStack) -> None:
+    claim, _ = ready_claim(consumer)
+    meta = claim["metadata"]
+    db_id = claim_database_id(meta["namespace"], meta["name"])
+    consumer.admin.delete(CLAIMS, meta["name"], meta["namespace"])
+    wait_for(lambda: consumer.get_claim(claim) is None, 60, "the claim gone", max_interval=0.5)
+    assert consumer.secret(meta["namespace"], meta["name"]) is None
+    view = provider_view(stack, db_id)
+    assert view["deleteRequestedAt"] is not None and view["dropAfter"] is not None
+
+
+def test_an_orphan_claim_leaves_the_database_and_the_secret(consumer: Consumer, stack: DevStack) -> None:
+    claim, values = ready_claim(consumer, {"deletionPolicy": "Orphan", "secretName": "pg-orphan"})
+    meta = claim["metadata"]
+    consumer.admin.delete(CLAIMS, meta["name"], meta["namespace"])
+    wait_for(lambda: consumer.get_claim(claim) is None, 60, "the claim gone", max_interval=0.5)
+    secret = consumer.secret(meta["namespace"], "pg-orphan")
+    assert secret is not None and not secret["metadata"].get("ownerReferences")
+    assert decoded(secret) == values
+    view = provider_view(stack, claim_database_id(meta["namespace"], meta["name"]))
+    assert view["phase"] == "Ready" and view["deleteRequestedAt"] is None
+    assert logs_in(values) == values["username"]
+
+
+def test_a_new_client_endpoint_reaches_the_secret(consumer: Consumer, stack: DevStack, kube: KubeControlPlane) -> None:
+    claim, before = ready_claim(consumer)
+    meta = claim["metadata"]
+
+    def secret_host(host: str) -> dict[str, str] | None:
+        secret = consumer.secret(meta["namespace"], meta["name"])
+        values = decoded(secret) if secret else {}
+        return values if values.get("host") == host else None
+
+    with kube.admin_client() as client:
+        shards = Rest(client)
+        shards.patch(SHARDS, stack.shard, {"spec": {"client": {"host": "localhost"}}})
+        try:
+            moved = wait_for(lambda: secret_host("localhost"), 120, "the new host in the Secret", max_interval=0.5)
+            assert moved["password"] == before["password"] and "@localhost:" in moved["uri"]
+        finally:
+            shards.patch(SHARDS, stack.shard, {"spec": {"client": {"host": "127.0.0.1"}}})
+    back = wait_for(lambda: secret_host("127.0.0.1"), 120, "the host back in the Secret", max_interval=0.5)
+    assert logs_in(back) == before["username"]
