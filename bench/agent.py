@@ -20,7 +20,18 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.common import ManagerProcess, Stack, Target, bench_parser, log, machine_line, report_targets, table, wait_for
+from bench.common import (
+    ManagerProcess,
+    ResultsFiles,
+    Stack,
+    Target,
+    bench_parser,
+    log,
+    machine_line,
+    report_targets,
+    table,
+    wait_for,
+)
 from domain.agent_config import load_agent_config
 from domain.resources import CLAIMS, CONSUMERS, SHARDS
 from harness import KubeControlPlane
@@ -156,7 +167,16 @@ def main() -> None:
         )
         allowed = 60 / args.poll_interval  # one request per poll
         figure = f"agent requests at rest {per_minute:.2f}/min"
-        report_targets([Target(figure, f"<= {allowed:g}/min (one per poll)", per_minute <= allowed)])
+        target = Target(
+            figure,
+            f"<= {allowed:g}/min (one per poll)",
+            per_minute <= allowed,
+            key="requests-at-rest",
+            what=f"the agent's requests to the provider at rest, {args.claims} claims Ready",
+            value=per_minute,
+            unit="/min",
+        )
+        report_targets([target], ResultsFiles.of("bench.agent", args))
     finally:
         if agent is not None:
             agent.terminate()

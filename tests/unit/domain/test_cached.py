@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from tests.unit.test_settled import CONFIG, ENDPOINT, TENANT, ready_pair
+from tests.unit.reconciler.test_settled import CONFIG, ENDPOINT, TENANT, ready_pair
 
 from api.auth import token_secret_names
 from api.models import database_view, read_database
