@@ -10,7 +10,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from tests.unit.reconciler.test_settled import CONFIG, ENDPOINT, TENANT, ready_pair
 
 from api.auth import token_secret_names
 from api.models import database_view, read_database
@@ -48,6 +47,7 @@ from informers import object_key
 from informers.informer import resource_version_of
 from reconciler.database.settled import settled
 from reconciler.database.state import Database
+from tests.unit.reconciler.test_settled import CONFIG, ENDPOINT, TENANT, ready_pair
 
 Obj = dict[str, Any]
 MANAGED = [{"manager": "kubectl", "operation": "Apply", "fieldsV1": {"f:spec": {}}}]

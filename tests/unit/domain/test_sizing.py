@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from tests.unit.domain.test_api_config import MINIMAL
 
 from domain.config import ConfigError, load_install_config
 from domain.sizing import SIZING, cpu_millis, memory_bytes, memory_needed_mib
 from infra.render import render_manifests
+from tests.unit.domain.test_api_config import MINIMAL
 
 
 def manager_resources(values: dict[str, Any]) -> dict[str, Any]:
