@@ -157,8 +157,11 @@ class Member:
 
 
 class PrimaryEndpoint:
-    """A TCP proxy to the member whose REST API says it is the primary (`GET /primary` is 200); no
-    primary, no forwarding (new connections are closed at once, as a Service without endpoints)."""
+    """A TCP proxy to the member whose REST API says it is the primary (`GET /primary` is 200).
+
+    While no member says so, it keeps forwarding to the last primary, as a Percona primary Service
+    does: Patroni writes its endpoints through the DCS, so a leader that demoted itself because the DCS
+    was lost (or died) stays the Service's endpoint until a new leader takes over."""
 
     def __init__(self, members: list[Member]) -> None:
         self.members = members
@@ -179,7 +182,7 @@ class PrimaryEndpoint:
 
     def _check(self) -> None:
         leader = next((m for m in self.members if m.proc is not None and m.api("/primary") == 200), None)
-        if leader is self.leader:
+        if leader is None or leader is self.leader:
             return
         self.leader = leader
         self.proxy.retarget(None if leader is None else ("127.0.0.1", leader.pg_port))
@@ -250,7 +253,7 @@ class PgBouncer:
         wait_for_port(self.port, timeout, self.proc, self.log_file)
 
     def stop(self) -> None:
-        stop(self.proc, signal.SIGINT, timeout=10)  # SIGINT: safe shutdown, after the clients are gone
+        stop(self.proc, signal.SIGTERM, timeout=10)  # immediate shutdown: the clients are test sessions
         self.proc = None
 
     def admin(self, command: str, psql: Path) -> str:
@@ -335,7 +338,7 @@ class PatroniShard:
             self.pgbouncer.stop()
         self.primary.close()
         for member in self.members:
-            stop(member.proc, signal.SIGTERM, timeout=30)  # Patroni stops its postmaster first
+            stop(member.proc, signal.SIGTERM, timeout=15)  # Patroni stops its postmaster first
             member.proc = None
             self._stop_postmaster(member)
         self.stop_dcs()
@@ -395,7 +398,7 @@ class PatroniShard:
                     "postgresql": {
                         "use_pg_rewind": False,
                         "parameters": {
-                            "max_connections": 200,
+                            "max_connections": 1200,  # a burst of 100 tenants of 10 connections fits the budget
                             "max_wal_senders": 10,
                             "max_replication_slots": 10,
                             "wal_keep_size": "64MB",
@@ -441,6 +444,9 @@ class PatroniShard:
     def _launch(self, member: Member) -> None:
         env = {
             "PATH": f"{self.bin_dir}:/usr/bin:/bin",
+            # The walreceiver's libpq: the build's own (its RUNPATH names a directory that does not exist
+            # here, and the system's older libpq refuses the sslnegotiation option Patroni sets for 17+).
+            "LD_LIBRARY_PATH": str(self.bin_dir.parent / "lib"),
             "HOME": str(member.workdir),
             "PYTHONUNBUFFERED": "1",
             "PYTHONPATH": os.pathsep.join(p for p in sys.path if p.endswith("-packages")),
@@ -477,7 +483,10 @@ class PatroniShard:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with contextlib.suppress(psycopg.Error):
-                rows = self.query("SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'")
+                rows = self.query(
+                    "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming' AND application_name = ANY(%s)",
+                    ([m.name for m in self.members],),
+                )
                 if rows[0][0] >= count:
                     return
             time.sleep(0.3)
@@ -572,6 +581,26 @@ class PatroniShard:
         if result.returncode != 0:
             raise RuntimeError(f"patronictl {' '.join(args)} failed: {result.stdout}{result.stderr}")
         return result.stdout
+
+    def switchover(self) -> Member:
+        """`patronictl switchover --force` from the leader to another member; the new leader."""
+        old = self.wait_leader()
+        candidate = next(m for m in self.members if m is not old and m.proc is not None)
+        out = self.patronictl("switchover", self.scope, "--leader", old.name, "--candidate", candidate.name, "--force")
+        if "Successfully switched over" not in out:
+            raise RuntimeError(f"patronictl switchover did not switch over: {out}")
+        return self.wait_leader(other_than=old)
+
+    def kill_leader(self) -> Member:
+        """SIGKILL the leader's Patroni and its postmaster (a lost node); the member killed. A replica
+        takes over once the leader key expires in the DCS (within about TTL + LOOP_WAIT seconds)."""
+        leader = self.wait_leader()
+        stop(leader.proc, signal.SIGKILL)
+        leader.proc = None
+        pid_file = leader.workdir / "data" / "postmaster.pid"
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(pid_file.read_text().split()[0]), signal.SIGKILL)  # its backends follow (postmaster death)
+        return leader
 
     @contextlib.contextmanager
     def paused_pgbouncer(self) -> Iterator[None]:

@@ -87,9 +87,12 @@ def test_a_new_tenant_logs_in_through_pgbouncer_right_after_ready(
         assert conn.execute("SELECT current_user, count(*) FROM hello GROUP BY 1").fetchone() == (creds["user"], 1)
 
 
-def test_without_the_pooler_declared_no_tenant_turns_ready(cluster: PatroniShard, fleet: Fleet, start_manager) -> None:
+def test_without_the_pooler_declared_no_tenant_turns_ready(
+    patroni18: PatroniShard, fleet: Fleet, start_manager
+) -> None:
     """A tenant database copied from template0 has no auth function and refuses pgBouncer's auth_user:
     the Ready login through pgBouncer fails, so the database stays Provisioning and says why."""
+    cluster = patroni18
     fleet.patroni_shard(cluster, pooler=False)
     start_manager()
     name = fleet.database("no-pooler")
