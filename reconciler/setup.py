@@ -191,7 +191,6 @@ def register_controllers(
     # Several workers: each checks a different shard, so a dead shard's timeout delays no other.
     shard_controller = Controller("shard", shard_logic.reconcile, workers=SHARD_WORKERS)
     shard_logic.enqueue = shard_logic.echoes.enqueue = shard_controller.enqueue
-    sessions.on_slow = shard_logic.suspect  # SQL hanging on a shard: check it now
     shard_controller.watch(shards, echo=shard_logic.echoes.echo)  # not the echo of its own status write
     # A Shard counts its databases and what their connection limits commit (shard_budget.py).
     commits = partial(database_limit, config=config)
@@ -240,7 +239,16 @@ def register_controllers(
             config.workers_total,
         )
     )
-    db_logic.on_shard_trouble = shard_logic.suspect  # a failed statement triggers a shard check
+
+    def shard_trouble(shard: str, error_class: str | None = None) -> None:
+        """SQL on the shard failed (or hangs) for a reason that is not the tenant's: no placement there
+        until a check passes, and that check now."""
+        db_logic.placement.suspend(shard)
+        shard_logic.suspect(shard, error_class)
+
+    db_logic.on_shard_trouble = shard_trouble  # a failed statement triggers a shard check
+    sessions.on_slow = shard_trouble  # SQL hanging on a shard: check it now
+    shard_logic.on_passed = db_logic.placement.clear
     db_logic.writes.echoes.enqueue = db_controller.enqueue
     db_logic.secrets.enqueue = db_controller.enqueue
     db_controller.watch(databases, echo=db_logic.writes.echoes.echo)  # not the echo of a pass's last write

@@ -163,6 +163,7 @@ class ShardController:
         self._disk_suspects: set[str] = set()  # a write failed with disk_full: probe a write until one passes
         self._spread: set[str] = set()  # Ready shards whose checks have been given their place in the interval
         self.enqueue: Callable[[str], None] | None = None  # set by setup: the controller's queue
+        self.on_passed: Callable[[str], None] | None = None  # set by setup: a check of the shard passed
         # Our own status writes: their watch events wake no pass (setup.py; a pass on the echo wrote the
         # count again at once, past the burst's COUNT_BURST_GAP: 0.67 Shard writes per new database).
         self.echoes = StatusEchoes()
@@ -306,6 +307,8 @@ class ShardController:
             return last[2]
         health = self.check(name, spec)
         self._last[name] = (time.monotonic(), generation, health)
+        if health.ready and self.on_passed is not None:
+            self.on_passed(name)  # placement may use it again, if a failed statement had suspended it
         self._follow_answering(name, health)
         return health
 
