@@ -156,7 +156,13 @@ def register_controllers(
     # On a client of their own without urllib3's hidden retries: a write the fence let through is sent
     # once; retried by the controller (after the fence again), never re-sent by the transport later,
     # e.g. an Event (no precondition) delivered after the link to a cut-off leader came back.
-    rest = manager.rest.without_retries().fenced(manager.fence, user_agent=f"{APPLICATION_NAME}-controllers/{instance}")
+    # Each write is bounded below the Lease's renew deadline (leader.write_timeout), so none sent while
+    # leading arrives after another replica may have taken over.
+    rest = manager.rest.without_retries().fenced(
+        manager.fence,
+        user_agent=f"{APPLICATION_NAME}-controllers/{instance}",
+        write_timeout=manager.write_timeout(),
+    )
     shards = informers.informer(SHARDS)
     consumers = informers.informer(CONSUMERS)
     databases = informers.informer(DATABASES, namespace)
