@@ -82,6 +82,18 @@ def _interpreter(user: str | None) -> str:
     return str(system)
 
 
+def _postmaster_pid(member: Member) -> int | None:
+    """The PID in the member's postmaster.pid if that process still runs a postgres on its data directory
+    (a stale file may name a PID that something else has now)."""
+    data_dir = member.workdir / "data"
+    try:
+        pid = int((data_dir / "postmaster.pid").read_text().split()[0])
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if str(data_dir).encode() in cmdline else None
+
+
 def documented_setup() -> sql.SQL:
     """The SQL docs/install.md ("Shards behind pgBouncer") asks a shard's administrators to run, read from
     the doc itself, so what the doc says is what the tests run."""
@@ -456,9 +468,10 @@ class PatroniShard:
 
     def _stop_postmaster(self, member: Member) -> None:
         """An immediate shutdown of a postmaster that outlived its Patroni (Patroni was killed)."""
-        pid_file = member.workdir / "data" / "postmaster.pid"
-        with contextlib.suppress(OSError, ValueError):
-            os.killpg(int(pid_file.read_text().split()[0]), signal.SIGQUIT)
+        pid = _postmaster_pid(member)
+        if pid is not None:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGQUIT)
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -597,9 +610,10 @@ class PatroniShard:
         leader = self.wait_leader()
         stop(leader.proc, signal.SIGKILL)
         leader.proc = None
-        pid_file = leader.workdir / "data" / "postmaster.pid"
-        with contextlib.suppress(OSError, ValueError):
-            os.kill(int(pid_file.read_text().split()[0]), signal.SIGKILL)  # its backends follow (postmaster death)
+        pid = _postmaster_pid(leader)
+        if pid is not None:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)  # its backends follow (postmaster death)
         return leader
 
     @contextlib.contextmanager
