@@ -29,6 +29,7 @@ from domain.validation import (
     ExternalId,
     Namespace,
     ObjectName,
+    PgIdentifier,
     Port,
     SecretKey,
     ServiceName,
@@ -102,12 +103,33 @@ class AdminEndpoint(SpecModel):
     secret_ref: AdminSecretRef = Field(description="Secret with the provisioner role's credentials.")
 
 
+class Pooler(SpecModel):
+    """pgBouncer in front of the shard, authenticating tenants with `auth_user` and `auth_query`."""
+
+    auth_user: PgIdentifier = Field(
+        description="pgBouncer's auth_user (Percona: _crunchypgbouncer). Each new tenant database grants it "
+        "CONNECT (GRANT CONNECT ON DATABASE <tenant> TO <authUser>, run as the tenant), so its auth_query "
+        "can run there."
+    )
+    template: PgIdentifier = Field(
+        default="template1",
+        description="The database new tenant databases are copied from (CREATE DATABASE ... TEMPLATE <template>) "
+        "instead of template0: it must hold the auth_query function (Percona keeps it in template1) and "
+        "accept no tenant's connections.",
+    )
+
+
 class ClientEndpoint(SpecModel):
     """What consumers are told to connect to (written into their credentials, never used by the provider)."""
 
     host: ClientHost = Field(description="Hostname (RFC 1123, no trailing dot) or dotted-quad IPv4.")
     port: Port = Field(default=DEFAULT_PORT, description="Port consumers connect to.")
     sslmode: SslMode = Field(default=SslMode.REQUIRE, description="libpq sslmode handed to consumers.")
+    pooler: Pooler | None = Field(
+        default=None,
+        description="Set when the client endpoint is pgBouncer with an auth_query that runs in each database "
+        "(pgBouncer before 1.19, or without auth_dbname): what new tenant databases need for it.",
+    )
 
 
 class ShardSpec(SpecModel):

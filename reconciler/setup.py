@@ -29,6 +29,7 @@ from reconciler.database import DatabaseController
 from reconciler.database.setup import setup_databases
 from reconciler.events import EventRecorder
 from reconciler.fleet_metrics import EngineCollector
+from reconciler.placement_index import placement_index
 from reconciler.runtime import ControllerManager
 from reconciler.shard.admin import AdminSessions
 from reconciler.shard.controller import PING_INTERVAL, ShardController
@@ -87,6 +88,8 @@ def register_controllers(
         informers.mark_optional(clusters)
         manager.metrics.registry.register(EngineCollector({Engine.CLOUDBERRY.value: clusters.has_synced}))
 
+    # Shared by placement and the Shard controller's suspects: a shard in trouble gets no placement at once.
+    placement = placement_index(config, shards, databases)
     shard_setup = setup_shards(
         manager,
         config,
@@ -97,11 +100,22 @@ def register_controllers(
         clusters,
         instance=instance,
         outside_pod=outside_pod,
+        placement=placement,
         ping_interval=shard_ping_interval,
     )
     events = EventRecorder(rest, instance)
     database_logic = setup_databases(
-        manager, config, namespace, rest, databases, secrets, shards, events, shard_setup, outside_pod=outside_pod
+        manager,
+        config,
+        namespace,
+        rest,
+        databases,
+        secrets,
+        shards,
+        events,
+        shard_setup,
+        outside_pod=outside_pod,
+        placement=placement,
     )
     consumer_logic = setup_consumers(manager, rest, consumers, databases)
     return Controllers(shard_setup.controller, database_logic, consumer_logic, shard_setup.sessions, events, rest)

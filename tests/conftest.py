@@ -25,7 +25,19 @@ from tests.support.postgres import PG_FLAVORS, PostgresPool
 
 # Fixtures that start a kube-apiserver, PostgreSQL, or both (the suites' own ones included).
 SERVER_FIXTURES = frozenset(
-    {"kube", "postgres_pool", "logged_pg", "clusters", "stack", "compacting_kube", "node", "cluster", "logical_pool"}
+    {
+        "kube",
+        "postgres_pool",
+        "logged_pg",
+        "clusters",
+        "stack",
+        "compacting_kube",
+        "node",
+        "cluster",
+        "logical_pool",
+        "patroni18",
+        "patroni16",
+    }
 )
 # Suites that kill or pause processes and measure recovery, run a real Prometheus on its own clock, or
 # roll pods on a one-node Kubernetes while a client counts failed calls: `make test` runs them after the

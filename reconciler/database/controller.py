@@ -23,13 +23,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
-from functools import partial
 from typing import Any
 
 from pydantic import ValidationError
 
 from domain.config import InstallConfig
-from domain.connection_budget import database_limit
 from domain.constants import (
     ANNOTATION_DELETE_REQUESTED_AT,
     ANNOTATION_RESTORE_TENANT,
@@ -42,7 +40,6 @@ from domain.constants import (
 from domain.credentials import Endpoint
 from domain.metadata import object_annotation
 from domain.objects import database_placement
-from domain.resources import database_shard
 from domain.validation import format_validation_error
 from informers import Informer, Rest
 from reconciler.database.deletion import Deletion
@@ -60,7 +57,7 @@ from reconciler.database.shard_sql import ShardSpecs, ShardSql, client_endpoint
 from reconciler.database.state import Database
 from reconciler.database.writes import CacheLags, DatabaseWrites
 from reconciler.events import EventRecorder
-from reconciler.placement_index import PlacementIndex
+from reconciler.placement_index import PlacementIndex, placement_index
 from reconciler.runtime import Result, TerminalError, Wakeups, release_slot
 from reconciler.shard.admin import AdminEndpointCache, AdminPolicy, AdminSessions
 
@@ -83,9 +80,11 @@ class DatabaseController:
         policy: AdminPolicy | None = None,
         wakeups: Wakeups | None = None,
         on_shard_trouble: Callable[[str, str], None] | None = None,
+        placement: PlacementIndex | None = None,
     ) -> None:
         """`wakeups`: this controller's (a held-back event that was not ours gets its pass);
-        `on_shard_trouble(shard, error_class)`: a statement failed as if its shard were in trouble."""
+        `on_shard_trouble(shard, error_class)`: a statement failed as if its shard were in trouble;
+        `placement`: the index the Shard controller's suspects share (made here when not given)."""
         self.namespace = namespace
         self.config = config
         self.databases = databases
@@ -93,7 +92,7 @@ class DatabaseController:
         self.sessions = sessions or AdminSessions()
         admin_endpoints = AdminEndpointCache(rest, policy or AdminPolicy.from_config(config), admin_host_override)
         # Before any handler that enqueues Databases: a woken worker places with the event applied.
-        self.placement = PlacementIndex(database_shard, partial(database_limit, config=config)).watch(shards, databases)
+        self.placement = placement or placement_index(config, shards, databases)
 
         enqueue = wakeups.enqueue if wakeups is not None else None
         self.shard_specs = ShardSpecs()

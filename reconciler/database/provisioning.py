@@ -19,12 +19,12 @@ from reconciler.database.ownership import recorded_at_creation
 from reconciler.database.placement import check_size_class, owner
 from reconciler.database.ready import READY_MESSAGE, set_drift
 from reconciler.database.report import Reporter
-from reconciler.database.shard_sql import ShardSql
+from reconciler.database.shard_sql import ShardSql, shard_spec
 from reconciler.database.state import Database
 from reconciler.database.writes import DatabaseWrites
 from reconciler.runtime import release_slot
 from reconciler.sql.session import AdminSession
-from reconciler.sql.tenant import TenantSpec, ensure_tenant, set_password
+from reconciler.sql.tenant import PoolerAccess, TenantSpec, ensure_tenant, set_password
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class Provisioner:
 
     def provision(self, database: Database, shard: dict[str, Any], secret: dict[str, Any]) -> None:
         limit = check_size_class(self.config, database, self.report)
-        tenant = TenantSpec(database.tenant, credentials.password(secret), limit, owner(database))
+        tenant = TenantSpec(database.tenant, credentials.password(secret), limit, owner(database), pooler_access(shard))
         pending = credentials.password_pending(database, secret)
 
         def ensure(session: AdminSession) -> None:
@@ -77,3 +77,10 @@ class Provisioner:
         self.writes.status(database, last=True)  # the pass ends here: its echo wakes none (settled)
         self.report.event(database, EventReason.READY, "ready")
         log.info("database ready", extra={"database": database.name, "shard": database.shard})
+
+
+def pooler_access(shard: dict[str, Any]) -> PoolerAccess | None:
+    """What the Shard's pgBouncer needs of a new tenant database (`spec.client.pooler`), if it says."""
+    spec = shard_spec(shard)
+    pooler = spec.client.pooler if spec is not None else None
+    return PoolerAccess(pooler.auth_user, pooler.template) if pooler is not None else None

@@ -19,6 +19,7 @@ from informers import Informer, Rest, object_key
 from reconciler.database.controller import DatabaseController
 from reconciler.database.shard_sql import shard_spec
 from reconciler.events import EventRecorder
+from reconciler.placement_index import PlacementIndex
 from reconciler.runtime import Controller, ControllerManager, Lanes, Wakeups
 from reconciler.shard.setup import ShardSetup
 from reconciler.worker_metrics import DatabaseWorkersCollector
@@ -36,6 +37,7 @@ def setup_databases(
     shard_setup: ShardSetup,
     *,
     outside_pod: OutsidePod,
+    placement: PlacementIndex,
 ) -> DatabaseController:
     """The Database controller on `manager`, on the Shard controller's admin sessions."""
     wakeups = Wakeups()
@@ -52,6 +54,7 @@ def setup_databases(
         policy=shard_setup.policy,
         wakeups=wakeups,
         on_shard_trouble=shard_setup.suspects.suspect,  # a failed statement triggers a shard check
+        placement=placement,
     )
     # A lane per shard: at most workersPerShard passes on one shard's databases (and on placement) at
     # once, workersTotal in all, the lanes taking turns; a hung shard holds only its own lane's workers.

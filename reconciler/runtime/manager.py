@@ -115,6 +115,16 @@ class ControllerManager:
         window = max(timings.contact_periods * timings.retry_period, timings.min_contact_window)
         return time.monotonic() - self.elector.last_contact < window
 
+    def write_timeout(self) -> tuple[float, float]:
+        """(connect, read) seconds for a controller's apiserver write: together at most the Lease's renew
+        deadline, so a write the fence let through cannot still be on its way a whole renew deadline
+        later (the defaults, 10 s and 60 s, allowed 70 s). Without leader election: the defaults."""
+        connect, read = SETTINGS.watch.request_timeout
+        if self.elector is None:
+            return connect, read
+        deadline = self.elector.timings.renew_deadline
+        return min(connect, deadline / 3), min(read, deadline * 2 / 3)
+
     def fence(self) -> None:
         """Raise `ControllerStopping` unless this replica may write (SQL or apiserver) right now.
 

@@ -303,6 +303,8 @@ class ShardController:
             return last[2]
         health = self.check(name, spec)
         self._last[name] = (time.monotonic(), generation, health)
+        if health.ready:
+            self.suspects.passed(name)  # placement may use it again, if a failed statement had suspended it
         self._follow_answering(name, health)
         return health
 

@@ -19,6 +19,7 @@ from domain.resources import database_shard
 from domain.specs import ShardSpec, parse_shard
 from informers import Informer, Rest, object_key, split_key
 from reconciler.counts import coalesced_counts
+from reconciler.placement_index import PlacementIndex
 from reconciler.runtime import Controller, ControllerManager, Wakeups
 from reconciler.shard.admin import AdminPolicy, AdminSessions
 from reconciler.shard.budget import ShardBudgets
@@ -56,11 +57,12 @@ def setup_shards(
     *,
     instance: str,
     outside_pod: OutsidePod,
+    placement: PlacementIndex,
     ping_interval: float = PING_INTERVAL,
 ) -> ShardSetup:
     """The Shard controller on `manager`, with the admin sessions every controller uses."""
     wakeups = Wakeups()
-    suspects = ShardSuspects(wakeups)
+    suspects = ShardSuspects(wakeups, placement)
     # SQL hanging on a shard: check it now.
     sessions = AdminSessions(
         fence=manager.fence, application_name=replica_application_name(instance), on_slow=suspects.suspect

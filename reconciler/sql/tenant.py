@@ -14,14 +14,17 @@ shows it done:
                GRANT t TO CURRENT_USER                                 (before 16, NOINHERIT provisioner)
 3. database:   CREATE DATABASE t OWNER t TEMPLATE template0 ALLOW_CONNECTIONS false
 4. open:       SET ROLE t; REVOKE ALL ON DATABASE t FROM PUBLIC; GRANT CONNECT ON DATABASE t TO t;
-               ALTER DATABASE t ALLOW_CONNECTIONS true; RESET ROLE
+               [GRANT CONNECT ON DATABASE t TO <pooler>;] ALTER DATABASE t ALLOW_CONNECTIONS true; RESET ROLE
 
 Passwords are sent only as SCRAM-SHA-256 verifiers computed here, so no statement (not even with
 log_statement=all) carries a plaintext password.
 
 The database is copied from `template0`: nobody can connect to it, so a tenant's session on
 `template1` cannot make CREATE DATABASE fail, and nothing a tenant planted in `template1` reaches
-another tenant's database.
+another tenant's database. A shard behind pgBouncer whose `auth_query` runs in each database
+(`TenantSpec.pooler`) copies from the template its administrators name instead (Percona keeps the
+auth function in `template1`, which a prepared shard closes to PUBLIC), and grants the pooler's
+`auth_user` CONNECT as it opens the database.
 
 A tenant cannot block its own disable or drop: every statement a tenant session could hold up
 (a lock on its role or database row, a session in its database) runs after the tenant's sessions
@@ -146,11 +149,30 @@ class TenantSpec:
     password: str = field(repr=False)
     connection_limit: int
     owner: OwnerRecord | None = None
+    pooler: PoolerAccess | None = None
 
     def __post_init__(self) -> None:
         validate_tenant_name(self.name)
         validate_password(self.password)
         validate_connection_limit(self.connection_limit)
+
+    @property
+    def template(self) -> str:
+        return self.pooler.template if self.pooler is not None else TEMPLATE_DATABASE
+
+
+@dataclass(frozen=True)
+class PoolerAccess:
+    """What a pgBouncer whose auth_query runs in each database needs of a new tenant database: CONNECT
+    for its `auth_user`, and the auth function, copied from `template`."""
+
+    auth_user: str
+    template: str
+
+    def __post_init__(self) -> None:
+        for name in (self.auth_user, self.template):
+            if re.fullmatch(PG_IDENTIFIER_RE, name) is None or len(name.encode()) > PG_IDENTIFIER_MAX_BYTES:
+                raise ValueError("the pooler's auth_user and template must be plain identifiers")
 
 
 @dataclass(frozen=True)
@@ -302,8 +324,9 @@ def _ensure_membership(conn: psycopg.Connection, name: str, role_oid: int) -> No
         )
 
 
-def _open(conn: psycopg.Connection, name: str, state: TenantState) -> None:
-    """Revoke PUBLIC, grant CONNECT to the tenant, and only then accept connections (as the owner)."""
+def _open(conn: psycopg.Connection, name: str, state: TenantState, pooler: PoolerAccess | None = None) -> None:
+    """Revoke PUBLIC, grant CONNECT to the tenant (and the pooler's auth_user), and only then accept
+    connections (as the owner)."""
     needs_acl = not state.public_revoked or not state.tenant_can_connect
     if not needs_acl and state.allow_connections:
         return
@@ -311,6 +334,8 @@ def _open(conn: psycopg.Connection, name: str, state: TenantState) -> None:
         if needs_acl:
             conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(_ident(name)))
             conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(_ident(name), _ident(name)))
+        if pooler is not None and not state.allow_connections:
+            conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(_ident(name), _ident(pooler.auth_user)))
         if not state.allow_connections:
             conn.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS true").format(_ident(name)))
 
@@ -419,7 +444,7 @@ def ensure_database(conn: psycopg.Connection, spec: TenantSpec) -> None:
         # template0 takes no connections: no tenant session can block the copy or plant objects in it.
         conn.execute(
             sql.SQL("CREATE DATABASE {} OWNER {} TEMPLATE {} ALLOW_CONNECTIONS false").format(
-                _ident(spec.name), _ident(spec.name), _ident(TEMPLATE_DATABASE)
+                _ident(spec.name), _ident(spec.name), _ident(spec.template)
             )
         )
 
@@ -430,7 +455,7 @@ def open_database(conn: psycopg.Connection, spec: TenantSpec) -> None:
     if not state.database_exists:
         raise _refuse(errors.NOT_FOUND, "the tenant database does not exist")
     _check_owner(state)
-    _open(conn, spec.name, state)
+    _open(conn, spec.name, state, spec.pooler)
 
 
 PROVISIONING_STEPS: tuple[Callable[[psycopg.Connection, TenantSpec], object], ...] = (

@@ -375,3 +375,27 @@ def test_concurrent_placements_never_overcommit_a_budget(seed: int) -> None:
     assert all(committed[n] <= b for n, b in budgets.items()), (committed, budgets)
     assert all(n <= 6 for n in Counter(placed.values()).values())
     assert index.reserved() == {}
+
+
+def test_a_shard_whose_sql_failed_gets_no_placement_until_a_check_passes() -> None:
+    """A Database worker's SQL failed there for a reason not its tenant's: placement stops at once,
+    before the Shard's status says anything, and counts it as not Ready (a transient lack, not
+    NoCapacity); a passing check gives it back."""
+    index = index_with([shard("a"), shard("b")], {"a": 0, "b": 3})
+    assert index.choose("postgres") == "a"
+    index.suspend("a")
+    assert index.choose("postgres") == "b"
+    assert index.not_ready("postgres") == ["a"]
+    index.shard_event("MODIFIED", shard("a"), shard("a", rv=2))  # a status write changes nothing
+    assert index.choose("postgres") == "b"
+    index.clear("a")
+    assert index.choose("postgres") == "a"
+    assert index.not_ready("postgres") == []
+
+
+def test_a_suspended_shard_that_is_deleted_is_forgotten() -> None:
+    index = index_with([shard("a")], {})
+    index.suspend("a")
+    index.shard_event("DELETED", shard("a"), None)
+    index.shard_event("ADDED", None, shard("a", rv=3))
+    assert index.choose("postgres") == "a"

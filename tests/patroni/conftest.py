@@ -1,0 +1,73 @@
+"""Fixtures of the Patroni suite: shards as users run them (harness/patroni.py), a Patroni cluster of a
+primary and a streaming replica behind a primary endpoint, with pgBouncer as the client endpoint, and
+the provider's controllers in this process under a release of their own (names prefixed `pgbtest`).
+
+One cluster per PostgreSQL major and pool mode for the whole run (about 15 s each to start): tests
+isolate themselves by Database name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from domain.constants import ANNOTATION_DELETE_REQUESTED_AT
+from domain.resources import SHARDS
+from harness.patroni import POOLER_AUTH_USER, PatroniShard
+from tests.support.common import shard_object
+from tests.support.fleet import Fleet as BaseFleet
+from tests.support.install import Release, release_fixtures
+
+NAMESPACE = "pgbtest-system"
+RELEASE = Release("pgbtest", NAMESPACE, "pgbtest-shards")
+
+
+class Fleet(BaseFleet):
+    release = RELEASE
+    consumer = "pgbtest-consumer"
+
+    def patroni_shard(self, cluster: PatroniShard, *, pooler: bool = True) -> str:
+        """A Shard as a platform engineer declares a Percona cluster: the admin endpoint is the primary
+        endpoint, the client endpoint pgBouncer (with `client.pooler` unless told otherwise)."""
+        name = self.name(f"patroni{cluster.major}")
+        client = {"host": "127.0.0.1", "port": cluster.client_port, "sslmode": "require"}
+        if pooler:
+            client["pooler"] = {"authUser": POOLER_AUTH_USER, "template": "template1"}
+        spec = {
+            "maxDatabases": 200,
+            "perconaCluster": {"namespace": "databases", "name": name},
+            "admin": {
+                "serviceName": f"{name}-primary",
+                "port": cluster.port,
+                "sslmode": "require",
+                "secretRef": {
+                    "namespace": self.release.shard_secrets_namespace,
+                    "name": self.admin_secrets.secret(cluster.PROVISIONER, cluster.provisioner_password),
+                },
+            },
+            "client": client,
+        }
+        self.rest.create(SHARDS, shard_object(name, spec))
+        self.shards.append(name)
+        return name
+
+    def request_delete(self, name: str) -> None:
+        self.annotate_now(name, ANNOTATION_DELETE_REQUESTED_AT)
+
+
+installed, provider_client, admin_rest, start_manager, fleet = release_fixtures(RELEASE, Fleet)
+
+
+@pytest.fixture(scope="session")
+def patroni18() -> Iterator[PatroniShard]:
+    """PostgreSQL 18 under Patroni, pgBouncer in transaction pool mode."""
+    with PatroniShard("18", pool_mode="transaction") as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def patroni16() -> Iterator[PatroniShard]:
+    """PostgreSQL 16 under Patroni, pgBouncer in session pool mode."""
+    with PatroniShard("16", pool_mode="session") as cluster:
+        yield cluster

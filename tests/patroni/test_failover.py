@@ -1,0 +1,151 @@
+"""A switchover and a failover of the Patroni shard in the middle of a burst of creates, then its DCS lost.
+
+Every Database converges to Ready, each tenant exists exactly once on the new primary, none is
+lost and none is made twice, and the consumers log in through pgBouncer afterwards. The time
+from the leader change to the first DDL that succeeds on the new primary is printed (pytest -s).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import psycopg
+import pytest
+
+from harness.patroni import PatroniShard
+from tests.patroni.conftest import Fleet
+
+pytestmark = pytest.mark.server
+BURST = 50  # each tenant database is a copy of template1 on every member: keep the disk traffic small
+
+
+@pytest.fixture(scope="module")
+def failover_cluster() -> Iterator[PatroniShard]:
+    """A cluster of its own: these tests change its leader (the old one rejoins as a replica), then kill it."""
+    with PatroniShard("18", replicas=1, pool_mode="transaction") as cluster:
+        yield cluster
+
+
+class DdlClock:
+    """Polls the number of databases on whichever member leads, to time the first CREATE DATABASE
+    that succeeds on a new leader after `fault()` ran."""
+
+    def __init__(self, cluster: PatroniShard) -> None:
+        self.cluster = cluster
+        self.first_ddl: float | None = None
+        self._stop = threading.Event()
+
+    def measure(self, fault: Callable[[], object]) -> float:
+        old = self.cluster.wait_leader()
+        started = time.monotonic()
+        thread = threading.Thread(target=self._watch, args=(old.name,), daemon=True)
+        thread.start()
+        fault()
+        thread.join(timeout=300)
+        assert self.first_ddl is not None, "no DDL succeeded on the new leader"
+        return self.first_ddl - started
+
+    def _watch(self, old: str) -> None:
+        baseline: int | None = None
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            leader = self.cluster.leader()
+            if leader is not None and leader.name != old:
+                try:
+                    with leader.superuser_connection() as conn:
+                        row = conn.execute("SELECT count(*) FROM pg_database").fetchone()
+                except psycopg.Error:
+                    row = None
+                if row is not None:
+                    if baseline is None:
+                        baseline = int(row[0])
+                    elif int(row[0]) > baseline:
+                        self.first_ddl = time.monotonic()
+                        return
+            time.sleep(0.05)
+
+
+def burst_through(fleet: Fleet, cluster: PatroniShard, prefix: str, fault: Callable[[], object]) -> float:
+    """BURST creates with `fault` striking after the first fifth; waits until all are Ready and checks
+    the shard; the seconds from the fault to the first DDL on the new leader."""
+    cluster.wait_streaming(1)  # a replica to take over
+    names: list[str] = []
+    clock = DdlClock(cluster)
+    elapsed: list[float] = []
+
+    def strike() -> None:
+        elapsed.append(clock.measure(fault))
+
+    striker = threading.Thread(target=strike, daemon=True)
+    for i in range(BURST):
+        names.append(fleet.database(f"{prefix}-{i}"))
+        if i == BURST // 5:
+            striker.start()
+    striker.join(timeout=300)
+    for name in names:
+        fleet.wait_phase(name, "Ready", timeout=300)
+    tenants = {fleet.get_database(name)["status"]["tenantName"] for name in names}  # type: ignore[index]
+    assert len(tenants) == BURST
+    on_server = {
+        row[0]
+        for row in cluster.query(
+            "SELECT datname FROM pg_database WHERE datname LIKE %s", (f"t_{prefix.replace('-', '_')}_%",)
+        )
+    }
+    assert on_server == tenants  # none lost, none made twice (under another name)
+    roles = {row[0] for row in cluster.query("SELECT rolname FROM pg_roles WHERE rolname = ANY(%s)", (list(tenants),))}
+    assert roles == tenants
+    for name in names[:: BURST // 10]:
+        creds = fleet.credentials(name)
+        with psycopg.connect(
+            host=creds["host"],
+            port=int(creds["port"]),
+            user=creds["user"],
+            password=creds["password"],
+            dbname=creds["database"],
+            sslmode=creds["sslmode"],
+            connect_timeout=10,
+        ) as conn:
+            assert conn.execute("SELECT current_user").fetchone() == (creds["user"],)
+    assert elapsed, "the fault did not run"
+    return elapsed[0]
+
+
+def test_a_switchover_during_a_burst_of_creates(failover_cluster: PatroniShard, fleet: Fleet, start_manager) -> None:
+    fleet.patroni_shard(failover_cluster)
+    start_manager()
+    seconds = burst_through(fleet, failover_cluster, "switch", failover_cluster.switchover)
+    print(f"\nswitchover: first DDL on the new primary {seconds:.1f} s after patronictl switchover started")
+
+
+def test_a_failover_during_a_burst_of_creates(failover_cluster: PatroniShard, fleet: Fleet, start_manager) -> None:
+    fleet.patroni_shard(failover_cluster)
+    start_manager()
+    seconds = burst_through(fleet, failover_cluster, "failover", failover_cluster.kill_leader)
+    print(f"\nfailover: first DDL on the new primary {seconds:.1f} s after the primary was killed")
+
+
+def test_the_dcs_lost_the_primary_turns_read_only_and_the_shard_says_so(
+    failover_cluster: PatroniShard, fleet: Fleet, start_manager
+) -> None:
+    """Without failsafe mode, Patroni demotes a leader that cannot reach its DCS: the primary endpoint
+    still leads there (its endpoints are not updated either), to a server in recovery. The Shard is not
+    Ready (InRecovery), no Database turns Ready meanwhile, and all converges once the DCS is back."""
+    shard = fleet.patroni_shard(failover_cluster)
+    start_manager()
+    fleet.wait_shard(shard, "Ok")
+    failover_cluster.stop_dcs()
+    try:
+        fleet.wait_shard(shard, "InRecovery", timeout=90)
+        name = fleet.database("during-dcs-loss")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            db = fleet.get_database(name) or {}
+            assert (db.get("status") or {}).get("phase") != "Ready", "Ready while the shard cannot be written"
+            time.sleep(0.5)
+    finally:
+        failover_cluster.start_dcs()
+    fleet.wait_shard(shard, "Ok", timeout=120)
+    fleet.wait_phase(name, "Ready", timeout=120)
