@@ -20,6 +20,7 @@ from psycopg.conninfo import make_conninfo
 from domain.constants import GROUP, PLURAL_SHARDS, VERSION
 from tests.support.common import wait_for
 from tests.support.dev_command import read_env_file, wait_ready_line
+from tests.support.documented import run_documented_against_dev
 
 
 @pytest.mark.server  # `dbprovider dev` starts an apiserver and a PostgreSQL server
@@ -69,6 +70,10 @@ def test_dev_runs_the_consumer_flow_and_stops_cleanly(tmp_path: Path) -> None:
 
             # The count is written a second after the change.
             wait_for(lambda: database_count() == 1, 30, "the shard to count the database")
+        # What the README and docs/api.md show a reader, run as written in a second shell.
+        workdir = tmp_path / "reader"
+        workdir.mkdir()
+        run_documented_against_dev(state, workdir)
         assert session.delete(f"{base}/orders", timeout=10).status_code == 202
 
         children = psutil.Process(proc.pid).children(recursive=True)
