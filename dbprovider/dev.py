@@ -55,7 +55,7 @@ def _cloudberry_walkthrough(stack: DevStack) -> list[str]:
     ]
 
 
-def _walkthrough(stack: DevStack, env_file: Path) -> str:
+def _walkthrough(stack: DevStack, env_file: Path, elapsed: float) -> str:
     size_class = next(iter(stack.config.size_classes), None)
     body = f'-d \'{{"sizeClass": "{size_class}"}}\' ' if size_class else ""
     retention = format_duration(stack.config.soft_delete.retention)
@@ -64,7 +64,7 @@ def _walkthrough(stack: DevStack, env_file: Path) -> str:
     return "\n".join(
         [
             "",
-            "dbprovider dev: ready",
+            f"dbprovider dev: ready in {elapsed:.1f}s",
             f"  consumer API  {stack.api_url}  (consumer {stack.consumer}, token {stack.token})",
             f"  metrics       http://127.0.0.1:{stack.metrics_port}/metrics",
             f"  kube-apiserver {stack.kube.url}  (namespace {stack.namespace})",
@@ -106,12 +106,17 @@ def run_dev(postgres_flavor: str, state_dir: str, overrides: Mapping[str, Any] |
     postgres: PostgresServer | None = None
     manager: Manager | None = None
     env_file = state / "env"
+    started = time.monotonic()
+
+    def progress(step: str) -> None:
+        print(f"dbprovider dev: [{time.monotonic() - started:5.1f}s] {step}", flush=True)
+
     try:
-        print("dbprovider dev: starting etcd and kube-apiserver ...", flush=True)
+        progress("starting etcd and kube-apiserver ...")
         kube.start()
-        print(f"dbprovider dev: starting PostgreSQL {postgres_flavor} ...", flush=True)
+        progress(f"starting PostgreSQL {postgres_flavor} ...")
         postgres = PostgresServer(postgres_flavor).start()
-        print("dbprovider dev: installing the provider and registering the shard and a consumer ...", flush=True)
+        progress("installing the provider and registering the shard and a consumer ...")
         stack = DevStack(kube, postgres, state, config_overrides=dict(overrides or {})).install()
         options = ManagerOptions(
             config=stack.config,
@@ -126,6 +131,7 @@ def run_dev(postgres_flavor: str, state_dir: str, overrides: Mapping[str, Any] |
             identity="dbprovider-dev",
             outside_pod=OutsidePod(admin_host="127.0.0.1"),
         )
+        progress("starting the manager (consumer API, controllers, metrics) ...")
         manager = Manager(options).start()
         # "ready" promises that the walkthrough works now: before the caches synced and the elector's
         # first Lease request answered, a PUT would get 503 (the apiserver counts as unreachable).
@@ -133,7 +139,7 @@ def run_dev(postgres_flavor: str, state_dir: str, overrides: Mapping[str, Any] |
             print(f"dbprovider dev: the manager did not become ready within {DEV_READY_TIMEOUT:.0f}s", file=sys.stderr)
             return 1
         _write_env_file(env_file, stack.env())
-        print(_walkthrough(stack, env_file), flush=True)
+        print(_walkthrough(stack, env_file, time.monotonic() - started), flush=True)
         wait_for_stop(stopping)
         print("dbprovider dev: stopping ...", flush=True)
     finally:
