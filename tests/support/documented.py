@@ -18,6 +18,14 @@ RUN_BY = re.compile(r"<!-- run by (?P<test>tests/\S+\.py)\b.* -->")
 DEV_TEST = "tests/env/test_dev_command.py"
 
 
+def github_anchors(markdown: str) -> set[str]:
+    """The anchors GitHub generates for the headings of a Markdown page."""
+    anchors = set()
+    for heading in re.findall(r"^#+ +(.+?) *$", markdown, flags=re.MULTILINE):
+        anchors.add(re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-"))
+    return anchors
+
+
 def block_after(lines: list[str], start: int) -> tuple[int, list[str]]:
     """The code block that starts at or after line index `start` (blank lines skipped): its 1-based first
     line and its lines (a fenced block's content, or an indented block without the indent)."""
