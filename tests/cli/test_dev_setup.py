@@ -91,3 +91,12 @@ def test_dev_setup_says_that_go_is_needed_when_it_is_missing(tmp_path: Path) -> 
     assert "`go` is not on PATH: Go 1.24 or newer is needed" in result.stderr, result.stderr
     assert "https://go.dev/dl/" in result.stderr
     assert "[1/3]" not in result.stderr  # it stops before doing anything
+
+
+def test_make_dev_runs_the_dev_setup_and_make_test_the_whole_one() -> None:
+    def commands(target: str) -> list[str]:
+        out = subprocess.run(["make", "-n", target], cwd=REPO, capture_output=True, text=True, check=True).stdout
+        return out.splitlines()
+
+    assert commands("dev")[:2] == ["bash hack/setup.sh --dev", ".venv/bin/dbprovider dev"]
+    assert commands("test")[0] == "bash hack/setup.sh"  # everything: the late suites' builds included
