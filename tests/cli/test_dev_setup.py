@@ -95,7 +95,9 @@ def test_dev_setup_says_that_go_is_needed_when_it_is_missing(tmp_path: Path) -> 
 
 def test_make_dev_runs_the_dev_setup_and_make_test_the_whole_one() -> None:
     def commands(target: str) -> list[str]:
-        out = subprocess.run(["make", "-n", target], cwd=REPO, capture_output=True, text=True, check=True).stdout
+        env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}  # under make
+        argv = ["make", "-n", "--no-print-directory", target]
+        out = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, check=True).stdout
         return out.splitlines()
 
     assert commands("dev")[:2] == ["bash hack/setup.sh --dev", ".venv/bin/dbprovider dev"]
