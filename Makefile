@@ -1,10 +1,12 @@
-# The two commands of the README. Both set the machine up first (hack/setup.sh, idempotent).
+# The two commands of the README. Both set the machine up first (hack/setup.sh, idempotent): `dev` with only
+# what it runs (the virtualenv, PostgreSQL 18, kube-apiserver and etcd), `test` with everything.
 .PHONY: setup dev test test-fast lint faults
 
 setup:
 	bash hack/setup.sh
 
-dev: setup
+dev:
+	bash hack/setup.sh --dev
 	.venv/bin/dbprovider dev
 
 # Everything, as CI runs it: two workers (the suites mostly wait on reconciles), then the fault and alert

@@ -56,7 +56,7 @@ def _cloudberry_walkthrough(stack: DevStack) -> list[str]:
     ]
 
 
-def _walkthrough(stack: DevStack, env_file: Path) -> str:
+def _walkthrough(stack: DevStack, env_file: Path, elapsed: float) -> str:
     size_class = next(iter(stack.config.size_classes), None)
     body = f'-d \'{{"sizeClass": "{size_class}"}}\' ' if size_class else ""
     retention = format_duration(stack.config.soft_delete.retention)
@@ -65,7 +65,7 @@ def _walkthrough(stack: DevStack, env_file: Path) -> str:
     return "\n".join(
         [
             "",
-            "dbprovider dev: ready",
+            f"dbprovider dev: ready in {elapsed:.1f}s",
             f"  consumer API  {stack.api_url}  (consumer {stack.consumer}, token {stack.token})",
             f"  metrics       http://127.0.0.1:{stack.metrics_port}/metrics",
             f"  kube-apiserver {stack.kube.url}  (namespace {stack.namespace})",
@@ -107,18 +107,23 @@ def run_dev(postgres_flavor: str, state_dir: str, overrides: Mapping[str, Any] |
     postgres: PostgresServer | None = None
     manager: Manager | None = None
     env_file = state / "env"
+    started = time.monotonic()
+
+    def progress(step: str) -> None:
+        print(f"dbprovider dev: [{time.monotonic() - started:5.1f}s] {step}", flush=True)
+
     try:
-        print("dbprovider dev: starting etcd and kube-apiserver ...", flush=True)
+        progress("starting etcd and kube-apiserver ...")
         kube.start()
-        print(f"dbprovider dev: starting PostgreSQL {postgres_flavor} ...", flush=True)
+        progress(f"starting PostgreSQL {postgres_flavor} ...")
         # The server's max_connections and the Shard's maxDatabases agree: MAX databases of the default
         # connection limit fit its connection budget.
         max_connections, max_databases = dev_shard_capacity(dev_install_config(overrides or {}))
-        settings = {"max_connections": str(max_connections)}
-        postgres = PostgresServer(postgres_flavor, settings=settings).start()
-        print("dbprovider dev: installing the provider and registering the shard and a consumer ...", flush=True)
-        overrides = dict(overrides or {})
-        stack = DevStack(kube, postgres, state, config_overrides=overrides, max_databases=max_databases).install()
+        postgres = PostgresServer(postgres_flavor, settings={"max_connections": str(max_connections)}).start()
+        progress("installing the provider and registering the shard and a consumer ...")
+        stack = DevStack(
+            kube, postgres, state, config_overrides=dict(overrides or {}), max_databases=max_databases
+        ).install()
         options = ManagerOptions(
             config=stack.config,
             namespace=stack.namespace,
@@ -132,6 +137,7 @@ def run_dev(postgres_flavor: str, state_dir: str, overrides: Mapping[str, Any] |
             identity="dbprovider-dev",
             outside_pod=OutsidePod(admin_host="127.0.0.1"),
         )
+        progress("starting the manager (consumer API, controllers, metrics) ...")
         manager = Manager(options).start()
         # "ready" promises that the walkthrough works now: before the caches synced and the elector's
         # first Lease request answered, a PUT would get 503 (the apiserver counts as unreachable).
@@ -139,7 +145,7 @@ def run_dev(postgres_flavor: str, state_dir: str, overrides: Mapping[str, Any] |
             print(f"dbprovider dev: the manager did not become ready within {DEV_READY_TIMEOUT:.0f}s", file=sys.stderr)
             return 1
         _write_env_file(env_file, stack.env())
-        print(_walkthrough(stack, env_file), flush=True)
+        print(_walkthrough(stack, env_file, time.monotonic() - started), flush=True)
         wait_for_stop(stopping)
         print("dbprovider dev: stopping ...", flush=True)
     finally:

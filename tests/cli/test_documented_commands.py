@@ -9,6 +9,11 @@ commands print on a terminal only), with the installed `dbprovider` first on PAT
 
 Not run here: `dbprovider dev` (it starts servers; tests/env/test_dev_command.py runs it) and `pulumi`
 (tests/pulumi runs those lines verbatim against real apiservers).
+
+Every other shell block of the user docs (fenced as sh/bash/shell/console, or indented code whose first
+word is a command) is marked, in the line before it, either `<!-- run by tests/<file> ... -->` (that test
+runs it against what it starts: tests/support/documented.py) or `<!-- illustrative: <why> -->`, e.g.
+`<!-- illustrative: needs a real cluster -->`.
 """
 
 from __future__ import annotations
@@ -22,11 +27,19 @@ from pathlib import Path
 import pytest
 
 from tests.cli.conftest import Result, run_argv_on_terminal
+from tests.support.documented import RUN_BY, block_after
 
 REPO = Path(__file__).resolve().parents[2]
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 RUNNABLE = "<!-- runnable -->"
 RUNNABLE_FILE = "<!-- runnable file -->"
+ILLUSTRATIVE = re.compile(r"<!-- illustrative: \S.*\S -->")
+SHELL_FENCES = ("sh", "bash", "shell", "console")
+# The first word of a line that makes an indented code block a shell block.
+COMMANDS = frozenset(
+    "kubectl dbprovider curl psql pulumi docker podman bash source make pip python python3 git helm flux "
+    "vault export cd promtool go".split()
+)
 # Lines that need a live stack run where one is: tests/env (dev), tests/pulumi, tests/upgrade (upgrade check).
 NOT_RUN_HERE = ("dbprovider dev", "pulumi ", "dbprovider upgrade check")
 # The install values docs/install.md shows, also where the README's lines expect a values file.
@@ -43,28 +56,12 @@ class Block:
     file: bool  # a file to write, not commands
 
 
-def _block_after(lines: list[str], start: int) -> tuple[int, list[str]]:
-    """The code block that starts at or after line index `start` (blank lines skipped)."""
-    i = start
-    while i < len(lines) and not lines[i].strip():
-        i += 1
-    if lines[i].startswith("```"):
-        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
-        return i + 2, lines[i + 1 : end]
-    body = []
-    j = i
-    while j < len(lines) and (lines[j].startswith("    ") or not lines[j].strip()):
-        body.append(lines[j][4:])
-        j += 1
-    return i + 1, body
-
-
 def documented_blocks(document: Path) -> list[Block]:
     lines = document.read_text().splitlines()
     blocks = []
     for i, line in enumerate(lines):
         if line.strip() in (RUNNABLE, RUNNABLE_FILE):
-            first, body = _block_after(lines, i + 1)
+            first, body = block_after(lines, i + 1)
             text = "\n".join(body).strip() + "\n"
             blocks.append(Block(document, first, len(body), text, line.strip() == RUNNABLE_FILE))
     return blocks
@@ -139,3 +136,59 @@ def test_every_dbprovider_line_of_the_landscape_sections_is_marked_runnable() ->
             if re.match(r"(    )?dbprovider (render|consumer|lint) ", line) and number not in marked:
                 unmarked.append(f"{document.name}:{number}: {line.strip()}")
     assert not unmarked, "documented commands no test runs:\n" + "\n".join(unmarked)
+
+
+def shell_blocks(document: Path) -> list[tuple[int, str]]:
+    """(1-based line of the block's first line, the marker line before it) of every shell block: fenced
+    as sh/bash/shell/console (or unlabelled, starting with a command), or indented code starting with one."""
+    lines = document.read_text().splitlines()
+    found = []
+
+    def marker_before(i: int) -> str:
+        j = i - 1
+        while j >= 0 and not lines[j].strip():
+            j -= 1
+        return lines[j].strip() if j >= 0 else ""
+
+    def starts_with_command(text: str) -> bool:
+        words = text.split()
+        return bool(words) and words[0] in COMMANDS
+
+    i = 0
+    while i < len(lines):
+        stripped = lines[i].strip()
+        if stripped.startswith("```"):
+            info = stripped[3:].strip()
+            end = next(j for j in range(i + 1, len(lines)) if lines[j].strip().startswith("```"))
+            first = next((lines[j] for j in range(i + 1, end) if lines[j].strip()), "")
+            if info in SHELL_FENCES or (not info and starts_with_command(first)):
+                found.append((i + 1, marker_before(i)))
+            i = end + 1
+            continue
+        if lines[i].startswith("    ") and starts_with_command(stripped) and (i == 0 or not lines[i - 1].strip()):
+            found.append((i + 1, marker_before(i)))
+            while i < len(lines) and (lines[i].startswith("    ") or not lines[i].strip()):
+                i += 1
+            continue
+        i += 1
+    return found
+
+
+USER_DOCS = [d for d in DOCUMENTS if d.name not in ("performance.md", "development.md")]
+
+
+def test_every_shell_block_of_the_user_docs_is_run_or_says_why_not() -> None:
+    """A shell block a reader copies is either run by a test or marked illustrative with the reason."""
+    unmarked, missing = [], []
+    for document in USER_DOCS:
+        for line, marker in shell_blocks(document):
+            run_by = RUN_BY.fullmatch(marker)
+            if run_by and not (REPO / run_by["test"]).is_file():
+                missing.append(f"{document.name}:{line}: {run_by['test']} does not exist")
+            elif not (marker == RUNNABLE or run_by or ILLUSTRATIVE.fullmatch(marker)):
+                unmarked.append(
+                    f"{document.name}:{line}: add `{RUNNABLE}`, `<!-- run by tests/<file> -->` (and make it run) "
+                    "or `<!-- illustrative: <why> -->`"
+                )
+    assert not missing, "\n".join(missing)
+    assert not unmarked, "shell blocks neither run nor marked illustrative:\n" + "\n".join(unmarked)

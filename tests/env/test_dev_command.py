@@ -20,6 +20,7 @@ from psycopg.conninfo import make_conninfo
 from domain.constants import GROUP, PLURAL_SHARDS, VERSION
 from tests.support.common import wait_for
 from tests.support.dev_command import read_env_file, wait_ready_line
+from tests.support.documented import run_documented_against_dev
 
 
 @pytest.mark.server  # `dbprovider dev` starts an apiserver and a PostgreSQL server
@@ -76,6 +77,11 @@ def test_dev_runs_the_consumer_flow_and_stops_cleanly(tmp_path: Path) -> None:
             maximum = shard_capacity()[3]
             wait_for(lambda: shard_capacity()[:3] == (1, 5, maximum - 1), 30, "the shard to count the database")
             assert maximum == 100
+            # What the README and docs/api.md show a reader, run as written in a second shell (it ends by
+            # deleting the database).
+            workdir = tmp_path / "reader"
+            workdir.mkdir()
+            run_documented_against_dev(state, workdir)
             # A deleted (disabled) database keeps its slot until it is dropped, but commits no connections.
             assert session.delete(f"{base}/orders", timeout=10).status_code == 202
             wait_for(lambda: shard_capacity()[:3] == (1, 0, maximum - 1), 30, "the disabled tenant to commit nothing")

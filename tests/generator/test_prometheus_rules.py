@@ -7,7 +7,6 @@ The same rules in a real Prometheus scraping a real manager: tests/alerts/.
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -19,6 +18,7 @@ import yaml
 from dbprovider.cli import main
 from domain.config import DEFAULT_RUNBOOK_BASE_URL, load_install_config
 from infra.render import render_prometheus_rule, rule_groups
+from tests.support.documented import github_anchors
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RULE_TESTS = REPO_ROOT / "rules" / "tests"
@@ -127,16 +127,8 @@ def test_the_eight_alerts_with_severities_and_durations() -> None:
     assert found == ALERTS | CLUSTER_ONLY_ALERTS
 
 
-def _github_anchors(markdown: str) -> set[str]:
-    """The anchors GitHub generates for the headings of a Markdown page."""
-    anchors = set()
-    for heading in re.findall(r"^#+ +(.+?) *$", markdown, flags=re.MULTILINE):
-        anchors.add(re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-"))
-    return anchors
-
-
 def test_every_alert_links_a_runbook_section_that_exists_in_operations_md() -> None:
-    anchors = _github_anchors(OPERATIONS_MD.read_text())
+    anchors = github_anchors(OPERATIONS_MD.read_text())
     config = load_install_config({"tls": {"secretName": "tls"}, "prometheusRule": {"enabled": True, "cluster": "c"}})
     rules = render_prometheus_rule(config)["spec"]["groups"][0]["rules"]
     assert len(rules) == len(ALERTS) + len(CLUSTER_ONLY_ALERTS)
