@@ -190,8 +190,8 @@ def credentials_version(secret: Mapping[str, Any], password_applied: str | None)
     """
     meta = secret.get("metadata") or {}
     served_id = password_applied or password_id(secret) or f"rv:{meta.get('resourceVersion', '')}"
-    values = decode_secret_data(secret)
-    parts = [str(meta.get("uid", "")), served_id] + [values.get(k, "") for k in CREDENTIALS_KEYS if k != "password"]
+    # The other keys through `secret_digest`: the same from a whole Secret and from the caches' form.
+    parts = [str(meta.get("uid", "")), served_id, secret_digest(secret)]
     return hashlib.sha256("\x00".join(parts).encode("utf-8")).hexdigest()[:16]
 
 
