@@ -24,6 +24,7 @@ from agent.binding import OWNED_SECRETS_SELECTOR
 from agent.events import ClaimEvents
 from agent.provider import Provider
 from agent.sync import PassResult, Syncer
+from domain.cached import without_bookkeeping
 from domain.resources import CLAIMS
 from informers import SECRETS, Rest, SharedInformers
 from informers.leader import LeaderElector, default_identity
@@ -59,7 +60,8 @@ class Agent:
         self.provider = provider
         self.options = options
         self.identity = options.identity or default_identity()
-        self.informers = SharedInformers(rest)
+        # Its claims and the Secrets it writes, whole (less bookkeeping): not the provider's cached forms.
+        self.informers = SharedInformers(rest, forms=lambda _resource: without_bookkeeping)
         self.claims = self.informers.informer(CLAIMS, options.watch_namespace)
         self.secrets = self.informers.informer(SECRETS, options.watch_namespace, label_selector=OWNED_SECRETS_SELECTOR)
         self.syncer = Syncer(rest, self.claims, self.secrets, provider, ClaimEvents(rest, self.identity))

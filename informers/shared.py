@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes.client import ApiClient
@@ -28,12 +29,20 @@ class SharedInformers:
     runs like the others but is not waited for: `has_synced`, `wait_for_sync` and `unsynced` are about
     the required ones, so a missing CRD keeps no replica from starting and no API from serving.
 
-    Each informer keeps of its kind only what domain.cached says (a credentials Secret: its metadata and a
-    digest, never its data).
+    Each informer keeps of its kind what `forms` gives for its resource: by default what domain.cached says
+    the provider reads (a credentials Secret: its metadata and a digest, never its data). A process that
+    reads other fields of the same kinds (the agent: the Secrets it writes, whole) passes its own.
     """
 
-    def __init__(self, api_client: ApiClient | Rest, **informer_options: Any) -> None:
+    def __init__(
+        self,
+        api_client: ApiClient | Rest,
+        *,
+        forms: Callable[[Resource], Callable[[dict[str, Any]], dict[str, Any]]] = cached_form,
+        **informer_options: Any,
+    ) -> None:
         self.rest = api_client if isinstance(api_client, Rest) else Rest(api_client)
+        self._forms = forms
         self._options = informer_options
         self._informers: dict[_Key, Informer] = {}
         self._named: dict[tuple[Resource, str, str | None], NamedObjects] = {}
@@ -64,7 +73,7 @@ class SharedInformers:
                     label_selector=label_selector,
                     field_selector=field_selector,
                     metadata_only=metadata_only,
-                    **{"transform": cached_form(resource), **self._options},
+                    **{"transform": self._forms(resource), **self._options},
                 )
                 self._informers[key] = informer
                 if self._started:
