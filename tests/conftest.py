@@ -39,10 +39,10 @@ SERVER_FIXTURES = frozenset(
         "patroni16",
     }
 )
-# Suites that kill or pause processes and measure recovery, run a real Prometheus on its own clock, or
-# roll pods on a one-node Kubernetes while a client counts failed calls: `make test` runs them after the
-# others, alone on the machine, never beside another worker.
-SERIAL_SUITES = frozenset({"faults", "alerts", "cluster"})
+# Suites that kill or pause processes and measure recovery (a Patroni switchover, failover or lost DCS among
+# them), run a real Prometheus on its own clock, or roll pods on a one-node Kubernetes while a client counts
+# failed calls: `make test` runs them after the others, alone on the machine, never beside another worker.
+SERIAL_SUITES = frozenset({"faults", "alerts", "cluster", "patroni"})
 # Suites that need no server but build a wheel and a virtualenv (about 40 s of CPU): in `make test`, not in
 # the inner loop (`make test-fast` leaves out `slow`).
 SLOW_SUITES = frozenset({"packaging"})
