@@ -72,15 +72,15 @@ class LoginCheck:
             ) from None
         if not bound and ANNOTATION_RESTORE_TENANT not in database.annotations:
             # A restored tenant is not new: its consumer had its credentials, and its data is there.
-            self._take_back(database, shard, login)
+            self._take_back(database, shard, spec, login)
 
-    def _take_back(self, database: Database, shard: dict[str, Any], login: TenantLogin) -> None:
+    def _take_back(self, database: Database, shard: dict[str, Any], spec: ShardSpec, login: TenantLogin) -> None:
         """After an unbound login: the tenant's password set again, its sessions ended, and its role and
         database checked; anything found keeps the database from turning Ready."""
         found: list[str] = []
 
         def seal(session: AdminSession) -> None:
-            found.extend(seal_first_login(session, database.tenant, login.password))
+            found.extend(seal_first_login(session, database.tenant, login.password, pooler=spec.client.pooler))
 
         self.sql.run(database, shard, Phase.PROVISIONING, DatabaseReason.LOGIN_FAILED, seal)
         if found:

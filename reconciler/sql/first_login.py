@@ -23,6 +23,7 @@ import psycopg
 from psycopg import sql
 
 from domain.settings import SETTINGS
+from domain.specs import Pooler
 from reconciler.sql import errors
 from reconciler.sql.errors import SqlFailure
 from reconciler.sql.roles import end_sessions, has_sessions
@@ -33,15 +34,23 @@ from reconciler.sql.tenant_login import OPERATION
 ATTEMPTS = SETTINGS.sql.blocked_attempts
 
 # Counts of what the provider did not make: dependencies on roles recorded in the tenant's database
-# (objects owned by a role, grants and policies naming one), of the tenant's role anywhere but its
-# ownership of its database, and grants on the database to other roles; parameters set for the
-# database or the role; prepared transactions of either; a connection limit on the database.
+# (objects owned by a role, grants and policies naming one) that its template does not have (behind a
+# pooler a tenant database is a copy of the Shard's `client.pooler.template`, with the same objects under
+# the same OIDs), of the tenant's role anywhere but its ownership of its database, and grants on the
+# database to other roles than the pooler's auth user; parameters set for the database or the role;
+# prepared transactions of either; a connection limit on the database.
 _FOREIGN = """
 SELECT (SELECT count(*) FROM pg_catalog.pg_shdepend s
-         WHERE s.dbid = d.oid
+         WHERE (s.dbid = d.oid AND NOT EXISTS (
+                 SELECT 1 FROM pg_catalog.pg_shdepend t JOIN pg_catalog.pg_database td ON td.oid = t.dbid
+                  WHERE td.datname = %(template)s AND t.classid = s.classid AND t.objid = s.objid
+                    AND t.objsubid = s.objsubid AND t.refclassid = s.refclassid AND t.refobjid = s.refobjid
+                    AND t.deptype = s.deptype))
             OR (s.refclassid = 'pg_catalog.pg_authid'::regclass AND s.refobjid = r.oid
                 AND NOT (s.classid = 'pg_catalog.pg_database'::regclass AND s.objid = d.oid AND s.deptype = 'o'))
-            OR (s.classid = 'pg_catalog.pg_database'::regclass AND s.objid = d.oid AND s.deptype <> 'o')),
+            OR (s.classid = 'pg_catalog.pg_database'::regclass AND s.objid = d.oid AND s.deptype <> 'o'
+                AND s.refobjid IS DISTINCT FROM (SELECT a.oid FROM pg_catalog.pg_roles a
+                                                  WHERE a.rolname = %(auth_user)s))),
        (SELECT count(*) FROM pg_catalog.pg_db_role_setting x WHERE x.setdatabase = d.oid OR x.setrole = r.oid),
        (SELECT count(*) FROM pg_catalog.pg_prepared_xacts p WHERE p.owner = r.rolname OR p.database = d.datname),
        d.datconnlimit <> -1
@@ -51,10 +60,16 @@ SELECT (SELECT count(*) FROM pg_catalog.pg_shdepend s
 """
 
 
-def findings(conn: psycopg.Connection, name: str) -> list[str]:
-    """What the tenant's role and database hold that the provider did not make (empty: nothing)."""
+def findings(conn: psycopg.Connection, name: str, pooler: Pooler | None = None) -> list[str]:
+    """What the tenant's role and database hold that the provider did not make (empty: nothing); behind a
+    declared `pooler`, its template's objects and the auth user's CONNECT are the provider's doing."""
     state = read_state(conn, name)
-    row = conn.execute(_FOREIGN, {"name": name}).fetchone()
+    params = {
+        "name": name,
+        "template": pooler.template if pooler is not None else None,
+        "auth_user": pooler.auth_user if pooler is not None else None,
+    }
+    row = conn.execute(_FOREIGN, params).fetchone()
     if row is None or not state.open:
         return ["the database's privileges or its ALLOW_CONNECTIONS are not the provider's"]
     objects, settings, prepared, limited = row
@@ -70,7 +85,9 @@ def findings(conn: psycopg.Connection, name: str) -> list[str]:
     return found
 
 
-def seal_first_login(admin: Admin, name: str, password: str, *, timeout: float = OPERATION_TIMEOUT) -> list[str]:
+def seal_first_login(
+    admin: Admin, name: str, password: str, *, pooler: Pooler | None = None, timeout: float = OPERATION_TIMEOUT
+) -> list[str]:
     """Take the tenant back after an unbound first login and return `findings` (see the module docstring).
 
     Fails (operation "login") with `conflict` when sessions of the tenant keep appearing.
@@ -88,7 +105,7 @@ def seal_first_login(admin: Admin, name: str, password: str, *, timeout: float =
                 conn.execute(set_password)
                 end_sessions(conn, name, state.role_oid)
             if not has_sessions(conn, state.role_oid):
-                return findings(conn, name)
+                return findings(conn, name, pooler)
         raise SqlFailure(
             OPERATION, errors.CONFLICT, detail="sessions as the tenant kept appearing while its password was set again"
         )
