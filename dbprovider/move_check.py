@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from urllib3.exceptions import HTTPError
 
 from dbprovider.clitools import EXIT_FINDINGS, EXIT_INVALID, EXIT_OK
-from dbprovider.upgrade_facts import _config
+from dbprovider.upgrade_facts import live_install_config
 from domain.admin_access import OutsidePod
 from domain.objects import lenient_status
 from domain.resources import DATABASES, SHARDS
@@ -105,7 +105,7 @@ def read_shards(args: argparse.Namespace) -> Shards:
     try:
         with kubernetes.config.new_client_from_config(config_file=args.kubeconfig) as client:
             rest = Rest(client)
-            config, _, source = _config(rest, args.namespace, args.release, None)
+            config, _, source = live_install_config(rest, args.namespace, args.release, None)
             if config is None:
                 raise CheckError(f"the install config in {source} is invalid")
             policy = AdminPolicy.from_config(config, outside.ca_file)

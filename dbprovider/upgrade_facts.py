@@ -161,7 +161,7 @@ def _get(rest: Rest, path: str) -> dict[str, Any] | None:
 
 
 def _read(rest: Rest, namespace: str, release: str, config_file: str | None) -> LiveInstall:
-    config, problems, source = _config(rest, namespace, release, config_file)
+    config, problems, source = live_install_config(rest, namespace, release, config_file)
     deployment = _get(rest, f"/apis/apps/v1/namespaces/{namespace}/deployments/{release}")
     crds = {}
     for plural in CRDS:
@@ -176,7 +176,7 @@ def _read(rest: Rest, namespace: str, release: str, config_file: str | None) -> 
     return LiveInstall(namespace, release, config, problems, source, deployment, shards, consumers, databases, crds)
 
 
-def _config(
+def live_install_config(
     rest: Rest, namespace: str, release: str, config_file: str | None
 ) -> tuple[InstallConfig | None, list[tuple[str, str]], str]:
     """The install config this release will run with: the given values file, else the live ConfigMap's
