@@ -5,7 +5,8 @@ The rule: the usable shard (of the engine, accepting, Ready, not being deleted, 
 shard's connection budget (domain.connection_budget.fits); ties go to the smallest name. The count
 per shard is the number of Database objects placed there (Deleting ones included: they still hold
 a slot until they are dropped), the committed connections their limits. A Shard whose spec does
-not validate, or whose budget was never read, is never a candidate.
+not validate, whose budget was never read, or whose admin Secret this install may not read (not in
+shardSecrets: no SQL could ever run there, whatever its status says) is never a candidate.
 
 `PlacementIndex` keeps the usable shards of each engine ordered by (count, name), updated by the
 Shard and Database informers' events, so placing one database costs the same with 20 or 200
@@ -50,6 +51,7 @@ class ShardCandidate:
     max_databases: int
     being_deleted: bool = False
     connection_budget: int | None = None  # status.connectionBudget; None: not read yet
+    admin_secret: tuple[str, str] = ("", "")  # (namespace, name) of spec.admin.secretRef
 
     @classmethod
     def from_object(cls, shard: Mapping[str, Any]) -> ShardCandidate:
@@ -67,6 +69,7 @@ class ShardCandidate:
             max_databases=spec.max_databases,
             being_deleted=parsed.metadata.deleting,
             connection_budget=status.connection_budget,
+            admin_secret=(spec.admin.secret_ref.namespace, spec.admin.secret_ref.name),
         )
 
     def open(self) -> bool:
@@ -100,10 +103,13 @@ class PlacementIndex:
         self,
         database_shard: Callable[[Obj], Iterable[str]],
         database_limit: Callable[[Obj], int | None] = lambda _: None,
+        may_read_admin_secret: Callable[[str, str], bool] = lambda _namespace, _name: True,
     ) -> None:
-        """`database_limit`: the CONNECTION LIMIT a Database commits (domain.connection_budget.database_limit)."""
+        """`database_limit`: the CONNECTION LIMIT a Database commits (domain.connection_budget.database_limit);
+        `may_read_admin_secret(namespace, name)`: InstallConfig.may_read_admin_secret."""
         self._database_shard = database_shard
         self._database_limit = database_limit
+        self._may_read_admin_secret = may_read_admin_secret
         self._lock = threading.Lock()
         self._candidates: dict[str, ShardCandidate] = {}
         self._counts: Counter[str] = Counter()  # placed (cache) + reserved, per shard
@@ -227,11 +233,19 @@ class PlacementIndex:
                 self._suspects.discard(name)
             else:
                 try:
-                    self._candidates[name] = ShardCandidate.from_object(new)
+                    candidate: ShardCandidate | None = ShardCandidate.from_object(new)
                 except ValidationError:
                     # Never placed on, and no transient lack either: the Shard controller reports it
                     # (Ready False, "the Shard's spec is invalid") until the spec is fixed.
+                    candidate = None
+                if candidate is not None and not self._may_read_admin_secret(*candidate.admin_secret):
+                    # Never placed on either: this install would never connect (AdminSecretInvalid), even
+                    # while another install sharing the cluster-scoped Shard reports it Ready.
+                    candidate = None
+                if candidate is None:
                     self._candidates.pop(name, None)
+                else:
+                    self._candidates[name] = candidate
             self._refresh(name)
 
     def database_event(self, event_type: str, old: Obj | None, new: Obj | None) -> None:
@@ -281,4 +295,6 @@ class PlacementIndex:
 def placement_index(config: InstallConfig, shards: Informer, databases: Informer) -> PlacementIndex:
     """The index on the informers, before any handler that enqueues Databases (a woken worker places with
     the event applied)."""
-    return PlacementIndex(database_shard, partial(database_limit, config=config)).watch(shards, databases)
+    return PlacementIndex(database_shard, partial(database_limit, config=config), config.may_read_admin_secret).watch(
+        shards, databases
+    )

@@ -27,7 +27,7 @@ from harness import KubeControlPlane
 from informers import SECRETS, Rest
 from infra.render import render_agent_manifests
 from tests.support.common import unique, wait_for
-from tests.support.devstack import install_stack
+from tests.support.devstack import install_stack, remove_stack
 from tests.support.kubeapi import KubeApi, apply_all
 from tests.support.manager_process import ManagerProcess
 
@@ -41,7 +41,7 @@ class Provider(ManagerProcess):
 
     def __init__(self, stack: DevStack, log_dir: Path) -> None:
         self.stack, self.log_dir, self.starts = stack, log_dir, 0
-        super().__init__("agenttest-provider", log_dir / "provider-0.log", str(stack.ca_file))
+        super().__init__("agent-provider", log_dir / "provider-0.log", str(stack.ca_file))
         self.api_port, self.metrics_port = stack.api_port, stack.metrics_port
 
     def start(self) -> Provider:
@@ -105,9 +105,10 @@ class Consumer:
 
 @pytest.fixture(scope="package")
 def stack(kube: KubeControlPlane, postgres_pool: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStack]:
-    created = install_stack(kube, postgres_pool.get("18"), tmp_path_factory.mktemp("agent-provider"), "agenttest")
+    # A release name of its own each time the package sets up (pytest-xdist may run its files apart).
+    created = install_stack(kube, postgres_pool.get("18"), tmp_path_factory.mktemp("agent-provider"), unique("agent"))
     yield created
-    created.unregister()
+    remove_stack(kube, created)
 
 
 @pytest.fixture(scope="package")

@@ -399,3 +399,20 @@ def test_a_suspended_shard_that_is_deleted_is_forgotten() -> None:
     index.shard_event("DELETED", shard("a"), None)
     index.shard_event("ADDED", None, shard("a", rv=3))
     assert index.choose("postgres") == "a"
+
+
+def test_a_shard_whose_admin_secret_this_install_may_not_read_is_never_chosen() -> None:
+    """Shards are cluster-scoped: another install's Ready Shard, with an admin Secret outside this one's
+    shardSecrets, would only fail every SQL step here (AdminSecretInvalid)."""
+    config = load_install_config(
+        {"tls": {"secretName": "t"}, "shardSecrets": [{"namespace": "dbprovider", "name": "ours-admin"}]}
+    )
+    index = PlacementIndex(database_shard, LIMIT, config.may_read_admin_secret)
+    for name in ("ours", "theirs"):
+        index.shard_event("ADDED", None, shard(name))
+    for i in range(3):
+        index.database_event("ADDED", None, database(i, "ours"))
+    assert index.choose("postgres") == "ours"  # the emptier shard is not this install's
+    assert index.not_ready("postgres") == []
+    index.shard_event("MODIFIED", shard("theirs"), shard("theirs", max_databases=20, rv=2))
+    assert [index.reserve("postgres", f"db{i}.c") for i in range(3, 5)] == ["ours", "ours"]

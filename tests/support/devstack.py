@@ -7,7 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from dbprovider.devstack import DevStack
+from domain.resources import CONSUMERS, SHARDS
 from harness import KubeControlPlane, PostgresServer
+from informers import Rest
+from tests.support.fleet import ignore_missing
 
 
 def install_stack(
@@ -36,3 +39,14 @@ def install_stack(
         consumer=f"{release}-consumer",
         shard=shard or f"{release}-pg",
     ).install()
+
+
+def remove_stack(kube: KubeControlPlane, stack: DevStack) -> None:
+    """Delete the stack's cluster-scoped Shard and Consumer once its provider has stopped, finalizers included
+    (no provider of that release is left to release them): other suites' installs on the same apiserver
+    must not meet them."""
+    with kube.admin_client() as client:
+        rest = Rest(client)
+        for resource, name in ((SHARDS, stack.shard), (CONSUMERS, stack.consumer)):
+            ignore_missing(lambda: rest.delete(resource, name))  # noqa: B023 (called at once)
+            ignore_missing(lambda: rest.patch(resource, name, {"metadata": {"finalizers": None}}))  # noqa: B023

@@ -30,7 +30,7 @@ OLD_ELECTOR = textwrap.dedent(
     """
     import sys, threading
     import kubernetes
-    from informers.leader import LeaderElector
+    from reconciler.runtime.leader import LeaderElector  # where the previous release has it
 
     kubeconfig, namespace, name, identity, lease, renew, retry = sys.argv[1:]
     client = kubernetes.config.new_client_from_config(config_file=kubeconfig)
