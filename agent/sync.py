@@ -71,6 +71,12 @@ REFUSALS = {
     "invalid_external_id": "InvalidDatabaseId",
     "invalid_body": "InvalidSpec",
 }
+# The API's error codes of a refused undelete, as the claim's Ready message says them.
+UNDELETE_REFUSALS = {
+    "undelete_not_allowed": "the provider does not allow undoing a delete",
+    "database_gone": "it is being dropped",
+    "quota_exceeded": "undoing the delete would exceed the consumer's quota",
+}
 # Refusals that the consumer's other databases decide: asked again as soon as the provider's list changed.
 RETRY_ON_CHANGE = frozenset({"quota_exceeded", "database_deleting", "database_gone"})
 PHASES = {
@@ -214,43 +220,34 @@ class Syncer:
         predecessor was deleted) asks the provider to undo the delete; where that is refused it waits, and
         once the database is dropped the claim gets a new one. A claim that had the database's Secret never
         undoes a delete made out from under it (by an operator, or the API directly)."""
+        owned_before = claim.status.binding is not None
+        if not owned_before and not self._refused_lately(self._undelete_refused, claim, report.now):
+            try:
+                restored = self.provider.undelete(db_id)
+            except ProviderError as exc:
+                if exc.transient or exc.status == 401:
+                    raise
+                before = self._undelete_refused.get(claim.key)
+                self._undelete_refused[claim.key] = _Refused(claim.metadata.generation, report.now, exc.code, self.etag)
+                if before is None or before.code != exc.code:
+                    refusal = f"the provider refused to undelete {db_id} ({exc.code})"
+                    self.events.record(claim, "UndeleteRefused", refusal, warning=True)
+            else:
+                self._undelete_refused.pop(claim.key, None)
+                self.items[db_id] = restored
+                report.of_view(db_id, restored)
+                report.condition(READY, False, "Undeleting", f"the provider is bringing database {db_id} back")
+                self.events.record(claim, "Undeleted", f"the delete of database {db_id} was undone")
+                return
         drop_after = view.get("dropAfter") or "the end of the retention window"
-        waiting = f"database {db_id} is being deleted until {drop_after}; this claim gets a new database after that"
-        if claim.status.binding is not None or self._refused_lately(self._undelete_refused, claim, report.now):
-            reason = "DatabaseDeleting" if claim.status.binding is not None else self._waiting_reason(claim)
-            report.condition(READY, False, reason, self._waiting_message(claim, db_id, waiting))
+        message = f"database {db_id} is being deleted until {drop_after}; this claim gets a new database after that"
+        refused = None if owned_before else self._undelete_refused.get(claim.key)
+        if refused is None:
+            report.condition(READY, False, "DatabaseDeleting", message)
             return
-        try:
-            restored = self.provider.undelete(db_id)
-        except ProviderError as exc:
-            if exc.transient or exc.status == 401:
-                raise
-            before = self._undelete_refused.get(claim.key)
-            self._undelete_refused[claim.key] = _Refused(claim.metadata.generation, report.now, exc.code, self.etag)
-            report.condition(READY, False, self._waiting_reason(claim), self._waiting_message(claim, db_id, waiting))
-            if before is None or before.code != exc.code:
-                self.events.record(claim, "UndeleteRefused", f"the provider refused to undelete {db_id} ({exc.code})")
-            return
-        self._undelete_refused.pop(claim.key, None)
-        self.items[db_id] = restored
-        report.of_view(db_id, restored)
-        report.condition(READY, False, "Undeleting", f"the provider is bringing database {db_id} back")
-        self.events.record(claim, "Undeleted", f"the delete of database {db_id} was undone")
-
-    def _waiting_reason(self, claim: ClaimObject) -> str:
-        refused = self._undelete_refused.get(claim.key)
-        return "QuotaExceeded" if refused is not None and refused.code == "quota_exceeded" else "DatabaseDeleting"
-
-    def _waiting_message(self, claim: ClaimObject, db_id: str, waiting: str) -> str:
-        refused = self._undelete_refused.get(claim.key)
-        if claim.status.binding is not None or refused is None:
-            return waiting
-        why = {
-            "undelete_not_allowed": "the provider does not allow undoing a delete",
-            "database_gone": "it is being dropped",
-            "quota_exceeded": "undoing the delete would exceed the consumer's quota",
-        }.get(refused.code, f"the provider refused to undo the delete ({refused.code})")
-        return f"{waiting} ({why})"
+        why = UNDELETE_REFUSALS.get(refused.code, f"the provider refused to undo the delete ({refused.code})")
+        reason = "QuotaExceeded" if refused.code == "quota_exceeded" else "DatabaseDeleting"
+        report.condition(READY, False, reason, f"{message} ({why})")
 
     def _keep_secret(self, claim: ClaimObject, db_id: str, view: View, report: _Report) -> bool:
         """The Secret at the provider's credentialsVersion (fetched only when it moved); True: try again soon."""
