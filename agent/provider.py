@@ -94,6 +94,10 @@ class Provider:
                 return None
             raise
 
+    def undelete(self, external_id: str) -> View:
+        """POST /v1/databases/{id}/undelete: withdraw the delete of a database not dropped yet (if allowed)."""
+        return self._call("POST", f"/v1/databases/{external_id}/undelete", body={}, ok=(202,))[1]
+
     def credentials(self, external_id: str) -> dict[str, Any]:
         """GET /v1/databases/{id}/credentials."""
         return self._call("GET", f"/v1/databases/{external_id}/credentials", ok=(200,))[1]

@@ -5,7 +5,10 @@ nothing changed: one cheap request, whatever the number of claims), then, from t
 caches of the claims and of the agent's Secrets, does per claim only what changed:
 
 - a claim whose database the provider does not have: PUT (create); refusals (unknown size class,
-  quota, a database being deleted) become the claim's Ready condition, retried now and then;
+  quota, a database being deleted) become the claim's Ready condition, retried now and then (those that
+  depend on the consumer's other databases also as soon as the list changed);
+- a claim that never had its Secret whose database is being deleted (a claim re-created after its
+  predecessor was deleted): POST undelete, where the provider allows it; else it waits for the drop;
 - a Ready database whose credentialsVersion differs from the one in the claim's Secret: GET the
   credentials and write the Secret (only on a difference; never a Secret that is not the claim's);
 - a new value of the rotate annotation, or a rotation interval that has passed: POST rotate;
@@ -68,6 +71,14 @@ REFUSALS = {
     "invalid_external_id": "InvalidDatabaseId",
     "invalid_body": "InvalidSpec",
 }
+# The API's error codes of a refused undelete, as the claim's Ready message says them.
+UNDELETE_REFUSALS = {
+    "undelete_not_allowed": "the provider does not allow undoing a delete",
+    "database_gone": "it is being dropped",
+    "quota_exceeded": "undoing the delete would exceed the consumer's quota",
+}
+# Refusals that the consumer's other databases decide: asked again as soon as the provider's list changed.
+RETRY_ON_CHANGE = frozenset({"quota_exceeded", "database_deleting", "database_gone"})
 PHASES = {
     "Provisioning": ClaimPhase.PROVISIONING,
     "Ready": ClaimPhase.READY,
@@ -99,6 +110,8 @@ class PassResult:
 class _Refused:
     generation: int | None
     at: datetime
+    code: str = ""
+    etag: str | None = None  # the provider's list when refused
 
 
 @dataclass
@@ -115,7 +128,8 @@ class Syncer:
     refused_retry: timedelta = REFUSED_RETRY
     etag: str | None = None
     items: dict[str, View] = field(default_factory=dict)
-    _refused: dict[str, _Refused] = field(default_factory=dict)
+    _refused: dict[str, _Refused] = field(default_factory=dict)  # claim key -> its last refused create
+    _undelete_refused: dict[str, _Refused] = field(default_factory=dict)  # ... and refused undelete
 
     def run_pass(self) -> PassResult:
         claims = list(self._parsed(self.claims.list()))
@@ -162,7 +176,7 @@ class Syncer:
         report = _Report(claim, now).reachable().of_view(db_id, view)
         again = False
         if view.get("deleteRequestedAt"):
-            report.condition(READY, False, "DatabaseDeleting", "the provider is deleting this database")
+            self._deleting(claim, db_id, view, report)
         elif view.get("phase") == "Ready":
             again = self._keep_secret(claim, db_id, view, report)
         else:
@@ -171,10 +185,16 @@ class Syncer:
         self._write_status(report)
         return again
 
+    def _refused_lately(self, memory: dict[str, _Refused], claim: ClaimObject, now: datetime) -> bool:
+        """Refused a moment ago, and nothing it depends on changed since: not asked again yet."""
+        refused = memory.get(claim.key)
+        if refused is None or refused.generation != claim.metadata.generation or now - refused.at >= self.refused_retry:
+            return False
+        return refused.code not in RETRY_ON_CHANGE or refused.etag == self.etag
+
     def _create(self, claim: ClaimObject, db_id: str, now: datetime) -> View | None:
-        refused = self._refused.get(claim.key)
-        if refused and refused.generation == claim.metadata.generation and now - refused.at < self.refused_retry:
-            self._write_status(_Report(claim, now).reachable())  # refused a moment ago: not asked again yet
+        if self._refused_lately(self._refused, claim, now):
+            self._write_status(_Report(claim, now).reachable())
             return None
         try:
             view = self.provider.ensure(db_id, claim.spec.size_class)
@@ -182,7 +202,7 @@ class Syncer:
             if exc.transient or exc.status == 401:
                 raise
             reason = REFUSALS.get(exc.code, "Refused")
-            self._refused[claim.key] = _Refused(claim.metadata.generation, now)
+            self._refused[claim.key] = _Refused(claim.metadata.generation, now, exc.code, self.etag)
             report = _Report(claim, now).reachable()
             report.fields(phase=ClaimPhase.PENDING, database_id=db_id)
             report.condition(READY, False, reason, f"the provider refused the database ({exc.code})")
@@ -190,9 +210,44 @@ class Syncer:
                 self.events.record(claim, reason, f"the provider refused database {db_id} ({exc.code})", warning=True)
             return None
         self._refused.pop(claim.key, None)
+        self._undelete_refused.pop(claim.key, None)
         self.items[db_id] = view
         self.events.record(claim, "Created", f"database {db_id} requested from the provider")
         return view
+
+    def _deleting(self, claim: ClaimObject, db_id: str, view: View, report: _Report) -> None:
+        """The claim's database is being deleted. A claim that never had its Secret (one re-created after its
+        predecessor was deleted) asks the provider to undo the delete; where that is refused it waits, and
+        once the database is dropped the claim gets a new one. A claim that had the database's Secret never
+        undoes a delete made out from under it (by an operator, or the API directly)."""
+        owned_before = claim.status.binding is not None
+        if not owned_before and not self._refused_lately(self._undelete_refused, claim, report.now):
+            try:
+                restored = self.provider.undelete(db_id)
+            except ProviderError as exc:
+                if exc.transient or exc.status == 401:
+                    raise
+                before = self._undelete_refused.get(claim.key)
+                self._undelete_refused[claim.key] = _Refused(claim.metadata.generation, report.now, exc.code, self.etag)
+                if before is None or before.code != exc.code:
+                    refusal = f"the provider refused to undelete {db_id} ({exc.code})"
+                    self.events.record(claim, "UndeleteRefused", refusal, warning=True)
+            else:
+                self._undelete_refused.pop(claim.key, None)
+                self.items[db_id] = restored
+                report.of_view(db_id, restored)
+                report.condition(READY, False, "Undeleting", f"the provider is bringing database {db_id} back")
+                self.events.record(claim, "Undeleted", f"the delete of database {db_id} was undone")
+                return
+        drop_after = view.get("dropAfter") or "the end of the retention window"
+        message = f"database {db_id} is being deleted until {drop_after}; this claim gets a new database after that"
+        refused = None if owned_before else self._undelete_refused.get(claim.key)
+        if refused is None:
+            report.condition(READY, False, "DatabaseDeleting", message)
+            return
+        why = UNDELETE_REFUSALS.get(refused.code, f"the provider refused to undo the delete ({refused.code})")
+        reason = "QuotaExceeded" if refused.code == "quota_exceeded" else "DatabaseDeleting"
+        report.condition(READY, False, reason, f"{message} ({why})")
 
     def _keep_secret(self, claim: ClaimObject, db_id: str, view: View, report: _Report) -> bool:
         """The Secret at the provider's credentialsVersion (fetched only when it moved); True: try again soon."""

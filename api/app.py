@@ -30,6 +30,7 @@ from api.routes import (
     Health,
     OpenApiDocument,
     Readiness,
+    Undelete,
 )
 from api.store import DatabaseStore
 from domain.config import InstallConfig
@@ -43,6 +44,7 @@ ROUTE_DATABASES = "/v1/databases"
 ROUTE_DATABASE = "/v1/databases/{externalId}"
 ROUTE_CREDENTIALS = "/v1/databases/{externalId}/credentials"
 ROUTE_ROTATE = "/v1/databases/{externalId}/credentials/rotate"
+ROUTE_UNDELETE = "/v1/databases/{externalId}/undelete"
 
 
 def load_openapi(path: Path = OPENAPI_PATH) -> tuple[bytes, bytes]:
@@ -80,6 +82,7 @@ def create_app(
     app.add_route(ROUTE_DATABASE, Database(config, store, max_body_bytes))
     app.add_route(ROUTE_CREDENTIALS, DatabaseCredentials(store))
     app.add_route(ROUTE_ROTATE, CredentialsRotation(config, store, max_body_bytes))
+    app.add_route(ROUTE_UNDELETE, Undelete(config, store, max_body_bytes))
     app.add_route(SETTINGS.probes.liveness, Health())  # the Deployment probes these paths
     app.add_route(SETTINGS.probes.readiness, Readiness([store.ready, tokens.ready, *ready_checks]))
     yaml_bytes, json_bytes = load_openapi(openapi_path)

@@ -66,6 +66,24 @@ class DatabaseDeleting(
     """A PUT of a database whose deletion was requested: it is not brought back."""
 
 
+class UndeleteNotAllowed(
+    ApiError,
+    status=falcon.HTTP_403,
+    code="undelete_not_allowed",
+    message="this provider does not let consumers undo a delete; its operators can recover the database",
+):
+    """An undelete while the install's softDelete.allowUndelete is off (answered before any lookup)."""
+
+
+class DatabaseGone(
+    ApiError,
+    status=falcon.HTTP_410,
+    code="database_gone",
+    message="the database is dropped or about to be: its retention window is over and it cannot be brought back",
+):
+    """An undelete of a database that is dropped, past (or within moments of) its dropAfter, or being removed."""
+
+
 class NotReady(ApiError, status=falcon.HTTP_409, code="not_ready", message="the database is not ready"):
     """Credentials or a rotation asked of a database that is not Ready (or on its way out)."""
 

@@ -77,6 +77,12 @@ def parse_rotate_body(raw: bytes, content_type: str | None) -> bool:
     return terminate
 
 
+def parse_empty_body(raw: bytes, content_type: str | None) -> None:
+    """A body that takes no fields (undelete): empty or `{}`."""
+    if _json_object(raw, content_type, ()):
+        raise InvalidBody("this request takes no fields")
+
+
 def parse_create_body(raw: bytes, content_type: str | None, config: InstallConfig) -> CreateDatabase:
     """Validate the PUT body: empty or a JSON object with optional `sizeClass` and `engine`, nothing else.
 

@@ -8,7 +8,7 @@ from typing import Any
 import falcon
 
 from api.errors import PayloadTooLarge, Unavailable
-from api.models import database_view, list_etag, parse_create_body, parse_rotate_body
+from api.models import database_view, list_etag, parse_create_body, parse_empty_body, parse_rotate_body
 from api.store import DatabaseStore
 from domain.config import InstallConfig
 from domain.objects import DatabaseObject
@@ -116,6 +116,15 @@ class CredentialsRotation(_DatabaseAction):
     def on_post(self, req: falcon.Request, resp: falcon.Response, externalId: str) -> None:  # noqa: N803
         end_sessions = parse_rotate_body(read_body(req, self.max_body_bytes), req.content_type)
         db = self.store.request_rotation(req.context.consumer, externalId, end_sessions)
+        self._answer(resp, db, falcon.HTTP_202)
+
+
+class Undelete(_DatabaseAction):
+    """POST /v1/databases/{externalId}/undelete: bring a soft-deleted database back (if the install allows it)."""
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response, externalId: str) -> None:  # noqa: N803
+        parse_empty_body(read_body(req, self.max_body_bytes), req.content_type)
+        db = self.store.request_undelete(req.context.consumer, externalId)
         self._answer(resp, db, falcon.HTTP_202)
 
 

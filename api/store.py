@@ -49,13 +49,17 @@ from api.errors import (
     KUBE_API_SLOW,
     CredentialsUnavailable,
     DatabaseDeleting,
+    DatabaseGone,
     NotFound,
     NotReady,
+    QuotaExceeded,
     Unauthorized,
     Unavailable,
+    UndeleteNotAllowed,
 )
 from api.models import CreateDatabase, Credentials, is_delete_requested, is_ready, read_database
 from api.quota_ledgers import QuotaLedgers
+from domain.conditions import condition_is_true
 from domain.config import InstallConfig
 from domain.constants import (
     ANNOTATION_DELETE_REQUESTED_AT,
@@ -67,6 +71,8 @@ from domain.constants import (
     KIND_DATABASE,
     LABEL_CONSUMER,
     LABEL_EXTERNAL_ID,
+    DatabaseConditionType,
+    Phase,
 )
 from domain.credentials import (
     credentials_version,
@@ -80,10 +86,11 @@ from domain.credentials import (
 from domain.metadata import object_name
 from domain.naming import credentials_secret_name, database_object_name, label_value, validate_external_id
 from domain.objects import DatabaseObject, Obj
+from domain.quota import counts_against_quota
 from domain.resources import BY_CONSUMER, CONSUMERS, DATABASES, database_consumer
 from domain.settings import SETTINGS, QuotaTimings
 from domain.specs import DatabaseSpec, database_consumer_name, database_external_id, parse_consumer
-from domain.timefmt import format_micro_time
+from domain.timefmt import format_micro_time, parse_time
 from informers import SECRETS, Informer, Resource, Rest, SharedInformers
 from informers.informer import resource_version_of
 
@@ -101,6 +108,9 @@ PASSWORD_PENDING = "a new password is pending"  # a _read_credentials problem th
 REQUEST_BUDGET = 1.0
 # Seconds of a read's live fallback (a cache miss): as before this budget, a slow answer is still one.
 READ_BUDGET = 5.0
+# An undelete is refused from this long before dropAfter on: the leader drops the tenant at dropAfter from
+# its cache, and the removed annotation must reach that cache first (a watch event takes milliseconds).
+UNDELETE_CUTOFF = timedelta(seconds=30)
 # Credentials Secrets read for the API kept in memory (the most recently fetched; the cache holds no data).
 SECRETS_HELD = 1024
 
@@ -328,6 +338,55 @@ class DatabaseStore:
             return {ANNOTATION_ROTATE_REQUESTED_AT: value, ANNOTATION_ROTATE_END_SESSIONS: end}
 
         return self._annotate(consumer, external_id, decide)
+
+    def request_undelete(self, consumer: str, external_id: str) -> DatabaseObject:
+        """Remove the delete annotation of a soft-deleted database within its retention window, so the
+        reconciler re-enables the same tenant (same role, password and data); idempotent.
+
+        Refused: UndeleteNotAllowed unless softDelete.allowUndelete; NotFound once the object is gone;
+        DatabaseGone once it is dropped, being removed, or within UNDELETE_CUTOFF of dropAfter; QuotaExceeded
+        if the consumer's other counted databases already fill maxDatabases (a lowered quota): a soft-deleted
+        database keeps its quota slot, so within the quota an undelete needs no new one.
+        """
+        self._object_name(consumer, external_id)  # InvalidExternalId -> 400 before anything else
+        if not self.config.soft_delete.allow_undelete:
+            raise UndeleteNotAllowed()
+
+        def decide(db: DatabaseObject) -> dict[str, str | None] | None:
+            gone = db.status.phase == Phase.DELETED or condition_is_true(
+                db.status.conditions, DatabaseConditionType.TENANT_DROPPED
+            )
+            if gone or db.metadata.deleting:
+                raise DatabaseGone()
+            requested = db.metadata.annotations.get(ANNOTATION_DELETE_REQUESTED_AT)
+            if requested is None:
+                return None  # not being deleted, or already brought back: nothing to undo
+            now = self.clock()
+            drop_after = db.status.drop_after or (parse_time(requested) or now) + self.config.soft_delete.retention
+            if now >= drop_after - UNDELETE_CUTOFF:
+                raise DatabaseGone()
+            self._check_quota_for_undelete(consumer, external_id)
+            return {ANNOTATION_DELETE_REQUESTED_AT: None}
+
+        return self._annotate(consumer, external_id, decide)
+
+    def _check_quota_for_undelete(self, consumer: str, external_id: str) -> None:
+        """QuotaExceeded if the consumer's other databases (Deleting ones count) already fill maxDatabases.
+
+        No ledger write: the database keeps its slot while it is deleted and a concurrent create can only
+        take a free one, so an undelete never brings the count past maxDatabases on any replica."""
+        limit = self._limit_of(consumer)
+        if limit is None:
+            return
+        others = sum(
+            1
+            for other_id, obj in self._cached_by_external_id(consumer).items()
+            if other_id != external_id and counts_against_quota(obj)
+        )
+        if others >= limit:
+            raise QuotaExceeded(
+                f"the quota of {limit} databases is reached; delete one or ask for a higher quota before undeleting"
+            )
 
     # -- helpers ---------------------------------------------------------------------------------
 

@@ -341,9 +341,11 @@ class DashboardConfig(ConfigModel):
 
 
 class SoftDeleteConfig(ConfigModel):
-    """How long a deleted tenant is kept disabled before it is dropped (0 = drop right away)."""
+    """How long a deleted tenant is kept disabled before it is dropped (0 = drop right away), and whether
+    consumers may undo their own delete within that window (`allowUndelete`: the API's undelete route)."""
 
     retention: Duration = timedelta(days=7)
+    allow_undelete: StrictBool = False
 
 
 def _check_scaling_bound(value: timedelta) -> timedelta:

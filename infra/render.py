@@ -124,6 +124,7 @@ ADDED_SINCE_PREVIOUS_RELEASE: tuple[tuple[str, ...], ...] = (
     ("workersTotal",),
     ("resources",),
     ("sizing",),
+    ("softDelete", "allowUndelete"),
 )
 
 

@@ -34,6 +34,9 @@ from tests.support.manager_process import ManagerProcess
 REPO = Path(__file__).resolve().parents[2]
 AGENT_NAMESPACE = "dbprovider-agent"
 POLL_SECONDS = 2
+# The provider's --quota-reservation-timeout (120 s by default): the slot of a database dropped within that
+# time of its create is freed only then, and the quota test drops one it has just made.
+RESERVATION_TIMEOUT = 10
 
 
 class Provider(ManagerProcess):
@@ -47,7 +50,8 @@ class Provider(ManagerProcess):
     def start(self) -> Provider:
         self.log = self.log_dir / f"provider-{self.starts}.log"
         self.starts += 1
-        self.spawn(self.stack.manager_argv(sys.executable), {**os.environ, **self.stack.manager_env()}, REPO)
+        argv = [*self.stack.manager_argv(sys.executable), "--quota-reservation-timeout", str(RESERVATION_TIMEOUT)]
+        self.spawn(argv, {**os.environ, **self.stack.manager_env()}, REPO)
         self.wait_ready()
         return self
 
@@ -106,7 +110,9 @@ class Consumer:
 @pytest.fixture(scope="package")
 def stack(kube: KubeControlPlane, postgres_pool: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStack]:
     # A release name of its own each time the package sets up (pytest-xdist may run its files apart).
-    created = install_stack(kube, postgres_pool.get("18"), tmp_path_factory.mktemp("agent-provider"), unique("agent"))
+    # A short retention: a deleted claim's database is dropped within the tests' patience (quota, recreation).
+    workdir = tmp_path_factory.mktemp("agent-provider")
+    created = install_stack(kube, postgres_pool.get("18"), workdir, unique("agent"), softDelete={"retention": "30s"})
     yield created
     remove_stack(kube, created)
 

@@ -34,15 +34,30 @@ def logs_in(values: dict[str, str]) -> str:
     return str(row[0])
 
 
-def provider_view(stack: DevStack, external_id: str) -> dict[str, Any]:
+def provider_get(stack: DevStack, path: str) -> dict[str, Any]:
+    """A GET of the provider's API as the consumer, which must answer 200."""
     response = requests.get(
-        f"{stack.api_url}/v1/databases/{external_id}",
+        f"{stack.api_url}{path}",
         headers={"Authorization": f"Bearer {stack.token}"},
         verify=str(stack.ca_file),
         timeout=10,
     )
     assert response.status_code == 200, response.text
     return dict(response.json())
+
+
+def provider_view(stack: DevStack, external_id: str) -> dict[str, Any]:
+    return provider_get(stack, f"/v1/databases/{external_id}")
+
+
+def provider_databases(stack: DevStack) -> list[dict[str, Any]]:
+    """The consumer's databases as the provider lists them."""
+    return list(provider_get(stack, "/v1/databases")["items"])
+
+
+def no_delete_pending(stack: DevStack) -> None:
+    """Wait until earlier tests' deletes are dropped (a drop changes the list, and frees a quota slot)."""
+    wait_for(lambda: not any(db["deleteRequestedAt"] for db in provider_databases(stack)), 120, "pending drops")
 
 
 def ready_claim(consumer: Consumer, spec: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, str]]:

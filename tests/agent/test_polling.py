@@ -16,6 +16,7 @@ from domain.tokens import hash_token
 from harness import KubeControlPlane
 from informers import SECRETS, Rest
 from tests.agent.conftest import POLL_SECONDS, Consumer, Provider
+from tests.agent.test_agent import no_delete_pending
 from tests.support.common import unique, wait_for
 
 UNKNOWN = {"sizeClass": "no-such-class"}
@@ -32,6 +33,7 @@ def test_at_rest_the_agent_sends_one_conditional_list_per_poll(
 ) -> None:
     claim = consumer.claim(unique("rest"))
     consumer.wait_condition(claim, "Ready", "True", timeout=120)
+    no_delete_pending(stack)  # a drop is a change
     seen = len(consumer_requests(provider, stack.consumer))
     # Three more polls' worth of requests, whatever they are.
     wait_for(lambda: len(consumer_requests(provider, stack.consumer)) >= seen + 4, 10 * POLL_SECONDS, "polls")

@@ -379,6 +379,20 @@ def test_delete_missing(env: ApiEnv) -> None:
     assert response.json()["error"] == "not_found"
 
 
+def test_undelete_is_refused_where_the_install_does_not_allow_it(env: ApiEnv) -> None:
+    assert env.config.soft_delete.allow_undelete is False  # the default install
+    consumer = env.ready_consumer()
+    assert env.call("PUT", path("regret"), consumer.token).status_code == 201
+    requested = env.call("DELETE", path("regret"), consumer.token).json()["deleteRequestedAt"]
+    for external_id in ("regret", "never-made"):  # the same answer whether the database exists or not
+        response = env.call("POST", path(external_id, "/undelete"), consumer.token)
+        assert response.status_code == 403
+        assert response.json()["error"] == "undelete_not_allowed"
+    db = env.database(consumer.name, "regret")
+    assert db["metadata"]["annotations"][ANNOTATION_DELETE_REQUESTED_AT] == requested  # still being deleted
+    assert env.call("PUT", path("regret"), consumer.token).json()["error"] == "database_deleting"
+
+
 # -- rotation -------------------------------------------------------------------------------------
 
 

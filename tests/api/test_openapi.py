@@ -90,6 +90,9 @@ def test_every_route_and_status_validates(env: ApiEnv, document: schemathesis.Ba
     check(one, "DELETE", "/v1/databases/walk", 202)
     check(one, "DELETE", "/v1/databases/missing", 404)
     check(one, "PUT", "/v1/databases/walk", 409)
+    undelete = one + "/undelete"
+    check(undelete, "POST", "/v1/databases/walk/undelete", 403)  # the default install does not allow it
+    check(undelete, "POST", "/v1/databases/Bad_Id/undelete", 400)
     check("/healthz", "GET", "/healthz", 200, token=None)
     check("/readyz", "GET", "/readyz", 200, token=None)
     check("/openapi.json", "GET", "/openapi.json", 200, token=None)

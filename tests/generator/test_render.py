@@ -145,6 +145,7 @@ def test_rule_without_enabled_is_refused_naming_the_key(tmp_path: Path, capsys: 
         (values(sizeClasses={"small": {"connectionLimit": "ten"}}), "sizeClasses.small.connectionLimit"),
         (values(deletionProtection={"enable": True}), "deletionProtection.enable"),
         (values(softDelete={"retention": "a week"}), "softDelete.retention"),
+        (values(softDelete={"allowUndelete": "true"}), "softDelete.allowUndelete"),
         (
             values(prometheusRule={"enabled": True, "labels": {"bad key": "x"}}),
             "prometheusRule.labels['bad key'] (key)",
@@ -266,6 +267,14 @@ def test_a_config_change_rolls_the_pods_and_reaches_the_manager() -> None:
     config_map = one(OBJECTS, "ConfigMap")
     assert load_install_config(yaml.safe_load(config_map["data"]["config.yaml"])) == load_install_config(VALUES)
     assert config_map["data"]["config.yaml"] == config_yaml(load_install_config(VALUES))
+
+
+def test_allowing_consumers_to_undelete_reaches_the_managers_config() -> None:
+    default = yaml.safe_load(one(OBJECTS, "ConfigMap")["data"]["config.yaml"])
+    assert "allowUndelete" not in default["softDelete"]  # left out while off: the previous release refuses it
+    assert load_install_config(default).soft_delete.allow_undelete is False
+    allowed = one(render_manifests(load_install_config(values(softDelete={"allowUndelete": True}))), "ConfigMap")
+    assert load_install_config(yaml.safe_load(allowed["data"]["config.yaml"])).soft_delete.allow_undelete is True
 
 
 def test_services_and_service_monitor() -> None:

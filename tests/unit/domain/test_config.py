@@ -42,6 +42,7 @@ def test_defaults() -> None:
     assert config.prometheus_rule.cluster == ""
     assert config.prometheus_rule.job_selector == ""
     assert config.soft_delete.retention == timedelta(days=7)
+    assert config.soft_delete.allow_undelete is False  # consumers cannot undo a delete unless the install says so
     assert config.engines.cloudberry.enabled is False
 
 
@@ -101,9 +102,9 @@ def test_config_is_frozen() -> None:
 
 
 def test_dump_round_trip_uses_camel_case_and_duration_strings() -> None:
-    config = load(softDelete={"retention": "36h"}, sizeClasses={"s": {"connectionLimit": 1}})
+    config = load(softDelete={"retention": "36h", "allowUndelete": True}, sizeClasses={"s": {"connectionLimit": 1}})
     dumped = config.model_dump(by_alias=True, mode="json")
-    assert dumped["softDelete"] == {"retention": "1d12h"}
+    assert dumped["softDelete"] == {"retention": "1d12h", "allowUndelete": True}
     assert dumped["tls"] == {"secretName": "dbprovider-tls"}
     assert dumped["deletionProtection"]["breakGlassGroups"] == ["system:masters"]
     assert dc.load_install_config(dumped) == config
@@ -158,6 +159,8 @@ def test_dump_round_trip_uses_camel_case_and_duration_strings() -> None:
         ({"softDelete": {"retention": 7}}, "softDelete.retention"),
         ({"softDelete": {"retention": "1w"}}, "softDelete.retention"),
         ({"softDelete": {"retention": "seven days"}}, "softDelete.retention"),
+        ({"softDelete": {"allowUndelete": "yes"}}, "softDelete.allowUndelete"),
+        ({"softDelete": {"allowUndelete": 1}}, "softDelete.allowUndelete"),
         ({"engines": {"cloudberry": {"enabled": "on"}}}, "engines.cloudberry.enabled"),
         ({"engines": {"mysql": {"enabled": True}}}, "engines.mysql"),
         ({"shardTLS": {"caBundle": {}}}, "shardTLS.caBundle"),
