@@ -22,8 +22,9 @@ from kubernetes.client.exceptions import ApiException
 
 from dbprovider.devstack import DevStack
 from domain.agent_config import load_agent_config
-from domain.resources import CLAIMS
+from domain.resources import CLAIMS, CONSUMERS
 from harness import KubeControlPlane
+from harness.process import free_port
 from informers import SECRETS, Rest
 from infra.render import render_agent_manifests
 from tests.support.common import unique, wait_for
@@ -34,6 +35,7 @@ from tests.support.manager_process import ManagerProcess
 REPO = Path(__file__).resolve().parents[2]
 AGENT_NAMESPACE = "dbprovider-agent"
 POLL_SECONDS = 2
+CONSUMER_QUOTA = 40
 
 
 class Provider(ManagerProcess):
@@ -61,6 +63,7 @@ class Consumer:
     token_file: Path
     agent: subprocess.Popen[bytes]
     agent_log: Path
+    endpoint: str  # the agent's http://127.0.0.1:<port> (/metrics, /healthz, /readyz)
 
     def claim(self, namespace: str, spec: dict[str, Any] | None = None, name: str | None = None) -> dict[str, Any]:
         """A new DatabaseClaim (in a namespace created for it)."""
@@ -107,6 +110,8 @@ class Consumer:
 def stack(kube: KubeControlPlane, postgres_pool: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStack]:
     # A release name of its own each time the package sets up (pytest-xdist may run its files apart).
     created = install_stack(kube, postgres_pool.get("18"), tmp_path_factory.mktemp("agent-provider"), unique("agent"))
+    with kube.admin_client() as client:  # room for every Ready claim of the suite (the dev Consumer has 10)
+        Rest(client).patch(CONSUMERS, created.consumer, {"spec": {"maxDatabases": CONSUMER_QUOTA}})
     yield created
     remove_stack(kube, created)
 
@@ -142,6 +147,7 @@ def consumer(
         workdir / "agent.kubeconfig", token=consumer_kube.service_account_token(AGENT_NAMESPACE, "dbprovider-agent")
     )
     log = workdir / "agent.log"
+    port = free_port()
     argv = [
         sys.executable,
         "-m",
@@ -150,6 +156,7 @@ def consumer(
         *("--provider-url", stack.api_url, "--token-file", str(token_file), "--ca-file", str(stack.ca_file)),
         *("--kubeconfig", str(kubeconfig), "--namespace", AGENT_NAMESPACE),
         *("--poll-interval", str(POLL_SECONDS), "--max-backoff", "3"),
+        *("--metrics-port", str(port), "--metrics-host", "127.0.0.1"),
     ]
     with open(log, "wb") as out:
         process = subprocess.Popen(
@@ -161,7 +168,7 @@ def consumer(
             start_new_session=True,
         )
     with consumer_kube.admin_client() as admin_client:
-        yield Consumer(consumer_kube, Rest(admin_client), token_file, process, log)
+        yield Consumer(consumer_kube, Rest(admin_client), token_file, process, log, f"http://127.0.0.1:{port}")
     process.terminate()
     try:
         process.wait(30)
