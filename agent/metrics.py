@@ -68,7 +68,7 @@ class AgentMetrics:
         self.rollouts = Counter(
             "dbprovider_agent_deployment_rollouts_total",
             "Deployments named by claims' rolloutDeployments, rolled for new Secret values (outcome rolled, "
-            "not_found).",
+            "not_found, forbidden).",
             ["outcome"],
             registry=self.registry,
         )
@@ -81,7 +81,7 @@ class AgentMetrics:
             self.passes.labels(outcome=outcome)
         for action in ("create", "update", "release", "delete"):
             self.secret_writes.labels(action=action)
-        for outcome in ("rolled", "not_found"):
+        for outcome in ("rolled", "not_found", "forbidden"):
             self.rollouts.labels(outcome=outcome)
 
     def observe_request(self, method: str, path: str, outcome: str) -> None:

@@ -4,8 +4,9 @@ The agent sets each one's pod template annotation `db.bnerd.com/credentials-vers
 a changed pod template is a rollout, done by the Deployment controller as any other (maxSurge,
 maxUnavailable, the PodDisruptionBudget). It is a merge patch, and all the agent may do to a
 Deployment: setting the value the template has already changes nothing, so a repeated patch (after a
-failed status write) rolls nothing twice. A Deployment that is not there (404) is reported, not an
-error: the Secret is written all the same.
+failed status write) rolls nothing twice. A Deployment that is not there (404), or that the agent may
+not patch (403: an RBAC of its own making), is reported, not an error retried: the Secret is written all
+the same.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ DEPLOYMENTS = Resource("apps", "v1", "deployments")
 
 @dataclass(frozen=True)
 class Rollout:
-    """The Deployments whose pod template now carries the version, and those not found."""
+    """The Deployments whose pod template now carries the version, those not found, those refused (403)."""
 
     rolled: tuple[str, ...]
     missing: tuple[str, ...]
+    forbidden: tuple[str, ...] = ()
 
 
 def template_patch(version: str) -> dict[str, object]:
@@ -36,14 +38,16 @@ def template_patch(version: str) -> dict[str, object]:
 
 def roll(rest: Rest, namespace: str, names: Iterable[str], version: str) -> Rollout:
     """Patch every Deployment `names` in `namespace` to `version`; other API errors are raised (retried)."""
-    rolled, missing = [], []
+    rolled: list[str] = []
+    missing: list[str] = []
+    forbidden: list[str] = []
     for name in names:
         try:
             rest.patch(DEPLOYMENTS, name, template_patch(version), namespace)
         except ApiException as exc:
-            if exc.status != 404:
+            if exc.status not in (403, 404):
                 raise
-            missing.append(name)
+            (missing if exc.status == 404 else forbidden).append(name)
         else:
             rolled.append(name)
-    return Rollout(tuple(rolled), tuple(missing))
+    return Rollout(tuple(rolled), tuple(missing), tuple(forbidden))

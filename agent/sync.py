@@ -253,14 +253,19 @@ class Syncer:
         outcome = roll(self.rest, namespace, names, version)
         self.metrics.rollouts.labels(outcome="rolled").inc(len(outcome.rolled))
         self.metrics.rollouts.labels(outcome="not_found").inc(len(outcome.missing))
+        self.metrics.rollouts.labels(outcome="forbidden").inc(len(outcome.forbidden))
         rolled = f"Deployments {', '.join(outcome.rolled)} rolled" if outcome.rolled else "no Deployment rolled"
         if outcome.rolled:
             self.events.record(claim, "DeploymentsRolled", f"{rolled} for credentials version {version}")
-        if outcome.missing:
-            missing = ", ".join(outcome.missing)
-            message = f"no Deployment {missing} in {namespace}; {rolled} for credentials version {version}"
-            report.condition(ROLLED, False, "DeploymentNotFound", message)
-            self.events.record(claim, "DeploymentNotFound", message, warning=True)
+        if outcome.missing or outcome.forbidden:
+            reason, names, what = (
+                ("DeploymentNotFound", outcome.missing, "no Deployment")
+                if outcome.missing
+                else ("DeploymentForbidden", outcome.forbidden, "the agent may not patch Deployment")
+            )
+            message = f"{what} {', '.join(names)} in {namespace}; {rolled} for credentials version {version}"
+            report.condition(ROLLED, False, reason, message)
+            self.events.record(claim, reason, message, warning=True)
         else:
             report.condition(ROLLED, True, "Rolled", f"{rolled} for credentials version {version}")
 
