@@ -13,7 +13,7 @@ import json
 import os
 import ssl
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,13 +58,21 @@ class Provider:
     """One provider API (`url`, e.g. https://dbprovider.example:8443), called as one consumer."""
 
     def __init__(
-        self, url: str, token_file: str | Path, ca_file: str | Path | None = None, *, timeout: float = DEFAULT_TIMEOUT
+        self,
+        url: str,
+        token_file: str | Path,
+        ca_file: str | Path | None = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        on_answer: Callable[[str, str, str], None] | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.token_file = Path(token_file)
         self.ca_file = Path(ca_file) if ca_file else None
         self.timeout = timeout
         self.requests = 0  # requests sent (observability, the benchmark)
+        # Told (method, path, outcome) of every request: the HTTP status, or "unreachable" (the metrics).
+        self.on_answer = on_answer
         self._lock = threading.Lock()
         self._ca_stamp: float | None = None
         self._pool: urllib3.PoolManager | None = None
@@ -161,7 +169,9 @@ class Provider:
                 method, self.url + path, body=data, headers=all_headers, timeout=self.timeout, redirect=False
             )
         except (urllib3.exceptions.HTTPError, OSError, ssl.SSLError) as exc:
+            self._answered(method, path, "unreachable")
             raise ProviderUnreachable(type(exc).__name__) from None
+        self._answered(method, path, str(response.status))
         answer_headers = response.headers  # case-insensitive
         if response.status not in ok:
             raise ProviderError(response.status, _error_code(response.data), _retry_after(answer_headers))
@@ -174,6 +184,10 @@ class Provider:
         if not isinstance(decoded, dict):
             raise ProviderUnreachable("the provider answered with a body that is not a JSON object")
         return response.status, decoded, answer_headers
+
+    def _answered(self, method: str, path: str, outcome: str) -> None:
+        if self.on_answer is not None:
+            self.on_answer(method, path, outcome)
 
 
 def _error_code(raw: bytes) -> str:

@@ -10,6 +10,8 @@ runs every `poll_interval`, at once when a claim's spec, annotations or deletion
 agent's Secrets is changed or deleted by someone else (events within `min_gap` are folded into one pass),
 sooner (`retry_interval`) while a claim waits for something that comes within seconds, and, while the
 provider is away, after a jittered exponential backoff that is never shorter than its Retry-After.
+The leader writes when it last heard from the provider onto the Lease (annotation
+db.bnerd.com/last-sync) with its renewals; `alive()` and `ready()` are the probes' answers.
 """
 
 from __future__ import annotations
@@ -17,15 +19,19 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from agent.binding import OWNED_SECRETS_SELECTOR
 from agent.events import ClaimEvents
+from agent.metrics import AgentMetrics, ClaimsCollector
 from agent.provider import Provider
 from agent.sync import PassResult, Syncer
 from domain.cached import without_bookkeeping
+from domain.constants import ANNOTATION_AGENT_LAST_SYNC
 from domain.resources import CLAIMS
+from domain.timefmt import format_time
 from informers import SECRETS, Rest, SharedInformers
 from informers.leader import LeaderElector, default_identity
 
@@ -45,6 +51,7 @@ class AgentOptions:
     max_backoff: float = 300.0
     leader_election: bool = True
     identity: str | None = None
+    stall_after: float = 600.0  # a pass running longer than this (a hung call) fails the liveness probe
 
 
 def backoff(failures: int, base: float, cap: float, retry_after: float | None) -> float:
@@ -55,24 +62,36 @@ def backoff(failures: int, base: float, cap: float, retry_after: float | None) -
 
 
 class Agent:
-    def __init__(self, rest: Rest, provider: Provider, options: AgentOptions) -> None:
+    def __init__(
+        self, rest: Rest, provider: Provider, options: AgentOptions, metrics: AgentMetrics | None = None
+    ) -> None:
         self.rest = rest
         self.provider = provider
         self.options = options
+        self.metrics = metrics if metrics is not None else AgentMetrics()
         self.identity = options.identity or default_identity()
         # Its claims and the Secrets it writes, whole (less bookkeeping): not the provider's cached forms.
         self.informers = SharedInformers(rest, forms=lambda _resource: without_bookkeeping)
         self.claims = self.informers.informer(CLAIMS, options.watch_namespace)
         self.secrets = self.informers.informer(SECRETS, options.watch_namespace, label_selector=OWNED_SECRETS_SELECTOR)
-        self.syncer = Syncer(rest, self.claims, self.secrets, provider, ClaimEvents(rest, self.identity))
+        events = ClaimEvents(rest, self.identity)
+        self.syncer = Syncer(rest, self.claims, self.secrets, provider, events, metrics=self.metrics)
+        self.metrics.registry.register(ClaimsCollector(self.claims.list))
+        self.metrics.leader.set_function(lambda: 1.0 if self.is_leading() else 0.0)
         self.passes = 0
+        self._pass_started: float | None = None  # monotonic start of the pass running now
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.elector: LeaderElector | None = None
         if options.leader_election:
             self.elector = LeaderElector(
-                rest, options.namespace, options.lease_name, identity=self.identity, on_started_leading=self._wake.set
+                rest,
+                options.namespace,
+                options.lease_name,
+                identity=self.identity,
+                on_started_leading=self._wake.set,
+                annotations=self._lease_annotations,
             )
         self.claims.add_handler(self._on_claim)
         self.secrets.add_handler(self._on_secret)
@@ -99,7 +118,18 @@ class Agent:
         return self.elector is None or self.elector.is_leading()
 
     def ready(self) -> bool:
+        """The readiness probe: the caches of claims and Secrets are synced."""
         return self.informers.has_synced()
+
+    def alive(self) -> bool:
+        """The liveness probe: the pass loop runs, and no pass has been hanging for `stall_after`."""
+        started = self._pass_started
+        stalled = started is not None and time.monotonic() - started > self.options.stall_after
+        return self._thread is not None and self._thread.is_alive() and not stalled
+
+    def _lease_annotations(self) -> dict[str, str]:
+        last = self.syncer.last_sync
+        return {ANNOTATION_AGENT_LAST_SYNC: format_time(last)} if last is not None else {}
 
     # -- the loop --------------------------------------------------------------------------------
 
@@ -126,11 +156,17 @@ class Agent:
 
     def _pass(self) -> PassResult:
         self.passes += 1
+        self._pass_started = time.monotonic()
         try:
-            return self.syncer.run_pass()
+            result = self.syncer.run_pass()
         except Exception:  # a bug must not end the loop: logged, and the next pass comes soon
             log.exception("agent pass failed")
+            self.metrics.passes.labels(outcome="failed").inc()
             return PassResult(again_soon=True)
+        finally:
+            self._pass_started = None
+        self.metrics.passes.labels(outcome="synced" if result.reachable else "provider_away").inc()
+        return result
 
     # -- wake-ups --------------------------------------------------------------------------------
 

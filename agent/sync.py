@@ -18,8 +18,10 @@ caches of the claims and of the agent's Secrets, does per claim only what change
 
 The provider away (no answer, 5xx, 429) changes nothing but ProviderReachable: the Secrets keep their
 last good values, deletes keep their finalizer. Two claims naming one databaseId: the older one has it,
-the other is told so and never touches it. The status is written only when it changes; lastSyncTime
-is refreshed with it, or when it is older than `sync_refresh`.
+the other is told so and never touches it. New Secret values roll the Deployments the claim names
+(agent.rollout). The status is written only when it changes, and lastSyncTime with it: at rest a pass
+writes nothing to any claim; when the agent last heard from the provider is `last_sync` (the
+metrics and the agent's Lease).
 """
 
 from __future__ import annotations
@@ -45,7 +47,10 @@ from agent.binding import (
     without_owner,
 )
 from agent.events import ClaimEvents
+from agent.metrics import AgentMetrics
 from agent.provider import Provider, ProviderError, ProviderUnreachable, View
+from agent.rollout import roll
+from domain.conditions import without_condition
 from domain.constants import (
     ANNOTATION_CLAIM_DETACH,
     ANNOTATION_CLAIM_ROTATE,
@@ -57,12 +62,13 @@ from domain.naming import InvalidName
 from domain.objects import ClaimObject, Obj
 from domain.resources import CLAIMS
 from domain.status import ClaimBinding
-from domain.timefmt import parse_time
+from domain.timefmt import format_time, parse_time
 from informers import SECRETS, Informer, Rest
 
 log = logging.getLogger(__name__)
 
 READY, REACHABLE, CURRENT, DELETING = "Ready", "ProviderReachable", "CredentialsCurrent", "Deleting"
+ROLLED = "DeploymentsRolled"  # only on claims with spec.rolloutDeployments
 # The API's error codes of a refused create, as the claim's Ready reason.
 REFUSALS = {
     "unknown_size_class": "UnknownSizeClass",
@@ -86,7 +92,6 @@ PHASES = {
     "Deleted": ClaimPhase.DELETING,
     "Failed": ClaimPhase.FAILED,
 }
-SYNC_REFRESH = timedelta(minutes=10)
 REFUSED_RETRY = timedelta(minutes=5)
 
 Clock = Callable[[], datetime]
@@ -124,8 +129,9 @@ class Syncer:
     provider: Provider
     events: ClaimEvents
     clock: Clock = utcnow
-    sync_refresh: timedelta = SYNC_REFRESH
+    metrics: AgentMetrics = field(default_factory=AgentMetrics)
     refused_retry: timedelta = REFUSED_RETRY
+    last_sync: datetime | None = None  # when a pass last heard from the provider
     etag: str | None = None
     items: dict[str, View] = field(default_factory=dict)
     _refused: dict[str, _Refused] = field(default_factory=dict)  # claim key -> its last refused create
@@ -141,6 +147,8 @@ class Syncer:
             return PassResult(reachable=False, retry_after=getattr(exc, "retry_after", None))
         if answer.items is not None:
             self.items, self.etag = answer.items, answer.etag
+        self.last_sync = now
+        self.metrics.last_sync.set(now.timestamp())
         owners = _id_owners(claims)
         result = PassResult()
         for claim in claims:
@@ -274,6 +282,7 @@ class Syncer:
             if not self._write_secret(claim, secret, desired, report):
                 return False
             self.events.record(claim, "SecretWritten", f"Secret {name} holds credentials version {version}")
+        self._roll_deployments(claim, version, report)
         pending = bool(view.get("rotationPending"))
         report.condition(
             CURRENT,
@@ -285,11 +294,42 @@ class Syncer:
         report.fields(binding=ClaimBinding(name=name), credentials_version=version)
         return pending
 
+    def _roll_deployments(self, claim: ClaimObject, version: str, report: _Report) -> None:
+        """Roll spec.rolloutDeployments when the Secret's values changed since the status last said (a first
+        Secret rolls nothing: pods waiting for it start on their own). Until the status holds `version`
+        a pass tries again; a repeated patch rolls nothing twice (agent.rollout)."""
+        names = claim.spec.rollout_deployments
+        if not names:
+            report.without_condition(ROLLED)
+            return
+        if claim.status.credentials_version in (None, version):
+            return
+        namespace = claim.metadata.namespace or ""
+        outcome = roll(self.rest, namespace, names, version)
+        self.metrics.rollouts.labels(outcome="rolled").inc(len(outcome.rolled))
+        self.metrics.rollouts.labels(outcome="not_found").inc(len(outcome.missing))
+        self.metrics.rollouts.labels(outcome="forbidden").inc(len(outcome.forbidden))
+        rolled = f"Deployments {', '.join(outcome.rolled)} rolled" if outcome.rolled else "no Deployment rolled"
+        if outcome.rolled:
+            self.events.record(claim, "DeploymentsRolled", f"{rolled} for credentials version {version}")
+        if outcome.missing or outcome.forbidden:
+            reason, names, what = (
+                ("DeploymentNotFound", outcome.missing, "no Deployment")
+                if outcome.missing
+                else ("DeploymentForbidden", outcome.forbidden, "the agent may not patch Deployment")
+            )
+            message = f"{what} {', '.join(names)} in {namespace}; {rolled} for credentials version {version}"
+            report.condition(ROLLED, False, reason, message)
+            self.events.record(claim, reason, message, warning=True)
+        else:
+            report.condition(ROLLED, True, "Rolled", f"{rolled} for credentials version {version}")
+
     def _write_secret(self, claim: ClaimObject, existing: Obj | None, desired: Obj, report: _Report) -> bool:
         name = desired["metadata"]["name"]
         if existing is None:
             try:
                 self.rest.create(SECRETS, desired, claim.metadata.namespace)
+                self.metrics.secret_writes.labels(action="create").inc()
                 return True
             except ApiException as exc:
                 if exc.status != 409:
@@ -300,6 +340,7 @@ class Syncer:
                 return False
         if differs(existing, desired):
             self.rest.replace(SECRETS, merged(existing, desired))
+            self.metrics.secret_writes.labels(action="update").inc()
         return True
 
     def _rotate_if_asked(self, claim: ClaimObject, db_id: str, view: View, report: _Report) -> None:
@@ -358,9 +399,11 @@ class Syncer:
         unauthorized = isinstance(exc, ProviderError) and exc.status in (401, 403)
         reason = "Unauthorized" if unauthorized else "ProviderUnavailable"
         detail = f"{exc.status} {exc.code}" if isinstance(exc, ProviderError) else str(exc)
+        heard = f"it last answered at {format_time(self.last_sync)}" if self.last_sync else "no answer yet"
+        message = f"the provider did not answer ({detail}); {heard}; the Secret is kept"
         for claim in claims:
             report = _Report(claim, now)
-            report.condition(REACHABLE, False, reason, f"the provider did not answer ({detail}); the Secret is kept")
+            report.condition(REACHABLE, False, reason, message)
             try:
                 self._write_status(report, refresh=False)
             except ApiException as write_error:
@@ -393,6 +436,7 @@ class Syncer:
             version = secret["metadata"].get("resourceVersion")
             patch = {"metadata": {"ownerReferences": kept, "resourceVersion": version}}
             self.rest.patch(SECRETS, secret_name(claim), patch, claim.metadata.namespace)
+            self.metrics.secret_writes.labels(action="release").inc()
 
     def _delete_secret(self, claim: ClaimObject) -> None:
         """Delete: the claim's Secret goes with it (at once, not only when the garbage collector comes)."""
@@ -401,17 +445,16 @@ class Syncer:
             return
         try:
             self.rest.delete(SECRETS, secret_name(claim), claim.metadata.namespace)
+            self.metrics.secret_writes.labels(action="delete").inc()
         except ApiException as exc:
             if exc.status != 404:
                 raise
 
     def _write_status(self, report: _Report, *, refresh: bool = True) -> bool:
-        """Write the claim's status if it changed (or lastSyncTime is due); True if written."""
+        """Write the claim's status if it changed; True if written. lastSyncTime is set with it when the
+        change comes from the provider's answer (`refresh`), never on its own: nothing changed, nothing written."""
         claim = report.result()
-        changed = claim.status_body() != dict(claim.stored_status)
-        last = claim.status.last_sync_time
-        due = refresh and (last is None or report.now - last >= self.sync_refresh)
-        if not changed and not due:
+        if claim.status_body() == dict(claim.stored_status):
             return False
         if refresh:
             claim = claim.with_status(last_sync_time=report.now)
@@ -427,6 +470,7 @@ class Syncer:
             "status": claim.status_body(),
         }
         self.rest.replace(CLAIMS, body, subresource="status")
+        self.metrics.status_writes.inc()
         return True
 
     def _parsed(self, objects: Iterable[Obj]) -> Iterable[ClaimObject]:
@@ -460,6 +504,12 @@ class _Report:
 
     def condition(self, type_: str, status: bool, reason: str, message: str) -> _Report:
         self.claim = self.claim.with_condition(type_, status, reason, message, now=self.now)
+        return self
+
+    def without_condition(self, type_: str) -> _Report:
+        conditions, changed = without_condition(self.claim.status.conditions, type_)
+        if changed:
+            self.claim = self.claim.with_status(conditions=conditions)
         return self
 
     def result(self) -> ClaimObject:

@@ -7,7 +7,8 @@ and a consumer cluster of its own (a second real apiserver) where `dbprovider ag
 `--claims` DatabaseClaims are created at once; once every one is Ready with its Secret, the provider's
 request counter (dbprovider_api_requests_total) is read before and after `--steady-seconds` of rest.
 Target: at rest at most one request per poll from the agent, whatever the number of claims (<= 2 per
-minute with the default 30 s poll); the agent's RSS and CPU (ramp and rest) are reported.
+minute with the default 30 s poll); the agent's RSS and CPU (ramp and rest) are reported, and the claim
+status writes at rest (the agent's dbprovider_agent_claim_status_writes_total), which should be none.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,7 @@ from bench.common import (
 from domain.agent_config import load_agent_config
 from domain.resources import CLAIMS, CONSUMERS, SHARDS
 from harness import KubeControlPlane
+from harness.process import free_port
 from informers import Rest
 from infra.render import render_agent_manifests
 
@@ -50,6 +53,16 @@ def provider_requests(manager: ManagerProcess) -> float:
         if line.startswith("dbprovider_api_requests_total{"):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def agent_status_writes(metrics_url: str) -> float:
+    """The claim status writes the agent made so far (its own counter)."""
+    with urllib.request.urlopen(metrics_url, timeout=10) as answer:
+        text = answer.read().decode()
+    for line in text.splitlines():
+        if line.startswith("dbprovider_agent_claim_status_writes_total "):
+            return float(line.rsplit(" ", 1)[1])
+    raise RuntimeError("the agent's metrics have no dbprovider_agent_claim_status_writes_total")
 
 
 def ready_claims(rest: Rest) -> int:
@@ -116,6 +129,8 @@ def main() -> None:
             stack.state_dir / "agent.kubeconfig",
             token=consumer.service_account_token(AGENT_NAMESPACE, "dbprovider-agent", seconds=24 * 3600),
         )
+        metrics_port = free_port()
+        metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         argv = [
             sys.executable,
             "-m",
@@ -124,6 +139,7 @@ def main() -> None:
             *("--provider-url", provider_url, "--token-file", str(token_file), "--ca-file", str(dev.ca_file)),
             *("--kubeconfig", str(kubeconfig), "--namespace", AGENT_NAMESPACE),
             *("--poll-interval", str(args.poll_interval)),
+            *("--metrics-port", str(metrics_port), "--metrics-host", "127.0.0.1"),
         ]
         with open(stack.state_dir / "agent.log", "wb") as out:
             agent = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ})
@@ -148,9 +164,11 @@ def main() -> None:
         log(f"all {args.claims} claims Ready in {ramp_seconds:.0f} s; resting {args.steady_seconds:.0f} s")
         time.sleep(args.poll_interval)  # the passes that follow the last writes
         before, cpu_before, rest_started = provider_requests(manager), sum(agent_proc.cpu_times()[:2]), time.monotonic()
+        writes_before = agent_status_writes(metrics_url)
         time.sleep(args.steady_seconds)
         rest_seconds = time.monotonic() - rest_started
         at_rest = provider_requests(manager) - before
+        status_writes = agent_status_writes(metrics_url) - writes_before
         rest_cpu = sum(agent_proc.cpu_times()[:2]) - cpu_before
         per_minute = at_rest / (rest_seconds / 60)
         rss = agent_proc.memory_info().rss / 2**20
@@ -163,6 +181,7 @@ def main() -> None:
                 ("provider requests at rest", f"{at_rest:.0f} in {rest_seconds:.0f} s ({per_minute:.2f}/min)"),
                 ("agent CPU at rest", f"{100 * rest_cpu / rest_seconds:.2f} % of a core"),
                 ("agent RSS", f"{rss:.0f} MiB"),
+                ("claim status writes at rest", f"{status_writes:.0f} in {rest_seconds:.0f} s"),
             ],
         )
         allowed = 60 / args.poll_interval  # one request per poll

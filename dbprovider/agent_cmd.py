@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 
+from agent.metrics import AgentEndpoint, AgentMetrics
 from agent.provider import Provider
 from agent.runner import Agent, AgentOptions
 from dbprovider.manager import kube_client, wait_for_stop
@@ -35,10 +36,15 @@ def run_agent(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
     rest = Rest(kube_client(args.kubeconfig, identity="agent"))
-    agent = Agent(rest, Provider(args.provider_url, args.token_file, args.ca_file), options).start()
-    log.info("agent started (provider %s)", args.provider_url)
+    metrics = AgentMetrics()
+    provider = Provider(args.provider_url, args.token_file, args.ca_file, on_answer=metrics.observe_request)
+    agent = Agent(rest, provider, options, metrics)
+    endpoint = AgentEndpoint(args.metrics_port, metrics.registry, agent.alive, agent.ready, args.metrics_host).start()
+    agent.start()
+    log.info("agent started (provider %s, metrics and probes on port %d)", args.provider_url, endpoint.port)
     try:
         wait_for_stop(stop)
     finally:
+        endpoint.stop()
         agent.stop()
     return 0

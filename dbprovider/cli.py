@@ -218,6 +218,14 @@ def _add_agent(commands: Any) -> None:
     agent.add_argument(
         "--no-leader-election", action="store_true", help="run passes without the Lease (one replica only)"
     )
+    agent.add_argument(
+        "--metrics-port",
+        type=int,
+        default=SETTINGS.ports.agent,
+        metavar="PORT",
+        help=f"plain-HTTP port of /metrics, /healthz and /readyz (default {SETTINGS.ports.agent}; 0: a free port)",
+    )
+    agent.add_argument("--metrics-host", default="0.0.0.0", help="address that port listens on (default 0.0.0.0)")  # noqa: S104
 
 
 def _run_agent(args: argparse.Namespace) -> int:

@@ -5,6 +5,8 @@ tokenSecret: dbprovider-token                   # Secret in `namespace`, key `to
 caSecret: dbprovider-ca                         # optional: Secret with key ca.crt, the API's CA
 namespace: dbprovider-agent
 watchNamespace: team-a                          # optional: only this namespace's claims (a Role there)
+resources: {requests: {cpu: 20m, memory: 96Mi}, limits: {memory: 256Mi}}   # the defaults
+metrics: {serviceMonitor: {enabled: false}}     # as the provider's install key of that name
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field, StrictInt, StrictStr, ValidationError
 
-from domain.config import DEFAULT_IMAGE, ConfigError, Duration
+from domain.config import DEFAULT_IMAGE, ConfigError, Duration, MetricsConfig
+from domain.sizing import AgentResources
 from domain.validation import ConfigModel, Namespace, ObjectName, validation_problems
 
 AGENT_NAME = "dbprovider-agent"
@@ -39,6 +42,12 @@ class AgentInstallConfig(ConfigModel):
     replicas: Annotated[StrictInt, Field(ge=1)] = 2
     watch_namespace: Namespace | None = None
     poll_interval: Duration = timedelta(seconds=30)
+    resources: AgentResources = AgentResources()
+    metrics: MetricsConfig = MetricsConfig()
+
+    def metrics_service_name(self) -> str:
+        """The Service in front of the agents' metrics port, `<name>-metrics` (a ServiceMonitor's job label)."""
+        return f"{self.name}-metrics"
 
 
 def load_agent_config(data: Mapping[str, Any] | None) -> AgentInstallConfig:

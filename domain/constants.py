@@ -135,6 +135,8 @@ FINALIZER_SHARD_DATABASES = f"{GROUP}/shard-databases"
 # On the leader Lease: which release holds it, and the lease duration replicas of that release (and
 # newer ones) honour; older releases see only spec.leaseDurationSeconds (informers.leader).
 ANNOTATION_LEADER = f"{GROUP}/leader"
+# On the consumer agent's Lease: when the leading agent last heard from the provider (a whole pass).
+ANNOTATION_AGENT_LAST_SYNC = f"{GROUP}/last-sync"
 
 # On the credentials Secret: a random id that changes with every new password (never derived from
 # it). The Database's status.passwordApplied holds the id whose password is set on the role; while

@@ -62,6 +62,7 @@ class Ports:
 
     api: int = 8443  # HTTPS consumer API and /healthz, /readyz; unprivileged (the pod runs as non-root)
     metrics: int = 8080  # plain-HTTP /metrics, scraped through the metrics Service
+    agent: int = 8080  # the consumer agent's plain-HTTP /metrics, /healthz and /readyz (its only port)
 
 
 _MOUNT = "/etc/dbprovider"

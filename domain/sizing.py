@@ -1,4 +1,5 @@
-"""The manager's container resources (install keys `resources` and `sizing`) and what a fleet needs of them.
+"""Container resources (the provider's install keys `resources` and `sizing`, the agent's `resources`) and what
+a fleet needs of them.
 
 `resources.manager` holds the Deployment's requests and limits as Kubernetes quantities (cpu `100m` or `0.5`,
 memory `512Mi`, `1Gi`, `600M`); a key left out keeps its default, `null` removes it. `sizing` says how large a
@@ -67,24 +68,21 @@ MemoryQuantity = Annotated[StrictStr, AfterValidator(_check_memory)]
 CpuQuantity = Annotated[StrictStr, AfterValidator(_check_cpu)]
 
 
-class ManagerRequests(ConfigModel):
-    cpu: CpuQuantity | None = "100m"
-    memory: MemoryQuantity | None = f"{SETTINGS.pod.memory_request_mib}Mi"
+class ContainerAmounts(ConfigModel):
+    """cpu and memory of a container's requests or limits (None: not set)."""
 
-
-class ManagerLimits(ConfigModel):
     cpu: CpuQuantity | None = None
-    memory: MemoryQuantity | None = f"{SETTINGS.pod.memory_limit_mib}Mi"
+    memory: MemoryQuantity | None = None
 
 
-class ManagerResources(ConfigModel):
-    """The manager container's requests and limits; a request above its limit is refused."""
+class ContainerResources(ConfigModel):
+    """A container's requests and limits; a request above its limit is refused."""
 
-    requests: ManagerRequests = ManagerRequests()
-    limits: ManagerLimits = ManagerLimits()
+    requests: ContainerAmounts = ContainerAmounts()
+    limits: ContainerAmounts = ContainerAmounts()
 
     @model_validator(mode="after")
-    def _requests_within_limits(self) -> ManagerResources:
+    def _requests_within_limits(self) -> ContainerResources:
         req, lim = self.requests, self.limits
         if req.memory and lim.memory and memory_bytes(req.memory) > memory_bytes(lim.memory):
             raise ValueError(f"requests.memory ({req.memory}) must not exceed limits.memory ({lim.memory})")
@@ -95,6 +93,45 @@ class ManagerResources(ConfigModel):
     @property
     def memory_limit_bytes(self) -> int | None:
         return memory_bytes(self.limits.memory) if self.limits.memory else None
+
+    def container_resources(self) -> dict[str, dict[str, str]]:
+        """The container's `resources`: the amounts set (a key set to null is left out)."""
+        dumped = self.model_dump(mode="json", exclude_none=True)
+        return {part: amounts for part, amounts in dumped.items() if amounts}
+
+
+class ManagerRequests(ContainerAmounts):
+    cpu: CpuQuantity | None = "100m"
+    memory: MemoryQuantity | None = f"{SETTINGS.pod.memory_request_mib}Mi"
+
+
+class ManagerLimits(ContainerAmounts):
+    cpu: CpuQuantity | None = None
+    memory: MemoryQuantity | None = f"{SETTINGS.pod.memory_limit_mib}Mi"
+
+
+class ManagerResources(ContainerResources):
+    """The manager container's requests and limits."""
+
+    requests: ManagerRequests = ManagerRequests()
+    limits: ManagerLimits = ManagerLimits()
+
+
+class AgentRequests(ContainerAmounts):
+    cpu: CpuQuantity | None = "20m"
+    memory: MemoryQuantity | None = "96Mi"
+
+
+class AgentLimits(ContainerAmounts):
+    cpu: CpuQuantity | None = None
+    memory: MemoryQuantity | None = "256Mi"
+
+
+class AgentResources(ContainerResources):
+    """The consumer agent container's requests and limits (its install key `resources`)."""
+
+    requests: AgentRequests = AgentRequests()
+    limits: AgentLimits = AgentLimits()
 
 
 class ResourcesConfig(ConfigModel):

@@ -34,6 +34,7 @@ from domain.validation import (
     SecretKey,
     ServiceName,
     SpecModel,
+    object_name_schema,
 )
 
 SSLMODES: tuple[str, ...] = tuple(mode.value for mode in SslMode)
@@ -299,6 +300,8 @@ class ClaimRotation(SpecModel):
     )
 
 
+CLAIM_ROLLOUT_MAX = 16  # Deployments one claim may roll
+DeploymentName = Annotated[ObjectName, object_name_schema("A Deployment in the claim's namespace.")]
 # (CEL rule on DatabaseClaimSpec, message): an optional databaseId is set at create or never.
 CLAIM_CEL_RULES: tuple[tuple[str, str], ...] = (
     ("has(self.databaseId) == has(oldSelf.databaseId)", "databaseId is set when the claim is created, or never"),
@@ -337,6 +340,13 @@ class DatabaseClaimSpec(SpecModel):
         "the claim. Orphan: the database and the Secret are left.",
     )
     rotation: ClaimRotation | None = Field(default=None, description="Scheduled rotation of the password.")
+    rollout_deployments: Annotated[tuple[DeploymentName, ...], Field(max_length=CLAIM_ROLLOUT_MAX)] = Field(
+        default=(),
+        description="Deployments in the claim's namespace to roll when the Secret's values change (a new "
+        "password or endpoint): the agent sets their pod template's annotation "
+        "db.bnerd.com/credentials-version to the Secret's.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
 
 
 # -- reading objects -------------------------------------------------------------------------------

@@ -68,6 +68,13 @@ ObjectName = Annotated[
 ]
 """A Kubernetes object name (DNS-1123 subdomain)."""
 
+
+def object_name_schema(description: str) -> WithJsonSchema:
+    """ObjectName's CRD schema with a description (what an array's items need for `kubectl explain`)."""
+    schema = _string_schema(DNS1123_SUBDOMAIN_MAX_LENGTH, DNS1123_SUBDOMAIN_RE).json_schema or {}
+    return WithJsonSchema({**schema, "description": description})
+
+
 ServiceName = Annotated[
     str, AfterValidator(validate_dns1035_label), _string_schema(DNS1123_LABEL_MAX_LENGTH, DNS1035_LABEL_RE)
 ]

@@ -45,7 +45,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -137,6 +137,7 @@ class LeaderElector:
         on_resumed_leading: Callable[[], None] | None = None,
         older_release_wait: float = SETTINGS.lease.older_release_wait,
         release: str = __version__,
+        annotations: Callable[[], Mapping[str, str]] | None = None,
     ) -> None:
         # The other timings (jitter, request bounds) are SETTINGS'; LeaseTimings checks the three.
         self.timings: LeaseTimings = replace(
@@ -155,6 +156,8 @@ class LeaderElector:
         self.on_started_leading = on_started_leading
         self.on_stopped_leading = on_stopped_leading
         self.on_resumed_leading = on_resumed_leading
+        # Annotations the leader writes with every write of the Lease (at no cost: it renews anyway).
+        self.annotations = annotations
         self.resumptions = 0  # late renewals that resumed leading (observability and tests)
         # Monotonic time of the apiserver's last good answer to a lease request (every replica
         # asks every retry_period, leading or not): the replica's "is the apiserver there?" signal.
@@ -330,7 +333,8 @@ class LeaderElector:
     def _marked(self, lease: Lease, *, released: bool = False) -> Obj:
         """The body writing `lease` with this replica's LeaderMark (other annotations kept)."""
         mark = LeaderMark(self.identity, self.release, self._lease_seconds(), released)
-        return lease.body({**lease.metadata.annotations, ANNOTATION_LEADER: mark.annotation()})
+        extra = self.annotations() if self.annotations is not None else {}
+        return lease.body({**lease.metadata.annotations, **extra, ANNOTATION_LEADER: mark.annotation()})
 
     def _try_acquire_or_renew(self, deadline: float | None) -> bool:
         # Our lead is counted from BEFORE the request: the write may commit at any point until the

@@ -327,11 +327,7 @@ def _context(config: InstallConfig, time_scale: int = 1) -> dict[str, Any]:
         "env": SETTINGS.env,
         "probes": SETTINGS.probes,
         # resources.manager: the keys set (a key set to null is left out of the Deployment)
-        "manager_resources": {
-            part: amounts
-            for part, amounts in config.resources.manager.model_dump(mode="json", exclude_none=True).items()
-            if amounts
-        },
+        "manager_resources": config.resources.manager.container_resources(),
         "termination": SETTINGS.termination,
         "uid": SETTINGS.run_as_uid,
     }
@@ -373,6 +369,8 @@ def agent_args(config: AgentInstallConfig) -> list[str]:
         str(int(config.poll_interval.total_seconds())),
         "--lease-name",
         config.name,
+        "--metrics-port",
+        str(SETTINGS.ports.agent),
     ]
     if config.ca_secret:
         args += ["--ca-file", f"{AGENT_CA_DIR}/ca.crt"]
@@ -389,6 +387,8 @@ def render_agent_manifests(config: AgentInstallConfig) -> list[dict[str, Any]]:
         "app.kubernetes.io/version": label_value(__version__),
         "app.kubernetes.io/managed-by": "dbprovider",
     }
+    selector = {k: labels[k] for k in ("app.kubernetes.io/name", "app.kubernetes.io/instance")}
+    monitor = config.metrics.service_monitor
     context = {
         "config": config,
         "group": GROUP,
@@ -396,13 +396,22 @@ def render_agent_manifests(config: AgentInstallConfig) -> list[dict[str, Any]]:
         "claim_versions": CLAIM_VERSIONS,
         "claim_schema": claim_schema(),
         "labels": labels,
-        "selector": {k: labels[k] for k in ("app.kubernetes.io/name", "app.kubernetes.io/instance")},
+        "selector": selector,
         "args": agent_args(config),
         "token_dir": AGENT_TOKEN_DIR,
         "ca_dir": AGENT_CA_DIR,
         "pod_namespace_env": SETTINGS.env.pod_namespace,
         "uid": SETTINGS.run_as_uid,
         "provisioned_service": LABEL_PROVISIONED_SERVICE,
+        "port": SETTINGS.ports.agent,
+        "probes": SETTINGS.probes,
+        "resources": config.resources.container_resources(),
+        "metrics_service": config.metrics_service_name(),
+        "metrics_labels": {**labels, **METRICS_COMPONENT},
+        # The ServiceMonitor's selector: no version in it (it would stop matching during a rollout).
+        "metrics_selector": {**selector, **METRICS_COMPONENT},
+        "monitor_interval": format_duration(monitor.interval),
+        "monitor_timeout": format_duration(monitor.scrape_timeout) if monitor.scrape_timeout else "",
     }
     text = _environment(TEMPLATES_DIR).get_template(AGENT_TEMPLATE).render(context)
     return [doc for doc in yaml.load_all(text, Loader=_LOADER) if doc]

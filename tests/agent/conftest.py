@@ -22,8 +22,9 @@ from kubernetes.client.exceptions import ApiException
 
 from dbprovider.devstack import DevStack
 from domain.agent_config import load_agent_config
-from domain.resources import CLAIMS
+from domain.resources import CLAIMS, CONSUMERS
 from harness import KubeControlPlane
+from harness.process import free_port
 from informers import SECRETS, Rest
 from infra.render import render_agent_manifests
 from tests.support.common import unique, wait_for
@@ -37,6 +38,7 @@ POLL_SECONDS = 2
 # The provider's --quota-reservation-timeout (120 s by default): the slot of a database dropped within that
 # time of its create is freed only then, and the quota test drops one it has just made.
 RESERVATION_TIMEOUT = 10
+CONSUMER_QUOTA = 40
 
 
 class Provider(ManagerProcess):
@@ -65,6 +67,7 @@ class Consumer:
     token_file: Path
     agent: subprocess.Popen[bytes]
     agent_log: Path
+    endpoint: str  # the agent's http://127.0.0.1:<port> (/metrics, /healthz, /readyz)
 
     def claim(self, namespace: str, spec: dict[str, Any] | None = None, name: str | None = None) -> dict[str, Any]:
         """A new DatabaseClaim (in a namespace created for it)."""
@@ -113,6 +116,8 @@ def stack(kube: KubeControlPlane, postgres_pool: Any, tmp_path_factory: pytest.T
     # A short retention: a deleted claim's database is dropped within the tests' patience (quota, recreation).
     workdir = tmp_path_factory.mktemp("agent-provider")
     created = install_stack(kube, postgres_pool.get("18"), workdir, unique("agent"), softDelete={"retention": "30s"})
+    with kube.admin_client() as client:  # room for every Ready claim of the suite (the dev Consumer has 10)
+        Rest(client).patch(CONSUMERS, created.consumer, {"spec": {"maxDatabases": CONSUMER_QUOTA}})
     yield created
     remove_stack(kube, created)
 
@@ -148,6 +153,7 @@ def consumer(
         workdir / "agent.kubeconfig", token=consumer_kube.service_account_token(AGENT_NAMESPACE, "dbprovider-agent")
     )
     log = workdir / "agent.log"
+    port = free_port()
     argv = [
         sys.executable,
         "-m",
@@ -156,6 +162,7 @@ def consumer(
         *("--provider-url", stack.api_url, "--token-file", str(token_file), "--ca-file", str(stack.ca_file)),
         *("--kubeconfig", str(kubeconfig), "--namespace", AGENT_NAMESPACE),
         *("--poll-interval", str(POLL_SECONDS), "--max-backoff", "3"),
+        *("--metrics-port", str(port), "--metrics-host", "127.0.0.1"),
     ]
     with open(log, "wb") as out:
         process = subprocess.Popen(
@@ -167,7 +174,7 @@ def consumer(
             start_new_session=True,
         )
     with consumer_kube.admin_client() as admin_client:
-        yield Consumer(consumer_kube, Rest(admin_client), token_file, process, log)
+        yield Consumer(consumer_kube, Rest(admin_client), token_file, process, log, f"http://127.0.0.1:{port}")
     process.terminate()
     try:
         process.wait(30)

@@ -25,6 +25,9 @@ def test_the_apiserver_applies_defaults_and_refuses_changes_of_identity(consumer
         ({"spec": {"databaseId": None}}, "set when the claim is created, or never"),
         ({"spec": {"sizeClass": "small"}}, "is immutable"),
         ({"spec": {"deletionPolicy": "Keep"}}, "Unsupported value"),
+        ({"spec": {"rolloutDeployments": ["Not_A_Name"]}}, "should match"),
+        ({"spec": {"rolloutDeployments": ["web", "web"]}}, "Duplicate value"),
+        ({"spec": {"rolloutDeployments": [f"d{n}" for n in range(17)]}}, "must have at most 16 items"),
     ):
         with pytest.raises(ApiException) as refused:
             consumer.admin.patch(CLAIMS, meta["name"], patch, meta["namespace"])
@@ -34,6 +37,7 @@ def test_the_apiserver_applies_defaults_and_refuses_changes_of_identity(consumer
         consumer.admin.patch(CLAIMS, unnamed["metadata"]["name"], {"spec": {"databaseId": "late"}}, meta["namespace"])
     assert refused.value.status == 422
     consumer.admin.patch(CLAIMS, meta["name"], {"spec": {"deletionPolicy": "Orphan"}}, meta["namespace"])
+    consumer.admin.patch(CLAIMS, meta["name"], {"spec": {"rolloutDeployments": ["web"]}}, meta["namespace"])
 
 
 def test_an_unknown_size_class_is_told_on_the_claim(consumer: Consumer) -> None:

@@ -42,3 +42,19 @@ def test_the_crd_comes_first_and_is_kept_on_destroy() -> None:
     for reg in run.kubernetes_objects():
         if reg is not crd:
             assert crd.urn in reg.dependencies, reg.name
+
+
+def test_the_component_carries_resources_and_the_service_monitor() -> None:
+    values = {
+        **VALUES,
+        "resources": {"limits": {"memory": "384Mi"}},
+        "metrics": {"serviceMonitor": {"enabled": True}},
+    }
+    run = run_body(lambda: DbProviderAgent("agent", load_agent_config(values)))
+    (deployment,) = run.of_type("kubernetes:apps/v1:Deployment")
+    (container,) = deployment.inputs["spec"]["template"]["spec"]["containers"]
+    assert container["resources"] == {"requests": {"cpu": "20m", "memory": "96Mi"}, "limits": {"memory": "384Mi"}}
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    (monitor,) = run.of_type("kubernetes:monitoring.coreos.com/v1:ServiceMonitor")
+    assert monitor.inputs["spec"]["endpoints"][0]["port"] == "metrics"
+    assert [r.name for r in run.of_type("kubernetes:core/v1:Service")] == ["agents/dbprovider-agent-metrics"]
