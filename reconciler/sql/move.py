@@ -24,9 +24,10 @@ Each step reads the catalog first and does only what is missing, so a step inter
 
 CREATE SUBSCRIPTION carries the tenant's password in its connection string (PostgreSQL demands a
 password of a subscription owner that is not a superuser). It is only ever sent in a statement that
-does not connect (`connect = false`, so it cannot fail on the network), on a session that the
-server does not log: `subscribe` refuses a session whose settings would write statements to the
-server log (`statement_logging`). The password never appears in a return value or an error here.
+does not connect (`connect = false`, so it cannot fail on the network), after the privileges it
+needs were checked (a failing statement's text is logged at PostgreSQL's default settings), on a
+session whose settings record no statement text (`statement_logging`; `subscribe` refuses
+otherwise). The password never appears in a return value or an error here.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from psycopg.conninfo import make_conninfo
 
 from reconciler.sql import errors
 from reconciler.sql.errors import SqlFailure
-from reconciler.sql.move_preflight import tenant_database
+from reconciler.sql.move_preflight import statement_logging, tenant_database
 from reconciler.sql.roles import TERMINATE_WAIT_MS, as_role
 from reconciler.sql.session import connect_database
 from reconciler.sql.tenant import (
@@ -321,31 +322,6 @@ def unpublished_tables(source: psycopg.Connection, name: str) -> list[str]:
 
 # -- 4. the subscription -----------------------------------------------------------------------
 
-_LOGGING = """
-SELECT current_setting('log_statement'), current_setting('log_min_duration_statement'),
-       current_setting('log_min_error_statement'),
-       coalesce(current_setting('pg_stat_statements.track_utility', true), 'off')
-"""
-
-
-def statement_logging(inside: psycopg.Connection) -> list[str]:
-    """The settings of this session under which the server would record a statement's text (and so
-    the password of CREATE SUBSCRIPTION): empty when none would."""
-    row = inside.execute(_LOGGING).fetchone()
-    assert row is not None
-    log_statement, min_duration, min_error, track_utility = row
-    found = []
-    if log_statement != "none":
-        found.append(f"log_statement = {log_statement}")
-    if min_duration != "-1":
-        found.append(f"log_min_duration_statement = {min_duration}")
-    if min_error != "panic":
-        found.append(f"log_min_error_statement = {min_error}")
-    if track_utility != "off":
-        found.append("pg_stat_statements.track_utility = on")
-    return found
-
-
 _SUBSCRIPTION = """
 SELECT s.subenabled FROM pg_catalog.pg_subscription s
  WHERE s.subname = %(sub)s AND s.subdbid = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())
@@ -363,6 +339,29 @@ def _slot_exists(source: psycopg.Connection, slot: str) -> bool:
     )
 
 
+_MAY_SUBSCRIBE = """
+SELECT pg_catalog.has_database_privilege(current_database(), 'CREATE'),
+       coalesce((SELECT pg_catalog.pg_has_role(current_user, oid, 'USAGE') FROM pg_catalog.pg_roles
+                  WHERE rolname = 'pg_create_subscription'), false)
+"""
+
+
+def _may_subscribe(inside: psycopg.Connection) -> None:
+    """Refuse before CREATE SUBSCRIPTION is sent when the server would log its text, or when it would
+    fail (a failing statement is logged with its text under log_min_error_statement's default)."""
+    logged = statement_logging(inside)
+    if logged:
+        raise _refuse(
+            OP_MOVE,
+            "the target shard would log the subscription's statement, which carries the tenant's password ("
+            + ", ".join(logged)
+            + ")",
+        )
+    row = inside.execute(_MAY_SUBSCRIBE).fetchone()
+    if row is None or not all(row):
+        raise _refuse(OP_MOVE, "the provisioner may not create a subscription in the target database")
+
+
 def subscribe(source: psycopg.Connection, target: psycopg.Connection, plan: MovePlan) -> None:
     """The slot on the source, the subscription on the target, enabled, and its tables' copy started.
 
@@ -373,14 +372,7 @@ def subscribe(source: psycopg.Connection, target: psycopg.Connection, plan: Move
     with target_database(target, plan.name) as inside:
         enabled = _one(inside, _SUBSCRIPTION, {"sub": SUBSCRIPTION})
         if enabled is None:
-            logged = statement_logging(inside)
-            if logged:
-                raise _refuse(
-                    OP_MOVE,
-                    "the target shard would log the subscription's statement, which carries the tenant's password ("
-                    + ", ".join(logged)
-                    + ")",
-                )
+            _may_subscribe(inside)
     if not _slot_exists(source, plan.slot):
         with tenant_database(source, plan.name) as inside:
             try:
