@@ -207,8 +207,15 @@ def ensure_marker(inside: psycopg.Connection, name: str) -> None:
         )
 
 
-def dump_schema(source: psycopg.Connection, plan: MovePlan, pg_dump: Path, timeout: float = DUMP_TIMEOUT) -> str:
-    """The tenant's schema as SQL, dumped by `pg_dump` logged in as the tenant to its source database.
+def dump_schema(
+    source: psycopg.Connection,
+    plan: MovePlan,
+    pg_dump: Path,
+    tables: list[tuple[str, str]] | None = None,
+    timeout: float = DUMP_TIMEOUT,
+) -> str:
+    """The tenant's schema as SQL (or only `tables`' definitions, with their indexes, constraints and
+    owned sequences), dumped by `pg_dump` logged in as the tenant to its source database.
 
     `pg_dump` must be of the target's major (its output sets what that server knows). Owners and
     privileges are left out: the replay runs as the tenant, which owns what it creates. The password
@@ -234,6 +241,8 @@ def dump_schema(source: psycopg.Connection, plan: MovePlan, pg_dump: Path, timeo
         f"--restrict-key={key}",
         f"--dbname={conninfo}",
     ]
+    # A quoted pattern matches the name literally (pg_dump's patterns are psql's).
+    argv += [f"--table={sql.Identifier(schema, table).as_string(source)}" for schema, table in tables or ()]
     try:
         done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
@@ -253,12 +262,17 @@ def copy_schema(source: psycopg.Connection, target: psycopg.Connection, plan: Mo
             return
     with tenant_database(source, plan.name) as inside:
         ensure_marker(inside, plan.name)
-    script = dump_schema(source, plan, pg_dump)
-    with target_database(target, plan.name) as inside:
+    _replay(target, plan.name, dump_schema(source, plan, pg_dump))
+
+
+def _replay(target: psycopg.Connection, name: str, script: str) -> None:
+    """A dump replayed on the target as the tenant, in one transaction with the provisioner's USAGE
+    on the tenant's schemas (the subscription finds its tables by name)."""
+    with target_database(target, name) as inside:
         with inside.transaction():
-            inside.execute(sql.SQL("SET LOCAL ROLE {}").format(_ident(plan.name)))
+            inside.execute(sql.SQL("SET LOCAL ROLE {}").format(_ident(name)))
             inside.execute(script.encode())
-            _schema_usage(inside, plan.name, "GRANT {} ON SCHEMA {} TO {}")
+            _schema_usage(inside, name, "GRANT {} ON SCHEMA {} TO {}")
 
 
 # The tenant's schemas on the target; the subscription (the provisioner's) finds its tables by name.
@@ -313,11 +327,11 @@ def publish(source: psycopg.Connection, name: str) -> None:
                 inside.execute(sql.SQL("ALTER PUBLICATION {} SET TABLE {}").format(_ident(PUBLICATION), listed))
 
 
-def unpublished_tables(source: psycopg.Connection, name: str) -> list[str]:
+def unpublished_tables(source: psycopg.Connection, name: str) -> list[tuple[str, str]]:
     """Tables of the tenant that the publication lacks (made after the schema was copied)."""
     with tenant_database(source, name) as inside:
         published = set(inside.execute(_PUBLISHED, {"pub": PUBLICATION}))
-        return [f"{s}.{t}" for s, t in tenant_tables(inside, name) if (s, t) not in published]
+        return [(s, t) for s, t in tenant_tables(inside, name) if (s, t) not in published]
 
 
 # -- 4. the subscription -----------------------------------------------------------------------
@@ -398,6 +412,35 @@ def subscribe(source: psycopg.Connection, target: psycopg.Connection, plan: Move
             inside.execute(
                 sql.SQL("ALTER SUBSCRIPTION {} REFRESH PUBLICATION WITH (copy_data = true)").format(subscription)
             )
+
+
+def copy_new_tables(source: psycopg.Connection, target: psycopg.Connection, plan: MovePlan, pg_dump: Path) -> int:
+    """Tables the tenant created after the schema was copied, carried: their definitions replayed on
+    the target, the publication extended, and their copy started; how many were missing on the target.
+
+    The copy of a table added to the publication starts from a snapshot taken after the addition, so
+    its rows written before are in the copy and those written after in the stream. A new table that
+    needs other new objects (a new schema, a type) fails to replay: the move waits until it is added
+    by hand or aborted.
+    """
+    with tenant_database(source, plan.name) as inside:
+        on_source = tenant_tables(inside, plan.name)
+    with target_database(target, plan.name) as inside:
+        on_target = set(tenant_tables(inside, plan.name))
+    missing = [table for table in on_source if table not in on_target]
+    if missing:
+        _replay(target, plan.name, dump_schema(source, plan, pg_dump, missing))
+    publish(source, plan.name)
+    with target_database(target, plan.name) as inside:
+        subscribed = _one(inside, _SUBSCRIPTION, {"sub": SUBSCRIPTION}) is not None  # else `subscribe` copies all
+        row = inside.execute(_SUBSCRIBED, {"sub": SUBSCRIPTION}).fetchone()
+        if subscribed and row is not None and row[0] < len(on_source):
+            inside.execute(
+                sql.SQL("ALTER SUBSCRIPTION {} REFRESH PUBLICATION WITH (copy_data = true)").format(
+                    _ident(SUBSCRIPTION)
+                )
+            )
+    return len(missing)
 
 
 # -- 5. catch-up -------------------------------------------------------------------------------

@@ -193,7 +193,10 @@ class Move:
             move.copy_schema(self.source, self.target, self.plan, self.pg_dump)
             move.publish(self.source, self.pair.name)
             move.subscribe(self.source, self.target, self.plan)
+            assert move.copy_new_tables(self.source, self.target, self.plan, self.pg_dump) == 0
+        self.wait_caught_up()
 
+    def wait_caught_up(self) -> None:
         def caught_up() -> bool:
             now = move.progress(self.source, self.target, self.plan)
             assert now.errors == 0
@@ -240,6 +243,22 @@ def test_a_tenant_moves_online_with_its_client_writing_and_loses_nothing(
     mover.until_copied()
     writer.writes(50)  # the stream carries what the client writes meanwhile
 
+    # A table the tenant creates during the move: no cutover (the source keeps serving) until it is carried.
+    with pair.tenant(pair.source) as conn:
+        conn.execute("CREATE TABLE notes (id int PRIMARY KEY, body text NOT NULL)")
+        conn.execute("INSERT INTO notes SELECT g, 'note ' || g FROM generate_series(1, 100) g")
+    with pytest.raises(SqlFailure) as refused:
+        move.cutover(mover.source, mover.target, mover.plan)
+    assert refused.value.error_class == errors.MOVE_REFUSED
+    writer.writes(20)
+    assert move.copy_new_tables(mover.source, mover.target, mover.plan, mover.pg_dump) == 1
+    assert move.copy_new_tables(mover.source, mover.target, mover.plan, mover.pg_dump) == 0
+    with pair.tenant(pair.source) as conn:
+        conn.execute("UPDATE notes SET body = 'changed' WHERE id <= 10")
+        conn.execute("DELETE FROM notes WHERE id = 50")
+        conn.execute("INSERT INTO notes VALUES (101, 'after')")
+    mover.wait_caught_up()
+
     # A cutover whose stream does not arrive in time gives the source back to the client.
     with pair.target.superuser_connection(pair.name) as conn:
         conn.execute(sql.SQL("ALTER SUBSCRIPTION {} DISABLE").format(sql.Identifier(move.SUBSCRIPTION)))
@@ -257,6 +276,9 @@ def test_a_tenant_moves_online_with_its_client_writing_and_loses_nothing(
     source_rows, target_rows = content(pair.source, pair.name), content(pair.target, pair.name)
     assert source_rows == target_rows
     agrees(target_rows, writer)
+    notes = "SELECT id, body FROM notes ORDER BY id"
+    assert catalog(pair.target, pair.name, notes) == catalog(pair.source, pair.name, notes)
+    assert len(catalog(pair.target, pair.name, notes)) == 100
     assert not can_connect(pair.source, pair.name, pair.spec.password, pair.name)
     refused = writer.refused
     wait_for(lambda: writer.refused > refused, 30, "the client to be refused by the source")
