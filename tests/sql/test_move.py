@@ -305,6 +305,33 @@ def test_a_tenant_moves_online_with_its_client_writing_and_loses_nothing(
     assert pair.spec.password not in pair.target.statement_log()
 
 
+@pytest.mark.parametrize("stopped_after", ["fence", "stream ended"])
+def test_a_cutover_interrupted_midway_finishes_when_run_again(
+    pair: Pair, moving: tuple[Move, Writer], stopped_after: str
+) -> None:
+    """A manager that died during the cutover left the source fenced: the next attempt finishes it."""
+    mover, writer = moving
+    mover.until_copied()
+    writer.writes(30)
+    move.fence_source(mover.source, pair.name)
+    if stopped_after == "stream ended":
+        token = move.mark(mover.source, pair.name)
+        assert move.wait_for_marker(mover.target, pair.name, token, time.monotonic() + 60)
+        move.copy_sequences(mover.source, mover.target, pair.name)
+        move.end_stream(mover.source, mover.target, mover.plan)
+    assert not can_connect(pair.target, pair.name, pair.spec.password, pair.name)
+
+    move.cutover(mover.source, mover.target, mover.plan)
+    source_rows = content(pair.source, pair.name)
+    assert content(pair.target, pair.name) == source_rows
+    agrees(source_rows, writer)
+    writer.point_at(pair.target)
+    writer.writes(30)
+    writer.stop()
+    assert not writer.failures
+    assert catalog(pair.source, "postgres", "SELECT count(*) FROM pg_replication_slots") == [(0,)]
+
+
 def test_an_aborted_move_leaves_the_source_serving_and_the_target_clean(
     pair: Pair, moving: tuple[Move, Writer]
 ) -> None:
