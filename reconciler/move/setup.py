@@ -1,0 +1,55 @@
+"""Wires the DatabaseMove controller: a pass when a DatabaseMove changes, and while one runs, its own
+requeues (the copy and the stream are looked at every few seconds).
+
+One worker: moves run one at a time, each holding two admin sessions of its own (not the Database
+workers'). The schema is copied by `pg_dump`: the binary named by DBPROVIDER_PG_DUMP, else the one
+on PATH; without one, a move fails its preflight with a message saying so.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from domain.admin_access import OutsidePod
+from domain.resources import DATABASE_MOVES
+from informers import Informer, Rest
+from reconciler.move.controller import MoveController
+from reconciler.runtime import Controller, ControllerManager
+from reconciler.shard.admin import AdminEndpointCache, AdminPolicy
+
+PG_DUMP_VARIABLE = "DBPROVIDER_PG_DUMP"
+
+
+def find_pg_dump() -> Path | None:
+    named = os.environ.get(PG_DUMP_VARIABLE) or shutil.which("pg_dump")
+    return Path(named) if named else None
+
+
+def setup_moves(
+    manager: ControllerManager,
+    namespace: str,
+    rest: Rest,
+    databases: Informer,
+    shards: Informer,
+    *,
+    policy: AdminPolicy,
+    outside_pod: OutsidePod,
+) -> MoveController:
+    """The DatabaseMove controller on `manager` (leader only, like every controller there)."""
+    moves = manager.informers.informer(DATABASE_MOVES, namespace)
+    logic = MoveController(
+        rest,
+        namespace,
+        moves,
+        databases,
+        shards,
+        AdminEndpointCache(rest, policy, outside_pod.admin_host),
+        pg_dump=find_pg_dump(),
+        fence=manager.fence,
+    )
+    controller = Controller("move", logic.reconcile, workers=1)
+    controller.watch(moves)
+    manager.add_controller(controller)
+    return logic
