@@ -56,7 +56,7 @@ from reconciler.sql.move_preflight import (
     shard_obstacles,
     tenant_database,
 )
-from reconciler.sql.session import Fence, connect_admin
+from reconciler.sql.session import AdminSession, Fence, SessionOptions
 from reconciler.sql.tenant import TenantSpec, read_state
 
 APPLICATION_NAME = "dbprovider-move"
@@ -214,16 +214,18 @@ class MoveController:
                 endpoints.append(self.admin_endpoints.get(name, spec))
             except (AdminRefused, AdminSecretInvalid, ApiException):
                 raise ReconcileError("AdminUnavailable", f"the admin Secret of shard {name} cannot be used") from None
+        options: SessionOptions = {
+            "application_name": APPLICATION_NAME,
+            "statement_timeout": MOVE_STATEMENT_TIMEOUT,
+        }
+        if self.fence is not None:
+            options["fence"] = self.fence  # every statement asks first: a replica without the Lease sends none
         try:
             with (
-                connect_admin(
-                    endpoints[0], APPLICATION_NAME, statement_timeout=MOVE_STATEMENT_TIMEOUT, fence=self.fence
-                ) as source,
-                connect_admin(
-                    endpoints[1], APPLICATION_NAME, statement_timeout=MOVE_STATEMENT_TIMEOUT, fence=self.fence
-                ) as target,
+                AdminSession.for_endpoint(endpoints[0], **options) as source,
+                AdminSession.for_endpoint(endpoints[1], **options) as target,
             ):
-                yield source, target
+                yield source.connection(), target.connection()
         except SqlFailure as failure:
             self._note(obj, failure)
             raise ReconcileError("MoveStepFailed", str(failure)) from None
