@@ -64,6 +64,13 @@ MOVE_STATEMENT_TIMEOUT = "10min"  # a slot waits for running transactions; a lar
 CATCH_UP_POLL = 2.0  # seconds between looks at the copy and the stream
 CUTOVER_LAG = 16 << 20  # bytes of WAL the target may still lack when the fence goes up
 CUTOVER_BUDGET = 30.0  # seconds of write pause before a cutover gives the source back
+# How a failed step is named in the Ready condition ("copying failed: timeout").
+STEP_NAMES = {
+    MovePhase.PREFLIGHT: "preflight",
+    MovePhase.COPYING: "copying",
+    MovePhase.CATCHING_UP: "catching up",
+    MovePhase.CUTTING_OVER: "cutover",
+}
 RUNNING = (MovePhase.COPYING, MovePhase.CATCHING_UP, MovePhase.CUTTING_OVER)
 FINISHED = (MovePhase.COMPLETED, MovePhase.ABORTED, MovePhase.ROLLED_BACK, MovePhase.FAILED)
 
@@ -104,8 +111,8 @@ class MoveController:
         phase = obj.status.phase
         if obj.metadata.deletion_timestamp is not None:
             if FINALIZER_MOVE in obj.metadata.finalizers:
-                if phase in RUNNING:
-                    self._undo(obj)
+                if phase in RUNNING and not self._undo(obj):
+                    self._switch_database(obj)  # the target serves already: the Database must name it
                 self._finalizer(obj, add=False)
             return None
         if phase in FINISHED:
@@ -230,7 +237,7 @@ class MoveController:
             self._note(obj, failure)
             raise ReconcileError("MoveStepFailed", str(failure)) from None
         except psycopg.Error as exc:
-            classified = classify(exc, obj.status.phase.lower() if obj.status.phase else "move")
+            classified = classify(exc, STEP_NAMES.get(obj.status.phase or MovePhase.PENDING, "move"))
             self._note(obj, classified)
             raise ReconcileError("MoveStepFailed", str(classified)) from None
 

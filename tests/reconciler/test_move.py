@@ -230,3 +230,30 @@ def test_an_abort_during_the_copy_leaves_the_source_serving(fleet, admin_rest, m
         assert target_server.query("SELECT count(*) FROM pg_roles WHERE rolname = %s", (tenant,)) == [(0,)]
         assert source_server.query("SELECT id FROM orders", dbname=tenant) == [(0,)]
     holder.close()
+
+
+def test_a_move_that_cannot_be_done_fails_with_a_message_and_touches_no_shard(
+    fleet, admin_rest, move_servers, shards
+) -> None:
+    source_server, target_server = move_servers
+    source, target = shards
+    database = fleet.database("mv-nowhere")
+    fleet.wait_phase(database, "Ready")
+    slots = "SELECT count(*) FROM pg_replication_slots"
+    for spec_database, spec_target, message in (
+        ("no-such-database", target, "no Database no-such-database"),
+        (database, source, f"is on shard {source} already"),
+        (database, "no-such-shard", "no valid postgres Shard no-such-shard"),
+    ):
+        with requested_move(fleet, admin_rest, spec_database, spec_target) as name:
+
+            def failed() -> dict | None:
+                status = admin_rest.get(DATABASE_MOVES, name, NAMESPACE).get("status") or {}
+                return status if status.get("phase") == "Failed" else None
+
+            status = wait_for(failed, 60, f"move {name} to fail")
+            ready = condition({"status": status}, "Ready")
+            assert ready["status"] == "False" and ready["reason"] == "Failed"
+            assert message in ready["message"]
+    assert fleet.get_database(database)["status"]["shard"] == source
+    assert source_server.query(slots) == [(0,)] and target_server.query(slots) == [(0,)]
