@@ -19,6 +19,7 @@ the tenant's password goes from the credentials Secret to the SQL and nowhere el
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -60,7 +61,6 @@ from reconciler.sql.session import AdminSession, Fence, SessionOptions
 from reconciler.sql.tenant import TenantSpec, read_state
 
 APPLICATION_NAME = "dbprovider-move"
-MOVE_STATEMENT_TIMEOUT = "10min"  # a slot waits for running transactions; a large schema replays in one
 CATCH_UP_POLL = 2.0  # seconds between looks at the copy and the stream
 CUTOVER_LAG = 16 << 20  # bytes of WAL the target may still lack when the fence goes up
 CUTOVER_BUDGET = 30.0  # seconds of write pause before a cutover gives the source back
@@ -99,6 +99,16 @@ class MoveController:
         self.pg_dump = pg_dump
         self.fence = fence
         self.clock = clock
+        self._lock = threading.Lock()
+        self._open: set[AdminSession] = set()  # the sessions of the move in progress (to cut them)
+
+    def sever(self) -> None:
+        """Cut the sessions of the move in progress, from any thread: a statement blocked on a shard
+        returns now (when the controllers stop or the Lease is lost); the phase is taken up again later."""
+        with self._lock:
+            sessions = list(self._open)
+        for session in sessions:
+            session.sever()
 
     def reconcile(self, key: str) -> Result | None:
         cached = self.moves.get(key)
@@ -221,10 +231,9 @@ class MoveController:
                 endpoints.append(self.admin_endpoints.get(name, spec))
             except (AdminRefused, AdminSecretInvalid, ApiException):
                 raise ReconcileError("AdminUnavailable", f"the admin Secret of shard {name} cannot be used") from None
-        options: SessionOptions = {
-            "application_name": APPLICATION_NAME,
-            "statement_timeout": MOVE_STATEMENT_TIMEOUT,
-        }
+        # The admin sessions' statement_timeout bounds every statement (a slot waiting for a long tenant
+        # transaction, too): a step cut by it is tried again later, and a stopping manager waits no longer.
+        options: SessionOptions = {"application_name": APPLICATION_NAME}
         if self.fence is not None:
             options["fence"] = self.fence  # every statement asks first: a replica without the Lease sends none
         try:
@@ -232,7 +241,13 @@ class MoveController:
                 AdminSession.for_endpoint(endpoints[0], **options) as source,
                 AdminSession.for_endpoint(endpoints[1], **options) as target,
             ):
-                yield source.connection(), target.connection()
+                with self._lock:
+                    self._open.update((source, target))
+                try:
+                    yield source.connection(), target.connection()
+                finally:
+                    with self._lock:
+                        self._open.difference_update((source, target))
         except SqlFailure as failure:
             self._note(obj, failure)
             raise ReconcileError("MoveStepFailed", str(failure)) from None

@@ -49,6 +49,8 @@ def setup_moves(
         pg_dump=find_pg_dump(),
         fence=manager.fence,
     )
+    # A lost Lease (or shutdown) cuts the move's sessions: a statement blocked on a shard returns now.
+    manager.when_controllers_stopping(logic.sever)
     controller = Controller("move", logic.reconcile, workers=1)
     controller.watch(moves)
     manager.add_controller(controller)

@@ -64,12 +64,17 @@ def shard(fleet, server: PostgresServer, accepting: bool) -> str:
 
 
 @pytest.fixture
-def shards(fleet, start_manager, move_servers, monkeypatch) -> tuple[str, str]:
-    """A running manager (its pg_dump the harness' PostgreSQL 18 one) with a source Shard that takes new
-    databases and a target Shard that does not (so placement picks the source); their names."""
+def manager(start_manager, move_servers, monkeypatch):
+    """A running manager whose pg_dump is the harness' PostgreSQL 18 one."""
+    monkeypatch.setenv("DBPROVIDER_PG_DUMP", str(move_servers[1].bin_dir / "pg_dump"))
+    return start_manager()
+
+
+@pytest.fixture
+def shards(fleet, manager, move_servers) -> tuple[str, str]:
+    """A source Shard that takes new databases and a target Shard that does not (so placement picks
+    the source); their names."""
     source_server, target_server = move_servers
-    monkeypatch.setenv("DBPROVIDER_PG_DUMP", str(target_server.bin_dir / "pg_dump"))
-    start_manager()
     source, target = shard(fleet, source_server, True), shard(fleet, target_server, False)
     fleet.wait_shard(source, "Ok")
     fleet.wait_shard(target, "Ok")
@@ -93,6 +98,26 @@ def requested_move(fleet, admin_rest, database: str, target: str) -> Iterator[st
         with contextlib.suppress(ApiException):
             admin_rest.patch(DATABASE_MOVES, name, {"metadata": {"finalizers": None}}, NAMESPACE)
             admin_rest.delete(DATABASE_MOVES, name, NAMESPACE)
+
+
+def held_open(server: PostgresServer, credentials: dict[str, str]) -> psycopg.Connection:
+    """The tenant's table `orders`, and a session of the tenant holding a transaction open in it (a
+    replication slot waits for the transactions running when it is made)."""
+    c = credentials
+    login = {"host": "127.0.0.1", "port": server.port, "user": c["user"], "password": c["password"]}
+    with psycopg.connect(**login, dbname=c["database"], autocommit=True) as conn:
+        conn.execute("CREATE TABLE orders (id bigint PRIMARY KEY, note text NOT NULL)")
+    holder = psycopg.connect(**login, dbname=c["database"])
+    holder.execute("INSERT INTO orders VALUES (0, 'held open')")
+    return holder
+
+
+def waiting_for_slot(server: PostgresServer) -> None:
+    making_slot = (
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'dbprovider-move'"
+        " AND query LIKE '%pg_create_logical_replication_slot%' AND state = 'active'"
+    )
+    wait_for(lambda: server.query(making_slot) != [(0,)], 60, "the move to wait for its replication slot")
 
 
 class Client(threading.Thread):
@@ -203,18 +228,10 @@ def test_an_abort_during_the_copy_leaves_the_source_serving(fleet, admin_rest, m
     fleet.wait_phase(database, "Ready")
     c = fleet.credentials(database)
     tenant = c["database"]
-    login = {"host": "127.0.0.1", "port": source_server.port, "user": c["user"], "password": c["password"]}
-    with psycopg.connect(**login, dbname=tenant, autocommit=True) as conn:
-        conn.execute("CREATE TABLE orders (id bigint PRIMARY KEY, note text NOT NULL)")
-    holder = psycopg.connect(**login, dbname=tenant)
-    holder.execute("INSERT INTO orders VALUES (0, 'held open')")  # an open transaction with an xid
+    holder = held_open(source_server, c)
 
     with requested_move(fleet, admin_rest, database, target) as name:
-        making_slot = (
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'dbprovider-move'"
-            " AND query LIKE '%pg_create_logical_replication_slot%' AND state = 'active'"
-        )
-        wait_for(lambda: source_server.query(making_slot) != [(0,)], 60, "the move to wait for its slot")
+        waiting_for_slot(source_server)
         admin_rest.patch(DATABASE_MOVES, name, {"spec": {"abort": True}}, NAMESPACE)
         holder.commit()
 
@@ -257,3 +274,35 @@ def test_a_move_that_cannot_be_done_fails_with_a_message_and_touches_no_shard(
             assert message in ready["message"]
     assert fleet.get_database(database)["status"]["shard"] == source
     assert source_server.query(slots) == [(0,)] and target_server.query(slots) == [(0,)]
+
+
+def test_a_move_interrupted_by_a_manager_restart_is_finished_by_the_next_one(
+    fleet, admin_rest, move_servers, shards, manager, start_manager
+) -> None:
+    source_server, target_server = move_servers
+    source, target = shards
+    database = fleet.database("mv-restarted")
+    fleet.wait_phase(database, "Ready")
+    c = fleet.credentials(database)
+    holder = held_open(source_server, c)
+    with requested_move(fleet, admin_rest, database, target) as name:
+        waiting_for_slot(source_server)
+        stopping = threading.Thread(target=manager.stop)
+        stopping.start()  # its sessions are cut; the step in flight ends with the transaction below
+        holder.commit()
+        stopping.join(120)
+        holder.close()
+        interrupted = admin_rest.get(DATABASE_MOVES, name, NAMESPACE)["status"]["phase"]
+        assert interrupted in ("Copying", "CatchingUp", "CuttingOver")
+
+        start_manager()
+
+        def completed() -> bool:
+            status = admin_rest.get(DATABASE_MOVES, name, NAMESPACE).get("status") or {}
+            assert status.get("phase") != "Failed", status
+            return status.get("phase") == "Completed"
+
+        wait_for(completed, 180, "the next manager to finish the move")
+    assert fleet.get_database(database)["status"]["shard"] == target
+    assert target_server.query("SELECT id FROM orders", dbname=c["database"]) == [(0,)]
+    assert source_server.query("SELECT count(*) FROM pg_replication_slots") == [(0,)]
