@@ -119,5 +119,7 @@ def register_controllers(
         placement=placement,
     )
     consumer_logic = setup_consumers(manager, rest, consumers, databases)
-    setup_moves(manager, namespace, rest, databases, shards, policy=shard_setup.policy, outside_pod=outside_pod)
+    setup_moves(
+        manager, namespace, rest, databases, shards, policy=shard_setup.policy, outside_pod=outside_pod, events=events
+    )
     return Controllers(shard_setup.controller, database_logic, consumer_logic, shard_setup.sessions, events, rest)

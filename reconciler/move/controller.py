@@ -30,7 +30,9 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from domain.constants import (
+    API_VERSION,
     FINALIZER_MOVE,
+    KIND_DATABASE_MOVE,
     MOVE_TARGET_ANY,
     Engine,
     MoveConditionType,
@@ -46,6 +48,7 @@ from domain.resources import DATABASE_MOVES, DATABASES
 from domain.specs import ShardSpec, parse_shard
 from domain.status import DatabaseStatus
 from informers import SECRETS, Informer, Rest
+from reconciler.events import EventRecorder
 from reconciler.runtime import ReconcileError, Result, TerminalError, ensure_active, patch_status, write_status
 from reconciler.shard.admin import AdminEndpointCache, AdminRefused, AdminSecretInvalid
 from reconciler.sql import move
@@ -86,6 +89,7 @@ class MoveController:
         admin_endpoints: AdminEndpointCache,
         *,
         pg_dump: Path | None,
+        events: EventRecorder | None = None,
         fence: Fence | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
@@ -97,6 +101,7 @@ class MoveController:
         self.shards = shards
         self.admin_endpoints = admin_endpoints
         self.pg_dump = pg_dump
+        self.events = events
         self.fence = fence
         self.clock = clock
         self._lock = threading.Lock()
@@ -161,6 +166,23 @@ class MoveController:
     def _finish(self, obj: DatabaseMoveObject, phase: MovePhase, reason: MoveReason, message: str) -> None:
         done = obj.with_status(phase=phase, completed_at=self.clock(), observed_generation=obj.metadata.generation)
         self._write(done.with_condition(MoveConditionType.READY, phase == MovePhase.COMPLETED, reason, message))
+        self._event(obj, f"Move{phase.value}", message, warning=phase == MovePhase.FAILED)
+
+    def _event(self, obj: DatabaseMoveObject, reason: str, message: str, *, warning: bool = False) -> None:
+        if self.events is None:
+            return
+        meta = obj.metadata
+        involved = {
+            "apiVersion": API_VERSION,
+            "kind": KIND_DATABASE_MOVE,
+            "metadata": {
+                "name": meta.name,
+                "namespace": meta.namespace,
+                "uid": meta.uid,
+                "resourceVersion": meta.resource_version,
+            },
+        }
+        self.events.record(involved, reason, message, warning=warning)
 
     def _fail(self, obj: DatabaseMoveObject, reason: MoveReason, message: str) -> None:
         self._finish(obj, MovePhase.FAILED, reason, message)
@@ -294,6 +316,9 @@ class MoveController:
         if self.pg_dump is None:
             self._fail(obj, MoveReason.FAILED, "pg_dump is not installed where the manager runs")
             return obj.with_status(phase=MovePhase.FAILED)
+        self._event(
+            obj, "MoveStarted", f"moving from shard {obj.status.source_shard} to shard {obj.status.target_shard}"
+        )
         return self._phase(obj, MovePhase.COPYING, "copying the schema and the data", started_at=self.clock())
 
     def _copy(self, obj: DatabaseMoveObject) -> DatabaseMoveObject:
@@ -335,7 +360,8 @@ class MoveController:
             obj,
             MovePhase.COMPLETED,
             MoveReason.COMPLETED,
-            f"moved from shard {obj.status.source_shard} to shard {obj.status.target_shard}",
+            f"moved from shard {obj.status.source_shard} to shard {obj.status.target_shard}; writes paused "
+            f"{obj.status.write_pause_seconds or 0:.1f} s",
         )
         return None
 

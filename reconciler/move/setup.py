@@ -15,6 +15,7 @@ from pathlib import Path
 from domain.admin_access import OutsidePod
 from domain.resources import DATABASE_MOVES
 from informers import Informer, Rest
+from reconciler.events import EventRecorder
 from reconciler.move.controller import MoveController
 from reconciler.runtime import Controller, ControllerManager
 from reconciler.shard.admin import AdminEndpointCache, AdminPolicy
@@ -36,6 +37,7 @@ def setup_moves(
     *,
     policy: AdminPolicy,
     outside_pod: OutsidePod,
+    events: EventRecorder,
 ) -> MoveController:
     """The DatabaseMove controller on `manager` (leader only, like every controller there)."""
     moves = manager.informers.informer(DATABASE_MOVES, namespace)
@@ -47,6 +49,7 @@ def setup_moves(
         shards,
         AdminEndpointCache(rest, policy, outside_pod.admin_host),
         pg_dump=find_pg_dump(),
+        events=events,
         fence=manager.fence,
     )
     # A lost Lease (or shutdown) cuts the move's sessions: a statement blocked on a shard returns now.

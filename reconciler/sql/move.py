@@ -60,6 +60,7 @@ from reconciler.sql.tenant import (
     ensure_membership,
     ensure_role,
     read_state,
+    scram_verifier,
 )
 
 OP_MOVE = "move"
@@ -578,8 +579,9 @@ def _drop_marker(inside: psycopg.Connection, name: str) -> None:
 
 
 def open_target(target: psycopg.Connection, tenant: TenantSpec) -> None:
-    """The marker dropped, CONNECT for the tenant (and the pooler's auth user) on the target, and the
-    provisioner's own CONNECT and CREATE taken back."""
+    """The marker dropped, the tenant's password set again (the one the consumer holds now, should it
+    have changed during the move), CONNECT for the tenant (and the pooler's auth user) on the target,
+    and the provisioner's own CONNECT and CREATE taken back."""
     name = tenant.name
     state = read_state(target, name)
     if state.tenant_can_connect:
@@ -588,6 +590,7 @@ def open_target(target: psycopg.Connection, tenant: TenantSpec) -> None:
         _drop_marker(inside, name)
         _schema_usage(inside, name, "REVOKE {} ON SCHEMA {} FROM {}")
     database = _ident(name)
+    target.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(database, sql.Literal(scram_verifier(tenant.password))))
     with as_role(target, name):
         target.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(database, database))
         if tenant.pooler is not None:

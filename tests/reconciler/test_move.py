@@ -20,7 +20,7 @@ from kubernetes.client.exceptions import ApiException
 from domain.constants import API_VERSION
 from domain.resources import DATABASE_MOVES
 from harness import PostgresServer
-from tests.reconciler.conftest import NAMESPACE
+from tests.reconciler.conftest import NAMESPACE, wait_events
 from tests.sql.conftest import LogicalPool
 from tests.sql.helpers import can_connect
 from tests.sql.test_move_privileges import source_grant, target_grant
@@ -200,6 +200,7 @@ def test_a_database_move_completes_online_and_the_credentials_follow(fleet, admi
             assert 0 < status["writePauseSeconds"] < 30
             assert condition({"status": status}, "Ready")["status"] == "True"
             assert phases[-1] == "Completed" and "CatchingUp" in phases
+            wait_events(admin_rest, name, {"MoveStarted", "MoveCompleted"})
 
             # The Database names the target; its credentials Secret follows (the Database controller).
             assert fleet.get_database(database)["status"]["shard"] == target

@@ -15,6 +15,7 @@ import secrets
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import psycopg
@@ -376,5 +377,22 @@ def test_the_target_is_closed_to_the_tenant_until_the_cutover_and_a_logged_targe
         assert pair.spec.password not in str(refused.value)
         assert pair.spec.password not in pair.target.statement_log()[len(log) :]
         assert pair.target.query("SELECT count(*) FROM pg_subscription") == [(0,)]
+    finally:
+        mover.close()
+
+
+def test_a_password_changed_during_the_move_is_the_one_that_logs_in_on_the_target(pair: Pair) -> None:
+    """The consumer's password was rotated (on the source) while the data was copied: the cutover sets
+    the password the consumer holds now on the target."""
+    mover = Move(pair)
+    try:
+        mover.until_copied()
+        rotated = new_spec().password
+        with pair.source.superuser_connection() as conn:
+            conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(sql.Identifier(pair.name), sql.Literal(rotated)))
+        plan = move.MovePlan(replace(pair.spec, password=rotated), "127.0.0.1", pair.source.port, sslmode="disable")
+        move.cutover(mover.source, mover.target, plan)
+        assert can_connect(pair.target, pair.name, rotated, pair.name)
+        assert not can_connect(pair.target, pair.name, pair.spec.password, pair.name)
     finally:
         mover.close()
