@@ -221,6 +221,8 @@ class MoveController:
             problem = f"no Database {obj.spec.database} in this namespace"
         elif status.phase != Phase.READY or not status.shard or not status.tenant_name:
             problem = f"Database {obj.spec.database} is not Ready"
+        elif (first := self._earlier_move(obj)) is not None:
+            problem = f"DatabaseMove {first} of the same Database came first and has not finished"
         elif status.shard == obj.spec.target:
             problem = f"Database {obj.spec.database} is on shard {obj.spec.target} already"
         elif target is None or target.engine != Engine.POSTGRES:
@@ -237,6 +239,24 @@ class MoveController:
             source_shard=status.shard,
             target_shard=obj.spec.target,
         )
+
+    def _earlier_move(self, obj: DatabaseMoveObject) -> str | None:
+        """An unfinished move of the same Database created before this one (one move at a time: they
+        would share the tenant's publication, slot and subscription)."""
+        mine = (obj.metadata.creation_timestamp or "", obj.name)
+        for other in self.moves.list():
+            meta, spec = other.get("metadata") or {}, other.get("spec") or {}
+            phase = (other.get("status") or {}).get("phase")
+            theirs = (meta.get("creationTimestamp") or "", meta.get("name", ""))
+            if (
+                meta.get("namespace") == obj.metadata.namespace
+                and spec.get("database") == obj.spec.database
+                and phase not in FINISHED
+                and meta.get("deletionTimestamp") is None
+                and theirs < mine
+            ):
+                return str(meta.get("name"))
+        return None
 
     # -- SQL -------------------------------------------------------------------------------------
 

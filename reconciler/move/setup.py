@@ -1,8 +1,8 @@
 """Wires the DatabaseMove controller: a pass when a DatabaseMove changes, and while one runs, its own
 requeues (the copy and the stream are looked at every few seconds).
 
-One worker: moves run one at a time, each holding two admin sessions of its own (not the Database
-workers'). The schema is copied by `pg_dump`: the binary named by DBPROVIDER_PG_DUMP, else the one
+Two workers: at most two moves run at the same time, each holding two admin sessions of its own (not
+the Database workers'). The schema is copied by `pg_dump`: the binary named by DBPROVIDER_PG_DUMP, else the one
 on PATH; without one, a move fails its preflight with a message saying so.
 """
 
@@ -21,6 +21,7 @@ from reconciler.runtime import Controller, ControllerManager
 from reconciler.shard.admin import AdminEndpointCache, AdminPolicy
 
 PG_DUMP_VARIABLE = "DBPROVIDER_PG_DUMP"
+MOVE_WORKERS = 2  # moves of different Databases at the same time (one waiting on a shard holds up only itself)
 
 
 def find_pg_dump() -> Path | None:
@@ -54,7 +55,7 @@ def setup_moves(
     )
     # A lost Lease (or shutdown) cuts the move's sessions: a statement blocked on a shard returns now.
     manager.when_controllers_stopping(logic.sever)
-    controller = Controller("move", logic.reconcile, workers=1)
+    controller = Controller("move", logic.reconcile, workers=MOVE_WORKERS)
     controller.watch(moves)
     manager.add_controller(controller)
     return logic

@@ -120,6 +120,12 @@ def waiting_for_slot(server: PostgresServer) -> None:
     wait_for(lambda: server.query(making_slot) != [(0,)], 60, "the move to wait for its replication slot")
 
 
+def failed_status(admin_rest, name: str) -> dict | None:
+    """The DatabaseMove, once it has Failed."""
+    move = admin_rest.get(DATABASE_MOVES, name, NAMESPACE)
+    return move if (move.get("status") or {}).get("phase") == "Failed" else None
+
+
 class Client(threading.Thread):
     """The consumer's application: inserts one row after another wherever its credentials point."""
 
@@ -233,6 +239,9 @@ def test_an_abort_during_the_copy_leaves_the_source_serving(fleet, admin_rest, m
 
     with requested_move(fleet, admin_rest, database, target) as name:
         waiting_for_slot(source_server)
+        with requested_move(fleet, admin_rest, database, target) as second:  # one move of a Database at a time
+            failed = wait_for(lambda: failed_status(admin_rest, second), 60, "the second move to fail")
+            assert f"DatabaseMove {name} of the same Database came first" in condition(failed, "Ready")["message"]
         admin_rest.patch(DATABASE_MOVES, name, {"spec": {"abort": True}}, NAMESPACE)
         holder.commit()
 
@@ -264,13 +273,8 @@ def test_a_move_that_cannot_be_done_fails_with_a_message_and_touches_no_shard(
         (database, "no-such-shard", "no valid postgres Shard no-such-shard"),
     ):
         with requested_move(fleet, admin_rest, spec_database, spec_target) as name:
-
-            def failed() -> dict | None:
-                status = admin_rest.get(DATABASE_MOVES, name, NAMESPACE).get("status") or {}
-                return status if status.get("phase") == "Failed" else None
-
-            status = wait_for(failed, 60, f"move {name} to fail")
-            ready = condition({"status": status}, "Ready")
+            failed = wait_for(lambda: failed_status(admin_rest, name), 60, f"move {name} to fail")
+            ready = condition(failed, "Ready")
             assert ready["status"] == "False" and ready["reason"] == "Failed"
             assert message in ready["message"]
     assert fleet.get_database(database)["status"]["shard"] == source
