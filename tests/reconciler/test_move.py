@@ -214,6 +214,10 @@ def test_a_database_move_completes_online_and_the_credentials_follow(fleet, admi
             moved = fleet.credentials(database)
             assert moved["password"] == credentials["password"] and moved["user"] == credentials["user"]
             assert not can_connect(source_server, credentials["user"], credentials["password"], credentials["database"])
+            after = fleet.wait_phase(database, "Ready")
+            assert condition(after, "Ready")["status"] == "True"
+            wait_for(lambda: (fleet.get_shard(target).get("status") or {}).get("databaseCount") == 1, 60, "counts")
+            wait_for(lambda: (fleet.get_shard(source).get("status") or {}).get("databaseCount") == 0, 60, "counts")
 
             # The client, given the new endpoint, goes on; nothing it saw committed is missing.
             before = len(client.acknowledged)
