@@ -42,6 +42,9 @@ def setup_moves(
 ) -> MoveController:
     """The DatabaseMove controller on `manager` (leader only, like every controller there)."""
     moves = manager.informers.informer(DATABASE_MOVES, namespace)
+    # A DatabaseMove CRD not installed yet (the CRDs of an upgrade applied late) must not keep the replica
+    # from starting: moves wait for it, everything else runs.
+    manager.informers.mark_optional(moves)
     logic = MoveController(
         rest,
         namespace,
