@@ -131,6 +131,8 @@ FINALIZER_TENANT = f"{GROUP}/tenant"
 # Held on every Shard (while deletion protection is on) until no Database is placed on it: a delete of a
 # Shard whose status.databaseCount lies is held, not done (reconciler.shard.deletion).
 FINALIZER_SHARD_DATABASES = f"{GROUP}/shard-databases"
+# On a DatabaseMove while it runs: its deletion first undoes what the move made on the shards.
+FINALIZER_MOVE = f"{GROUP}/move"
 
 # On the leader Lease: which release holds it, and the lease duration replicas of that release (and
 # newer ones) honour; older releases see only spec.leaseDurationSeconds (informers.leader).

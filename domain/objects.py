@@ -27,8 +27,15 @@ from pydantic import BaseModel, Field, PrivateAttr, ValidationError
 from domain.conditions import with_condition
 from domain.constants import ConditionStatus
 from domain.metadata import ObjectMeta
-from domain.specs import ConsumerSpec, DatabaseClaimSpec, DatabaseSpec, ShardSpec
-from domain.status import ConsumerStatus, DatabaseClaimStatus, DatabaseStatus, ObjectStatus, ShardStatus
+from domain.specs import ConsumerSpec, DatabaseClaimSpec, DatabaseMoveSpec, DatabaseSpec, ShardSpec
+from domain.status import (
+    ConsumerStatus,
+    DatabaseClaimStatus,
+    DatabaseMoveStatus,
+    DatabaseStatus,
+    ObjectStatus,
+    ShardStatus,
+)
 from domain.validation import SpecModel
 
 # A Kubernetes object as JSON, before (or instead of) parsing: the one spelling of that type.
@@ -216,6 +223,10 @@ class ConsumerObject(KubeObject[ConsumerSpec, ConsumerStatus]):
 
 class DatabaseObject(KubeObject[DatabaseSpec, DatabaseStatus]):
     status: DatabaseStatus = Field(default_factory=DatabaseStatus)
+
+
+class DatabaseMoveObject(KubeObject[DatabaseMoveSpec, DatabaseMoveStatus]):
+    """A DatabaseMove as the move controller reads it."""
 
 
 class ClaimObject(KubeObject[DatabaseClaimSpec, DatabaseClaimStatus]):

@@ -29,6 +29,7 @@ from reconciler.database import DatabaseController
 from reconciler.database.setup import setup_databases
 from reconciler.events import EventRecorder
 from reconciler.fleet_metrics import EngineCollector
+from reconciler.move.setup import setup_moves
 from reconciler.placement_index import placement_index
 from reconciler.runtime import ControllerManager
 from reconciler.shard.admin import AdminSessions
@@ -118,4 +119,7 @@ def register_controllers(
         placement=placement,
     )
     consumer_logic = setup_consumers(manager, rest, consumers, databases)
+    setup_moves(
+        manager, namespace, rest, databases, shards, policy=shard_setup.policy, outside_pod=outside_pod, events=events
+    )
     return Controllers(shard_setup.controller, database_logic, consumer_logic, shard_setup.sessions, events, rest)

@@ -48,6 +48,8 @@ OBJECT_IN_USE = _error_class("object_in_use", retryable=True)
 DEPENDENT_OBJECTS = _error_class("dependent_objects", retryable=False)
 CONFLICT = _error_class("conflict", retryable=True)
 RESTORE_REFUSED = _error_class("restore_refused", retryable=False)
+# A move step that cannot go on as things are (the detail says what a user must change first).
+MOVE_REFUSED = _error_class("move_refused", retryable=False)
 # Space may be freed; the Shard is not Ready (DiskFull) meanwhile.
 DISK_FULL = _error_class("disk_full", retryable=True)
 # The Shard controller found the shard not answering: its sessions were cut and no new one is opened.

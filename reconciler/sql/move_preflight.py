@@ -9,7 +9,8 @@ and a rollback reverses the two, so each shard of an online move needs everythin
 - `wal_level = logical` (changing it needs a server restart);
 - REPLICATION on the provisioner (so it may give it to the tenant role, whose login the
   subscription uses) and membership in `pg_create_subscription` (with its privileges);
-- a free replication slot and a free WAL sender for the move's stream.
+- a free replication slot and a free WAL sender for the move's stream;
+- no statement logging for the provisioner (CREATE SUBSCRIPTION carries the tenant's password).
 
 Inside the tenant's database (`tenant_database`), what logical replication would not carry or would
 break: tables without a replica identity (their UPDATE and DELETE would fail on the source once
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import psycopg
 from psycopg import sql
@@ -41,6 +42,7 @@ REPLICATION_ATTRIBUTE = "replication_attribute"
 CREATE_SUBSCRIPTION = "create_subscription"
 REPLICATION_SLOTS = "replication_slots"
 WAL_SENDERS = "wal_senders"
+STATEMENT_LOGGING = "statement_logging"
 REPLICA_IDENTITY = "replica_identity"
 LARGE_OBJECTS = "large_objects"
 EXTENSION_MISSING = "extension_missing"
@@ -67,6 +69,7 @@ class ShardFacts:
     used_replication_slots: int
     max_wal_senders: int
     used_wal_senders: int
+    statement_logging: tuple[str, ...] = ()  # settings under which its statements' text is logged
 
     @property
     def major(self) -> int:
@@ -91,7 +94,31 @@ def read_shard(conn: psycopg.Connection) -> ShardFacts:
     row = conn.execute(_SHARD, {"create_subscription": CREATE_SUBSCRIPTION_ROLE}).fetchone()
     if row is None:
         raise RuntimeError("the shard query returned no row")
-    return ShardFacts(*row)
+    return replace(ShardFacts(*row), statement_logging=tuple(statement_logging(conn)))
+
+
+_LOGGING = """
+SELECT current_setting('log_statement'), current_setting('log_min_duration_statement'),
+       coalesce(current_setting('pg_stat_statements.track_utility', true), 'off')
+"""
+
+
+def statement_logging(conn: psycopg.Connection) -> list[str]:
+    """The settings of this session under which the server records the text of a successful statement
+    (in its log, or in pg_stat_statements): empty when it records none. The provisioner's role
+    settings apply, so this answers for every session of the provisioner on the shard."""
+    row = conn.execute(_LOGGING).fetchone()
+    if row is None:
+        raise RuntimeError("the settings query returned no row")
+    log_statement, min_duration, track_utility = row
+    found = []
+    if log_statement != "none":
+        found.append(f"log_statement = {log_statement}")
+    if min_duration != "-1":
+        found.append(f"log_min_duration_statement = {min_duration}")
+    if track_utility != "off":
+        found.append("pg_stat_statements.track_utility = on")
+    return found
 
 
 def shard_obstacles(facts: ShardFacts) -> list[Obstacle]:
@@ -134,6 +161,17 @@ def shard_obstacles(facts: ShardFacts) -> list[Obstacle]:
                 REPLICATION_SLOTS,
                 f"no free replication slot ({facts.used_replication_slots} of max_replication_slots = "
                 f"{facts.max_replication_slots} in use): raise max_replication_slots (needs a restart)",
+            )
+        )
+    if facts.statement_logging:
+        found.append(
+            Obstacle(
+                STATEMENT_LOGGING,
+                f"the statements of the provisioner role {facts.role} are logged "
+                f"({', '.join(facts.statement_logging)}), and the subscription's statement carries the "
+                f"tenant's password: a superuser runs ALTER ROLE {facts.role} SET log_statement = 'none' "
+                "(and SET log_min_duration_statement = -1, SET pg_stat_statements.track_utility = off where "
+                "those are set)",
             )
         )
     if facts.used_wal_senders >= facts.max_wal_senders:

@@ -51,6 +51,21 @@ def test_a_shard_without_the_settings_and_grants_says_what_it_lacks(postgres: Po
         ]
 
 
+@pytest.mark.parametrize("flavor", MOVE_FLAVORS)
+def test_a_shard_logging_the_provisioners_statements_is_told_to_stop(flavor: str, logical_pool: LogicalPool) -> None:
+    """CREATE SUBSCRIPTION carries the tenant's password: a shard that logs the provisioner's statements
+    (here log_statement = all for the whole server) must stop doing so for that role."""
+    logged = logical_pool.target(flavor)
+    source_grant(logged)
+    target_grant(logged)
+    found = obstacles(logged)
+    assert found == [preflight.STATEMENT_LOGGING]
+    with connect_admin(admin_endpoint(logged)) as conn:
+        message = preflight.shard_obstacles(preflight.read_shard(conn))[0].message
+    assert "log_statement = all" in message
+    assert "SET log_statement = 'none'" in message
+
+
 def test_slots_in_use_count_against_the_headroom(prepared: PostgresServer) -> None:
     slot = f"preflight_{new_spec().name}"
     with connect_admin(admin_endpoint(prepared)) as conn:

@@ -1,0 +1,1 @@
+"""The DatabaseMove controller: a Database moved to another shard online."""
