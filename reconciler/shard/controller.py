@@ -5,7 +5,8 @@ Pings every Ready shard every 15 s (PING_INTERVAL; in a fleet of more than 45 sh
 SETTINGS.shard_checks.ready_interval_for) and a shard that is not Ready every 5 s (NOT_READY_RECHECK), so
 a failure is seen and a recovery taken up well within that minute; also whenever the Shard or one of its
 Databases changes (a Ready shard at most every 10 s: a burst of placements must not ping once per
-database), and at once when a Database worker's SQL on it failed or hangs (`suspects`).
+database, or one starts or stops waiting on a failed login at the client endpoint: ClientLoginFailing,
+reconciler.shard.client_logins), and at once when a Database worker's SQL on it failed or hangs (`suspects`).
 Each ping opens a NEW admin connection and closes it: a reused
 session would keep answering while the postmaster accepts no new connections (stopped, out of
 slots), which no consumer could then use. Shards are checked concurrently (the controller's
@@ -52,6 +53,7 @@ from informers import Informer, Rest
 from reconciler.runtime import Result, StatusEchoes, Wakeups
 from reconciler.shard.admin import AdminPolicy, AdminRefused, AdminSessions, admin_endpoint
 from reconciler.shard.budget import ShardBudgets
+from reconciler.shard.client_logins import report_client_logins
 from reconciler.shard.deletion import ShardDeletion
 from reconciler.shard.links import ShardLinks
 from reconciler.shard.suspects import ShardSuspects
@@ -346,6 +348,7 @@ class ShardController:
             health = self._health(name, spec, shard.metadata.generation)
         cloudberry = spec is not None and spec.engine == Engine.CLOUDBERRY
         shard = observe(shard, health, self.databases.count_by_index(BY_SHARD, name), cloudberry=cloudberry)
+        shard = report_client_logins(shard, self.databases.by_index(BY_SHARD, name))
         if self.deletion is not None:
             shard = self.deletion.report(shard)
         if self.budgets is not None:
