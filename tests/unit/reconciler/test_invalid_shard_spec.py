@@ -31,6 +31,9 @@ class Cache:
     def count_by_index(self, index: str, value: str) -> int:
         return 0
 
+    def by_index(self, index: str, value: str) -> list[dict[str, Any]]:
+        return []
+
 
 class RecordingRest:
     def __init__(self) -> None:
