@@ -296,13 +296,15 @@ class ShardController:
         cluster = self._cluster_health(spec)
         if cluster is not None:
             self._last.pop(name, None)
+            self.suspects.take(name)  # answered by the cluster's phase; a check follows once it runs
             return cluster
         last = self._last.get(name)
         gap = self.min_ping_gap if last is not None and last[2].ready else NOT_READY_RECHECK
-        if self.suspects.take(name):
+        if self.suspects.pending(name):
             gap = MIN_FORCED_GAP
         if last is not None and last[1] == generation and time.monotonic() - last[0] < gap:
-            return last[2]
+            return last[2]  # a suspicion stays pending: the pass is repeated after MIN_FORCED_GAP (reconcile)
+        self.suspects.take(name)  # this check answers it; a failure from now on is a new suspicion
         health = self.check(name, spec)
         self._last[name] = (time.monotonic(), generation, health)
         if health.ready:
@@ -358,6 +360,10 @@ class ShardController:
             shard = self.budgets.record(shard, view)
         if self.echoes.write(self.rest, SHARDS, shard) is not None and not health.ready:
             log.warning("shard not ready", extra={"shard": name, "reason": str(health.reason)})
+        if spec is not None and self.suspects.pending(name):
+            # Suspected within MIN_FORCED_GAP of the last check (or during it): it owes a check, and
+            # placement leaves the shard until one passes.
+            return Result(requeue_after=MIN_FORCED_GAP)
         if not health.ready:
             return Result(requeue_after=min(NOT_READY_RECHECK, self.ping_interval))
         return Result(requeue_after=self.ready_interval(name))
