@@ -430,6 +430,8 @@ class PatroniShard:
                 "data_dir": str(member.workdir / "data"),
                 "bin_dir": str(self.bin_dir),
                 "pgpass": str(member.workdir / "pgpass"),
+                # A replica's base backup starts at once instead of after a spread checkpoint.
+                "basebackup": [{"checkpoint": "fast"}],
                 "authentication": {
                     "superuser": {"username": self.SUPERUSER, "password": self.superuser_password},
                     "replication": {"username": "replicator", "password": self.replication_password},
