@@ -13,12 +13,22 @@ from pathlib import Path
 import kubernetes
 import psycopg
 import pytest
+import requests
 from psycopg.conninfo import make_conninfo
 
 from domain.constants import GROUP, PLURAL_SHARDS, VERSION
 from tests.support.common import wait_for
 from tests.support.dev_command import api_session, read_env_file, start_dev, stop_dev, wait_ready_line
 from tests.support.documented import run_documented_against_dev
+
+
+def put_until_ready(session: requests.Session, base: str, name: str) -> dict[str, str]:
+    """PUT a small database, wait until it is Ready; its credentials."""
+    created = session.put(f"{base}/{name}", json={"sizeClass": "small"}, timeout=10)
+    assert created.status_code == 201, created.text
+    wait_for(lambda: session.get(f"{base}/{name}", timeout=10).json().get("phase") == "Ready", 90, f"{name} Ready")
+    credentials: dict[str, str] = session.get(f"{base}/{name}/credentials", timeout=10).json()
+    return credentials
 
 
 @pytest.mark.server  # `dbprovider dev` starts an apiserver and a PostgreSQL server
@@ -36,12 +46,7 @@ def test_dev_runs_the_consumer_flow_and_stops_cleanly(tmp_path: Path) -> None:
 
         session = api_session(env)
         base = f"{env['DBPROVIDER_API_URL']}/v1/databases"
-        created = session.put(f"{base}/orders", json={"sizeClass": "small"}, timeout=10)
-        assert created.status_code == 201, created.text
-        wait_for(
-            lambda: session.get(f"{base}/orders", timeout=10).json().get("phase") == "Ready", 60, "orders to be Ready"
-        )
-        credentials = session.get(f"{base}/orders/credentials", timeout=10).json()
+        credentials = put_until_ready(session, base, "orders")
         with psycopg.connect(credentials["uri"]) as conn:
             assert conn.execute("SELECT current_user").fetchone()[0] == credentials["user"]
         for elsewhere in ("postgres", "template1"):  # dev's shard is prepared as docs/sql.md says
@@ -96,12 +101,7 @@ def test_dev_with_a_patroni_shard_hands_out_pgbouncer(tmp_path: Path) -> None:
         env = read_env_file(env_file)
         session = api_session(env)
         base = f"{env['DBPROVIDER_API_URL']}/v1/databases"
-        created = session.put(f"{base}/orders", json={"sizeClass": "small"}, timeout=10)
-        assert created.status_code == 201, created.text
-        wait_for(
-            lambda: session.get(f"{base}/orders", timeout=10).json().get("phase") == "Ready", 90, "orders to be Ready"
-        )
-        credentials = session.get(f"{base}/orders/credentials", timeout=10).json()
+        credentials = put_until_ready(session, base, "orders")
         assert int(credentials["port"]) == int(pgbouncer.group(1))
 
         printed = next(line.strip() for line in text.splitlines() if line.strip().startswith("psql "))
