@@ -45,6 +45,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--postgres", default="18", choices=["18", "16", "15"], help="PostgreSQL major of the shard (default 18)"
     )
     dev.add_argument(
+        "--shard",
+        default="postgres",
+        choices=["postgres", "patroni"],
+        help=(
+            "postgres: one server (default); patroni: a Patroni cluster (a primary and a streaming replica) as "
+            "the Shard's admin endpoint, with pgBouncer in transaction pool mode as its client endpoint "
+            "(needs Debian's pgbouncer)"
+        ),
+    )
+    dev.add_argument(
         "--state-dir",
         default=".dbprovider-dev",
         help="where the kubeconfig and env file are written (default ./.dbprovider-dev)",
@@ -426,7 +436,7 @@ def _run_dev(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    return run_dev(postgres_flavor=args.postgres, state_dir=args.state_dir, overrides=overrides)
+    return run_dev(postgres_flavor=args.postgres, state_dir=args.state_dir, overrides=overrides, shard=args.shard)
 
 
 def _run_render(args: argparse.Namespace) -> int:

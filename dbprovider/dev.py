@@ -1,9 +1,11 @@
 """`dbprovider dev`: the whole product locally on embedded defaults, torn down on Ctrl-C or SIGTERM.
 
-A real kube-apiserver + etcd and a PostgreSQL shard on loopback, the install applied to them, a
-Shard and a Consumer registered, and one manager replica (API, controllers, metrics) in this
-process. Prints the consumer's token and the curl commands of the consumer flow, and writes a
-shell env file (KUBECONFIG, DBPROVIDER_API_URL, DBPROVIDER_CA_FILE, DBPROVIDER_TOKEN).
+A real kube-apiserver + etcd and a PostgreSQL shard on loopback (`shard="patroni"`: a Patroni cluster of a
+primary and a streaming replica behind a primary endpoint, with pgBouncer as the client endpoint, as
+harness.patroni runs it), the install applied to them, a Shard and a Consumer registered, and one
+manager replica (API, controllers, metrics) in this process. Prints the consumer's token and the curl
+commands of the consumer flow, and writes a shell env file (KUBECONFIG, DBPROVIDER_API_URL,
+DBPROVIDER_CA_FILE, DBPROVIDER_TOKEN).
 
 `--config values.yaml` merges the user's install values onto dev's defaults (dbprovider.dev_values);
 values that are invalid or cannot work locally are refused (exit 2, naming the key) before anything
@@ -13,6 +15,7 @@ and an example DatabaseCluster + cloudberry Shard is written for the user to app
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import shlex
 import shutil
@@ -31,8 +34,19 @@ from dbprovider.manager import Manager, ManagerOptions, wait_for_stop
 from domain.admin_access import OutsidePod
 from domain.config import format_duration
 from harness import KubeControlPlane, MissingBinaryError, PostgresServer
+from harness.patroni import PGBOUNCER, PatroniShard
 
 DEV_READY_TIMEOUT = 60.0
+SHARD_KINDS = ("postgres", "patroni")
+
+
+def _missing_for(shard: str) -> str | None:
+    """What the shard kind needs and this machine lacks (None: nothing)."""
+    if shard == "patroni" and not PGBOUNCER.exists():
+        return f"--shard patroni runs pgBouncer, and {PGBOUNCER} is missing (apt-get install pgbouncer)"
+    if shard == "patroni" and importlib.util.find_spec("patroni") is None:
+        return "--shard patroni runs Patroni, which is not installed (pip install -e '.[test]')"
+    return None
 
 
 def _write_env_file(path: Path, values: dict[str, str]) -> None:
@@ -56,6 +70,16 @@ def _cloudberry_walkthrough(stack: DevStack) -> list[str]:
     ]
 
 
+def _shard_line(stack: DevStack) -> str:
+    server = stack.postgres
+    if isinstance(server, PatroniShard):
+        return (
+            f"  PostgreSQL {server.major} Patroni shard {stack.shard}: primary 127.0.0.1:{server.port} (admin), "
+            f"pgBouncer 127.0.0.1:{server.client_port} ({server.pool_mode} pooling, what consumers get)"
+        )
+    return f"  PostgreSQL {server.major} shard {stack.shard} on 127.0.0.1:{server.port}"
+
+
 def _walkthrough(stack: DevStack, env_file: Path, elapsed: float) -> str:
     size_class = next(iter(stack.config.size_classes), None)
     body = f'-d \'{{"sizeClass": "{size_class}"}}\' ' if size_class else ""
@@ -69,7 +93,7 @@ def _walkthrough(stack: DevStack, env_file: Path, elapsed: float) -> str:
             f"  consumer API  {stack.api_url}  (consumer {stack.consumer}, token {stack.token})",
             f"  metrics       http://127.0.0.1:{stack.metrics_port}/metrics",
             f"  kube-apiserver {stack.kube.url}  (namespace {stack.namespace})",
-            f"  PostgreSQL {stack.postgres.major} shard {stack.shard} on 127.0.0.1:{stack.postgres.port}",
+            _shard_line(stack),
             f"  env file      {env_file}",
             "",
             "In another shell:",
@@ -88,8 +112,15 @@ def _walkthrough(stack: DevStack, env_file: Path, elapsed: float) -> str:
     )
 
 
-def run_dev(postgres_flavor: str, state_dir: str, overrides: Mapping[str, Any] | None = None) -> int:
-    """`overrides`: the user's install values, already checked (dev_values.checked_dev_values)."""
+def run_dev(
+    postgres_flavor: str, state_dir: str, overrides: Mapping[str, Any] | None = None, shard: str = "postgres"
+) -> int:
+    """`overrides`: the user's install values, already checked (dev_values.checked_dev_values); `shard`:
+    one of SHARD_KINDS."""
+    missing = _missing_for(shard)
+    if missing is not None:
+        print(f"dbprovider dev: {missing}", file=sys.stderr)
+        return 2
     stopping = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
@@ -104,7 +135,7 @@ def run_dev(postgres_flavor: str, state_dir: str, overrides: Mapping[str, Any] |
     except MissingBinaryError as exc:
         print(f"dbprovider dev: {exc}", file=sys.stderr)
         return 2
-    postgres: PostgresServer | None = None
+    postgres: PostgresServer | PatroniShard | None = None
     manager: Manager | None = None
     env_file = state / "env"
     started = time.monotonic()
@@ -115,11 +146,15 @@ def run_dev(postgres_flavor: str, state_dir: str, overrides: Mapping[str, Any] |
     try:
         progress("starting etcd and kube-apiserver ...")
         kube.start()
-        progress(f"starting PostgreSQL {postgres_flavor} ...")
         # The server's max_connections and the Shard's maxDatabases agree: MAX databases of the default
         # connection limit fit its connection budget.
         max_connections, max_databases = dev_shard_capacity(dev_install_config(overrides or {}))
-        postgres = PostgresServer(postgres_flavor, settings={"max_connections": str(max_connections)}).start()
+        if shard == "patroni":
+            progress(f"starting a Patroni cluster of PostgreSQL {postgres_flavor} and pgBouncer ...")
+            postgres = PatroniShard(postgres_flavor, max_connections=max_connections).start()
+        else:
+            progress(f"starting PostgreSQL {postgres_flavor} ...")
+            postgres = PostgresServer(postgres_flavor, settings={"max_connections": str(max_connections)}).start()
         progress("installing the provider and registering the shard and a consumer ...")
         stack = DevStack(
             kube, postgres, state, config_overrides=dict(overrides or {}), max_databases=max_databases

@@ -1,9 +1,10 @@
 """The whole product on one machine: what `dbprovider dev` runs and the end-to-end tests start.
 
-Given a running control plane and PostgreSQL server (harness), `DevStack.install()` applies the
-rendered install (CRDs, RBAC, admission policy, ...), registers the server as a Shard (TLS on, its
+Given a running control plane and PostgreSQL server or Patroni cluster (harness), `DevStack.install()`
+applies the rendered install (CRDs, RBAC, admission policy, ...), registers it as a Shard (TLS on, its
 admin Secret in a namespace of its own and listed in shardSecrets, as docs/install.md asks; its
-maxDatabases what `dev_shard_capacity` says the server holds), creates a
+maxDatabases what `dev_shard_capacity` says the server holds; a Patroni cluster's admin endpoint is its
+primary endpoint and its client endpoint pgBouncer, declared as the Shard's pooler), creates a
 Consumer with a fresh bearer token, issues the API's TLS certificate and writes the files the
 manager needs: its install config and a kubeconfig with a real token of its ServiceAccount.
 """
@@ -37,6 +38,7 @@ from domain.tokens import hash_token
 from harness import KubeControlPlane, PostgresServer
 from harness.certs import CertificateAuthority
 from harness.keldon import KELDON_CRD
+from harness.patroni import POOLER_AUTH_USER, PatroniShard
 from harness.process import free_port
 from informers import SECRETS, Rest
 from infra.render import config_yaml, dump_yaml, render_manifests
@@ -70,7 +72,7 @@ def dev_shard_capacity(config: InstallConfig, shard: str = DEV_SHARD) -> tuple[i
 @dataclass
 class DevStack:
     kube: KubeControlPlane
-    postgres: PostgresServer
+    postgres: PostgresServer | PatroniShard
     state_dir: Path
     config_overrides: dict[str, Any] = field(default_factory=dict)
     consumer: str = "dev-consumer"
@@ -171,10 +173,22 @@ class DevStack:
                         "sslmode": "require",
                         "secretRef": {"namespace": self.shard_secrets_namespace, "name": self.admin_secret},
                     },
-                    "client": {"host": "127.0.0.1", "port": self.postgres.port, "sslmode": "require"},
+                    "client": self.client_endpoint(),
                 },
             },
         )
+
+    def client_endpoint(self) -> dict[str, Any]:
+        """Where consumers log in: the server itself, or a Patroni cluster's pgBouncer (with its pooler, so
+        new tenant databases let pgBouncer's auth_query run there)."""
+        if isinstance(self.postgres, PatroniShard):
+            return {
+                "host": "127.0.0.1",
+                "port": self.postgres.client_port,
+                "sslmode": "require",
+                "pooler": {"authUser": POOLER_AUTH_USER, "template": "template1"},
+            }
+        return {"host": "127.0.0.1", "port": self.postgres.port, "sslmode": "require"}
 
     def _consumer(self, rest: Rest) -> None:
         self.add_consumer(rest, self.consumer, 10, self.token)

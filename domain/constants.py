@@ -329,6 +329,8 @@ class ShardConditionType(enum.StrEnum):
     SCALING = "Scaling"  # cloudberry only: True while the DatabaseCluster is Scaling (since lastTransitionTime)
     # True while the Shard is deleted but Databases are still placed on it: held by its finalizer.
     DELETION_HELD = "DeletionHeld"
+    # True while new Databases placed on it fail their Ready login at the client endpoint (reason LoginFailed).
+    CLIENT_LOGIN_FAILING = "ClientLoginFailing"
 
 
 class ShardReason(enum.StrEnum):
@@ -364,6 +366,8 @@ class ShardReason(enum.StrEnum):
     ENGINE_UNAVAILABLE = "EngineUnavailable"
     # The reason of DeletionHeld: the Shard was deleted while Databases are still placed on it.
     DATABASES_REMAIN = "DatabasesRemain"
+    # The reason of ClientLoginFailing: new databases placed here did not log in at the client endpoint.
+    LOGIN_FAILED = "LoginFailed"
 
 
 class EventReason(enum.StrEnum):

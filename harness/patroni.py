@@ -301,12 +301,16 @@ class PatroniShard:
     SUPERUSER = "postgres"
     PROVISIONER = "provisioner"
 
-    def __init__(self, flavor: str = "18", replicas: int = 1, pool_mode: str = "transaction") -> None:
+    def __init__(
+        self, flavor: str = "18", replicas: int = 1, pool_mode: str = "transaction", max_connections: int = 1200
+    ) -> None:
+        """`max_connections`: the default fits a burst of 100 tenants of 10 connections."""
         if pool_mode not in ("transaction", "session"):
             raise ValueError("pool_mode is transaction or session")
         self.flavor = POSTGRES_FLAVORS[flavor]
         self.bin_dir = self.flavor.locate()
         self.pool_mode = pool_mode
+        self.max_connections = max_connections
         self.user = _server_user()
         self.workdir = Path(tempfile.mkdtemp(prefix=f"dbprovider-patroni{flavor}-"))
         self.workdir.chmod(0o755)
@@ -410,7 +414,7 @@ class PatroniShard:
                     "postgresql": {
                         "use_pg_rewind": False,
                         "parameters": {
-                            "max_connections": 1200,  # a burst of 100 tenants of 10 connections fits the budget
+                            "max_connections": self.max_connections,
                             "max_wal_senders": 10,
                             "max_replication_slots": 10,
                             "wal_keep_size": "64MB",
@@ -426,6 +430,8 @@ class PatroniShard:
                 "data_dir": str(member.workdir / "data"),
                 "bin_dir": str(self.bin_dir),
                 "pgpass": str(member.workdir / "pgpass"),
+                # A replica's base backup starts at once instead of after a spread checkpoint.
+                "basebackup": [{"checkpoint": "fast"}],
                 "authentication": {
                     "superuser": {"username": self.SUPERUSER, "password": self.superuser_password},
                     "replication": {"username": "replicator", "password": self.replication_password},
@@ -615,6 +621,16 @@ class PatroniShard:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)  # its backends follow (postmaster death)
         return leader
+
+    def rejoin_killed(self, timeout: float = 120.0) -> None:
+        """Bring every killed member back as a fresh replica (its data directory removed: without
+        pg_rewind a primary that was killed may have diverged from the new timeline), and wait until
+        all replicas stream."""
+        for member in self.members:
+            if member.proc is None:
+                shutil.rmtree(member.workdir / "data", ignore_errors=True)
+                self._launch(member)
+        self.wait_streaming(len(self.members) - 1, timeout)
 
     @contextlib.contextmanager
     def paused_pgbouncer(self) -> Iterator[None]:

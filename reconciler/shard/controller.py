@@ -5,7 +5,8 @@ Pings every Ready shard every 15 s (PING_INTERVAL; in a fleet of more than 45 sh
 SETTINGS.shard_checks.ready_interval_for) and a shard that is not Ready every 5 s (NOT_READY_RECHECK), so
 a failure is seen and a recovery taken up well within that minute; also whenever the Shard or one of its
 Databases changes (a Ready shard at most every 10 s: a burst of placements must not ping once per
-database), and at once when a Database worker's SQL on it failed or hangs (`suspects`).
+database, or one starts or stops waiting on a failed login at the client endpoint: ClientLoginFailing,
+reconciler.shard.client_logins), and at once when a Database worker's SQL on it failed or hangs (`suspects`).
 Each ping opens a NEW admin connection and closes it: a reused
 session would keep answering while the postmaster accepts no new connections (stopped, out of
 slots), which no consumer could then use. Shards are checked concurrently (the controller's
@@ -52,6 +53,7 @@ from informers import Informer, Rest
 from reconciler.runtime import Result, StatusEchoes, Wakeups
 from reconciler.shard.admin import AdminPolicy, AdminRefused, AdminSessions, admin_endpoint
 from reconciler.shard.budget import ShardBudgets
+from reconciler.shard.client_logins import report_client_logins
 from reconciler.shard.deletion import ShardDeletion
 from reconciler.shard.links import ShardLinks
 from reconciler.shard.suspects import ShardSuspects
@@ -294,13 +296,15 @@ class ShardController:
         cluster = self._cluster_health(spec)
         if cluster is not None:
             self._last.pop(name, None)
+            self.suspects.take(name)  # answered by the cluster's phase; a check follows once it runs
             return cluster
         last = self._last.get(name)
         gap = self.min_ping_gap if last is not None and last[2].ready else NOT_READY_RECHECK
-        if self.suspects.take(name):
+        if self.suspects.pending(name):
             gap = MIN_FORCED_GAP
         if last is not None and last[1] == generation and time.monotonic() - last[0] < gap:
-            return last[2]
+            return last[2]  # a suspicion stays pending: the pass is repeated after MIN_FORCED_GAP (reconcile)
+        self.suspects.take(name)  # this check answers it; a failure from now on is a new suspicion
         health = self.check(name, spec)
         self._last[name] = (time.monotonic(), generation, health)
         if health.ready:
@@ -346,6 +350,7 @@ class ShardController:
             health = self._health(name, spec, shard.metadata.generation)
         cloudberry = spec is not None and spec.engine == Engine.CLOUDBERRY
         shard = observe(shard, health, self.databases.count_by_index(BY_SHARD, name), cloudberry=cloudberry)
+        shard = report_client_logins(shard, self.databases.by_index(BY_SHARD, name))
         if self.deletion is not None:
             shard = self.deletion.report(shard)
         if self.budgets is not None:
@@ -355,6 +360,10 @@ class ShardController:
             shard = self.budgets.record(shard, view)
         if self.echoes.write(self.rest, SHARDS, shard) is not None and not health.ready:
             log.warning("shard not ready", extra={"shard": name, "reason": str(health.reason)})
+        if spec is not None and self.suspects.pending(name):
+            # Suspected within MIN_FORCED_GAP of the last check (or during it): it owes a check, and
+            # placement leaves the shard until one passes.
+            return Result(requeue_after=MIN_FORCED_GAP)
         if not health.ready:
             return Result(requeue_after=min(NOT_READY_RECHECK, self.ping_interval))
         return Result(requeue_after=self.ready_interval(name))

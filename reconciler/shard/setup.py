@@ -23,6 +23,7 @@ from reconciler.placement_index import PlacementIndex
 from reconciler.runtime import Controller, ControllerManager, Wakeups
 from reconciler.shard.admin import AdminPolicy, AdminSessions
 from reconciler.shard.budget import ShardBudgets
+from reconciler.shard.client_logins import waits_on_client_login
 from reconciler.shard.controller import PING_INTERVAL, ShardController
 from reconciler.shard.deletion import ShardDeletion
 from reconciler.shard.suspects import ShardSuspects
@@ -89,9 +90,13 @@ def setup_shards(
     # Several workers: each checks a different shard, so a dead shard's timeout delays no other.
     controller = Controller("shard", logic.reconcile, workers=SHARD_WORKERS, wakeups=wakeups)
     controller.watch(shards, echo=logic.echoes.echo)  # not the echo of its own status write
-    # A Shard counts its databases and what their connection limits commit (reconciler.shard.budget).
-    commits = partial(database_limit, config=config)
-    databases.add_handler(coalesced_counts(controller, database_shard, commits), replay=False)
+
+    # A Shard counts its databases, what their connection limits commit (reconciler.shard.budget) and
+    # which of them wait on a failed login at the client endpoint (reconciler.shard.client_logins).
+    def counted(database: dict[str, Any]) -> object:
+        return database_limit(database, config=config), waits_on_client_login(database)
+
+    databases.add_handler(coalesced_counts(controller, database_shard, counted), replay=False)
     if clusters is not None:
         controller.watch(clusters, partial(_shards_of_cluster, shards))
     manager.add_controller(controller)

@@ -2,7 +2,8 @@
 
 A Database worker's statement that failed as if its shard were in trouble (`ShardSql.on_shard_trouble`), or
 an admin session's operation that waits too long (`AdminSessions.on_slow`), calls `suspect`; the Shard
-controller's next pass of that shard pings it at once (`take`), and after a `disk_full` every ping also
+controller's next pass of that shard pings it at once (`take`; a shard checked less than a second ago
+stays `pending` and is pinged when that second is over), and after a `disk_full` every ping also
 writes until a write passes (`disk_full`, `disk_passed`). A suspected shard also gets no placement from
 that moment (`PlacementIndex.suspend`) until one of its checks passes (`passed`): its Ready condition says
 so only after that check, and new databases must not land on a dying shard meanwhile. Made before the
@@ -46,6 +47,11 @@ class ShardSuspects:
         """A check of the shard passed: placement may use it again (if its status allows)."""
         if self._placement is not None:
             self._placement.clear(name)
+
+    def pending(self, name: str) -> bool:
+        """Was the shard suspected since the last `take`? (It still is.)"""
+        with self._lock:
+            return name in self._suspected
 
     def take(self, name: str) -> bool:
         """Was the shard suspected since the last `take`? (It is not any more.)"""

@@ -25,22 +25,18 @@ from typing import Any
 
 import pytest
 import requests
-import yaml
 
 from dbprovider.devstack import DevStack
-from dbprovider.manager import Manager, ManagerOptions
-from domain.admin_access import OutsidePod
-from domain.config import load_install_config
 from domain.constants import ANNOTATION_DELETE_REQUESTED_AT, API_VERSION
 from domain.naming import database_object_name
 from domain.resources import DATABASES, SHARDS
 from harness import KubeControlPlane
-from harness.manager_endpoints import ManagerEndpoints
 from harness.process import free_port
 from harness.prometheus import PrometheusServer
 from informers import SECRETS, Rest
 from infra.dashboard import dashboard_panels
-from infra.render import render_prometheus_rule, rule_groups
+from tests.support.alerting import Replica, rule_file, scrape_job
+from tests.support.alerting import firing as _firing
 from tests.support.common import b64, wait_for
 
 TIME_SCALE = 60
@@ -63,72 +59,12 @@ CONFIG = {
 }
 
 
-class Replica:
-    """The manager, in this process, with the backoff cap scaled like the rules."""
-
-    def __init__(self, stack: DevStack) -> None:
-        self.endpoints = ManagerEndpoints()
-        self.options = ManagerOptions(
-            config=stack.config,
-            namespace=stack.namespace,
-            kubeconfig=str(stack.manager_kubeconfig),
-            api_host="127.0.0.1",
-            api_port=self.endpoints.api_port,
-            metrics_host="127.0.0.1",
-            metrics_port=self.endpoints.metrics_port,
-            tls_cert=str(stack.tls_cert),
-            tls_key=str(stack.tls_key),
-            identity="alerttest-a",
-            outside_pod=OutsidePod(admin_host="127.0.0.1"),
-            lease_duration=4.0,
-            renew_deadline=3.0,
-            retry_period=0.5,
-            shard_ping_interval=2.0,
-            max_backoff=300 / TIME_SCALE,
-        )
-        self.stack = stack
-        self.manager: Manager | None = None
-
-    @property
-    def target(self) -> str:
-        return self.endpoints.metrics_target
-
-    def start(self) -> None:
-        self.manager = Manager(self.options).start()
-        wait_for(self.manager.controllers.is_leading, timeout=30, what="the manager to lead")
-
-    def stop(self) -> None:
-        if self.manager is not None:
-            self.manager.stop()
-            self.manager = None
-
-    def call(self, method: str, path: str) -> requests.Response:
-        return requests.request(
-            method,
-            self.endpoints.url(path),
-            headers={"Authorization": f"Bearer {self.stack.token}"},
-            verify=str(self.stack.ca_file),
-            timeout=10,
-        )
-
-
 def _rule_file() -> str:
-    """Exactly what `dbprovider render --only prometheusrule --format rules --test-time-scale 60` writes."""
-    rule = render_prometheus_rule(load_install_config(CONFIG), time_scale=TIME_SCALE)
-    return yaml.safe_dump(rule_groups(rule), sort_keys=False)
+    return rule_file(CONFIG, TIME_SCALE)
 
 
 def _scrape_job(target: str, cluster: str = "") -> dict[str, Any]:
-    """The job's scrape config; with `cluster`, the relabeling the ServiceMonitor renders (and the docs show)."""
-    job: dict[str, Any] = {
-        "job_name": JOB,
-        "scrape_interval": SCRAPE,
-        "scrape_timeout": SCRAPE,
-        "static_configs": [{"targets": [target]}],
-    }
-    if cluster:
-        job["relabel_configs"] = [{"action": "replace", "target_label": "cluster", "replacement": cluster}]
-    return job
+    return scrape_job(JOB, target, SCRAPE, cluster)
 
 
 @pytest.fixture(scope="module")
@@ -210,14 +146,6 @@ class Topologies:
             server.close()
 
 
-def _firing(server: PrometheusServer) -> dict[str, list[dict[str, Any]]]:
-    found: dict[str, list[dict[str, Any]]] = {}
-    for alert in server.alerts():
-        if alert["state"] == "firing":
-            found.setdefault(alert["labels"]["alertname"], []).append(alert)
-    return found
-
-
 def _active(server: PrometheusServer) -> set[str]:
     return {alert["labels"]["alertname"] for alert in server.alerts()}
 
@@ -274,7 +202,7 @@ def test_every_alert_fires_on_a_real_cause_and_clears_in_both_topologies(
     stack: DevStack, rest: Rest, postgres_pool, tmp_path: Path
 ) -> None:
     started = time.time()
-    replica = Replica(stack)
+    replica = Replica(stack, "alerttest-a", TIME_SCALE)
     replica.start()
     topologies = Topologies(tmp_path, replica.target)
     try:

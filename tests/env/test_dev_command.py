@@ -1,17 +1,16 @@
 """`dbprovider dev` runs the whole product: a consumer goes from PUT to a working database, using only
-the env file it writes, and SIGTERM leaves no process behind."""
+the env file it writes, and SIGTERM leaves no process behind; with `--shard patroni` the shard is a
+Patroni cluster and consumers log in through its pgBouncer."""
 
 from __future__ import annotations
 
-import functools
 import os
+import re
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import kubernetes
-import psutil
 import psycopg
 import pytest
 import requests
@@ -19,21 +18,23 @@ from psycopg.conninfo import make_conninfo
 
 from domain.constants import GROUP, PLURAL_SHARDS, VERSION
 from tests.support.common import wait_for
-from tests.support.dev_command import read_env_file, wait_ready_line
+from tests.support.dev_command import api_session, read_env_file, start_dev, stop_dev, wait_ready_line
 from tests.support.documented import run_documented_against_dev
+
+
+def put_until_ready(session: requests.Session, base: str, name: str) -> dict[str, str]:
+    """PUT a small database, wait until it is Ready; its credentials."""
+    created = session.put(f"{base}/{name}", json={"sizeClass": "small"}, timeout=10)
+    assert created.status_code == 201, created.text
+    wait_for(lambda: session.get(f"{base}/{name}", timeout=10).json().get("phase") == "Ready", 90, f"{name} Ready")
+    credentials: dict[str, str] = session.get(f"{base}/{name}/credentials", timeout=10).json()
+    return credentials
 
 
 @pytest.mark.server  # `dbprovider dev` starts an apiserver and a PostgreSQL server
 def test_dev_runs_the_consumer_flow_and_stops_cleanly(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dbprovider.cli", "dev", "--state-dir", str(state), "--postgres", "16"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=Path(__file__).resolve().parents[2],
-        env={**os.environ, "PYTHONFAULTHANDLER": "1"},  # SIGABRT dumps every thread's stack
-    )
+    proc = start_dev(state, "--postgres", "16")
     try:
         text = wait_ready_line(proc, 180)
         assert "dbprovider dev: ready" in text, text
@@ -43,17 +44,9 @@ def test_dev_runs_the_consumer_flow_and_stops_cleanly(tmp_path: Path) -> None:
         assert set(env) == {"KUBECONFIG", "DBPROVIDER_API_URL", "DBPROVIDER_CA_FILE", "DBPROVIDER_TOKEN"}
         assert "curl" in text and env["DBPROVIDER_TOKEN"] in text  # the walkthrough prints the token
 
-        session = requests.Session()
-        session.headers["Authorization"] = f"Bearer {env['DBPROVIDER_TOKEN']}"
-        # Per request: a session-level `verify` loses to REQUESTS_CA_BUNDLE in the environment.
-        session.request = functools.partial(session.request, verify=env["DBPROVIDER_CA_FILE"])  # type: ignore[method-assign]
+        session = api_session(env)
         base = f"{env['DBPROVIDER_API_URL']}/v1/databases"
-        created = session.put(f"{base}/orders", json={"sizeClass": "small"}, timeout=10)
-        assert created.status_code == 201, created.text
-        wait_for(
-            lambda: session.get(f"{base}/orders", timeout=10).json().get("phase") == "Ready", 60, "orders to be Ready"
-        )
-        credentials = session.get(f"{base}/orders/credentials", timeout=10).json()
+        credentials = put_until_ready(session, base, "orders")
         with psycopg.connect(credentials["uri"]) as conn:
             assert conn.execute("SELECT current_user").fetchone()[0] == credentials["user"]
         for elsewhere in ("postgres", "template1"):  # dev's shard is prepared as docs/sql.md says
@@ -86,24 +79,45 @@ def test_dev_runs_the_consumer_flow_and_stops_cleanly(tmp_path: Path) -> None:
             assert session.delete(f"{base}/orders", timeout=10).status_code == 202
             wait_for(lambda: shard_capacity()[:3] == (1, 0, maximum - 1), 30, "the disabled tenant to commit nothing")
 
-        children = psutil.Process(proc.pid).children(recursive=True)
-        assert children, "the stack runs as children of dbprovider dev"
-        proc.send_signal(signal.SIGTERM)
-        try:
-            rest, _ = proc.communicate(timeout=150)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGABRT)  # where each thread is, for the failure message
-            try:
-                rest, _ = proc.communicate(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                rest, _ = proc.communicate()
-            raise AssertionError(f"dbprovider dev did not stop within 150s; its output:\n{rest}") from None
-        assert proc.returncode == 0, rest
-        assert "dbprovider dev: stopped" in rest
-        _, alive = psutil.wait_procs(children, timeout=15)
-        assert not alive, f"left behind: {[p.pid for p in alive]}"
-        assert not env_file.exists()
+        stop_dev(proc, env_file)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.mark.server  # `dbprovider dev` starts an apiserver, a Patroni cluster and pgBouncer
+def test_dev_with_a_patroni_shard_hands_out_pgbouncer(tmp_path: Path) -> None:
+    """The Shard's client endpoint is pgBouncer: the credentials name it, and the psql line dev prints
+    logs in through it to the tenant database on the Patroni primary."""
+    state = tmp_path / "state"
+    proc = start_dev(state, "--shard", "patroni")
+    try:
+        text = wait_ready_line(proc, 240)
+        assert "dbprovider dev: ready" in text, text
+        pgbouncer = re.search(r"pgBouncer 127\.0\.0\.1:(\d+)", text)
+        assert pgbouncer is not None, text
+        env_file = state / "env"
+        env = read_env_file(env_file)
+        session = api_session(env)
+        base = f"{env['DBPROVIDER_API_URL']}/v1/databases"
+        credentials = put_until_ready(session, base, "orders")
+        assert int(credentials["port"]) == int(pgbouncer.group(1))
+
+        printed = next(line.strip() for line in text.splitlines() if line.strip().startswith("psql "))
+        result = subprocess.run(
+            ["bash", "-c", f"source {env_file}; {printed}"],
+            input="SELECT current_user || ' on ' || inet_server_port();\n",
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        # Through pgBouncer: the session's server is a Patroni member, on a port other than the one dialled.
+        served = re.search(rf"{re.escape(credentials['user'])} on (\d+)", result.stdout)
+        assert served is not None, result.stdout
+        assert int(served.group(1)) != int(credentials["port"])
+        stop_dev(proc, env_file)
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)

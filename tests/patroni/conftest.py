@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import psycopg
 import pytest
 
 from domain.constants import ANNOTATION_DELETE_REQUESTED_AT
@@ -54,6 +55,20 @@ class Fleet(BaseFleet):
 
     def request_delete(self, name: str) -> None:
         self.annotate_now(name, ANNOTATION_DELETE_REQUESTED_AT)
+
+
+def connect(creds: dict[str, str], password: str | None = None) -> psycopg.Connection:
+    """A consumer's session with its credentials Secret (through pgBouncer), autocommit."""
+    return psycopg.connect(
+        host=creds["host"],
+        port=int(creds["port"]),
+        user=creds["user"],
+        password=password if password is not None else creds["password"],
+        dbname=creds["database"],
+        sslmode=creds["sslmode"],
+        connect_timeout=10,
+        autocommit=True,
+    )
 
 
 installed, provider_client, admin_rest, start_manager, fleet = release_fixtures(RELEASE, Fleet)

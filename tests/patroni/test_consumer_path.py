@@ -18,7 +18,7 @@ import pytest
 from domain.constants import ANNOTATION_ROTATE_END_SESSIONS, ANNOTATION_ROTATE_REQUESTED_AT
 from domain.resources import DATABASES
 from harness.patroni import PatroniShard
-from tests.patroni.conftest import NAMESPACE, Fleet
+from tests.patroni.conftest import NAMESPACE, Fleet, connect
 from tests.support.common import condition, wait_for
 
 pytestmark = pytest.mark.server
@@ -29,20 +29,6 @@ def cluster(request: pytest.FixtureRequest) -> PatroniShard:
     """PostgreSQL 18 with pgBouncer in transaction mode; 16 with pgBouncer in session mode."""
     shard: PatroniShard = request.getfixturevalue(request.param)
     return shard
-
-
-def connect(creds: dict[str, str], password: str | None = None) -> psycopg.Connection:
-    """A consumer's session with its credentials Secret (through pgBouncer), autocommit."""
-    return psycopg.connect(
-        host=creds["host"],
-        port=int(creds["port"]),
-        user=creds["user"],
-        password=password if password is not None else creds["password"],
-        dbname=creds["database"],
-        sslmode=creds["sslmode"],
-        connect_timeout=10,
-        autocommit=True,
-    )
 
 
 def works(conn: psycopg.Connection) -> bool:

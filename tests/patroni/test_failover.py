@@ -1,4 +1,5 @@
-"""A switchover and a failover of the Patroni shard in the middle of a burst of creates, then its DCS lost.
+"""A switchover and a failover of the Patroni shard in the middle of a burst of creates, a failover in the
+middle of rotations and soft deletes, then its DCS lost.
 
 Every Database converges to Ready, each tenant exists exactly once on the new primary, none is
 lost and none is made twice, and the consumers log in through pgBouncer afterwards. The time
@@ -14,11 +15,15 @@ from collections.abc import Callable, Iterator
 import psycopg
 import pytest
 
+from domain.constants import ANNOTATION_ROTATE_REQUESTED_AT
 from harness.patroni import PatroniShard
-from tests.patroni.conftest import Fleet
+from reconciler.database.shard_sql import SHARD_TROUBLE
+from tests.patroni.conftest import Fleet, connect
+from tests.support.common import condition, wait_for
 
 pytestmark = pytest.mark.server
 BURST = 50  # each tenant database is a copy of template1 on every member: keep the disk traffic small
+CHURN = 9  # rotations and soft deletes each, about a third of them before the primary is killed
 
 
 @pytest.fixture(scope="module")
@@ -99,15 +104,7 @@ def burst_through(fleet: Fleet, cluster: PatroniShard, prefix: str, fault: Calla
     assert roles == tenants
     for name in names[:: BURST // 10]:
         creds = fleet.credentials(name)
-        with psycopg.connect(
-            host=creds["host"],
-            port=int(creds["port"]),
-            user=creds["user"],
-            password=creds["password"],
-            dbname=creds["database"],
-            sslmode=creds["sslmode"],
-            connect_timeout=10,
-        ) as conn:
+        with connect(creds) as conn:
             assert conn.execute("SELECT current_user").fetchone() == (creds["user"],)
     assert elapsed, "the fault did not run"
     return elapsed[0]
@@ -125,6 +122,67 @@ def test_a_failover_during_a_burst_of_creates(failover_cluster: PatroniShard, fl
     start_manager()
     seconds = burst_through(fleet, failover_cluster, "failover", failover_cluster.kill_leader)
     print(f"\nfailover: first DDL on the new primary {seconds:.1f} s after the primary was killed")
+
+
+def test_a_failover_during_rotations_and_drops(failover_cluster: PatroniShard, fleet: Fleet, start_manager) -> None:
+    """Rotations and soft deletes requested one after another while the primary is killed part-way through:
+    every rotation ends with the new password logging in through pgBouncer and the old one refused, and
+    every tenant is dropped (database and role). A drop may fail while there is no primary (DropFailed,
+    with the connection's error class), never on its own SQL: no object_in_use from pgBouncer's pooled
+    sessions, no loop."""
+    cluster = failover_cluster
+    cluster.rejoin_killed()  # the previous test's killed primary, back as the replica that takes over
+    fleet.patroni_shard(cluster)
+    start_manager()
+    rotated = [fleet.database(f"rotate-{i}") for i in range(CHURN)]
+    dropped = [fleet.database(f"drop-{i}") for i in range(CHURN)]
+    for name in rotated + dropped:
+        fleet.wait_phase(name, "Ready", timeout=120)
+    old = {name: fleet.credentials(name) for name in rotated + dropped}
+    for creds in old.values():
+        with connect(creds) as conn:
+            conn.execute("SELECT 1")  # pgBouncer keeps a server connection of the role in its pool
+    drop_failures: set[str] = set()  # the messages of DropFailed seen
+    watching = threading.Event()
+
+    def watch_drops() -> None:
+        while not watching.wait(0.2):
+            for name in dropped:
+                ready = condition(fleet.get_database(name) or {}, "Ready")
+                if ready is not None and ready["reason"] == "DropFailed":
+                    drop_failures.add(ready["message"])
+
+    watcher = threading.Thread(target=watch_drops, daemon=True)
+    watcher.start()
+    stamps: dict[str, str] = {}
+    killed = None
+    try:
+        for i, (to_rotate, to_drop) in enumerate(zip(rotated, dropped, strict=True)):
+            if i == CHURN // 3:
+                killed = cluster.kill_leader()
+            stamps[to_rotate] = fleet.annotate_now(to_rotate, ANNOTATION_ROTATE_REQUESTED_AT)
+            fleet.request_delete(to_drop)
+            time.sleep(0.5)
+        cluster.wait_leader(other_than=killed)
+        for name, stamp in stamps.items():
+            fleet.wait_database(name, lambda db, s=stamp: db["status"].get("rotationApplied") == s, timeout=180)
+        wait_for(lambda: all(fleet.get_database(n) is None for n in dropped), 180, "every soft delete to drop")
+    finally:
+        watching.set()
+        watcher.join(timeout=10)
+    for name in rotated:
+        new = fleet.credentials(name)
+        assert new["password"] != old[name]["password"]
+        with connect(new) as conn:
+            assert conn.execute("SELECT current_user").fetchone() == (new["user"],)
+        with pytest.raises(psycopg.OperationalError):
+            connect(new, password=old[name]["password"]).close()
+    classes = {message.partition(" failed: ")[2].split(" ")[0] for message in drop_failures}
+    assert classes <= SHARD_TROUBLE, drop_failures
+    databases = [old[name]["database"] for name in dropped]
+    roles = [old[name]["user"] for name in dropped]
+    assert cluster.query("SELECT datname FROM pg_database WHERE datname = ANY(%s)", (databases,)) == []
+    assert cluster.query("SELECT rolname FROM pg_roles WHERE rolname = ANY(%s)", (roles,)) == []
 
 
 def test_the_dcs_lost_the_primary_turns_read_only_and_the_shard_says_so(

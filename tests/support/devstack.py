@@ -9,13 +9,14 @@ from typing import Any
 from dbprovider.devstack import DevStack
 from domain.resources import CONSUMERS, SHARDS
 from harness import KubeControlPlane, PostgresServer
+from harness.patroni import PatroniShard
 from informers import Rest
 from tests.support.fleet import ignore_missing
 
 
 def install_stack(
     kube: KubeControlPlane,
-    postgres: PostgresServer,
+    postgres: PostgresServer | PatroniShard,
     workdir: Path,
     release: str,
     *,
@@ -23,7 +24,8 @@ def install_stack(
     **overrides: Any,
 ) -> DevStack:
     """The product installed as release `release` (namespace `<release>-system`), with its Shard
-    (`<release>-pg` unless named) on `postgres` and a Consumer; deletion protection off, so the test
+    (`<release>-pg` unless named) on `postgres` (a Patroni cluster: its pgBouncer the client endpoint) and a
+    Consumer; deletion protection off, so the test
     can remove what it made. `overrides` are install config keys."""
     return DevStack(
         kube,

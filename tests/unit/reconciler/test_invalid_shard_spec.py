@@ -28,8 +28,14 @@ class Cache:
     def get(self, key: str) -> dict[str, Any] | None:
         return self.objects.get(key)
 
+    def __len__(self) -> int:
+        return len(self.objects)
+
     def count_by_index(self, index: str, value: str) -> int:
         return 0
+
+    def by_index(self, index: str, value: str) -> list[dict[str, Any]]:
+        return []
 
 
 class RecordingRest:
