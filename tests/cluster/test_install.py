@@ -291,8 +291,9 @@ def test_the_agent_as_a_pod_keeps_a_claims_secret_for_a_workload(
     assert finished["status"]["phase"] == "Succeeded", log
     logins = [line for line in log if line.startswith(first)]
     assert len(logins) == 2 and logins[-1] == log[-1], log  # the same role, two versions of the mounted Secret
-    # Between the provider's ALTER ROLE and the kubelet's update of the volume, the mounted password is refused.
-    FIGURES["agent_rotation_workload_failed_login_kinds"] = len([line for line in log if "login failed" in line])
+    # Between the provider's new password and the kubelet's update of the volume the mounted one is refused
+    # (docs/consumers.md, Rotation): how many refused versions the workload reported.
+    FIGURES["agent_rotation_workload_refused_versions"] = len([line for line in log if "login failed" in line])
     with pytest.raises(psycopg.OperationalError):  # the old password no longer logs in
         shard.server.connect(before["username"], before["password"], before["database"]).close()
 
