@@ -32,6 +32,7 @@ from tests.support.kubeapi import KubeApi, apply_all
 CONSUMERS_DOC = REPO_ROOT / "docs" / "consumers.md"
 THIS_TEST = "tests/pulumi/test_agent_pulumi_cli.py"
 AGENT_NAMESPACE = "dbprovider-agent"  # the documented agent.yaml's
+pytestmark = pytest.mark.server  # its own apiserver
 
 
 @dataclass
