@@ -297,6 +297,10 @@ def test_the_agent_as_a_pod_keeps_a_claims_secret_for_a_workload(
     with pytest.raises(psycopg.OperationalError):  # the old password no longer logs in
         shard.server.connect(before["username"], before["password"], before["database"]).close()
 
+    (still,) = rest.list(PODS, AGENT_NAMESPACE)["items"]  # the same pod did it all, never restarted
+    assert still["metadata"]["name"] == agent_pod["metadata"]["name"]
+    assert container(still)["restartCount"] == 0, container(still).get("lastState")
+
     run_documented(node, agent_install, "Deleting a claim")
     wait_for(lambda: gone(lambda: rest.get(CLAIMS, CLAIM, CLAIM_NAMESPACE)), timeout=120, what="the claim gone")
     assert gone(lambda: rest.get(SECRETS, CLAIM, CLAIM_NAMESPACE))
