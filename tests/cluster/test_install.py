@@ -8,26 +8,38 @@ the metrics Service, a renewed certificate, a burst of PUTs, rolling updates whi
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import kubernetes.client
+import psycopg
 import pytest
+import yaml
 from cryptography import x509
+from kubernetes.client.exceptions import ApiException
 
-from domain.resources import DATABASES
+from domain.agent_config import AGENT_NAME
+from domain.constants import ANNOTATION_CREDENTIALS_VERSION
+from domain.resources import CLAIMS, DATABASES
 from harness.images import Image
 from harness.node import KubeNode
+from harness.pulumi import REPO_ROOT
 from informers import SECRETS, Rest
 from tests.cluster.conftest import (
+    API_HOST,
     FIGURES,
     NAMESPACE,
+    PODS,
     RELEASE,
     TLS_SECRET,
     ApiClient,
@@ -45,6 +57,7 @@ from tests.cluster.conftest import (
     wait_phase,
 )
 from tests.support.common import wait_for
+from tests.support.documented import file_block, marked_lines
 
 MEMORY_LIMIT = 512 * 1024 * 1024  # the Deployment's limit (infra/templates/deployment.yaml.j2)
 
@@ -113,6 +126,187 @@ def test_consumer_flow_through_the_service(
         database = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (credentials["database"],))
         assert database.fetchone() is None
         assert conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (credentials["user"],)).fetchone() is None
+
+
+# -- the agent as a pod, installed as docs/consumers.md says --------------------------------------------
+
+CONSUMERS_DOC = REPO_ROOT / "docs" / "consumers.md"
+THIS_TEST = "tests/cluster/test_install.py"
+CLAIM_NAMESPACE = "team-a"  # docs/consumers.md's claim: orders in team-a, Secret orders
+CLAIM = "orders"
+AGENT_NAMESPACE = "dbprovider-agent"
+WORKLOAD = "orders-client"
+# The workload: logs in with the mounted Secret once a second, reading the files anew each time (from the
+# volume's current `..data` directory, one consistent version), and reports each version it logged in
+# with; it exits 0 once it has logged in with two (a rotation seen), 1 after 10 minutes without.
+WORKLOAD_SCRIPT = """
+import os, sys, time, psycopg
+root = "/bindings/orders"
+seen, failed = [], None
+deadline = time.monotonic() + 600
+while time.monotonic() < deadline:
+    version = os.readlink(os.path.join(root, "..data"))
+    try:
+        with open(os.path.join(root, version, "uri")) as f:
+            uri = f.read()
+        with psycopg.connect(uri, connect_timeout=10) as conn:
+            user, db = conn.execute("SELECT current_user, current_database()").fetchone()
+        if version not in seen:
+            seen.append(version)
+            print(f"logged in as {user} to {db} with {version}", flush=True)
+        if len(seen) == 2:
+            sys.exit(0)
+    except Exception as exc:
+        if failed != (version, type(exc).__name__):
+            failed = (version, type(exc).__name__)
+            print(f"login failed with {version}: {type(exc).__name__}", flush=True)
+    time.sleep(1)
+sys.exit(1)
+"""
+
+
+def run_documented(node: KubeNode, workdir: Path, section: str) -> None:
+    """Run a section's documented lines with bash in `workdir`, kubectl and dbprovider on PATH, as the admin."""
+    env = {
+        **os.environ,
+        "PATH": os.pathsep.join([str(node.node_bin), str(Path(sys.executable).parent), os.environ["PATH"]]),
+        "KUBECONFIG": str(node.write_kubeconfig(workdir / "kubeconfig")),
+    }
+    for line in marked_lines(CONSUMERS_DOC, THIS_TEST, section, runnable=True):
+        result = subprocess.run(["bash", "-c", line], cwd=workdir, env=env, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, f"`{line}` exited {result.returncode}:\n{result.stdout}{result.stderr}"
+
+
+def workload_pod(image: Image) -> dict[str, Any]:
+    """A pod of the provider's image that mounts the claim's Secret and runs WORKLOAD_SCRIPT."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": WORKLOAD, "namespace": CLAIM_NAMESPACE},
+        "spec": {
+            "restartPolicy": "Never",
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [
+                {
+                    "name": "client",
+                    "image": image.tag,
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["python", "-c", WORKLOAD_SCRIPT],
+                    "volumeMounts": [{"name": "db", "mountPath": "/bindings/orders", "readOnly": True}],
+                }
+            ],
+            "volumes": [{"name": "db", "secret": {"secretName": CLAIM}}],
+        },
+    }
+
+
+def claim_condition(rest: Rest, type_: str) -> dict[str, Any]:
+    claim = rest.get(CLAIMS, CLAIM, CLAIM_NAMESPACE)
+    return next((c for c in (claim.get("status") or {}).get("conditions") or [] if c["type"] == type_), {})
+
+
+def workload_log(node: KubeNode) -> str:
+    return node.kubectl("-n", CLAIM_NAMESPACE, "logs", WORKLOAD).stdout
+
+
+def gone(read: Callable[[], object]) -> bool:
+    try:
+        read()
+    except ApiException as exc:
+        if exc.status == 404:
+            return True
+        raise
+    return False
+
+
+@pytest.fixture
+def agent_install(node: KubeNode, stack: Stack, consumer: str, image: Image, tmp_path: Path) -> Iterator[Path]:
+    """docs/consumers.md's install, run as written in a directory with the files it names: the consumer's
+    token and the API's CA as given by the provider's operators, and its agent.yaml pointing at the API's
+    Service (this image, one replica, a 2 s poll). Removed again with everything it created."""
+    (tmp_path / "token").write_text(consumer + "\n")
+    (tmp_path / "ca.crt").write_bytes(stack.ca.ca_file.read_bytes())
+    values = yaml.safe_load(file_block(CONSUMERS_DOC, "agent.yaml"))
+    values.update(providerUrl=f"https://{API_HOST}", image=image.tag, replicas=1, pollInterval="2s")
+    (tmp_path / "agent.yaml").write_text(yaml.safe_dump(values))
+    node.ensure_namespace(CLAIM_NAMESPACE)
+    try:
+        run_documented(node, tmp_path, "Install the agent")
+        yield tmp_path
+    finally:
+        node.kubectl("-n", CLAIM_NAMESPACE, "delete", "pod", WORKLOAD, "--ignore-not-found", "--wait=false")
+        if (tmp_path / "dbprovider-agent.yaml").exists():
+            node.kubectl("delete", "--ignore-not-found", "--wait=false", "-f", str(tmp_path / "dbprovider-agent.yaml"))
+
+
+def test_the_agent_as_a_pod_keeps_a_claims_secret_for_a_workload(
+    node: KubeNode, agent_install: Path, api: ApiClient, shard_ready: str, shard: Shard, rest: Rest, image: Image
+) -> None:
+    """docs/consumers.md on this cluster: the agent as a pod of the image (its ServiceAccount and RBAC, the
+    token and CA Secrets) reaches the API's Service; the documented claim becomes Ready and a Secret that a
+    workload pod logs in with through the shard's client endpoint; the documented rotation reaches that
+    pod's mounted Secret; the documented delete removes the Secret and the database."""
+    (agent_pod,) = wait_for(lambda: rest.list(PODS, AGENT_NAMESPACE)["items"], timeout=120, what="the agent's pod")
+    assert agent_pod["spec"]["containers"][0]["image"] == image.tag
+    (agent_install / "claim.yaml").write_text(file_block(CONSUMERS_DOC, "claim.yaml"))
+    run_documented(node, agent_install, "Claim a database")
+    try:
+        wait_for(lambda: claim_condition(rest, "Ready").get("status") == "True", timeout=180, what="the claim Ready")
+    except AssertionError as exc:
+        claim = rest.get(CLAIMS, CLAIM, CLAIM_NAMESPACE)
+        logs = node.kubectl("-n", AGENT_NAMESPACE, "logs", "--tail=40", f"deployment/{AGENT_NAME}").stdout
+        raise AssertionError(f"{exc}; claim status {claim.get('status')}; the agent's log:\n{logs}") from None
+    claim = rest.get(CLAIMS, CLAIM, CLAIM_NAMESPACE)
+    database_id = claim["status"]["databaseId"]
+    assert claim["status"]["binding"]["name"] == CLAIM
+    secret = rest.get(SECRETS, CLAIM, CLAIM_NAMESPACE)
+    before = {key: base64.b64decode(value).decode() for key, value in secret["data"].items()}
+    assert before["host"] == shard.service.host  # the shard's client endpoint, a Service name in this cluster
+
+    rest.create(PODS, workload_pod(image), CLAIM_NAMESPACE)
+    first = f"logged in as {before['username']} to {before['database']} with "
+    wait_for(lambda: first in workload_log(node), timeout=180, what="the workload's first login")
+
+    version = secret["metadata"]["annotations"][ANNOTATION_CREDENTIALS_VERSION]
+    run_documented(node, agent_install, "Rotation")
+    wait_for(
+        lambda: (
+            rest.get(SECRETS, CLAIM, CLAIM_NAMESPACE)["metadata"]["annotations"][ANNOTATION_CREDENTIALS_VERSION]
+            != version
+        ),
+        timeout=120,
+        what="the rotated password in the Secret",
+    )
+    rotated = rest.get(SECRETS, CLAIM, CLAIM_NAMESPACE)
+    after = {key: base64.b64decode(value).decode() for key, value in rotated["data"].items()}
+    assert after["password"] != before["password"] and after["username"] == before["username"]
+    finished = wait_for(
+        lambda: (
+            (p := rest.get(PODS, WORKLOAD, CLAIM_NAMESPACE))["status"].get("phase") in ("Succeeded", "Failed") and p
+        ),
+        timeout=180,
+        what="the workload's login with the rotated Secret",
+    )
+    log = workload_log(node).splitlines()
+    assert finished["status"]["phase"] == "Succeeded", log
+    logins = [line for line in log if line.startswith(first)]
+    assert len(logins) == 2 and logins[-1] == log[-1], log  # the same role, two versions of the mounted Secret
+    # Between the provider's new password and the kubelet's update of the volume the mounted one is refused
+    # (docs/consumers.md, Rotation): how many refused versions the workload reported.
+    FIGURES["agent_rotation_workload_refused_versions"] = len([line for line in log if "login failed" in line])
+    with pytest.raises(psycopg.OperationalError):  # the old password no longer logs in
+        shard.server.connect(before["username"], before["password"], before["database"]).close()
+
+    (still,) = rest.list(PODS, AGENT_NAMESPACE)["items"]  # the same pod did it all, never restarted
+    assert still["metadata"]["name"] == agent_pod["metadata"]["name"]
+    assert container(still)["restartCount"] == 0, container(still).get("lastState")
+
+    run_documented(node, agent_install, "Deleting a claim")
+    wait_for(lambda: gone(lambda: rest.get(CLAIMS, CLAIM, CLAIM_NAMESPACE)), timeout=120, what="the claim gone")
+    assert gone(lambda: rest.get(SECRETS, CLAIM, CLAIM_NAMESPACE))
+    wait_for(lambda: api.call("GET", f"/v1/databases/{database_id}")[0] == 404, timeout=90, what="the database gone")
+    with shard.server.superuser_connection() as conn:
+        assert conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (before["database"],)).fetchone() is None
 
 
 def test_metrics_are_scraped_through_the_metrics_service(node: KubeNode, shard_ready: str, rest: Rest) -> None:

@@ -4,7 +4,6 @@ docs/consumers.md (the values file and the claim) valid as written."""
 from __future__ import annotations
 
 import io
-import re
 from pathlib import Path
 from typing import Any
 
@@ -15,16 +14,13 @@ from dbprovider.render import EXIT_INVALID, EXIT_OK, run_render_agent
 from domain.agent_config import load_agent_config
 from domain.specs import DatabaseClaimSpec
 from infra.render import render_agent_manifests
+from tests.support.documented import file_block
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "consumers.md"
 
 
-def yaml_blocks() -> list[object]:
-    return [yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", DOC.read_text(), re.S)]
-
-
 def test_the_documented_values_and_claim_are_valid() -> None:
-    values, claim = yaml_blocks()[:2]
+    values, claim = (yaml.safe_load(file_block(DOC, name)) for name in ("agent.yaml", "claim.yaml"))
     assert isinstance(values, dict) and isinstance(claim, dict)
     config = load_agent_config(values)
     assert config.ca_secret == "dbprovider-ca"

@@ -76,3 +76,25 @@ def run_documented_against_dev(state_dir: Path, workdir: Path, timeout: float = 
             f"{document.name}'s commands failed against dbprovider dev (exit {result.returncode}):\n"
             f"{result.stdout}{result.stderr}"
         )
+
+
+def marked_lines(document: Path, test: str, section: str | None = None, *, runnable: bool = False) -> list[str]:
+    """The lines of `document`'s blocks marked `<!-- run by <test> ... -->` (with `runnable`, also those marked
+    `<!-- runnable -->`), in order, blank and comment lines left out; only under `## <section>` when given."""
+    lines = document.read_text().splitlines()
+    start = lines.index(f"## {section}") if section else 0
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines)) if section else None
+    found = []
+    for i in range(start, end or len(lines)):
+        run_by = RUN_BY.fullmatch(lines[i].strip())
+        if (run_by and run_by["test"] == test) or (runnable and lines[i].strip() == "<!-- runnable -->"):
+            found += [text.strip() for text in block_after(lines, i + 1)[1] if text.strip() and text[0] != "#"]
+    assert found, f"{document.name}{f' ({section})' if section else ''} shows no command for {test}"
+    return found
+
+
+def file_block(document: Path, name: str) -> str:
+    """The fenced block of `document` whose first line is `# <name>`: a file the reader is shown to write."""
+    blocks = [block.split("\n", 1)[1] for block in document.read_text().split("```")[1::2]]
+    (block,) = [b for b in blocks if b.startswith(f"# {name}\n")]
+    return block

@@ -1,4 +1,5 @@
-"""Test-only entry point: infra/__main__.py unchanged, plus a stack transform for an apiserver without nodes.
+"""Test-only entry point: infra/__main__.py (or the program DBPROVIDER_WRAPPED_PROGRAM names) unchanged, plus a
+stack transform for an apiserver without nodes.
 
 The harness runs kube-apiserver and etcd only: no kubelet starts a Pod and no kube-controller-manager
 fills Endpoints or garbage-collects. Unchanged, `pulumi up` waits ten minutes for the Deployment and
@@ -11,6 +12,7 @@ when it compares the live objects with `dbprovider render`.
 
 from __future__ import annotations
 
+import os
 import runpy
 from pathlib import Path
 from typing import Any
@@ -19,8 +21,9 @@ import pulumi
 
 import infra
 
-# The project's program itself (the package is installed into the venv, editable from the checkout).
-PROGRAM = Path(infra.__file__).resolve().parent / "__main__.py"
+# The project's program itself (the package is installed into the venv, editable from the checkout), or the
+# program a test names in DBPROVIDER_WRAPPED_PROGRAM (the agent's, as docs/consumers.md shows it).
+PROGRAM = Path(os.environ.get("DBPROVIDER_WRAPPED_PROGRAM") or Path(infra.__file__).resolve().parent / "__main__.py")
 NODELESS_ANNOTATIONS = {"pulumi.com/deletionPropagationPolicy": "background"}
 SKIP_AWAIT = {"pulumi.com/skipAwait": "true"}
 AWAITED_TYPES = {"kubernetes:apps/v1:Deployment", "kubernetes:core/v1:Service"}
