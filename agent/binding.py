@@ -1,11 +1,12 @@
 """The Secret the agent writes for a claim: a servicebinding.io provisioned service's Secret.
 
 Type `servicebinding.io/postgresql`, keys `type`, `provider`, `host`, `port`, `database`, `username`,
-`password`, `uri`, `sslmode` (and `ca.crt` when there is one), the label naming the claim (what the
-agent's one Secret watch selects) and the provider's credentialsVersion of the values (workloads and
-the agent tell from it that the credentials changed). Owned by the claim, so it goes with the claim;
-under deletionPolicy Orphan the agent drops the owner reference before the claim goes. Pure
-functions; the agent does the API calls.
+`password`, `uri`, `sslmode` (and, when the provider hands out the CA of the shard's client endpoint,
+`ca.crt` with it and `sslrootcert` naming that file, as Spring Cloud Bindings reads it), the label
+naming the claim (what the agent's one Secret watch selects) and the provider's credentialsVersion of
+the values (workloads and the agent tell from it that the credentials changed). Owned by the claim,
+so it goes with the claim; under deletionPolicy Orphan the agent drops the owner reference before
+the claim goes. Pure functions; the agent does the API calls.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ MANAGED_BY_AGENT = "dbprovider-agent"
 # The agent's Secret watch: only the Secrets it wrote (a label selector, one watch for all claims).
 OWNED_SECRETS_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY_AGENT},{LABEL_CLAIM}"
 BINDING_KEYS = ("type", "provider", "host", "port", "database", "username", "password", "uri", "sslmode")
+CA_FILE_KEY = "ca.crt"
+# The Service Binding key naming the CA file within the binding (a file name, not the PEM).
+SSLROOTCERT_KEY = "sslrootcert"
 
 
 def database_id(claim: ClaimObject) -> str:
@@ -58,8 +62,8 @@ def _owner(claim: ClaimObject) -> dict[str, Any]:
     }
 
 
-def binding_data(credentials: Mapping[str, Any], ca_pem: str | None = None) -> dict[str, str]:
-    """The Secret's keys from the provider's credentials answer."""
+def binding_data(credentials: Mapping[str, Any]) -> dict[str, str]:
+    """The Secret's keys from the provider's credentials answer (the CA keys only when it carries `caCert`)."""
     values = {
         "type": BINDING_TYPE,
         "provider": BINDING_PROVIDER,
@@ -71,8 +75,10 @@ def binding_data(credentials: Mapping[str, Any], ca_pem: str | None = None) -> d
         "uri": str(credentials["uri"]),
         "sslmode": str(credentials["sslmode"]),
     }
-    if ca_pem:
-        values["ca.crt"] = ca_pem
+    ca_pem = credentials.get("caCert")
+    if isinstance(ca_pem, str) and ca_pem:
+        values[CA_FILE_KEY] = ca_pem
+        values[SSLROOTCERT_KEY] = CA_FILE_KEY
     return values
 
 

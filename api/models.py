@@ -26,6 +26,7 @@ from domain.constants import (
     Engine,
     Phase,
 )
+from domain.credentials import CA_CERT_KEY
 from domain.metadata import object_name
 from domain.objects import DatabaseObject, Obj
 from domain.timefmt import format_time
@@ -178,12 +179,14 @@ class Credentials:
     user: str
     password: str
     sslmode: str
+    ca_cert: str | None = None
 
     @classmethod
     def of_secret(cls, values: Mapping[str, str]) -> Credentials:
-        """From a credentials Secret's decoded data, whose keys (CREDENTIALS_KEYS) the caller checked."""
+        """From a credentials Secret's decoded data, whose keys (CREDENTIALS_KEYS) the caller checked;
+        the CA that signs the client endpoint's certificate when the Secret holds one."""
         host, port, database, user, password, sslmode = (values[key] for key in CREDENTIALS_KEYS)
-        return cls(host, int(port), database, user, password, sslmode)
+        return cls(host, int(port), database, user, password, sslmode, values.get(CA_CERT_KEY) or None)
 
     def uri(self) -> str:
         """A libpq connection URI with every component percent-encoded."""
@@ -202,4 +205,4 @@ class Credentials:
             "password": self.password,
             "sslmode": self.sslmode,
             "uri": self.uri(),
-        }
+        } | ({"caCert": self.ca_cert} if self.ca_cert else {})

@@ -33,6 +33,8 @@ from domain.naming import credentials_secret_name, label_value
 from domain.specs import SSLMODES, ShardSpec
 
 ENDPOINT_KEYS = ("host", "port", "sslmode")
+# The optional key holding the client endpoint's CA certificates (PEM): present only when the Shard names them.
+CA_CERT_KEY = "caCert"
 
 # -- Secret data (base64) --------------------------------------------------------------------------
 
@@ -132,14 +134,17 @@ def _digest_of(values: tuple[object, ...], password_usable: bool) -> str:
 
 
 def secret_digest(secret: Mapping[str, Any]) -> str:
-    """What decides that a credentials Secret is current, in 16 hex digits: its database, user, host, port and
-    sslmode as stored (base64), and whether its password is usable (never the password itself). The caches
-    keep this instead of the data; `secret_settled` compares it with `expected_digest`."""
+    """What decides that a credentials Secret is current, in 16 hex digits: its database, user, host, port,
+    sslmode and CA (if it has one) as stored (base64), and whether its password is usable (never the
+    password itself). The caches keep this instead of the data; `secret_settled` compares it with `expected_digest`."""
     if DIGEST in secret:
         return str(secret[DIGEST])
     data = secret.get("data")
     data = data if isinstance(data, Mapping) else {}
-    return _digest_of(tuple(data.get(key) for key in _DIGESTED), _password_usable(data.get("password")))
+    values = tuple(data.get(key) for key in _DIGESTED)
+    if CA_CERT_KEY in data:  # only then: the digest of a Secret without a CA is what it always was
+        values = (*values, data.get(CA_CERT_KEY))
+    return _digest_of(values, _password_usable(data.get("password")))
 
 
 def expected_digest(tenant: str, endpoint: Endpoint) -> str:
@@ -200,16 +205,24 @@ def credentials_version(secret: Mapping[str, Any], password_applied: str | None)
 
 @dataclass(frozen=True)
 class Endpoint:
-    """Where consumers connect: the Shard's client block."""
+    """Where consumers connect: the Shard's client block (with the CA that signs its certificate, if named)."""
 
     host: str
     port: int
     sslmode: str
+    ca_cert: str | None = None
 
     @classmethod
     def of_shard(cls, spec: ShardSpec) -> Endpoint:
         """The client endpoint a Shard hands to consumers (its spec's defaults included)."""
-        return cls(spec.client.host, spec.client.port, str(spec.client.sslmode))
+        return cls(spec.client.host, spec.client.port, str(spec.client.sslmode), spec.client.ca_cert)
+
+    def values(self) -> dict[str, str]:
+        """The endpoint's keys as a credentials Secret holds them (caCert only when there is a CA)."""
+        values = {"host": self.host, "port": str(self.port), "sslmode": self.sslmode}
+        if self.ca_cert is not None:
+            values[CA_CERT_KEY] = self.ca_cert
+        return values
 
 
 class SecretState(StrEnum):
@@ -255,13 +268,14 @@ def secret_settled(secret: Mapping[str, Any], database_uid: str, tenant: str, en
 
 
 @lru_cache(maxsize=1024)
-def _encoded_endpoint(endpoint: Endpoint) -> tuple[str, str, str]:
-    """host, port and sslmode as a Secret's data holds them (one entry per shard's client block)."""
-    return (
+def _encoded_endpoint(endpoint: Endpoint) -> tuple[str, ...]:
+    """host, port, sslmode (and the CA, if any) as a Secret's data holds them (one entry per client block)."""
+    encoded = (
         encode_secret_value(endpoint.host),
         encode_secret_value(str(endpoint.port)),
         encode_secret_value(endpoint.sslmode),
     )
+    return encoded if endpoint.ca_cert is None else (*encoded, encode_secret_value(endpoint.ca_cert))
 
 
 def missing_key(values: Mapping[str, str]) -> str | None:
@@ -307,6 +321,7 @@ def build_secret(database: Mapping[str, Any], tenant: str, password: str, endpoi
         "sslmode": endpoint.sslmode,
     }
     assert tuple(values) == CREDENTIALS_KEYS
+    values |= endpoint.values()
     return {
         "apiVersion": CORE_API_VERSION,
         "kind": KIND_SECRET,
@@ -332,10 +347,11 @@ def build_secret(database: Mapping[str, Any], tenant: str, password: str, endpoi
 
 
 def endpoint_patch(secret: Mapping[str, Any], endpoint: Endpoint) -> dict[str, Any] | None:
-    """A merge patch rewriting only host/port/sslmode, or None when they already match."""
+    """A merge patch rewriting only host/port/sslmode and the CA (removed when the Shard names none any more),
+    or None when they already match."""
     current = decode_secret_data(secret)
-    wanted = {"host": endpoint.host, "port": str(endpoint.port), "sslmode": endpoint.sslmode}
-    changed = {k: v for k, v in wanted.items() if current.get(k) != v}
-    if not changed:
-        return None
-    return {"data": {k: encode_secret_value(v) for k, v in changed.items()}}
+    wanted = endpoint.values()
+    changed: dict[str, str | None] = {k: encode_secret_value(v) for k, v in wanted.items() if current.get(k) != v}
+    if CA_CERT_KEY in current and CA_CERT_KEY not in wanted:
+        changed[CA_CERT_KEY] = None  # a merge patch's null removes the key
+    return {"data": changed} if changed else None

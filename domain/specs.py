@@ -25,6 +25,7 @@ from domain.constants import (
     SslMode,
 )
 from domain.validation import (
+    CaCertPem,
     ClientHost,
     ExternalId,
     Namespace,
@@ -130,6 +131,11 @@ class ClientEndpoint(SpecModel):
         default=None,
         description="Set when the client endpoint is pgBouncer with an auth_query that runs in each database "
         "(pgBouncer before 1.19, or without auth_dbname): what new tenant databases need for it.",
+    )
+    ca_cert: CaCertPem | None = Field(
+        default=None,
+        description="PEM CA certificates that sign the endpoint's server certificate (public, never a key). "
+        "Handed to consumers with their credentials, so they can use sslmode verify-ca or verify-full.",
     )
 
 

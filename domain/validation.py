@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
+from cryptography import x509
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, ValidationError, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
@@ -122,6 +123,38 @@ ClientHost = Annotated[
 """A host handed to consumers (see domain.hosts)."""
 
 _PLAIN_KEY_RE = "[A-Za-z0-9_-]+"
+
+
+# -- CA certificates handed to consumers -----------------------------------------------------------
+
+CA_CERT_MAX_LENGTH = 65536
+# One or more PEM certificate blocks and whitespace, nothing else (no private key, no other PEM type).
+CA_CERT_PATTERN = r"^\s*(-----BEGIN CERTIFICATE-----[A-Za-z0-9+/=\s]+-----END CERTIFICATE-----\s*)+$"
+CA_CERT_MESSAGE = "must be PEM CA certificates only: -----BEGIN CERTIFICATE----- blocks, no private key"
+
+
+def validate_ca_cert(value: str) -> str:
+    """PEM certificates that parse (a CA is public: a private key or anything else is refused)."""
+    if re.fullmatch(CA_CERT_PATTERN, value) is None:
+        raise ValueError(CA_CERT_MESSAGE)
+    try:
+        x509.load_pem_x509_certificates(value.encode("ascii"))
+    except ValueError:
+        raise ValueError("holds a CERTIFICATE block that is not a valid X.509 certificate") from None
+    return value
+
+
+CaCertPem = Annotated[
+    str,
+    AfterValidator(validate_ca_cert),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "maxLength": CA_CERT_MAX_LENGTH,
+            "x-kubernetes-validations": [{"rule": f"self.matches(r'{CA_CERT_PATTERN}')", "message": CA_CERT_MESSAGE}],
+        }
+    ),
+]
 
 
 def _format_loc(loc: tuple[int | str, ...]) -> str:

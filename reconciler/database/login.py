@@ -2,7 +2,8 @@
 
 Right after the tenant's role and database exist, `LoginCheck.verify` opens a fresh session as the
 tenant with the password from its credentials Secret (what the API hands the consumer), at the
-Shard's client endpoint (the Secret's host, port and sslmode: pgBouncer, a load balancer...) or,
+Shard's client endpoint (the Secret's host, port and sslmode: pgBouncer, a load balancer...; verified
+with the CA the consumers are handed, when the Shard declares one) or,
 with `readiness.loginThrough: admin`, at the admin endpoint's server (for installs whose client
 endpoint the provider's pods cannot reach). Until a login succeeds the database stays Provisioning
 with reason `LoginFailed` (the failure's class and the endpoint in the message), retried with the
@@ -23,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from domain.config import InstallConfig
-from domain.constants import ANNOTATION_RESTORE_TENANT, DatabaseReason, Phase
-from domain.credentials import secret_values
+from domain.constants import ANNOTATION_RESTORE_TENANT, DatabaseReason, Phase, SslMode
+from domain.credentials import CA_CERT_KEY, secret_values
 from domain.specs import ShardSpec
 from informers import object_key
 from reconciler.database.report import Reporter
@@ -32,6 +33,7 @@ from reconciler.database.shard_sql import SHARD_TROUBLE_RETRY_CAP, ShardSql, sha
 from reconciler.database.state import Database
 from reconciler.runtime import ensure_active
 from reconciler.shard.admin import AdminPolicy
+from reconciler.sql.ca_file import ca_file
 from reconciler.sql.errors import SqlFailure
 from reconciler.sql.first_login import seal_first_login
 from reconciler.sql.session import AdminSession
@@ -96,12 +98,21 @@ class LoginCheck:
                 terminal=True,
             )
 
+    def _client_root(self, client_ca: str | None, sslmode: str) -> str | None:
+        """The CAs that verify the client endpoint under verify-ca/-full: the ones its consumers are handed
+        (the Shard's client.caCert, in the Secret), else those of the admin connection."""
+        if client_ca and sslmode in (SslMode.VERIFY_CA, SslMode.VERIFY_FULL):
+            return ca_file(client_ca)
+        return self.policy.sslrootcert(sslmode)
+
     def _login(self, spec: ShardSpec, secret: dict[str, Any]) -> TenantLogin:
         values = secret_values(secret)
         if self.config.readiness.login_through == "admin":
             host, port, sslmode = self.admin_host_override or spec.admin_host, spec.admin.port, str(spec.admin.sslmode)
+            sslrootcert = self.policy.sslrootcert(sslmode)
         else:
             host, port, sslmode = values["host"], int(values["port"]), values["sslmode"]
+            sslrootcert = self._client_root(values.get(CA_CERT_KEY), sslmode)
         return TenantLogin(
             host=host,
             port=port,
@@ -109,7 +120,7 @@ class LoginCheck:
             password=values["password"],
             dbname=values["database"],
             sslmode=sslmode,
-            sslrootcert=self.policy.sslrootcert(sslmode),
+            sslrootcert=sslrootcert,
             # The tenant's own password, sent as its consumers send it (the client block's sslmode,
             # or the admin endpoint's, whose cleartext the Shard controller already refuses unless allowed).
             cleartext_allowed=True,

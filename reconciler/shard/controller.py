@@ -49,6 +49,7 @@ from domain.objects import ShardState, cluster_phase
 from domain.resources import BY_SHARD, SHARDS
 from domain.settings import SETTINGS
 from domain.specs import ShardSpec, parse_shard
+from domain.validation import format_validation_error
 from informers import Informer, Rest
 from reconciler.runtime import Result, StatusEchoes, Wakeups
 from reconciler.shard.admin import AdminPolicy, AdminRefused, AdminSessions, admin_endpoint
@@ -343,9 +344,10 @@ class ShardController:
         spec: ShardSpec | None
         try:
             spec = parse_shard(cached)
-        except ValidationError:
+        except ValidationError as exc:
             spec = None
-            health = Health(ShardReason.UNREACHABLE, "the Shard's spec is invalid")
+            # The offending fields and why (a Shard holds no secret: names, endpoints, public CAs).
+            health = Health(ShardReason.UNREACHABLE, f"the Shard's spec is invalid: {format_validation_error(exc)}")
         else:
             health = self._health(name, spec, shard.metadata.generation)
         cloudberry = spec is not None and spec.engine == Engine.CLOUDBERRY

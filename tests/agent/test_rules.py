@@ -68,7 +68,13 @@ def test_the_binding_secret_has_the_service_binding_shape() -> None:
     }
     assert secret["metadata"]["annotations"] == {"db.bnerd.com/credentials-version": "v1"}
     assert secret["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
-    assert "ca.crt" in binding_data(CREDENTIALS, "-----BEGIN CERTIFICATE-----")
+    assert "ca.crt" not in secret["data"] and "sslrootcert" not in secret["data"]
+
+
+def test_a_ca_from_the_provider_becomes_the_ca_file_and_sslrootcert_names_it() -> None:
+    values = binding_data({**CREDENTIALS, "caCert": "-----BEGIN CERTIFICATE-----\n"})
+    assert values["ca.crt"] == "-----BEGIN CERTIFICATE-----\n"
+    assert values["sslrootcert"] == "ca.crt"
 
 
 def test_only_a_difference_is_written() -> None:

@@ -13,6 +13,8 @@ from psycopg.conninfo import conninfo_to_dict
 
 from domain.naming import credentials_secret_name, database_object_name
 from tests.api.support import ApiEnv, Consumer
+from tests.support.common import wait_for
+from tests.vectors.objects import CA_PEM
 
 
 def creds_path(external_id: str) -> str:
@@ -67,6 +69,24 @@ def test_credentials_of_a_ready_database(env: ApiEnv, ready: tuple[Consumer, str
         "password": password,
         "sslmode": "require",
     }
+
+
+def test_the_client_endpoint_ca_is_served_when_the_secret_holds_one(
+    env: ApiEnv, ready: tuple[Consumer, str, dict]
+) -> None:
+    consumer, external_id, db = ready
+    env.credentials_secret(db)
+    assert "caCert" not in env.call("GET", creds_path(external_id), consumer.token).json()
+    version = env.call("GET", f"/v1/databases/{external_id}", consumer.token).json()["credentialsVersion"]
+    env.credentials_secret(db, values={"sslmode": "verify-full", "caCert": CA_PEM})
+    body = wait_for(
+        lambda: (r := env.call("GET", creds_path(external_id), consumer.token).json()).get("caCert") and r,
+        30,
+        "caCert in the answer",
+    )
+    assert body["caCert"] == CA_PEM and body["sslmode"] == "verify-full"
+    # The CA is part of what the credentials are: consumers see a new credentialsVersion.
+    assert env.call("GET", f"/v1/databases/{external_id}", consumer.token).json()["credentialsVersion"] != version
 
 
 @pytest.mark.parametrize("host", ["bad_host", "::1", "[::1]", "host.", "a b", "010.0.0.1", "x" * 254, "h;rm -rf"])

@@ -81,6 +81,18 @@ def secret(name: str = "vec-token", **sections: Any) -> dict[str, Any]:
 
 
 _HASH = "ab" * 32
+# A self-signed CA certificate (public; its key was thrown away).
+CA_PEM = """-----BEGIN CERTIFICATE-----
+MIIBOjCB4qADAgECAgEBMAoGCCqGSM49BAMCMBwxGjAYBgNVBAMMEXZlY3RvcnMg
+Y2xpZW50IENBMCAXDTI2MDEwMTAwMDAwMFoYDzIxMjUxMjA4MDAwMDAwWjAcMRow
+GAYDVQQDDBF2ZWN0b3JzIGNsaWVudCBDQTBZMBMGByqGSM49AgEGCCqGSM49AwEH
+A0IABClz9R5X6jE/A6o0POwhvA3EgXhOqokIo9h9XHnkP8nRHe7v4YBK98AnuxXd
+LbJVz5DhpWHVh+w3/9OA8LncLPKjEzARMA8GA1UdEwEB/wQFMAMBAf8wCgYIKoZI
+zj0EAwIDRwAwRAIgOQXwRzVOPksN+3jW9fyeT7Sklk3wKtkn0qKzhAfT6BICIH6Q
+f2mYAGDrp4NKz9zeZEN/XKC0M5s87m/fYB9L9BBO
+-----END CERTIFICATE-----
+"""
+KEY_PEM = "-----BEGIN PRIVATE KEY-----\nMIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQg\n-----END PRIVATE KEY-----\n"
 
 OBJECT_VECTORS: list[tuple[dict[str, Any], bool, str]] = [
     # --- Shards: names ---
@@ -116,6 +128,11 @@ OBJECT_VECTORS: list[tuple[dict[str, Any], bool, str]] = [
     (shard(admin__port=6432), True, "another admin port"),
     (shard(admin__sslmode="required"), False, "sslmode spelled wrong"),
     (shard(client__sslmode="verify-full"), True, "sslmode verify-full"),
+    (shard(client__sslmode="verify-full", client__caCert=CA_PEM), True, "verify-full with the client CA"),
+    (shard(client__caCert=CA_PEM + CA_PEM), True, "a client CA bundle of two certificates"),
+    (shard(client__caCert=CA_PEM + KEY_PEM), False, "a private key next to the client CA"),
+    (shard(client__caCert="ca.crt"), False, "a file name instead of the client CA's PEM"),
+    (shard(client__caCert=""), False, "an empty client CA"),
     (shard(client__port="5432"), False, "port as a string"),
     (shard(admin__secretRef__namespace="Databases"), False, "uppercase namespace in secretRef"),
     (shard(admin__secretRef__namespace="a" * 64), False, "namespace of 64 characters"),

@@ -15,6 +15,7 @@ from domain.credentials import (
     decode_secret_data,
     decode_secret_value,
     encode_secret_value,
+    endpoint_patch,
     endpoint_problem,
     is_controlled_by,
     missing_key,
@@ -23,6 +24,8 @@ from domain.credentials import (
     password_pending,
     secret_data_bytes,
     secret_data_values,
+    secret_digest,
+    secret_settled,
 )
 from domain.specs import ShardSpec
 
@@ -106,3 +109,29 @@ def test_endpoint_of_a_shard_carries_the_spec_defaults() -> None:
         }
     )
     assert Endpoint.of_shard(spec) == Endpoint("a.example.com", 5432, "require")
+
+
+CA = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+
+
+def test_a_shard_ca_is_written_kept_current_and_removed_with_the_endpoint() -> None:
+    with_ca = Endpoint("pg.example.com", 5432, "verify-full", CA)
+    built = build_secret(DATABASE, "t_orders_1", "pw", with_ca)
+    assert decode_secret_data(built)["caCert"] == CA
+    assert secret_settled(built, "uid-1", "t_orders_1", with_ca)
+    assert endpoint_patch(built, with_ca) is None
+    # A renewed CA is patched in; a CA the Shard no longer names is removed (a merge patch's null).
+    renewed = Endpoint("pg.example.com", 5432, "verify-full", CA + CA)
+    assert not secret_settled(built, "uid-1", "t_orders_1", renewed)
+    assert endpoint_patch(built, renewed) == {"data": {"caCert": encode_secret_value(CA + CA)}}
+    without = Endpoint("pg.example.com", 5432, "require")
+    assert not secret_settled(built, "uid-1", "t_orders_1", without)
+    assert endpoint_patch(built, without) == {"data": {"sslmode": encode_secret_value("require"), "caCert": None}}
+
+
+def test_a_secret_without_a_ca_keeps_its_digest_and_version() -> None:
+    # Secrets written before the CA existed stay settled: no rewrite, no new credentialsVersion at an upgrade.
+    plain = secret()
+    assert "caCert" not in plain["data"]
+    assert secret_digest(plain) == "55e1def00c74d9f2"  # as computed before the CA existed
+    assert secret_settled(plain, "uid-1", "t_orders_1", ENDPOINT)

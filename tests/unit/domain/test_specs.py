@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from domain.constants import Engine, MoveMode, SslMode
 from domain.specs import SHARD_CEL_RULES, SSLMODES, ConsumerSpec, DatabaseSpec, ShardSpec, parse_database_move
 from domain.validation import format_validation_error, validation_problems
+from tests.vectors import objects as vectors
 from tests.vectors.objects import CLOUDBERRY_SPEC, SHARD_SPEC, with_changes
 
 POSTGRES_SHARD = SHARD_SPEC
@@ -331,3 +332,21 @@ def test_a_database_move_defaults_to_auto_and_refuses_what_is_no_move() -> None:
     for bad in bad_specs:
         with pytest.raises(ValidationError):
             parse_database_move({"spec": bad})
+
+
+@pytest.mark.parametrize(
+    ("ca_cert", "problem"),
+    [
+        (vectors.CA_PEM, None),
+        (vectors.CA_PEM + "\n" + vectors.CA_PEM, None),
+        (vectors.CA_PEM + vectors.KEY_PEM, "must be PEM CA certificates only"),
+        ("/etc/ssl/ca.crt", "must be PEM CA certificates only"),
+        ("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n", "not a valid X.509 certificate"),
+    ],
+)
+def test_client_ca_cert_is_pem_certificates_only(ca_cert: str, problem: str | None) -> None:
+    data = with_changes(SHARD_SPEC, client__caCert=ca_cert)
+    if problem is None:
+        assert ShardSpec.model_validate(data).client.ca_cert == ca_cert
+    else:
+        assert problem in problems_of(ShardSpec, data)["client.caCert"]

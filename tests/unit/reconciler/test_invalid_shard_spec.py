@@ -12,6 +12,7 @@ from typing import Any
 from domain.resources import database_shard
 from reconciler.placement_index import PlacementIndex
 from reconciler.shard.controller import NOT_READY_RECHECK, ShardController
+from tests.vectors.objects import SHARD_SPEC, with_changes
 
 READY = {"type": "Ready", "status": "True", "reason": "Ok", "message": "", "lastTransitionTime": "2026-11-30T08:00:00Z"}
 BROKEN = {
@@ -56,7 +57,7 @@ def test_the_shard_controller_reports_it_unreachable_without_connecting() -> Non
     assert (name, subresource) == ("broken", "status")
     conditions = {c["type"]: c for c in body["status"]["conditions"]}
     assert (conditions["Ready"]["status"], conditions["Ready"]["reason"]) == ("False", "Unreachable")
-    assert conditions["Ready"]["message"] == "the Shard's spec is invalid"
+    assert conditions["Ready"]["message"] == "the Shard's spec is invalid: admin: is required; client: is required"
     assert conditions["Unreachable"]["status"] == "True"
     assert conditions["AdminAuthFailed"]["status"] == "False"
 
@@ -66,3 +67,15 @@ def test_placement_never_offers_it_even_while_its_status_says_ready() -> None:
     index.shard_event("ADDED", None, BROKEN)
     assert index.choose("postgres") is None
     assert index.not_ready("postgres") == []
+
+
+def test_the_message_names_a_client_ca_that_is_no_certificate() -> None:
+    garbage = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"  # passes the CRD's pattern
+    shard = {**BROKEN, "spec": with_changes(SHARD_SPEC, client__caCert=garbage)}
+    rest = RecordingRest()
+    ShardController(rest, Cache(shard), Cache()).reconcile("broken")  # type: ignore[arg-type]
+    [(_, body, _)] = rest.patches
+    ready = next(c for c in body["status"]["conditions"] if c["type"] == "Ready")
+    assert ready["message"] == (
+        "the Shard's spec is invalid: client.caCert: holds a CERTIFICATE block that is not a valid X.509 certificate"
+    )
