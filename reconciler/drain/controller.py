@@ -230,20 +230,26 @@ class DrainController:
         }
 
     def _hold_targets(self, moves: Sequence[Obj]) -> Tally:
-        """Each unfinished move keeps its target reserved; a finished one gives it back. The counts."""
+        """Each unfinished move keeps its target reserved; a finished one gives it back. The counts.
+
+        A completed move gives it back only once the cache shows the database on the target (or gone):
+        the DatabaseMove and the Database are watched apart, and until then nothing else counts it there.
+        """
         tally = Tally()
         for move in moves:
             meta, spec = move.get("metadata") or {}, move.get("spec") or {}
             key = reservation_key(self.namespace, meta.get("name", ""))
             phase = move_phase(move)
-            if phase in FINISHED or meta.get("deletionTimestamp") is not None:
-                self.placement.release(key)
-                tally.moved += phase == MovePhase.COMPLETED
-                continue
-            tally.moving += 1
             db = self.databases.get(f"{self.namespace}/{spec.get('database')}")
             target = (move.get("status") or {}).get("targetShard") or spec.get("target")
-            if isinstance(target, str):
+            arrived = db is None or (db.get("status") or {}).get("shard") == target
+            if phase == MovePhase.COMPLETED:
+                tally.moved += 1
+            elif phase not in FINISHED:
+                tally.moving += 1
+            if (phase in FINISHED and (phase != MovePhase.COMPLETED or arrived)) or meta.get("deletionTimestamp"):
+                self.placement.release(key)
+            elif isinstance(target, str):
                 self.placement.hold(key, target, self.database_limit(db) if db is not None else None)
         return tally
 
