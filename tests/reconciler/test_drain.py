@@ -137,3 +137,48 @@ def test_a_draining_shard_moves_its_databases_a_bounded_number_at_a_time(
         wait_for(
             lambda: (condition(fleet.get_shard(source), "Draining") or {}).get("reason") == "Stopped", 60, "Stopped"
         )
+
+
+def test_a_database_whose_move_fails_is_reported_and_moved_again_only_on_request(
+    fleet, admin_rest, drain_servers, manager
+) -> None:
+    source_server, _ = drain_servers
+    source = shard(fleet, source_server, True)
+    target = shard(fleet, drain_servers[1], False)
+    fleet.wait_shard(source, "Ok")
+    fleet.wait_shard(target, "Ok")
+    database = fleet.database("dr-nokey")
+    fleet.wait_phase(database, "Ready")
+    c = fleet.credentials(database)
+    login = {"host": "127.0.0.1", "port": source_server.port, "user": c["user"], "password": c["password"]}
+    with psycopg.connect(**login, dbname=c["database"], autocommit=True) as conn:
+        conn.execute("CREATE TABLE notes (body text)")  # no replica identity: the move's preflight refuses it
+        conn.execute("INSERT INTO notes VALUES ('kept')")
+
+    with drain_moves_removed(admin_rest, source):
+        admin_rest.patch(SHARDS, target, {"spec": {"accepting": True}})
+        admin_rest.patch(SHARDS, source, {"spec": {"drain": True}})
+
+        def failed() -> dict[str, Any] | None:
+            found = condition(fleet.get_shard(source), "Draining")
+            return found if found is not None and found["reason"] == "MovesFailed" else None
+
+        reported = wait_for(failed, 120, "the drain to report the failed move", max_interval=0.2)
+        assert reported["status"] == "True" and database in reported["message"] and "1 failed" in reported["message"]
+        [first] = drain_moves(admin_rest, source)
+        assert first["status"]["phase"] == "Failed"
+
+        # Another pass (the Shard changed) starts no second move.
+        admin_rest.patch(SHARDS, source, {"spec": {"drainMoves": 3}})
+        wait_for(lambda: (failed() or {}).get("observedGeneration", 0) >= 3, 30, "a pass of the drain")
+        assert [m["metadata"]["uid"] for m in drain_moves(admin_rest, source)] == [first["metadata"]["uid"]]
+        assert fleet.get_database(database)["status"]["shard"] == source
+
+        # Deleting the failed DatabaseMove asks for a new one.
+        admin_rest.delete(DATABASE_MOVES, first["metadata"]["name"], NAMESPACE)
+
+        def second() -> dict[str, Any] | None:
+            moves = drain_moves(admin_rest, source)
+            return moves[0] if moves and moves[0]["metadata"]["uid"] != first["metadata"]["uid"] else None
+
+        wait_for(second, 60, "the drain's second move")
