@@ -163,7 +163,7 @@ class DrainController:
         shard, _ = ShardState.parse_lenient_status(cached)
         if not spec.drain:
             if find_condition(shard.status.conditions, ShardConditionType.DRAINING) is not None:
-                message = f"drain stopped: {tally.moving} move(s) still running finish; {tally.moved} moved"
+                message = f"drain stopped: no new move; {tally.moving} still running (they finish); {tally.moved} moved"
                 self._report(shard, False, DrainReason.STOPPED, message)
             return None
         by_database = {(m.get("spec") or {}).get("database"): m for m in mine}
