@@ -111,6 +111,8 @@ SIZE_CLASS_MAX_LENGTH = 63
 LABEL_CONSUMER = f"{GROUP}/consumer"
 LABEL_EXTERNAL_ID = f"{GROUP}/external-id"
 LABEL_SHARD = f"{GROUP}/shard"
+# On the DatabaseMoves a shard's drain creates: the drained shard's name.
+LABEL_DRAIN = f"{GROUP}/drain"
 
 # The `shard` label value of Databases not placed yet (fleet gauges), and the Database work queue's
 # lane for them (placement runs no SQL). A Shard name is a DNS label: a Shard named so would share it.
@@ -331,6 +333,19 @@ class ShardConditionType(enum.StrEnum):
     DELETION_HELD = "DeletionHeld"
     # True while new Databases placed on it fail their Ready login at the client endpoint (reason LoginFailed).
     CLIENT_LOGIN_FAILING = "ClientLoginFailing"
+    # While spec.drain is true and databases remain (False once none remain, or drain is set back to false):
+    # the message counts the databases moved, moving, failed and waiting.
+    DRAINING = "Draining"
+
+
+class DrainReason(enum.StrEnum):
+    """Reasons of a Shard's Draining condition."""
+
+    MOVING = "Moving"  # moves run or are about to start
+    NO_CAPACITY = "NoCapacity"  # no other shard has room (maxDatabases, connection budget) for the next one
+    MOVES_FAILED = "MovesFailed"  # only databases whose move failed (or that cannot be moved) remain
+    DRAINED = "Drained"  # no database left on the shard
+    STOPPED = "Stopped"  # drain set back to false
 
 
 class ShardReason(enum.StrEnum):

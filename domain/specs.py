@@ -41,6 +41,8 @@ from domain.validation import (
 SSLMODES: tuple[str, ...] = tuple(mode.value for mode in SslMode)
 DESCRIPTION_MAX_LENGTH = 256
 DEFAULT_PORT = 5432
+DRAIN_MOVES_DEFAULT = 2  # a shard's databases moved at once while it drains
+DRAIN_MOVES_MAX = 16
 
 _IMMUTABLE: list[JsonValue] = [{"rule": "self == oldSelf", "message": "is immutable"}]
 _ENGINE_EXPR = "(has(self.engine) ? self.engine : 'postgres')"
@@ -156,8 +158,15 @@ class ShardSpec(SpecModel):
     accepting: StrictBool = Field(default=True, description="false drains the shard: no new placements.")
     drain: StrictBool = Field(
         default=False,
-        description="true asks for every database to be moved off this shard. Recorded only: databases are "
-        "moved one by one with DatabaseMove objects.",
+        description="true moves every database off this shard with DatabaseMove objects, drainMoves at a "
+        "time, each to a shard chosen like a new placement; the shard takes no new placements meanwhile. "
+        "false starts no more moves (running ones finish). Progress: the Draining condition.",
+    )
+    drain_moves: StrictInt = Field(
+        default=DRAIN_MOVES_DEFAULT,
+        ge=1,
+        le=DRAIN_MOVES_MAX,
+        description="While drain is true: how many of this shard's databases are moved at the same time.",
     )
     max_databases: StrictInt = Field(
         ge=1, description="Limit of databases placed on this shard: placement never goes over it, even in a burst."

@@ -1,6 +1,6 @@
 """Capacity-aware placement: pick the shard a new Database goes to, from the informer caches alone.
 
-The rule: the usable shard (of the engine, accepting, Ready, not being deleted, below
+The rule: the usable shard (of the engine, accepting, not draining, Ready, not being deleted, below
 `maxDatabases`) with the fewest databases where the new database's connection limit fits the
 shard's connection budget (domain.connection_budget.fits); ties go to the smallest name. The count
 per shard is the number of Database objects placed there (Deleting ones included: they still hold
@@ -50,6 +50,7 @@ class ShardCandidate:
     ready: bool
     max_databases: int
     being_deleted: bool = False
+    draining: bool = False  # spec.drain: its databases are moved off, none placed on it
     connection_budget: int | None = None  # status.connectionBudget; None: not read yet
     admin_secret: tuple[str, str] = ("", "")  # (namespace, name) of spec.admin.secretRef
 
@@ -68,13 +69,14 @@ class ShardCandidate:
             ready=condition_is_true(status.conditions, READY) and status.connection_budget is not None,
             max_databases=spec.max_databases,
             being_deleted=parsed.metadata.deleting,
+            draining=spec.drain,
             connection_budget=status.connection_budget,
             admin_secret=(spec.admin.secret_ref.namespace, spec.admin.secret_ref.name),
         )
 
     def open(self) -> bool:
-        """Takes new databases at all: accepting, Ready, not being deleted."""
-        return self.accepting and self.ready and not self.being_deleted
+        """Takes new databases at all: accepting, not draining, Ready, not being deleted."""
+        return self.accepting and not self.draining and self.ready and not self.being_deleted
 
     def fits(self, databases: int) -> bool:
         """Does one more database fit next to `databases` (placed and reserved) under maxDatabases?
@@ -150,6 +152,16 @@ class PlacementIndex:
                 self._refresh(chosen)
             return chosen
 
+    def hold(self, key: str, shard: str, connection_limit: int | None = None) -> None:
+        """Count `key` (a reservation not of a Database, e.g. a move's) on `shard` as `reserve` would have,
+        unless it is counted already: a reservation made before a restart, taken up again."""
+        with self._lock:
+            if key not in self._reserved:
+                self._reserved[key] = (shard, connection_limit)
+                self._commit(shard, connection_limit)
+                self._counts[shard] += 1
+                self._refresh(shard)
+
     def release(self, database: str) -> None:
         """Give back the reservation of `database` (its placement write failed)."""
         with self._lock:
@@ -217,6 +229,7 @@ class PlacementIndex:
                 for c in self._candidates.values()
                 if c.engine == engine
                 and c.accepting
+                and not c.draining
                 and not c.being_deleted
                 and (not c.ready or c.name in self._suspects)
                 and c.fits(self._counts[c.name])

@@ -1,4 +1,4 @@
-"""Wires the Shard, Database and Consumer controllers onto a ControllerManager.
+"""Wires the Shard, Database, Consumer, DatabaseMove and drain controllers onto a ControllerManager.
 
 The composition root (`dbprovider manager`) calls `register_controllers` once; the informers it
 registers are the shared ones the API reads too. Each controller is wired by its own package's setup
@@ -8,9 +8,11 @@ registers are the shared ones the API reads too. Each controller is wired by its
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from domain.admin_access import OutsidePod
 from domain.config import InstallConfig
+from domain.connection_budget import database_limit
 from domain.constants import CREDENTIALS_SECRET_SELECTOR, Engine
 from domain.resources import (
     BY_CONSUMER,
@@ -27,6 +29,7 @@ from reconciler.consumer.controller import ConsumerController
 from reconciler.consumer.setup import setup_consumers
 from reconciler.database import DatabaseController
 from reconciler.database.setup import setup_databases
+from reconciler.drain.setup import setup_drains
 from reconciler.events import EventRecorder
 from reconciler.fleet_metrics import EngineCollector
 from reconciler.move.setup import setup_moves
@@ -119,7 +122,10 @@ def register_controllers(
         placement=placement,
     )
     consumer_logic = setup_consumers(manager, rest, consumers, databases)
-    setup_moves(
+    move_logic = setup_moves(
         manager, namespace, rest, databases, shards, policy=shard_setup.policy, outside_pod=outside_pod, events=events
+    )
+    setup_drains(
+        manager, namespace, rest, shards, databases, move_logic.moves, placement, partial(database_limit, config=config)
     )
     return Controllers(shard_setup.controller, database_logic, consumer_logic, shard_setup.sessions, events, rest)

@@ -356,7 +356,9 @@ class ShardController:
         if self.deletion is not None:
             shard = self.deletion.report(shard)
         if self.budgets is not None:
-            takes = health.ready and spec is not None and spec.accepting and not shard.metadata.deleting
+            takes = (
+                health.ready and spec is not None and spec.accepting and not spec.drain and not shard.metadata.deleting
+            )
             max_databases = spec.max_databases if spec is not None else None
             view = self.budgets.of(name, health.slots, shard.status, max_databases=max_databases, takes_databases=takes)
             shard = self.budgets.record(shard, view)

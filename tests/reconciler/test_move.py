@@ -30,27 +30,36 @@ from tests.support.postgres import PostgresPool
 pytestmark = pytest.mark.server
 
 
-@pytest.fixture(scope="module")
-def move_servers() -> Iterator[tuple[PostgresServer, PostgresServer]]:
-    """Two PostgreSQL 18 servers with wal_level=logical, each given the one-time grants of online moves."""
+@contextlib.contextmanager
+def servers_for_moves(source: str, target: str) -> Iterator[tuple[PostgresServer, PostgresServer]]:
+    """A server of each major with wal_level=logical, each given the one-time grants of online moves."""
     pools = PostgresPool(settings=LogicalPool.SETTINGS), PostgresPool(settings=LogicalPool.SETTINGS)
-    servers = pools[0].get("18"), pools[1].get("18")
+    servers = pools[0].get(source), pools[1].get(target)
     for server in servers:
         source_grant(server)
         target_grant(server)
-    yield servers
-    for pool in pools:
-        pool.close()
+    try:
+        yield servers
+    finally:
+        for pool in pools:
+            pool.close()
 
 
-def shard(fleet, server: PostgresServer, accepting: bool) -> str:
+@pytest.fixture(scope="module")
+def move_servers() -> Iterator[tuple[PostgresServer, PostgresServer]]:
+    """Two PostgreSQL 18 servers prepared for online moves."""
+    with servers_for_moves("18", "18") as servers:
+        yield servers
+
+
+def shard(fleet, server: PostgresServer, accepting: bool, max_databases: int = 10) -> str:
     """A Shard on `server`; its client endpoint (which the target's server also uses for the stream)
     prefers TLS: the harness' servers may not read the client certificate libpq looks for under the
     test runner's HOME, which sslmode=require would insist on."""
     name = fleet.name("mv")
     spec = {
         "accepting": accepting,
-        "maxDatabases": 10,
+        "maxDatabases": max_databases,
         "perconaCluster": {"namespace": "databases", "name": name},
         "admin": {
             "serviceName": f"{name}-primary",

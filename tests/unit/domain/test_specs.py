@@ -47,6 +47,7 @@ def test_seed_example_parses_by_alias_and_dumps_back() -> None:
         engine="postgres",
         accepting=True,
         drain=False,
+        drainMoves=2,
         admin__port=5432,
         admin__sslmode="require",
         admin__secretRef__userKey="user",

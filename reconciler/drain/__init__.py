@@ -1,0 +1,1 @@
+"""Shard drains: a draining shard's databases moved off with DatabaseMove objects."""
