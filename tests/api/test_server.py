@@ -62,6 +62,7 @@ def test_openapi_lists_every_route(env: ApiEnv) -> None:
         "/v1/databases/{externalId}": {"put", "get", "delete"},
         "/v1/databases/{externalId}/credentials": {"get"},
         "/v1/databases/{externalId}/credentials/rotate": {"post"},
+        "/v1/databases/{externalId}/undelete": {"post"},
         "/healthz": {"get"},
         "/readyz": {"get"},
         "/openapi.json": {"get"},
