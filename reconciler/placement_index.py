@@ -131,18 +131,20 @@ class PlacementIndex:
         with self._lock:
             return self._first_fit(engine, connection_limit)
 
-    def reserve(self, engine: str, database: str, connection_limit: int | None = None) -> str | None:
+    def reserve(
+        self, engine: str, database: str, connection_limit: int | None = None, exclude: str | None = None
+    ) -> str | None:
         """Choose the shard for `database` (its key) and count it there at once, one database and its
         connection limit; None = no capacity.
 
         The reservation holds until the Database informer shows the database placed or deleted, or
         until `release(database)`: call that when the placement write was refused. When its outcome is
         unknown (a timeout), keep it: the informer shows the write if it happened, and the database's
-        next pass replaces the reservation if it did not.
+        next pass replaces the reservation if it did not. `exclude`: a shard never chosen (a move's source).
         """
         with self._lock:
             self._release_locked(database)
-            chosen = self._first_fit(engine, connection_limit)
+            chosen = self._first_fit(engine, connection_limit, exclude)
             if chosen is not None:
                 self._reserved[database] = (chosen, connection_limit)
                 self._commit(chosen, connection_limit)
@@ -182,13 +184,15 @@ class PlacementIndex:
         with self._lock:
             return {key: shard for key, (shard, _) in self._reserved.items()}
 
-    def _first_fit(self, engine: str, connection_limit: int | None) -> str | None:
+    def _first_fit(self, engine: str, connection_limit: int | None, exclude: str | None = None) -> str | None:
         """The first shard (fewest databases, then name) of `engine` that the next database fits on.
 
         Every filed shard fits one more database (`_refresh` files only `usable` ones); the first of
         them whose connection budget also fits the limit (None: connections not counted) is chosen.
         """
         for _, name in self._usable.get(engine, ()):
+            if name == exclude:
+                continue
             committed, budget = self._commitments.get(name, Commitments()), self._candidates[name].connection_budget
             if connection_limit is None or fits(connection_limit, committed, budget):
                 return name

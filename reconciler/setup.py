@@ -120,6 +120,15 @@ def register_controllers(
     )
     consumer_logic = setup_consumers(manager, rest, consumers, databases)
     setup_moves(
-        manager, namespace, rest, databases, shards, policy=shard_setup.policy, outside_pod=outside_pod, events=events
+        manager,
+        namespace,
+        rest,
+        databases,
+        shards,
+        policy=shard_setup.policy,
+        outside_pod=outside_pod,
+        events=events,
+        config=config,
+        placement=placement,
     )
     return Controllers(shard_setup.controller, database_logic, consumer_logic, shard_setup.sessions, events, rest)
