@@ -125,12 +125,14 @@ class MoveController:
         self.clock = clock
         self._lock = threading.Lock()
         self._open: set[AdminSession] = set()  # the sessions of the move in progress (to cut them)
+        self._severs = 0  # how often sever() ran: an offline copy started before the last one ends
 
     def sever(self) -> None:
         """Cut the sessions of the move in progress, from any thread: a statement blocked on a shard
         returns now (when the controllers stop or the Lease is lost); the phase is taken up again later."""
         with self._lock:
             sessions = list(self._open)
+            self._severs += 1
         for session in sessions:
             session.sever()
 
@@ -446,11 +448,15 @@ class MoveController:
     def _copy_offline(self, obj: DatabaseMoveObject) -> DatabaseMoveObject:
         """The source closed (writes pause from here), then copied to the target once."""
         assert self.pg_dump is not None and self.pg_restore is not None
+        with self._lock:
+            severs = self._severs
         with self._sessions(obj) as (source, target):
             plan = self._plan(obj, source)
             move.prepare_target(target, plan.tenant)
             move_offline.close_source(source, plan.name)
-            move_offline.copy_database(source, target, plan, self.pg_dump, self.pg_restore)
+            move_offline.copy_database(
+                source, target, plan, self.pg_dump, self.pg_restore, cancelled=lambda: self._severs != severs
+            )
         return self._phase(obj, MovePhase.CUTTING_OVER, "opening the copy on the target")
 
     def _catch_up(self, obj: DatabaseMoveObject) -> tuple[DatabaseMoveObject, float | None]:

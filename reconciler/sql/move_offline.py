@@ -26,7 +26,8 @@ import os
 import re
 import subprocess
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -51,6 +52,7 @@ from reconciler.sql.roles import as_role
 
 OP_OFFLINE = "offline move"
 COPY_TIMEOUT = 3600.0  # seconds for dumping and restoring one tenant
+POLL = 0.2  # seconds between looks at the two processes
 _CONNINFO_KEYS = ("host", "hostaddr", "port", "sslmode", "sslrootcert", "sslcert", "sslkey", "require_auth")
 REQUIRE_AUTH_MAJOR = 16  # the first libpq that knows require_auth
 
@@ -116,11 +118,14 @@ def dump_and_restore(
     pg_dump: Path,
     pg_restore: Path,
     timeout: float = COPY_TIMEOUT,
+    cancelled: Callable[[], bool] = lambda: False,
 ) -> None:
     """The tenant's database dumped as the tenant and restored as the tenant in one transaction.
 
     Owners and privileges are left out (the restore runs as the tenant, which owns what it creates);
-    so are publications, subscriptions, security labels and tablespaces.
+    so are publications, subscriptions, security labels and tablespaces. Both processes are ended
+    when `cancelled()` turns true (the manager stops) or after `timeout` seconds; the restore's
+    transaction then leaves nothing on the target.
     """
     role = f"--role={plan.name}"
     dump_info, dump_env = _login(source, plan.name, pg_dump)
@@ -162,14 +167,15 @@ def dump_and_restore(
             dumper.wait()
             raise SqlFailure(OP_OFFLINE, errors.OTHER, detail="pg_restore could not be started") from None
         dumper.stdout.close()  # pg_restore holds the pipe now; pg_dump sees it close if pg_restore exits
-        try:
-            restored = restorer.wait(timeout)
-            dumped = dumper.wait(timeout)
-        except subprocess.TimeoutExpired:
-            for process in (restorer, dumper):
-                process.kill()
-                process.wait()
-            raise SqlFailure(OP_OFFLINE, errors.TIMEOUT, detail="the dump and restore did not finish") from None
+        deadline = time.monotonic() + timeout
+        while restorer.poll() is None or dumper.poll() is None:
+            if cancelled() or time.monotonic() >= deadline:
+                for process in (restorer, dumper):
+                    process.kill()
+                    process.wait()
+                raise SqlFailure(OP_OFFLINE, errors.TIMEOUT, detail="the dump and restore did not finish")
+            time.sleep(POLL)
+        restored, dumped = restorer.returncode, dumper.returncode
     if dumped != 0:
         raise SqlFailure(OP_OFFLINE, errors.OTHER, detail=f"pg_dump exited with {dumped}")
     if restored != 0:
@@ -177,7 +183,12 @@ def dump_and_restore(
 
 
 def copy_database(
-    source: psycopg.Connection, target: psycopg.Connection, plan: MovePlan, pg_dump: Path, pg_restore: Path
+    source: psycopg.Connection,
+    target: psycopg.Connection,
+    plan: MovePlan,
+    pg_dump: Path,
+    pg_restore: Path,
+    cancelled: Callable[[], bool] = lambda: False,
 ) -> None:
     """The closed source's database copied to the target, once: the marker on the target (restored
     in the same transaction as everything else) says it is there."""
@@ -186,7 +197,7 @@ def copy_database(
             return
     with tenant_database(source, plan.name) as inside:
         ensure_marker(inside, plan.name)
-    dump_and_restore(source, target, plan, pg_dump, pg_restore)
+    dump_and_restore(source, target, plan, pg_dump, pg_restore, cancelled=cancelled)
 
 
 def open_offline(source: psycopg.Connection, target: psycopg.Connection, plan: MovePlan) -> None:

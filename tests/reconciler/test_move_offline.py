@@ -155,3 +155,34 @@ def test_an_offline_move_aborted_while_its_copy_fails_reopens_the_source(
         assert conn.execute(ROWS).fetchall() == rows
     assert target_server.query("SELECT count(*) FROM pg_database WHERE datname = %s", (c["database"],)) == [(0,)]
     assert target_server.query("SELECT count(*) FROM pg_roles WHERE rolname = %s", (c["user"],)) == [(0,)]
+
+
+def test_an_offline_move_interrupted_by_a_manager_restart_is_finished_by_the_next_one(
+    fleet, admin_rest, servers, pg18_binaries, monkeypatch, start_manager
+) -> None:
+    """The first manager's copy fails (PostgreSQL 15's pg_restore); the next one, with the right
+    pg_restore, takes the move up in Copying and completes it."""
+    source_server, target_server = servers
+    monkeypatch.setenv("DBPROVIDER_PG_RESTORE", str(source_server.bin_dir / "pg_restore"))
+    first = start_manager()
+    source = shard(fleet, source_server, True)
+    target = shard(fleet, target_server, False)
+    fleet.wait_shard(source, "Ok")
+    fleet.wait_shard(target, "Ok")
+    database = fleet.database("mv-offline-restart")
+    fleet.wait_phase(database, "Ready")
+    c = fleet.credentials(database)
+    rows = tenant_with_rows(source_server, c)
+
+    with requested_move(fleet, admin_rest, database, target, mode="Offline") as name:
+        wait_for(lambda: move_status(admin_rest, name).get("phase") == "Copying", 60, "the copy to start")
+        first.stop()
+        monkeypatch.delenv("DBPROVIDER_PG_RESTORE")
+        start_manager()
+        status = wait_for(lambda: ended(admin_rest, name), 180, "the next manager to finish the move")
+        assert status["phase"] == "Completed", status
+
+    assert fleet.get_database(database)["status"]["shard"] == target
+    with login(target_server, c) as conn:
+        assert conn.execute(ROWS).fetchall() == rows
+    assert not can_connect(source_server, c["user"], c["password"], c["database"])

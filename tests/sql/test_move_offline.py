@@ -18,6 +18,7 @@ import pytest
 
 from harness import PostgresServer
 from reconciler.sql import move, move_offline
+from reconciler.sql.errors import SqlFailure
 from reconciler.sql.session import connect_admin
 from reconciler.sql.tenant import TenantSpec, read_state
 from tests.sql.conftest import LogicalPool
@@ -131,3 +132,17 @@ def test_offline_abort_reopens_the_source(offline: Offline) -> None:
 def test_database_size(offline: Offline) -> None:
     size = move_offline.database_size(offline.source_admin, offline.spec.name)
     assert 1 << 20 < size < 1 << 30
+
+
+def test_a_cancelled_copy_leaves_nothing_on_the_target(offline: Offline) -> None:
+    move.prepare_target(offline.target_admin, offline.spec)
+    move_offline.close_source(offline.source_admin, offline.spec.name)
+    with pytest.raises(SqlFailure):
+        move_offline.dump_and_restore(
+            offline.source_admin, offline.target_admin, offline.plan, *offline.binaries, cancelled=lambda: True
+        )
+    with offline.target.superuser_connection(offline.spec.name) as conn:
+        assert conn.execute("SELECT count(*) FROM pg_class WHERE relname = 'pets'").fetchone() == (0,)
+    move_offline.copy_database(offline.source_admin, offline.target_admin, offline.plan, *offline.binaries)
+    move_offline.open_offline(offline.source_admin, offline.target_admin, offline.plan)
+    assert offline.content(offline.target) == offline.content(offline.source)
