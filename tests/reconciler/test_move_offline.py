@@ -66,6 +66,20 @@ def tenant_with_rows(server: PostgresServer, credentials: dict[str, str]) -> lis
         return conn.execute(ROWS).fetchall()
 
 
+def database_on_pg15(fleet, servers, external_id: str) -> tuple[str, str, str, dict[str, str], list[tuple[Any, ...]]]:
+    """A PostgreSQL 15 source Shard with a Database and its rows, a PostgreSQL 18 target Shard: (source,
+    target, the Database, its credentials, its rows)."""
+    source_server, target_server = servers
+    source = shard(fleet, source_server, True)
+    target = shard(fleet, target_server, False)
+    fleet.wait_shard(source, "Ok")
+    fleet.wait_shard(target, "Ok")
+    database = fleet.database(external_id)
+    fleet.wait_phase(database, "Ready")
+    credentials = fleet.credentials(database)
+    return source, target, database, credentials, tenant_with_rows(source_server, credentials)
+
+
 def test_an_offline_move_to_any_shard_is_refused_above_the_limit_and_completes_when_forced(
     fleet, admin_rest, servers, pg18_binaries, start_manager
 ) -> None:
@@ -126,14 +140,7 @@ def test_an_offline_move_aborted_while_its_copy_fails_reopens_the_source(
     source_server, target_server = servers
     monkeypatch.setenv("DBPROVIDER_PG_RESTORE", str(source_server.bin_dir / "pg_restore"))
     start_manager()
-    source = shard(fleet, source_server, True)
-    target = shard(fleet, target_server, False)
-    fleet.wait_shard(source, "Ok")
-    fleet.wait_shard(target, "Ok")
-    database = fleet.database("mv-offline-abort")
-    fleet.wait_phase(database, "Ready")
-    c = fleet.credentials(database)
-    rows = tenant_with_rows(source_server, c)
+    source, target, database, c, rows = database_on_pg15(fleet, servers, "mv-offline-abort")
 
     with requested_move(fleet, admin_rest, database, target, mode="Offline") as name:
 
@@ -165,14 +172,7 @@ def test_an_offline_move_interrupted_by_a_manager_restart_is_finished_by_the_nex
     source_server, target_server = servers
     monkeypatch.setenv("DBPROVIDER_PG_RESTORE", str(source_server.bin_dir / "pg_restore"))
     first = start_manager()
-    source = shard(fleet, source_server, True)
-    target = shard(fleet, target_server, False)
-    fleet.wait_shard(source, "Ok")
-    fleet.wait_shard(target, "Ok")
-    database = fleet.database("mv-offline-restart")
-    fleet.wait_phase(database, "Ready")
-    c = fleet.credentials(database)
-    rows = tenant_with_rows(source_server, c)
+    source, target, database, c, rows = database_on_pg15(fleet, servers, "mv-offline-restart")
 
     with requested_move(fleet, admin_rest, database, target, mode="Offline") as name:
         wait_for(lambda: move_status(admin_rest, name).get("phase") == "Copying", 60, "the copy to start")
