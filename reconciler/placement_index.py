@@ -152,6 +152,18 @@ class PlacementIndex:
                 self._refresh(chosen)
             return chosen
 
+    def hold(self, database: str, shard: str, connection_limit: int | None = None) -> None:
+        """Count `database` (a key) on `shard`, chosen before, until `release`: a reservation taken up
+        again after a restart (the choice was recorded; the count lived in memory only)."""
+        with self._lock:
+            if self._reserved.get(database, (None, None))[0] == shard:
+                return
+            self._release_locked(database)
+            self._reserved[database] = (shard, connection_limit)
+            self._commit(shard, connection_limit)
+            self._counts[shard] += 1
+            self._refresh(shard)
+
     def release(self, database: str) -> None:
         """Give back the reservation of `database` (its placement write failed)."""
         with self._lock:

@@ -157,6 +157,8 @@ class MoveController:
         if FINALIZER_MOVE not in obj.metadata.finalizers:
             self._finalizer(obj, add=True)
             return None  # its event brings the move back
+        if phase in (MovePhase.PREFLIGHT, *RUNNING):
+            self._hold(obj)
         if obj.spec.abort and (phase not in RUNNING or self._undo(obj)):
             self._finish(obj, MovePhase.ABORTED, MoveReason.ABORTED, "aborted; the source serves as before")
             return None
@@ -292,6 +294,14 @@ class MoveController:
             return None
         limit = self.connection_limit(db)
         return self.placement.reserve(Engine.POSTGRES, self._reservation(obj), limit, exclude=source)
+
+    def _hold(self, obj: DatabaseMoveObject) -> None:
+        """The reservation of a `target: any` move under way counts again after a restart."""
+        if self.placement is None or obj.spec.target != MOVE_TARGET_ANY or obj.status.target_shard is None:
+            return
+        db, _ = self._database(obj)
+        limit = self.connection_limit(db) if db is not None else None
+        self.placement.hold(self._reservation(obj), obj.status.target_shard, limit)
 
     def _no_capacity(self, obj: DatabaseMoveObject) -> DatabaseMoveObject:
         message = (

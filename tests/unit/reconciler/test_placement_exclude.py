@@ -28,3 +28,13 @@ def test_the_source_is_never_chosen_and_the_reservation_counts_until_released() 
     assert index.reserve("postgres", "move:ns/m2", exclude="a") is None  # b is full with the first move
     index.release("move:ns/m1")
     assert index.reserve("postgres", "move:ns/m2", exclude="a") == "b"
+
+
+def test_a_held_choice_counts_again_after_a_restart() -> None:
+    index = PlacementIndex(database_shard)
+    index.shard_event("ADDED", None, shard("b", max_databases=1))
+    index.hold("move:ns/m1", "b")
+    index.hold("move:ns/m1", "b")  # every pass holds it; counted once
+    assert index.reserved() == {"move:ns/m1": "b"} and index.choose("postgres") is None
+    index.release("move:ns/m1")
+    assert index.choose("postgres") == "b"
