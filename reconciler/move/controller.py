@@ -396,8 +396,9 @@ class MoveController:
         _, status = self._database(obj)
         assert status.tenant_name is not None
         with self._sessions(obj) as (source, target):
-            online = [f"shard {obj.status.source_shard}: {o.message}" for o in shard_obstacles(read_shard(source))]
-            online += [f"shard {obj.status.target_shard}: {o.message}" for o in shard_obstacles(read_shard(target))]
+            facts = read_shard(source), read_shard(target)
+            online = [f"shard {obj.status.source_shard}: {o.message}" for o in shard_obstacles(facts[0])]
+            online += [f"shard {obj.status.target_shard}: {o.message}" for o in shard_obstacles(facts[1])]
             extensions = available_extensions(target)
             with tenant_database(source, status.tenant_name) as inside:
                 inside_found = database_obstacles(inside, extensions)
@@ -411,6 +412,10 @@ class MoveController:
         else:
             found = [f"database: {o.message}" for o in inside_found if o.code == EXTENSION_MISSING]
             found += self._offline_size(obj, size)
+            if self.pg_dump is not None and self.pg_restore is not None:
+                binaries = (self.pg_dump, self.pg_restore)
+                unfit = move_offline.binaries_obstacle(binaries, facts[0].major, facts[1].major)
+                found += [unfit] if unfit is not None else []
             if found and online and obj.spec.mode == MoveMode.AUTO:
                 found.insert(0, f"online not possible ({'; '.join(online)}), so offline")
         if found:

@@ -58,7 +58,7 @@ REQUIRE_AUTH_MAJOR = 16  # the first libpq that knows require_auth
 
 
 @functools.cache
-def _major(binary: Path) -> int:
+def client_major(binary: Path) -> int:
     """The PostgreSQL major of a client binary (`pg_dump (PostgreSQL) 15.8` -> 15); 0: unknown."""
     try:
         done = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30, check=False)
@@ -66,6 +66,21 @@ def _major(binary: Path) -> int:
         return 0
     found = re.search(r"\) (\d+)", done.stdout)
     return int(found.group(1)) if found else 0
+
+
+def binaries_obstacle(binaries: tuple[Path, ...], source_major: int, target_major: int) -> str | None:
+    """Why `binaries` (pg_dump, pg_restore) cannot copy from a server of `source_major` to one of
+    `target_major`, or None: pg_dump reads servers of its major and older only, and pg_restore
+    writes statements that servers older than it refuse."""
+    for binary in binaries:
+        major = client_major(binary)
+        if not source_major <= major <= target_major:
+            shown = f"PostgreSQL {major}" if major else "of an unknown PostgreSQL major"
+            return (
+                f"the manager's {binary.name} is {shown}: copying from PostgreSQL {source_major} to PostgreSQL "
+                f"{target_major} needs pg_dump and pg_restore of a major from {source_major} to {target_major}"
+            )
+    return None
 
 
 def database_size(source: psycopg.Connection, name: str) -> int:
@@ -84,7 +99,7 @@ def _login(conn: psycopg.Connection, dbname: str, binary: Path) -> tuple[str, di
     """The provisioner's login to `dbname` on the server of `conn`, for `binary`: (conninfo,
     environment); the password only in the environment. A PostgreSQL 15 binary goes without
     require_auth (its libpq refuses the option)."""
-    keys = _CONNINFO_KEYS if _major(binary) >= REQUIRE_AUTH_MAJOR else _CONNINFO_KEYS[:-1]
+    keys = _CONNINFO_KEYS if client_major(binary) >= REQUIRE_AUTH_MAJOR else _CONNINFO_KEYS[:-1]
     params = {key: value for key, value in conn.info.get_parameters().items() if key in keys}
     conninfo = make_conninfo(**params, user=conn.info.user, dbname=dbname, application_name=APPLICATION_NAME)
     env = {"PATH": os.environ.get("PATH", ""), "PGCONNECT_TIMEOUT": "10"}
