@@ -266,11 +266,9 @@ class MoveController:
                 return self._no_capacity(obj)
             name = chosen
         target = self._shard(name)
-        if problem is not None:
-            pass
-        elif target is None or target.engine != Engine.POSTGRES:
+        if problem is None and (target is None or target.engine != Engine.POSTGRES):
             problem = f"no valid postgres Shard {name}"
-        elif target.client.pooler is not None:
+        elif problem is None and target is not None and target.client.pooler is not None:
             problem = f"shard {name} gives new databases to a pooler by template: not a move target"
         if problem is not None:
             self._fail(obj, MoveReason.FAILED, problem)
