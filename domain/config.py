@@ -32,7 +32,7 @@ from pydantic import (
 from domain.constants import DEFAULT_NAMESPACE, DEFAULT_RELEASE_NAME, SIZE_CLASS_MAX_LENGTH
 from domain.naming import DNS1035_LABEL_RE, DNS1123_SUBDOMAIN_RE, LABEL_VALUE_MAX_LENGTH, LABEL_VALUE_RE
 from domain.settings import SETTINGS
-from domain.sizing import ResourcesConfig, SizingConfig
+from domain.sizing import MemoryQuantity, ResourcesConfig, SizingConfig, memory_bytes
 from domain.validation import (
     ClientHost,
     ConfigModel,
@@ -348,6 +348,17 @@ class SoftDeleteConfig(ConfigModel):
     allow_undelete: StrictBool = False
 
 
+class MovesConfig(ConfigModel):
+    """DatabaseMove: the largest database an offline move copies without `spec.force` (its writes pause
+    for the whole copy, so a larger one is refused before anything starts)."""
+
+    offline_max_size: MemoryQuantity = "1Gi"
+
+    @property
+    def offline_max_bytes(self) -> int:
+        return memory_bytes(self.offline_max_size)
+
+
 def _check_scaling_bound(value: timedelta) -> timedelta:
     if value < timedelta(minutes=1):
         raise ValueError("must be at least 1m")
@@ -433,6 +444,7 @@ class InstallConfig(ConfigModel):
     prometheus_rule: PrometheusRuleConfig = PrometheusRuleConfig()
     dashboard: DashboardConfig = DashboardConfig()
     soft_delete: SoftDeleteConfig = SoftDeleteConfig()
+    moves: MovesConfig = MovesConfig()
     engines: EnginesConfig = EnginesConfig()
     api: ApiConfig = ApiConfig()
     readiness: ReadinessConfig = ReadinessConfig()

@@ -240,6 +240,7 @@ class MoveReason(enum.StrEnum):
     PENDING = "Pending"
     PREFLIGHT_FAILED = "PreflightFailed"  # the message names what the shards or the database lack
     IN_PROGRESS = "InProgress"
+    NO_CAPACITY = "NoCapacity"  # target any: no shard has room; tried again
     COMPLETED = "Completed"
     ABORTED = "Aborted"
     ROLLED_BACK = "RolledBack"

@@ -18,7 +18,7 @@ from pydantic import Field, StrictStr
 
 from domain.conditions import Condition, Conditions, Generation, StatusTime
 from domain.config import ConnectionLimit
-from domain.constants import SIZE_CLASS_MAX_LENGTH, ClaimPhase, MovePhase, Phase
+from domain.constants import SIZE_CLASS_MAX_LENGTH, ClaimPhase, MoveMode, MovePhase, Phase
 from domain.validation import Count, ExternalId, ObjectName, SpecModel
 
 __all__ = [
@@ -154,6 +154,9 @@ class DatabaseMoveStatus(ObjectStatus):
     source_shard: ObjectName | None = Field(default=None, description="The Shard the database is moved from.")
     target_shard: ObjectName | None = Field(
         default=None, description="The Shard the database is moved to (the one chosen when spec.target is any)."
+    )
+    mode: MoveMode | None = Field(
+        default=None, description="How the database is copied, Online or Offline (chosen in the preflight for Auto)."
     )
     write_pause_seconds: Annotated[float, Field(ge=0)] | None = Field(
         default=None, description="How long the database took no writes during the move (the cutover, or the copy)."

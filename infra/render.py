@@ -125,6 +125,7 @@ ADDED_SINCE_PREVIOUS_RELEASE: tuple[tuple[str, ...], ...] = (
     ("resources",),
     ("sizing",),
     ("softDelete", "allowUndelete"),
+    ("moves",),
 )
 
 

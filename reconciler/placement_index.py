@@ -133,18 +133,20 @@ class PlacementIndex:
         with self._lock:
             return self._first_fit(engine, connection_limit)
 
-    def reserve(self, engine: str, database: str, connection_limit: int | None = None) -> str | None:
+    def reserve(
+        self, engine: str, database: str, connection_limit: int | None = None, exclude: str | None = None
+    ) -> str | None:
         """Choose the shard for `database` (its key) and count it there at once, one database and its
         connection limit; None = no capacity.
 
         The reservation holds until the Database informer shows the database placed or deleted, or
         until `release(database)`: call that when the placement write was refused. When its outcome is
         unknown (a timeout), keep it: the informer shows the write if it happened, and the database's
-        next pass replaces the reservation if it did not.
+        next pass replaces the reservation if it did not. `exclude`: a shard never chosen (a move's source).
         """
         with self._lock:
             self._release_locked(database)
-            chosen = self._first_fit(engine, connection_limit)
+            chosen = self._first_fit(engine, connection_limit, exclude)
             if chosen is not None:
                 self._reserved[database] = (chosen, connection_limit)
                 self._commit(chosen, connection_limit)
@@ -153,14 +155,16 @@ class PlacementIndex:
             return chosen
 
     def hold(self, key: str, shard: str, connection_limit: int | None = None) -> None:
-        """Count `key` (a reservation not of a Database, e.g. a move's) on `shard` as `reserve` would have,
-        unless it is counted already: a reservation made before a restart, taken up again."""
+        """Count `key` (a move's, e.g.) on `shard`, chosen before, until `release`: a reservation taken up
+        again after a restart (the choice was recorded; the count lived in memory only)."""
         with self._lock:
-            if key not in self._reserved:
-                self._reserved[key] = (shard, connection_limit)
-                self._commit(shard, connection_limit)
-                self._counts[shard] += 1
-                self._refresh(shard)
+            if self._reserved.get(key, (None, None))[0] == shard:
+                return
+            self._release_locked(key)
+            self._reserved[key] = (shard, connection_limit)
+            self._commit(shard, connection_limit)
+            self._counts[shard] += 1
+            self._refresh(shard)
 
     def release(self, database: str) -> None:
         """Give back the reservation of `database` (its placement write failed)."""
@@ -194,13 +198,15 @@ class PlacementIndex:
         with self._lock:
             return {key: shard for key, (shard, _) in self._reserved.items()}
 
-    def _first_fit(self, engine: str, connection_limit: int | None) -> str | None:
+    def _first_fit(self, engine: str, connection_limit: int | None, exclude: str | None = None) -> str | None:
         """The first shard (fewest databases, then name) of `engine` that the next database fits on.
 
         Every filed shard fits one more database (`_refresh` files only `usable` ones); the first of
         them whose connection budget also fits the limit (None: connections not counted) is chosen.
         """
         for _, name in self._usable.get(engine, ()):
+            if name == exclude:
+                continue
             committed, budget = self._commitments.get(name, Commitments()), self._candidates[name].connection_budget
             if connection_limit is None or fits(connection_limit, committed, budget):
                 return name

@@ -123,7 +123,16 @@ def register_controllers(
     )
     consumer_logic = setup_consumers(manager, rest, consumers, databases)
     move_logic = setup_moves(
-        manager, namespace, rest, databases, shards, policy=shard_setup.policy, outside_pod=outside_pod, events=events
+        manager,
+        namespace,
+        rest,
+        databases,
+        shards,
+        policy=shard_setup.policy,
+        outside_pod=outside_pod,
+        events=events,
+        config=config,
+        placement=placement,
     )
     setup_drains(
         manager, namespace, rest, shards, databases, move_logic.moves, placement, partial(database_limit, config=config)

@@ -1,15 +1,19 @@
-"""The DatabaseMove controller: moves one Database to another shard online (reconciler.sql.move).
+"""The DatabaseMove controller: moves one Database to another shard, online (reconciler.sql.move) or
+offline (reconciler.sql.move_offline).
 
 A reconcile is a column of guard clauses:
 
   fetch -> deleted: undo what the move made (before the cutover), then release the finalizer ->
   finished (Completed, Aborted, Failed): nothing -> finalizer -> abort requested: undo, Aborted ->
   Pending: the request checked (the Database Ready, placed on another shard than the target, the
-  target a valid postgres Shard) -> Preflight: both shards and the database (move_preflight) ->
-  Copying: target prepared, schema copied, publication, subscription -> CatchingUp: new tables
-  carried, waiting until every table is copied and the stream's lag is small -> CuttingOver: the
-  fenced cutover, then the Database's status.shard switched (the Database controller moves the
-  credentials Secret's host with it) -> Completed.
+  target a valid postgres Shard; target `any`: chosen and reserved in the PlacementIndex, or a
+  NoCapacity condition and a requeue) -> Preflight: both shards and the database (move_preflight),
+  the mode chosen (Auto: Online when nothing stands in its way), an offline copy above the size
+  limit refused unless forced -> Copying: online, target prepared, schema copied, publication,
+  subscription; offline, target prepared, the source closed, dump and restore -> CatchingUp (online
+  only): new tables carried, waiting until every table is copied and the stream's lag is small ->
+  CuttingOver: online, the fenced cutover; offline, the target opened -> the Database's status.shard
+  switched (the Database controller moves the credentials Secret's host with it) -> Completed.
 
 Each phase is written to status before its SQL runs, and every step is idempotent: a pass after a
 restart or a lost Lease re-runs the phase it finds. Conditions carry sanitized error classes only;
@@ -29,6 +33,7 @@ import psycopg
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
+from domain.config import MovesConfig
 from domain.constants import (
     API_VERSION,
     FINALIZER_MOVE,
@@ -43,17 +48,19 @@ from domain.constants import (
 )
 from domain.credentials import secret_values
 from domain.naming import credentials_secret_name
-from domain.objects import DatabaseMoveObject, lenient_status
+from domain.objects import DatabaseMoveObject, Obj, lenient_status
 from domain.resources import DATABASE_MOVES, DATABASES
 from domain.specs import ShardSpec, parse_shard
 from domain.status import DatabaseStatus
 from informers import SECRETS, Informer, Rest
 from reconciler.events import EventRecorder
+from reconciler.placement_index import PlacementIndex
 from reconciler.runtime import ReconcileError, Result, TerminalError, ensure_active, patch_status, write_status
 from reconciler.shard.admin import AdminEndpointCache, AdminRefused, AdminSecretInvalid
-from reconciler.sql import move
+from reconciler.sql import move, move_offline
 from reconciler.sql.errors import SqlFailure, classify
 from reconciler.sql.move_preflight import (
+    EXTENSION_MISSING,
     available_extensions,
     database_obstacles,
     read_shard,
@@ -67,6 +74,7 @@ APPLICATION_NAME = "dbprovider-move"
 CATCH_UP_POLL = 2.0  # seconds between looks at the copy and the stream
 CUTOVER_LAG = 16 << 20  # bytes of WAL the target may still lack when the fence goes up
 CUTOVER_BUDGET = 30.0  # seconds of write pause before a cutover gives the source back
+NO_CAPACITY_RETRY = 60.0  # seconds between looks for a target when spec.target is any and none has room
 # How a failed step is named in the Ready condition ("copying failed: timeout").
 STEP_NAMES = {
     MovePhase.PREFLIGHT: "preflight",
@@ -89,11 +97,18 @@ class MoveController:
         admin_endpoints: AdminEndpointCache,
         *,
         pg_dump: Path | None,
+        pg_restore: Path | None = None,
         events: EventRecorder | None = None,
         fence: Fence | None = None,
+        placement: PlacementIndex | None = None,
+        connection_limit: Callable[[Obj], int | None] = lambda _: None,
+        offline_max_bytes: int = MovesConfig().offline_max_bytes,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
-        """`pg_dump`: the binary that copies a schema (of the target's major); None: none is installed."""
+        """`pg_dump`, `pg_restore`: the binaries that copy a database (of the target's major); None: not
+        installed. `placement`: chooses the target of `target: any` (None: such a move waits);
+        `connection_limit`: what a Database commits to a shard's connection budget; `offline_max_bytes`:
+        the largest database an offline move copies without spec.force."""
         self.rest = rest
         self.namespace = namespace
         self.moves = moves
@@ -101,17 +116,23 @@ class MoveController:
         self.shards = shards
         self.admin_endpoints = admin_endpoints
         self.pg_dump = pg_dump
+        self.pg_restore = pg_restore
+        self.placement = placement
+        self.connection_limit = connection_limit
+        self.offline_max_bytes = offline_max_bytes
         self.events = events
         self.fence = fence
         self.clock = clock
         self._lock = threading.Lock()
         self._open: set[AdminSession] = set()  # the sessions of the move in progress (to cut them)
+        self._severs = 0  # how often sever() ran: an offline copy started before the last one ends
 
     def sever(self) -> None:
         """Cut the sessions of the move in progress, from any thread: a statement blocked on a shard
         returns now (when the controllers stop or the Lease is lost); the phase is taken up again later."""
         with self._lock:
             sessions = list(self._open)
+            self._severs += 1
         for session in sessions:
             session.sever()
 
@@ -128,6 +149,7 @@ class MoveController:
             if FINALIZER_MOVE in obj.metadata.finalizers:
                 if phase in RUNNING and not self._undo(obj):
                     self._switch_database(obj)  # the target serves already: the Database must name it
+                self._release(obj)
                 self._finalizer(obj, add=False)
             return None
         if phase in FINISHED:
@@ -135,11 +157,15 @@ class MoveController:
         if FINALIZER_MOVE not in obj.metadata.finalizers:
             self._finalizer(obj, add=True)
             return None  # its event brings the move back
+        if phase in (MovePhase.PREFLIGHT, *RUNNING):
+            self._hold(obj)
         if obj.spec.abort and (phase not in RUNNING or self._undo(obj)):
             self._finish(obj, MovePhase.ABORTED, MoveReason.ABORTED, "aborted; the source serves as before")
             return None
         if phase in (None, MovePhase.PENDING):
             obj = self._accept(obj)
+            if obj.status.phase == MovePhase.PENDING:
+                return Result(requeue_after=NO_CAPACITY_RETRY)
         if obj.status.phase == MovePhase.PREFLIGHT:
             obj = self._preflight(obj)
         if obj.status.phase == MovePhase.COPYING:
@@ -167,6 +193,18 @@ class MoveController:
         done = obj.with_status(phase=phase, completed_at=self.clock(), observed_generation=obj.metadata.generation)
         self._write(done.with_condition(MoveConditionType.READY, phase == MovePhase.COMPLETED, reason, message))
         self._event(obj, f"Move{phase.value}", message, warning=phase == MovePhase.FAILED)
+        self._release(obj)
+
+    def _reservation(self, obj: DatabaseMoveObject) -> str:
+        """The key of a `target: any` move's reservation in the PlacementIndex (not a Database's key:
+        the Database's own events must not end it)."""
+        return f"move:{obj.metadata.namespace}/{obj.name}"
+
+    def _release(self, obj: DatabaseMoveObject) -> None:
+        """The reservation of a finished (or deleted) move given back: the target counts the Database
+        itself once it is switched there."""
+        if self.placement is not None and obj.spec.target == MOVE_TARGET_ANY:
+            self.placement.release(self._reservation(obj))
 
     def _event(self, obj: DatabaseMoveObject, reason: str, message: str, *, warning: bool = False) -> None:
         if self.events is None:
@@ -211,13 +249,8 @@ class MoveController:
     def _accept(self, obj: DatabaseMoveObject) -> DatabaseMoveObject:
         """Pending: what the request names must exist and fit; the two shards are recorded."""
         db, status = self._database(obj)
-        target = self._shard(obj.spec.target)
         problem = None
-        if obj.spec.mode == MoveMode.OFFLINE:
-            problem = "offline moves are not available; use mode Online or Auto"
-        elif obj.spec.target == MOVE_TARGET_ANY:
-            problem = f"target {MOVE_TARGET_ANY!r} is not available; name the target Shard"
-        elif db is None:
+        if db is None:
             problem = f"no Database {obj.spec.database} in this namespace"
         elif status.phase != Phase.READY or not status.shard or not status.tenant_name:
             problem = f"Database {obj.spec.database} is not Ready"
@@ -225,20 +258,56 @@ class MoveController:
             problem = f"DatabaseMove {first} of the same Database came first and has not finished"
         elif status.shard == obj.spec.target:
             problem = f"Database {obj.spec.database} is on shard {obj.spec.target} already"
-        elif target is None or target.engine != Engine.POSTGRES:
-            problem = f"no valid postgres Shard {obj.spec.target}"
-        elif target.client.pooler is not None:
-            problem = f"shard {obj.spec.target} gives new databases to a pooler by template: not a move target"
+        name = obj.spec.target
+        if problem is None and name == MOVE_TARGET_ANY:
+            assert db is not None
+            chosen = self._choose_target(obj, db, status.shard)
+            if chosen is None:
+                return self._no_capacity(obj)
+            name = chosen
+        target = self._shard(name)
+        if problem is None and (target is None or target.engine != Engine.POSTGRES):
+            problem = f"no valid postgres Shard {name}"
+        elif problem is None and target is not None and target.client.pooler is not None:
+            problem = f"shard {name} gives new databases to a pooler by template: not a move target"
         if problem is not None:
             self._fail(obj, MoveReason.FAILED, problem)
             return obj.with_status(phase=MovePhase.FAILED)
-        return self._phase(
-            obj,
-            MovePhase.PREFLIGHT,
-            "checking both shards and the database",
-            source_shard=status.shard,
-            target_shard=obj.spec.target,
+        try:
+            return self._phase(
+                obj,
+                MovePhase.PREFLIGHT,
+                "checking both shards and the database",
+                source_shard=status.shard,
+                target_shard=name,
+            )
+        except ApiException:
+            self._release(obj)  # the choice was not recorded: the next pass chooses again
+            raise
+
+    def _choose_target(self, obj: DatabaseMoveObject, db: Obj, source: str | None) -> str | None:
+        """`target: any`: the shard placement would give the Database now, never its own, reserved there
+        (its slot and its connection limit) until the move finishes."""
+        if self.placement is None:
+            return None
+        limit = self.connection_limit(db)
+        return self.placement.reserve(Engine.POSTGRES, self._reservation(obj), limit, exclude=source)
+
+    def _hold(self, obj: DatabaseMoveObject) -> None:
+        """The reservation of a `target: any` move under way counts again after a restart."""
+        if self.placement is None or obj.spec.target != MOVE_TARGET_ANY or obj.status.target_shard is None:
+            return
+        db, _ = self._database(obj)
+        limit = self.connection_limit(db) if db is not None else None
+        self.placement.hold(self._reservation(obj), obj.status.target_shard, limit)
+
+    def _no_capacity(self, obj: DatabaseMoveObject) -> DatabaseMoveObject:
+        message = (
+            "no other accepting, ready postgres shard below maxDatabases with room for the database's "
+            f"connections; looking again every {NO_CAPACITY_RETRY:.0f} s"
         )
+        pending = obj.with_status(phase=MovePhase.PENDING, observed_generation=obj.metadata.generation)
+        return self._write(pending.with_condition(MoveConditionType.READY, False, MoveReason.NO_CAPACITY, message))
 
     def _earlier_move(self, obj: DatabaseMoveObject) -> str | None:
         """An unfinished move of the same Database created before this one (one move at a time: they
@@ -325,24 +394,62 @@ class MoveController:
         _, status = self._database(obj)
         assert status.tenant_name is not None
         with self._sessions(obj) as (source, target):
-            found = [f"shard {obj.status.source_shard}: {o.message}" for o in shard_obstacles(read_shard(source))]
-            found += [f"shard {obj.status.target_shard}: {o.message}" for o in shard_obstacles(read_shard(target))]
+            facts = read_shard(source), read_shard(target)
+            online = [f"shard {obj.status.source_shard}: {o.message}" for o in shard_obstacles(facts[0])]
+            online += [f"shard {obj.status.target_shard}: {o.message}" for o in shard_obstacles(facts[1])]
             extensions = available_extensions(target)
             with tenant_database(source, status.tenant_name) as inside:
-                found += [f"database: {o.message}" for o in database_obstacles(inside, extensions)]
+                inside_found = database_obstacles(inside, extensions)
+            size = move_offline.database_size(source, status.tenant_name)
+        online += [f"database: {o.message}" for o in inside_found]
+        mode = obj.spec.mode
+        if mode == MoveMode.AUTO:
+            mode = MoveMode.OFFLINE if online else MoveMode.ONLINE
+        if mode == MoveMode.ONLINE:
+            found = online
+        else:
+            found = [f"database: {o.message}" for o in inside_found if o.code == EXTENSION_MISSING]
+            found += self._offline_size(obj, size)
+            if self.pg_dump is not None and self.pg_restore is not None:
+                binaries = (self.pg_dump, self.pg_restore)
+                unfit = move_offline.binaries_obstacle(binaries, facts[0].major, facts[1].major)
+                found += [unfit] if unfit is not None else []
+            if found and online and obj.spec.mode == MoveMode.AUTO:
+                found.insert(0, f"online not possible ({'; '.join(online)}), so offline")
         if found:
             self._fail(obj, MoveReason.PREFLIGHT_FAILED, "; ".join(found))
             return obj.with_status(phase=MovePhase.FAILED)
-        if self.pg_dump is None:
-            self._fail(obj, MoveReason.FAILED, "pg_dump is not installed where the manager runs")
+        missing = [
+            binary
+            for binary, path in (("pg_dump", self.pg_dump), ("pg_restore", self.pg_restore))
+            if path is None and (binary == "pg_dump" or mode == MoveMode.OFFLINE)
+        ]
+        if missing:
+            self._fail(obj, MoveReason.FAILED, f"{' and '.join(missing)} not installed where the manager runs")
             return obj.with_status(phase=MovePhase.FAILED)
+        how = "online" if mode == MoveMode.ONLINE else "offline: writes pause until the copy is opened on the target"
         self._event(
-            obj, "MoveStarted", f"moving from shard {obj.status.source_shard} to shard {obj.status.target_shard}"
+            obj,
+            "MoveStarted",
+            f"moving from shard {obj.status.source_shard} to shard {obj.status.target_shard} {how}",
         )
-        return self._phase(obj, MovePhase.COPYING, "copying the schema and the data", started_at=self.clock())
+        message = "copying the schema and the data" if mode == MoveMode.ONLINE else "copying the closed database"
+        return self._phase(obj, MovePhase.COPYING, message, started_at=self.clock(), mode=mode)
+
+    def _offline_size(self, obj: DatabaseMoveObject, size: int) -> list[str]:
+        """The refusal of an offline copy above the limit (writes would pause for the whole copy)."""
+        if obj.spec.force or size <= self.offline_max_bytes:
+            return []
+        return [
+            f"the database is {size / 2**20:.0f} MiB, above the offline move limit of "
+            f"{self.offline_max_bytes / 2**20:.0f} MiB (moves.offlineMaxSize): its writes would pause for the "
+            "whole copy; set spec.force: true to move it offline anyway"
+        ]
 
     def _copy(self, obj: DatabaseMoveObject) -> DatabaseMoveObject:
         assert self.pg_dump is not None
+        if obj.status.mode == MoveMode.OFFLINE:
+            return self._copy_offline(obj)
         with self._sessions(obj) as (source, target):
             plan = self._plan(obj, source)
             move.prepare_target(target, plan.tenant)
@@ -350,6 +457,20 @@ class MoveController:
             move.publish(source, plan.name)
             move.subscribe(source, target, plan)
         return self._phase(obj, MovePhase.CATCHING_UP, "copying the data")
+
+    def _copy_offline(self, obj: DatabaseMoveObject) -> DatabaseMoveObject:
+        """The source closed (writes pause from here), then copied to the target once."""
+        assert self.pg_dump is not None and self.pg_restore is not None
+        with self._lock:
+            severs = self._severs
+        with self._sessions(obj) as (source, target):
+            plan = self._plan(obj, source)
+            move.prepare_target(target, plan.tenant)
+            move_offline.close_source(source, plan.name)
+            move_offline.copy_database(
+                source, target, plan, self.pg_dump, self.pg_restore, cancelled=lambda: self._severs != severs
+            )
+        return self._phase(obj, MovePhase.CUTTING_OVER, "opening the copy on the target")
 
     def _catch_up(self, obj: DatabaseMoveObject) -> tuple[DatabaseMoveObject, float | None]:
         assert self.pg_dump is not None
@@ -368,11 +489,17 @@ class MoveController:
     def _cut_over(self, obj: DatabaseMoveObject) -> Result | None:
         with self._sessions(obj) as (source, target):
             plan = self._plan(obj, source)
-            try:
-                pause = move.cutover(source, target, plan, budget=CUTOVER_BUDGET)
-            except move.CutoverTimedOut:
-                self._phase(obj, MovePhase.CATCHING_UP, "the cutover did not finish in time; the source serves again")
-                return Result(requeue_after=CATCH_UP_POLL)
+            if obj.status.mode == MoveMode.OFFLINE:
+                move_offline.open_offline(source, target, plan)
+                started = obj.status.started_at
+                pause = max((self.clock() - started).total_seconds(), 0.0) if started is not None else 0.0
+            else:
+                try:
+                    pause = move.cutover(source, target, plan, budget=CUTOVER_BUDGET)
+                except move.CutoverTimedOut:
+                    message = "the cutover did not finish in time; the source serves again"
+                    self._phase(obj, MovePhase.CATCHING_UP, message)
+                    return Result(requeue_after=CATCH_UP_POLL)
         if obj.status.write_pause_seconds is None or pause > 0:
             obj = self._write(obj.with_status(write_pause_seconds=round(pause, 3)))
         self._switch_database(obj)

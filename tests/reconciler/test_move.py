@@ -12,6 +12,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -91,14 +92,15 @@ def shards(fleet, manager, move_servers) -> tuple[str, str]:
 
 
 @contextlib.contextmanager
-def requested_move(fleet, admin_rest, database: str, target: str) -> Iterator[str]:
-    """A DatabaseMove of `database` to `target`; its name. Removed afterwards (finalizer included)."""
+def requested_move(fleet, admin_rest, database: str, target: str, **spec: Any) -> Iterator[str]:
+    """A DatabaseMove of `database` to `target` (and `spec`'s other fields); its name. Removed afterwards
+    (finalizer included)."""
     name = fleet.name("move")
     body = {
         "apiVersion": API_VERSION,
         "kind": "DatabaseMove",
         "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {"database": database, "target": target},
+        "spec": {"database": database, "target": target, **spec},
     }
     admin_rest.create(DATABASE_MOVES, body, NAMESPACE)
     try:

@@ -161,6 +161,9 @@ def test_dump_round_trip_uses_camel_case_and_duration_strings() -> None:
         ({"softDelete": {"retention": "seven days"}}, "softDelete.retention"),
         ({"softDelete": {"allowUndelete": "yes"}}, "softDelete.allowUndelete"),
         ({"softDelete": {"allowUndelete": 1}}, "softDelete.allowUndelete"),
+        ({"moves": {"offlineMaxSize": "0"}}, "moves.offlineMaxSize"),
+        ({"moves": {"offlineMaxSize": "1GB"}}, "moves.offlineMaxSize"),
+        ({"moves": {"offlineMaxSize": 1024}}, "moves.offlineMaxSize"),
         ({"engines": {"cloudberry": {"enabled": "on"}}}, "engines.cloudberry.enabled"),
         ({"engines": {"mysql": {"enabled": True}}}, "engines.mysql"),
         ({"shardTLS": {"caBundle": {}}}, "shardTLS.caBundle"),
@@ -401,3 +404,8 @@ def test_shard_ca_bundle_from_a_config_map_or_a_secret(source: str) -> None:
         "key": "ca.pem",
     }
     assert dc.load_install_config(MINIMAL).shard_tls.ca_bundle is None
+
+
+def test_the_offline_move_limit_is_a_size() -> None:
+    assert dc.load_install_config(MINIMAL).moves.offline_max_bytes == 2**30
+    assert dc.load_install_config({**MINIMAL, "moves": {"offlineMaxSize": "512Mi"}}).moves.offline_max_bytes == 2**29
