@@ -121,10 +121,11 @@ def test_terminate_sessions_ends_the_sessions_held_through_pgbouncer(
 def test_in_transaction_mode_an_idle_client_outlives_terminate_sessions_until_pgbouncer_kills_it(
     patroni18: PatroniShard, fleet: Fleet, start_manager
 ) -> None:
-    """docs/consumers.md: between transactions a client of pgBouncer in transaction mode holds no server
-    session, so `terminateSessions` has nothing of it to end: it stays connected to pgBouncer, and its next
-    transactions run on the server connections pgBouncer opens for the logins with the new password. The shard's administrator ends it with `KILL <database>` then `RESUME
-    <database>` on pgBouncer's admin console."""
+    """docs/api.md: between transactions a client of pgBouncer in transaction mode holds no server session,
+    so `terminateSessions` has nothing of it to end: it stays connected to pgBouncer, and its next
+    transactions run on the server connections pgBouncer opens for the logins with the new password. The
+    shard's administrators end it with `KILL <database>`, then `RESUME <database>`, on pgBouncer's admin
+    console."""
     cluster = patroni18
     name = ready_database(fleet, cluster, start_manager, "idle-client")
     old = fleet.credentials(name)
