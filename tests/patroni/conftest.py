@@ -28,12 +28,13 @@ class Fleet(BaseFleet):
     release = RELEASE
     consumer = "pgbtest-consumer"
 
-    def patroni_shard(self, cluster: PatroniShard, *, pooler: bool = True) -> str:
+    def patroni_shard(self, cluster: PatroniShard, *, pooler: bool = True, direct: bool = False) -> str:
         """A Shard as a platform engineer declares a Percona cluster: the admin endpoint is the primary
-        endpoint, the client endpoint pgBouncer (with `client.pooler` unless told otherwise)."""
+        endpoint, the client endpoint pgBouncer (with `client.pooler` unless told otherwise), or with
+        `direct` the primary endpoint too (a shard before pgBouncer)."""
         name = self.name(f"patroni{cluster.major}")
-        client = {"host": "127.0.0.1", "port": cluster.client_port, "sslmode": "require"}
-        if pooler:
+        client = {"host": "127.0.0.1", "port": cluster.port if direct else cluster.client_port, "sslmode": "require"}
+        if pooler and not direct:
             client["pooler"] = {"authUser": POOLER_AUTH_USER, "template": "template1"}
         spec = {
             "maxDatabases": 200,

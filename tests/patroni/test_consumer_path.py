@@ -118,6 +118,36 @@ def test_terminate_sessions_ends_the_sessions_held_through_pgbouncer(
         assert works(conn)
 
 
+def test_in_transaction_mode_an_idle_client_outlives_terminate_sessions_until_pgbouncer_kills_it(
+    patroni18: PatroniShard, fleet: Fleet, start_manager
+) -> None:
+    """docs/api.md: between transactions a client of pgBouncer in transaction mode holds no server session,
+    so `terminateSessions` has nothing of it to end: it stays connected to pgBouncer, and its next
+    transactions run on the server connections pgBouncer opens for the logins with the new password. The
+    shard's administrators end it with `KILL <database>`, then `RESUME <database>`, on pgBouncer's admin
+    console."""
+    cluster = patroni18
+    name = ready_database(fleet, cluster, start_manager, "idle-client")
+    old = fleet.credentials(name)
+    with connect(old) as idle:
+        assert works(idle)  # authenticated by pgBouncer; its server connection went back to the pool
+        rotate(fleet, name, end_sessions=True)
+        wait_for(lambda: tenant_backends(cluster, old["user"]) == 0, timeout=30, what="the role's sessions to end")
+        new = fleet.credentials(name)
+        with connect(new) as fresh:
+            assert works(fresh)
+            assert works(idle), "the idle client was cut off by terminateSessions"
+            database = old["database"]
+            cluster.pgbouncer_admin(f"KILL {database}")
+            cluster.pgbouncer_admin(f"RESUME {database}")
+            assert not works(idle)
+            assert not works(fresh)  # KILL ends every client of the database
+    with connect(new) as conn:
+        assert works(conn)
+    with pytest.raises(psycopg.OperationalError):
+        connect(new, password=old["password"]).close()
+
+
 def test_the_roles_connection_limit_holds_through_the_pool(cluster: PatroniShard, fleet: Fleet, start_manager) -> None:
     name = ready_database(fleet, cluster, start_manager, "limited", size_class="small")  # connectionLimit 5
     creds = fleet.credentials(name)
