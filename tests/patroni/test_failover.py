@@ -144,7 +144,8 @@ def test_a_failover_during_a_burst_of_creates(
 
 def test_a_failover_during_rotations_and_drops(failover_cluster: PatroniShard, fleet: Fleet, start_manager) -> None:
     """Rotations and soft deletes requested one after another while the primary is killed part-way through:
-    every rotation ends with the new password logging in through pgBouncer and the old one refused, and
+    every rotation ends with the new password logging in through pgBouncer and the old one refused (or, for
+    one the killed primary committed unreplicated, the old one still working until another rotation), and
     every tenant is dropped (database and role). A drop may fail while there is no primary (DropFailed,
     with the connection's error class), never on its own SQL: no object_in_use from pgBouncer's pooled
     sessions, no loop."""
@@ -188,13 +189,29 @@ def test_a_failover_during_rotations_and_drops(failover_cluster: PatroniShard, f
     finally:
         watching.set()
         watcher.join(timeout=10)
+    # A rotation the killed primary committed in its last instant, before the replica had it, is lost with
+    # the failover (asynchronous replication; docs/operations.md, "A failover that loses the last commits"):
+    # then the old password still logs in, and the documented remedy, another rotation, works. Only the
+    # rotations requested around the kill may be lost that way.
+    around_kill = set(rotated[CHURN // 3 - 1 : CHURN // 3 + 1])
+    lost = []
     for name in rotated:
         new = fleet.credentials(name)
         assert new["password"] != old[name]["password"]
-        with connect(new) as conn:
-            assert conn.execute("SELECT current_user").fetchone() == (new["user"],)
+        try:
+            connect(new).close()
+        except psycopg.OperationalError:
+            assert name in around_kill, f"{name}: the new password is refused, and it was not rotated at the kill"
+            connect(new, password=old[name]["password"]).close()  # lost in the failover, not broken
+            lost.append(name)
+            continue
         with pytest.raises(psycopg.OperationalError):
             connect(new, password=old[name]["password"]).close()
+    for name in lost:
+        stamp = fleet.annotate_now(name, ANNOTATION_ROTATE_REQUESTED_AT)
+        fleet.wait_database(name, lambda db, s=stamp: db["status"].get("rotationApplied") == s, timeout=60)
+        with connect(fleet.credentials(name)) as conn:
+            assert conn.execute("SELECT current_user").fetchone() == (fleet.credentials(name)["user"],)
     classes = {message.partition(" failed: ")[2].split(" ")[0] for message in drop_failures}
     assert classes <= SHARD_TROUBLE, drop_failures
     databases = [old[name]["database"] for name in dropped]
