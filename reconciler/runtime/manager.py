@@ -59,6 +59,7 @@ class ControllerManager:
         self._after_stop: list[Callable[[], None]] = []
         self._lock = threading.Lock()  # serializes starting and stopping controllers
         self._started = False
+        self._controllers_running = threading.Event()  # set once every controller started and resynced
         self.elector: LeaderElector | None = None
         if leader_election:
             self.elector = LeaderElector(
@@ -101,6 +102,11 @@ class ControllerManager:
 
     def is_leading(self) -> bool:
         return self.elector.is_leading() if self.elector is not None else self._started
+
+    def controllers_running(self) -> bool:
+        """Leading, and every controller started with its first full pass queued: what a leader's start
+        does is done (`is_leading` turns true before it)."""
+        return self._controllers_running.is_set() and self.is_leading()
 
     def apiserver_reachable(self) -> bool:
         """Did the apiserver answer this replica's lease requests (every retry_period) lately?
@@ -188,6 +194,7 @@ class ControllerManager:
                 return  # lost again before we got here
             for controller in self.controllers:
                 controller.start()
+            self._controllers_running.set()
 
     def _lost_lease(self) -> None:
         """The elector stopped leading: stop at once, and wait for in-flight reconciles only so long
@@ -196,6 +203,7 @@ class ControllerManager:
 
     def _stop_controllers(self, timeout: float | None = None) -> None:
         # Signal everyone first (no further keys, ensure_active() raises), then wait.
+        self._controllers_running.clear()
         for controller in self.controllers:
             controller.signal_stop()
         self._run_hooks(self._on_stopping)

@@ -59,7 +59,9 @@ class InProcessManager:
     def start(self, wait_leading: bool = True) -> InProcessManager:
         self.manager.start()
         if wait_leading:
-            wait_for(self.manager.is_leading, timeout=30, what="the manager to lead")
+            # Its controllers started too (each one's first full pass queued): a test that counts passes
+            # or events afterwards must not meet that pass.
+            wait_for(self.manager.controllers_running, timeout=30, what="the manager to lead")
         return self
 
     def stop(self) -> None:
