@@ -57,20 +57,9 @@ def shard(fleet, server: PostgresServer, accepting: bool, max_databases: int = 1
     """A Shard on `server`; its client endpoint (which the target's server also uses for the stream)
     prefers TLS: the harness' servers may not read the client certificate libpq looks for under the
     test runner's HOME, which sslmode=require would insist on."""
-    name = fleet.name("mv")
-    spec = {
-        "accepting": accepting,
-        "maxDatabases": max_databases,
-        "perconaCluster": {"namespace": "databases", "name": name},
-        "admin": {
-            "serviceName": f"{name}-primary",
-            "port": server.port,
-            "sslmode": "require",
-            "secretRef": fleet.admin_secret(server),
-        },
-        "client": {"host": "127.0.0.1", "port": server.port, "sslmode": "prefer"},
-    }
-    return fleet.create_shard(name, spec, server)
+    return fleet.shard(
+        server, name=fleet.name("mv"), accepting=accepting, max_databases=max_databases, client_sslmode="prefer"
+    )
 
 
 @pytest.fixture

@@ -81,6 +81,7 @@ class Fleet:
         port: int | None = None,
         sslmode: str = "require",
         secret_ref: dict[str, str] | None = None,
+        client_sslmode: str = "require",
     ) -> str:
         """A postgres Shard on `postgres`; `secret_ref` replaces the listed admin Secret the fleet
         writes (tests of unlisted ones); the client endpoint is the server itself unless given."""
@@ -96,7 +97,7 @@ class Fleet:
                 "secretRef": secret_ref or self.admin_secret(postgres, password),
             },
             # The server itself by default: a new database is Ready only once its credentials log in there.
-            "client": {"host": client_host, "port": client_port or postgres.port, "sslmode": "require"},
+            "client": {"host": client_host, "port": client_port or postgres.port, "sslmode": client_sslmode},
         }
         return self.create_shard(name, spec, postgres)
 
