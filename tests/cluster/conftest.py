@@ -42,6 +42,7 @@ TLS_SECRET = "dbprovider-tls"
 API_HOST = f"{RELEASE}.{NAMESPACE}.svc"  # the name consumers reach the API by (the certificate's name)
 SHARDS_NAMESPACE = "shards"
 SHARD = "shard1"
+MOVE_TARGET = "shard2"
 ADMIN_SECRET = "shard1-provisioner"
 CONSUMER = "team-a"
 STACK = "node"
@@ -88,6 +89,19 @@ def shard(node: KubeNode) -> Iterator[Shard]:
             conn.execute("REVOKE CONNECT ON DATABASE postgres FROM PUBLIC")
             conn.execute(sql.SQL("GRANT CONNECT ON DATABASE postgres TO {}").format(sql.Identifier(server.PROVISIONER)))
         yield Shard(server, node.expose_service(SHARDS_NAMESPACE, f"{SHARD}-primary", 5432, server.port))
+
+
+@pytest.fixture(scope="module")
+def move_target(node: KubeNode, shard: Shard, stack: Stack, rest: Rest) -> Iterator[Shard]:
+    """A second PostgreSQL 18 shard, the Service shard2-primary.shards, whose Shard takes no new databases
+    (placement keeps using shard1): the target of a move. Its provisioner has shard1's password, so the
+    one admin Secret the install reads serves both."""
+    server = PostgresServer("18")
+    server.provisioner_password = shard.server.provisioner_password
+    with server:  # prepared as docs/sql.md says (the harness does)
+        second = Shard(server, node.expose_service(SHARDS_NAMESPACE, f"{MOVE_TARGET}-primary", 5432, server.port))
+        create_shard(rest, second, MOVE_TARGET, accepting=False)
+        yield second
 
 
 @dataclass
@@ -207,11 +221,12 @@ def shard_ready(stack: Stack, rest: Rest, shard: Shard) -> str:
     return create_shard(rest, shard)
 
 
-def create_shard(rest: Rest, shard: Shard) -> str:
+def create_shard(rest: Rest, shard: Shard, name: str = SHARD, accepting: bool = True) -> str:
     """The Shard, Ready: the leader reached PostgreSQL by the Service's name through cluster DNS."""
     spec = {
         "maxDatabases": 400,
-        "perconaCluster": {"namespace": SHARDS_NAMESPACE, "name": SHARD},
+        "accepting": accepting,
+        "perconaCluster": {"namespace": SHARDS_NAMESPACE, "name": name},
         "admin": {
             "serviceName": shard.service.name,
             "port": shard.service.port,
@@ -220,14 +235,14 @@ def create_shard(rest: Rest, shard: Shard) -> str:
         },
         "client": {"host": shard.service.host, "port": shard.service.port, "sslmode": "require"},
     }
-    rest.create(SHARDS, shard_object(SHARD, spec))
+    rest.create(SHARDS, shard_object(name, spec))
 
     def ready() -> bool:
-        conditions = (rest.get(SHARDS, SHARD).get("status") or {}).get("conditions") or []
+        conditions = (rest.get(SHARDS, name).get("status") or {}).get("conditions") or []
         return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
-    wait_for(ready, timeout=90, what=f"Shard {SHARD} Ready")
-    return SHARD
+    wait_for(ready, timeout=90, what=f"Shard {name} Ready")
+    return name
 
 
 class ApiClient:

@@ -29,8 +29,8 @@ from cryptography import x509
 from kubernetes.client.exceptions import ApiException
 
 from domain.agent_config import AGENT_NAME
-from domain.constants import ANNOTATION_CREDENTIALS_VERSION
-from domain.resources import CLAIMS, DATABASES
+from domain.constants import ANNOTATION_CREDENTIALS_VERSION, API_VERSION, LABEL_EXTERNAL_ID
+from domain.resources import CLAIMS, DATABASE_MOVES, DATABASES
 from harness.images import Image
 from harness.node import KubeNode
 from harness.pulumi import REPO_ROOT
@@ -38,6 +38,7 @@ from informers import SECRETS, Rest
 from tests.cluster.conftest import (
     API_HOST,
     FIGURES,
+    MOVE_TARGET,
     NAMESPACE,
     PODS,
     RELEASE,
@@ -477,6 +478,61 @@ def test_sigkill_of_the_leaders_manager_hands_over_and_restarts_it(
     for external_id in ids:
         wait_phase(api, external_id, "Ready")
     wait_for(lambda: _all_databases_ready(rest), timeout=300, what="every Database Ready")
+
+
+def test_an_offline_move_copies_with_the_images_pg_dump_and_pg_restore(
+    node: KubeNode, api: ApiClient, shard_ready: str, rest: Rest, shard: Shard, move_target: Shard
+) -> None:
+    # Each pod finds the image's PostgreSQL 18 client tools as a move's preflight looks for them.
+    script = (
+        "from reconciler.move.setup import find_pg_dump, find_pg_restore\n"
+        "from reconciler.sql.move_offline import client_major\n"
+        "d = find_pg_dump(); r = find_pg_restore(d)\n"
+        "print(d, r, client_major(d), client_major(r))\n"
+    )
+    for pod in ready_pods(rest):
+        found = exec_in(node, pod["metadata"]["name"], "python", "-c", script).split()
+        assert found == ["/opt/postgresql/bin/pg_dump", "/opt/postgresql/bin/pg_restore", "18", "18"], found
+
+    status, body = api.call("PUT", "/v1/databases/moving", {"sizeClass": "small"})
+    assert status == 201, body
+    wait_phase(api, "moving", "Ready")
+    status, credentials = api.call("GET", "/v1/databases/moving/credentials")
+    assert status == 200 and credentials["host"] == shard.service.host
+    login = (credentials["user"], credentials["password"], credentials["database"])
+    with shard.server.connect(*login, autocommit=True) as conn:
+        conn.execute("CREATE TABLE orders (id bigserial PRIMARY KEY, note text NOT NULL)")
+        conn.execute("INSERT INTO orders (note) SELECT 'order ' || g FROM generate_series(1, 100) g")
+        rows = conn.execute("SELECT id, note FROM orders ORDER BY id").fetchall()
+    (database,) = rest.list(DATABASES, NAMESPACE, query=[("labelSelector", f"{LABEL_EXTERNAL_ID}=moving")])["items"]
+    name = database["metadata"]["name"]
+    rest.create(
+        DATABASE_MOVES,
+        {
+            "apiVersion": API_VERSION,
+            "kind": "DatabaseMove",
+            "metadata": {"name": "moving-to-shard2", "namespace": NAMESPACE},
+            "spec": {"database": name, "target": MOVE_TARGET, "mode": "Offline"},
+        },
+        NAMESPACE,
+    )
+
+    def ended() -> dict[str, Any] | None:
+        moved = rest.get(DATABASE_MOVES, "moving-to-shard2", NAMESPACE).get("status") or {}
+        return moved if moved.get("phase") in ("Completed", "Failed", "Aborted") else None
+
+    moved = wait_for(ended, timeout=180, what="the offline move to end")
+    assert moved["phase"] == "Completed" and moved["mode"] == "Offline", moved
+    wait_for(
+        lambda: api.call("GET", "/v1/databases/moving/credentials")[1]["host"] == move_target.service.host,
+        timeout=60,
+        what="the credentials to name shard2",
+    )
+    with move_target.server.connect(*login) as conn:
+        assert conn.execute("SELECT id, note FROM orders ORDER BY id").fetchall() == rows
+    status, _ = api.call("DELETE", "/v1/databases/moving")
+    assert status == 202
+    wait_for(lambda: api.call("GET", "/v1/databases/moving")[0] == 404, timeout=90, what="moving gone")
 
 
 def test_rss_per_pod_at_the_end(node: KubeNode, rest: Rest) -> None:

