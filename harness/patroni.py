@@ -576,6 +576,11 @@ class PatroniShard:
         with self.superuser_connection(dbname) as conn:
             return conn.execute(statement, params).fetchall()
 
+    def timeline(self) -> int:
+        """The current primary's timeline (a promotion starts a new one)."""
+        rows = self.query("SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)")
+        return int(rows[0][0], 16)
+
     def connect(self, user: str, password: str, dbname: str = "postgres", **kwargs: Any) -> psycopg.Connection:
         """A password login through pgBouncer (TLS required there), as a consumer connects."""
         return psycopg.connect(
