@@ -576,10 +576,18 @@ class PatroniShard:
         with self.superuser_connection(dbname) as conn:
             return conn.execute(statement, params).fetchall()
 
-    def timeline(self) -> int:
-        """The current primary's timeline (a promotion starts a new one)."""
-        rows = self.query("SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)")
-        return int(rows[0][0], 16)
+    def timeline(self, timeout: float = 60.0) -> int:
+        """The current primary's timeline (a promotion starts a new one), once it is out of recovery:
+        Patroni names a new leader while its promotion is still under way."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                rows = self.query("SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)")
+                return int(rows[0][0], 16)
+            except psycopg.errors.ObjectNotInPrerequisiteState:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def connect(self, user: str, password: str, dbname: str = "postgres", **kwargs: Any) -> psycopg.Connection:
         """A password login through pgBouncer (TLS required there), as a consumer connects."""
