@@ -396,3 +396,4 @@ class EventReason(enum.StrEnum):
     DROPPED = "Dropped"
     DELETION_HELD = "DeletionHeld"
     TENANT_ADOPTED = "TenantAdopted"
+    TENANT_RECREATED = "TenantRecreated"

@@ -25,7 +25,7 @@ from typing import Any, Generic, NamedTuple, Self, TypeVar
 from pydantic import BaseModel, Field, PrivateAttr, ValidationError
 
 from domain.conditions import with_condition
-from domain.constants import ConditionStatus
+from domain.constants import ConditionStatus, Phase
 from domain.metadata import ObjectMeta
 from domain.specs import ConsumerSpec, DatabaseClaimSpec, DatabaseMoveSpec, DatabaseSpec, ShardSpec
 from domain.status import (
@@ -256,6 +256,15 @@ def database_placement(obj: Mapping[str, Any]) -> tuple[str | None, str | None]:
     if not isinstance(status, Mapping):
         return None, None
     return _nonempty(status.get(_SHARD_KEY)), _nonempty(status.get(_TENANT_KEY))
+
+
+_PHASE_KEY = DatabaseStatus.model_fields["phase"].alias or "phase"
+
+
+def database_ready(obj: Mapping[str, Any]) -> bool:
+    """`status.phase` of a Database object is Ready."""
+    status = obj.get("status")
+    return isinstance(status, Mapping) and status.get(_PHASE_KEY) == Phase.READY.value
 
 
 def lenient_status(model: type[StatusT], obj: Mapping[str, Any]) -> StatusT:

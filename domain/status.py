@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated
 
-from pydantic import Field, StrictStr
+from pydantic import Field, StrictInt, StrictStr
 
 from domain.conditions import Condition, Conditions, Generation, StatusTime
 from domain.config import ConnectionLimit
@@ -80,6 +80,13 @@ class ShardStatus(ObjectStatus):
         description="How many more databases of the default connection limit (connectionLimit.default) fit "
         "here now: below maxDatabases and within the connection budget (0 while the shard takes no databases: "
         "not Ready, not accepting or being deleted).",
+    )
+    timeline: Annotated[StrictInt, Field(ge=1)] | None = Field(
+        default=None,
+        description="The primary's timeline (it changes with each failover or switchover) for which every Ready "
+        "database placed here has been verified: when a check finds another, each Ready database is verified "
+        "once (a tenant lost in the failover is provisioned again, a tenant's password set again from its "
+        "credentials Secret), and then this is set.",
     )
 
 

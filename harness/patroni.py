@@ -12,7 +12,8 @@
   as Percona's operator (built on Crunchy PGO) configures it: a `*` database entry to the primary,
   `auth_user = _crunchypgbouncer` with `auth_query` on the SECURITY DEFINER function
   `pgbouncer.get_auth`, which exists in every database that allows connections, template1
-  included; TLS required from clients, verified to the server; `pool_mode` transaction or session.
+  included; TLS required from clients; to the server TLS with `verify-full`, so each member's
+  certificate names the address pgBouncer dials (`PRIMARY_HOST`); `pool_mode` transaction or session.
 
 The shard is prepared like `harness.postgres.PostgresServer` (docs/sql.md "Preparing a shard") and
 has the same `provisioner` role. `close()` stops everything and removes its files.
@@ -53,6 +54,11 @@ POOLER_AUTH_USER = "_crunchypgbouncer"
 POOLER_SCHEMA = "pgbouncer"
 POOLER_ADMIN = "pgbouncer_admin"
 AUTH_QUERY = "SELECT username, password from pgbouncer.get_auth($1)"
+# pgBouncer checks the server's certificate and its name, as Percona's operator configures it (docs/install.md).
+SERVER_TLS_SSLMODE = "verify-full"
+# The address pgBouncer dials for the primary (a Percona pgBouncer dials the primary Service's name):
+# every member's certificate names it, as the cluster certificate names the primary Service.
+PRIMARY_HOST = "127.0.0.1"
 # Patroni's timing: a lost leader is replaced within about ttl + loop_wait seconds.
 TTL = 20
 LOOP_WAIT = 2
@@ -236,7 +242,7 @@ class PgBouncer:
         ca = shard_ca().ca_file
         self.ini.write_text(
             "[databases]\n"
-            f"* = host=127.0.0.1 port={self.upstream_port}\n"
+            f"* = host={PRIMARY_HOST} port={self.upstream_port}\n"
             "\n[pgbouncer]\n"
             "ignore_startup_parameters = extra_float_digits\n"
             f"auth_file = {users}\n"
@@ -246,7 +252,7 @@ class PgBouncer:
             f"client_tls_cert_file = {cert}\n"
             f"client_tls_key_file = {key}\n"
             f"client_tls_ca_file = {ca}\n"
-            "server_tls_sslmode = verify-ca\n"
+            f"server_tls_sslmode = {SERVER_TLS_SSLMODE}\n"
             f"server_tls_ca_file = {ca}\n"
             "listen_addr = 127.0.0.1\n"
             f"listen_port = {self.port}\n"
@@ -394,7 +400,7 @@ class PatroniShard:
         member.workdir.mkdir()
         member.socket_dir.mkdir()
         member.log_file.touch()
-        files = shard_ca().issue_server(f"patroni-{self.scope}-{member.name}", ("localhost",), ("127.0.0.1",))
+        files = shard_ca().issue_server(f"patroni-{self.scope}-{member.name}", ("localhost",), (PRIMARY_HOST,))
         cert, key = member.workdir / "server.crt", member.workdir / "server.key"
         shutil.move(files.cert_file, cert)
         shutil.move(files.key_file, key)
@@ -569,6 +575,19 @@ class PatroniShard:
     def query(self, statement: Any, params: Any = None, *, dbname: str = "postgres") -> list[tuple[Any, ...]]:
         with self.superuser_connection(dbname) as conn:
             return conn.execute(statement, params).fetchall()
+
+    def timeline(self, timeout: float = 60.0) -> int:
+        """The current primary's timeline (a promotion starts a new one), once it is out of recovery:
+        Patroni names a new leader while its promotion is still under way."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                rows = self.query("SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)")
+                return int(rows[0][0], 16)
+            except psycopg.errors.ObjectNotInPrerequisiteState:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def connect(self, user: str, password: str, dbname: str = "postgres", **kwargs: Any) -> psycopg.Connection:
         """A password login through pgBouncer (TLS required there), as a consumer connects."""

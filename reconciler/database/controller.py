@@ -5,7 +5,8 @@
   before any SQL, then the credentials Secret outside any lane slot, ends the pass (placement.py) -> shard
   -> credentials Secret (unless that pass wrote it), written before the role: the source of the password
   (secret.py) -> Ready path: no SQL unless the database's own inputs
-  changed (ready.py), and once per database the ownership check (ownership.py) -> provisioning,
+  changed (ready.py), once per database the ownership check (ownership.py), and once per timeline change
+  of its shard the verification of its tenant (failover.py) -> provisioning,
   then a login with the database's own credentials (provisioning.py, login.py).
 
 The work queue has a lane per shard (`lane`): a pass runs with the workers of the shard its
@@ -41,9 +42,10 @@ from domain.credentials import Endpoint
 from domain.metadata import object_annotation
 from domain.objects import database_placement
 from domain.validation import format_validation_error
-from informers import Informer, Rest
+from informers import Informer, Rest, object_key
 from reconciler.database.deletion import Deletion
 from reconciler.database.early import EarlyVerdicts
+from reconciler.database.failover import FailoverVerification
 from reconciler.database.finalizers import Finalizers
 from reconciler.database.login import LoginCheck
 from reconciler.database.ownership import OwnershipConfirmation
@@ -60,6 +62,7 @@ from reconciler.events import EventRecorder
 from reconciler.placement_index import PlacementIndex, placement_index
 from reconciler.runtime import Result, TerminalError, Wakeups, release_slot
 from reconciler.shard.admin import AdminEndpointCache, AdminPolicy, AdminSessions
+from reconciler.shard.failover import TimelineRepairs
 
 INVALID_OBJECT = "InvalidObject"
 
@@ -81,10 +84,12 @@ class DatabaseController:
         wakeups: Wakeups | None = None,
         on_shard_trouble: Callable[[str, str], None] | None = None,
         placement: PlacementIndex | None = None,
+        repairs: TimelineRepairs | None = None,
     ) -> None:
         """`wakeups`: this controller's (a held-back event that was not ours gets its pass);
         `on_shard_trouble(shard, error_class)`: a statement failed as if its shard were in trouble;
-        `placement`: the index the Shard controller's suspects share (made here when not given)."""
+        `placement`: the index the Shard controller's suspects share (made here when not given);
+        `repairs`: the Shard controller's verifications after a timeline change (reconciler.shard.failover)."""
         self.namespace = namespace
         self.config = config
         self.databases = databases
@@ -109,6 +114,8 @@ class DatabaseController:
         login = LoginCheck(config, admin_endpoints.policy, self.sql, self.report, admin_host_override)
         self.provisioner = Provisioner(config, self.sql, self.writes, self.report, login)
         self.ownership = OwnershipConfirmation(self.sql, self.writes, self.report)
+        self.repairs = repairs or TimelineRepairs()
+        self.failover = FailoverVerification(self.repairs, self.sql, self.secrets, self.report, self.provisioner)
         # Before the informers start: a start's Databases are looked at while their pages arrive.
         self.early = EarlyVerdicts(
             databases, secrets, shards, self.secrets.key_of, _shard_name, self.shard_specs.endpoint, self._settled_on
@@ -139,6 +146,8 @@ class DatabaseController:
         db = self.databases.get(key)
         if db is None:
             return False
+        if self.repairs.needed(_shard_name(db), key) is not None:
+            return False  # to be verified after its shard's timeline changed (failover.py)
         secret, endpoint = self.secrets.cached(db), self._endpoint_of(db)
         return self.early.take(key, db, secret, endpoint) or self._settled_on(db, endpoint, secret)
 
@@ -153,6 +162,8 @@ class DatabaseController:
         return self.shard_specs.endpoint(shard) if shard is not None else None
 
     def _settled_on(self, db: dict[str, Any], endpoint: Endpoint | None, secret: dict[str, Any] | None) -> bool:
+        if self.repairs.needed(_shard_name(db), object_key(db)) is not None:
+            return False  # to be verified after its shard's timeline changed (failover.py)
         return settled(db, endpoint, secret, self.config)
 
     def _credentials_after_placement(self, database: Database, shard_name: str) -> None:
@@ -226,7 +237,9 @@ class DatabaseController:
 
         if ready:
             self.ready.converge(database, shard, secret)
-            return self.ownership.confirm(database, shard)  # SQL once per database, then never again
+            result = self.ownership.confirm(database, shard)  # SQL once per database, then never again
+            self.failover.verify(database, shard, spec)  # SQL once per timeline change of the shard
+            return result
         else:
             self.provisioner.provision(database, shard, secret)
         return None

@@ -55,6 +55,7 @@ def setup_databases(
         wakeups=wakeups,
         on_shard_trouble=shard_setup.suspects.suspect,  # a failed statement triggers a shard check
         placement=placement,
+        repairs=shard_setup.repairs,
     )
     # A lane per shard: at most workersPerShard passes on one shard's databases (and on placement) at
     # once, workersTotal in all, the lanes taking turns; a hung shard holds only its own lane's workers.
@@ -96,6 +97,12 @@ def setup_databases(
                 controller.enqueue(object_key(db))
 
     shards.add_handler(on_shard, replay=False)
+
+    def verify_after_failover(shard: str) -> None:  # a shard's timeline changed (reconciler.shard.failover)
+        for key in databases.index_keys(BY_SHARD, shard):
+            controller.enqueue(key)
+
+    shard_setup.repairs.wake = verify_after_failover
     manager.add_controller(controller)
     return logic
 

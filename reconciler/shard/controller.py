@@ -16,11 +16,12 @@ A ping passes when the provisioner logs in, its role fits (provisioner.dialect_p
 server can write (shard_probe.Writability: not a standby, new sessions not read-only; and, once a
 Database worker's write failed with disk_full, a small test write passes: DiskFull until then). The
 same statement reads the server's connection slots, from which the shard's connection budget is
-recorded (reconciler.shard.budget). Its timeouts follow the link (`ShardLinks`: from the measured
-round trip, bounded), and a Ready shard gets a second try with the longer timeouts before it is
-declared Unreachable, so a slow or flaky link that still answers stays Ready. A shard that does not
-answer is marked so in `ShardLinks`: the Database workers' sessions to it are cut at once and no new
-ones are opened until a ping passes, so its work waits instead of hanging.
+recorded (reconciler.shard.budget), and the primary's timeline: a new one (a failover or switchover)
+has every Ready Database of the shard verified once (reconciler.shard.failover). Its timeouts follow
+the link (`ShardLinks`: from the measured round trip, bounded), and a Ready shard gets a second try with
+the longer timeouts before it is declared Unreachable, so a slow or flaky link that still answers stays
+Ready. A shard that does not answer is marked so in `ShardLinks`: the Database workers' sessions to it are
+cut at once and no new ones are opened until a ping passes, so its work waits instead of hanging.
 
 A deleted Shard is held by its finalizer while Databases are placed on it (reconciler.shard.deletion).
 
@@ -45,17 +46,18 @@ from pydantic import ValidationError
 
 from domain.connection_budget import ServerSlots
 from domain.constants import KELDON_PHASE_RUNNING, KELDON_PHASE_SCALING, Engine, ShardConditionType, ShardReason
-from domain.objects import ShardState, cluster_phase
+from domain.objects import ShardState, cluster_phase, database_ready
 from domain.resources import BY_SHARD, SHARDS
 from domain.settings import SETTINGS
 from domain.specs import ShardSpec, parse_shard
 from domain.validation import format_validation_error
-from informers import Informer, Rest
+from informers import Informer, Rest, object_key
 from reconciler.runtime import Result, StatusEchoes, Wakeups
 from reconciler.shard.admin import AdminPolicy, AdminRefused, AdminSessions, admin_endpoint
 from reconciler.shard.budget import ShardBudgets
 from reconciler.shard.client_logins import report_client_logins
 from reconciler.shard.deletion import ShardDeletion
+from reconciler.shard.failover import TimelineRepairs
 from reconciler.shard.links import ShardLinks
 from reconciler.shard.suspects import ShardSuspects
 from reconciler.sql import errors as sqlerrors
@@ -74,6 +76,9 @@ MIN_FORCED_GAP = 1.0
 # A burst of Database changes would ping the shard once per change; within this gap (and for an
 # unchanged Shard generation) the last result stands and only databaseCount is refreshed.
 MIN_PING_GAP = SETTINGS.shard_checks.min_gap
+# While the Ready Databases of a shard are verified after its primary's timeline changed: how often to
+# look whether they are done (the SQL ping itself stays paced by MIN_PING_GAP).
+VERIFYING_RECHECK = 2.0
 # Conditions that single out one reason of a failed check: (type, that reason, message while it is False).
 FAILURE_CONDITIONS: tuple[tuple[ShardConditionType, ShardReason, str], ...] = (
     (ShardConditionType.ADMIN_AUTH_FAILED, ShardReason.ADMIN_AUTH_FAILED, "admin credentials accepted or not checked"),
@@ -90,6 +95,7 @@ class Health:
     server_version: str | None = None
     weak_createrole: bool = False
     slots: ServerSlots | None = None  # the server's connection slots, as this check read them
+    timeline: int | None = None  # the primary's timeline, as this check read it (reconciler.shard.failover)
 
     @property
     def ready(self) -> bool:
@@ -155,6 +161,7 @@ class ShardController:
         deletion: ShardDeletion | None = None,
         suspects: ShardSuspects | None = None,
         wakeups: Wakeups | None = None,
+        repairs: TimelineRepairs | None = None,
     ) -> None:
         self.rest = rest
         self.budgets = budgets  # the connection budget in the status (reconciler.shard.budget)
@@ -172,6 +179,8 @@ class ShardController:
         self._last: dict[str, tuple[float, int | None, Health]] = {}
         # Shards whose SQL failed or hangs in a Database worker: pinged at once (reconciler.shard.suspects)
         self.suspects = suspects or ShardSuspects()
+        # The verification of a shard's Ready Databases after its primary's timeline changed.
+        self.repairs = repairs or TimelineRepairs()
         self._spread: set[str] = set()  # Ready shards whose checks have been given their place in the interval
         # Our own status writes: their watch events wake no pass (setup.py; a pass on the echo wrote the
         # count again at once, past the burst's COUNT_BURST_GAP).
@@ -272,7 +281,8 @@ class ShardController:
             return Health(reason, problem, version, info.weak_createrole, slots), False
         if full is not None:
             return Health(ShardReason.DISK_FULL, full, version, info.weak_createrole, slots), False
-        return Health(ShardReason.OK, "admin connection healthy", version, info.weak_createrole, slots), False
+        healthy = "admin connection healthy"
+        return Health(ShardReason.OK, healthy, version, info.weak_createrole, slots, probe.timeline), False
 
     def _disk_full(self, name: str, session: AdminSession, timeout: float) -> str | None:
         """For a shard whose SQL failed with disk_full: why a small write still fails, or None (it passed)."""
@@ -330,6 +340,7 @@ class ShardController:
             self._spread.discard(name)
             self.links.forget(name)
             self.echoes.forget(name)
+            self.repairs.forget(name)
             if self.deletion is not None:
                 self.deletion.forget(name)
             return None
@@ -353,6 +364,7 @@ class ShardController:
         cloudberry = spec is not None and spec.engine == Engine.CLOUDBERRY
         shard = observe(shard, health, self.databases.count_by_index(BY_SHARD, name), cloudberry=cloudberry)
         shard = report_client_logins(shard, self.databases.by_index(BY_SHARD, name))
+        shard, verifying = self._follow_timeline(name, shard, health)
         if self.deletion is not None:
             shard = self.deletion.report(shard)
         if self.budgets is not None:
@@ -370,7 +382,26 @@ class ShardController:
             return Result(requeue_after=MIN_FORCED_GAP)
         if not health.ready:
             return Result(requeue_after=min(NOT_READY_RECHECK, self.ping_interval))
+        if verifying:
+            return Result(requeue_after=min(VERIFYING_RECHECK, self.ping_interval))
         return Result(requeue_after=self.ready_interval(name))
+
+    def _follow_timeline(self, name: str, shard: ShardState, health: Health) -> tuple[ShardState, bool]:
+        """Record the primary's timeline, once every Ready Database of the shard was verified for it
+        (reconciler.shard.failover); (the status, whether a verification is under way)."""
+        timeline, recorded = health.timeline, shard.status.timeline
+        if timeline is None or timeline == recorded:
+            return shard, False
+        if recorded is not None:
+            self.repairs.start(name, timeline)
+            ready = [object_key(db) for db in self.databases.by_index(BY_SHARD, name) if database_ready(db)]
+            if not self.repairs.complete(name, timeline, ready):
+                return shard, True
+            log.info(
+                "databases verified after a timeline change",
+                extra={"shard": name, "timeline": timeline, "databases": len(ready)},
+            )
+        return shard.with_status(timeline=timeline), False
 
     def ready_interval(self, name: str) -> float:
         """When to check a Ready shard again: ping_interval, stretched in a large fleet so that all shards'

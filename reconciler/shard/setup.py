@@ -26,6 +26,7 @@ from reconciler.shard.budget import ShardBudgets
 from reconciler.shard.client_logins import waits_on_client_login
 from reconciler.shard.controller import PING_INTERVAL, ShardController
 from reconciler.shard.deletion import ShardDeletion
+from reconciler.shard.failover import TimelineRepairs
 from reconciler.shard.suspects import ShardSuspects
 from reconciler.sql.session import APPLICATION_NAME
 
@@ -44,6 +45,7 @@ class ShardSetup:
     controller: ShardController
     sessions: AdminSessions  # the admin sessions of every controller
     suspects: ShardSuspects  # where a Database worker reports a shard in trouble
+    repairs: TimelineRepairs  # which Ready Databases to verify after a shard's timeline changed
     policy: AdminPolicy  # where admin credentials may be sent
 
 
@@ -64,6 +66,7 @@ def setup_shards(
     """The Shard controller on `manager`, with the admin sessions every controller uses."""
     wakeups = Wakeups()
     suspects = ShardSuspects(wakeups, placement)
+    repairs = TimelineRepairs()
     # SQL hanging on a shard: check it now.
     sessions = AdminSessions(
         fence=manager.fence, application_name=replica_application_name(instance), on_slow=suspects.suspect
@@ -86,6 +89,7 @@ def setup_shards(
         deletion=ShardDeletion(rest, databases, namespace, config.deletion_protection.enabled),
         suspects=suspects,
         wakeups=wakeups,
+        repairs=repairs,
     )
     # Several workers: each checks a different shard, so a dead shard's timeout delays no other.
     controller = Controller("shard", logic.reconcile, workers=SHARD_WORKERS, wakeups=wakeups)
@@ -100,7 +104,7 @@ def setup_shards(
     if clusters is not None:
         controller.watch(clusters, partial(_shards_of_cluster, shards))
     manager.add_controller(controller)
-    return ShardSetup(logic, sessions, suspects, policy)
+    return ShardSetup(logic, sessions, suspects, repairs, policy)
 
 
 def _shards_of_cluster(shards: Informer, cluster: dict[str, Any]) -> list[str]:

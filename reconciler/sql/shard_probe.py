@@ -8,7 +8,8 @@ which the controller uses to size its next timeouts (one round trip matters on a
 server that cannot write is not a shard placements can use, however well it answers: a standby
 (`pg_is_in_recovery()`, e.g. the admin Service points at a replica after a failover) or a server
 whose new sessions are read-only (`default_transaction_read_only`, e.g. set by an operator or by a
-disk-space guard).
+disk-space guard). On a primary it also reads the timeline (the first 8 hex digits of the current WAL
+file's name, callable without superuser): a promotion starts a new one (reconciler.shard.failover).
 
 A full disk does not show in any setting: a write fails with `disk_full` (53100). `probe_write` is
 such a write, small and side-effect free (about 256 kB into a temporary table that is dropped with
@@ -35,12 +36,15 @@ SELECT current_setting('server_version_num')::int, rolname, rolsuper, rolcreated
        pg_catalog.current_setting('transaction_read_only')::bool,
        current_setting('max_connections')::int,
        current_setting('superuser_reserved_connections')::int,
-       coalesce(current_setting('reserved_connections', true)::int, 0)
+       coalesce(current_setting('reserved_connections', true)::int, 0),
+       CASE WHEN NOT pg_catalog.pg_is_in_recovery()
+            THEN substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8) END
   FROM pg_catalog.pg_roles
  WHERE rolname = current_user
 """
 _PROVISIONER_COLUMNS = 7
 _WRITABILITY_COLUMNS = 3  # then the server's slots; reserved_connections exists from 16 on (NULL before)
+_SLOT_COLUMNS = 3  # then the primary's timeline
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,7 @@ class ShardProbe:
     writability: Writability
     slots: ServerSlots
     round_trip: float  # seconds of one statement on the open session
+    timeline: int | None = None  # the primary's timeline (None on a standby)
 
 
 def read_probe(conn: psycopg.Connection) -> ShardProbe:
@@ -78,7 +83,10 @@ def read_probe(conn: psycopg.Connection) -> ShardProbe:
     info = ProvisionerInfo(*row[:_PROVISIONER_COLUMNS])
     slots_at = _PROVISIONER_COLUMNS + _WRITABILITY_COLUMNS
     writability = Writability(*row[_PROVISIONER_COLUMNS:slots_at])
-    return ShardProbe(info, writability, ServerSlots(*row[slots_at:]), round_trip)
+    slots = ServerSlots(*row[slots_at : slots_at + _SLOT_COLUMNS])
+    wal_timeline = row[slots_at + _SLOT_COLUMNS]
+    timeline = int(wal_timeline, 16) if wal_timeline is not None else None
+    return ShardProbe(info, writability, slots, round_trip, timeline)
 
 
 def probe_shard(admin: Admin, *, timeout: float = OPERATION_TIMEOUT) -> ShardProbe:

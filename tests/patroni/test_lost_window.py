@@ -1,25 +1,28 @@
 """A failover onto a replica that had not received the last commits (docs/operations.md, "A failover that
-loses the last commits"): a tenant made in that window says Ready while the promoted primary lacks it.
+loses the last commits"): the provider repairs what the promoted primary lacks.
 
-Replication is cut (the primary refuses the replica's walreceiver), a Database turns Ready on the primary
-alone, the primary is killed and Patroni promotes the lagging replica. The documented query finds the
-tenant missing there, its consumer cannot log in, the tenants made before the cut are intact, and deleting
-and creating the Database again gives its consumer working credentials.
+Replication is cut (the primary refuses the replica's walreceiver); then a Database turns Ready on the
+primary alone, and another one's password is rotated there. The primary is killed and Patroni promotes
+the lagging replica, which has neither. Once the Shard check sees the new timeline, the lost tenant is
+provisioned again with the credentials its consumer already has (its data is gone, as it must be), with a
+Warning Event that says so, and the rotated password logs in without another rotation.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
 
+from domain.constants import ANNOTATION_ROTATE_REQUESTED_AT
 from harness.patroni import PatroniShard
-from tests.patroni.conftest import Fleet, connect
+from informers import Rest
+from tests.patroni.conftest import NAMESPACE, Fleet, connect
 from tests.support.common import wait_for
 
 pytestmark = pytest.mark.server
-MISSING_TENANTS = r"SELECT rolname FROM pg_roles WHERE rolname LIKE 't\_%'"  # docs/operations.md
 
 
 @pytest.fixture
@@ -43,14 +46,31 @@ def cut_replication(cluster: PatroniShard) -> None:
     )
 
 
-def test_a_tenant_made_in_the_lost_window_is_missing_after_the_failover(
-    lagging_cluster: PatroniShard, fleet: Fleet, start_manager
+def tenants(cluster: PatroniShard) -> set[str]:
+    return {row[0] for row in cluster.query(r"SELECT rolname FROM pg_roles WHERE rolname LIKE 't\_%'")}
+
+
+def events(rest: Rest, name: str) -> list[dict[str, Any]]:
+    items = rest.request("GET", f"/api/v1/namespaces/{NAMESPACE}/events")["items"]
+    return [e for e in items if e["involvedObject"]["name"] == name]
+
+
+def test_what_a_lagging_failover_lost_is_repaired(
+    lagging_cluster: PatroniShard, fleet: Fleet, start_manager, admin_rest: Rest
 ) -> None:
     cluster = lagging_cluster
     shard = fleet.patroni_shard(cluster)
     start_manager()
-    kept = fleet.database("kept")
+    kept, rotated = fleet.database("kept"), fleet.database("rotated")
     fleet.wait_phase(kept, "Ready", timeout=120)
+    fleet.wait_phase(rotated, "Ready", timeout=120)
+    before = fleet.credentials(rotated)
+    timeline = cluster.timeline()
+    wait_for(
+        lambda: fleet.get_shard(shard).get("status", {}).get("timeline") == timeline,
+        timeout=60,
+        what="the Shard to record the primary's timeline",
+    )
     cluster.wait_streaming(1)
     wait_for(
         lambda: cluster.query("SELECT bool_and(replay_lsn = pg_current_wal_lsn()) FROM pg_stat_replication")[0][0],
@@ -61,24 +81,40 @@ def test_a_tenant_made_in_the_lost_window_is_missing_after_the_failover(
     lost = fleet.database("lost")
     fleet.wait_phase(lost, "Ready", timeout=120)
     lost_creds = fleet.credentials(lost)
+    with connect(lost_creds) as conn:
+        conn.execute("CREATE TABLE orders (id int)")  # committed on the primary alone
+    stamp = fleet.annotate_now(rotated, ANNOTATION_ROTATE_REQUESTED_AT)
+    fleet.wait_database(rotated, lambda db: db["status"].get("rotationApplied") == stamp, timeout=120)
+    rotated_creds = fleet.credentials(rotated)
+    assert rotated_creds["password"] != before["password"]
 
     killed = cluster.kill_leader()
     cluster.wait_leader(other_than=killed, timeout=120)
-    fleet.wait_shard(shard, "Ok", timeout=120)
+    promoted = cluster.timeline()
+    assert promoted > timeline
+    assert lost_creds["user"] not in tenants(cluster)  # the failover lost it
+    wait_for(
+        lambda: fleet.get_shard(shard).get("status", {}).get("timeline") == promoted,
+        timeout=120,
+        what="the provider to verify the shard's databases on the new timeline",
+    )
 
-    tenants = {row[0] for row in cluster.query(MISSING_TENANTS)}
-    assert fleet.credentials(kept)["user"] in tenants
-    assert lost_creds["user"] not in tenants
+    # The lost tenant is back under its name, with the credentials its consumer has; its data is gone.
+    assert lost_creds["user"] in tenants(cluster)
+    assert fleet.credentials(lost) == lost_creds
     assert fleet.get_database(lost)["status"]["phase"] == "Ready"  # type: ignore[index]
+    with connect(lost_creds) as conn:
+        assert conn.execute("SELECT current_user").fetchone() == (lost_creds["user"],)
+        assert conn.execute("SELECT to_regclass('orders')").fetchone() == (None,)
+    recreated = [e for e in events(admin_rest, lost) if e["reason"] == "TenantRecreated"]
+    assert len(recreated) == 1 and recreated[0]["type"] == "Warning"
+    assert "failover" in recreated[0]["message"] and lost_creds["password"] not in recreated[0]["message"]
+
+    # The rotation the failover lost holds without another one: the new password in, the old one out.
+    assert fleet.get_database(rotated)["status"]["rotationApplied"] == stamp  # type: ignore[index]
+    with connect(rotated_creds) as conn:
+        conn.execute("SELECT 1")
     with pytest.raises(psycopg.OperationalError):
-        connect(lost_creds).close()
+        connect(rotated_creds, password=before["password"]).close()
     with connect(fleet.credentials(kept)) as conn:
         conn.execute("SELECT 1")
-
-    fleet.request_delete(lost)
-    wait_for(lambda: fleet.get_database(lost) is None, timeout=120, what="the lost tenant's Database to go")
-    again = fleet.database("lost")
-    fleet.wait_phase(again, "Ready", timeout=120)
-    creds = fleet.credentials(again)
-    with connect(creds) as conn:
-        assert conn.execute("SELECT current_user").fetchone() == (creds["user"],)

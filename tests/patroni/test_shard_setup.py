@@ -8,12 +8,13 @@ once they ran.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 
 import psycopg
 import pytest
 
-from harness.patroni import PatroniShard
+from harness.patroni import SERVER_TLS_SSLMODE, PatroniShard
 from tests.patroni.conftest import Fleet, connect
 from tests.support.common import wait_for
 from tests.support.documented import REPO, blocks_run_by
@@ -74,3 +75,22 @@ def test_a_tenant_made_before_pgbouncer_logs_in_through_it_after_the_documented_
         (creds["database"], creds["database"]),
     )
     assert rows == [(True, False)]  # the pooler may connect, PUBLIC still may not
+
+
+def test_pgbouncer_verifies_the_server_as_docs_install_md_says(
+    patroni18: PatroniShard, fleet: Fleet, start_manager
+) -> None:
+    """docs/install.md names the `server_tls_sslmode` of Percona's pgBouncer; the harness's pgBouncer runs
+    with it, and a tenant's login through pgBouncer gets past it on TLS (the member's certificate names
+    the address pgBouncer dials)."""
+    documented = re.search(r"`server_tls_sslmode = ([a-z-]+)`", INSTALL.read_text())
+    assert documented is not None, "docs/install.md names no server_tls_sslmode"
+    assert documented.group(1) == SERVER_TLS_SSLMODE == "verify-full"
+    config = {row.split("|")[0]: row.split("|")[1] for row in patroni18.pgbouncer_admin("SHOW CONFIG").splitlines()}
+    assert config["server_tls_sslmode"] == "verify-full"
+    fleet.patroni_shard(patroni18)
+    start_manager()
+    name = fleet.database("server-tls")
+    fleet.wait_phase(name, "Ready", timeout=120)
+    with connect(fleet.credentials(name)) as conn:  # pgBouncer's server connection, seen from the server
+        assert conn.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone() == (True,)

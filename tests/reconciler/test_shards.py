@@ -44,6 +44,7 @@ def test_healthy_shard_is_ready_ok(pg16, fleet, start_manager, sslmode):
     assert condition(shard, "WeakRoleIsolation")["status"] == "False"
     assert shard["status"]["serverVersion"].startswith("16.")
     assert shard["status"]["databaseCount"] == 0
+    assert shard["status"]["timeline"] == _timeline(pg16)
 
 
 def test_checks_that_find_the_shard_as_it_was_write_nothing(pg16, fleet, start_manager):
@@ -124,3 +125,45 @@ def test_database_count_follows_placements(pg16, fleet, start_manager):
     from tests.support.common import wait_for
 
     wait_for(lambda: fleet.get_shard(name)["status"].get("databaseCount") == 3, what="databaseCount 3")
+
+
+def _timeline(server: PostgresServer) -> int:
+    return int(server.query("SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)")[0][0], 16)
+
+
+def test_a_timeline_change_seen_after_a_restart_verifies_every_ready_database_once(
+    pg16, fleet, start_manager, admin_rest
+):
+    """What a manager that restarts meets after a failover lost the last commits: the primary's timeline is
+    not the one the Shard recorded. Each Ready database is verified: a tenant gone is provisioned again with
+    the password its consumer has, a password the server lost is set again, and the timeline recorded."""
+    from psycopg import sql
+
+    from domain.resources import SHARDS
+    from tests.reconciler.conftest import event_reasons, wait_events
+    from tests.support.common import wait_for
+
+    name = fleet.shard(pg16)
+    manager = start_manager()
+    timeline = _timeline(pg16)
+    wait_for(lambda: fleet.get_shard(name)["status"].get("timeline") == timeline, what="the timeline recorded")
+    kept, lost = fleet.database("timeline-kept"), fleet.database("timeline-lost")
+    for db in (kept, lost):
+        fleet.wait_phase(db, "Ready")
+    manager.stop()
+    kept_creds, lost_creds = fleet.credentials(kept), fleet.credentials(lost)
+    with pg16.superuser_connection() as su:  # as the promoted replica would lack them
+        su.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(lost_creds["database"])))
+        su.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(lost_creds["user"])))
+        su.execute(sql.SQL("ALTER ROLE {} PASSWORD 'lost-rotation'").format(sql.Identifier(kept_creds["user"])))
+    admin_rest.patch(SHARDS, name, {"status": {"timeline": timeline + 1}}, subresource="status")
+
+    start_manager()
+    wait_for(lambda: fleet.get_shard(name)["status"].get("timeline") == timeline, 60, "the timeline verified")
+    for db, creds in ((kept, kept_creds), (lost, lost_creds)):
+        assert fleet.credentials(db) == creds
+        assert fleet.get_database(db)["status"]["phase"] == "Ready"
+        with pg16.connect(creds["user"], creds["password"], creds["database"]) as conn:
+            assert conn.execute("SELECT current_user").fetchone() == (creds["user"],)
+    wait_events(admin_rest, lost, {"TenantRecreated"})
+    assert "TenantRecreated" not in event_reasons(admin_rest, kept)

@@ -1,0 +1,76 @@
+"""A Ready database verified once after its shard's primary changed timeline (reconciler.shard.failover).
+
+The one exception to "a Ready database runs no SQL on a resync": a failover onto a replica that had not
+received the last commits may have lost the tenant (made just before it) or its last password change.
+One catalog read per database, in the shard's lane:
+- the tenant is there (role and open database): its password is set again from its credentials Secret
+  (one `ALTER ROLE`; its sessions are left alone), which repairs a rotation the failover lost, and so is
+  its connection limit if the role has another than `status.appliedConnectionLimit` (a lost resize);
+- its role or database is missing: it goes through provisioning again (reconciler.database.provisioning:
+  the same name, the password from its credentials Secret, the login check, Ready), which never drops
+  anything; a Warning Event `TenantRecreated` and a log line say so. Its data is not recovered: what the
+  failover lost is gone.
+A failed statement is recorded and retried like a rotation's; the database counts as verified only once
+this ran through.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from domain.constants import DatabaseReason, EventReason, Phase
+from domain.specs import ShardSpec
+from reconciler.database import secret as credentials
+from reconciler.database.provisioning import Provisioner
+from reconciler.database.report import Reporter
+from reconciler.database.shard_sql import ShardSql, client_endpoint
+from reconciler.database.state import Database
+from reconciler.shard.failover import TimelineRepairs
+from reconciler.sql.session import AdminSession
+from reconciler.sql.tenant import set_connection_limit, set_password, tenant_state
+
+log = logging.getLogger(__name__)
+RECREATED_MESSAGE = (
+    "re-created after a failover of its shard: the new primary had neither its role nor its database "
+    "(committed just before the failover, not yet replicated); its data from before is gone"
+)
+
+
+@dataclass
+class FailoverVerification:
+    """Verify a Ready database once after its shard's timeline changed (see the module docstring)."""
+
+    repairs: TimelineRepairs
+    sql: ShardSql
+    secrets: credentials.CredentialsSecrets
+    report: Reporter
+    provisioner: Provisioner
+
+    def verify(self, database: Database, shard: dict[str, Any], spec: ShardSpec) -> None:
+        timeline = self.repairs.needed(database.shard, database.key)
+        if timeline is None:
+            return
+        secret = self.secrets.ensure(database, client_endpoint(spec), values=True)
+        tenant, password = database.tenant, credentials.password(secret)
+        limit = database.status.applied_connection_limit
+        present: list[bool] = []
+
+        def check(session: AdminSession) -> None:
+            state = tenant_state(session, tenant)
+            present.append(state.provisioned)
+            if state.provisioned:
+                set_password(session, tenant, password)
+                if limit is not None and state.connection_limit != limit:
+                    set_connection_limit(session, tenant, limit)
+
+        self.sql.run(database, shard, Phase.READY, DatabaseReason.ADMIN_UNAVAILABLE, check)
+        if not present[-1]:
+            self.provisioner.provision(database, shard, secret)
+            self.report.event(database, EventReason.TENANT_RECREATED, RECREATED_MESSAGE, warning=True)
+            log.warning(
+                "tenant re-created after a failover",
+                extra={"database": database.name, "shard": database.shard, "timeline": timeline},
+            )
+        self.repairs.verified(database.shard, timeline, database.key)
