@@ -148,7 +148,8 @@ class DatabaseMoveStatus(ObjectStatus):
     )
     phase: MovePhase | None = Field(
         default=None,
-        description="Pending, Preflight, Copying, CatchingUp, CuttingOver, Completed, Aborted, RolledBack or Failed.",
+        description="Pending, Preflight, Copying, CatchingUp, CuttingOver, Completed, RollingBack, Aborted, "
+        "RolledBack or Failed.",
     )
     conditions: Conditions = ()
     source_shard: ObjectName | None = Field(default=None, description="The Shard the database is moved from.")
@@ -164,6 +165,14 @@ class DatabaseMoveStatus(ObjectStatus):
     started_at: StatusTime | None = Field(default=None, description="When the move started copying.")
     completed_at: StatusTime | None = Field(
         default=None, description="When the move ended (Completed, Aborted, RolledBack or Failed)."
+    )
+    rollback_until: StatusTime | None = Field(
+        default=None,
+        description="Completed: until when the source shard keeps its copy of the database and spec.rollback "
+        "may bring the database back there.",
+    )
+    source_dropped_at: StatusTime | None = Field(
+        default=None, description="When the source shard's copy was dropped (the rollback window had ended)."
     )
 
 

@@ -78,6 +78,7 @@ def setup_moves(
         placement=placement,
         connection_limit=partial(database_limit, config=config),
         offline_max_bytes=config.moves.offline_max_bytes,
+        rollback_window=config.moves.rollback_window,
     )
     # A lost Lease (or shutdown) cuts the move's sessions: a statement blocked on a shard returns now.
     manager.when_controllers_stopping(logic.sever)

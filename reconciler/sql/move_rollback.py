@@ -23,6 +23,10 @@ The stream back is made by the cutover inside its fence (`Reverse`, handed to `m
    interrupted before the refresh (the lock went with the session), the tenant may have written
    unseen: the source's tables are emptied and copied again by the refresh (`copy_data = true`).
 
+An offline move has no stream back: `copy_back` closes the target, empties the source (its role and
+database dropped and made again, closed) and copies the database back as the tenant
+(reconciler.sql.move_offline), then opens the source.
+
 `rollback` is `move.cutover` in reverse (the target fenced, a marker row, the source's position
 reached, sequences set, the stream ended, the source opened); `drop_copy` drops the target's copy
 after it. `end_window` ends the stream and drops the source's copy when the rollback window ends.
@@ -33,13 +37,15 @@ checked not to log them (`move._may_subscribe`).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import psycopg
 from psycopg import errors as pgerrors
 from psycopg import sql
 
-from reconciler.sql import errors
+from reconciler.sql import errors, move, move_offline
 from reconciler.sql.errors import SqlFailure
 from reconciler.sql.move import (
     _SUBSCRIBED,
@@ -211,6 +217,36 @@ def rollback(source: psycopg.Connection, target: psycopg.Connection, back: MoveP
                 )
             )
     return cutover(target, source, back, budget)
+
+
+def copy_back(
+    source: psycopg.Connection,
+    target: psycopg.Connection,
+    back: MovePlan,
+    pg_dump: Path,
+    pg_restore: Path,
+    cancelled: Callable[[], bool] = lambda: False,
+) -> None:
+    """The offline rollback: the target closed (writes pause from here), the source emptied unless the
+    copy reached it already (the marker restored with everything else says so), the database copied
+    back, the source opened. Run again after an interruption it finishes what is left."""
+    name = back.name
+    if read_state(source, name).tenant_can_connect:
+        return
+    move.fence_source(target, name)
+    state = read_state(source, name)
+    copied = False
+    if state.database_exists and state.allow_connections:
+        with tenant_database(source, name) as inside:
+            copied = move._has_marker(inside)
+    if not copied:
+        owner = back.tenant.owner
+        if state.role_exists and owner is not None and state.owner != owner:
+            raise _refuse("the source's tenant role belongs to another database")
+        drop_tenant(source, name)
+        move.prepare_target(source, back.tenant)
+        move_offline.copy_database(target, source, back, pg_dump, pg_restore, cancelled=cancelled)
+    move_offline.open_offline(target, source, back)
 
 
 def drop_copy(source: psycopg.Connection, target: psycopg.Connection, name: str, owner: OwnerRecord | None) -> None:
