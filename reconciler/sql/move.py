@@ -18,9 +18,10 @@ Each step reads the catalog first and does only what is missing, so a step inter
    marker row written on the source and waited for on the target (it arrives after every earlier
    commit), every sequence set, the stream ended, the target opened. When the marker does not arrive
    within the write-pause budget the source is opened again and the stream kept (`CutoverTimedOut`).
-   The source stays closed as the rollback copy.
-7. `abort` (before the cutover): the source opened again, stream and marker dropped, the target's
-   tenant dropped.
+   The source stays closed as the rollback copy; given a `ReverseStream`
+   (reconciler.sql.move_rollback), the cutover also makes the stream that keeps it current.
+7. `abort` (before the cutover): the source opened again, stream (and a stream back made by a
+   cutover that did not finish) and marker dropped, the target's tenant dropped.
 
 CREATE SUBSCRIPTION carries the tenant's password in its connection string (PostgreSQL demands a
 password of a subscription owner that is not a superuser). It is only ever sent in a statement that
@@ -32,6 +33,7 @@ otherwise). The password never appears in a return value or an error here.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import secrets
@@ -627,6 +629,10 @@ def _streaming(target: psycopg.Connection, name: str) -> bool:
 class ReverseStream(Protocol):
     """The stream back to the source that a cutover sets up for a rollback (reconciler.sql.move_rollback)."""
 
+    def check(self) -> None:
+        """Before the fence: refuse (SqlFailure) what would make `prepare` fail."""
+        ...
+
     def prepare(self, deadline: float) -> bool:
         """Inside the fence, before the forward stream ends: its publication, slot and subscription;
         False when it could not be made before `deadline` (time.monotonic)."""
@@ -662,6 +668,8 @@ def cutover(
         missing = unpublished_tables(source, plan.name)
         if missing:
             raise _refuse(OP_CUTOVER, f"{len(missing)} table(s) were created after the schema was copied")
+    if reverse is not None:
+        reverse.check()
     started = time.monotonic()
     fence_source(source, plan.name)
     deadline = started + budget
@@ -671,9 +679,16 @@ def cutover(
             reopen_source(source, plan.name)
             raise CutoverTimedOut()
         copy_sequences(source, target, plan.name)
-    if reverse is not None and not reverse.prepare(deadline):
-        reopen_source(source, plan.name)
-        raise CutoverTimedOut()
+    if reverse is not None:
+        try:
+            prepared = reverse.prepare(deadline)
+        except (SqlFailure, psycopg.Error):  # e.g. no free slot on the target: the source serves meanwhile
+            with contextlib.suppress(psycopg.Error):
+                reopen_source(source, plan.name)
+            raise
+        if not prepared:
+            reopen_source(source, plan.name)
+            raise CutoverTimedOut()
     if streaming:
         end_stream(source, target, plan)
     if reverse is not None:
@@ -696,10 +711,13 @@ def abort(source: psycopg.Connection, target: psycopg.Connection, plan: MovePlan
     if not read_state(source, plan.name).tenant_can_connect:
         reopen_source(source, plan.name)
     end_stream(source, target, plan)
+    may_create = "SELECT pg_catalog.has_database_privilege(current_user, %(db)s, 'CREATE')"
+    reverse = bool(_one(source, may_create, {"db": plan.name}))  # given for a stream back by a cutover
     with tenant_database(source, plan.name) as inside:
-        reverse = _one(inside, _SUBSCRIPTION, {"sub": SUBSCRIPTION}) is not None
         drop_subscription(inside)  # a stream back, made by a cutover that timed out
         _drop_marker(inside, plan.name)
+        if reverse:
+            _schema_usage(inside, plan.name, "REVOKE {} ON SCHEMA {} FROM {}")
     drop_slot(target, plan.slot)
     if reverse:  # the provisioner's access for that stream, too
         with as_role(source, plan.name):

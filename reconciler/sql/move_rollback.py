@@ -112,13 +112,19 @@ class Reverse:
     target: psycopg.Connection
     back: MovePlan
 
-    def prepare(self, deadline: float) -> bool:
+    def check(self) -> None:
         name = self.back.name
         _open_to_provisioner(self.source, name)
         with target_database(self.source, name) as inside:
+            if _one(inside, _SUBSCRIPTION, {"sub": SUBSCRIPTION}) is None:
+                _may_subscribe(inside)
+
+    def prepare(self, deadline: float) -> bool:
+        name = self.back.name
+        self.check()
+        with target_database(self.source, name) as inside:
             if _one(inside, _SUBSCRIPTION, {"sub": SUBSCRIPTION}) is not None:
                 return True
-            _may_subscribe(inside)
         publish(self.target, name)
         if not _slot_exists(self.target, self.back.slot):
             remaining = int((deadline - time.monotonic()) * 1000)

@@ -215,3 +215,32 @@ def test_the_window_end_ends_the_stream_and_drops_the_source_copy(pair: Pair, ro
     assert pair.target.query("SELECT rolreplication FROM pg_roles WHERE rolname = %s", (pair.name,)) == [(False,)]
     with pytest.raises(SqlFailure):  # nothing to roll back onto any more
         move_rollback.rollback(mover.source, mover.target, mover.back)
+
+
+@NEWEST
+def test_a_source_that_would_log_the_stream_back_refuses_the_cutover_before_its_fence(
+    pair: Pair, rolling: tuple[Rollback, Writer]
+) -> None:
+    """The stream back's statement carries the tenant's password: a source that would log it refuses
+    the cutover while the client still writes there; the abort then leaves nothing of the move."""
+    mover, writer = rolling
+    mover.until_copied()
+    acl = "SELECT datacl::text FROM pg_database WHERE datname = current_database()"
+    before = catalog(pair.source, pair.name, acl)
+    with pair.source.superuser_connection() as conn:
+        conn.execute(
+            sql.SQL("ALTER ROLE {} IN DATABASE {} SET log_statement = 'all'").format(
+                sql.Identifier(PROVISIONER), sql.Identifier(pair.name)
+            )
+        )
+    with pytest.raises(SqlFailure) as refused:
+        move.cutover(mover.source, mover.target, mover.plan, reverse=mover.reverse)
+    assert refused.value.error_class == errors.MOVE_REFUSED
+    assert can_connect(pair.source, pair.name, pair.spec.password, pair.name)
+    writer.writes(30)  # the source never stopped serving
+
+    move.abort(mover.source, mover.target, mover.plan)
+    writer.stop()
+    assert not writer.failures
+    agrees(content(pair.source, pair.name), writer)
+    assert catalog(pair.source, pair.name, acl) == before
