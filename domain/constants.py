@@ -250,6 +250,7 @@ class MoveReason(enum.StrEnum):
     WINDOW_OPEN = "WindowOpen"  # Rollback: the source's copy is kept until status.rollbackUntil
     WINDOW_ENDED = "WindowEnded"  # Rollback: the source's copy was dropped
     ROLLBACK_REFUSED = "RollbackRefused"  # Rollback: the message says why spec.rollback is not done
+    DATABASE_DELETED = "DatabaseDeleted"  # Rollback: the Database is being deleted; the stream back ended
 
 
 # DatabaseMove.spec.target meaning "a shard chosen by placement".

@@ -159,6 +159,9 @@ class DatabaseMoveStatus(ObjectStatus):
     mode: MoveMode | None = Field(
         default=None, description="How the database is copied, Online or Offline (chosen in the preflight for Auto)."
     )
+    tenant_name: Annotated[StrictStr, Field(max_length=63, pattern="^[a-z_][a-z0-9_]*$")] | None = Field(
+        default=None, description="Name of the tenant's role and database on both shards."
+    )
     write_pause_seconds: Annotated[float, Field(ge=0)] | None = Field(
         default=None, description="How long the database took no writes during the move (the cutover, or the copy)."
     )

@@ -308,6 +308,7 @@ class MoveController:
                 "checking both shards and the database",
                 source_shard=status.shard,
                 target_shard=name,
+                tenant_name=status.tenant_name,
             )
         except ApiException:
             self._release(obj)  # the choice was not recorded: the next pass chooses again
@@ -580,6 +581,32 @@ class MoveController:
         """Whether the source still keeps its copy (a move completed before windows existed: not known)."""
         return obj.status.rollback_until is not None and obj.status.source_dropped_at is None
 
+    def _database_deleted(self, obj: DatabaseMoveObject) -> bool:
+        """Whether the moved Database is gone or being deleted (its tenant on the target will be dropped)."""
+        db, status = self._database(obj)
+        if db is None:
+            return True
+        deleting = (db.get("metadata") or {}).get("deletionTimestamp") is not None
+        return deleting or status.phase in (Phase.DELETING, Phase.DELETED)
+
+    @staticmethod
+    def _stream_ended(obj: DatabaseMoveObject) -> bool:
+        found = find_condition(obj.status.conditions, MoveConditionType.ROLLBACK)
+        return found is not None and found.reason == MoveReason.DATABASE_DELETED
+
+    def moves_of(self, database: Obj) -> list[str]:
+        """The keys of the moves of a Database that is being deleted (their stream back ends then)."""
+        meta = database.get("metadata") or {}
+        phase = (database.get("status") or {}).get("phase")
+        if meta.get("deletionTimestamp") is None and phase not in (Phase.DELETING, Phase.DELETED):
+            return []
+        return [
+            f"{meta.get('namespace')}/{(other.get('metadata') or {}).get('name')}"
+            for other in self.moves.list()
+            if (other.get("metadata") or {}).get("namespace") == meta.get("namespace")
+            and (other.get("spec") or {}).get("database") == meta.get("name")
+        ]
+
     @staticmethod
     def _refused(obj: DatabaseMoveObject) -> bool:
         """Whether this generation's spec.rollback was refused already (a changed spec asks again)."""
@@ -597,11 +624,21 @@ class MoveController:
         if until is None or obj.status.source_dropped_at is not None:
             return None
         left = (until - self.clock()).total_seconds()
+        name = obj.status.tenant_name or self._database(obj)[1].tenant_name
+        if name is None:
+            raise ReconcileError("DatabaseNotReady", f"the tenant of Database {obj.spec.database} is not known")
         if left > 0:
+            if self._database_deleted(obj) and not self._stream_ended(obj):
+                with self._sessions(obj) as (source, target):
+                    move_rollback.end_stream_back(source, target, name)
+                message = (
+                    f"the Database is being deleted: the stream back was ended; shard {obj.status.source_shard}'s "
+                    f"copy is dropped at {until:%Y-%m-%dT%H:%M:%SZ}"
+                )
+                self._write(obj.with_condition(MoveConditionType.ROLLBACK, False, MoveReason.DATABASE_DELETED, message))
             return Result(requeue_after=left)
         with self._sessions(obj) as (source, target):
-            back = self._plan(obj, target, obj.status.target_shard)
-            move_rollback.end_window(source, target, back)
+            move_rollback.end_window(source, target, name)
         message = f"the rollback window ended: shard {obj.status.source_shard}'s copy was dropped"
         done = obj.with_status(source_dropped_at=self.clock())
         self._write(done.with_condition(MoveConditionType.ROLLBACK, False, MoveReason.WINDOW_ENDED, message))
@@ -614,6 +651,8 @@ class MoveController:
         the target's copy dropped. A refusal (the stream back is gone, an offline copy too large)
         returns the move to Completed with the reason in its Rollback condition."""
         try:
+            if self._database_deleted(obj):
+                raise RollbackRefused(f"Database {obj.spec.database} is being deleted")
             with self._sessions(obj) as (source, target):
                 back = self._plan(obj, target, obj.status.target_shard)
                 if obj.status.mode == MoveMode.OFFLINE:

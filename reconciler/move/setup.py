@@ -84,5 +84,6 @@ def setup_moves(
     manager.when_controllers_stopping(logic.sever)
     controller = Controller("move", logic.reconcile, workers=MOVE_WORKERS)
     controller.watch(moves)
+    controller.watch(databases, logic.moves_of)  # a Database being deleted ends its moves' streams back
     manager.add_controller(controller)
     return logic

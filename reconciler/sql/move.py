@@ -79,6 +79,11 @@ POLL = 0.1  # seconds between catalog reads while waiting
 SLOT_RELEASE_WAIT = 15.0  # seconds for the source's WAL sender to let go of the slot after DISABLE
 
 
+def slot_name(tenant: str) -> str:
+    """The replication slot of a tenant's stream on its publisher: unique per tenant (slot names are per server)."""
+    return "dbprovider_move_" + hashlib.sha256(tenant.encode()).hexdigest()[:24]
+
+
 @dataclass(frozen=True)
 class MovePlan:
     """One tenant's move: its credentials, and the source shard as the target's server reaches it."""
@@ -95,8 +100,7 @@ class MovePlan:
 
     @property
     def slot(self) -> str:
-        """The replication slot on the source: unique per tenant (slot names are per server)."""
-        return "dbprovider_move_" + hashlib.sha256(self.name.encode()).hexdigest()[:24]
+        return slot_name(self.name)
 
     def subscription_conninfo(self) -> str:
         """The tenant's login to its source database; holds the password, so never log it."""

@@ -66,6 +66,7 @@ from reconciler.sql.move import (
     open_target,
     progress,
     publish,
+    slot_name,
     target_database,
     tenant_tables,
 )
@@ -265,23 +266,27 @@ def drop_copy(source: psycopg.Connection, target: psycopg.Connection, name: str,
         drop_tenant(target, name)
 
 
-def end_window(source: psycopg.Connection, target: psycopg.Connection, back: MovePlan) -> None:
-    """The rollback window's end: the stream back ended (subscription, slot, publication, marker,
-    REPLICATION) and the source's copy dropped. Refused while the source serves the tenant."""
-    name = back.name
+def end_stream_back(source: psycopg.Connection, target: psycopg.Connection, name: str) -> None:
+    """The stream back ended: the source's subscription, the target's slot, publication and marker,
+    and the tenant's REPLICATION there. Refused while the source serves the tenant."""
     if read_state(source, name).tenant_can_connect:
         raise _refuse("the source serves the database")
     if read_state(source, name).database_exists:
         with tenant_database(source, name) as inside:
             drop_subscription(inside)
-    drop_slot(target, back.slot)
+    drop_slot(target, slot_name(name))
     if read_state(target, name).database_exists:
         with tenant_database(target, name) as inside, as_role(inside, name):
             inside.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(_ident(PUBLICATION)))
             inside.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(_ident(MARKER_SCHEMA)))
     if _one(target, "SELECT rolreplication FROM pg_catalog.pg_roles WHERE rolname = %(r)s", {"r": name}):
         target.execute(sql.SQL("ALTER ROLE {} NOREPLICATION").format(_ident(name)))
-    state = read_state(source, name)
-    owner = back.tenant.owner
-    if state.role_exists and (owner is None or state.owner == owner):
+
+
+def end_window(source: psycopg.Connection, target: psycopg.Connection, name: str) -> None:
+    """The rollback window's end: the stream back ended and the source's copy dropped (unless its
+    role records another owner than the target's). Refused while the source serves the tenant."""
+    end_stream_back(source, target, name)
+    state, serving = read_state(source, name), read_state(target, name)
+    if state.role_exists and (serving.owner is None or state.owner == serving.owner):
         drop_tenant(source, name)

@@ -417,3 +417,38 @@ def test_the_window_end_drops_the_source_copy_and_a_deleted_move_waits_for_it(
     assert target_server.query("SELECT count(*) FROM pg_publication", dbname=tenant) == [(0,)]
     assert fleet.get_database(database)["status"]["shard"] == target
     assert can_connect(target_server, c["user"], c["password"], tenant)
+
+
+def test_a_database_deleted_within_the_window_ends_the_stream_back_and_keeps_the_source_copy(
+    fleet, admin_rest, move_servers, shards
+) -> None:
+    """The stream back's slot would keep the target's database from being dropped: a Database being
+    deleted ends it; the source's copy stays until the window ends, and a rollback is refused."""
+    source_server, target_server = move_servers
+    source, target = shards
+    database = fleet.database("mv-deleted")
+    fleet.wait_phase(database, "Ready")
+    tenant = fleet.credentials(database)["database"]
+    with requested_move(fleet, admin_rest, database, target) as name:
+        wait_for(lambda: move_phase(admin_rest, name, []) == "Completed", 180, "the move")
+        slots = "SELECT count(*) FROM pg_replication_slots WHERE database = %s"
+        assert target_server.query(slots, (tenant,)) == [(1,)]
+        fleet.request_delete(database)
+
+        def stream_ended() -> dict[str, Any] | None:
+            found = condition(admin_rest.get(DATABASE_MOVES, name, NAMESPACE), "Rollback")
+            return found if found["reason"] == "DatabaseDeleted" else None
+
+        wait_for(stream_ended, 60, "the stream back to end")
+        assert target_server.query(slots, (tenant,)) == [(0,)]
+        subscriptions = "SELECT count(*) FROM pg_subscription JOIN pg_database d ON d.oid = subdbid WHERE datname = %s"
+        assert source_server.query(subscriptions, (tenant,)) == [(0,)]
+        assert source_server.query("SELECT count(*) FROM pg_database WHERE datname = %s", (tenant,)) == [(1,)]
+        admin_rest.patch(DATABASE_MOVES, name, {"spec": {"rollback": True}}, NAMESPACE)
+
+        def refused() -> dict[str, Any] | None:
+            found = condition(admin_rest.get(DATABASE_MOVES, name, NAMESPACE), "Rollback")
+            return found if found["reason"] == "RollbackRefused" else None
+
+        assert "is being deleted" in wait_for(refused, 60, "the refusal")["message"]
+        assert move_phase(admin_rest, name, []) == "Completed"

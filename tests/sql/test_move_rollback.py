@@ -196,11 +196,11 @@ def test_the_window_end_ends_the_stream_and_drops_the_source_copy(pair: Pair, ro
     writer.point_at(pair.target)
     writer.writes(30)
     with pytest.raises(SqlFailure) as refused:  # the copy is never dropped while it serves
-        move_rollback.end_window(mover.target, mover.source, mover.back)
+        move_rollback.end_window(mover.target, mover.source, pair.name)
     assert refused.value.error_class == errors.MOVE_REFUSED
 
-    move_rollback.end_window(mover.source, mover.target, mover.back)
-    move_rollback.end_window(mover.source, mover.target, mover.back)  # a re-run finds nothing left
+    move_rollback.end_window(mover.source, mover.target, pair.name)
+    move_rollback.end_window(mover.source, mover.target, pair.name)  # a re-run finds nothing left
     writer.writes(30)  # the client never noticed
     writer.stop()
     assert not writer.failures
