@@ -19,7 +19,7 @@ from reconciler.sql import errors, move, move_rollback
 from reconciler.sql.errors import SqlFailure
 from tests.sql import test_move
 from tests.sql.helpers import can_connect
-from tests.sql.test_move import NEWEST, QUIET, Move, Writer, agrees, catalog, content
+from tests.sql.test_move import NEWEST, Move, Writer, agrees, catalog, content
 from tests.sql.test_move_privileges import PROVISIONER, Pair, source_grant, target_grant
 from tests.support.common import wait_for
 
@@ -36,13 +36,7 @@ class Rollback(Move):
 
     def quiet_source(self) -> None:
         """The source's administrators keep the provisioner's statements out of its log too."""
-        with self.pair.source.superuser_connection() as conn:
-            for setting, value in QUIET:
-                conn.execute(
-                    sql.SQL("ALTER ROLE {} IN DATABASE {} SET {} = {}").format(
-                        sql.Identifier(PROVISIONER), sql.Identifier(self.pair.name), sql.Identifier(setting), value
-                    )
-                )
+        self.quiet(self.pair.source)
 
     def moved(self) -> float:
         self.until_copied()
