@@ -176,7 +176,8 @@ class MoveController:
         if phase == MovePhase.COMPLETED and self._keeps_source(obj):
             if not obj.spec.rollback or self._refused(obj):
                 return self._window(obj)
-            obj = self._phase(obj, MovePhase.ROLLING_BACK, "rolling back: waiting for the source to catch up")
+            how = "copying the database back" if obj.status.mode == MoveMode.OFFLINE else "the source catching up"
+            obj = self._phase(obj, MovePhase.ROLLING_BACK, f"rolling back: {how}")
             self._event(obj, "MoveRollbackStarted", f"rolling back to shard {obj.status.source_shard}")
         if obj.status.phase == MovePhase.ROLLING_BACK:
             return self._roll_back(obj)
