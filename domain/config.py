@@ -350,9 +350,11 @@ class SoftDeleteConfig(ConfigModel):
 
 class MovesConfig(ConfigModel):
     """DatabaseMove: the largest database an offline move copies without `spec.force` (its writes pause
-    for the whole copy, so a larger one is refused before anything starts)."""
+    for the whole copy, so a larger one is refused before anything starts), and how long the source
+    shard keeps its copy after a move for a rollback (`rollbackWindow`; 0: dropped at once)."""
 
     offline_max_size: MemoryQuantity = "1Gi"
+    rollback_window: Duration = timedelta(days=7)
 
     @property
     def offline_max_bytes(self) -> int:

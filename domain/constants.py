@@ -223,6 +223,7 @@ class MovePhase(enum.StrEnum):
     CATCHING_UP = "CatchingUp"
     CUTTING_OVER = "CuttingOver"
     COMPLETED = "Completed"
+    ROLLING_BACK = "RollingBack"
     ABORTED = "Aborted"
     ROLLED_BACK = "RolledBack"
     FAILED = "Failed"
@@ -232,6 +233,7 @@ class MoveConditionType(enum.StrEnum):
     """Condition types on a DatabaseMove."""
 
     READY = "Ready"  # True once Completed; the reason says why not (yet)
+    ROLLBACK = "Rollback"  # True while a Completed move can be rolled back (the rollback window)
 
 
 class MoveReason(enum.StrEnum):
@@ -245,6 +247,10 @@ class MoveReason(enum.StrEnum):
     ABORTED = "Aborted"
     ROLLED_BACK = "RolledBack"
     FAILED = "Failed"
+    WINDOW_OPEN = "WindowOpen"  # Rollback: the source's copy is kept until status.rollbackUntil
+    WINDOW_ENDED = "WindowEnded"  # Rollback: the source's copy was dropped
+    ROLLBACK_REFUSED = "RollbackRefused"  # Rollback: the message says why spec.rollback is not done
+    DATABASE_DELETED = "DatabaseDeleted"  # Rollback: the Database is being deleted; the stream back ended
 
 
 # DatabaseMove.spec.target meaning "a shard chosen by placement".

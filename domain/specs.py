@@ -303,6 +303,11 @@ class DatabaseMoveSpec(SpecModel):
         description="Offline only: copy a database above the install's offline size limit anyway.",
     )
     abort: StrictBool = Field(default=False, description="true stops the move; the source keeps serving.")
+    rollback: StrictBool = Field(
+        default=False,
+        description="true on a Completed move, within its rollback window (status.rollbackUntil): the database "
+        "goes back to the source shard, with the writes made since the move; the target's copy is dropped.",
+    )
 
 
 class ClaimRotation(SpecModel):

@@ -155,7 +155,8 @@ class DatabaseMoveStatus(ObjectStatus):
     )
     phase: MovePhase | None = Field(
         default=None,
-        description="Pending, Preflight, Copying, CatchingUp, CuttingOver, Completed, Aborted, RolledBack or Failed.",
+        description="Pending, Preflight, Copying, CatchingUp, CuttingOver, Completed, RollingBack, Aborted, "
+        "RolledBack or Failed.",
     )
     conditions: Conditions = ()
     source_shard: ObjectName | None = Field(default=None, description="The Shard the database is moved from.")
@@ -165,12 +166,23 @@ class DatabaseMoveStatus(ObjectStatus):
     mode: MoveMode | None = Field(
         default=None, description="How the database is copied, Online or Offline (chosen in the preflight for Auto)."
     )
+    tenant_name: Annotated[StrictStr, Field(max_length=63, pattern="^[a-z_][a-z0-9_]*$")] | None = Field(
+        default=None, description="Name of the tenant's role and database on both shards."
+    )
     write_pause_seconds: Annotated[float, Field(ge=0)] | None = Field(
         default=None, description="How long the database took no writes during the move (the cutover, or the copy)."
     )
     started_at: StatusTime | None = Field(default=None, description="When the move started copying.")
     completed_at: StatusTime | None = Field(
         default=None, description="When the move ended (Completed, Aborted, RolledBack or Failed)."
+    )
+    rollback_until: StatusTime | None = Field(
+        default=None,
+        description="Completed: until when the source shard keeps its copy of the database and spec.rollback "
+        "may bring the database back there.",
+    )
+    source_dropped_at: StatusTime | None = Field(
+        default=None, description="When the source shard's copy was dropped (the rollback window had ended)."
     )
 
 

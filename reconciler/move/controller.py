@@ -12,8 +12,14 @@ A reconcile is a column of guard clauses:
   limit refused unless forced -> Copying: online, target prepared, schema copied, publication,
   subscription; offline, target prepared, the source closed, dump and restore -> CatchingUp (online
   only): new tables carried, waiting until every table is copied and the stream's lag is small ->
-  CuttingOver: online, the fenced cutover; offline, the target opened -> the Database's status.shard
-  switched (the Database controller moves the credentials Secret's host with it) -> Completed.
+  CuttingOver: online, the fenced cutover (which leaves a stream back to the source); offline, the
+  target opened -> the Database's status.shard switched (the Database controller moves the credentials
+  Secret's host with it) -> Completed, the source's copy kept until status.rollbackUntil (the install's
+  moves.rollbackWindow) -> spec.rollback: RollingBack: online, the cutover in reverse once the stream
+  back has caught up; offline, the target closed and copied back into the emptied source; the
+  Database switched back and the target's copy dropped -> RolledBack. Without a rollback, at
+  rollbackUntil: the stream back ended and the source's copy dropped (a deleted Completed move waits
+  for that, by its finalizer).
 
 Each phase is written to status before its SQL runs, and every step is idempotent: a pass after a
 restart or a lost Lease re-runs the phase it finds. Conditions carry sanitized error classes only;
@@ -25,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +39,7 @@ import psycopg
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
+from domain.conditions import find_condition
 from domain.config import MovesConfig
 from domain.constants import (
     API_VERSION,
@@ -57,7 +64,7 @@ from reconciler.events import EventRecorder
 from reconciler.placement_index import PlacementIndex
 from reconciler.runtime import ReconcileError, Result, TerminalError, ensure_active, patch_status, write_status
 from reconciler.shard.admin import AdminEndpointCache, AdminRefused, AdminSecretInvalid
-from reconciler.sql import move, move_offline
+from reconciler.sql import move, move_offline, move_rollback
 from reconciler.sql.errors import SqlFailure, classify
 from reconciler.sql.move_preflight import (
     EXTENSION_MISSING,
@@ -81,9 +88,16 @@ STEP_NAMES = {
     MovePhase.COPYING: "copying",
     MovePhase.CATCHING_UP: "catching up",
     MovePhase.CUTTING_OVER: "cutover",
+    MovePhase.COMPLETED: "rollback window",
+    MovePhase.ROLLING_BACK: "rollback",
 }
+ROLLBACK_WINDOW = MovesConfig().rollback_window  # the install's default
 RUNNING = (MovePhase.COPYING, MovePhase.CATCHING_UP, MovePhase.CUTTING_OVER)
 FINISHED = (MovePhase.COMPLETED, MovePhase.ABORTED, MovePhase.ROLLED_BACK, MovePhase.FAILED)
+
+
+class RollbackRefused(Exception):
+    """A rollback that cannot be done; its message says why (for the Rollback condition)."""
 
 
 class MoveController:
@@ -103,12 +117,14 @@ class MoveController:
         placement: PlacementIndex | None = None,
         connection_limit: Callable[[Obj], int | None] = lambda _: None,
         offline_max_bytes: int = MovesConfig().offline_max_bytes,
+        rollback_window: timedelta = ROLLBACK_WINDOW,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         """`pg_dump`, `pg_restore`: the binaries that copy a database (of the target's major); None: not
         installed. `placement`: chooses the target of `target: any` (None: such a move waits);
         `connection_limit`: what a Database commits to a shard's connection budget; `offline_max_bytes`:
-        the largest database an offline move copies without spec.force."""
+        the largest database an offline move copies without spec.force; `rollback_window`: how long
+        the source keeps its copy after a move."""
         self.rest = rest
         self.namespace = namespace
         self.moves = moves
@@ -120,6 +136,7 @@ class MoveController:
         self.placement = placement
         self.connection_limit = connection_limit
         self.offline_max_bytes = offline_max_bytes
+        self.rollback_window = rollback_window
         self.events = events
         self.fence = fence
         self.clock = clock
@@ -147,11 +164,23 @@ class MoveController:
         phase = obj.status.phase
         if obj.metadata.deletion_timestamp is not None:
             if FINALIZER_MOVE in obj.metadata.finalizers:
+                if phase == MovePhase.ROLLING_BACK and (later := self._roll_back(obj)) is not None:
+                    return later  # a rollback under way finishes first
+                if phase == MovePhase.COMPLETED and (later := self._window(obj)) is not None:
+                    return later  # the source's copy is dropped at the window's end, not before
                 if phase in RUNNING and not self._undo(obj):
-                    self._switch_database(obj)  # the target serves already: the Database must name it
+                    self._switch_database(obj, obj.status.target_shard)  # the target serves: the Database names it
                 self._release(obj)
                 self._finalizer(obj, add=False)
             return None
+        if phase == MovePhase.COMPLETED and self._keeps_source(obj):
+            if not obj.spec.rollback or self._refused(obj):
+                return self._window(obj)
+            how = "copying the database back" if obj.status.mode == MoveMode.OFFLINE else "the source catching up"
+            obj = self._phase(obj, MovePhase.ROLLING_BACK, f"rolling back: {how}")
+            self._event(obj, "MoveRollbackStarted", f"rolling back to shard {obj.status.source_shard}")
+        if obj.status.phase == MovePhase.ROLLING_BACK:
+            return self._roll_back(obj)
         if phase in FINISHED:
             return None
         if FINALIZER_MOVE not in obj.metadata.finalizers:
@@ -280,6 +309,7 @@ class MoveController:
                 "checking both shards and the database",
                 source_shard=status.shard,
                 target_shard=name,
+                tenant_name=status.tenant_name,
             )
         except ApiException:
             self._release(obj)  # the choice was not recorded: the next pass chooses again
@@ -310,17 +340,20 @@ class MoveController:
         return self._write(pending.with_condition(MoveConditionType.READY, False, MoveReason.NO_CAPACITY, message))
 
     def _earlier_move(self, obj: DatabaseMoveObject) -> str | None:
-        """An unfinished move of the same Database created before this one (one move at a time: they
-        would share the tenant's publication, slot and subscription)."""
+        """An unfinished move of the same Database created before this one, or one whose source still
+        keeps its copy for a rollback (one move at a time: they would share the tenant's publication,
+        slot and subscription)."""
         mine = (obj.metadata.creation_timestamp or "", obj.name)
         for other in self.moves.list():
             meta, spec = other.get("metadata") or {}, other.get("spec") or {}
-            phase = (other.get("status") or {}).get("phase")
+            status = other.get("status") or {}
+            phase = status.get("phase")
+            kept = phase == MovePhase.COMPLETED and status.get("rollbackUntil") and not status.get("sourceDroppedAt")
             theirs = (meta.get("creationTimestamp") or "", meta.get("name", ""))
             if (
                 meta.get("namespace") == obj.metadata.namespace
                 and spec.get("database") == obj.spec.database
-                and phase not in FINISHED
+                and (phase not in FINISHED or kept)
                 and meta.get("deletionTimestamp") is None
                 and theirs < mine
             ):
@@ -372,15 +405,19 @@ class MoveController:
         with contextlib.suppress(ApiException):
             self._write(obj.with_condition(MoveConditionType.READY, False, MoveReason.IN_PROGRESS, str(failure)))
 
-    def _plan(self, obj: DatabaseMoveObject, source: psycopg.Connection) -> move.MovePlan:
-        """The tenant as it is on the source (name, connection limit, ownership record), its password
-        from the credentials Secret, and the source as the target's server reaches it (its client endpoint)."""
+    def _plan(
+        self, obj: DatabaseMoveObject, serving: psycopg.Connection, publisher: str | None = None
+    ) -> move.MovePlan:
+        """The tenant as it is on the shard that serves it (name, connection limit, ownership record),
+        its password from the credentials Secret, and the shard that publishes the stream (the source,
+        unless `publisher` names the target for the stream back) as the other server reaches it (its
+        client endpoint)."""
         _, status = self._database(obj)
-        source_spec = self._shard(obj.status.source_shard)
+        source_spec = self._shard(publisher or obj.status.source_shard)
         if status.tenant_name is None or source_spec is None:
             raise ReconcileError("DatabaseNotReady", f"Database {obj.spec.database} has no tenant on its shard")
         secret = self.rest.get(SECRETS, credentials_secret_name(obj.spec.database), obj.metadata.namespace)
-        state = read_state(source, status.tenant_name)
+        state = read_state(serving, status.tenant_name)
         tenant = TenantSpec(
             status.tenant_name,
             secret_values(secret)["password"],
@@ -494,15 +531,27 @@ class MoveController:
                 started = obj.status.started_at
                 pause = max((self.clock() - started).total_seconds(), 0.0) if started is not None else 0.0
             else:
+                reverse = None
+                if self.rollback_window > timedelta(0):
+                    back = self._plan(obj, source, obj.status.target_shard)
+                    reverse = move_rollback.Reverse(source, target, back)
                 try:
-                    pause = move.cutover(source, target, plan, budget=CUTOVER_BUDGET)
+                    pause = move.cutover(source, target, plan, budget=CUTOVER_BUDGET, reverse=reverse)
                 except move.CutoverTimedOut:
                     message = "the cutover did not finish in time; the source serves again"
                     self._phase(obj, MovePhase.CATCHING_UP, message)
                     return Result(requeue_after=CATCH_UP_POLL)
         if obj.status.write_pause_seconds is None or pause > 0:
             obj = self._write(obj.with_status(write_pause_seconds=round(pause, 3)))
-        self._switch_database(obj)
+        self._switch_database(obj, obj.status.target_shard)
+        until = self.clock() + self.rollback_window
+        obj = obj.with_status(rollback_until=until).with_condition(
+            MoveConditionType.ROLLBACK,
+            True,
+            MoveReason.WINDOW_OPEN,
+            f"shard {obj.status.source_shard} keeps the database until {until:%Y-%m-%dT%H:%M:%SZ}; "
+            "spec.rollback: true moves it back",
+        )
         self._finish(
             obj,
             MovePhase.COMPLETED,
@@ -510,21 +559,181 @@ class MoveController:
             f"moved from shard {obj.status.source_shard} to shard {obj.status.target_shard}; writes paused "
             f"{obj.status.write_pause_seconds or 0:.1f} s",
         )
-        return None
+        return Result(requeue_after=max(self.rollback_window.total_seconds(), 0.0))
 
-    def _switch_database(self, obj: DatabaseMoveObject) -> None:
-        """The Database's status.shard names the target (conditional on the version read)."""
+    def _switch_database(self, obj: DatabaseMoveObject, shard: str | None) -> None:
+        """The Database's status.shard names `shard` (conditional on the version read)."""
         db = self.rest.get(DATABASES, obj.spec.database, obj.metadata.namespace)
-        if (db.get("status") or {}).get("shard") == obj.status.target_shard:
+        if (db.get("status") or {}).get("shard") == shard:
             return
         patch_status(
             self.rest,
             DATABASES,
             obj.spec.database,
-            {"shard": obj.status.target_shard},
+            {"shard": shard},
             namespace=obj.metadata.namespace,
             resource_version=db["metadata"]["resourceVersion"],
         )
+
+    # -- after the move: the rollback and its window -------------------------------------------------
+
+    @staticmethod
+    def _keeps_source(obj: DatabaseMoveObject) -> bool:
+        """Whether the source still keeps its copy (a move completed before windows existed: not known)."""
+        return obj.status.rollback_until is not None and obj.status.source_dropped_at is None
+
+    def _database_deleted(self, obj: DatabaseMoveObject) -> bool:
+        """Whether the moved Database is gone or being deleted (its tenant on the target will be dropped)."""
+        db, status = self._database(obj)
+        if db is None:
+            return True
+        deleting = (db.get("metadata") or {}).get("deletionTimestamp") is not None
+        return deleting or status.phase in (Phase.DELETING, Phase.DELETED)
+
+    @staticmethod
+    def _stream_ended(obj: DatabaseMoveObject) -> bool:
+        found = find_condition(obj.status.conditions, MoveConditionType.ROLLBACK)
+        return found is not None and found.reason == MoveReason.DATABASE_DELETED
+
+    def moves_of(self, database: Obj) -> list[str]:
+        """The keys of the moves of a Database that is being deleted (their stream back ends then)."""
+        meta = database.get("metadata") or {}
+        phase = (database.get("status") or {}).get("phase")
+        if meta.get("deletionTimestamp") is None and phase not in (Phase.DELETING, Phase.DELETED):
+            return []
+        return [
+            f"{meta.get('namespace')}/{(other.get('metadata') or {}).get('name')}"
+            for other in self.moves.list()
+            if (other.get("metadata") or {}).get("namespace") == meta.get("namespace")
+            and (other.get("spec") or {}).get("database") == meta.get("name")
+        ]
+
+    @staticmethod
+    def _refused(obj: DatabaseMoveObject) -> bool:
+        """Whether this generation's spec.rollback was refused already (a changed spec asks again)."""
+        found = find_condition(obj.status.conditions, MoveConditionType.ROLLBACK)
+        return (
+            found is not None
+            and found.reason == MoveReason.ROLLBACK_REFUSED
+            and found.observed_generation == obj.metadata.generation
+        )
+
+    def _window(self, obj: DatabaseMoveObject) -> Result | None:
+        """A pass at the window's end (requeued until then): the stream back ended and the source's
+        copy dropped, recorded in status.sourceDroppedAt; None once done."""
+        until = obj.status.rollback_until
+        if until is None or obj.status.source_dropped_at is not None:
+            return None
+        left = (until - self.clock()).total_seconds()
+        name = obj.status.tenant_name or self._database(obj)[1].tenant_name
+        if name is None:
+            raise ReconcileError("DatabaseNotReady", f"the tenant of Database {obj.spec.database} is not known")
+        if left > 0:
+            if self._database_deleted(obj) and not self._stream_ended(obj):
+                with self._sessions(obj) as (source, target):
+                    move_rollback.end_stream_back(source, target, name)
+                message = (
+                    f"the Database is being deleted: the stream back was ended; shard {obj.status.source_shard}'s "
+                    f"copy is dropped at {until:%Y-%m-%dT%H:%M:%SZ}"
+                )
+                self._write(obj.with_condition(MoveConditionType.ROLLBACK, False, MoveReason.DATABASE_DELETED, message))
+            return Result(requeue_after=left)
+        with self._sessions(obj) as (source, target):
+            move_rollback.end_window(source, target, name)
+        message = f"the rollback window ended: shard {obj.status.source_shard}'s copy was dropped"
+        done = obj.with_status(source_dropped_at=self.clock())
+        self._write(done.with_condition(MoveConditionType.ROLLBACK, False, MoveReason.WINDOW_ENDED, message))
+        self._event(obj, "MoveSourceDropped", message)
+        return None
+
+    def _roll_back(self, obj: DatabaseMoveObject) -> Result | None:
+        """RollingBack: the database brought back to the source (online: once the stream back has
+        caught up, the fenced cutover in reverse; offline: copied back), the Database switched back,
+        the target's copy dropped. A refusal (the stream back is gone, an offline copy too large)
+        returns the move to Completed with the reason in its Rollback condition."""
+        try:
+            if self._database_deleted(obj):
+                raise RollbackRefused(f"Database {obj.spec.database} is being deleted")
+            with self._sessions(obj) as (source, target):
+                back = self._plan(obj, target, obj.status.target_shard)
+                if obj.status.mode == MoveMode.OFFLINE:
+                    pause = self._copy_back(obj, source, target, back)
+                else:
+                    wait = self._stream_back(obj, source, target, back)
+                    if isinstance(wait, Result):
+                        return wait
+                    pause = wait
+                self._switch_database(obj, obj.status.source_shard)
+                move_rollback.drop_copy(source, target, back.name, back.tenant.owner)
+        except RollbackRefused as refusal:
+            refused = str(refusal)
+            back_to = obj.with_status(phase=MovePhase.COMPLETED)
+            moved = f"moved from shard {obj.status.source_shard} to shard {obj.status.target_shard}"
+            back_to = back_to.with_condition(MoveConditionType.READY, True, MoveReason.COMPLETED, moved)
+            self._write(back_to.with_condition(MoveConditionType.ROLLBACK, False, MoveReason.ROLLBACK_REFUSED, refused))
+            self._event(obj, "MoveRollbackRefused", refused, warning=True)
+            return self._window(obj)
+        done = obj.with_condition(
+            MoveConditionType.ROLLBACK, False, MoveReason.ROLLED_BACK, "rolled back; the target's copy was dropped"
+        )
+        self._finish(
+            done,
+            MovePhase.ROLLED_BACK,
+            MoveReason.ROLLED_BACK,
+            f"rolled back to shard {obj.status.source_shard}; writes paused {pause:.1f} s; the copy on shard "
+            f"{obj.status.target_shard} was dropped",
+        )
+        return None
+
+    def _stream_back(
+        self, obj: DatabaseMoveObject, source: psycopg.Connection, target: psycopg.Connection, back: move.MovePlan
+    ) -> Result | float:
+        """The online rollback: waits (a Result) until the stream back has every table and is close
+        to the target; then the fenced cutover in reverse; its write pause."""
+        assert self.pg_dump is not None
+        name = back.name
+        if not read_state(source, name).tenant_can_connect and read_state(target, name).tenant_can_connect:
+            if not move_rollback.reverse_streaming(source, name):
+                raise RollbackRefused("the stream back to the source has ended")
+            move.copy_new_tables(target, source, back, self.pg_dump)
+            now = move_rollback.reverse_progress(source, target, back)
+            if not (now.copied and now.lag_bytes is not None and now.lag_bytes < CUTOVER_LAG):
+                message = (
+                    f"rolling back: the source is {now.lag_bytes or 0} bytes behind, "
+                    f"{now.ready} of {now.tables} tables streamed"
+                )
+                self._write(obj.with_condition(MoveConditionType.READY, False, MoveReason.IN_PROGRESS, message))
+                return Result(requeue_after=CATCH_UP_POLL)
+        try:
+            return move_rollback.rollback(source, target, back, budget=CUTOVER_BUDGET)
+        except move.CutoverTimedOut:
+            message = "rolling back: the cutover did not finish in time; the target serves again"
+            self._write(obj.with_condition(MoveConditionType.READY, False, MoveReason.IN_PROGRESS, message))
+            return Result(requeue_after=CATCH_UP_POLL)
+
+    def _copy_back(
+        self, obj: DatabaseMoveObject, source: psycopg.Connection, target: psycopg.Connection, back: move.MovePlan
+    ) -> float:
+        """The offline rollback: refused above the size limit unless forced (spec.force), or without
+        fitting binaries, before anything changes; then the target closed and copied back into the
+        emptied source, which is opened; the write pause (since the rollback started)."""
+        if self.pg_dump is None or self.pg_restore is None:
+            raise RollbackRefused("pg_dump and pg_restore are not installed where the manager runs")
+        name = back.name
+        if read_state(target, name).tenant_can_connect and not read_state(source, name).tenant_can_connect:
+            found = self._offline_size(obj, move_offline.database_size(target, name))
+            majors = read_shard(target).major, read_shard(source).major
+            unfit = move_offline.binaries_obstacle((self.pg_dump, self.pg_restore), *majors)
+            if found or unfit:
+                raise RollbackRefused("; ".join([*found, *([unfit] if unfit else [])]))
+        with self._lock:
+            severs = self._severs
+        move_rollback.copy_back(
+            source, target, back, self.pg_dump, self.pg_restore, cancelled=lambda: self._severs != severs
+        )
+        ready = find_condition(obj.status.conditions, MoveConditionType.READY)
+        since = ready.last_transition_time if ready is not None else self.clock()
+        return max((self.clock() - since).total_seconds(), 0.0)
 
     def _undo(self, obj: DatabaseMoveObject) -> bool:
         """Abort before the cutover: True when undone; False when the target serves already (the

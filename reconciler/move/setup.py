@@ -78,10 +78,12 @@ def setup_moves(
         placement=placement,
         connection_limit=partial(database_limit, config=config),
         offline_max_bytes=config.moves.offline_max_bytes,
+        rollback_window=config.moves.rollback_window,
     )
     # A lost Lease (or shutdown) cuts the move's sessions: a statement blocked on a shard returns now.
     manager.when_controllers_stopping(logic.sever)
     controller = Controller("move", logic.reconcile, workers=MOVE_WORKERS)
     controller.watch(moves)
+    controller.watch(databases, logic.moves_of)  # a Database being deleted ends its moves' streams back
     manager.add_controller(controller)
     return logic

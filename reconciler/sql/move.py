@@ -18,9 +18,10 @@ Each step reads the catalog first and does only what is missing, so a step inter
    marker row written on the source and waited for on the target (it arrives after every earlier
    commit), every sequence set, the stream ended, the target opened. When the marker does not arrive
    within the write-pause budget the source is opened again and the stream kept (`CutoverTimedOut`).
-   The source stays closed as the rollback copy.
-7. `abort` (before the cutover): the source opened again, stream and marker dropped, the target's
-   tenant dropped.
+   The source stays closed as the rollback copy; given a `ReverseStream`
+   (reconciler.sql.move_rollback), the cutover also makes the stream that keeps it current.
+7. `abort` (before the cutover): the source opened again, stream (and a stream back made by a
+   cutover that did not finish) and marker dropped, the target's tenant dropped.
 
 CREATE SUBSCRIPTION carries the tenant's password in its connection string (PostgreSQL demands a
 password of a subscription owner that is not a superuser). It is only ever sent in a statement that
@@ -32,6 +33,7 @@ otherwise). The password never appears in a return value or an error here.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import secrets
@@ -41,7 +43,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 from psycopg import errors as pgerrors
@@ -77,6 +79,11 @@ POLL = 0.1  # seconds between catalog reads while waiting
 SLOT_RELEASE_WAIT = 15.0  # seconds for the source's WAL sender to let go of the slot after DISABLE
 
 
+def slot_name(tenant: str) -> str:
+    """The replication slot of a tenant's stream on its publisher: unique per tenant (slot names are per server)."""
+    return "dbprovider_move_" + hashlib.sha256(tenant.encode()).hexdigest()[:24]
+
+
 @dataclass(frozen=True)
 class MovePlan:
     """One tenant's move: its credentials, and the source shard as the target's server reaches it."""
@@ -93,8 +100,7 @@ class MovePlan:
 
     @property
     def slot(self) -> str:
-        """The replication slot on the source: unique per tenant (slot names are per server)."""
-        return "dbprovider_move_" + hashlib.sha256(self.name.encode()).hexdigest()[:24]
+        return slot_name(self.name)
 
     def subscription_conninfo(self) -> str:
         """The tenant's login to its source database; holds the password, so never log it."""
@@ -549,28 +555,40 @@ def end_stream(source: psycopg.Connection, target: psycopg.Connection, plan: Mov
     The subscription lets go of its slot first (its own drop would log in to the source, which the
     fence may have closed); the provisioner drops the slot once the WAL sender has released it.
     """
-    subscription = _ident(SUBSCRIPTION)
     state = read_state(target, plan.name)
     if state.database_exists and state.allow_connections:
         with target_database(target, plan.name) as inside:
-            enabled = _one(inside, _SUBSCRIPTION, {"sub": SUBSCRIPTION})
-            if enabled is not None:
-                if enabled:
-                    inside.execute(sql.SQL("ALTER SUBSCRIPTION {} DISABLE").format(subscription))
-                inside.execute(sql.SQL("ALTER SUBSCRIPTION {} SET (slot_name = NONE)").format(subscription))
-                inside.execute(sql.SQL("DROP SUBSCRIPTION {}").format(subscription))
-    released = "SELECT NOT active FROM pg_catalog.pg_replication_slots WHERE slot_name = %(s)s"
-    if _slot_exists(source, plan.slot):
-        _wait(lambda: _one(source, released, {"s": plan.slot}) is not False, time.monotonic() + SLOT_RELEASE_WAIT)
-        source.execute(
-            "SELECT pg_catalog.pg_drop_replication_slot(slot_name) FROM pg_catalog.pg_replication_slots"
-            " WHERE slot_name = %(s)s",
-            {"s": plan.slot},
-        )
+            drop_subscription(inside)
+    drop_slot(source, plan.slot)
     with tenant_database(source, plan.name) as inside, as_role(inside, plan.name):
         inside.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(_ident(PUBLICATION)))
     if _one(source, "SELECT rolreplication FROM pg_catalog.pg_roles WHERE rolname = %(r)s", {"r": plan.name}):
         source.execute(sql.SQL("ALTER ROLE {} NOREPLICATION").format(_ident(plan.name)))
+
+
+def drop_subscription(inside: psycopg.Connection) -> None:
+    """The move's subscription in this database dropped without logging in to its publisher (which a
+    fence may have closed): disabled, its slot let go (the provisioner drops that), dropped."""
+    subscription = _ident(SUBSCRIPTION)
+    enabled = _one(inside, _SUBSCRIPTION, {"sub": SUBSCRIPTION})
+    if enabled is None:
+        return
+    if enabled:
+        inside.execute(sql.SQL("ALTER SUBSCRIPTION {} DISABLE").format(subscription))
+    inside.execute(sql.SQL("ALTER SUBSCRIPTION {} SET (slot_name = NONE)").format(subscription))
+    inside.execute(sql.SQL("DROP SUBSCRIPTION {}").format(subscription))
+
+
+def drop_slot(server: psycopg.Connection, slot: str) -> None:
+    """The replication slot dropped by the provisioner, once the WAL sender has released it."""
+    released = "SELECT NOT active FROM pg_catalog.pg_replication_slots WHERE slot_name = %(s)s"
+    if _slot_exists(server, slot):
+        _wait(lambda: _one(server, released, {"s": slot}) is not False, time.monotonic() + SLOT_RELEASE_WAIT)
+        server.execute(
+            "SELECT pg_catalog.pg_drop_replication_slot(slot_name) FROM pg_catalog.pg_replication_slots"
+            " WHERE slot_name = %(s)s",
+            {"s": slot},
+        )
 
 
 def _drop_marker(inside: psycopg.Connection, name: str) -> None:
@@ -578,16 +596,18 @@ def _drop_marker(inside: psycopg.Connection, name: str) -> None:
         inside.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(_ident(MARKER_SCHEMA)))
 
 
-def open_target(target: psycopg.Connection, tenant: TenantSpec) -> None:
-    """The marker dropped, the tenant's password set again (the one the consumer holds now, should it
-    have changed during the move), CONNECT for the tenant (and the pooler's auth user) on the target,
-    and the provisioner's own CONNECT and CREATE taken back."""
+def open_target(target: psycopg.Connection, tenant: TenantSpec, *, keep_marker: bool = False) -> None:
+    """The marker dropped (kept when a reverse stream publishes it for a rollback), the tenant's
+    password set again (the one the consumer holds now, should it have changed during the move),
+    CONNECT for the tenant (and the pooler's auth user) on the target, and the provisioner's own
+    CONNECT and CREATE taken back."""
     name = tenant.name
     state = read_state(target, name)
     if state.tenant_can_connect:
         return
     with target_database(target, name) as inside:
-        _drop_marker(inside, name)
+        if not keep_marker:
+            _drop_marker(inside, name)
         _schema_usage(inside, name, "REVOKE {} ON SCHEMA {} FROM {}")
     database = _ident(name)
     target.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(database, sql.Literal(scram_verifier(tenant.password))))
@@ -610,9 +630,33 @@ def _streaming(target: psycopg.Connection, name: str) -> bool:
         return _one(inside, _SUBSCRIPTION, {"sub": SUBSCRIPTION}) is not None
 
 
-def cutover(source: psycopg.Connection, target: psycopg.Connection, plan: MovePlan, budget: float = 30.0) -> float:
+class ReverseStream(Protocol):
+    """The stream back to the source that a cutover sets up for a rollback (reconciler.sql.move_rollback)."""
+
+    def check(self) -> None:
+        """Before the fence: refuse (SqlFailure) what would make `prepare` fail."""
+        ...
+
+    def prepare(self, deadline: float) -> bool:
+        """Inside the fence, before the forward stream ends: its publication, slot and subscription;
+        False when it could not be made before `deadline` (time.monotonic)."""
+        ...
+
+    def open(self) -> None:
+        """The target opened to the tenant with the stream started (instead of `open_target`)."""
+        ...
+
+
+def cutover(
+    source: psycopg.Connection,
+    target: psycopg.Connection,
+    plan: MovePlan,
+    budget: float = 30.0,
+    reverse: ReverseStream | None = None,
+) -> float:
     """Fence the source, bring the last changes and the sequences over, open the target; the write
-    pause in seconds.
+    pause in seconds. With `reverse`, the stream back to the source is made inside the fence and
+    started as the target opens (the source stays current for a rollback).
 
     Refused before the fence when the tenant made tables the publication lacks. When the marker (or
     the source's current WAL position) has not reached the target within `budget` seconds, the
@@ -620,23 +664,41 @@ def cutover(source: psycopg.Connection, target: psycopg.Connection, plan: MovePl
     interruption it finishes what is left (once the stream is ended, only opening the target is).
     """
     if read_state(target, plan.name).tenant_can_connect:
+        if reverse is not None:
+            reverse.open()  # an opening interrupted before the stream back was started
         return 0.0
     streaming = _streaming(target, plan.name)
     if streaming:
         missing = unpublished_tables(source, plan.name)
         if missing:
             raise _refuse(OP_CUTOVER, f"{len(missing)} table(s) were created after the schema was copied")
+    if reverse is not None:
+        reverse.check()
     started = time.monotonic()
     fence_source(source, plan.name)
+    deadline = started + budget
     if streaming:
-        deadline = started + budget
         token = mark(source, plan.name)
         if not (wait_for_marker(target, plan.name, token, deadline) and wait_for_lsn(source, plan, deadline)):
             reopen_source(source, plan.name)
             raise CutoverTimedOut()
         copy_sequences(source, target, plan.name)
+    if reverse is not None:
+        try:
+            prepared = reverse.prepare(deadline)
+        except (SqlFailure, psycopg.Error):  # e.g. no free slot on the target: the source serves meanwhile
+            with contextlib.suppress(psycopg.Error):
+                reopen_source(source, plan.name)
+            raise
+        if not prepared:
+            reopen_source(source, plan.name)
+            raise CutoverTimedOut()
+    if streaming:
         end_stream(source, target, plan)
-    open_target(target, plan.tenant)
+    if reverse is not None:
+        reverse.open()
+    else:
+        open_target(target, plan.tenant)
     return time.monotonic() - started
 
 
@@ -653,8 +715,21 @@ def abort(source: psycopg.Connection, target: psycopg.Connection, plan: MovePlan
     if not read_state(source, plan.name).tenant_can_connect:
         reopen_source(source, plan.name)
     end_stream(source, target, plan)
+    may_create = "SELECT pg_catalog.has_database_privilege(current_user, %(db)s, 'CREATE')"
+    reverse = bool(_one(source, may_create, {"db": plan.name}))  # given for a stream back by a cutover
     with tenant_database(source, plan.name) as inside:
+        drop_subscription(inside)  # a stream back, made by a cutover that timed out
         _drop_marker(inside, plan.name)
+        if reverse:
+            _schema_usage(inside, plan.name, "REVOKE {} ON SCHEMA {} FROM {}")
+    drop_slot(target, plan.slot)
+    if reverse:  # the provisioner's access for that stream, too
+        with as_role(source, plan.name):
+            source.execute(
+                sql.SQL("REVOKE CONNECT, CREATE ON DATABASE {} FROM {}").format(
+                    _ident(plan.name), _ident(source.info.user)
+                )
+            )
     owner = plan.tenant.owner
     if target_state.role_exists and (owner is None or target_state.owner == owner):
         drop_tenant(target, plan.name)

@@ -169,6 +169,7 @@ def test_a_moves_mode_and_phase_are_enums() -> None:
         "CatchingUp",
         "CuttingOver",
         "Completed",
+        "RollingBack",
         "Aborted",
         "RolledBack",
         "Failed",

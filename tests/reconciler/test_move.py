@@ -21,7 +21,7 @@ from kubernetes.client.exceptions import ApiException
 from domain.constants import API_VERSION
 from domain.resources import DATABASE_MOVES
 from harness import PostgresServer
-from tests.reconciler.conftest import NAMESPACE, wait_events
+from tests.reconciler.conftest import NAMESPACE, install_config, wait_events
 from tests.sql.conftest import LogicalPool
 from tests.sql.helpers import can_connect
 from tests.sql.test_move_privileges import source_grant, target_grant
@@ -270,7 +270,9 @@ def test_a_move_that_cannot_be_done_fails_with_a_message_and_touches_no_shard(
     source, target = shards
     database = fleet.database("mv-nowhere")
     fleet.wait_phase(database, "Ready")
-    slots = "SELECT count(*) FROM pg_replication_slots"
+    # Its own slots only: the moves of other tests keep streams back to their sources.
+    slots = "SELECT count(*) FROM pg_replication_slots WHERE database = %s"
+    tenant = (fleet.credentials(database)["database"],)
     for spec_database, spec_target, message in (
         ("no-such-database", target, "no Database no-such-database"),
         (database, source, f"is on shard {source} already"),
@@ -282,7 +284,7 @@ def test_a_move_that_cannot_be_done_fails_with_a_message_and_touches_no_shard(
             assert ready["status"] == "False" and ready["reason"] == "Failed"
             assert message in ready["message"]
     assert fleet.get_database(database)["status"]["shard"] == source
-    assert source_server.query(slots) == [(0,)] and target_server.query(slots) == [(0,)]
+    assert source_server.query(slots, tenant) == [(0,)] and target_server.query(slots, tenant) == [(0,)]
 
 
 def test_a_move_interrupted_by_a_manager_restart_is_finished_by_the_next_one(
@@ -315,3 +317,138 @@ def test_a_move_interrupted_by_a_manager_restart_is_finished_by_the_next_one(
     assert fleet.get_database(database)["status"]["shard"] == target
     assert target_server.query("SELECT id FROM orders", dbname=c["database"]) == [(0,)]
     assert source_server.query("SELECT count(*) FROM pg_replication_slots") == [(0,)]
+
+
+def move_phase(admin_rest, name: str, seen: list[str]) -> str | None:
+    """The DatabaseMove's phase, recorded in `seen` when new; a Failed move fails the test."""
+    status = admin_rest.get(DATABASE_MOVES, name, NAMESPACE).get("status") or {}
+    phase = status.get("phase")
+    if phase and phase not in seen:
+        seen.append(phase)
+    assert phase != "Failed", status
+    return phase
+
+
+def test_a_completed_move_rolls_back_with_the_client_writing(fleet, admin_rest, move_servers, shards) -> None:
+    """After the move the source is kept current by the stream back; spec.rollback brings the
+    Database back there with every row written on the target, and the target's copy is dropped."""
+    source_server, target_server = move_servers
+    source, target = shards
+    database = fleet.database("mv-back")
+    fleet.wait_phase(database, "Ready")
+    credentials = fleet.credentials(database)
+    tenant = credentials["database"]
+    with held_open(source_server, credentials) as holder:  # the table `orders` and its row 0
+        holder.commit()
+    client = Client(credentials)
+    client.start()
+    try:
+        with requested_move(fleet, admin_rest, database, target) as name:
+            seen: list[str] = []
+            wait_for(lambda: move_phase(admin_rest, name, seen) == "Completed", 180, "the move", max_interval=0.05)
+            status = admin_rest.get(DATABASE_MOVES, name, NAMESPACE)["status"]
+            assert status["rollbackUntil"] > status["completedAt"]
+            assert condition({"status": status}, "Rollback")["reason"] == "WindowOpen"
+            wait_for(lambda: fleet.credentials(database)["port"] == str(target_server.port), 60, "the Secret's port")
+            before = len(client.acknowledged)
+            client.credentials = fleet.credentials(database)
+            wait_for(lambda: len(client.acknowledged) >= before + 50, 60, "the client to write on the target")
+
+            admin_rest.patch(DATABASE_MOVES, name, {"spec": {"rollback": True}}, NAMESPACE)
+            wait_for(lambda: move_phase(admin_rest, name, seen) == "RolledBack", 180, "the rollback", max_interval=0.05)
+            assert seen[-2:] == ["RollingBack", "RolledBack"]
+            rolled = admin_rest.get(DATABASE_MOVES, name, NAMESPACE)
+            assert condition(rolled, "Rollback")["reason"] == "RolledBack"
+            assert condition(rolled, "Ready")["reason"] == "RolledBack"
+            wait_events(admin_rest, name, {"MoveRollbackStarted", "MoveRolledBack"})
+
+            # The Database names the source again; its Secret follows; the target's copy is gone.
+            assert fleet.get_database(database)["status"]["shard"] == source
+            wait_for(lambda: fleet.credentials(database)["port"] == str(source_server.port), 60, "the Secret's port")
+            back = fleet.credentials(database)
+            assert can_connect(source_server, back["user"], back["password"], tenant)
+            assert target_server.query("SELECT count(*) FROM pg_database WHERE datname = %s", (tenant,)) == [(0,)]
+            assert condition(fleet.wait_phase(database, "Ready"), "Ready")["status"] == "True"
+            before = len(client.acknowledged)
+            client.credentials = back
+            wait_for(lambda: len(client.acknowledged) >= before + 50, 60, "the client to write on the source")
+    finally:
+        client.stop()
+    assert not client.failures
+    rows = {row[0] for row in source_server.query("SELECT id FROM orders", dbname=tenant)}
+    assert set(client.acknowledged) <= rows
+    for server in move_servers:
+        assert server.query("SELECT count(*) FROM pg_replication_slots WHERE database = %s", (tenant,)) == [(0,)]
+
+
+def test_the_window_end_drops_the_source_copy_and_a_deleted_move_waits_for_it(
+    fleet, admin_rest, move_servers, start_manager, monkeypatch
+) -> None:
+    """A deleted Completed move keeps the source's copy until its window ends (its finalizer); then the
+    stream back is ended, the copy dropped and the object goes. The database serves on the target."""
+    source_server, target_server = move_servers
+    monkeypatch.setenv("DBPROVIDER_PG_DUMP", str(target_server.bin_dir / "pg_dump"))
+    start_manager(install_config(moves={"rollbackWindow": "20s"}))
+    source, target = shard(fleet, source_server, True), shard(fleet, target_server, False)
+    fleet.wait_shard(source, "Ok")
+    fleet.wait_shard(target, "Ok")
+    database = fleet.database("mv-window")
+    fleet.wait_phase(database, "Ready")
+    c = fleet.credentials(database)
+    tenant = c["database"]
+    exists = "SELECT count(*) FROM pg_database WHERE datname = %s"
+    with requested_move(fleet, admin_rest, database, target) as name:
+        wait_for(lambda: move_phase(admin_rest, name, []) == "Completed", 180, "the move")
+        admin_rest.delete(DATABASE_MOVES, name, NAMESPACE)
+        assert admin_rest.get(DATABASE_MOVES, name, NAMESPACE)["metadata"]["deletionTimestamp"]
+        assert source_server.query(exists, (tenant,)) == [(1,)]  # kept within the window
+
+        def gone() -> bool:
+            try:
+                admin_rest.get(DATABASE_MOVES, name, NAMESPACE)
+            except ApiException as exc:
+                return exc.status == 404
+            return False
+
+        wait_for(gone, 120, "the window to end and the move to go")
+    assert source_server.query(exists, (tenant,)) == [(0,)]
+    assert source_server.query("SELECT count(*) FROM pg_roles WHERE rolname = %s", (tenant,)) == [(0,)]
+    assert target_server.query("SELECT count(*) FROM pg_replication_slots WHERE database = %s", (tenant,)) == [(0,)]
+    assert target_server.query("SELECT count(*) FROM pg_publication", dbname=tenant) == [(0,)]
+    assert fleet.get_database(database)["status"]["shard"] == target
+    assert can_connect(target_server, c["user"], c["password"], tenant)
+
+
+def test_a_database_deleted_within_the_window_ends_the_stream_back_and_keeps_the_source_copy(
+    fleet, admin_rest, move_servers, shards
+) -> None:
+    """The stream back's slot would keep the target's database from being dropped: a Database being
+    deleted ends it; the source's copy stays until the window ends, and a rollback is refused."""
+    source_server, target_server = move_servers
+    source, target = shards
+    database = fleet.database("mv-deleted")
+    fleet.wait_phase(database, "Ready")
+    tenant = fleet.credentials(database)["database"]
+    with requested_move(fleet, admin_rest, database, target) as name:
+        wait_for(lambda: move_phase(admin_rest, name, []) == "Completed", 180, "the move")
+        slots = "SELECT count(*) FROM pg_replication_slots WHERE database = %s"
+        assert target_server.query(slots, (tenant,)) == [(1,)]
+        fleet.request_delete(database)
+
+        def stream_ended() -> dict[str, Any] | None:
+            found = condition(admin_rest.get(DATABASE_MOVES, name, NAMESPACE), "Rollback")
+            return found if found["reason"] == "DatabaseDeleted" else None
+
+        wait_for(stream_ended, 60, "the stream back to end")
+        assert target_server.query(slots, (tenant,)) == [(0,)]
+        subscriptions = "SELECT count(*) FROM pg_subscription JOIN pg_database d ON d.oid = subdbid WHERE datname = %s"
+        assert source_server.query(subscriptions, (tenant,)) == [(0,)]
+        assert source_server.query("SELECT count(*) FROM pg_database WHERE datname = %s", (tenant,)) == [(1,)]
+        admin_rest.patch(DATABASE_MOVES, name, {"spec": {"rollback": True}}, NAMESPACE)
+
+        def refused() -> dict[str, Any] | None:
+            found = condition(admin_rest.get(DATABASE_MOVES, name, NAMESPACE), "Rollback")
+            return found if found["reason"] == "RollbackRefused" else None
+
+        assert "is being deleted" in wait_for(refused, 60, "the refusal")["message"]
+        assert move_phase(admin_rest, name, []) == "Completed"

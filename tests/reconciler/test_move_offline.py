@@ -186,3 +186,50 @@ def test_an_offline_move_interrupted_by_a_manager_restart_is_finished_by_the_nex
     with login(target_server, c) as conn:
         assert conn.execute(ROWS).fetchall() == rows
     assert not can_connect(source_server, c["user"], c["password"], c["database"])
+
+
+def test_an_offline_move_rolls_back_by_a_copy_refused_above_the_limit_unless_forced(
+    fleet, admin_rest, servers, monkeypatch, start_manager
+) -> None:
+    """PostgreSQL 15 to 15, offline: the rollback closes the target and copies the database back into
+    the emptied source, with the rows written on the target; above the size limit only when forced."""
+    source_server = servers[0]
+    other = PostgresPool()
+    try:
+        target_server = other.get("15")
+        monkeypatch.setenv("DBPROVIDER_PG_DUMP", str(source_server.bin_dir / "pg_dump"))
+        monkeypatch.delenv("DBPROVIDER_PG_RESTORE", raising=False)
+        start_manager(install_config(moves={"offlineMaxSize": "1Mi"}))
+        source, target, database, c, _ = database_on_pg15(fleet, (source_server, target_server), "mv-offline-back")
+        with requested_move(fleet, admin_rest, database, target, force=True) as name:
+            assert wait_for(lambda: ended(admin_rest, name), 180, "the move")["phase"] == "Completed"
+            with login(target_server, c) as conn:
+                conn.execute("UPDATE orders SET note = 'changed on the target' WHERE id <= 10")
+                conn.execute("DELETE FROM orders WHERE id > 290")
+                conn.execute("INSERT INTO orders (note, n) VALUES ('new on the target', 1)")
+                conn.commit()
+                rows = conn.execute(ROWS).fetchall()
+
+            def rollback_condition() -> dict[str, Any] | None:
+                status = move_status(admin_rest, name)
+                found = condition({"status": status}, "Rollback")
+                return found if found["reason"] != "WindowOpen" else None
+
+            admin_rest.patch(DATABASE_MOVES, name, {"spec": {"rollback": True, "force": False}}, NAMESPACE)
+            refused = wait_for(rollback_condition, 60, "the refusal")
+            assert refused["reason"] == "RollbackRefused" and "(moves.offlineMaxSize)" in refused["message"]
+            assert move_status(admin_rest, name)["phase"] == "Completed"
+            assert can_connect(target_server, c["user"], c["password"], c["database"])  # nothing changed
+
+            admin_rest.patch(DATABASE_MOVES, name, {"spec": {"force": True}}, NAMESPACE)
+            wait_for(lambda: move_status(admin_rest, name).get("phase") == "RolledBack", 180, "the rollback")
+            wait_events(admin_rest, name, {"MoveRollbackStarted", "MoveRollbackRefused", "MoveRolledBack"})
+
+        assert fleet.get_database(database)["status"]["shard"] == source
+        wait_for(lambda: fleet.credentials(database)["port"] == str(source_server.port), 60, "the Secret's port")
+        with login(source_server, fleet.credentials(database)) as conn:
+            assert conn.execute(ROWS).fetchall() == rows
+            assert conn.execute("INSERT INTO orders (note) VALUES ('back') RETURNING id").fetchone() == (302,)
+        assert target_server.query("SELECT count(*) FROM pg_database WHERE datname = %s", (c["database"],)) == [(0,)]
+    finally:
+        other.close()

@@ -175,9 +175,12 @@ class Move:
         self.target.close()
 
     def quiet_target(self) -> None:
-        """What the target's administrators arrange (here for the tenant's database only, as the
+        self.quiet(self.pair.target)
+
+    def quiet(self, server: PostgresServer) -> None:
+        """What the shard's administrators arrange (here for the tenant's database only, as the
         server is shared): the provisioner's statements there are not logged."""
-        with self.pair.target.superuser_connection() as conn:
+        with server.superuser_connection() as conn:
             for setting, value in QUIET:
                 conn.execute(
                     sql.SQL("ALTER ROLE {} IN DATABASE {} SET {} = {}").format(

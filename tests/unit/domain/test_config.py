@@ -164,6 +164,8 @@ def test_dump_round_trip_uses_camel_case_and_duration_strings() -> None:
         ({"moves": {"offlineMaxSize": "0"}}, "moves.offlineMaxSize"),
         ({"moves": {"offlineMaxSize": "1GB"}}, "moves.offlineMaxSize"),
         ({"moves": {"offlineMaxSize": 1024}}, "moves.offlineMaxSize"),
+        ({"moves": {"rollbackWindow": "-1d"}}, "moves.rollbackWindow"),
+        ({"moves": {"rollbackWindow": "a week"}}, "moves.rollbackWindow"),
         ({"engines": {"cloudberry": {"enabled": "on"}}}, "engines.cloudberry.enabled"),
         ({"engines": {"mysql": {"enabled": True}}}, "engines.mysql"),
         ({"shardTLS": {"caBundle": {}}}, "shardTLS.caBundle"),
@@ -409,3 +411,10 @@ def test_shard_ca_bundle_from_a_config_map_or_a_secret(source: str) -> None:
 def test_the_offline_move_limit_is_a_size() -> None:
     assert dc.load_install_config(MINIMAL).moves.offline_max_bytes == 2**30
     assert dc.load_install_config({**MINIMAL, "moves": {"offlineMaxSize": "512Mi"}}).moves.offline_max_bytes == 2**29
+
+
+def test_the_rollback_window_is_a_duration_of_seven_days_by_default() -> None:
+    assert dc.load_install_config(MINIMAL).moves.rollback_window == timedelta(days=7)
+    assert dc.load_install_config({**MINIMAL, "moves": {"rollbackWindow": "36h"}}).moves.rollback_window == timedelta(
+        hours=36
+    )
