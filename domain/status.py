@@ -113,7 +113,8 @@ class DatabaseStatus(ObjectStatus):
     phase: Phase | None = Field(default=None, description="Provisioning, Ready, Deleting, Deleted or Failed.")
     shard: ObjectName | None = Field(
         default=None,
-        description="The Shard this database is placed on; persisted before any SQL runs and never changed.",
+        description="The Shard this database is placed on; persisted before any SQL runs, changed only by a "
+        "DatabaseMove at its cutover or rollback.",
     )
     tenant_name: Annotated[StrictStr, Field(max_length=63, pattern="^[a-z_][a-z0-9_]*$")] | None = Field(
         default=None,
