@@ -4,7 +4,8 @@
 
 Three PostgreSQL 18 servers of the harness (wal_level=logical): the source shard, the target shard of
 the online move, and a third shard for the offline copy. The shards' administrators' one-time grants
-are given (REPLICATION for the source's provisioner, pg_create_subscription for the target's), then:
+are given (REPLICATION and pg_create_subscription to both provisioners: the cutover leaves a stream back
+to the source for a rollback, as the controller's does), then:
 
 1. A tenant made the product's way on the source (`ensure_tenant`), filled as the tenant to about
    `--size` MB (a table of ~1 KB rows with a primary key; `pg_database_size` is reported).
@@ -14,7 +15,7 @@ are given (REPLICATION for the source's provisioner, pg_create_subscription for 
 3. The online move, step by step as the DatabaseMove controller runs it (reconciler.sql.move): the
    target prepared, the schema copied (`pg_dump --schema-only` of PostgreSQL 18), the publication and
    the subscription, waiting until every table is copied and the stream's lag is under 1 MB, then the
-   fenced cutover. The moment the cutover returns, the client's endpoint becomes the target (what the
+   fenced cutover with the stream back made inside its fence. The moment the cutover returns, the client's endpoint becomes the target (what the
    credentials Secret's new endpoint gives a consumer that re-reads it at once).
 4. The baseline: the same tenant copied to the third shard the offline way (reconciler.sql.move_offline:
    `pg_dump` as the tenant piped into `pg_restore` in one transaction), the source closed meanwhile
@@ -54,7 +55,7 @@ from bench.common import (
     wait_for,
 )
 from harness import PostgresServer
-from reconciler.sql import move, move_offline
+from reconciler.sql import move, move_offline, move_rollback
 from reconciler.sql.session import AdminEndpoint, AdminSession, connect_admin
 from reconciler.sql.tenant import TenantSpec, ensure_tenant
 
@@ -174,11 +175,12 @@ def servers(count: int) -> Iterator[list[PostgresServer]]:
 
 
 def grant_once(source: PostgresServer, target: PostgresServer) -> None:
-    """What the shards' administrators grant once for online moves (docs/operations.md)."""
-    with source.superuser_connection() as conn:
-        conn.execute(sql.SQL("ALTER ROLE {} REPLICATION").format(sql.Identifier(source.PROVISIONER)))
-    with target.superuser_connection() as conn:
-        conn.execute(sql.SQL("GRANT pg_create_subscription TO {}").format(sql.Identifier(target.PROVISIONER)))
+    """What the shards' administrators grant once for online moves (docs/operations.md), both ways: the
+    cutover leaves a stream back to the source for a rollback, as the DatabaseMove controller's does."""
+    for server in (source, target):
+        with server.superuser_connection() as conn:
+            conn.execute(sql.SQL("ALTER ROLE {} REPLICATION").format(sql.Identifier(server.PROVISIONER)))
+            conn.execute(sql.SQL("GRANT pg_create_subscription TO {}").format(sql.Identifier(server.PROVISIONER)))
 
 
 def online_move(
@@ -206,7 +208,9 @@ def online_move(
         wait_for(caught_up, 6 * 3600, "the initial copy and the stream to catch up", interval=0.5)
         phases["initial copy and catch-up"] = time.monotonic() - copying
         log("caught up; cutover")
-        phases["cutover (its own pause)"] = move.cutover(src, dst, plan, budget=budget)
+        back = move.MovePlan(plan.tenant, "127.0.0.1", target.port, sslmode="disable")
+        reverse = move_rollback.Reverse(src, dst, back)  # the stream back is made inside the fence
+        phases["cutover (its own pause)"] = move.cutover(src, dst, plan, budget=budget, reverse=reverse)
         client.port = target.port  # the endpoint the credentials Secret now names
         phases["cutover_at"] = time.monotonic()
         phases["total"] = phases["cutover_at"] - started
