@@ -286,12 +286,13 @@ class MoveController:
             raise
 
     def _choose_target(self, obj: DatabaseMoveObject, db: Obj, source: str | None) -> str | None:
-        """`target: any`: the shard placement would give the Database now, never its own, reserved there
-        (its slot and its connection limit) until the move finishes."""
+        """`target: any`: the shard placement would give the Database now, never its own nor one with a
+        pooler (refused as a target below), reserved there (its slot and its connection limit) until the
+        move finishes."""
         if self.placement is None:
             return None
         limit = self.connection_limit(db)
-        return self.placement.reserve(Engine.POSTGRES, self._reservation(obj), limit, exclude=source)
+        return self.placement.reserve(Engine.POSTGRES, self._reservation(obj), limit, exclude=source, for_move=True)
 
     def _hold(self, obj: DatabaseMoveObject) -> None:
         """The reservation of a `target: any` move under way counts again after a restart."""
