@@ -54,6 +54,7 @@ from domain.specs import ShardSpec, parse_shard
 from domain.status import DatabaseStatus
 from informers import SECRETS, Informer, Rest
 from reconciler.events import EventRecorder
+from reconciler.move.metrics import MoveMetrics
 from reconciler.placement_index import PlacementIndex
 from reconciler.runtime import ReconcileError, Result, TerminalError, ensure_active, patch_status, write_status
 from reconciler.shard.admin import AdminEndpointCache, AdminRefused, AdminSecretInvalid
@@ -103,6 +104,7 @@ class MoveController:
         placement: PlacementIndex | None = None,
         connection_limit: Callable[[Obj], int | None] = lambda _: None,
         offline_max_bytes: int = MovesConfig().offline_max_bytes,
+        metrics: MoveMetrics | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         """`pg_dump`, `pg_restore`: the binaries that copy a database (of the target's major); None: not
@@ -120,6 +122,7 @@ class MoveController:
         self.placement = placement
         self.connection_limit = connection_limit
         self.offline_max_bytes = offline_max_bytes
+        self.metrics = metrics
         self.events = events
         self.fence = fence
         self.clock = clock
@@ -193,6 +196,10 @@ class MoveController:
         done = obj.with_status(phase=phase, completed_at=self.clock(), observed_generation=obj.metadata.generation)
         self._write(done.with_condition(MoveConditionType.READY, phase == MovePhase.COMPLETED, reason, message))
         self._event(obj, f"Move{phase.value}", message, warning=phase == MovePhase.FAILED)
+        if self.metrics is not None:
+            self.metrics.ended(phase)
+            if phase == MovePhase.COMPLETED and done.status.write_pause_seconds is not None:
+                self.metrics.paused(done.status.mode or MoveMode.ONLINE, done.status.write_pause_seconds)
         self._release(obj)
 
     def _reservation(self, obj: DatabaseMoveObject) -> str:

@@ -21,6 +21,8 @@ from kubernetes.client.exceptions import ApiException
 from domain.constants import API_VERSION
 from domain.resources import DATABASE_MOVES
 from harness import PostgresServer
+from informers import LEASES
+from reconciler.move.controller import MoveController
 from tests.reconciler.conftest import NAMESPACE, wait_events
 from tests.sql.conftest import LogicalPool
 from tests.sql.helpers import can_connect
@@ -170,7 +172,14 @@ class Client(threading.Thread):
         self.join(30)
 
 
-def test_a_database_move_completes_online_and_the_credentials_follow(fleet, admin_rest, move_servers, shards) -> None:
+def sample(manager, name: str, **labels: str) -> float:
+    """A sample of the manager's metrics registry (0 when absent)."""
+    return manager.manager.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+def test_a_database_move_completes_online_and_the_credentials_follow(
+    fleet, admin_rest, move_servers, shards, manager
+) -> None:
     source_server, target_server = move_servers
     source, target = shards
     database = fleet.database("mv-orders")
@@ -192,11 +201,13 @@ def test_a_database_move_completes_online_and_the_credentials_follow(fleet, admi
 
         with requested_move(fleet, admin_rest, database, target) as name:
             phases: list[str] = []
+            gauged: set[str] = set()  # the phases dbprovider_moves showed a move in
 
             def completed() -> bool:
                 status = admin_rest.get(DATABASE_MOVES, name, NAMESPACE).get("status") or {}
                 if status.get("phase") and status["phase"] not in phases:
                     phases.append(status["phase"])
+                gauged.update(p for p in ("Copying", "CatchingUp") if sample(manager, "dbprovider_moves", phase=p))
                 assert status.get("phase") != "Failed", status
                 return status.get("phase") == "Completed"
 
@@ -207,6 +218,13 @@ def test_a_database_move_completes_online_and_the_credentials_follow(fleet, admi
             assert condition({"status": status}, "Ready")["status"] == "True"
             assert phases[-1] == "Completed" and "CatchingUp" in phases
             wait_events(admin_rest, name, {"MoveStarted", "MoveCompleted"})
+            # The metrics moved with it: the gauge saw it running, the counter and the histogram its end.
+            assert "CatchingUp" in gauged
+            assert sample(manager, "dbprovider_moves_finished_total", outcome="Completed") == 1
+            assert sample(manager, "dbprovider_move_write_pause_seconds_count", mode="Online") == 1
+            pause = sample(manager, "dbprovider_move_write_pause_seconds_sum", mode="Online")
+            assert pause == pytest.approx(status["writePauseSeconds"], abs=0.01)
+            wait_for(lambda: sample(manager, "dbprovider_moves", phase="Completed") == 1, 30, "the gauge")
 
             # The Database names the target; its credentials Secret follows (the Database controller).
             assert fleet.get_database(database)["status"]["shard"] == target
@@ -230,7 +248,7 @@ def test_a_database_move_completes_online_and_the_credentials_follow(fleet, admi
     assert set(client.acknowledged) <= {row[0] for row in rows}
 
 
-def test_an_abort_during_the_copy_leaves_the_source_serving(fleet, admin_rest, move_servers, shards) -> None:
+def test_an_abort_during_the_copy_leaves_the_source_serving(fleet, admin_rest, move_servers, shards, manager) -> None:
     """The move is held in Copying by a tenant transaction that stays open (a replication slot waits for
     the transactions running when it is made); the abort requested meanwhile undoes the move."""
     source_server, target_server = move_servers
@@ -253,6 +271,8 @@ def test_an_abort_during_the_copy_leaves_the_source_serving(fleet, admin_rest, m
             return (admin_rest.get(DATABASE_MOVES, name, NAMESPACE).get("status") or {}).get("phase")
 
         wait_for(lambda: phase() == "Aborted", 120, "the move to be aborted")
+        wait_events(admin_rest, name, {"MoveStarted", "MoveAborted"})
+        assert sample(manager, "dbprovider_moves_finished_total", outcome="Aborted") == 1
         assert fleet.get_database(database)["status"]["shard"] == source
         assert can_connect(source_server, c["user"], c["password"], tenant)
         assert source_server.query("SELECT count(*) FROM pg_publication", dbname=tenant) == [(0,)]
@@ -314,4 +334,108 @@ def test_a_move_interrupted_by_a_manager_restart_is_finished_by_the_next_one(
         wait_for(completed, 180, "the next manager to finish the move")
     assert fleet.get_database(database)["status"]["shard"] == target
     assert target_server.query("SELECT id FROM orders", dbname=c["database"]) == [(0,)]
+    assert source_server.query("SELECT count(*) FROM pg_replication_slots") == [(0,)]
+
+
+class HeldAtPhase:
+    """A replica's move controller held right after it recorded `phase` (before any of its SQL runs),
+    with every fence check of its move sessions recorded: (monotonic time, whether it let SQL through)."""
+
+    def __init__(self, logic: MoveController, phase: str) -> None:
+        self.phase = phase
+        self.reached = threading.Event()
+        self.resume = threading.Event()
+        self.resumed = threading.Event()  # the held worker went on
+        self.checks: list[tuple[float, bool]] = []
+        record, fence = logic._phase, logic.fence
+        assert fence is not None
+
+        def held(obj, phase, message, **fields):  # type: ignore[no-untyped-def]
+            written = record(obj, phase, message, **fields)
+            if phase == self.phase and not self.reached.is_set():
+                self.reached.set()
+                self.resume.wait(300)
+                self.resumed.set()
+            return written
+
+        def checked() -> None:
+            try:
+                fence()
+            except Exception:
+                self.checks.append((time.monotonic(), False))
+                raise
+            self.checks.append((time.monotonic(), True))
+
+        logic._phase = held  # type: ignore[method-assign]
+        logic.fence = checked
+
+
+@pytest.mark.parametrize(
+    ("mode", "phase"),
+    [
+        ("Online", "Preflight"),
+        ("Online", "Copying"),
+        ("Online", "CatchingUp"),
+        ("Online", "CuttingOver"),
+        ("Offline", "Copying"),
+    ],
+)
+def test_a_leader_that_loses_its_lease_in_any_phase_sends_no_more_sql_and_the_next_leader_finishes(
+    mode, phase, fleet, admin_rest, move_servers, shards, manager, start_manager
+) -> None:
+    """The leader is held right after it recorded the phase, then loses its Lease (another holder takes
+    it) and never leads again, as a killed replica. The next leader takes the move up in that phase and
+    completes it while the client writes; every row the client saw committed is on the target. Woken
+    afterwards, the old replica's worker goes on with the phase and is refused before any statement."""
+    source_server, target_server = move_servers
+    source, target = shards
+    database = fleet.database(f"mv-lease-{mode[:3].lower()}-{phase.lower()}")
+    fleet.wait_phase(database, "Ready")
+    c = fleet.credentials(database)
+    with psycopg.connect(
+        host="127.0.0.1", port=source_server.port, user=c["user"], password=c["password"], dbname=c["database"]
+    ) as conn:
+        conn.execute("CREATE TABLE orders (id bigint PRIMARY KEY, note text NOT NULL)")
+    hold = HeldAtPhase(manager.controllers.moves, phase)
+    client = Client(c)
+    client.start()
+    try:
+        wait_for(lambda: len(client.acknowledged) >= 20, 30, "the client to write")
+        with requested_move(fleet, admin_rest, database, target, mode=mode) as name:
+            assert hold.reached.wait(120), f"the move to reach {phase}"
+            assert admin_rest.get(DATABASE_MOVES, name, NAMESPACE)["status"]["phase"] == phase
+            lease_name = f"{fleet.release.name}-manager"
+            lease = admin_rest.get(LEASES, lease_name, NAMESPACE)
+            lease["spec"].update(holderIdentity="intruder", leaseDurationSeconds=4)  # held for 4 s
+            admin_rest.replace(LEASES, lease)
+            wait_for(lambda: not manager.manager.is_leading(), 30, "the old leader to step down")
+            assert manager.manager.elector is not None
+            manager.manager.elector.stop(release=False)  # it never campaigns again, as a killed replica
+            lost_at = time.monotonic()
+
+            successor = start_manager(wait_leading=False)
+            wait_for(successor.manager.controllers_running, 60, "the next replica to lead (after 4 s)")
+
+            def completed() -> bool:
+                status = admin_rest.get(DATABASE_MOVES, name, NAMESPACE).get("status") or {}
+                assert status.get("phase") not in ("Failed", "Aborted"), status
+                return status.get("phase") == "Completed"
+
+            wait_for(completed, 180, "the next leader to finish the move")
+            status = admin_rest.get(DATABASE_MOVES, name, NAMESPACE)["status"]
+            assert status["mode"] == mode and status["targetShard"] == target
+
+            hold.resume.set()  # the old replica's worker wakes up in the phase it was held in
+            assert hold.resumed.wait(30)
+            wait_for(lambda: any(t > lost_at and not ok for t, ok in hold.checks), 30, "the old worker's refusal")
+            assert not [t for t, ok in hold.checks if ok and t > lost_at], "SQL from a replica without the Lease"
+    finally:
+        hold.resume.set()
+        client.stop()
+    assert not client.failures
+    assert fleet.get_database(database)["status"]["shard"] == target
+    rows = set(target_server.query("SELECT id, note FROM orders", dbname=c["database"]))
+    assert {(i, f"order {i}") for i in client.acknowledged} <= rows
+    assert can_connect(target_server, c["user"], c["password"], c["database"])
+    assert not can_connect(source_server, c["user"], c["password"], c["database"])
     assert source_server.query("SELECT count(*) FROM pg_replication_slots") == [(0,)]
