@@ -23,6 +23,8 @@ from domain.resources import DATABASE_MOVES
 from harness import PostgresServer
 from informers import LEASES
 from reconciler.move.controller import MoveController
+from reconciler.sql import move as move_sql
+from reconciler.sql import move_offline as move_offline_sql
 from tests.reconciler.conftest import NAMESPACE, wait_events
 from tests.sql.conftest import LogicalPool
 from tests.sql.helpers import can_connect
@@ -337,26 +339,53 @@ def test_a_move_interrupted_by_a_manager_restart_is_finished_by_the_next_one(
     assert source_server.query("SELECT count(*) FROM pg_replication_slots") == [(0,)]
 
 
-class HeldAtPhase:
-    """A replica's move controller held right after it recorded `phase` (before any of its SQL runs),
-    with every fence check of its move sessions recorded: (monotonic time, whether it let SQL through)."""
+class Held:
+    """A replica's move controller held once: right after it recorded `phase` (before any of its SQL
+    runs), or, with `inside`, at the first call of that step function (of module `where`) in that phase.
+    Every fence check of its move sessions is recorded: (monotonic time, whether it let SQL through)."""
 
-    def __init__(self, logic: MoveController, phase: str) -> None:
+    def __init__(self, logic: MoveController, phase: str, inside: tuple[Any, str] | None, monkeypatch) -> None:
         self.phase = phase
         self.reached = threading.Event()
         self.resume = threading.Event()
-        self.resumed = threading.Event()  # the held worker went on
+        self.resumed = threading.Event()  # the held worker went on (and its held step, if any, returned)
+        self.step_raised: BaseException | None = None
         self.checks: list[tuple[float, bool]] = []
-        record, fence = logic._phase, logic.fence
+        fence = logic.fence
         assert fence is not None
 
-        def held(obj, phase, message, **fields):  # type: ignore[no-untyped-def]
-            written = record(obj, phase, message, **fields)
-            if phase == self.phase and not self.reached.is_set():
-                self.reached.set()
-                self.resume.wait(300)
-                self.resumed.set()
-            return written
+        def hold() -> None:
+            self.reached.set()
+            self.resume.wait(300)
+
+        if inside is None:
+            record = logic._phase
+
+            def at_boundary(obj, phase, message, **fields):  # type: ignore[no-untyped-def]
+                written = record(obj, phase, message, **fields)
+                if phase == self.phase and not self.reached.is_set():
+                    hold()
+                    self.resumed.set()
+                return written
+
+            monkeypatch.setattr(logic, "_phase", at_boundary)
+        else:
+            module, name = inside
+            step = getattr(module, name)
+
+            def in_step(*args, **kwargs):  # type: ignore[no-untyped-def]
+                if self.reached.is_set():
+                    return step(*args, **kwargs)  # the next leader's call
+                hold()
+                try:
+                    return step(*args, **kwargs)
+                except BaseException as exc:
+                    self.step_raised = exc
+                    raise
+                finally:
+                    self.resumed.set()
+
+            monkeypatch.setattr(module, name, in_step)
 
         def checked() -> None:
             try:
@@ -366,37 +395,39 @@ class HeldAtPhase:
                 raise
             self.checks.append((time.monotonic(), True))
 
-        logic._phase = held  # type: ignore[method-assign]
-        logic.fence = checked
+        monkeypatch.setattr(logic, "fence", checked)
 
 
 @pytest.mark.parametrize(
-    ("mode", "phase"),
+    ("mode", "phase", "inside"),
     [
-        ("Online", "Preflight"),
-        ("Online", "Copying"),
-        ("Online", "CatchingUp"),
-        ("Online", "CuttingOver"),
-        ("Offline", "Copying"),
+        ("Online", "Preflight", None),
+        ("Online", "Copying", None),
+        ("Online", "CatchingUp", None),
+        ("Online", "CuttingOver", None),
+        ("Online", "CuttingOver", (move_sql, "mark")),  # the source fenced, the last changes not yet over
+        ("Offline", "Copying", None),
+        ("Offline", "Copying", (move_offline_sql, "copy_database")),  # the source closed for the copy
     ],
+    ids=lambda value: value[1] if isinstance(value, tuple) else value,
 )
 def test_a_leader_that_loses_its_lease_in_any_phase_sends_no_more_sql_and_the_next_leader_finishes(
-    mode, phase, fleet, admin_rest, move_servers, shards, manager, start_manager
+    mode, phase, inside, fleet, admin_rest, move_servers, shards, manager, start_manager, monkeypatch
 ) -> None:
-    """The leader is held right after it recorded the phase, then loses its Lease (another holder takes
-    it) and never leads again, as a killed replica. The next leader takes the move up in that phase and
-    completes it while the client writes; every row the client saw committed is on the target. Woken
-    afterwards, the old replica's worker goes on with the phase and is refused before any statement."""
+    """The leader is held in the phase (right after recording it, or inside one of its steps), then loses
+    its Lease (another holder takes it) and never leads again, as a killed replica. The next leader takes
+    the move up in that phase and completes it while the client writes; every row the client saw
+    committed is on the target. Woken afterwards, the old replica's worker goes on and sends nothing."""
     source_server, target_server = move_servers
     source, target = shards
-    database = fleet.database(f"mv-lease-{mode[:3].lower()}-{phase.lower()}")
+    database = fleet.database(f"mv-lease-{mode[:3].lower()}-{phase.lower()}{'-in' if inside else ''}")
     fleet.wait_phase(database, "Ready")
     c = fleet.credentials(database)
     with psycopg.connect(
         host="127.0.0.1", port=source_server.port, user=c["user"], password=c["password"], dbname=c["database"]
     ) as conn:
         conn.execute("CREATE TABLE orders (id bigint PRIMARY KEY, note text NOT NULL)")
-    hold = HeldAtPhase(manager.controllers.moves, phase)
+    hold = Held(manager.controllers.moves, phase, inside, monkeypatch)
     client = Client(c)
     client.start()
     try:
@@ -425,9 +456,12 @@ def test_a_leader_that_loses_its_lease_in_any_phase_sends_no_more_sql_and_the_ne
             status = admin_rest.get(DATABASE_MOVES, name, NAMESPACE)["status"]
             assert status["mode"] == mode and status["targetShard"] == target
 
-            hold.resume.set()  # the old replica's worker wakes up in the phase it was held in
+            hold.resume.set()  # the old replica's worker wakes up where it was held
             assert hold.resumed.wait(30)
-            wait_for(lambda: any(t > lost_at and not ok for t, ok in hold.checks), 30, "the old worker's refusal")
+            if inside is None:  # its next step asks the fence first, and is refused
+                wait_for(lambda: any(t > lost_at and not ok for t, ok in hold.checks), 30, "the old worker's refusal")
+            else:  # its sessions were cut with the Lease: the step it was in fails
+                assert hold.step_raised is not None
             assert not [t for t, ok in hold.checks if ok and t > lost_at], "SQL from a replica without the Lease"
     finally:
         hold.resume.set()
@@ -439,3 +473,62 @@ def test_a_leader_that_loses_its_lease_in_any_phase_sends_no_more_sql_and_the_ne
     assert can_connect(target_server, c["user"], c["password"], c["database"])
     assert not can_connect(source_server, c["user"], c["password"], c["database"])
     assert source_server.query("SELECT count(*) FROM pg_replication_slots") == [(0,)]
+
+
+def test_a_target_that_stops_mid_copy_leaves_the_source_serving_and_the_move_completes_once_it_is_back(
+    fleet, admin_rest, move_servers, shards, manager, monkeypatch
+) -> None:
+    """The target's server is killed while the data streams (the move held as it entered CatchingUp):
+    the client goes on writing to the source, the move retries with the error class in its Ready
+    condition, and once the server is back it completes with every acknowledged row on the target."""
+    source_server = move_servers[0]
+    source, _ = shards
+    with PostgresServer("18", durable=True, settings=LogicalPool.SETTINGS) as target_server:  # killed below
+        source_grant(target_server)
+        target_grant(target_server)
+        target = shard(fleet, target_server, False)
+        fleet.wait_shard(target, "Ok")
+        database = fleet.database("mv-target-down")
+        fleet.wait_phase(database, "Ready")
+        c = fleet.credentials(database)
+        with psycopg.connect(
+            host="127.0.0.1", port=source_server.port, user=c["user"], password=c["password"], dbname=c["database"]
+        ) as conn:
+            conn.execute("CREATE TABLE orders (id bigint PRIMARY KEY, note text NOT NULL)")
+        hold = Held(manager.controllers.moves, "CatchingUp", None, monkeypatch)
+        client = Client(c)
+        client.start()
+        try:
+            with requested_move(fleet, admin_rest, database, target) as name:
+                assert hold.reached.wait(120), "the move to reach CatchingUp"
+                target_server.kill()
+                hold.resume.set()
+
+                def retrying() -> str | None:
+                    status = admin_rest.get(DATABASE_MOVES, name, NAMESPACE)["status"]
+                    assert status["phase"] not in ("Failed", "Aborted", "Completed"), status
+                    message = condition({"status": status}, "Ready")["message"]
+                    return message if message.startswith("catching up failed: ") else None
+
+                message = wait_for(retrying, 60, "the move to report the unreachable target")
+                assert "unreachable" in message or "connection" in message, message
+                written = len(client.acknowledged)
+                wait_for(lambda: len(client.acknowledged) >= written + 20, 30, "the client to go on writing")
+                assert fleet.get_database(database)["status"]["shard"] == source
+
+                target_server.restart()
+
+                def completed() -> bool:
+                    status = admin_rest.get(DATABASE_MOVES, name, NAMESPACE).get("status") or {}
+                    assert status.get("phase") not in ("Failed", "Aborted"), status
+                    return status.get("phase") == "Completed"
+
+                wait_for(completed, 300, "the move to complete once the target is back")
+        finally:
+            hold.resume.set()
+            client.stop()
+        assert not client.failures
+        assert fleet.get_database(database)["status"]["shard"] == target
+        rows = set(target_server.query("SELECT id, note FROM orders", dbname=c["database"]))
+        assert {(i, f"order {i}") for i in client.acknowledged} <= rows
+        assert source_server.query("SELECT count(*) FROM pg_replication_slots") == [(0,)]
