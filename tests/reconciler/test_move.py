@@ -286,7 +286,7 @@ def test_an_abort_during_the_copy_leaves_the_source_serving(fleet, admin_rest, m
 
 
 def test_a_move_that_cannot_be_done_fails_with_a_message_and_touches_no_shard(
-    fleet, admin_rest, move_servers, shards
+    fleet, admin_rest, move_servers, shards, manager
 ) -> None:
     source_server, target_server = move_servers
     source, target = shards
@@ -303,6 +303,8 @@ def test_a_move_that_cannot_be_done_fails_with_a_message_and_touches_no_shard(
             ready = condition(failed, "Ready")
             assert ready["status"] == "False" and ready["reason"] == "Failed"
             assert message in ready["message"]
+            wait_events(admin_rest, name, {"MoveFailed"})
+    assert sample(manager, "dbprovider_moves_finished_total", outcome="Failed") == 3
     assert fleet.get_database(database)["status"]["shard"] == source
     assert source_server.query(slots) == [(0,)] and target_server.query(slots) == [(0,)]
 
@@ -398,6 +400,24 @@ class Held:
         monkeypatch.setattr(logic, "fence", checked)
 
 
+def take_lease(rest, name: str) -> None:
+    """Another holder writes the Lease (held for 4 s), as a replica that took over would; the leader's
+    renewals may come first (a conflict): then it is read and written again."""
+
+    def taken() -> bool:
+        lease = rest.get(LEASES, name, NAMESPACE)
+        lease["spec"].update(holderIdentity="intruder", leaseDurationSeconds=4)
+        try:
+            rest.replace(LEASES, lease)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            return False
+        return True
+
+    wait_for(taken, 30, "the Lease written by another holder")
+
+
 @pytest.mark.parametrize(
     ("mode", "phase", "inside"),
     [
@@ -435,10 +455,7 @@ def test_a_leader_that_loses_its_lease_in_any_phase_sends_no_more_sql_and_the_ne
         with requested_move(fleet, admin_rest, database, target, mode=mode) as name:
             assert hold.reached.wait(120), f"the move to reach {phase}"
             assert admin_rest.get(DATABASE_MOVES, name, NAMESPACE)["status"]["phase"] == phase
-            lease_name = f"{fleet.release.name}-manager"
-            lease = admin_rest.get(LEASES, lease_name, NAMESPACE)
-            lease["spec"].update(holderIdentity="intruder", leaseDurationSeconds=4)  # held for 4 s
-            admin_rest.replace(LEASES, lease)
+            take_lease(admin_rest, f"{fleet.release.name}-manager")
             wait_for(lambda: not manager.manager.is_leading(), 30, "the old leader to step down")
             assert manager.manager.elector is not None
             manager.manager.elector.stop(release=False)  # it never campaigns again, as a killed replica
