@@ -116,6 +116,25 @@ def held_open(server: PostgresServer, credentials: dict[str, str]) -> psycopg.Co
     return holder
 
 
+def create_orders(server: PostgresServer, c: dict[str, str], rows: int = 0) -> None:
+    """The tenant's table `orders` (the Client's), made with its credentials; `rows` rows of negative ids
+    (which the client never writes) make a copy that takes a few seconds."""
+    login: dict[str, Any] = {"host": "127.0.0.1", "port": server.port, "user": c["user"], "password": c["password"]}
+    with psycopg.connect(**login, dbname=c["database"], autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS orders (id bigint PRIMARY KEY, note text NOT NULL)")
+        if rows:
+            conn.execute("INSERT INTO orders SELECT -g, repeat('x', 200) FROM generate_series(1, %s) g", (rows,))
+
+
+def every_row_moved(client: Client, servers: tuple[PostgresServer, PostgresServer], c: dict[str, str]) -> None:
+    """Every row the client saw committed is on the target (by content); no slot is left on the source."""
+    assert not client.failures
+    source_server, target_server = servers
+    rows = set(target_server.query("SELECT id, note FROM orders WHERE id > 0", dbname=c["database"]))
+    assert {(i, f"order {i}") for i in client.acknowledged} <= rows
+    assert source_server.query("SELECT count(*) FROM pg_replication_slots") == [(0,)]
+
+
 def waiting_for_slot(server: PostgresServer) -> None:
     making_slot = (
         "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'dbprovider-move'"
@@ -443,10 +462,7 @@ def test_a_leader_that_loses_its_lease_in_any_phase_sends_no_more_sql_and_the_ne
     database = fleet.database(f"mv-lease-{mode[:3].lower()}-{phase.lower()}{'-in' if inside else ''}")
     fleet.wait_phase(database, "Ready")
     c = fleet.credentials(database)
-    with psycopg.connect(
-        host="127.0.0.1", port=source_server.port, user=c["user"], password=c["password"], dbname=c["database"]
-    ) as conn:
-        conn.execute("CREATE TABLE orders (id bigint PRIMARY KEY, note text NOT NULL)")
+    create_orders(source_server, c)
     hold = Held(manager.controllers.moves, phase, inside, monkeypatch)
     client = Client(c)
     client.start()
@@ -483,13 +499,10 @@ def test_a_leader_that_loses_its_lease_in_any_phase_sends_no_more_sql_and_the_ne
     finally:
         hold.resume.set()
         client.stop()
-    assert not client.failures
     assert fleet.get_database(database)["status"]["shard"] == target
-    rows = set(target_server.query("SELECT id, note FROM orders", dbname=c["database"]))
-    assert {(i, f"order {i}") for i in client.acknowledged} <= rows
+    every_row_moved(client, move_servers, c)
     assert can_connect(target_server, c["user"], c["password"], c["database"])
     assert not can_connect(source_server, c["user"], c["password"], c["database"])
-    assert source_server.query("SELECT count(*) FROM pg_replication_slots") == [(0,)]
 
 
 def test_a_target_that_stops_mid_copy_leaves_the_source_serving_and_the_move_completes_once_it_is_back(
@@ -508,10 +521,7 @@ def test_a_target_that_stops_mid_copy_leaves_the_source_serving_and_the_move_com
         database = fleet.database("mv-target-down")
         fleet.wait_phase(database, "Ready")
         c = fleet.credentials(database)
-        with psycopg.connect(
-            host="127.0.0.1", port=source_server.port, user=c["user"], password=c["password"], dbname=c["database"]
-        ) as conn:
-            conn.execute("CREATE TABLE orders (id bigint PRIMARY KEY, note text NOT NULL)")
+        create_orders(source_server, c)
         hold = Held(manager.controllers.moves, "CatchingUp", None, monkeypatch)
         client = Client(c)
         client.start()
@@ -544,8 +554,5 @@ def test_a_target_that_stops_mid_copy_leaves_the_source_serving_and_the_move_com
         finally:
             hold.resume.set()
             client.stop()
-        assert not client.failures
         assert fleet.get_database(database)["status"]["shard"] == target
-        rows = set(target_server.query("SELECT id, note FROM orders", dbname=c["database"]))
-        assert {(i, f"order {i}") for i in client.acknowledged} <= rows
-        assert source_server.query("SELECT count(*) FROM pg_replication_slots") == [(0,)]
+        every_row_moved(client, (source_server, target_server), c)
