@@ -63,9 +63,12 @@ def _phase(move: Mapping[str, Any]) -> str:
 
 @dataclass(eq=False)  # a registry keys its collectors by identity
 class MoveCollector(Collector):
-    """`moves` lists the DatabaseMoves of the release namespace (the informer's cache)."""
+    """`moves` lists the DatabaseMoves of the release namespace (the informer's cache); `shard_names`
+    the Shards, each of which gets a `dbprovider_drain_moves_failed` sample (0 without a failed move), so
+    the alert reading it always finds its series."""
 
     moves: Callable[[], Iterable[Mapping[str, Any]]]
+    shard_names: Callable[[], Iterable[str]] = lambda: ()
     clock: Callable[[], float] = time.time
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -101,6 +104,6 @@ class MoveCollector(Collector):
             "Moves of the shard's drain that ended without completing (not tried again until deleted).",
             labels=["shard"],
         )
-        for shard, count in sorted(drain_failed.items()):
-            failed.add_metric([shard], count)
+        for shard in sorted(set(self.shard_names()) | set(drain_failed)):
+            failed.add_metric([shard], drain_failed.get(shard, 0))
         yield failed

@@ -81,7 +81,11 @@ def setup_moves(
         offline_max_bytes=config.moves.offline_max_bytes,
         metrics=MoveMetrics(manager.metrics.registry),
     )
-    manager.metrics.registry.register(MoveCollector(moves.list))
+
+    def shard_names() -> list[str]:
+        return [str(shard["metadata"]["name"]) for shard in shards.list()]
+
+    manager.metrics.registry.register(MoveCollector(moves.list, shard_names))
     # A lost Lease (or shutdown) cuts the move's sessions: a statement blocked on a shard returns now.
     manager.when_controllers_stopping(logic.sever)
     controller = Controller("move", logic.reconcile, workers=MOVE_WORKERS)

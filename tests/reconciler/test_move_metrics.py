@@ -27,7 +27,7 @@ def move(name: str, phase: str | None, age: float, drain: str | None = None) -> 
 
 def scrape(moves: list[dict[str, Any]]) -> CollectorRegistry:
     registry = CollectorRegistry()
-    registry.register(MoveCollector(lambda: moves, clock=lambda: NOW))
+    registry.register(MoveCollector(lambda: moves, lambda: ["pg-new", "pg-old"], clock=lambda: NOW))
     return registry
 
 
@@ -52,6 +52,7 @@ def test_moves_per_phase_the_oldest_running_and_the_failed_moves_of_each_drain()
     assert value("dbprovider_move_oldest_seconds", {"phase": "Copying"}) == 0
     assert value("dbprovider_move_oldest_seconds", {"phase": "Completed"}) is None  # finished: no age
     assert value("dbprovider_drain_moves_failed", {"shard": "pg-old"}) == 2
+    assert value("dbprovider_drain_moves_failed", {"shard": "pg-new"}) == 0  # every shard has its sample
     text = generate_latest(registry).decode()
     assert "tenant-db" not in text and "namespace" not in text
 
