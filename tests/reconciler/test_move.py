@@ -438,28 +438,34 @@ def take_lease(rest, name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("mode", "phase", "inside"),
+    ("mode", "phase", "inside", "then"),
     [
-        ("Online", "Preflight", None),
-        ("Online", "Copying", None),
-        ("Online", "CatchingUp", None),
-        ("Online", "CuttingOver", None),
-        ("Online", "CuttingOver", (move_sql, "mark")),  # the source fenced, the last changes not yet over
-        ("Offline", "Copying", None),
-        ("Offline", "Copying", (move_offline_sql, "copy_database")),  # the source closed for the copy
+        ("Online", "Preflight", None, "Completed"),
+        ("Online", "Copying", None, "Completed"),
+        ("Online", "CatchingUp", None, "Completed"),
+        ("Online", "CuttingOver", None, "Completed"),
+        # the source fenced, the last changes not yet over: finished, or aborted (the source reopened)
+        ("Online", "CuttingOver", (move_sql, "mark"), "Completed"),
+        ("Online", "CuttingOver", (move_sql, "mark"), "Aborted"),
+        ("Offline", "Copying", None, "Completed"),
+        # the source closed for the copy: finished, or aborted (the source reopened)
+        ("Offline", "Copying", (move_offline_sql, "copy_database"), "Completed"),
+        ("Offline", "Copying", (move_offline_sql, "copy_database"), "Aborted"),
     ],
-    ids=lambda value: value[1] if isinstance(value, tuple) else value,
+    ids=lambda value: value[1] if isinstance(value, tuple) else str(value),
 )
 def test_a_leader_that_loses_its_lease_in_any_phase_sends_no_more_sql_and_the_next_leader_finishes(
-    mode, phase, inside, fleet, admin_rest, move_servers, shards, manager, start_manager, monkeypatch
+    mode, phase, inside, then, fleet, admin_rest, move_servers, shards, manager, start_manager, monkeypatch
 ) -> None:
     """The leader is held in the phase (right after recording it, or inside one of its steps), then loses
     its Lease (another holder takes it) and never leads again, as a killed replica. The next leader takes
     the move up in that phase and completes it while the client writes; every row the client saw
-    committed is on the target. Woken afterwards, the old replica's worker goes on and sends nothing."""
+    committed is on the target. Or an abort is requested while no replica leads: the next leader aborts,
+    and the source serves with every row. Woken afterwards, the old replica's worker sends nothing."""
     source_server, target_server = move_servers
     source, target = shards
-    database = fleet.database(f"mv-lease-{mode[:3].lower()}-{phase.lower()}{'-in' if inside else ''}")
+    suffix = ("-in" if inside else "") + ("-ab" if then == "Aborted" else "")
+    database = fleet.database(f"mv-lease-{mode[:3].lower()}-{phase.lower()}{suffix}")
     fleet.wait_phase(database, "Ready")
     c = fleet.credentials(database)
     create_orders(source_server, c)
@@ -476,18 +482,23 @@ def test_a_leader_that_loses_its_lease_in_any_phase_sends_no_more_sql_and_the_ne
             assert manager.manager.elector is not None
             manager.manager.elector.stop(release=False)  # it never campaigns again, as a killed replica
             lost_at = time.monotonic()
+            if then == "Aborted":
+                admin_rest.patch(DATABASE_MOVES, name, {"spec": {"abort": True}}, NAMESPACE)
 
             successor = start_manager(wait_leading=False)
             wait_for(successor.manager.controllers_running, 60, "the next replica to lead (after 4 s)")
 
-            def completed() -> bool:
+            def ended() -> bool:
                 status = admin_rest.get(DATABASE_MOVES, name, NAMESPACE).get("status") or {}
-                assert status.get("phase") not in ("Failed", "Aborted"), status
-                return status.get("phase") == "Completed"
+                assert status.get("phase") not in {"Failed", "Aborted", "Completed"} - {then}, status
+                return status.get("phase") == then
 
-            wait_for(completed, 180, "the next leader to finish the move")
+            wait_for(ended, 180, f"the next leader to end the move {then}")
             status = admin_rest.get(DATABASE_MOVES, name, NAMESPACE)["status"]
             assert status["mode"] == mode and status["targetShard"] == target
+            if then == "Aborted":  # the client writes on the source again
+                written = len(client.acknowledged)
+                wait_for(lambda: len(client.acknowledged) >= written + 20, 60, "the client to write on the source")
 
             hold.resume.set()  # the old replica's worker wakes up where it was held
             assert hold.resumed.wait(30)
@@ -499,6 +510,15 @@ def test_a_leader_that_loses_its_lease_in_any_phase_sends_no_more_sql_and_the_ne
     finally:
         hold.resume.set()
         client.stop()
+    if then == "Aborted":
+        assert not client.failures
+        assert fleet.get_database(database)["status"]["shard"] == source
+        rows = set(source_server.query("SELECT id, note FROM orders", dbname=c["database"]))
+        assert {(i, f"order {i}") for i in client.acknowledged} <= rows
+        assert can_connect(source_server, c["user"], c["password"], c["database"])
+        assert target_server.query("SELECT count(*) FROM pg_roles WHERE rolname = %s", (c["user"],)) == [(0,)]
+        assert source_server.query("SELECT count(*) FROM pg_replication_slots") == [(0,)]
+        return
     assert fleet.get_database(database)["status"]["shard"] == target
     every_row_moved(client, move_servers, c)
     assert can_connect(target_server, c["user"], c["password"], c["database"])
