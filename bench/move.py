@@ -15,8 +15,9 @@ to the source for a rollback, as the controller's does), then:
 3. The online move, step by step as the DatabaseMove controller runs it (reconciler.sql.move): the
    target prepared, the schema copied (`pg_dump --schema-only` of PostgreSQL 18), the publication and
    the subscription, waiting until every table is copied and the stream's lag is under 1 MB, then the
-   fenced cutover with the stream back made inside its fence. The moment the cutover returns, the client's endpoint becomes the target (what the
-   credentials Secret's new endpoint gives a consumer that re-reads it at once).
+   fenced cutover with the stream back made inside its fence. The moment the cutover returns, the
+   client's endpoint becomes the target (what the credentials Secret's new endpoint gives a consumer
+   that re-reads it at once).
 4. The baseline: the same tenant copied to the third shard the offline way (reconciler.sql.move_offline:
    `pg_dump` as the tenant piped into `pg_restore` in one transaction), the source closed meanwhile
    (as it is after the cutover). Its duration is an offline move's write pause.

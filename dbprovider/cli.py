@@ -375,19 +375,22 @@ def _shard_access_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_move(commands: Any) -> None:
-    summary = "moving a database between shards: what the shards lack for an online move (read-only)"
+    summary = "moving a database between shards: what the shards lack for an online or offline move (read-only)"
     description = "Commands for moving a tenant database from one shard to another (docs/operations.md)."
     steps = _group(commands, "move", "COMMAND", help=summary, description=description)
     check = subcommand(
         steps,
         "check",
         _run_move_check,
-        help="list what two shards (and a database) lack for an online move",
+        help="list what two shards (and a database) lack for an online move, and what the offline path needs",
         description=(
             "Logs in to both shards as their provisioner and reports, one line each, what stands in the way of "
             "an online move: per shard the server version, wal_level, the provisioner's REPLICATION and "
             "pg_create_subscription, free replication slots and WAL senders; with --database, its tables "
-            "without a replica identity, its large objects and extensions the target lacks. Exit 0 when an "
+            "without a replica identity, its large objects and extensions the target lacks. Then the offline "
+            "path: the pg_dump and pg_restore found as the manager finds them (DBPROVIDER_PG_DUMP, "
+            "DBPROVIDER_PG_RESTORE, PATH) on this machine against both shards' majors, and with --database its "
+            "size against moves.offlineMaxSize. Exit 0 when an "
             "online move is possible, 1 when something is missing, 2 when the cluster or a shard cannot be read. "
             "Changes nothing, but for --database a CONNECT grant to the provisioner for its own login, revoked "
             "right after."

@@ -1,10 +1,14 @@
-"""`dbprovider move check`: what two shards (and one database) lack for an online move, read-only.
+"""`dbprovider move check`: what two shards (and one database) lack for an online move, and what the
+offline path needs, read-only.
 
 Reads the install's config and the two Shards from the DB cluster, logs in to each shard as its
 provisioner (as the manager does, `--admin-host-override` for port-forwards) and reports, one line
 each, what `reconciler.sql.move_preflight` finds: per shard what it lacks for the online path, and
-with `--database` what in that database logical replication would not carry. Exit 0 when an online
-move is possible, 1 when something is missing, 2 when the cluster or a shard cannot be read.
+with `--database` what in that database logical replication would not carry. Then the offline path:
+the pg_dump and pg_restore found by the manager's rules (reconciler.move.setup) on this machine, their
+majors against the two shards', and with `--database` its size against `moves.offlineMaxSize`.
+Exit 0 when an online move is possible, 1 when something is missing for it, 2 when the cluster or a
+shard cannot be read.
 
     dbprovider move check --kubeconfig eu-1.kubeconfig --shard pg-old --target pg-new --database orders
 """
@@ -16,6 +20,7 @@ import contextlib
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TextIO
 
 import kubernetes
@@ -28,14 +33,18 @@ from urllib3.exceptions import HTTPError
 from dbprovider.clitools import EXIT_FINDINGS, EXIT_INVALID, EXIT_OK
 from dbprovider.upgrade_facts import live_install_config
 from domain.admin_access import OutsidePod
+from domain.config import MovesConfig
 from domain.objects import lenient_status
 from domain.resources import DATABASES, SHARDS
 from domain.specs import parse_shard
 from domain.status import DatabaseStatus
 from informers import Rest
+from reconciler.move.setup import find_pg_dump, find_pg_restore
 from reconciler.shard.admin import AdminPolicy, AdminRefused, AdminSecretInvalid, admin_endpoint
 from reconciler.sql.errors import classify
+from reconciler.sql.move_offline import binaries_obstacle, client_major, database_size
 from reconciler.sql.move_preflight import (
+    EXTENSION_MISSING,
     Obstacle,
     available_extensions,
     database_obstacles,
@@ -60,6 +69,68 @@ class Shards:
     source: AdminEndpoint
     target: AdminEndpoint
     tenant: str | None = None
+    offline_max_bytes: int = MovesConfig().offline_max_bytes  # moves.offlineMaxSize of the install
+
+
+@dataclass(frozen=True)
+class Offline:
+    """What the check found for the offline path."""
+
+    majors: tuple[int, int]  # the source's and the target's PostgreSQL major
+    size: int | None = None  # the database's size in bytes (with --database)
+    extensions_missing: int = 0  # extensions of the database the target does not offer
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:.0f} MiB"
+
+
+def offline_lines(names: tuple[str, str], found: Offline, max_bytes: int) -> list[tuple[str, bool]]:
+    """The offline path's report, one (line, obstacle?) each: the copy tools (by the manager's rules,
+    on this machine) against both shards' majors, and the database's size against the limit."""
+    lines: list[tuple[str, bool]] = []
+    tools: list[Path] = []
+    pg_dump = find_pg_dump()
+    for binary, path in (("pg_dump", pg_dump), ("pg_restore", find_pg_restore(pg_dump))):
+        if path is None:
+            lines.append((f"offline: {binary} not found (DBPROVIDER_{binary.upper()}, PATH) [binaries]", True))
+            continue
+        major = client_major(path)
+        lines.append(
+            (f"offline: {binary} {path} is {f'PostgreSQL {major}' if major else 'of an unknown major'}", False)
+        )
+        tools.append(path)
+    source, target = found.majors
+    if len(tools) == 2:
+        unfit = binaries_obstacle((tools[0], tools[1]), source, target)
+        if unfit is not None:
+            lines.append((f"offline: {unfit} [binaries]", True))
+        else:
+            lines.append(
+                (
+                    f"offline: they copy from shard {names[0]} (PostgreSQL {source}) to shard "
+                    f"{names[1]} (PostgreSQL {target})",
+                    False,
+                )
+            )
+    limit = f"moves.offlineMaxSize {_mib(max_bytes)}"
+    if found.size is not None and found.size > max_bytes:
+        lines.append(
+            (
+                f"offline: the database is {_mib(found.size)}, above {limit}: its writes would pause "
+                "for the whole copy; a DatabaseMove needs spec.force: true [offline_size]",
+                True,
+            )
+        )
+    elif found.size is not None:
+        lines.append((f"offline: the database is {_mib(found.size)}, within {limit}", False))
+    else:
+        lines.append((f"offline: databases up to {limit} are moved without spec.force (--database: its size)", False))
+    if found.extensions_missing:
+        lines.append(
+            (f"offline: {found.extensions_missing} extension(s) missing on the target (above) [extension]", True)
+        )
+    return lines
 
 
 @contextlib.contextmanager
@@ -76,14 +147,17 @@ def check_move(names: tuple[str, str], shards: Shards, database: str | None, out
     """Print what the source and target shards (and the database) lack; the exit status."""
     source_name, target_name = names
     found: list[tuple[str, Obstacle]] = []
+    size: int | None = None
     try:
         with _session(shards.source, source_name) as source, _session(shards.target, target_name) as target:
-            for name, conn in ((source_name, source), (target_name, target)):
-                found += [(f"shard {name}", obstacle) for obstacle in shard_obstacles(read_shard(conn))]
+            facts = read_shard(source), read_shard(target)
+            for name, fact in zip(names, facts, strict=True):
+                found += [(f"shard {name}", obstacle) for obstacle in shard_obstacles(fact)]
             if shards.tenant is not None:
                 extensions = available_extensions(target)
                 with tenant_database(source, shards.tenant) as inside:
                     found += [(f"database {database}", o) for o in database_obstacles(inside, extensions)]
+                size = database_size(source, shards.tenant)
     except CheckError as exc:
         print(f"error: {exc}", file=out)
         return EXIT_INVALID
@@ -94,9 +168,18 @@ def check_move(names: tuple[str, str], shards: Shards, database: str | None, out
         print(f"{where}: {obstacle.message} [{obstacle.code}]", file=out)
     if found:
         print(f"online move not possible: {len(found)} obstacle(s)", file=out)
-        return EXIT_FINDINGS
-    print(f"online move possible from shard {source_name} to shard {target_name}", file=out)
-    return EXIT_OK
+    else:
+        print(f"online move possible from shard {source_name} to shard {target_name}", file=out)
+    missing = sum(1 for _, o in found if o.code == EXTENSION_MISSING)
+    offline = offline_lines(names, Offline((facts[0].major, facts[1].major), size, missing), shards.offline_max_bytes)
+    for line, _ in offline:
+        print(line, file=out)
+    blocking = sum(1 for _, obstacle in offline if obstacle)
+    if blocking:
+        print(f"offline move not possible: {blocking} obstacle(s)", file=out)
+    else:
+        print(f"offline move possible from shard {source_name} to shard {target_name}", file=out)
+    return EXIT_FINDINGS if found else EXIT_OK
 
 
 def read_shards(args: argparse.Namespace) -> Shards:
@@ -115,7 +198,7 @@ def read_shards(args: argparse.Namespace) -> Shards:
         raise CheckError(f"reading the cluster failed with HTTP {exc.status}") from None
     except (ConfigException, HTTPError, OSError) as exc:
         raise CheckError(f"cannot read the cluster: {type(exc).__name__}") from None
-    return Shards(endpoints[0], endpoints[1], tenant)
+    return Shards(endpoints[0], endpoints[1], tenant, config.moves.offline_max_bytes)
 
 
 def _endpoint(rest: Rest, name: str, policy: AdminPolicy, host: str | None) -> AdminEndpoint:

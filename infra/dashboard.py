@@ -116,6 +116,32 @@ PANELS: tuple[_Panel, ...] = (
         ],
     ),
     (
+        "DatabaseMoves by phase",
+        "short",
+        [("max by (cluster, phase) (dbprovider_moves{{{sel}}})", "{{{{phase}}}}")],
+    ),
+    (
+        "DatabaseMoves finished in the last hour, by outcome",
+        "short",
+        [
+            # Counted by the leader (the others export 0): sum over the replicas.
+            (
+                "sum by (cluster, outcome) (increase(dbprovider_moves_finished_total{{{sel}}}[1h]))",
+                "{{{{outcome}}}}",
+            )
+        ],
+    ),
+    (
+        "Writes paused by the moves completed in the last hour",
+        "s",
+        [
+            (
+                "sum by (cluster, mode) (increase(dbprovider_move_write_pause_seconds_sum{{{sel}}}[1h]))",
+                "{{{{mode}}}} total",
+            )
+        ],
+    ),
+    (
         "Reconcile errors by reason",
         "ops",
         [

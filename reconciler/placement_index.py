@@ -53,6 +53,7 @@ class ShardCandidate:
     draining: bool = False  # spec.drain: its databases are moved off, none placed on it
     connection_budget: int | None = None  # status.connectionBudget; None: not read yet
     admin_secret: tuple[str, str] = ("", "")  # (namespace, name) of spec.admin.secretRef
+    pooler: bool = False  # spec.client.pooler: new databases reach clients through a pooler; no move target
 
     @classmethod
     def from_object(cls, shard: Mapping[str, Any]) -> ShardCandidate:
@@ -72,6 +73,7 @@ class ShardCandidate:
             draining=spec.drain,
             connection_budget=status.connection_budget,
             admin_secret=(spec.admin.secret_ref.namespace, spec.admin.secret_ref.name),
+            pooler=spec.client.pooler is not None,
         )
 
     def open(self) -> bool:
@@ -134,7 +136,13 @@ class PlacementIndex:
             return self._first_fit(engine, connection_limit)
 
     def reserve(
-        self, engine: str, database: str, connection_limit: int | None = None, exclude: str | None = None
+        self,
+        engine: str,
+        database: str,
+        connection_limit: int | None = None,
+        exclude: str | None = None,
+        *,
+        for_move: bool = False,
     ) -> str | None:
         """Choose the shard for `database` (its key) and count it there at once, one database and its
         connection limit; None = no capacity.
@@ -142,11 +150,13 @@ class PlacementIndex:
         The reservation holds until the Database informer shows the database placed or deleted, or
         until `release(database)`: call that when the placement write was refused. When its outcome is
         unknown (a timeout), keep it: the informer shows the write if it happened, and the database's
-        next pass replaces the reservation if it did not. `exclude`: a shard never chosen (a move's source).
+        next pass replaces the reservation if it did not. `exclude`: a shard never chosen (a move's source);
+        `for_move`: the target of a DatabaseMove, never a shard whose client endpoint declares a pooler
+        (a move refuses those).
         """
         with self._lock:
             self._release_locked(database)
-            chosen = self._first_fit(engine, connection_limit, exclude)
+            chosen = self._first_fit(engine, connection_limit, exclude, for_move=for_move)
             if chosen is not None:
                 self._reserved[database] = (chosen, connection_limit)
                 self._commit(chosen, connection_limit)
@@ -198,14 +208,16 @@ class PlacementIndex:
         with self._lock:
             return {key: shard for key, (shard, _) in self._reserved.items()}
 
-    def _first_fit(self, engine: str, connection_limit: int | None, exclude: str | None = None) -> str | None:
+    def _first_fit(
+        self, engine: str, connection_limit: int | None, exclude: str | None = None, *, for_move: bool = False
+    ) -> str | None:
         """The first shard (fewest databases, then name) of `engine` that the next database fits on.
 
         Every filed shard fits one more database (`_refresh` files only `usable` ones); the first of
         them whose connection budget also fits the limit (None: connections not counted) is chosen.
         """
         for _, name in self._usable.get(engine, ()):
-            if name == exclude:
+            if name == exclude or (for_move and self._candidates[name].pooler):
                 continue
             committed, budget = self._commitments.get(name, Commitments()), self._candidates[name].connection_budget
             if connection_limit is None or fits(connection_limit, committed, budget):

@@ -32,6 +32,7 @@ from reconciler.database.setup import setup_databases
 from reconciler.drain.setup import setup_drains
 from reconciler.events import EventRecorder
 from reconciler.fleet_metrics import EngineCollector
+from reconciler.move.controller import MoveController
 from reconciler.move.setup import setup_moves
 from reconciler.placement_index import placement_index
 from reconciler.runtime import ControllerManager
@@ -46,6 +47,7 @@ class Controllers:
     shards: ShardController
     databases: DatabaseController
     consumers: ConsumerController
+    moves: MoveController
     sessions: AdminSessions
     events: EventRecorder
     rest: Rest
@@ -137,4 +139,6 @@ def register_controllers(
     setup_drains(
         manager, namespace, rest, shards, databases, move_logic.moves, placement, partial(database_limit, config=config)
     )
-    return Controllers(shard_setup.controller, database_logic, consumer_logic, shard_setup.sessions, events, rest)
+    return Controllers(
+        shard_setup.controller, database_logic, consumer_logic, move_logic, shard_setup.sessions, events, rest
+    )

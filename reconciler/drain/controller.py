@@ -7,7 +7,8 @@ A reconcile of one Shard (leader only) is level-triggered from the caches:
   drain false: no new move (the running ones finish), the Draining condition says Stopped -> the
   shard's databases without a move, by name, while fewer than drainMoves of the drain's moves run: a
   target reserved in the PlacementIndex like a new placement (never the draining shard: placement
-  leaves it out), then a DatabaseMove to it -> the Draining condition with the counts.
+  leaves it out; never a shard with a pooler, which a move refuses), then a DatabaseMove to it -> the
+  Draining condition with the counts.
 
 A move is named after its database, the drained shard and the database's uid (`move_name`): a pass
 after a restart, or on a cache that does not show the last create yet, finds it (or is refused by
@@ -258,7 +259,7 @@ class DrainController:
         meta = db["metadata"]
         name = move_name(meta["name"], shard, meta.get("uid", ""))
         key = reservation_key(self.namespace, name)
-        target = self.placement.reserve(engine, key, self.database_limit(db))
+        target = self.placement.reserve(engine, key, self.database_limit(db), for_move=True)
         if target is None:
             return False
         body = {

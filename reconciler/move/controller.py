@@ -61,6 +61,7 @@ from domain.specs import ShardSpec, parse_shard
 from domain.status import DatabaseStatus
 from informers import SECRETS, Informer, Rest
 from reconciler.events import EventRecorder
+from reconciler.move.metrics import MoveMetrics
 from reconciler.placement_index import PlacementIndex
 from reconciler.runtime import ReconcileError, Result, TerminalError, ensure_active, patch_status, write_status
 from reconciler.shard.admin import AdminEndpointCache, AdminRefused, AdminSecretInvalid
@@ -118,6 +119,7 @@ class MoveController:
         connection_limit: Callable[[Obj], int | None] = lambda _: None,
         offline_max_bytes: int = MovesConfig().offline_max_bytes,
         rollback_window: timedelta = ROLLBACK_WINDOW,
+        metrics: MoveMetrics | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         """`pg_dump`, `pg_restore`: the binaries that copy a database (of the target's major); None: not
@@ -137,6 +139,7 @@ class MoveController:
         self.connection_limit = connection_limit
         self.offline_max_bytes = offline_max_bytes
         self.rollback_window = rollback_window
+        self.metrics = metrics
         self.events = events
         self.fence = fence
         self.clock = clock
@@ -222,6 +225,10 @@ class MoveController:
         done = obj.with_status(phase=phase, completed_at=self.clock(), observed_generation=obj.metadata.generation)
         self._write(done.with_condition(MoveConditionType.READY, phase == MovePhase.COMPLETED, reason, message))
         self._event(obj, f"Move{phase.value}", message, warning=phase == MovePhase.FAILED)
+        if self.metrics is not None:
+            self.metrics.ended(phase)
+            if phase == MovePhase.COMPLETED and done.status.write_pause_seconds is not None:
+                self.metrics.paused(done.status.mode or MoveMode.ONLINE, done.status.write_pause_seconds)
         self._release(obj)
 
     def _reservation(self, obj: DatabaseMoveObject) -> str:
@@ -316,12 +323,13 @@ class MoveController:
             raise
 
     def _choose_target(self, obj: DatabaseMoveObject, db: Obj, source: str | None) -> str | None:
-        """`target: any`: the shard placement would give the Database now, never its own, reserved there
-        (its slot and its connection limit) until the move finishes."""
+        """`target: any`: the shard placement would give the Database now, never its own nor one with a
+        pooler (refused as a target below), reserved there (its slot and its connection limit) until the
+        move finishes."""
         if self.placement is None:
             return None
         limit = self.connection_limit(db)
-        return self.placement.reserve(Engine.POSTGRES, self._reservation(obj), limit, exclude=source)
+        return self.placement.reserve(Engine.POSTGRES, self._reservation(obj), limit, exclude=source, for_move=True)
 
     def _hold(self, obj: DatabaseMoveObject) -> None:
         """The reservation of a `target: any` move under way counts again after a restart."""

@@ -21,6 +21,7 @@ from domain.resources import DATABASE_MOVES
 from informers import Informer, Rest
 from reconciler.events import EventRecorder
 from reconciler.move.controller import MoveController
+from reconciler.move.metrics import MoveCollector, MoveMetrics
 from reconciler.placement_index import PlacementIndex
 from reconciler.runtime import Controller, ControllerManager
 from reconciler.shard.admin import AdminEndpointCache, AdminPolicy
@@ -79,7 +80,13 @@ def setup_moves(
         connection_limit=partial(database_limit, config=config),
         offline_max_bytes=config.moves.offline_max_bytes,
         rollback_window=config.moves.rollback_window,
+        metrics=MoveMetrics(manager.metrics.registry),
     )
+
+    def shard_names() -> list[str]:
+        return [str(shard["metadata"]["name"]) for shard in shards.list()]
+
+    manager.metrics.registry.register(MoveCollector(moves.list, shard_names))
     # A lost Lease (or shutdown) cuts the move's sessions: a statement blocked on a shard returns now.
     manager.when_controllers_stopping(logic.sever)
     controller = Controller("move", logic.reconcile, workers=MOVE_WORKERS)

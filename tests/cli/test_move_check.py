@@ -4,6 +4,7 @@ which are not prepared for online moves), the command a subprocess."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -35,7 +36,9 @@ def installed(kube: KubeControlPlane) -> Iterator[KubeApi]:
     from infra.render import render_manifests
 
     kube.ensure_namespace(NAMESPACE)
-    config = release_config(RELEASE, NAMESPACE, shardSecrets=[{"namespace": NAMESPACE, "name": SECRET}])
+    config = release_config(
+        RELEASE, NAMESPACE, shardSecrets=[{"namespace": NAMESPACE, "name": SECRET}], moves={"offlineMaxSize": "1Mi"}
+    )
     with kube.admin_client() as client:
         api = KubeApi(client)
         manifests = render_manifests(load_install_config(config))
@@ -77,11 +80,15 @@ def _shard(name: str, server: PostgresServer) -> dict[str, Any]:
     )
 
 
-def _run(kube: KubeControlPlane, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _run(
+    kube: KubeControlPlane, tmp_path: Path, *args: str, tools: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The command, with `tools` (DBPROVIDER_PG_DUMP, DBPROVIDER_PG_RESTORE) in its environment."""
     kubeconfig = kube.write_kubeconfig(tmp_path / "admin.kubeconfig")
     argv = [sys.executable, "-m", "dbprovider.cli", "move", "check", "--kubeconfig", str(kubeconfig)]
     argv += ["--namespace", NAMESPACE, "--release", RELEASE, "--admin-host-override", "127.0.0.1", *args]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if k not in ("DBPROVIDER_PG_DUMP", "DBPROVIDER_PG_RESTORE")}
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, env={**env, **(tools or {})})
 
 
 def test_move_check_reads_the_cluster_and_names_what_each_shard_and_the_database_lack(
@@ -109,7 +116,8 @@ def test_move_check_reads_the_cluster_and_names_what_each_shard_and_the_database
         assert api.merge_patch(database, placed, "status").status == 200
 
         name = database["metadata"]["name"]
-        out = _run(kube, tmp_path, "--shard", source, "--target", target, "--database", name)
+        tools = {"DBPROVIDER_PG_DUMP": str(server.bin_dir / "pg_dump")}  # the pg_restore beside it
+        out = _run(kube, tmp_path, "--shard", source, "--target", target, "--database", name, tools=tools)
         assert out.returncode == 1, out.stdout + out.stderr
         lines = out.stdout.splitlines()
         for shard in (source, target):
@@ -119,8 +127,32 @@ def test_move_check_reads_the_cluster_and_names_what_each_shard_and_the_database
             )
             assert any(line.startswith(f"shard {shard}: ") and "[create_subscription]" in line for line in lines)
         assert f"database {name}: 1 table(s) without a primary key or replica identity (public.audit)" in out.stdout
-        assert lines[-1] == "online move not possible: 7 obstacle(s)"
+        assert "online move not possible: 7 obstacle(s)" in lines
+        # The offline path: the copy tools against both shards' majors, the database's size against the limit.
+        major = server.major
+        assert f"offline: pg_dump {server.bin_dir / 'pg_dump'} is PostgreSQL {major}" in lines
+        assert f"offline: pg_restore {server.bin_dir / 'pg_restore'} is PostgreSQL {major}" in lines
+        assert (
+            f"offline: they copy from shard {source} (PostgreSQL {major}) to shard {target} (PostgreSQL {major})"
+            in lines
+        )
+        too_big = [line for line in lines if line.startswith("offline: the database is ")]
+        assert len(too_big) == 1 and "above moves.offlineMaxSize 1 MiB" in too_big[0], lines
+        assert "spec.force: true [offline_size]" in too_big[0]
+        assert lines[-1] == "offline move not possible: 1 obstacle(s)"
         assert server.provisioner_password not in out.stdout + out.stderr
+
+        shards_only = _run(kube, tmp_path, "--shard", source, "--target", target, tools=tools)
+        assert shards_only.returncode == 1, shards_only.stdout
+        assert "offline: databases up to moves.offlineMaxSize 1 MiB are moved without spec.force" in shards_only.stdout
+        assert shards_only.stdout.splitlines()[-1] == f"offline move possible from shard {source} to shard {target}"
+        old_restore = {**tools, "DBPROVIDER_PG_RESTORE": "/usr/lib/postgresql/15/bin/pg_restore"}
+        unfit = _run(kube, tmp_path, "--shard", source, "--target", target, tools=old_restore)
+        assert (
+            f"offline: the manager's pg_restore is PostgreSQL 15: copying from PostgreSQL {major} to PostgreSQL "
+            f"{major} needs pg_dump and pg_restore of a major from {major} to {major} [binaries]"
+        ) in unfit.stdout.splitlines()
+        assert unfit.stdout.splitlines()[-1] == "offline move not possible: 1 obstacle(s)"
 
         missing = _run(kube, tmp_path, "--shard", source, "--target", "movecheck-nowhere")
         assert (missing.returncode, missing.stdout) == (2, "error: no Shard movecheck-nowhere\n")

@@ -32,6 +32,8 @@ ALERTS = {
     "DBProviderReconcileErrors": ("warning", "15m"),
     "DBProviderDatabaseFailed": ("warning", "15m"),
     "DBProviderDeletionHeld": ("warning", "5m"),
+    "DBProviderMoveStuck": ("warning", None),
+    "DBProviderDrainMovesFailed": ("warning", "15m"),
 }
 # Only with prometheusRule.cluster: the series reach Prometheus without that label (see operations.md).
 CLUSTER_ONLY_ALERTS = {"DBProviderClusterLabelMissing": ("critical", "10m")}

@@ -427,7 +427,7 @@ def _exprs(data: dict[str, Any]) -> list[str]:
 
 def test_every_expression_selects_the_job_and_the_cluster() -> None:
     exprs = _exprs(VALUES)
-    assert len(exprs) == 9  # the eight alerts and the guard DBProviderClusterLabelMissing
+    assert len(exprs) == 11  # the ten alerts and the guard DBProviderClusterLabelMissing
     for expr in exprs:
         selectors = [part.split("}")[0] for part in expr.split("{")[1:]]
         # cluster="" (series without the label) only where the guard looks for misconfigured scrapes.
@@ -480,5 +480,7 @@ def test_install_guide_documents_every_config_key() -> None:
         "DBProviderReconcileErrors",
         "DBProviderDatabaseFailed",
         "DBProviderDeletionHeld",
+        "DBProviderMoveStuck",
+        "DBProviderDrainMovesFailed",
     ):
         assert f"`{alert}`" in guide

@@ -21,6 +21,10 @@ from kubernetes.client.exceptions import ApiException
 from domain.constants import API_VERSION
 from domain.resources import DATABASE_MOVES
 from harness import PostgresServer
+from informers import LEASES
+from reconciler.move.controller import MoveController
+from reconciler.sql import move as move_sql
+from reconciler.sql import move_offline as move_offline_sql
 from tests.reconciler.conftest import NAMESPACE, install_config, wait_events
 from tests.sql.conftest import LogicalPool
 from tests.sql.helpers import can_connect
@@ -112,6 +116,25 @@ def held_open(server: PostgresServer, credentials: dict[str, str]) -> psycopg.Co
     return holder
 
 
+def create_orders(server: PostgresServer, c: dict[str, str], rows: int = 0) -> None:
+    """The tenant's table `orders` (the Client's), made with its credentials; `rows` rows of negative ids
+    (which the client never writes) make a copy that takes a few seconds."""
+    login: dict[str, Any] = {"host": "127.0.0.1", "port": server.port, "user": c["user"], "password": c["password"]}
+    with psycopg.connect(**login, dbname=c["database"], autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS orders (id bigint PRIMARY KEY, note text NOT NULL)")
+        if rows:
+            conn.execute("INSERT INTO orders SELECT -g, repeat('x', 200) FROM generate_series(1, %s) g", (rows,))
+
+
+def every_row_moved(client: Client, servers: tuple[PostgresServer, PostgresServer], c: dict[str, str]) -> None:
+    """Every row the client saw committed is on the target (by content); no slot is left on the source."""
+    assert not client.failures
+    source_server, target_server = servers
+    rows = set(target_server.query("SELECT id, note FROM orders WHERE id > 0", dbname=c["database"]))
+    assert {(i, f"order {i}") for i in client.acknowledged} <= rows
+    assert source_server.query("SELECT count(*) FROM pg_replication_slots") == [(0,)]
+
+
 def waiting_for_slot(server: PostgresServer) -> None:
     making_slot = (
         "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'dbprovider-move'"
@@ -170,7 +193,14 @@ class Client(threading.Thread):
         self.join(30)
 
 
-def test_a_database_move_completes_online_and_the_credentials_follow(fleet, admin_rest, move_servers, shards) -> None:
+def sample(manager, name: str, **labels: str) -> float:
+    """A sample of the manager's metrics registry (0 when absent)."""
+    return manager.manager.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+def test_a_database_move_completes_online_and_the_credentials_follow(
+    fleet, admin_rest, move_servers, shards, manager
+) -> None:
     source_server, target_server = move_servers
     source, target = shards
     database = fleet.database("mv-orders")
@@ -192,11 +222,13 @@ def test_a_database_move_completes_online_and_the_credentials_follow(fleet, admi
 
         with requested_move(fleet, admin_rest, database, target) as name:
             phases: list[str] = []
+            gauged: set[str] = set()  # the phases dbprovider_moves showed a move in
 
             def completed() -> bool:
                 status = admin_rest.get(DATABASE_MOVES, name, NAMESPACE).get("status") or {}
                 if status.get("phase") and status["phase"] not in phases:
                     phases.append(status["phase"])
+                gauged.update(p for p in ("Copying", "CatchingUp") if sample(manager, "dbprovider_moves", phase=p))
                 assert status.get("phase") != "Failed", status
                 return status.get("phase") == "Completed"
 
@@ -207,6 +239,13 @@ def test_a_database_move_completes_online_and_the_credentials_follow(fleet, admi
             assert condition({"status": status}, "Ready")["status"] == "True"
             assert phases[-1] == "Completed" and "CatchingUp" in phases
             wait_events(admin_rest, name, {"MoveStarted", "MoveCompleted"})
+            # The metrics moved with it: the gauge saw it running, the counter and the histogram its end.
+            assert "CatchingUp" in gauged
+            assert sample(manager, "dbprovider_moves_finished_total", outcome="Completed") == 1
+            assert sample(manager, "dbprovider_move_write_pause_seconds_count", mode="Online") == 1
+            pause = sample(manager, "dbprovider_move_write_pause_seconds_sum", mode="Online")
+            assert pause == pytest.approx(status["writePauseSeconds"], abs=0.01)
+            wait_for(lambda: sample(manager, "dbprovider_moves", phase="Completed") == 1, 30, "the gauge")
 
             # The Database names the target; its credentials Secret follows (the Database controller).
             assert fleet.get_database(database)["status"]["shard"] == target
@@ -230,7 +269,7 @@ def test_a_database_move_completes_online_and_the_credentials_follow(fleet, admi
     assert set(client.acknowledged) <= {row[0] for row in rows}
 
 
-def test_an_abort_during_the_copy_leaves_the_source_serving(fleet, admin_rest, move_servers, shards) -> None:
+def test_an_abort_during_the_copy_leaves_the_source_serving(fleet, admin_rest, move_servers, shards, manager) -> None:
     """The move is held in Copying by a tenant transaction that stays open (a replication slot waits for
     the transactions running when it is made); the abort requested meanwhile undoes the move."""
     source_server, target_server = move_servers
@@ -253,6 +292,8 @@ def test_an_abort_during_the_copy_leaves_the_source_serving(fleet, admin_rest, m
             return (admin_rest.get(DATABASE_MOVES, name, NAMESPACE).get("status") or {}).get("phase")
 
         wait_for(lambda: phase() == "Aborted", 120, "the move to be aborted")
+        wait_events(admin_rest, name, {"MoveStarted", "MoveAborted"})
+        assert sample(manager, "dbprovider_moves_finished_total", outcome="Aborted") == 1
         assert fleet.get_database(database)["status"]["shard"] == source
         assert can_connect(source_server, c["user"], c["password"], tenant)
         assert source_server.query("SELECT count(*) FROM pg_publication", dbname=tenant) == [(0,)]
@@ -264,7 +305,7 @@ def test_an_abort_during_the_copy_leaves_the_source_serving(fleet, admin_rest, m
 
 
 def test_a_move_that_cannot_be_done_fails_with_a_message_and_touches_no_shard(
-    fleet, admin_rest, move_servers, shards
+    fleet, admin_rest, move_servers, shards, manager
 ) -> None:
     source_server, target_server = move_servers
     source, target = shards
@@ -283,6 +324,8 @@ def test_a_move_that_cannot_be_done_fails_with_a_message_and_touches_no_shard(
             ready = condition(failed, "Ready")
             assert ready["status"] == "False" and ready["reason"] == "Failed"
             assert message in ready["message"]
+            wait_events(admin_rest, name, {"MoveFailed"})
+    assert sample(manager, "dbprovider_moves_finished_total", outcome="Failed") == 3
     assert fleet.get_database(database)["status"]["shard"] == source
     assert source_server.query(slots, tenant) == [(0,)] and target_server.query(slots, tenant) == [(0,)]
 
@@ -452,3 +495,221 @@ def test_a_database_deleted_within_the_window_ends_the_stream_back_and_keeps_the
 
         assert "is being deleted" in wait_for(refused, 60, "the refusal")["message"]
         assert move_phase(admin_rest, name, []) == "Completed"
+
+
+class Held:
+    """A replica's move controller held once: right after it recorded `phase` (before any of its SQL
+    runs), or, with `inside`, at the first call of that step function (of module `where`) in that phase.
+    Every fence check of its move sessions is recorded: (monotonic time, whether it let SQL through)."""
+
+    def __init__(self, logic: MoveController, phase: str, inside: tuple[Any, str] | None, monkeypatch) -> None:
+        self.phase = phase
+        self.reached = threading.Event()
+        self.resume = threading.Event()
+        self.resumed = threading.Event()  # the held worker went on (and its held step, if any, returned)
+        self.step_raised: BaseException | None = None
+        self.checks: list[tuple[float, bool]] = []
+        fence = logic.fence
+        assert fence is not None
+
+        def hold() -> None:
+            self.reached.set()
+            self.resume.wait(300)
+
+        if inside is None:
+            record = logic._phase
+
+            def at_boundary(obj, phase, message, **fields):  # type: ignore[no-untyped-def]
+                written = record(obj, phase, message, **fields)
+                if phase == self.phase and not self.reached.is_set():
+                    hold()
+                    self.resumed.set()
+                return written
+
+            monkeypatch.setattr(logic, "_phase", at_boundary)
+        else:
+            module, name = inside
+            step = getattr(module, name)
+
+            def in_step(*args, **kwargs):  # type: ignore[no-untyped-def]
+                if self.reached.is_set():
+                    return step(*args, **kwargs)  # the next leader's call
+                hold()
+                try:
+                    return step(*args, **kwargs)
+                except BaseException as exc:
+                    self.step_raised = exc
+                    raise
+                finally:
+                    self.resumed.set()
+
+            monkeypatch.setattr(module, name, in_step)
+
+        def checked() -> None:
+            try:
+                fence()
+            except Exception:
+                self.checks.append((time.monotonic(), False))
+                raise
+            self.checks.append((time.monotonic(), True))
+
+        monkeypatch.setattr(logic, "fence", checked)
+
+
+def take_lease(rest, name: str) -> None:
+    """Another holder writes the Lease (held for 4 s), as a replica that took over would; the leader's
+    renewals may come first (a conflict): then it is read and written again."""
+
+    def taken() -> bool:
+        lease = rest.get(LEASES, name, NAMESPACE)
+        lease["spec"].update(holderIdentity="intruder", leaseDurationSeconds=4)
+        try:
+            rest.replace(LEASES, lease)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            return False
+        return True
+
+    wait_for(taken, 30, "the Lease written by another holder")
+
+
+@pytest.mark.parametrize(
+    ("mode", "phase", "inside", "then"),
+    [
+        ("Online", "Preflight", None, "Completed"),
+        ("Online", "Copying", None, "Completed"),
+        ("Online", "CatchingUp", None, "Completed"),
+        ("Online", "CuttingOver", None, "Completed"),
+        # the source fenced, the last changes not yet over: finished, or aborted (the source reopened)
+        ("Online", "CuttingOver", (move_sql, "mark"), "Completed"),
+        ("Online", "CuttingOver", (move_sql, "mark"), "Aborted"),
+        ("Offline", "Copying", None, "Completed"),
+        # the source closed for the copy: finished, or aborted (the source reopened)
+        ("Offline", "Copying", (move_offline_sql, "copy_database"), "Completed"),
+        ("Offline", "Copying", (move_offline_sql, "copy_database"), "Aborted"),
+    ],
+    ids=lambda value: value[1] if isinstance(value, tuple) else str(value),
+)
+def test_a_leader_that_loses_its_lease_in_any_phase_sends_no_more_sql_and_the_next_leader_finishes(
+    mode, phase, inside, then, fleet, admin_rest, move_servers, shards, manager, start_manager, monkeypatch
+) -> None:
+    """The leader is held in the phase (right after recording it, or inside one of its steps), then loses
+    its Lease (another holder takes it) and never leads again, as a killed replica. The next leader takes
+    the move up in that phase and completes it while the client writes; every row the client saw
+    committed is on the target. Or an abort is requested while no replica leads: the next leader aborts,
+    and the source serves with every row. Woken afterwards, the old replica's worker sends nothing."""
+    source_server, target_server = move_servers
+    source, target = shards
+    suffix = ("-in" if inside else "") + ("-ab" if then == "Aborted" else "")
+    database = fleet.database(f"mv-lease-{mode[:3].lower()}-{phase.lower()}{suffix}")
+    fleet.wait_phase(database, "Ready")
+    c = fleet.credentials(database)
+    create_orders(source_server, c)
+    hold = Held(manager.controllers.moves, phase, inside, monkeypatch)
+    client = Client(c)
+    client.start()
+    try:
+        wait_for(lambda: len(client.acknowledged) >= 20, 30, "the client to write")
+        with requested_move(fleet, admin_rest, database, target, mode=mode) as name:
+            assert hold.reached.wait(120), f"the move to reach {phase}"
+            assert admin_rest.get(DATABASE_MOVES, name, NAMESPACE)["status"]["phase"] == phase
+            take_lease(admin_rest, f"{fleet.release.name}-manager")
+            wait_for(lambda: not manager.manager.is_leading(), 30, "the old leader to step down")
+            assert manager.manager.elector is not None
+            manager.manager.elector.stop(release=False)  # it never campaigns again, as a killed replica
+            lost_at = time.monotonic()
+            if then == "Aborted":
+                admin_rest.patch(DATABASE_MOVES, name, {"spec": {"abort": True}}, NAMESPACE)
+
+            successor = start_manager(wait_leading=False)
+            wait_for(successor.manager.controllers_running, 60, "the next replica to lead (after 4 s)")
+
+            def ended() -> bool:
+                status = admin_rest.get(DATABASE_MOVES, name, NAMESPACE).get("status") or {}
+                assert status.get("phase") not in {"Failed", "Aborted", "Completed"} - {then}, status
+                return status.get("phase") == then
+
+            wait_for(ended, 180, f"the next leader to end the move {then}")
+            status = admin_rest.get(DATABASE_MOVES, name, NAMESPACE)["status"]
+            assert status["mode"] == mode and status["targetShard"] == target
+            if then == "Aborted":  # the client writes on the source again
+                written = len(client.acknowledged)
+                wait_for(lambda: len(client.acknowledged) >= written + 20, 60, "the client to write on the source")
+
+            hold.resume.set()  # the old replica's worker wakes up where it was held
+            assert hold.resumed.wait(30)
+            if inside is None:  # its next step asks the fence first, and is refused
+                wait_for(lambda: any(t > lost_at and not ok for t, ok in hold.checks), 30, "the old worker's refusal")
+            else:  # its sessions were cut with the Lease: the step it was in fails
+                assert hold.step_raised is not None
+            assert not [t for t, ok in hold.checks if ok and t > lost_at], "SQL from a replica without the Lease"
+    finally:
+        hold.resume.set()
+        client.stop()
+    if then == "Aborted":
+        assert not client.failures
+        assert fleet.get_database(database)["status"]["shard"] == source
+        rows = set(source_server.query("SELECT id, note FROM orders", dbname=c["database"]))
+        assert {(i, f"order {i}") for i in client.acknowledged} <= rows
+        assert can_connect(source_server, c["user"], c["password"], c["database"])
+        assert target_server.query("SELECT count(*) FROM pg_roles WHERE rolname = %s", (c["user"],)) == [(0,)]
+        assert source_server.query("SELECT count(*) FROM pg_replication_slots") == [(0,)]
+        return
+    assert fleet.get_database(database)["status"]["shard"] == target
+    every_row_moved(client, move_servers, c)
+    assert can_connect(target_server, c["user"], c["password"], c["database"])
+    assert not can_connect(source_server, c["user"], c["password"], c["database"])
+
+
+def test_a_target_that_stops_mid_copy_leaves_the_source_serving_and_the_move_completes_once_it_is_back(
+    fleet, admin_rest, move_servers, shards, manager, monkeypatch
+) -> None:
+    """The target's server is killed while the data streams (the move held as it entered CatchingUp):
+    the client goes on writing to the source, the move retries with the error class in its Ready
+    condition, and once the server is back it completes with every acknowledged row on the target."""
+    source_server = move_servers[0]
+    source, _ = shards
+    with PostgresServer("18", durable=True, settings=LogicalPool.SETTINGS) as target_server:  # killed below
+        source_grant(target_server)
+        target_grant(target_server)
+        target = shard(fleet, target_server, False)
+        fleet.wait_shard(target, "Ok")
+        database = fleet.database("mv-target-down")
+        fleet.wait_phase(database, "Ready")
+        c = fleet.credentials(database)
+        create_orders(source_server, c)
+        hold = Held(manager.controllers.moves, "CatchingUp", None, monkeypatch)
+        client = Client(c)
+        client.start()
+        try:
+            with requested_move(fleet, admin_rest, database, target) as name:
+                assert hold.reached.wait(120), "the move to reach CatchingUp"
+                target_server.kill()
+                hold.resume.set()
+
+                def retrying() -> str | None:
+                    status = admin_rest.get(DATABASE_MOVES, name, NAMESPACE)["status"]
+                    assert status["phase"] not in ("Failed", "Aborted", "Completed"), status
+                    message = condition({"status": status}, "Ready")["message"]
+                    return message if message.startswith("catching up failed: ") else None
+
+                message = wait_for(retrying, 60, "the move to report the unreachable target")
+                assert message == "catching up failed: unreachable", message
+                written = len(client.acknowledged)
+                wait_for(lambda: len(client.acknowledged) >= written + 20, 30, "the client to go on writing")
+                assert fleet.get_database(database)["status"]["shard"] == source
+
+                target_server.restart()
+
+                def completed() -> bool:
+                    status = admin_rest.get(DATABASE_MOVES, name, NAMESPACE).get("status") or {}
+                    assert status.get("phase") not in ("Failed", "Aborted"), status
+                    return status.get("phase") == "Completed"
+
+                wait_for(completed, 300, "the move to complete once the target is back")
+        finally:
+            hold.resume.set()
+            client.stop()
+        assert fleet.get_database(database)["status"]["shard"] == target
+        every_row_moved(client, (source_server, target_server), c)

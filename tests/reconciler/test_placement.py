@@ -416,3 +416,17 @@ def test_a_shard_whose_admin_secret_this_install_may_not_read_is_never_chosen() 
     assert index.not_ready("postgres") == []
     index.shard_event("MODIFIED", shard("theirs"), shard("theirs", max_databases=20, rv=2))
     assert [index.reserve("postgres", f"db{i}.c") for i in range(3, 5)] == ["ours", "ours"]
+
+
+def test_a_move_is_never_offered_a_shard_with_a_pooler() -> None:
+    """A DatabaseMove refuses a target whose client endpoint declares a pooler: placement for a move (a
+    drain's or `target: any`) skips it, new databases still go there."""
+    pooled = shard("a")
+    pooled["spec"]["client"]["pooler"] = {"authUser": "_crunchypgbouncer"}
+    index = index_with([pooled, shard("b"), shard("c")], {"b": 3, "c": 5})
+    assert index.choose("postgres") == "a"
+    assert index.reserve("postgres", "move:x/m1", for_move=True, exclude="b") == "c"
+    assert index.reserve("postgres", "move:x/m2", for_move=True) == "b"
+    assert index.reserve("postgres", "db9.c") == "a"
+    index.shard_event("MODIFIED", pooled, shard("a", rv=2))  # the pooler removed: a target again
+    assert index.reserve("postgres", "move:x/m3", for_move=True, exclude="b") == "a"
