@@ -371,7 +371,9 @@ class Syncer:
             self.events.record(claim, "Orphaned", f"database {db_id} and Secret {secret_name(claim)} are left")
         else:
             view = self.items.get(db_id)
-            if view is not None and not view.get("deleteRequestedAt"):
+            if view is None or not view.get("deleteRequestedAt"):
+                # Sent also when the last list lacks the database: it may have been created since (a create
+                # whose answer was lost, a list from a replica behind). A 404 or 410 means it is gone.
                 view = self.provider.delete(db_id)
                 if view is not None:
                     self.items[db_id] = view
