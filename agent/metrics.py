@@ -20,6 +20,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from domain.settings import SETTINGS
+from domain.timefmt import parse_time
 
 UNREACHABLE = "unreachable"  # the provider's outcome label when it did not answer
 
@@ -60,6 +61,13 @@ class AgentMetrics:
             ["action"],
             registry=self.registry,
         )
+        self.secret_write_failures = Counter(
+            "dbprovider_agent_secret_write_failures_total",
+            "Writes of claims' Secrets the consumer cluster's apiserver refused or did not answer (by action; "
+            "write conflicts, retried at once, are not counted).",
+            ["action"],
+            registry=self.registry,
+        )
         self.status_writes = Counter(
             "dbprovider_agent_claim_status_writes_total",
             "Writes of claims' status (only when something in it changed).",
@@ -81,6 +89,7 @@ class AgentMetrics:
             self.passes.labels(outcome=outcome)
         for action in ("create", "update", "release", "delete"):
             self.secret_writes.labels(action=action)
+            self.secret_write_failures.labels(action=action)
         for outcome in ("rolled", "not_found", "forbidden"):
             self.rollouts.labels(outcome=outcome)
 
@@ -89,8 +98,9 @@ class AgentMetrics:
 
 
 class ClaimsCollector(Collector):
-    """`dbprovider_agent_claims{phase}` and `dbprovider_agent_claim_conditions{type,status,reason}` from the
-    claims in the agent's cache, counted at scrape time."""
+    """`dbprovider_agent_claims{phase}`, `dbprovider_agent_claim_conditions{type,status,reason}` and
+    `dbprovider_agent_claims_not_ready_since_timestamp_seconds` from the claims in the agent's cache, counted
+    at scrape time."""
 
     def __init__(self, claims: Callable[[], Iterable[Mapping[str, Any]]]) -> None:
         self.claims = claims
@@ -98,12 +108,16 @@ class ClaimsCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         phases: Tally[str] = Tally()
         conditions: Tally[tuple[str, str, str]] = Tally()
+        waiting: list[float] = []
         for claim in self.claims():
             status = claim.get("status") or {}
             phases[str(status.get("phase") or "Unknown")] += 1
             for condition in status.get("conditions") or []:
                 key = (str(condition.get("type")), str(condition.get("status")), str(condition.get("reason") or ""))
                 conditions[key] += 1
+            since = _not_ready_since(claim)
+            if since is not None:
+                waiting.append(since)
         by_phase = GaugeMetricFamily(
             "dbprovider_agent_claims", "DatabaseClaims the agent watches, by status.phase.", labels=["phase"]
         )
@@ -118,6 +132,28 @@ class ClaimsCollector(Collector):
             by_condition.add_metric(list(labels), count)
         yield by_phase
         yield by_condition
+        oldest = GaugeMetricFamily(
+            "dbprovider_agent_claims_not_ready_since_timestamp_seconds",
+            "Since when the claim that has waited longest is not Ready (its Ready condition's last transition, "
+            "else its creation; Unix time). No sample while every claim is Ready or being deleted.",
+        )
+        if waiting:
+            oldest.add_metric([], min(waiting))
+        yield oldest
+
+
+def _not_ready_since(claim: Mapping[str, Any]) -> float | None:
+    """When a live claim stopped being Ready (or was created, before its first Ready condition); None if it
+    is Ready or being deleted."""
+    meta = claim.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
+        return None
+    conditions = (claim.get("status") or {}).get("conditions") or []
+    ready = next((c for c in conditions if c.get("type") == "Ready"), None)
+    if ready is not None and ready.get("status") == "True":
+        return None
+    stamp = parse_time((ready or {}).get("lastTransitionTime") or meta.get("creationTimestamp"))
+    return stamp.timestamp() if stamp is not None else None
 
 
 class _Server(ThreadingMixIn, WSGIServer):

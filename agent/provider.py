@@ -94,11 +94,12 @@ class Provider:
         return self._call("PUT", f"/v1/databases/{external_id}", body=body, ok=(200, 201))[1]
 
     def delete(self, external_id: str) -> View | None:
-        """DELETE /v1/databases/{id}: start the soft delete; None if the provider has no such database."""
+        """DELETE /v1/databases/{id}: start the soft delete; None if the provider has no such database (404,
+        or 410: dropped)."""
         try:
             return self._call("DELETE", f"/v1/databases/{external_id}", ok=(202,))[1]
         except ProviderError as exc:
-            if exc.status == 404:
+            if exc.status in (404, 410):
                 return None
             raise
 

@@ -325,23 +325,35 @@ class Syncer:
             report.condition(ROLLED, True, "Rolled", f"{rolled} for credentials version {version}")
 
     def _write_secret(self, claim: ClaimObject, existing: Obj | None, desired: Obj, report: _Report) -> bool:
+        """Create or update the claim's Secret; False (the claim told why) if it cannot be written now."""
         name = desired["metadata"]["name"]
-        if existing is None:
-            try:
-                self.rest.create(SECRETS, desired, claim.metadata.namespace)
-                self.metrics.secret_writes.labels(action="create").inc()
-                return True
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
-            existing = self.rest.get(SECRETS, name, claim.metadata.namespace)  # ours, the cache behind? else foreign
-            if not is_claims_secret(existing, claim):
-                report.condition(READY, False, "SecretConflict", f"Secret {name} exists and is not this claim's")
-                return False
-        if differs(existing, desired):
-            self.rest.replace(SECRETS, merged(existing, desired))
-            self.metrics.secret_writes.labels(action="update").inc()
-        return True
+        action = "create"
+        try:
+            if existing is None:
+                try:
+                    self.rest.create(SECRETS, desired, claim.metadata.namespace)
+                    self.metrics.secret_writes.labels(action="create").inc()
+                    return True
+                except ApiException as exc:
+                    if exc.status != 409:
+                        raise
+                existing = self.rest.get(SECRETS, name, claim.metadata.namespace)  # ours, the cache behind?
+                if not is_claims_secret(existing, claim):
+                    report.condition(READY, False, "SecretConflict", f"Secret {name} exists and is not this claim's")
+                    return False
+            action = "update"
+            if differs(existing, desired):
+                self.rest.replace(SECRETS, merged(existing, desired))
+                self.metrics.secret_writes.labels(action="update").inc()
+            return True
+        except ApiException as exc:
+            if exc.status == 409:  # a write conflict: the next pass, soon, writes on the fresh object
+                raise
+            self.metrics.secret_write_failures.labels(action=action).inc()
+            log.warning("claim %s: Secret %s could not be written (%s)", claim.key, name, exc.status)
+            message = f"Secret {name} could not be written (HTTP {exc.status}); retried every poll"
+            report.condition(READY, False, "SecretWriteFailed", message)
+            return False
 
     def _rotate_if_asked(self, claim: ClaimObject, db_id: str, view: View, report: _Report) -> None:
         """POST rotate for a new rotate annotation value, or when the rotation interval has passed."""
@@ -371,7 +383,9 @@ class Syncer:
             self.events.record(claim, "Orphaned", f"database {db_id} and Secret {secret_name(claim)} are left")
         else:
             view = self.items.get(db_id)
-            if view is not None and not view.get("deleteRequestedAt"):
+            if view is None or not view.get("deleteRequestedAt"):
+                # Sent also when the last list lacks the database: it may have been created since (a create
+                # whose answer was lost, a list from a replica behind). A 404 or 410 means it is gone.
                 view = self.provider.delete(db_id)
                 if view is not None:
                     self.items[db_id] = view
@@ -435,7 +449,12 @@ class Syncer:
         if kept is not None:
             version = secret["metadata"].get("resourceVersion")
             patch = {"metadata": {"ownerReferences": kept, "resourceVersion": version}}
-            self.rest.patch(SECRETS, secret_name(claim), patch, claim.metadata.namespace)
+            try:
+                self.rest.patch(SECRETS, secret_name(claim), patch, claim.metadata.namespace)
+            except ApiException as exc:
+                if exc.status != 409:
+                    self.metrics.secret_write_failures.labels(action="release").inc()
+                raise
             self.metrics.secret_writes.labels(action="release").inc()
 
     def _delete_secret(self, claim: ClaimObject) -> None:
@@ -448,6 +467,7 @@ class Syncer:
             self.metrics.secret_writes.labels(action="delete").inc()
         except ApiException as exc:
             if exc.status != 404:
+                self.metrics.secret_write_failures.labels(action="delete").inc()
                 raise
 
     def _write_status(self, report: _Report, *, refresh: bool = True) -> bool:

@@ -124,6 +124,9 @@ class QuotaLedgers:
     registry: CollectorRegistry | None = None  # where the repairs are counted (None: a registry of its own)
     _guard: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _ledgers: dict[str, _Ledger] = field(default_factory=dict, init=False, repr=False)
+    # consumer -> externalId -> when this replica's cache saw its Database removed (guarded by _guard); kept
+    # for the reservation timeout, after which an absent database's slot is checked anyway.
+    _removed: dict[str, dict[str, datetime]] = field(default_factory=dict, init=False, repr=False)
     repairs: Counter = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -284,6 +287,21 @@ class QuotaLedgers:
                 type(exc).__name__,
             )
 
+    def removed(self, consumer: str, external_id: str) -> None:
+        """The cache saw the Database of `external_id` removed (dropped): its slot is checked against the
+        apiserver at the consumer's next create and freed if it is gone, not only after the reservation
+        timeout. A slot taken after the removal (a new create under that externalId) is left alone."""
+        now = self.clock()
+        with self._guard:
+            entries = self._removed.setdefault(consumer, {})
+            entries[external_id] = now
+            for old in [ext for ext, at in entries.items() if now - at > self.reservation_timeout]:
+                del entries[old]
+
+    def _removed_of(self, consumer: str) -> dict[str, datetime]:
+        with self._guard:
+            return dict(self._removed.get(consumer, {}))
+
     # -- the ledger ------------------------------------------------------------------------------
 
     def _read(self, consumer: str, state: _Ledger) -> QuotaLedger:
@@ -319,7 +337,8 @@ class QuotaLedgers:
         read again (then the caller starts over)."""
         cached = self.cached_of(consumer)
         now = self.clock()
-        stale = stale_holders(ledger, cached, now, self.reservation_timeout, self.clock_skew)
+        removed = self._removed_of(consumer)
+        stale = stale_holders(ledger, cached, now, self.reservation_timeout, self.clock_skew, removed)
         gone = set(stale.free)
         if stale.check:
             gone |= self._gone(consumer, stale.check)

@@ -514,6 +514,9 @@ class DatabaseStore:
                 del self._own_writes[name or ""]
         if consumer is None:
             return
+        external_id = database_external_id(obj)
+        if new is None and external_id is not None:
+            self.quota.removed(consumer, external_id)
         with self._pending_lock:
             entries = self._pending.get(consumer)
             if entries and name in entries:

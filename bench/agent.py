@@ -185,7 +185,10 @@ def main() -> None:
             ],
         )
         allowed = 60 / args.poll_interval  # one request per poll
-        figure = f"agent requests at rest {per_minute:.2f}/min"
+        figure = (
+            f"agent requests at rest {per_minute:.2f}/min ({at_rest:.0f} conditional lists in {rest_seconds:.0f} s); "
+            f"agent RSS {rss:.0f} MiB, {100 * rest_cpu / rest_seconds:.2f}% of a core at rest"
+        )
         target = Target(
             figure,
             f"<= {allowed:g}/min (one per poll)",

@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--agent",
         action="store_true",
         help="render the consumer agent for a consumer cluster instead; --config is then the agent's values "
-        "(docs/consumers.md)",
+        "(docs/consumers.md); with --only prometheusrule, the agent's alert rules",
     )
     render.add_argument(
         "--only",
@@ -446,7 +446,9 @@ def _run_render(args: argparse.Namespace) -> int:
     from dbprovider.render import run_render, run_render_agent
 
     if args.agent:
-        return run_render_agent(args.config, args.output)
+        return run_render_agent(
+            args.config, args.output, only=args.only, fmt=args.format, time_scale=args.test_time_scale
+        )
     return run_render(
         config_path=args.config,
         only=args.only,

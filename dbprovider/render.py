@@ -5,6 +5,7 @@
     dbprovider render --config values.yaml --only prometheusrule --format rules   # a plain rule file
     dbprovider render --config values.yaml --only dashboard [--format configmap]  # the Grafana dashboard
     dbprovider render --agent --config agent.yaml                   # the consumer agent (consumer cluster)
+    dbprovider render --agent --config agent.yaml --only prometheusrule [--format rules]   # its alert rules
 
 The objects are exactly those `pulumi up` creates (both come from infra.render). An invalid config exits
 with status 2 and names the offending key; warnings go to stderr so the YAML on stdout stays clean.
@@ -50,12 +51,8 @@ def run_render(
     from infra import render
 
     err = stderr or sys.stderr
-    fmt = fmt or FORMATS[only][0]
-    if fmt not in FORMATS[only]:
-        print(f"dbprovider render: --format {fmt} does not apply to --only {only}", file=err)
-        return EXIT_INVALID
-    if time_scale < 1:
-        print("dbprovider render: --test-time-scale must be at least 1", file=err)
+    fmt = _format(only, fmt, time_scale, err)
+    if fmt is None:
         return EXIT_INVALID
     try:
         config = load_install_config_file(config_path)
@@ -85,6 +82,19 @@ def run_render(
     return EXIT_OK
 
 
+def _format(only: str, fmt: str | None, time_scale: int, err: TextIO) -> str | None:
+    """The output format (--format, else the default of --only); None, with the reason on `err`, if the
+    options do not go together."""
+    fmt = fmt or FORMATS[only][0]
+    if fmt not in FORMATS[only]:
+        print(f"dbprovider render: --format {fmt} does not apply to --only {only}", file=err)
+        return None
+    if time_scale < 1:
+        print("dbprovider render: --test-time-scale must be at least 1", file=err)
+        return None
+    return fmt
+
+
 def _write(text: str, output: str) -> None:
     """To stdout for "-", else atomically to the file."""
     if output == "-":
@@ -102,17 +112,35 @@ def _dashboard(config: InstallConfig, fmt: str) -> str:
     return dashboard.dashboard_json(config)
 
 
-def run_render_agent(config_path: str, output: str = "-", stderr: TextIO | None = None) -> int:
-    """`dbprovider render --agent`: the consumer agent's objects from its values file."""
+def run_render_agent(
+    config_path: str,
+    output: str = "-",
+    stderr: TextIO | None = None,
+    only: str = ONLY_MANIFESTS,
+    fmt: str | None = None,
+    time_scale: int = 1,
+) -> int:
+    """`dbprovider render --agent`: the consumer agent's objects from its values file, or (--only
+    prometheusrule) its alert rules for the consumer cluster's Prometheus."""
     from domain.agent_config import load_agent_config
     from domain.config import read_install_values
     from infra import render
 
     err = stderr or sys.stderr
+    if only == ONLY_DASHBOARD:
+        print("dbprovider render: --agent renders no dashboard", file=err)
+        return EXIT_INVALID
+    fmt = _format(only, fmt, time_scale, err)
+    if fmt is None:
+        return EXIT_INVALID
     try:
         config = load_agent_config(read_install_values(config_path))
     except ConfigError as exc:
         print(f"dbprovider render: {exc}".replace("install config", "agent values"), file=err)
         return EXIT_INVALID
+    if only == ONLY_PROMETHEUS_RULE:  # asked for by name: whether or not it is among the objects (enabled)
+        rule = render.render_agent_prometheus_rule(config, time_scale)
+        _write(render.dump_yaml([render.rule_groups(rule) if fmt == FORMAT_RULES else rule]), output)
+        return EXIT_OK
     _write(render.dump_yaml(render.render_agent_manifests(config)), output)
     return EXIT_OK

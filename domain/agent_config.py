@@ -7,6 +7,7 @@ namespace: dbprovider-agent
 watchNamespace: team-a                          # optional: only this namespace's claims (a Role there)
 resources: {requests: {cpu: 20m, memory: 96Mi}, limits: {memory: 256Mi}}   # the defaults
 metrics: {serviceMonitor: {enabled: false}}     # as the provider's install key of that name
+prometheusRule: {enabled: false}                # the agent's alert rules (AgentPrometheusRuleConfig)
 """
 
 from __future__ import annotations
@@ -15,9 +16,18 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, Field, StrictInt, StrictStr, ValidationError
+from pydantic import AfterValidator, Field, StrictBool, StrictInt, StrictStr, ValidationError, field_validator
 
-from domain.config import DEFAULT_IMAGE, ConfigError, Duration, MetricsConfig
+from domain.config import (
+    DEFAULT_IMAGE,
+    ConfigError,
+    Duration,
+    LabelKey,
+    LabelValue,
+    MetricsConfig,
+    PromqlText,
+    RunbookUrl,
+)
 from domain.sizing import AgentResources
 from domain.validation import ConfigModel, Namespace, ObjectName, validation_problems
 
@@ -28,6 +38,30 @@ def _check_https(value: str) -> str:
     if not value.startswith("https://") or any(c.isspace() for c in value):
         raise ValueError("must be an https:// URL without spaces")
     return value
+
+
+AGENT_RUNBOOK_BASE_URL = "https://github.com/bnerd/dbprovider/blob/main/docs/consumers.md"
+
+
+class AgentPrometheusRuleConfig(ConfigModel):
+    """The agent's alert rules, for the consumer cluster's Prometheus: a PrometheusRule among the agent's
+    objects when enabled; `dbprovider render --agent --only prometheusrule [--format rules]` renders them
+    either way."""
+
+    enabled: StrictBool = False
+    job_selector: PromqlText = ""  # the `job` label of the agent's series; default: the metrics Service's name
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict)
+    annotations: dict[LabelKey, StrictStr] = Field(default_factory=dict)
+    runbook_base_url: RunbookUrl = AGENT_RUNBOOK_BASE_URL
+    provider_unreachable_after: Duration = timedelta(minutes=10)  # DBProviderAgentProviderUnreachable
+    claim_not_ready_after: Duration = timedelta(minutes=15)  # DBProviderAgentClaimsNotReady
+
+    @field_validator("provider_unreachable_after", "claim_not_ready_after")
+    @classmethod
+    def _at_least_a_minute(cls, value: timedelta) -> timedelta:
+        if value < timedelta(minutes=1):
+            raise ValueError("must be at least 1m")
+        return value
 
 
 class AgentInstallConfig(ConfigModel):
@@ -44,10 +78,15 @@ class AgentInstallConfig(ConfigModel):
     poll_interval: Duration = timedelta(seconds=30)
     resources: AgentResources = AgentResources()
     metrics: MetricsConfig = MetricsConfig()
+    prometheus_rule: AgentPrometheusRuleConfig = AgentPrometheusRuleConfig()
 
     def metrics_service_name(self) -> str:
         """The Service in front of the agents' metrics port, `<name>-metrics` (a ServiceMonitor's job label)."""
         return f"{self.name}-metrics"
+
+    def effective_job_selector(self) -> str:
+        """The `job` label the alert rules select: prometheusRule.jobSelector, else the metrics Service."""
+        return self.prometheus_rule.job_selector or self.metrics_service_name()
 
 
 def load_agent_config(data: Mapping[str, Any] | None) -> AgentInstallConfig:

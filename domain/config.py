@@ -190,6 +190,7 @@ SizeClassName = Annotated[StrictStr, AfterValidator(_check_size_class_name)]
 GroupName = Annotated[StrictStr, AfterValidator(_check_group)]
 LabelKey = Annotated[StrictStr, AfterValidator(_check_label_key)]
 LabelValue = Annotated[StrictStr, AfterValidator(_check_label_value)]
+RunbookUrl = Annotated[StrictStr, AfterValidator(_check_url)]
 
 
 class TlsConfig(ConfigModel):
@@ -330,7 +331,7 @@ class PrometheusRuleConfig(ConfigModel):
     job_selector: PromqlText = ""
     labels: dict[LabelKey, LabelValue] = Field(default_factory=dict)
     annotations: dict[LabelKey, StrictStr] = Field(default_factory=dict)
-    runbook_base_url: Annotated[StrictStr, AfterValidator(_check_url)] = DEFAULT_RUNBOOK_BASE_URL
+    runbook_base_url: RunbookUrl = DEFAULT_RUNBOOK_BASE_URL
 
 
 class DashboardConfig(ConfigModel):

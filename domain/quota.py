@@ -142,15 +142,23 @@ class StaleHolders:
 
 
 def stale_holders(
-    ledger: QuotaLedger, cached: Mapping[str, Obj], now: datetime, timeout: timedelta, skew: timedelta
+    ledger: QuotaLedger,
+    cached: Mapping[str, Obj],
+    now: datetime,
+    timeout: timedelta,
+    skew: timedelta,
+    removed: Mapping[str, datetime] | None = None,
 ) -> StaleHolders:
     """The holders to free now and to check against the apiserver.
 
-    `cached` holds the consumer's databases in this replica's cache by externalId. A holder the cache
-    shows Deleted is freed; one the cache does not show is checked when it is older than `timeout` (its
-    create may have failed, or its database may be gone) or `implausible` (at once); younger ones stay.
+    `cached` holds the consumer's databases in this replica's cache by externalId; `removed` when the
+    cache saw the object of an externalId removed. A holder the cache shows Deleted is freed; one the
+    cache does not show is checked when its object was removed after the slot was taken (a database
+    dropped soon after its create), when it is older than `timeout` (its create may have failed, or its
+    database may be gone) or `implausible` (at once); younger ones stay.
     """
     found = StaleHolders()
+    removed = removed or {}
     for external_id, (_, holder) in ledger.held().items():
         db = cached.get(external_id)
         if db is not None:
@@ -159,7 +167,7 @@ def stale_holders(
         elif reason := implausible(holder, now, skew):
             found.check.add(external_id)
             found.implausible[external_id] = reason
-        elif now - holder.reserved_at >= timeout:
+        elif now - holder.reserved_at >= timeout or removed.get(external_id, holder.reserved_at) > holder.reserved_at:
             found.check.add(external_id)
     return found
 

@@ -5,6 +5,8 @@ landscape repo and `pulumi up` get the very same objects. Pure: no Pulumi, no Ku
 
     render_manifests(config)        -> the DB cluster's objects, CRDs first
     render_prometheus_rule(config)  -> the PrometheusRule for the central Prometheus
+    render_agent_manifests(agent)   -> the consumer agent's objects (its PrometheusRule if enabled)
+    render_agent_prometheus_rule(agent) -> the agent's alert rules, for the consumer cluster's Prometheus
     rule_groups(rule)               -> the same rules as a plain Prometheus rule file
     prometheus_rule_warnings(config) -> what the user should be told (e.g. no per-cluster absence)
     install_warnings(config)        -> the same for the DB cluster's objects (e.g. admin Secrets placement)
@@ -354,6 +356,7 @@ def render_manifests(config: InstallConfig) -> list[dict[str, Any]]:
 
 
 AGENT_TEMPLATE = "agent.yaml.j2"
+AGENT_RULE_TEMPLATE = "agent-prometheusrule.yaml.j2"
 AGENT_TOKEN_DIR = "/var/run/dbprovider-agent/token"
 AGENT_CA_DIR = "/var/run/dbprovider-agent/ca"
 
@@ -415,7 +418,42 @@ def render_agent_manifests(config: AgentInstallConfig) -> list[dict[str, Any]]:
         "monitor_timeout": format_duration(monitor.scrape_timeout) if monitor.scrape_timeout else "",
     }
     text = _environment(TEMPLATES_DIR).get_template(AGENT_TEMPLATE).render(context)
-    return [doc for doc in yaml.load_all(text, Loader=_LOADER) if doc]
+    objects = [doc for doc in yaml.load_all(text, Loader=_LOADER) if doc]
+    if config.prometheus_rule.enabled:
+        objects.append(render_agent_prometheus_rule(config))
+    return objects
+
+
+def _agent_reasons_template(config: AgentInstallConfig, condition: str) -> str:
+    """A Prometheus template listing the reasons (and claim counts) of the claims whose `condition` is
+    False, as the agent's replicas report them: ", "-separated, each after a space."""
+    selector = f'job="{config.effective_job_selector()}", type="{condition}", status="False"'
+    query = f"max by (reason) (dbprovider_agent_claim_conditions{{{selector}}})"
+    return (
+        "{{ range $i, $s := query `" + query + "` | sortByLabel `reason` }}"
+        "{{ if $i }},{{ end }} {{ $s.Labels.reason }} ({{ $s.Value }}){{ end }}"
+    )
+
+
+def render_agent_prometheus_rule(config: AgentInstallConfig, time_scale: int = 1) -> dict[str, Any]:
+    """The agent's PrometheusRule, for the consumer cluster's Prometheus (`--format rules`: rule_groups).
+
+    `time_scale` is for tests only, as for render_prometheus_rule."""
+    rule = config.prometheus_rule
+    context = {
+        "config": config,
+        "rule_labels": {**rule.labels, "app.kubernetes.io/name": AGENT_NAME, "app.kubernetes.io/instance": config.name},
+        "sel": f'job="{config.effective_job_selector()}"',
+        "runbook": rule.runbook_base_url,
+        "unreachable_after": format_duration(rule.provider_unreachable_after),
+        "not_ready_after": format_duration(rule.claim_not_ready_after),
+        "unreachable_reasons": _agent_reasons_template(config, "ProviderReachable"),
+        "not_ready_reasons": _agent_reasons_template(config, "Ready"),
+        **_timings(time_scale),
+    }
+    text = _environment(TEMPLATES_DIR).get_template(AGENT_RULE_TEMPLATE).render(context)
+    (document,) = [doc for doc in yaml.load_all(text, Loader=_LOADER) if doc]
+    return dict(document)
 
 
 def render_prometheus_rule(config: InstallConfig, time_scale: int = 1) -> dict[str, Any]:

@@ -35,9 +35,6 @@ from tests.support.manager_process import ManagerProcess
 REPO = Path(__file__).resolve().parents[2]
 AGENT_NAMESPACE = "dbprovider-agent"
 POLL_SECONDS = 2
-# The provider's --quota-reservation-timeout (120 s by default): the slot of a database dropped within that
-# time of its create is freed only then, and the quota test drops one it has just made.
-RESERVATION_TIMEOUT = 10
 CONSUMER_QUOTA = 40
 
 
@@ -52,8 +49,7 @@ class Provider(ManagerProcess):
     def start(self) -> Provider:
         self.log = self.log_dir / f"provider-{self.starts}.log"
         self.starts += 1
-        argv = [*self.stack.manager_argv(sys.executable), "--quota-reservation-timeout", str(RESERVATION_TIMEOUT)]
-        self.spawn(argv, {**os.environ, **self.stack.manager_env()}, REPO)
+        self.spawn(self.stack.manager_argv(sys.executable), {**os.environ, **self.stack.manager_env()}, REPO)
         self.wait_ready()
         return self
 

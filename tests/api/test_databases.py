@@ -250,6 +250,26 @@ def test_a_lowered_quota_refuses_until_enough_are_deleted(env: ApiEnv) -> None:
     answers(env, consumer, ("PUT", "l5", 429))
 
 
+def test_a_database_dropped_soon_after_its_create_frees_its_slot_at_once(env: ApiEnv) -> None:
+    """The slot of a database whose object is removed (dropped) goes back as soon as the cache sees it
+    gone, not only after the reservation timeout (120 s here) that covers creates still in flight."""
+    consumer = env.ready_consumer(max_databases=1)
+
+    def dropped(external_id: str) -> None:
+        """What the reconciler does last after a drop: its finalizer off, the object gone."""
+        name = database_object_name(consumer.name, external_id)
+        env.admin.delete(DATABASES, name, NAMESPACE)
+        env.admin.patch(DATABASES, name, {"metadata": {"finalizers": None}}, NAMESPACE)
+        wait_for(lambda: env.components.store.databases.get(f"{NAMESPACE}/{name}") is None, what="gone")
+
+    answers(env, consumer, ("PUT", "brief", 201), ("PUT", "next", 429))
+    dropped("brief")
+    answers(env, consumer, ("PUT", "next", 201), ("PUT", "more", 429))
+    # Its externalId can be created again, and then holds a slot of its own.
+    dropped("next")
+    answers(env, consumer, ("PUT", "brief", 201), ("PUT", "more", 429))
+
+
 def test_quota_zero(env: ApiEnv) -> None:
     consumer = env.ready_consumer(max_databases=0)
     assert env.call("PUT", path("none"), consumer.token).status_code == 429

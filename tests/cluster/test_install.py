@@ -31,10 +31,12 @@ from kubernetes.client.exceptions import ApiException
 from domain.agent_config import AGENT_NAME
 from domain.constants import ANNOTATION_CREDENTIALS_VERSION, API_VERSION, LABEL_EXTERNAL_ID
 from domain.resources import CLAIMS, DATABASE_MOVES, DATABASES
+from domain.settings import SETTINGS
 from harness.images import Image
 from harness.node import KubeNode
 from harness.pulumi import REPO_ROOT
-from informers import SECRETS, Rest
+from informers import LEASES, SECRETS, Rest
+from informers.leader import lease_holder
 from tests.cluster.conftest import (
     API_HOST,
     FIGURES,
@@ -220,15 +222,45 @@ def gone(read: Callable[[], object]) -> bool:
     return False
 
 
+def ready_agent_pods(rest: Rest, count: int) -> list[dict[str, Any]] | None:
+    """The agent's `count` pods once all are Ready (not terminating), else None."""
+    found = [p for p in rest.list(PODS, AGENT_NAMESPACE)["items"] if not p["metadata"].get("deletionTimestamp")]
+    ready = [
+        p
+        for p in found
+        if any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions") or [])
+    ]
+    return ready if len(found) == len(ready) == count else None
+
+
+def agent_leader(rest: Rest, candidates: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The one of `candidates` that holds the agent's Lease (its identity is `<pod name>_<pid>_<random>`)."""
+    holder = lease_holder(rest.get(LEASES, AGENT_NAME, AGENT_NAMESPACE)) or ""
+    return next((p for p in candidates if holder.startswith(f"{p['metadata']['name']}_")), None)
+
+
+def agent_metric(node: KubeNode, pod: dict[str, Any], sample: str) -> float:
+    """One sample of an agent pod's /metrics, read on its port from inside the node (0 if absent)."""
+    port = node.forward(pod["status"]["podIP"], SETTINGS.ports.agent)
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.request("GET", "/metrics")
+        text = connection.getresponse().read().decode()
+    finally:
+        connection.close()
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.rsplit(" ", 1)[0] == sample]
+    return values[0] if values else 0.0
+
+
 @pytest.fixture
 def agent_install(node: KubeNode, stack: Stack, consumer: str, image: Image, tmp_path: Path) -> Iterator[Path]:
     """docs/consumers.md's install, run as written in a directory with the files it names: the consumer's
     token and the API's CA as given by the provider's operators, and its agent.yaml pointing at the API's
-    Service (this image, one replica, a 2 s poll). Removed again with everything it created."""
+    Service (this image, its two replicas, a 2 s poll). Removed again with everything it created."""
     (tmp_path / "token").write_text(consumer + "\n")
     (tmp_path / "ca.crt").write_bytes(stack.ca.ca_file.read_bytes())
     values = yaml.safe_load(file_block(CONSUMERS_DOC, "agent.yaml"))
-    values.update(providerUrl=f"https://{API_HOST}", image=image.tag, replicas=1, pollInterval="2s")
+    values.update(providerUrl=f"https://{API_HOST}", image=image.tag, pollInterval="2s")
     (tmp_path / "agent.yaml").write_text(yaml.safe_dump(values))
     node.ensure_namespace(CLAIM_NAMESPACE)
     try:
@@ -243,12 +275,16 @@ def agent_install(node: KubeNode, stack: Stack, consumer: str, image: Image, tmp
 def test_the_agent_as_a_pod_keeps_a_claims_secret_for_a_workload(
     node: KubeNode, agent_install: Path, api: ApiClient, shard_ready: str, shard: Shard, rest: Rest, image: Image
 ) -> None:
-    """docs/consumers.md on this cluster: the agent as a pod of the image (its ServiceAccount and RBAC, the
-    token and CA Secrets) reaches the API's Service; the documented claim becomes Ready and a Secret that a
-    workload pod logs in with through the shard's client endpoint; the documented rotation reaches that
-    pod's mounted Secret; the documented delete removes the Secret and the database."""
-    (agent_pod,) = wait_for(lambda: rest.list(PODS, AGENT_NAMESPACE)["items"], timeout=120, what="the agent's pod")
-    assert agent_pod["spec"]["containers"][0]["image"] == image.tag
+    """docs/consumers.md on this cluster: the agent as pods of the image (its ServiceAccount and RBAC, the
+    token and CA Secrets), two replicas of which one leads and the other is ready but idle, reaches the
+    API's Service; the documented claim becomes Ready and a Secret that a workload pod logs in with through
+    the shard's client endpoint; the documented rotation reaches that pod's mounted Secret; the leader pod
+    deleted, the other replica leads and the Secret is kept; the documented delete removes the Secret and
+    the database."""
+    agent_pods = wait_for(lambda: ready_agent_pods(rest, 2), timeout=180, what="the agent's two Ready pods")
+    assert all(p["spec"]["containers"][0]["image"] == image.tag for p in agent_pods)
+    agent_pod = wait_for(lambda: agent_leader(rest, agent_pods), timeout=60, what="an agent pod holding the Lease")
+    (idle,) = [p for p in agent_pods if p is not agent_pod]
     (agent_install / "claim.yaml").write_text(file_block(CONSUMERS_DOC, "claim.yaml"))
     run_documented(node, agent_install, "Claim a database")
     try:
@@ -298,9 +334,20 @@ def test_the_agent_as_a_pod_keeps_a_claims_secret_for_a_workload(
     with pytest.raises(psycopg.OperationalError):  # the old password no longer logs in
         shard.server.connect(before["username"], before["password"], before["database"]).close()
 
-    (still,) = rest.list(PODS, AGENT_NAMESPACE)["items"]  # the same pod did it all, never restarted
-    assert still["metadata"]["name"] == agent_pod["metadata"]["name"]
+    # The same pod did it all, never restarted; the other one is Ready and has run no pass.
+    still = rest.get(PODS, agent_pod["metadata"]["name"], AGENT_NAMESPACE)
     assert container(still)["restartCount"] == 0, container(still).get("lastState")
+    assert agent_metric(node, idle, "dbprovider_agent_leader") == 0
+    assert agent_metric(node, idle, 'dbprovider_agent_passes_total{outcome="synced"}') == 0
+    assert agent_metric(node, agent_pod, "dbprovider_agent_leader") == 1
+
+    # The leader pod deleted: the idle replica takes the Lease, and the Secret is kept as it is.
+    rest.delete(PODS, agent_pod["metadata"]["name"], AGENT_NAMESPACE)
+    wait_for(lambda: agent_leader(rest, [idle]), timeout=90, what="the idle agent replica leading")
+    wait_for(lambda: agent_metric(node, idle, 'dbprovider_agent_passes_total{outcome="synced"}') > 0, 60, "its pass")
+    kept = rest.get(SECRETS, CLAIM, CLAIM_NAMESPACE)
+    assert kept["data"] == rotated["data"] and kept["metadata"]["uid"] == rotated["metadata"]["uid"]
+    assert claim_condition(rest, "Ready").get("status") == "True"
 
     run_documented(node, agent_install, "Deleting a claim")
     wait_for(lambda: gone(lambda: rest.get(CLAIMS, CLAIM, CLAIM_NAMESPACE)), timeout=120, what="the claim gone")

@@ -391,6 +391,7 @@ def test_a_database_move_is_followed_with_kubectl_get(installed: Installed, clea
         "mode": "Auto",
         "force": False,
         "abort": False,
+        "rollback": False,
     }
     now = now_stamp()
     refused = {
