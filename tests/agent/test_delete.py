@@ -90,5 +90,6 @@ def test_a_claim_deleted_while_the_last_list_lacks_its_database_still_deletes_it
             view = provider_view(stack, db_id)
             return view if view["deleteRequestedAt"] is not None else None
 
-        view = wait_for(delete_requested, 30, "deleteRequestedAt at the provider", max_interval=0.5)
-        assert view["dropAfter"] is not None
+        wait_for(delete_requested, 30, "deleteRequestedAt at the provider", max_interval=0.5)
+        # dropAfter comes with the soft delete's disable, which waits for a create still provisioning.
+        wait_for(lambda: provider_view(stack, db_id)["dropAfter"], 90, "the soft delete's dropAfter", max_interval=0.5)
