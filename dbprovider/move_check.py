@@ -5,8 +5,8 @@ Reads the install's config and the two Shards from the DB cluster, logs in to ea
 provisioner (as the manager does, `--admin-host-override` for port-forwards) and reports, one line
 each, what `reconciler.sql.move_preflight` finds: per shard what it lacks for the online path, and
 with `--database` what in that database logical replication would not carry. Then the offline path:
-the pg_dump and pg_restore found by the manager's rules (reconciler.move.setup) on this machine, their
-majors against the two shards', and with `--database` its size against `moves.offlineMaxSize`.
+the pg_dump and pg_restore a move between the two shards' majors would copy with, found by the
+manager's rules (reconciler.move.tools) on this machine, and with `--database` its size against `moves.offlineMaxSize`.
 Exit 0 when an online move is possible, 1 when something is missing for it, 2 when the cluster or a
 shard cannot be read.
 
@@ -20,7 +20,6 @@ import contextlib
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TextIO
 
 import kubernetes
@@ -39,10 +38,10 @@ from domain.resources import DATABASES, SHARDS
 from domain.specs import parse_shard
 from domain.status import DatabaseStatus
 from informers import Rest
-from reconciler.move.setup import find_pg_dump, find_pg_restore
+from reconciler.move.tools import ClientTools
 from reconciler.shard.admin import AdminPolicy, AdminRefused, AdminSecretInvalid, admin_endpoint
 from reconciler.sql.errors import classify
-from reconciler.sql.move_offline import binaries_obstacle, client_major, database_size
+from reconciler.sql.move_offline import database_size
 from reconciler.sql.move_preflight import (
     EXTENSION_MISSING,
     Obstacle,
@@ -89,30 +88,20 @@ def offline_lines(names: tuple[str, str], found: Offline, max_bytes: int) -> lis
     """The offline path's report, one (line, obstacle?) each: the copy tools (by the manager's rules,
     on this machine) against both shards' majors, and the database's size against the limit."""
     lines: list[tuple[str, bool]] = []
-    tools: list[Path] = []
-    pg_dump = find_pg_dump()
-    for binary, path in (("pg_dump", pg_dump), ("pg_restore", find_pg_restore(pg_dump))):
-        if path is None:
-            lines.append((f"offline: {binary} not found (DBPROVIDER_{binary.upper()}, PATH) [binaries]", True))
-            continue
-        major = client_major(path)
-        lines.append(
-            (f"offline: {binary} {path} is {f'PostgreSQL {major}' if major else 'of an unknown major'}", False)
-        )
-        tools.append(path)
     source, target = found.majors
-    if len(tools) == 2:
-        unfit = binaries_obstacle((tools[0], tools[1]), source, target)
-        if unfit is not None:
-            lines.append((f"offline: {unfit} [binaries]", True))
-        else:
-            lines.append(
-                (
-                    f"offline: they copy from shard {names[0]} (PostgreSQL {source}) to shard "
-                    f"{names[1]} (PostgreSQL {target})",
-                    False,
-                )
+    chosen = ClientTools.from_environment().for_move(source, target)
+    if isinstance(chosen, str):
+        lines.append((f"offline: {chosen} [binaries]", True))
+    elif chosen.pg_restore is None:
+        lines.append((f"offline: no pg_restore of PostgreSQL {chosen.major} where the manager runs [binaries]", True))
+    else:
+        lines.append(
+            (
+                f"offline: pg_dump {chosen.pg_dump} and pg_restore {chosen.pg_restore} of PostgreSQL {chosen.major} "
+                f"copy from shard {names[0]} (PostgreSQL {source}) to shard {names[1]} (PostgreSQL {target})",
+                False,
             )
+        )
     limit = f"moves.offlineMaxSize {_mib(max_bytes)}"
     if found.size is not None and found.size > max_bytes:
         lines.append(

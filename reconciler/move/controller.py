@@ -32,7 +32,6 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -62,6 +61,7 @@ from domain.status import DatabaseStatus
 from informers import SECRETS, Informer, Rest
 from reconciler.events import EventRecorder
 from reconciler.move.metrics import MoveMetrics
+from reconciler.move.tools import ClientTools, MoveTools
 from reconciler.placement_index import PlacementIndex
 from reconciler.runtime import ReconcileError, Result, TerminalError, ensure_active, patch_status, write_status
 from reconciler.shard.admin import AdminEndpointCache, AdminRefused, AdminSecretInvalid
@@ -82,6 +82,7 @@ APPLICATION_NAME = "dbprovider-move"
 CATCH_UP_POLL = 2.0  # seconds between looks at the copy and the stream
 CUTOVER_LAG = 16 << 20  # bytes of WAL the target may still lack when the fence goes up
 CUTOVER_BUDGET = 30.0  # seconds of write pause before a cutover gives the source back
+TOOLS_MISSING = "ClientToolsMissing"  # reason of a copy step retried until the manager has the tools
 NO_CAPACITY_RETRY = 60.0  # seconds between looks for a target when spec.target is any and none has room
 # How a failed step is named in the Ready condition ("copying failed: timeout").
 STEP_NAMES = {
@@ -111,8 +112,7 @@ class MoveController:
         shards: Informer,
         admin_endpoints: AdminEndpointCache,
         *,
-        pg_dump: Path | None,
-        pg_restore: Path | None = None,
+        tools: ClientTools,
         events: EventRecorder | None = None,
         fence: Fence | None = None,
         placement: PlacementIndex | None = None,
@@ -122,8 +122,8 @@ class MoveController:
         metrics: MoveMetrics | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
-        """`pg_dump`, `pg_restore`: the binaries that copy a database (of the target's major); None: not
-        installed. `placement`: chooses the target of `target: any` (None: such a move waits);
+        """`tools`: where the client tools that copy a database are found (those of the target's major);
+        `placement`: chooses the target of `target: any` (None: such a move waits);
         `connection_limit`: what a Database commits to a shard's connection budget; `offline_max_bytes`:
         the largest database an offline move copies without spec.force; `rollback_window`: how long
         the source keeps its copy after a move."""
@@ -133,8 +133,7 @@ class MoveController:
         self.databases = databases
         self.shards = shards
         self.admin_endpoints = admin_endpoints
-        self.pg_dump = pg_dump
-        self.pg_restore = pg_restore
+        self.tools = tools
         self.placement = placement
         self.connection_limit = connection_limit
         self.offline_max_bytes = offline_max_bytes
@@ -455,28 +454,23 @@ class MoveController:
         else:
             found = [f"database: {o.message}" for o in inside_found if o.code == EXTENSION_MISSING]
             found += self._offline_size(obj, size)
-            if self.pg_dump is not None and self.pg_restore is not None:
-                binaries = (self.pg_dump, self.pg_restore)
-                unfit = move_offline.binaries_obstacle(binaries, facts[0].major, facts[1].major)
-                found += [unfit] if unfit is not None else []
             if found and online and obj.spec.mode == MoveMode.AUTO:
                 found.insert(0, f"online not possible ({'; '.join(online)}), so offline")
+        tools = self.tools.for_move(facts[0].major, facts[1].major)
+        if isinstance(tools, str):
+            found.append(tools)
+        elif tools.pg_restore is None and mode == MoveMode.OFFLINE:
+            found.append(f"no pg_restore of PostgreSQL {tools.major} where the manager runs")
         if found:
             self._fail(obj, MoveReason.PREFLIGHT_FAILED, "; ".join(found))
             return obj.with_status(phase=MovePhase.FAILED)
-        missing = [
-            binary
-            for binary, path in (("pg_dump", self.pg_dump), ("pg_restore", self.pg_restore))
-            if path is None and (binary == "pg_dump" or mode == MoveMode.OFFLINE)
-        ]
-        if missing:
-            self._fail(obj, MoveReason.FAILED, f"{' and '.join(missing)} not installed where the manager runs")
-            return obj.with_status(phase=MovePhase.FAILED)
+        assert not isinstance(tools, str)
         how = "online" if mode == MoveMode.ONLINE else "offline: writes pause until the copy is opened on the target"
         self._event(
             obj,
             "MoveStarted",
-            f"moving from shard {obj.status.source_shard} to shard {obj.status.target_shard} {how}",
+            f"moving from shard {obj.status.source_shard} to shard {obj.status.target_shard} {how}, "
+            f"with the client tools of PostgreSQL {tools.major}",
         )
         message = "copying the schema and the data" if mode == MoveMode.ONLINE else "copying the closed database"
         return self._phase(obj, MovePhase.COPYING, message, started_at=self.clock(), mode=mode)
@@ -492,36 +486,45 @@ class MoveController:
         ]
 
     def _copy(self, obj: DatabaseMoveObject) -> DatabaseMoveObject:
-        assert self.pg_dump is not None
         if obj.status.mode == MoveMode.OFFLINE:
             return self._copy_offline(obj)
         with self._sessions(obj) as (source, target):
             plan = self._plan(obj, source)
             move.prepare_target(target, plan.tenant)
-            move.copy_schema(source, target, plan, self.pg_dump)
+            move.copy_schema(source, target, plan, self._tools(source, target).pg_dump)
             move.publish(source, plan.name)
             move.subscribe(source, target, plan)
         return self._phase(obj, MovePhase.CATCHING_UP, "copying the data")
 
     def _copy_offline(self, obj: DatabaseMoveObject) -> DatabaseMoveObject:
         """The source closed (writes pause from here), then copied to the target once."""
-        assert self.pg_dump is not None and self.pg_restore is not None
         with self._lock:
             severs = self._severs
         with self._sessions(obj) as (source, target):
             plan = self._plan(obj, source)
             move.prepare_target(target, plan.tenant)
+            tools = self._tools(source, target, offline=True)
+            assert tools.pg_restore is not None
             move_offline.close_source(source, plan.name)
             move_offline.copy_database(
-                source, target, plan, self.pg_dump, self.pg_restore, cancelled=lambda: self._severs != severs
+                source, target, plan, tools.pg_dump, tools.pg_restore, cancelled=lambda: self._severs != severs
             )
         return self._phase(obj, MovePhase.CUTTING_OVER, "opening the copy on the target")
 
+    def _tools(self, source: psycopg.Connection, target: psycopg.Connection, *, offline: bool = False) -> MoveTools:
+        """The client tools for the majors of the two shards (the preflight found them; a manager started
+        since then may lack them: retried until it has them or the move is aborted)."""
+        tools = self.tools.for_move(source.info.server_version // 10000, target.info.server_version // 10000)
+        if isinstance(tools, str):
+            raise ReconcileError(TOOLS_MISSING, tools)
+        if offline and tools.pg_restore is None:
+            raise ReconcileError(TOOLS_MISSING, f"no pg_restore of PostgreSQL {tools.major} where the manager runs")
+        return tools
+
     def _catch_up(self, obj: DatabaseMoveObject) -> tuple[DatabaseMoveObject, float | None]:
-        assert self.pg_dump is not None
         with self._sessions(obj) as (source, target):
             plan = self._plan(obj, source)
-            move.copy_new_tables(source, target, plan, self.pg_dump)
+            move.copy_new_tables(source, target, plan, self._tools(source, target).pg_dump)
             now = move.progress(source, target, plan)
         if now.copied and now.lag_bytes is not None and now.lag_bytes < CUTOVER_LAG:
             return self._phase(obj, MovePhase.CUTTING_OVER, "cutting over: writes pause"), None
@@ -698,12 +701,11 @@ class MoveController:
     ) -> Result | float:
         """The online rollback: waits (a Result) until the stream back has every table and is close
         to the target; then the fenced cutover in reverse; its write pause."""
-        assert self.pg_dump is not None
         name = back.name
         if not read_state(source, name).tenant_can_connect and read_state(target, name).tenant_can_connect:
             if not move_rollback.reverse_streaming(source, name):
                 raise RollbackRefused("the stream back to the source has ended")
-            move.copy_new_tables(target, source, back, self.pg_dump)
+            move.copy_new_tables(target, source, back, self._tools(target, source).pg_dump)
             now = move_rollback.reverse_progress(source, target, back)
             if not (now.copied and now.lag_bytes is not None and now.lag_bytes < CUTOVER_LAG):
                 message = (
@@ -725,19 +727,18 @@ class MoveController:
         """The offline rollback: refused above the size limit unless forced (spec.force), or without
         fitting binaries, before anything changes; then the target closed and copied back into the
         emptied source, which is opened; the write pause (since the rollback started)."""
-        if self.pg_dump is None or self.pg_restore is None:
-            raise RollbackRefused("pg_dump and pg_restore are not installed where the manager runs")
+        tools = self.tools.for_move(read_shard(target).major, read_shard(source).major)
+        if isinstance(tools, str) or tools.pg_restore is None:
+            raise RollbackRefused(tools if isinstance(tools, str) else f"no pg_restore of PostgreSQL {tools.major}")
         name = back.name
         if read_state(target, name).tenant_can_connect and not read_state(source, name).tenant_can_connect:
             found = self._offline_size(obj, move_offline.database_size(target, name))
-            majors = read_shard(target).major, read_shard(source).major
-            unfit = move_offline.binaries_obstacle((self.pg_dump, self.pg_restore), *majors)
-            if found or unfit:
-                raise RollbackRefused("; ".join([*found, *([unfit] if unfit else [])]))
+            if found:
+                raise RollbackRefused("; ".join(found))
         with self._lock:
             severs = self._severs
         move_rollback.copy_back(
-            source, target, back, self.pg_dump, self.pg_restore, cancelled=lambda: self._severs != severs
+            source, target, back, tools.pg_dump, tools.pg_restore, cancelled=lambda: self._severs != severs
         )
         ready = find_condition(obj.status.conditions, MoveConditionType.READY)
         since = ready.last_transition_time if ready is not None else self.clock()

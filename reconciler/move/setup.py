@@ -2,17 +2,14 @@
 requeues (the copy and the stream are looked at every few seconds).
 
 Two workers: at most two moves run at the same time, each holding two admin sessions of its own (not
-the Database workers'). The schema is copied by `pg_dump`: the binary named by DBPROVIDER_PG_DUMP, else the one
-on PATH; an offline move restores with `pg_restore`: the binary named by DBPROVIDER_PG_RESTORE, else the one
-beside that pg_dump, else the one on PATH. Without them a move fails its preflight with a message saying so.
+the Database workers'). A move copies with the client tools of the target shard's major, found as
+reconciler.move.tools says (DBPROVIDER_PG_TOOLS, DBPROVIDER_PG_DUMP, DBPROVIDER_PG_RESTORE, PATH);
+without them it fails its preflight with a message saying so.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 from functools import partial
-from pathlib import Path
 
 from domain.admin_access import OutsidePod
 from domain.config import InstallConfig
@@ -22,29 +19,12 @@ from informers import Informer, Rest
 from reconciler.events import EventRecorder
 from reconciler.move.controller import MoveController
 from reconciler.move.metrics import MoveCollector, MoveMetrics
+from reconciler.move.tools import ClientTools
 from reconciler.placement_index import PlacementIndex
 from reconciler.runtime import Controller, ControllerManager
 from reconciler.shard.admin import AdminEndpointCache, AdminPolicy
 
-PG_DUMP_VARIABLE = "DBPROVIDER_PG_DUMP"
-PG_RESTORE_VARIABLE = "DBPROVIDER_PG_RESTORE"
 MOVE_WORKERS = 2  # moves of different Databases at the same time (one waiting on a shard holds up only itself)
-
-
-def find_pg_dump() -> Path | None:
-    named = os.environ.get(PG_DUMP_VARIABLE) or shutil.which("pg_dump")
-    return Path(named) if named else None
-
-
-def find_pg_restore(pg_dump: Path | None) -> Path | None:
-    """DBPROVIDER_PG_RESTORE, else the pg_restore beside `pg_dump` (the same release), else the one on PATH."""
-    named = os.environ.get(PG_RESTORE_VARIABLE)
-    if named:
-        return Path(named)
-    if pg_dump is not None and (beside := pg_dump.with_name("pg_restore")).is_file():
-        return beside
-    found = shutil.which("pg_restore")
-    return Path(found) if found else None
 
 
 def setup_moves(
@@ -72,8 +52,7 @@ def setup_moves(
         databases,
         shards,
         AdminEndpointCache(rest, policy, outside_pod.admin_host),
-        pg_dump=(pg_dump := find_pg_dump()),
-        pg_restore=find_pg_restore(pg_dump),
+        tools=ClientTools.from_environment(),
         events=events,
         fence=manager.fence,
         placement=placement,

@@ -68,21 +68,6 @@ def client_major(binary: Path) -> int:
     return int(found.group(1)) if found else 0
 
 
-def binaries_obstacle(binaries: tuple[Path, ...], source_major: int, target_major: int) -> str | None:
-    """Why `binaries` (pg_dump, pg_restore) cannot copy from a server of `source_major` to one of
-    `target_major`, or None: pg_dump reads servers of its major and older only, and pg_restore
-    writes statements that servers older than it refuse."""
-    for binary in binaries:
-        major = client_major(binary)
-        if not source_major <= major <= target_major:
-            shown = f"PostgreSQL {major}" if major else "of an unknown PostgreSQL major"
-            return (
-                f"the manager's {binary.name} is {shown}: copying from PostgreSQL {source_major} to PostgreSQL "
-                f"{target_major} needs pg_dump and pg_restore of a major from {source_major} to {target_major}"
-            )
-    return None
-
-
 def database_size(source: psycopg.Connection, name: str) -> int:
     """The tenant's database on the source, in bytes (what the offline copy has to carry)."""
     with tenant_database(source, name) as inside, as_role(inside, name):

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from domain.constants import API_VERSION
-from harness import KubeControlPlane, PostgresServer
+from harness import POSTGRES_FLAVORS, KubeControlPlane, PostgresServer
 from reconciler.sql.session import AdminSession
 from reconciler.sql.tenant import ensure_tenant
 from tests.sql.helpers import admin_endpoint, new_spec
@@ -130,12 +130,11 @@ def test_move_check_reads_the_cluster_and_names_what_each_shard_and_the_database
         assert "online move not possible: 7 obstacle(s)" in lines
         # The offline path: the copy tools against both shards' majors, the database's size against the limit.
         major = server.major
-        assert f"offline: pg_dump {server.bin_dir / 'pg_dump'} is PostgreSQL {major}" in lines
-        assert f"offline: pg_restore {server.bin_dir / 'pg_restore'} is PostgreSQL {major}" in lines
+        bin_dir = server.bin_dir
         assert (
-            f"offline: they copy from shard {source} (PostgreSQL {major}) to shard {target} (PostgreSQL {major})"
-            in lines
-        )
+            f"offline: pg_dump {bin_dir / 'pg_dump'} and pg_restore {bin_dir / 'pg_restore'} of PostgreSQL {major} "
+            f"copy from shard {source} (PostgreSQL {major}) to shard {target} (PostgreSQL {major})"
+        ) in lines
         too_big = [line for line in lines if line.startswith("offline: the database is ")]
         assert len(too_big) == 1 and "above moves.offlineMaxSize 1 MiB" in too_big[0], lines
         assert "spec.force: true [offline_size]" in too_big[0]
@@ -146,12 +145,19 @@ def test_move_check_reads_the_cluster_and_names_what_each_shard_and_the_database
         assert shards_only.returncode == 1, shards_only.stdout
         assert "offline: databases up to moves.offlineMaxSize 1 MiB are moved without spec.force" in shards_only.stdout
         assert shards_only.stdout.splitlines()[-1] == f"offline move possible from shard {source} to shard {target}"
-        old_restore = {**tools, "DBPROVIDER_PG_RESTORE": "/usr/lib/postgresql/15/bin/pg_restore"}
-        unfit = _run(kube, tmp_path, "--shard", source, "--target", target, tools=old_restore)
-        assert (
-            f"offline: the manager's pg_restore is PostgreSQL 15: copying from PostgreSQL {major} to PostgreSQL "
-            f"{major} needs pg_dump and pg_restore of a major from {major} to {major} [binaries]"
-        ) in unfit.stdout.splitlines()
+        # Only tools of another major (none on PATH, none in the per-major directory): none to copy with.
+        other = "18" if major == 15 else "15"
+        unfit_tools = {
+            "DBPROVIDER_PG_DUMP": str(POSTGRES_FLAVORS[other].locate() / "pg_dump"),
+            "DBPROVIDER_PG_TOOLS": str(tmp_path / "no-tools"),
+            "PATH": str(tmp_path / "no-tools"),
+        }
+        unfit = _run(kube, tmp_path, "--shard", source, "--target", target, tools=unfit_tools)
+        assert any(
+            line.startswith(f"offline: no pg_dump of PostgreSQL {major} where the manager runs")
+            and line.endswith("[binaries]")
+            for line in unfit.stdout.splitlines()
+        ), unfit.stdout
         assert unfit.stdout.splitlines()[-1] == "offline move not possible: 1 obstacle(s)"
 
         missing = _run(kube, tmp_path, "--shard", source, "--target", "movecheck-nowhere")

@@ -530,16 +530,20 @@ def test_sigkill_of_the_leaders_manager_hands_over_and_restarts_it(
 def test_an_offline_move_copies_with_the_images_pg_dump_and_pg_restore(
     node: KubeNode, api: ApiClient, shard_ready: str, rest: Rest, shard: Shard, move_target: Shard
 ) -> None:
-    # Each pod finds the image's PostgreSQL 18 client tools as a move's preflight looks for them.
+    # Each pod finds the image's client tools of each target major as a move's preflight looks for them.
     script = (
-        "from reconciler.move.setup import find_pg_dump, find_pg_restore\n"
-        "from reconciler.sql.move_offline import client_major\n"
-        "d = find_pg_dump(); r = find_pg_restore(d)\n"
-        "print(d, r, client_major(d), client_major(r))\n"
+        "from reconciler.move.tools import ClientTools\n"
+        "tools = ClientTools.from_environment()\n"
+        "for major in (15, 16, 17, 18):\n"
+        "    chosen = tools.for_move(15, major)\n"
+        "    print(chosen.major, chosen.pg_dump, chosen.pg_restore)\n"
     )
+    expected = [
+        [str(m), f"/opt/postgresql/{m}/bin/pg_dump", f"/opt/postgresql/{m}/bin/pg_restore"] for m in range(15, 19)
+    ]
     for pod in ready_pods(rest):
-        found = exec_in(node, pod["metadata"]["name"], "python", "-c", script).split()
-        assert found == ["/opt/postgresql/bin/pg_dump", "/opt/postgresql/bin/pg_restore", "18", "18"], found
+        found = exec_in(node, pod["metadata"]["name"], "python", "-c", script).splitlines()
+        assert [line.split() for line in found] == expected, found
 
     status, body = api.call("PUT", "/v1/databases/moving", {"sizeClass": "small"})
     assert status == 201, body

@@ -11,10 +11,11 @@ from collections.abc import Iterator
 import pytest
 
 from harness import PostgresServer
+from reconciler.move.tools import ClientTools
 from reconciler.sql.session import AdminEndpoint, AdminSession
 from reconciler.sql.tenant import TenantSpec, ensure_tenant
 from tests.sql.helpers import admin_endpoint, as_tenant, new_spec
-from tests.support.postgres import PG_FLAVORS, PostgresPool, drop_as_superuser
+from tests.support.postgres import PG_FLAVORS, PostgresPool, client_tools_root, drop_as_superuser
 
 
 @pytest.fixture
@@ -132,3 +133,11 @@ def logical_pool() -> Iterator[LogicalPool]:
     pool = LogicalPool()
     yield pool
     pool.close()
+
+
+@pytest.fixture(scope="session")
+def client_tools(tmp_path_factory: pytest.TempPathFactory) -> ClientTools:
+    """The client tools of the majors of this run, laid out as the image lays them out (one directory
+    per major), and nothing else: a move picks its tools there."""
+    root = client_tools_root(tmp_path_factory.mktemp("client-tools"), *PG_FLAVORS)
+    return ClientTools(root=root, search_path=False)

@@ -22,7 +22,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from harness import PostgresServer
+from harness import POSTGRES_FLAVORS, PostgresServer
+from reconciler.move.tools import ClientTools, MoveTools
 from reconciler.sql import errors, move
 from reconciler.sql.errors import SqlFailure
 from reconciler.sql.session import connect_admin
@@ -161,14 +162,17 @@ def agrees(table: dict[int, tuple[str, str | None]], writer: Writer) -> None:
 class Move:
     """The two admin sessions of a move and its plan."""
 
-    def __init__(self, pair: Pair) -> None:
+    def __init__(self, pair: Pair, tools: ClientTools) -> None:
         self.pair = pair
         self.source = connect_admin(admin_endpoint(pair.source))
         self.target = connect_admin(admin_endpoint(pair.target))
         # The harness' servers run with the test runner's HOME, whose client certificate they may not
         # read (libpq tries it whenever TLS is asked for): the stream goes without TLS on loopback.
         self.plan = move.MovePlan(pair.spec, "127.0.0.1", pair.source.port, sslmode="disable")
-        self.pg_dump = pair.target.bin_dir / "pg_dump"
+        # The tools a move picks for the two majors: those of the target's.
+        chosen = tools.for_move(self.source.info.server_version // 10000, self.target.info.server_version // 10000)
+        assert isinstance(chosen, MoveTools) and chosen.major == pair.target.flavor.major
+        self.pg_dump = chosen.pg_dump
 
     def close(self) -> None:
         self.source.close()
@@ -226,8 +230,8 @@ def pair(request: pytest.FixtureRequest, logical_pool: LogicalPool) -> Iterator[
 
 
 @pytest.fixture
-def moving(pair: Pair) -> Iterator[tuple[Move, Writer]]:
-    mover, writer = Move(pair), Writer(pair)
+def moving(pair: Pair, client_tools: ClientTools) -> Iterator[tuple[Move, Writer]]:
+    mover, writer = Move(pair, client_tools), Writer(pair)
     writer.start()
     yield mover, writer
     writer.stop()
@@ -370,8 +374,10 @@ def test_an_aborted_move_leaves_the_source_serving_and_the_target_clean(
     assert pair.target.query("SELECT count(*) FROM pg_subscription") == [(0,)]
 
 
-def test_the_target_is_closed_to_the_tenant_until_the_cutover_and_a_logged_target_is_refused(pair: Pair) -> None:
-    mover = Move(pair)
+def test_the_target_is_closed_to_the_tenant_until_the_cutover_and_a_logged_target_is_refused(
+    pair: Pair, client_tools: ClientTools
+) -> None:
+    mover = Move(pair, client_tools)
     try:
         move.prepare_target(mover.target, pair.spec)
         assert not can_connect(pair.target, pair.name, pair.spec.password, pair.name)
@@ -390,10 +396,12 @@ def test_the_target_is_closed_to_the_tenant_until_the_cutover_and_a_logged_targe
 
 
 @NEWEST
-def test_a_password_changed_during_the_move_is_the_one_that_logs_in_on_the_target(pair: Pair) -> None:
+def test_a_password_changed_during_the_move_is_the_one_that_logs_in_on_the_target(
+    pair: Pair, client_tools: ClientTools
+) -> None:
     """The consumer's password was rotated (on the source) while the data was copied: the cutover sets
     the password the consumer holds now on the target."""
-    mover = Move(pair)
+    mover = Move(pair, client_tools)
     try:
         mover.until_copied()
         rotated = new_spec().password
@@ -404,4 +412,23 @@ def test_a_password_changed_during_the_move_is_the_one_that_logs_in_on_the_targe
         assert can_connect(pair.target, pair.name, rotated, pair.name)
         assert not can_connect(pair.target, pair.name, pair.spec.password, pair.name)
     finally:
+        mover.close()
+
+
+@pytest.mark.parametrize("pair", [f for f in MOVE_FLAVORS if f == "16"], ids=["pg16"], indirect=True)
+def test_a_schema_dumped_by_a_newer_pg_dump_does_not_load_into_postgresql_16(
+    pair: Pair, client_tools: ClientTools
+) -> None:
+    """Why a move picks the target's tools: PostgreSQL 18's pg_dump writes settings that PostgreSQL 16
+    refuses, so its schema does not load; the one of 16 a move picks loads it."""
+    mover = Move(pair, client_tools)
+    try:
+        move.prepare_target(mover.target, pair.spec)
+        with pytest.raises(psycopg.errors.UndefinedObject, match="transaction_timeout"):
+            move.copy_schema(mover.source, mover.target, mover.plan, POSTGRES_FLAVORS["18"].locate() / "pg_dump")
+        move.copy_schema(mover.source, mover.target, mover.plan, mover.pg_dump)
+        tables = "SELECT count(*) FROM pg_tables WHERE tablename = 'items'"
+        assert catalog(pair.target, pair.name, tables) == [(1,)]
+    finally:
+        move.abort(mover.source, mover.target, mover.plan)
         mover.close()

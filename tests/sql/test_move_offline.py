@@ -146,14 +146,3 @@ def test_a_cancelled_copy_leaves_nothing_on_the_target(offline: Offline) -> None
     move_offline.copy_database(offline.source_admin, offline.target_admin, offline.plan, *offline.binaries)
     move_offline.open_offline(offline.source_admin, offline.target_admin, offline.plan)
     assert offline.content(offline.target) == offline.content(offline.source)
-
-
-def test_the_binaries_must_lie_between_the_two_majors(logical_pool: LogicalPool) -> None:
-    """pg_dump reads only servers of its major or older; pg_restore of PostgreSQL 18 sends settings that
-    PostgreSQL 15 refuses (transaction_timeout)."""
-    old, new = logical_pool.source("15").bin_dir, logical_pool.target("18").bin_dir
-    assert move_offline.binaries_obstacle((new / "pg_dump", new / "pg_restore"), 15, 18) is None
-    assert move_offline.binaries_obstacle((old / "pg_dump", old / "pg_restore"), 15, 15) is None
-    refused = move_offline.binaries_obstacle((new / "pg_dump", new / "pg_restore"), 15, 15)
-    assert refused is not None and "pg_dump is PostgreSQL 18" in refused
-    assert move_offline.binaries_obstacle((old / "pg_dump", old / "pg_restore"), 18, 18) is not None

@@ -11,13 +11,23 @@ import secrets
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import psycopg
 from psycopg import sql
 
-from harness import PostgresServer
+from harness import POSTGRES_FLAVORS, PostgresServer
 
 PG_FLAVORS = [f.strip() for f in os.environ.get("DBPROVIDER_PG_FLAVORS", "18,16,15").split(",") if f.strip()]
+
+
+def client_tools_root(root: Path, *majors: str) -> Path:
+    """`root` laid out as the image lays out its client tools (`<major>/bin/pg_dump`, ...), one
+    directory per major of `majors` made of the harness's build of that major; for DBPROVIDER_PG_TOOLS."""
+    for major in majors:
+        (root / major).mkdir(parents=True, exist_ok=True)
+        (root / major / "bin").symlink_to(POSTGRES_FLAVORS[major].locate())
+    return root
 
 
 class PostgresPool:

