@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import pytest
 from psycopg import sql
 
+from reconciler.move.tools import ClientTools
 from reconciler.sql import errors, move, move_rollback
 from reconciler.sql.errors import SqlFailure
 from tests.sql import test_move
@@ -29,8 +30,8 @@ pair = test_move.pair  # the two servers and the tenant of test_move, per major
 class Rollback(Move):
     """A move whose cutover keeps a stream back to the source."""
 
-    def __init__(self, pair: Pair) -> None:
-        super().__init__(pair)
+    def __init__(self, pair: Pair, tools: ClientTools) -> None:
+        super().__init__(pair, tools)
         self.back = move.MovePlan(pair.spec, "127.0.0.1", pair.target.port, sslmode="disable")
         self.reverse = move_rollback.Reverse(self.source, self.target, self.back)
 
@@ -79,10 +80,10 @@ def drop_reverse(pair: Pair) -> None:
 
 
 @pytest.fixture
-def rolling(pair: Pair) -> Iterator[tuple[Rollback, Writer]]:
+def rolling(pair: Pair, client_tools: ClientTools) -> Iterator[tuple[Rollback, Writer]]:
     target_grant(pair.source)  # the stream back: what the check asks of both shards
     source_grant(pair.target)
-    mover, writer = Rollback(pair), Writer(pair)
+    mover, writer = Rollback(pair, client_tools), Writer(pair)
     writer.start()
     yield mover, writer
     writer.stop()
