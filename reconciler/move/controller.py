@@ -258,6 +258,13 @@ class MoveController:
             problem = f"DatabaseMove {first} of the same Database came first and has not finished"
         elif status.shard == obj.spec.target:
             problem = f"Database {obj.spec.database} is on shard {obj.spec.target} already"
+        elif status.login_role is not None or status.retire_login_at is not None:
+            # A move copies the tenant role with the Secret's password: it would cut off the alternate.
+            problem = (
+                f"Database {obj.spec.database} hands out its alternate login role, or a rotation's overlap is "
+                "running: a move carries only the tenant role; move it after a rotation with an overlap "
+                "handed out the tenant role again and that overlap ended"
+            )
         name = obj.spec.target
         if problem is None and name == MOVE_TARGET_ANY:
             assert db is not None

@@ -18,14 +18,14 @@ import psycopg
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from domain.constants import API_VERSION
-from domain.resources import DATABASE_MOVES
+from domain.constants import ANNOTATION_ROTATE_OVERLAP, ANNOTATION_ROTATE_REQUESTED_AT, API_VERSION
+from domain.resources import DATABASE_MOVES, DATABASES
 from harness import PostgresServer
 from tests.reconciler.conftest import NAMESPACE, wait_events
 from tests.sql.conftest import LogicalPool
 from tests.sql.helpers import can_connect
 from tests.sql.test_move_privileges import source_grant, target_grant
-from tests.support.common import condition, wait_for
+from tests.support.common import condition, now_stamp, wait_for
 from tests.support.postgres import PostgresPool
 
 pytestmark = pytest.mark.server
@@ -281,6 +281,14 @@ def test_a_move_that_cannot_be_done_fails_with_a_message_and_touches_no_shard(
             ready = condition(failed, "Ready")
             assert ready["status"] == "False" and ready["reason"] == "Failed"
             assert message in ready["message"]
+    # A rotation with an overlap handed out the tenant's alternate login role: not carried by a move.
+    stamp = now_stamp()
+    annotations = {ANNOTATION_ROTATE_REQUESTED_AT: stamp, ANNOTATION_ROTATE_OVERLAP: "600"}
+    admin_rest.patch(DATABASES, database, {"metadata": {"annotations": annotations}}, NAMESPACE)
+    fleet.wait_database(database, lambda db: db["status"].get("rotationApplied") == stamp, 60, "the rotation")
+    with requested_move(fleet, admin_rest, database, target) as name:
+        failed = wait_for(lambda: failed_status(admin_rest, name), 60, f"move {name} to fail")
+        assert "hands out its alternate login role" in condition(failed, "Ready")["message"]
     assert fleet.get_database(database)["status"]["shard"] == source
     assert source_server.query(slots) == [(0,)] and target_server.query(slots) == [(0,)]
 
