@@ -351,7 +351,8 @@ class SoftDeleteConfig(ConfigModel):
 MAX_ROTATION_OVERLAP = timedelta(days=1)
 
 
-def _check_rotation_overlap(value: timedelta) -> timedelta:
+def check_rotation_overlap(value: timedelta) -> timedelta:
+    """An overlap of old and new credentials: whole seconds, at most a day (the API's and the claim's)."""
     if not timedelta(0) <= value <= MAX_ROTATION_OVERLAP or value.microseconds:
         raise ValueError("must be whole seconds from 0s to 1d")
     return value
@@ -361,7 +362,7 @@ class RotationConfig(ConfigModel):
     """Credential rotations: `defaultOverlap`, how long the old credentials keep working after a rotate
     request that names no overlap (0: they stop at once; the username then never changes)."""
 
-    default_overlap: Annotated[Duration, AfterValidator(_check_rotation_overlap)] = timedelta(0)
+    default_overlap: Annotated[Duration, AfterValidator(check_rotation_overlap)] = timedelta(0)
 
 
 class MovesConfig(ConfigModel):

@@ -15,7 +15,7 @@ from pydantic import AfterValidator, Field, StrictBool, StrictInt, StrictStr, Va
 from pydantic.config import JsonValue
 from pydantic_core import PydanticCustomError
 
-from domain.config import Duration
+from domain.config import Duration, check_rotation_overlap
 from domain.constants import (
     DEFAULT_TOKEN_KEY,
     MOVE_TARGET_ANY,
@@ -309,13 +309,6 @@ class DatabaseMoveSpec(SpecModel):
 # How long a claim's old credentials keep working after a rotation: the agent's poll plus the kubelet's
 # sync of a mounted Secret, with room to spare.
 CLAIM_ROTATION_OVERLAP = timedelta(minutes=10)
-CLAIM_ROTATION_OVERLAP_MAX = timedelta(days=1)
-
-
-def _check_claim_overlap(value: timedelta) -> timedelta:
-    if not timedelta(0) <= value <= CLAIM_ROTATION_OVERLAP_MAX or value.microseconds:
-        raise ValueError("must be whole seconds from 0s to 1d")
-    return value
 
 
 class ClaimRotation(SpecModel):
@@ -326,7 +319,7 @@ class ClaimRotation(SpecModel):
         description='Rotate this long after the last rotation (or after Ready), e.g. "30d"; unset: only on '
         "request (annotation db.bnerd.com/rotate).",
     )
-    overlap: Annotated[Duration, AfterValidator(_check_claim_overlap)] | None = Field(
+    overlap: Annotated[Duration, AfterValidator(check_rotation_overlap)] | None = Field(
         default=None,
         description="How long the old username and password keep logging in after the new ones are in the "
         'Secret (unset: "10m"; at most "1d"); "0s": they stop when the new password is set, and the username '
