@@ -263,6 +263,36 @@ def test_an_abort_during_the_copy_leaves_the_source_serving(fleet, admin_rest, m
     holder.close()
 
 
+def test_a_rotation_with_an_overlap_during_the_copy_ends_the_move_before_its_cutover(
+    fleet, admin_rest, move_servers, shards
+) -> None:
+    source_server, target_server = move_servers
+    source, target = shards
+    database = fleet.database("mv-rotated")
+    fleet.wait_phase(database, "Ready")
+    c = fleet.credentials(database)
+    tenant = c["database"]
+    holder = held_open(source_server, c)
+
+    with requested_move(fleet, admin_rest, database, target) as name:
+        waiting_for_slot(source_server)
+        stamp = now_stamp()
+        annotations = {ANNOTATION_ROTATE_REQUESTED_AT: stamp, ANNOTATION_ROTATE_OVERLAP: "600"}
+        admin_rest.patch(DATABASES, database, {"metadata": {"annotations": annotations}}, NAMESPACE)
+        fleet.wait_database(database, lambda db: db["status"].get("rotationApplied") == stamp, 60, "the rotation")
+        holder.commit()
+
+        failed = wait_for(lambda: failed_status(admin_rest, name), 120, f"move {name} to fail")
+        assert "aborted before the cutover" in condition(failed, "Ready")["message"]
+        assert fleet.get_database(database)["status"]["shard"] == source
+        new = fleet.credentials(database)
+        assert new["user"] != c["user"] and can_connect(source_server, new["user"], new["password"], tenant)
+        assert can_connect(source_server, c["user"], c["password"], tenant)  # within the overlap
+        assert source_server.query("SELECT count(*) FROM pg_replication_slots") == [(0,)]
+        assert target_server.query("SELECT count(*) FROM pg_database WHERE datname = %s", (tenant,)) == [(0,)]
+    holder.close()
+
+
 def test_a_move_that_cannot_be_done_fails_with_a_message_and_touches_no_shard(
     fleet, admin_rest, move_servers, shards
 ) -> None:
