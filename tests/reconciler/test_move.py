@@ -293,6 +293,42 @@ def test_a_rotation_with_an_overlap_during_the_copy_ends_the_move_before_its_cut
     holder.close()
 
 
+def test_the_fence_ends_the_sessions_a_retired_alternate_login_left_open(
+    fleet, admin_rest, move_servers, shards
+) -> None:
+    source_server, _ = move_servers
+    _, target = shards
+    database = fleet.database("mv-alternate")
+    fleet.wait_phase(database, "Ready")
+    tenant = fleet.credentials(database)["database"]
+    with source_server.connect(
+        fleet.credentials(database)["user"], fleet.credentials(database)["password"], tenant
+    ) as c:
+        c.execute("CREATE TABLE orders (id bigint PRIMARY KEY)")
+        c.commit()
+    for i, overlap in enumerate(("3600", "1")):  # onto the alternate; back onto the tenant role, then retired
+        stamp = f"{now_stamp()[:-1]}.00000{i}Z"  # two stamps, even within one second
+        annotations = {ANNOTATION_ROTATE_REQUESTED_AT: stamp, ANNOTATION_ROTATE_OVERLAP: overlap}
+        admin_rest.patch(DATABASES, database, {"metadata": {"annotations": annotations}}, NAMESPACE)
+        fleet.wait_database(database, lambda db, s=stamp: db["status"].get("rotationApplied") == s, 60, "rotated")
+        if overlap == "3600":
+            alternate = fleet.credentials(database)
+            session = source_server.connect(alternate["user"], alternate["password"], tenant, autocommit=True)
+    fleet.wait_database(database, lambda db: not db["status"].get("retireLoginAt"), 60, "the overlap's end")
+    assert not can_connect(source_server, alternate["user"], alternate["password"], tenant)
+    assert session.execute("SELECT 1").fetchone() == (1,)  # retiring left it open
+
+    with requested_move(fleet, admin_rest, database, target) as name:
+        wait_for(
+            lambda: (admin_rest.get(DATABASE_MOVES, name, NAMESPACE).get("status") or {}).get("phase") == "Completed",
+            120,
+            "the move",
+        )
+    with pytest.raises(psycopg.OperationalError):  # no write of it could reach the source after the fence
+        session.execute("INSERT INTO orders VALUES (1)")
+    session.close()
+
+
 def test_a_move_that_cannot_be_done_fails_with_a_message_and_touches_no_shard(
     fleet, admin_rest, move_servers, shards
 ) -> None:
