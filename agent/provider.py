@@ -111,9 +111,11 @@ class Provider:
         """GET /v1/databases/{id}/credentials."""
         return self._call("GET", f"/v1/databases/{external_id}/credentials", ok=(200,))[1]
 
-    def rotate(self, external_id: str) -> View:
-        """POST /v1/databases/{id}/credentials/rotate (the old password works until the new one is in effect)."""
-        return self._call("POST", f"/v1/databases/{external_id}/credentials/rotate", body={}, ok=(202,))[1]
+    def rotate(self, external_id: str, overlap_seconds: int = 0) -> View:
+        """POST /v1/databases/{id}/credentials/rotate; the old credentials keep working `overlap_seconds`
+        after the new ones are handed out (0: until the new password is in effect)."""
+        body = {"overlapSeconds": overlap_seconds}
+        return self._call("POST", f"/v1/databases/{external_id}/credentials/rotate", body=body, ok=(202,))[1]
 
     def close(self) -> None:
         with self._lock:

@@ -61,6 +61,7 @@ from domain.constants import (
 from domain.naming import InvalidName
 from domain.objects import ClaimObject, Obj
 from domain.resources import CLAIMS
+from domain.specs import ClaimRotation
 from domain.status import ClaimBinding
 from domain.timefmt import format_time, parse_time
 from informers import SECRETS, Informer, Rest
@@ -366,7 +367,8 @@ class Syncer:
         due = interval is not None and report.now - last >= interval
         if not due and (not asked or asked == claim.status.rotation_requested):
             return
-        self.provider.rotate(db_id)
+        rotation = claim.spec.rotation or ClaimRotation()
+        self.provider.rotate(db_id, rotation.overlap_seconds)
         report.fields(rotation_requested=asked, last_rotation_time=report.now)
         why = "interval" if due else "annotation"
         self.events.record(claim, "RotationRequested", f"a new password for {db_id} was asked for ({why})")

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from api.errors import InvalidBody, UnsupportedMediaType
 from domain.conditions import READY, condition_reason
-from domain.config import InstallConfig, UnknownSizeClass
+from domain.config import MAX_ROTATION_OVERLAP, InstallConfig, UnknownSizeClass
 from domain.constants import (
     ANNOTATION_DELETE_REQUESTED_AT,
     ANNOTATION_ROTATE_REQUESTED_AT,
@@ -34,7 +34,8 @@ from domain.timefmt import format_time
 log = logging.getLogger(__name__)
 
 BODY_FIELDS = ("sizeClass", "engine")
-ROTATE_BODY_FIELDS = ("terminateSessions",)
+ROTATE_BODY_FIELDS = ("terminateSessions", "overlapSeconds")
+MAX_OVERLAP_SECONDS = int(MAX_ROTATION_OVERLAP.total_seconds())
 _JSON_TYPES = ("application/json",)
 
 
@@ -70,12 +71,37 @@ def _json_object(raw: bytes, content_type: str | None, fields: tuple[str, ...]) 
     return data
 
 
-def parse_rotate_body(raw: bytes, content_type: str | None) -> bool:
-    """The rotate body: empty or `{"terminateSessions": <bool>}`; True asks to end the old sessions."""
-    terminate = _json_object(raw, content_type, ROTATE_BODY_FIELDS).get("terminateSessions", False)
+@dataclass(frozen=True)
+class RotateRequest:
+    """A rotate request: end the old sessions, and how long the old credentials keep working (None:
+    the install's `rotation.defaultOverlap`)."""
+
+    terminate_sessions: bool = False
+    overlap_seconds: int | None = None
+
+    def overlap(self, config: InstallConfig) -> int:
+        """The overlap in seconds: none with terminateSessions (the old credentials stop at once)."""
+        if self.terminate_sessions:
+            return 0
+        if self.overlap_seconds is not None:
+            return self.overlap_seconds
+        return int(config.rotation.default_overlap.total_seconds())
+
+
+def parse_rotate_body(raw: bytes, content_type: str | None) -> RotateRequest:
+    """The rotate body: empty, or `{"terminateSessions": <bool>, "overlapSeconds": <0..86400>}` (both optional)."""
+    data = _json_object(raw, content_type, ROTATE_BODY_FIELDS)
+    terminate = data.get("terminateSessions", False)
     if not isinstance(terminate, bool):
         raise InvalidBody("terminateSessions must be true or false")
-    return terminate
+    overlap = data.get("overlapSeconds")
+    if overlap is not None and (
+        isinstance(overlap, bool) or not isinstance(overlap, int) or not 0 <= overlap <= MAX_OVERLAP_SECONDS
+    ):
+        raise InvalidBody(f"overlapSeconds must be an integer from 0 to {MAX_OVERLAP_SECONDS}")
+    if terminate and overlap:
+        raise InvalidBody("terminateSessions ends the old credentials at once: it takes no overlapSeconds")
+    return RotateRequest(terminate, overlap)
 
 
 def parse_empty_body(raw: bytes, content_type: str | None) -> None:

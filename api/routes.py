@@ -114,8 +114,10 @@ class CredentialsRotation(_DatabaseAction):
     """POST /v1/databases/{externalId}/credentials/rotate."""
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, externalId: str) -> None:  # noqa: N803
-        end_sessions = parse_rotate_body(read_body(req, self.max_body_bytes), req.content_type)
-        db = self.store.request_rotation(req.context.consumer, externalId, end_sessions)
+        request = parse_rotate_body(read_body(req, self.max_body_bytes), req.content_type)
+        db = self.store.request_rotation(
+            req.context.consumer, externalId, request.terminate_sessions, request.overlap(self.config)
+        )
         self._answer(resp, db, falcon.HTTP_202)
 
 

@@ -64,6 +64,7 @@ from domain.config import InstallConfig
 from domain.constants import (
     ANNOTATION_DELETE_REQUESTED_AT,
     ANNOTATION_ROTATE_END_SESSIONS,
+    ANNOTATION_ROTATE_OVERLAP,
     ANNOTATION_ROTATE_REQUESTED_AT,
     API_VERSION,
     CREDENTIALS_SECRET_SELECTOR,
@@ -320,11 +321,14 @@ class DatabaseStore:
 
         return self._annotate(consumer, external_id, decide)
 
-    def request_rotation(self, consumer: str, external_id: str, end_sessions: bool = False) -> DatabaseObject:
+    def request_rotation(
+        self, consumer: str, external_id: str, end_sessions: bool = False, overlap_seconds: int = 0
+    ) -> DatabaseObject:
         """Set the rotate annotation to the request time (a new value asks the reconciler for a new password).
 
         `end_sessions` also asks the reconciler to end the sessions opened with the old password,
-        by naming the same request time in the end-sessions annotation.
+        by naming the same request time in the end-sessions annotation. `overlap_seconds` (above 0)
+        asks for the new password on the tenant's other login role, the previous one working that long.
         """
 
         def decide(db: DatabaseObject) -> dict[str, str | None] | None:
@@ -335,7 +339,12 @@ class DatabaseStore:
             if value == db.metadata.annotations.get(ANNOTATION_ROTATE_REQUESTED_AT):  # same microsecond: still new
                 value = format_micro_time(moment + timedelta(microseconds=1))
             end = value if end_sessions else None  # None removes a flag left by an earlier request
-            return {ANNOTATION_ROTATE_REQUESTED_AT: value, ANNOTATION_ROTATE_END_SESSIONS: end}
+            overlap = str(overlap_seconds) if overlap_seconds > 0 and not end_sessions else None
+            return {
+                ANNOTATION_ROTATE_REQUESTED_AT: value,
+                ANNOTATION_ROTATE_END_SESSIONS: end,
+                ANNOTATION_ROTATE_OVERLAP: overlap,
+            }
 
         return self._annotate(consumer, external_id, decide)
 

@@ -349,6 +349,23 @@ class SoftDeleteConfig(ConfigModel):
     allow_undelete: StrictBool = False
 
 
+MAX_ROTATION_OVERLAP = timedelta(days=1)
+
+
+def check_rotation_overlap(value: timedelta) -> timedelta:
+    """An overlap of old and new credentials: whole seconds, at most a day (the API's and the claim's)."""
+    if not timedelta(0) <= value <= MAX_ROTATION_OVERLAP or value.microseconds:
+        raise ValueError("must be whole seconds from 0s to 1d")
+    return value
+
+
+class RotationConfig(ConfigModel):
+    """Credential rotations: `defaultOverlap`, how long the old credentials keep working after a rotate
+    request that names no overlap (0: they stop at once; the username then never changes)."""
+
+    default_overlap: Annotated[Duration, AfterValidator(check_rotation_overlap)] = timedelta(0)
+
+
 class MovesConfig(ConfigModel):
     """DatabaseMove: the largest database an offline move copies without `spec.force` (its writes pause
     for the whole copy, so a larger one is refused before anything starts), and how long the source
@@ -447,6 +464,7 @@ class InstallConfig(ConfigModel):
     prometheus_rule: PrometheusRuleConfig = PrometheusRuleConfig()
     dashboard: DashboardConfig = DashboardConfig()
     soft_delete: SoftDeleteConfig = SoftDeleteConfig()
+    rotation: RotationConfig = RotationConfig()
     moves: MovesConfig = MovesConfig()
     engines: EnginesConfig = EnginesConfig()
     api: ApiConfig = ApiConfig()

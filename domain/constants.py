@@ -125,6 +125,9 @@ ANNOTATION_ROTATE_REQUESTED_AT = f"{GROUP}/rotate-requested-at"
 # Set by the rotate route with `terminateSessions: true` (value: the same request time): once that
 # rotation's password is set, the tenant's sessions (opened with the old password) are ended.
 ANNOTATION_ROTATE_END_SESSIONS = f"{GROUP}/rotate-end-sessions"
+# Set by the rotate route with an overlap (value: the overlap in seconds; absent: none): the new
+# password goes on the tenant's other login role, and the previous one logs in until the overlap ends.
+ANNOTATION_ROTATE_OVERLAP = f"{GROUP}/rotate-overlap-seconds"
 # Held on every Database until its tenant is dropped (or it never got one).
 # Set by an operator when re-creating a Database whose object was lost (e.g. a held delete whose
 # finalizer was removed): "<shard>/<tenant name>" adopts that existing tenant instead of placing anew.

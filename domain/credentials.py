@@ -29,7 +29,7 @@ from domain.constants import (
     MANAGED_BY,
 )
 from domain.hosts import is_valid_client_host
-from domain.naming import credentials_secret_name, label_value
+from domain.naming import credentials_secret_name, label_value, login_roles
 from domain.specs import SSLMODES, ShardSpec
 
 ENDPOINT_KEYS = ("host", "port", "sslmode")
@@ -147,10 +147,12 @@ def secret_digest(secret: Mapping[str, Any]) -> str:
     return _digest_of(values, _password_usable(data.get("password")))
 
 
-def expected_digest(tenant: str, endpoint: Endpoint) -> str:
-    """The digest of a Secret that names `tenant` and `endpoint` and holds a usable password."""
-    names = encode_secret_value(tenant)
-    return _digest_of((names, names, *_encoded_endpoint(endpoint)), True)
+def expected_digest(tenant: str, endpoint: Endpoint, login: str | None = None) -> str:
+    """The digest of a Secret that names database `tenant`, user `login` (default: the tenant role) and
+    `endpoint`, and holds a usable password."""
+    database = encode_secret_value(tenant)
+    user = database if login is None else encode_secret_value(login)
+    return _digest_of((database, user, *_encoded_endpoint(endpoint)), True)
 
 
 # -- passwords -------------------------------------------------------------------------------------
@@ -177,12 +179,13 @@ def password_pending(secret: Mapping[str, Any], password_applied: str | None) ->
     return current is not None and current != password_applied
 
 
-def password_patch(password: str) -> dict[str, Any]:
-    """A merge patch putting a new password, with a new id, into the Secret (a rotation)."""
-    return {
-        "metadata": {"annotations": {ANNOTATION_PASSWORD_ID: new_password_id()}},
-        "data": {"password": encode_secret_value(password)},
-    }
+def password_patch(password: str, user: str | None = None) -> dict[str, Any]:
+    """A merge patch putting a new password, with a new id, into the Secret (a rotation); with `user`,
+    the login role it belongs to as well (a rotation with an overlap hands out the other role)."""
+    data = {"password": encode_secret_value(password)}
+    if user is not None:
+        data["user"] = encode_secret_value(user)
+    return {"metadata": {"annotations": {ANNOTATION_PASSWORD_ID: new_password_id()}}, "data": data}
 
 
 def credentials_version(secret: Mapping[str, Any], password_applied: str | None) -> str:
@@ -243,8 +246,8 @@ def is_controlled_by(secret: Mapping[str, Any], database_uid: str | None) -> boo
 
 
 def names_tenant(values: Mapping[str, str], tenant: str) -> bool:
-    """The decoded Secret names `tenant` as both database and user."""
-    return values.get("database") == tenant and values.get("user") == tenant
+    """The decoded Secret names `tenant` as its database, and one of the tenant's login roles as its user."""
+    return values.get("database") == tenant and values.get("user") in login_roles(tenant)
 
 
 def classify_secret(secret: Mapping[str, Any] | None, database_uid: str, tenant: str) -> SecretState:
@@ -259,12 +262,14 @@ def classify_secret(secret: Mapping[str, Any] | None, database_uid: str, tenant:
     return SecretState.OURS
 
 
-def secret_settled(secret: Mapping[str, Any], database_uid: str, tenant: str, endpoint: Endpoint) -> bool:
+def secret_settled(
+    secret: Mapping[str, Any], database_uid: str, tenant: str, endpoint: Endpoint, login: str | None = None
+) -> bool:
     """The Secret is ours and consistent (`classify_secret` says OURS) and its endpoint keys are `endpoint`'s
     (`endpoint_patch` finds nothing to change), checked for every Secret at a start on the caches' form: its
     digest (`secret_digest`) is that of the expected values in their base64 form (the apiserver always writes
     the canonical one; any other reads as not settled, and the full pass decides)."""
-    return is_controlled_by(secret, database_uid) and secret_digest(secret) == expected_digest(tenant, endpoint)
+    return is_controlled_by(secret, database_uid) and secret_digest(secret) == expected_digest(tenant, endpoint, login)
 
 
 @lru_cache(maxsize=1024)

@@ -223,3 +223,24 @@ def tenant_name(external_id: str, uid: str) -> str:
         raise ValueError("uid must be a non-empty string")
     readable = external_id.replace("-", "_")[:_TENANT_ID_PART_MAX]
     return f"t_{readable}_{_sha256_hex(uid, _TENANT_HASH_LENGTH)}"
+
+
+ALTERNATE_SUFFIX = "_alt"
+
+
+def alternate_name(tenant: str) -> str:
+    """The tenant's second login role, which takes turns with it at rotations with an overlap.
+
+    `<tenant>_alt`: a tenant name ends in `_` and hex digits, so no tenant is ever named like an
+    alternate, and distinct tenants have distinct alternates. A tenant name too long for the suffix
+    (never one `tenant_name` makes) is cut and keeps a hash of the whole, within 63 bytes.
+    """
+    if len(tenant.encode()) + len(ALTERNATE_SUFFIX) <= PG_IDENTIFIER_MAX_BYTES:
+        return tenant + ALTERNATE_SUFFIX
+    keep = PG_IDENTIFIER_MAX_BYTES - len(ALTERNATE_SUFFIX) - _TENANT_HASH_LENGTH - 1
+    return f"{tenant[:keep]}_{_sha256_hex(tenant, _TENANT_HASH_LENGTH)}{ALTERNATE_SUFFIX}"
+
+
+def login_roles(tenant: str) -> tuple[str, str]:
+    """The two roles a consumer may be handed for the tenant: the tenant role, then its alternate."""
+    return tenant, alternate_name(tenant)

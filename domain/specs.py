@@ -8,13 +8,14 @@ exist twice by necessity, in Python (`_check_engine_refs`) and as CEL in the JSO
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Annotated, Any
 
-from pydantic import Field, StrictBool, StrictInt, StrictStr, ValidationError, model_validator
+from pydantic import AfterValidator, Field, StrictBool, StrictInt, StrictStr, ValidationError, model_validator
 from pydantic.config import JsonValue
 from pydantic_core import PydanticCustomError
 
-from domain.config import Duration
+from domain.config import Duration, check_rotation_overlap
 from domain.constants import (
     DEFAULT_TOKEN_KEY,
     MOVE_TARGET_ANY,
@@ -310,14 +311,30 @@ class DatabaseMoveSpec(SpecModel):
     )
 
 
+# How long a claim's old credentials keep working after a rotation: the agent's poll plus the kubelet's
+# sync of a mounted Secret, with room to spare.
+CLAIM_ROTATION_OVERLAP = timedelta(minutes=10)
+
+
 class ClaimRotation(SpecModel):
-    """When the agent asks the provider for a new password on its own."""
+    """When the agent asks the provider for a new password on its own, and how long the old one keeps working."""
 
     interval: Duration | None = Field(
         default=None,
         description='Rotate this long after the last rotation (or after Ready), e.g. "30d"; unset: only on '
         "request (annotation db.bnerd.com/rotate).",
     )
+    overlap: Annotated[Duration, AfterValidator(check_rotation_overlap)] | None = Field(
+        default=None,
+        description="How long the old username and password keep logging in after the new ones are in the "
+        'Secret (unset: "10m"; at most "1d"); "0s": they stop when the new password is set, and the username '
+        "stays the same.",
+    )
+
+    @property
+    def overlap_seconds(self) -> int:
+        """The overlap the agent asks the provider for, in seconds."""
+        return int((CLAIM_ROTATION_OVERLAP if self.overlap is None else self.overlap).total_seconds())
 
 
 CLAIM_ROLLOUT_MAX = 16  # Deployments one claim may roll

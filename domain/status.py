@@ -146,6 +146,16 @@ class DatabaseStatus(ObjectStatus):
         description="The value of the rotate-requested-at annotation whose new password is in effect; a "
         "different annotation value asks the reconciler for a new password.",
     )
+    login_role: Annotated[StrictStr, Field(max_length=63, pattern="^[a-z_][a-z0-9_]*$")] | None = Field(
+        default=None,
+        description="The login role handed out (the credentials Secret's user) once a rotation with an overlap "
+        "handed out the tenant's alternate role; empty: the tenant role.",
+    )
+    retire_login_at: StatusTime | None = Field(
+        default=None,
+        description="When the login role handed out before the last rotation with an overlap loses its login "
+        "and password; empty: no overlap is running.",
+    )
 
 
 class DatabaseMoveStatus(ObjectStatus):

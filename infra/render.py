@@ -128,6 +128,7 @@ ADDED_SINCE_PREVIOUS_RELEASE: tuple[tuple[str, ...], ...] = (
     ("sizing",),
     ("softDelete", "allowUndelete"),
     ("moves",),
+    ("rotation",),
 )
 
 

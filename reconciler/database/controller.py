@@ -110,7 +110,7 @@ class DatabaseController:
         self.deletion = Deletion(
             config, shards, self.sql, self.writes, self.report, self.finalizers, clock, self.placement
         )
-        self.ready = ReadyPath(config, rest, self.secrets, self.sql, self.writes, self.report)
+        self.ready = ReadyPath(config, rest, self.secrets, self.sql, self.writes, self.report, clock)
         login = LoginCheck(config, admin_endpoints.policy, self.sql, self.report, admin_host_override)
         self.provisioner = Provisioner(config, self.sql, self.writes, self.report, login)
         self.ownership = OwnershipConfirmation(self.sql, self.writes, self.report)
@@ -236,10 +236,14 @@ class DatabaseController:
         secret = self.secrets.ensure(database, client_endpoint(spec), values=not ready)  # provisioning: the password
 
         if ready:
-            self.ready.converge(database, shard, secret)
+            overlap_left = self.ready.converge(database, shard, secret)
             result = self.ownership.confirm(database, shard)  # SQL once per database, then never again
             self.failover.verify(database, shard, spec)  # SQL once per timeline change of the shard
-            return result
+            if overlap_left is None:
+                return result
+            # The pass at the overlap's end retires the previous login role (a requeue, never a sleep).
+            waits = [overlap_left] + ([result.requeue_after] if result and result.requeue_after else [])
+            return Result(requeue_after=min(waits))
         else:
             self.provisioner.provision(database, shard, secret)
         return None

@@ -157,13 +157,13 @@ class Deletion:
                 raise self.report.waiting(
                     database, Phase.DELETING, DatabaseReason.RECOVERY_OVER_BUDGET, over, RECOVERY_RECHECK
                 )
-            tenant = database.tenant
+            tenant, login = database.tenant, database.status.login_role
             self.sql.run(
                 database,
                 shard,
                 Phase.DELETING,
                 DatabaseReason.ADMIN_UNAVAILABLE,
-                lambda session: enable_tenant(session, tenant),
+                lambda session: enable_tenant(session, tenant, login=login),  # only the login handed out
             )
         database.remove_condition(DatabaseConditionType.TENANT_DISABLED)
         database.update(

@@ -3,9 +3,11 @@
 The one exception to "a Ready database runs no SQL on a resync": a failover onto a replica that had not
 received the last commits may have lost the tenant (made just before it) or its last password change.
 One catalog read per database, in the shard's lane:
-- the tenant is there (role and open database): its password is set again from its credentials Secret
-  (one `ALTER ROLE`; its sessions are left alone), which repairs a rotation the failover lost, and so is
-  its connection limit if the role has another than `status.appliedConnectionLimit` (a lost resize);
+- the tenant is there (role and open database): the login role handed out (the tenant role, or its
+  alternate after a rotation with an overlap) gets its password set again from its credentials Secret
+  (its sessions are left alone; the other login role is retired unless an overlap runs), which repairs
+  a rotation the failover lost, and so is its connection limit if the role has another than
+  `status.appliedConnectionLimit` (a lost resize);
 - its role or database is missing: it goes through provisioning again (reconciler.database.provisioning:
   the same name, the password from its credentials Secret, the login check, Ready), which never drops
   anything; a Warning Event `TenantRecreated` and a log line say so. Its data is not recovered: what the
@@ -24,10 +26,12 @@ from domain.constants import DatabaseReason, EventReason, Phase
 from domain.specs import ShardSpec
 from reconciler.database import secret as credentials
 from reconciler.database.provisioning import Provisioner
+from reconciler.database.ready import login_of
 from reconciler.database.report import Reporter
 from reconciler.database.shard_sql import ShardSql, client_endpoint
 from reconciler.database.state import Database
 from reconciler.shard.failover import TimelineRepairs
+from reconciler.sql.login_roles import hand_out
 from reconciler.sql.session import AdminSession
 from reconciler.sql.tenant import set_connection_limit, set_password, tenant_state
 
@@ -57,13 +61,24 @@ class FailoverVerification:
         limit = database.status.applied_connection_limit
         present: list[bool] = []
 
+        login = login_of(database)
+        overlap_running = database.status.retire_login_at is not None
+
         def check(session: AdminSession) -> None:
             state = tenant_state(session, tenant)
-            present.append(state.provisioned)
-            if state.provisioned:
+            # The tenant role may have no login of its own while its alternate is handed out.
+            there = state.role_exists and state.open
+            present.append(there)
+            if not there:
+                return
+            if limit is None:
                 set_password(session, tenant, password)
-                if limit is not None and state.connection_limit != limit:
-                    set_connection_limit(session, tenant, limit)
+                return
+            # The login role handed out gets the Secret's password (made again if the failover lost it);
+            # the other one keeps working only while an overlap runs.
+            hand_out(session, tenant, login, password, limit, retire_other=not overlap_running)
+            if state.connection_limit != limit:
+                set_connection_limit(session, tenant, limit)
 
         self.sql.run(database, shard, Phase.READY, DatabaseReason.ADMIN_UNAVAILABLE, check)
         if not present[-1]:

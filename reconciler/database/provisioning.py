@@ -23,6 +23,7 @@ from reconciler.database.shard_sql import ShardSql, shard_spec
 from reconciler.database.state import Database
 from reconciler.database.writes import DatabaseWrites
 from reconciler.runtime import release_slot
+from reconciler.sql.login_roles import hand_out
 from reconciler.sql.session import AdminSession
 from reconciler.sql.tenant import PoolerAccess, TenantSpec, ensure_tenant, set_password
 
@@ -44,10 +45,15 @@ class Provisioner:
         tenant = TenantSpec(database.tenant, credentials.password(secret), limit, owner(database), pooler_access(shard))
         pending = credentials.password_pending(database, secret)
 
+        login = credentials.user(secret)
+
         def ensure(session: AdminSession) -> None:
             # A finished tenant keeps its old password through ensure_tenant: set the pending one.
             if ensure_tenant(session, tenant) and pending:
                 set_password(session, tenant.name, tenant.password)
+            if login != tenant.name:
+                # Made again after a failover lost it while its Secret names the alternate login role.
+                hand_out(session, tenant.name, login, tenant.password, limit, retire_other=True)
 
         self.sql.run(
             database,

@@ -51,6 +51,11 @@ def password(secret: Secret) -> str:
     return secret_values(secret)["password"]
 
 
+def user(secret: Secret) -> str:
+    """The login role of a Secret read from the apiserver: the tenant role, or its alternate."""
+    return secret_values(secret)["user"]
+
+
 def password_pending(database: Database, secret: Secret) -> bool:
     """The Secret holds a password that may not be set on the role yet."""
     current = password_id(secret)
@@ -182,7 +187,7 @@ class CredentialsSecrets:
         ):
             secret = remembered  # our create's answer: the same version, with its data
         if secret is not None and is_digested(secret):
-            if not values and secret_settled(secret, database.uid, tenant, endpoint):
+            if not values and secret_settled(secret, database.uid, tenant, endpoint, database.status.login_role):
                 return secret
             secret = self._live(database)
         state = classify_secret(secret, database.uid, tenant)

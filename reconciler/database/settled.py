@@ -50,6 +50,8 @@ _APPLIED_LIMIT = _key(DatabaseStatus, "applied_connection_limit")
 _DROP_AFTER = _key(DatabaseStatus, "drop_after")
 _PASSWORD_APPLIED = _key(DatabaseStatus, "password_applied")
 _ROTATION_APPLIED = _key(DatabaseStatus, "rotation_applied")
+_LOGIN_ROLE = _key(DatabaseStatus, "login_role")
+_RETIRE_LOGIN_AT = _key(DatabaseStatus, "retire_login_at")
 _CONDITIONS = _key(DatabaseStatus, "conditions")
 # Conditions whose presence the Ready pass would change (remove), or that send the pass elsewhere. The enums'
 # values as plain strings: looked up 8 times a key, 100,000 keys at a start.
@@ -91,6 +93,8 @@ def settled(
     rotation = annotations.get(ANNOTATION_ROTATE_REQUESTED_AT)
     if rotation is not None and rotation != status.get(_ROTATION_APPLIED):
         return False
+    if status.get(_RETIRE_LOGIN_AT) is not None:
+        return False  # an overlap runs: its pass retires the previous login role when it ends
     size_class = spec.get(_SIZE_CLASS, "")
     if not isinstance(size_class, str) or size_class != (status.get(_APPLIED_CLASS) or ""):
         return False
@@ -111,7 +115,10 @@ def settled(
         return False
     # CredentialsSecrets.ensure: ours, consistent, its endpoint keys those of the shard's client block.
     uid = meta.get("uid")
-    return isinstance(uid, str) and secret_settled(secret, uid, tenant, endpoint)
+    login = status.get(_LOGIN_ROLE)
+    return isinstance(uid, str) and secret_settled(
+        secret, uid, tenant, endpoint, login if isinstance(login, str) else None
+    )
 
 
 def _conditions_settled(conditions: object, generation: int) -> bool:

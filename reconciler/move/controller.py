@@ -95,6 +95,15 @@ STEP_NAMES = {
 }
 ROLLBACK_WINDOW = MovesConfig().rollback_window  # the install's default
 RUNNING = (MovePhase.COPYING, MovePhase.CATCHING_UP, MovePhase.CUTTING_OVER)
+# A move copies the tenant role with the credentials Secret's password: it would cut off the alternate.
+ALTERNATE_IN_USE = (
+    "hands out its alternate login role, or a rotation's overlap is running: a move carries only the tenant "
+    "role; move it after a rotation with an overlap handed out the tenant role again and that overlap ended"
+)
+ALTERNATE_DURING_MOVE = (
+    "a rotation with an overlap handed out the database's alternate login role during the move, which carries "
+    "only the tenant role: aborted before the cutover; the source serves as before"
+)
 FINISHED = (MovePhase.COMPLETED, MovePhase.ABORTED, MovePhase.ROLLED_BACK, MovePhase.FAILED)
 
 
@@ -199,15 +208,23 @@ class MoveController:
                 return Result(requeue_after=NO_CAPACITY_RETRY)
         if obj.status.phase == MovePhase.PREFLIGHT:
             obj = self._preflight(obj)
-        if obj.status.phase == MovePhase.COPYING:
+        if obj.status.phase == MovePhase.COPYING and not self._rotated_away(obj):
             obj = self._copy(obj)
-        if obj.status.phase == MovePhase.CATCHING_UP:
+        if obj.status.phase == MovePhase.CATCHING_UP and not self._rotated_away(obj):
             obj, wait = self._catch_up(obj)
             if wait is not None:
                 return Result(requeue_after=wait)
-        if obj.status.phase == MovePhase.CUTTING_OVER:
+        if obj.status.phase == MovePhase.CUTTING_OVER and not self._rotated_away(obj):
             return self._cut_over(obj)
         return None
+
+    def _rotated_away(self, obj: DatabaseMoveObject) -> bool:
+        """Before each running step: a rotation with an overlap since the preflight ends the move (undone,
+        the source serving as before), since the move would hand the target only the tenant role."""
+        if not self._alternate_in_use(obj) or not self._undo(obj):
+            return False
+        self._finish(obj, MovePhase.FAILED, MoveReason.FAILED, ALTERNATE_DURING_MOVE)
+        return True
 
     # -- status ----------------------------------------------------------------------------------
 
@@ -268,6 +285,12 @@ class MoveController:
 
     # -- the request -----------------------------------------------------------------------------
 
+    def _alternate_in_use(self, obj: DatabaseMoveObject) -> bool:
+        """A rotation with an overlap handed out the tenant's alternate login role, or its overlap runs: the
+        move carries only the tenant role (with the credentials Secret's password)."""
+        _, status = self._database(obj)
+        return status.login_role is not None or status.retire_login_at is not None
+
     def _database(self, obj: DatabaseMoveObject) -> tuple[dict[str, Any] | None, DatabaseStatus]:
         db = self.databases.get(f"{obj.metadata.namespace}/{obj.spec.database}")
         return db, lenient_status(DatabaseStatus, db) if db is not None else DatabaseStatus()
@@ -293,6 +316,8 @@ class MoveController:
             problem = f"DatabaseMove {first} of the same Database came first and has not finished"
         elif status.shard == obj.spec.target:
             problem = f"Database {obj.spec.database} is on shard {obj.spec.target} already"
+        elif self._alternate_in_use(obj):
+            problem = f"Database {obj.spec.database} {ALTERNATE_IN_USE}"
         name = obj.spec.target
         if problem is None and name == MOVE_TARGET_ANY:
             assert db is not None

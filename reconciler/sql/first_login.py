@@ -26,6 +26,7 @@ from domain.settings import SETTINGS
 from domain.specs import Pooler
 from reconciler.sql import errors
 from reconciler.sql.errors import SqlFailure
+from reconciler.sql.login_roles import alternate_problems
 from reconciler.sql.roles import end_sessions, has_sessions
 from reconciler.sql.session import OPERATION_TIMEOUT, Admin, run_operation
 from reconciler.sql.tenant import read_state, scram_verifier, validate_tenant_name
@@ -82,6 +83,7 @@ def findings(conn: psycopg.Connection, name: str, pooler: Pooler | None = None) 
         found.append("prepared transactions")
     if limited:
         found.append("a connection limit on the database")
+    found.extend(alternate_problems(conn, name, state))
     return found
 
 

@@ -50,13 +50,15 @@ from psycopg import errors as pgerrors
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from domain.naming import alternate_name
 from reconciler.sql import errors
 from reconciler.sql.errors import SqlFailure
 from reconciler.sql.move_preflight import statement_logging, tenant_database
-from reconciler.sql.roles import TERMINATE_WAIT_MS, as_role
+from reconciler.sql.roles import TERMINATE_WAIT_MS, as_role, end_sessions
 from reconciler.sql.session import connect_database
 from reconciler.sql.tenant import (
     TenantSpec,
+    _ensure_membership,
     drop_tenant,
     ensure_database,
     ensure_membership,
@@ -490,6 +492,12 @@ def fence_source(source: psycopg.Connection, name: str) -> None:
         for _ in range(3):
             if not source.execute(_OTHER_SESSIONS, {"tenant": name, "wait": TERMINATE_WAIT_MS}).fetchall():
                 break
+    # Sessions of the tenant's alternate login role (opened before it was retired: retiring leaves them
+    # open) act as the tenant too; the REVOKE keeps new ones out (its CONNECT is the tenant's).
+    state = read_state(source, name)
+    if state.alternate_oid is not None:
+        _ensure_membership(source, alternate_name(name), state.alternate_oid)
+        end_sessions(source, alternate_name(name), state.alternate_oid)
 
 
 def reopen_source(source: psycopg.Connection, name: str) -> None:

@@ -46,7 +46,7 @@ from psycopg import errors as pgerrors
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from domain.naming import PG_IDENTIFIER_MAX_BYTES, PG_IDENTIFIER_RE
+from domain.naming import PG_IDENTIFIER_MAX_BYTES, PG_IDENTIFIER_RE, alternate_name
 from domain.settings import SETTINGS
 from reconciler.sql import errors
 from reconciler.sql.errors import SqlFailure
@@ -190,6 +190,10 @@ class TenantState:
     tenant_can_connect: bool  # the ACL grants CONNECT to the tenant role explicitly
     role_oid: int | None = field(default=None, repr=False, compare=False)
     owner: OwnerRecord | None = field(default=None, compare=False)  # the role's ownership record
+    # The tenant's alternate login role (`domain.naming.alternate_name`), made by the first rotation
+    # with an overlap: its oid (None: it does not exist) and whether it may log in.
+    alternate_oid: int | None = field(default=None, repr=False, compare=False)
+    alternate_can_login: bool = field(default=False, compare=False)
 
     @property
     def absent(self) -> bool:
@@ -217,8 +221,14 @@ class TenantState:
         return (
             not self.absent
             and not (self.role_exists and self.can_login)
+            and not self.alternate_can_login
             and not (self.database_exists and self.allow_connections)
         )
+
+    @property
+    def role_oids(self) -> tuple[int, ...]:
+        """The oids of the tenant role and of its alternate, those that exist."""
+        return tuple(oid for oid in (self.role_oid, self.alternate_oid) if oid is not None)
 
 
 # One row, its columns named as TenantState's fields (and the role's comment, its ownership record).
@@ -231,16 +241,20 @@ SELECT r.oid IS NOT NULL AS role_exists, coalesce(r.rolcanlogin, false) AS can_l
                 false) AS public_revoked,
        coalesce(EXISTS (SELECT 1 FROM pg_catalog.aclexplode(d.datacl) a
                          WHERE a.grantee = r.oid AND a.privilege_type = 'CONNECT'), false) AS tenant_can_connect,
-       r.oid AS role_oid, pg_catalog.shobj_description(r.oid, 'pg_authid') AS comment
+       r.oid AS role_oid, pg_catalog.shobj_description(r.oid, 'pg_authid') AS comment,
+       a.oid AS alternate_oid, coalesce(a.rolcanlogin, false) AS alternate_can_login
   FROM (VALUES (%(name)s::text)) AS n(name)
   LEFT JOIN pg_catalog.pg_roles r ON r.rolname = n.name
   LEFT JOIN pg_catalog.pg_database d ON d.datname = n.name
+  LEFT JOIN pg_catalog.pg_roles a ON a.rolname = %(alternate)s
 """
 
 
 def read_state(conn: psycopg.Connection, name: str) -> TenantState:
     """One catalog read (no bound, no classification: for use inside an operation)."""
-    row = conn.cursor(row_factory=dict_row).execute(_STATE, {"name": name}).fetchone()
+    row = (
+        conn.cursor(row_factory=dict_row).execute(_STATE, {"name": name, "alternate": alternate_name(name)}).fetchone()
+    )
     assert row is not None
     comment = row.pop("comment")
     return TenantState(name=name, owner=OwnerRecord.parse(comment), **row)
@@ -486,11 +500,17 @@ def ensure_tenant(admin: Admin, spec: TenantSpec, *, timeout: float = OPERATION_
 
 
 def set_connection_limit(admin: Admin, name: str, limit: int, *, timeout: float = OPERATION_TIMEOUT) -> None:
-    """Exactly one `ALTER ROLE ... CONNECTION LIMIT` (operation "set limit"); LOGIN is untouched."""
+    """`ALTER ROLE ... CONNECTION LIMIT` on the tenant role and, where it exists, on its alternate
+    (operation "set limit"); LOGIN is untouched."""
     validate_tenant_name(name)
     validate_connection_limit(limit)
-    statement = sql.SQL("ALTER ROLE {} CONNECTION LIMIT {}").format(_ident(name), sql.Literal(limit))
-    run_operation(admin, OP_SET_LIMIT, _one_statement(statement), timeout=timeout)
+
+    def body(conn: psycopg.Connection) -> None:
+        roles = [name] + ([alternate_name(name)] if read_state(conn, name).alternate_oid is not None else [])
+        for role in roles:
+            conn.execute(sql.SQL("ALTER ROLE {} CONNECTION LIMIT {}").format(_ident(role), sql.Literal(limit)))
+
+    run_operation(admin, OP_SET_LIMIT, body, timeout=timeout)
 
 
 def set_password(
@@ -523,6 +543,7 @@ def _close(conn: psycopg.Connection, name: str, state: TenantState) -> None:
     for any session that logged in meanwhile.
     """
     assert state.role_oid is not None
+    _close_alternate(conn, name, state)
     _end_sessions(conn, name, state.role_oid)
     if state.can_login:
         conn.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(_ident(name)))
@@ -531,6 +552,25 @@ def _close(conn: psycopg.Connection, name: str, state: TenantState) -> None:
         with _as_role(conn, name):
             conn.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false").format(_ident(name)))
     _end_sessions(conn, name, state.role_oid)
+    _close_alternate(conn, name, state)
+
+
+def _close_alternate(conn: psycopg.Connection, name: str, state: TenantState) -> None:
+    """NOLOGIN for the tenant's alternate, and none of its sessions left (as the alternate, on
+    which the provisioner takes SET as on the tenant role)."""
+    oid = state.alternate_oid
+    if oid is None:
+        return
+    alternate = alternate_name(name)
+    _ensure_membership(conn, alternate, oid)
+    _end_sessions(conn, alternate, oid)
+    if state.alternate_can_login:  # (the second call of a close finds it again: harmless)
+        conn.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(_ident(alternate)))
+    _end_sessions(conn, alternate, oid)
+
+
+def _any_sessions(conn: psycopg.Connection, state: TenantState) -> bool:
+    return any(_has_sessions(conn, oid) for oid in state.role_oids)
 
 
 def _despite_sessions(
@@ -555,7 +595,7 @@ def _disable_steps(conn: psycopg.Connection, name: str, state: TenantState) -> N
     _check_owner(state)
     if not state.role_exists or state.role_oid is None:
         return  # no role: nobody can log in as it (and it can own no database)
-    if state.disabled and not _has_sessions(conn, state.role_oid):
+    if state.disabled and not _any_sessions(conn, state):
         return
     _ensure_membership(conn, name, state.role_oid)
     _close(conn, name, state)
@@ -570,6 +610,14 @@ def _drop_steps(conn: psycopg.Connection, name: str, state: TenantState) -> None
         if state.database_exists:
             # Waits up to 5 s for the ended backends to exit, else object_in_use (tried again).
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(_ident(name)))
+    if state.alternate_oid is not None:
+        # The alternate first: it is a member of the tenant role. Whatever it owns in the tenant's
+        # database went with the database; what it made elsewhere goes as the tenant's does.
+        alternate = alternate_name(name)
+        with _as_role(conn, alternate):
+            conn.execute(sql.SQL("DROP OWNED BY {} CASCADE").format(_ident(alternate)))
+        drop_role(conn, alternate, state.alternate_oid)
+    with _as_role(conn, name):
         # What the tenant made in the admin database (objects where PUBLIC may create, default
         # privileges anyone may set, and what another tenant built on them) would otherwise make
         # DROP ROLE fail with dependent_objects.
@@ -592,17 +640,27 @@ def disable_tenant(admin: Admin, name: str, *, timeout: float = OPERATION_TIMEOU
     run_operation(admin, OP_DISABLE, body, timeout=timeout)
 
 
-def enable_tenant(admin: Admin, name: str, *, timeout: float = OPERATION_TIMEOUT) -> None:
-    """LOGIN and ALLOW_CONNECTIONS true again, with the unchanged password (operation "enable")."""
+def enable_tenant(admin: Admin, name: str, *, login: str | None = None, timeout: float = OPERATION_TIMEOUT) -> None:
+    """LOGIN and ALLOW_CONNECTIONS true again, with the unchanged password (operation "enable").
+
+    `login` is the role handed out to the consumer (the tenant role, or its alternate after a rotation
+    with an overlap): only it may log in again; the other one stays NOLOGIN.
+    """
     validate_tenant_name(name)
+    login = name if login is None else login
+    if login not in (name, alternate_name(name)):
+        raise ValueError("the login role must be the tenant role or its alternate")
 
     def body(conn: psycopg.Connection) -> None:
         state = read_state(conn, name)
         if not state.role_exists or not state.database_exists or state.role_oid is None:
             raise _refuse(errors.NOT_FOUND, "the tenant role or database does not exist")
         _check_owner(state)
-        if not state.can_login:
-            conn.execute(sql.SQL("ALTER ROLE {} LOGIN").format(_ident(name)))
+        if login != name and state.alternate_oid is None:
+            raise _refuse(errors.NOT_FOUND, "the tenant's alternate role does not exist")
+        can_login = state.can_login if login == name else state.alternate_can_login
+        if not can_login:
+            conn.execute(sql.SQL("ALTER ROLE {} LOGIN").format(_ident(login)))
         if not state.open:
             _ensure_membership(conn, name, state.role_oid)
             _open(conn, name, state)

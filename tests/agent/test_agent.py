@@ -12,7 +12,7 @@ import psycopg
 import requests
 
 from dbprovider.devstack import DevStack
-from domain.naming import claim_database_id
+from domain.naming import alternate_name, claim_database_id
 from domain.resources import CLAIMS, SHARDS
 from harness import KubeControlPlane
 from informers import EVENTS, Rest
@@ -97,8 +97,8 @@ def test_a_claim_becomes_a_secret_that_logs_in(consumer: Consumer, stack: DevSta
     assert not any(values["password"] in e["message"] for e in events)
 
 
-def test_a_rotation_asked_on_the_claim_reaches_the_secret(consumer: Consumer) -> None:
-    claim, before = ready_claim(consumer)
+def _rotate_claim(consumer: Consumer, claim: dict[str, Any], before: dict[str, str]) -> dict[str, str]:
+    """Ask for a rotation on the claim; the Secret's values once they hold the new password."""
     meta = claim["metadata"]
     consumer.admin.patch(
         CLAIMS, meta["name"], {"metadata": {"annotations": {"db.bnerd.com/rotate": "1"}}}, meta["namespace"]
@@ -109,11 +109,50 @@ def test_a_rotation_asked_on_the_claim_reaches_the_secret(consumer: Consumer) ->
         values = decoded(secret) if secret else {}
         return values if values.get("password") not in (None, before["password"]) else None
 
-    after = wait_for(rotated, 120, "the new password in the Secret", max_interval=0.5)
-    assert logs_in(after) == before["username"]
+    return wait_for(rotated, 120, "the new password in the Secret", max_interval=0.5)
+
+
+def session_user(values: dict[str, str]) -> str:
+    with psycopg.connect(values["uri"], connect_timeout=10) as conn:
+        row = conn.execute("SELECT session_user").fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def refused(values: dict[str, str]) -> bool:
+    try:
+        psycopg.connect(values["uri"], connect_timeout=10).close()
+    except psycopg.OperationalError:
+        return True
+    return False
+
+
+def test_a_rotation_asked_on_the_claim_keeps_the_old_credentials_for_the_overlap(consumer: Consumer) -> None:
+    claim, before = ready_claim(consumer, {"rotation": {"overlap": "20s"}})
+
+    after = _rotate_claim(consumer, claim, before)
+
+    # The new username and password came together, and log in at once; the workload's old ones still do.
+    assert after["username"] == alternate_name(before["username"]) and after["username"] in after["uri"]
+    assert session_user(after) == after["username"]
+    assert logs_in(after) == before["username"]  # its sessions act as the database's owner role
+    assert session_user(before) == before["username"]
     status = (consumer.get_claim(claim) or {})["status"]
     assert status["rotationRequested"] == "1"
     consumer.wait_condition(claim, "CredentialsCurrent", "True")
+    # Once the overlap is over the old ones are refused; the new ones keep working.
+    wait_for(lambda: refused(before), 120, "the old credentials refused")
+    assert session_user(after) == after["username"]
+
+
+def test_a_rotation_without_overlap_keeps_the_username(consumer: Consumer) -> None:
+    claim, before = ready_claim(consumer, {"rotation": {"overlap": "0s"}})
+
+    after = _rotate_claim(consumer, claim, before)
+
+    assert after["username"] == before["username"]
+    assert logs_in(after) == before["username"]
+    assert refused(before)
 
 
 def test_the_provider_away_keeps_the_secret(consumer: Consumer, provider: Provider) -> None:

@@ -15,6 +15,7 @@ from api.store import DatabaseStore
 from domain.constants import (
     ANNOTATION_DELETE_REQUESTED_AT,
     ANNOTATION_ROTATE_END_SESSIONS,
+    ANNOTATION_ROTATE_OVERLAP,
     ANNOTATION_ROTATE_REQUESTED_AT,
     API_VERSION,
     FINALIZER_TENANT,
@@ -472,6 +473,12 @@ def test_rotate_can_ask_to_end_the_old_sessions(env: ApiEnv) -> None:
         (b"[true]", "application/json", 400, "invalid_body"),
         (b"{not json", "application/json", 400, "invalid_body"),
         (b'{"terminateSessions": true}', "text/plain", 415, "unsupported_media_type"),
+        (b'{"overlapSeconds": -1}', "application/json", 400, "invalid_body"),
+        (b'{"overlapSeconds": 86401}', "application/json", 400, "invalid_body"),
+        (b'{"overlapSeconds": 1.5}', "application/json", 400, "invalid_body"),
+        (b'{"overlapSeconds": "600"}', "application/json", 400, "invalid_body"),
+        (b'{"overlapSeconds": true}', "application/json", 400, "invalid_body"),
+        (b'{"overlapSeconds": 600, "terminateSessions": true}', "application/json", 400, "invalid_body"),
     ],
 )
 def test_rotate_refuses_bad_bodies_and_records_nothing(
@@ -487,6 +494,21 @@ def test_rotate_refuses_bad_bodies_and_records_nothing(
     assert (response.status_code, response.json()["error"]) == (status, error)
     notes = env.database(consumer.name, "rot-bad")["metadata"].get("annotations") or {}
     assert ANNOTATION_ROTATE_REQUESTED_AT not in notes
+
+
+def test_rotate_with_an_overlap_records_it_with_its_request(env: ApiEnv) -> None:
+    consumer = env.ready_consumer()
+    assert env.call("PUT", path("rot-overlap"), consumer.token).status_code == 201
+    env.make_ready(consumer.name, "rot-overlap")
+
+    asked = env.call("POST", path("rot-overlap", "/credentials/rotate"), consumer.token, json={"overlapSeconds": 600})
+    assert asked.status_code == 202, asked.text
+    notes = env.database(consumer.name, "rot-overlap")["metadata"]["annotations"]
+    assert notes[ANNOTATION_ROTATE_OVERLAP] == "600"
+
+    # The overlap goes with its request: a later one without it (the install's default is 0) has none.
+    assert env.call("POST", path("rot-overlap", "/credentials/rotate"), consumer.token).status_code == 202
+    assert ANNOTATION_ROTATE_OVERLAP not in env.database(consumer.name, "rot-overlap")["metadata"]["annotations"]
 
 
 def test_rotate_missing(env: ApiEnv) -> None:

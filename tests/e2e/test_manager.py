@@ -17,6 +17,7 @@ import requests
 
 from dbprovider.devstack import DevStack
 from dbprovider.manager import FD_RESERVE
+from domain.naming import alternate_name
 from domain.resources import CONSUMERS, SHARDS
 from domain.settings import SETTINGS
 from domain.tokens import hash_token
@@ -159,6 +160,77 @@ def test_rotation_keeps_or_ends_the_sessions_of_the_old_password(stack: DevStack
     logs = replica.log.read_text()
     for credentials in (first, second, third):
         assert credentials["password"] not in logs
+
+
+def _logs_in(uri: str) -> bool:
+    try:
+        psycopg.connect(uri, connect_timeout=10).close()
+    except psycopg.OperationalError:
+        return False
+    return True
+
+
+def test_rotation_with_an_overlap_keeps_the_old_credentials_until_it_ends(stack: DevStack, tmp_path):
+    """Through the API of a real manager: a rotation with an overlap hands out the other login role; the old
+    credentials keep logging in until the overlap ends, across a manager restart, then stop."""
+    overlap = 30
+    first_replica = ManagerReplica(stack, "replica-overlap-a", tmp_path)
+    second_replica = ManagerReplica(stack, "replica-overlap-b", tmp_path)
+    try:
+        first_replica.wait_ready()
+        replica = first_replica
+        assert replica.call("PUT", "/v1/databases/overlapping").status_code == 201
+        wait_for(
+            lambda: replica.call("GET", "/v1/databases/overlapping").json()["phase"] == "Ready",
+            timeout=60,
+            what="Ready",
+        )
+        before = replica.call("GET", "/v1/databases/overlapping/credentials").json()
+        asked = replica.call("POST", "/v1/databases/overlapping/credentials/rotate", json={"overlapSeconds": overlap})
+        assert asked.status_code == 202, asked.text
+        wait_for(
+            lambda: not replica.call("GET", "/v1/databases/overlapping").json()["rotationPending"],
+            timeout=60,
+            what="rotated",
+        )
+        after = replica.call("GET", "/v1/databases/overlapping/credentials").json()
+        assert after["user"] == alternate_name(before["user"]) and after["database"] == before["database"]
+        assert _logs_in(after["uri"]) and _logs_in(before["uri"])  # both, during the overlap
+
+        # The manager goes away during the overlap; the next one ends it all the same.
+        first_replica.kill()
+        second_replica.wait_ready()
+        replica = second_replica
+        wait_for(lambda: not _logs_in(before["uri"]), timeout=overlap + 90, what="the old credentials refused")
+        assert _logs_in(after["uri"])
+
+        # Without an overlap the user stays the same and the old password stops at once.
+        asked = replica.call("POST", "/v1/databases/overlapping/credentials/rotate", json={"overlapSeconds": 0})
+        assert asked.status_code == 202, asked.text
+        wait_for(
+            lambda: not replica.call("GET", "/v1/databases/overlapping").json()["rotationPending"],
+            timeout=60,
+            what="rotated again",
+        )
+        last = replica.call("GET", "/v1/databases/overlapping/credentials").json()
+        assert last["user"] == after["user"]
+        assert _logs_in(last["uri"]) and not _logs_in(after["uri"])
+
+        # The drop removes both login roles.
+        assert replica.call("DELETE", "/v1/databases/overlapping").status_code == 202
+        wait_for(
+            lambda: replica.call("GET", "/v1/databases/overlapping").status_code == 404,
+            timeout=60,
+            what="overlapping removed",
+        )
+        with stack.postgres.superuser_connection() as conn:
+            roles = conn.execute(
+                "SELECT count(*) FROM pg_roles WHERE rolname IN (%s, %s)", (before["user"], after["user"])
+            ).fetchone()
+        assert roles == (0,)
+    finally:
+        first_replica.kill()
+        second_replica.kill()
 
 
 # -- the shard CA bundle of a manager outside a pod (--shard-ca-file) -----------------------------

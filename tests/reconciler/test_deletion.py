@@ -11,9 +11,11 @@ import pytest
 from domain.constants import (
     ANNOTATION_DELETE_REQUESTED_AT,
     ANNOTATION_PASSWORD_ID,
+    ANNOTATION_ROTATE_OVERLAP,
     ANNOTATION_ROTATE_REQUESTED_AT,
     API_VERSION,
 )
+from domain.naming import alternate_name
 from domain.resources import DATABASES, SHARDS
 from harness.statement_log import log_text, parse_records
 from informers import SECRETS
@@ -160,6 +162,43 @@ def test_rotation_request_annotation_sets_one_new_password(logged_pg, fleet, sta
     assert len(alters) == 1 and tenant in alters[0] and new["password"] not in alters[0]
     with logged_pg.connect(new["user"], new["password"], new["database"]) as conn:
         assert conn.execute("SELECT 1").fetchone()[0] == 1
+    assert new["password"] not in log_text(parse_records(logged_pg.statement_log()))
+
+
+def test_rotation_with_an_overlap_then_soft_delete_and_recovery_reopen_only_the_login_handed_out(
+    logged_pg, fleet, start_manager, admin_rest
+):
+    fleet.shard(logged_pg)
+    start_manager(install_config(softDelete={"retention": "1h"}))
+    name = fleet.database("rot-overlap")
+    tenant = fleet.wait_phase(name, "Ready")["status"]["tenantName"]
+    old = secret_data(admin_rest, f"{name}-credentials")
+    stamp = "2026-11-30T10:00:00.000002Z"
+    annotations = {ANNOTATION_ROTATE_REQUESTED_AT: stamp, ANNOTATION_ROTATE_OVERLAP: "3600"}
+    admin_rest.patch(DATABASES, name, {"metadata": {"annotations": annotations}}, NAMESPACE)
+    db = fleet.wait_database(name, lambda d: d["status"].get("rotationApplied") == stamp)
+    new = secret_data(admin_rest, f"{name}-credentials")
+    # The Secret names the alternate with the new password; the status says so and when the old one ends.
+    assert (new["user"], new["database"]) == (alternate_name(tenant), tenant) and new["password"] != old["password"]
+    assert db["status"]["loginRole"] == new["user"] and db["status"]["retireLoginAt"]
+    for creds in (old, new):
+        with logged_pg.connect(creds["user"], creds["password"], creds["database"]) as conn:
+            assert conn.execute("SELECT current_user").fetchone()[0] == tenant
+
+    fleet.request_delete(name)
+    fleet.wait_database(name, lambda d: (c := condition(d, "TenantDisabled")) and c["status"] == "True")
+    for creds in (old, new):
+        with pytest.raises(psycopg.OperationalError):
+            logged_pg.connect(creds["user"], creds["password"], creds["database"])
+
+    admin_rest.patch(DATABASES, name, {"metadata": {"annotations": {ANNOTATION_DELETE_REQUESTED_AT: None}}}, NAMESPACE)
+    fleet.wait_database(
+        name, lambda d: d["status"].get("phase") == "Ready" and condition(d, "Ready")["status"] == "True"
+    )
+    with logged_pg.connect(new["user"], new["password"], new["database"]) as conn:
+        assert conn.execute("SELECT 1").fetchone()[0] == 1
+    with pytest.raises(psycopg.OperationalError):
+        logged_pg.connect(old["user"], old["password"], old["database"])
     assert new["password"] not in log_text(parse_records(logged_pg.statement_log()))
 
 

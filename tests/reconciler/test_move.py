@@ -18,8 +18,8 @@ import psycopg
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from domain.constants import API_VERSION
-from domain.resources import DATABASE_MOVES
+from domain.constants import ANNOTATION_ROTATE_OVERLAP, ANNOTATION_ROTATE_REQUESTED_AT, API_VERSION
+from domain.resources import DATABASE_MOVES, DATABASES
 from harness import PostgresServer
 from informers import LEASES
 from reconciler.move.controller import MoveController
@@ -29,7 +29,7 @@ from tests.reconciler.conftest import NAMESPACE, install_config, wait_events
 from tests.sql.conftest import LogicalPool
 from tests.sql.helpers import can_connect
 from tests.sql.test_move_privileges import source_grant, target_grant
-from tests.support.common import condition, wait_for
+from tests.support.common import condition, now_stamp, wait_for
 from tests.support.postgres import PostgresPool
 
 pytestmark = pytest.mark.server
@@ -304,6 +304,72 @@ def test_an_abort_during_the_copy_leaves_the_source_serving(fleet, admin_rest, m
     holder.close()
 
 
+def test_a_rotation_with_an_overlap_during_the_copy_ends_the_move_before_its_cutover(
+    fleet, admin_rest, move_servers, shards
+) -> None:
+    source_server, target_server = move_servers
+    source, target = shards
+    database = fleet.database("mv-rotated")
+    fleet.wait_phase(database, "Ready")
+    c = fleet.credentials(database)
+    tenant = c["database"]
+    holder = held_open(source_server, c)
+
+    with requested_move(fleet, admin_rest, database, target) as name:
+        waiting_for_slot(source_server)
+        stamp = now_stamp()
+        annotations = {ANNOTATION_ROTATE_REQUESTED_AT: stamp, ANNOTATION_ROTATE_OVERLAP: "600"}
+        admin_rest.patch(DATABASES, database, {"metadata": {"annotations": annotations}}, NAMESPACE)
+        fleet.wait_database(database, lambda db: db["status"].get("rotationApplied") == stamp, 60, "the rotation")
+        holder.commit()
+
+        failed = wait_for(lambda: failed_status(admin_rest, name), 120, f"move {name} to fail")
+        assert "aborted before the cutover" in condition(failed, "Ready")["message"]
+        assert fleet.get_database(database)["status"]["shard"] == source
+        new = fleet.credentials(database)
+        assert new["user"] != c["user"] and can_connect(source_server, new["user"], new["password"], tenant)
+        assert can_connect(source_server, c["user"], c["password"], tenant)  # within the overlap
+        assert source_server.query("SELECT count(*) FROM pg_replication_slots") == [(0,)]
+        assert target_server.query("SELECT count(*) FROM pg_database WHERE datname = %s", (tenant,)) == [(0,)]
+    holder.close()
+
+
+def test_the_fence_ends_the_sessions_a_retired_alternate_login_left_open(
+    fleet, admin_rest, move_servers, shards
+) -> None:
+    source_server, _ = move_servers
+    _, target = shards
+    database = fleet.database("mv-alternate")
+    fleet.wait_phase(database, "Ready")
+    tenant = fleet.credentials(database)["database"]
+    with source_server.connect(
+        fleet.credentials(database)["user"], fleet.credentials(database)["password"], tenant
+    ) as c:
+        c.execute("CREATE TABLE orders (id bigint PRIMARY KEY)")
+        c.commit()
+    for i, overlap in enumerate(("3600", "1")):  # onto the alternate; back onto the tenant role, then retired
+        stamp = f"{now_stamp()[:-1]}.00000{i}Z"  # two stamps, even within one second
+        annotations = {ANNOTATION_ROTATE_REQUESTED_AT: stamp, ANNOTATION_ROTATE_OVERLAP: overlap}
+        admin_rest.patch(DATABASES, database, {"metadata": {"annotations": annotations}}, NAMESPACE)
+        fleet.wait_database(database, lambda db, s=stamp: db["status"].get("rotationApplied") == s, 60, "rotated")
+        if overlap == "3600":
+            alternate = fleet.credentials(database)
+            session = source_server.connect(alternate["user"], alternate["password"], tenant, autocommit=True)
+    fleet.wait_database(database, lambda db: not db["status"].get("retireLoginAt"), 60, "the overlap's end")
+    assert not can_connect(source_server, alternate["user"], alternate["password"], tenant)
+    assert session.execute("SELECT 1").fetchone() == (1,)  # retiring left it open
+
+    with requested_move(fleet, admin_rest, database, target) as name:
+        wait_for(
+            lambda: (admin_rest.get(DATABASE_MOVES, name, NAMESPACE).get("status") or {}).get("phase") == "Completed",
+            120,
+            "the move",
+        )
+    with pytest.raises(psycopg.OperationalError):  # no write of it could reach the source after the fence
+        session.execute("INSERT INTO orders VALUES (1)")
+    session.close()
+
+
 def test_a_move_that_cannot_be_done_fails_with_a_message_and_touches_no_shard(
     fleet, admin_rest, move_servers, shards, manager
 ) -> None:
@@ -326,6 +392,14 @@ def test_a_move_that_cannot_be_done_fails_with_a_message_and_touches_no_shard(
             assert message in ready["message"]
             wait_events(admin_rest, name, {"MoveFailed"})
     assert sample(manager, "dbprovider_moves_finished_total", outcome="Failed") == 3
+    # A rotation with an overlap handed out the tenant's alternate login role: not carried by a move.
+    stamp = now_stamp()
+    annotations = {ANNOTATION_ROTATE_REQUESTED_AT: stamp, ANNOTATION_ROTATE_OVERLAP: "600"}
+    admin_rest.patch(DATABASES, database, {"metadata": {"annotations": annotations}}, NAMESPACE)
+    fleet.wait_database(database, lambda db: db["status"].get("rotationApplied") == stamp, 60, "the rotation")
+    with requested_move(fleet, admin_rest, database, target) as name:
+        failed = wait_for(lambda: failed_status(admin_rest, name), 60, f"move {name} to fail")
+        assert "hands out its alternate login role" in condition(failed, "Ready")["message"]
     assert fleet.get_database(database)["status"]["shard"] == source
     assert source_server.query(slots, tenant) == [(0,)] and target_server.query(slots, tenant) == [(0,)]
 

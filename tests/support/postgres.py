@@ -16,6 +16,7 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
+from domain.naming import alternate_name
 from harness import POSTGRES_FLAVORS, PostgresServer
 
 PG_FLAVORS = [f.strip() for f in os.environ.get("DBPROVIDER_PG_FLAVORS", "18,16,15").split(",") if f.strip()]
@@ -55,14 +56,18 @@ class PostgresPool:
 
 
 def drop_as_superuser(server: PostgresServer, *names: str) -> None:
-    """Remove tenants (roles and databases of these names) whatever state a test left them in."""
+    """Remove tenants (roles and databases of these names, and their alternate login roles) whatever
+    state a test left them in."""
     with server.superuser_connection() as conn:
         for name in names:
+            alternate = alternate_name(name)
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (alternate,))
             conn.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s OR datname = %s",
                 (name, name),
             )
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+            conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(alternate)))
             conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
 
 

@@ -20,6 +20,7 @@ from domain.constants import (
     KIND_DATABASE,
 )
 from domain.credentials import Endpoint, build_secret, encode_secret_value, password_id
+from domain.naming import alternate_name
 from reconciler.database.settled import settled
 
 CONFIG = load_install_config(DEV_CONFIG)  # small: connection limit 5
@@ -82,6 +83,13 @@ def test_a_ready_database_with_nothing_to_do_is_settled() -> None:
     assert settled(db, ENDPOINT, secret, CONFIG)
 
 
+def test_a_database_handing_out_its_alternate_with_no_overlap_running_is_settled() -> None:
+    db, secret = ready_pair()
+    secret["data"]["user"] = encode_secret_value(alternate_name(TENANT))
+    db["status"]["loginRole"] = alternate_name(TENANT)
+    assert settled(db, ENDPOINT, secret, CONFIG)
+
+
 def condition(db: dict[str, Any], type_: str) -> dict[str, Any]:
     return next(c for c in db["status"]["conditions"] if c["type"] == type_)
 
@@ -131,6 +139,10 @@ CHANGES: dict[str, Change] = {
     ),
     "Secret of another owner": lambda db, s: s["metadata"]["ownerReferences"][0].update(uid="someone-else"),
     "Secret names another tenant": lambda db, s: s["data"].update(user=encode_secret_value("t_other")),
+    "Secret names the alternate, the status not": lambda db, s: s["data"].update(
+        user=encode_secret_value(alternate_name(TENANT))
+    ),
+    "overlap running": lambda db, s: db["status"].update(retireLoginAt=NOW),
     "Secret without a password": lambda db, s: s["data"].update(password=""),
     "Secret password not base64": lambda db, s: s["data"].update(password="%%%"),
     "Secret host not the shard's": lambda db, s: s["data"].update(host=encode_secret_value("old.example.com")),
