@@ -24,6 +24,7 @@ from __future__ import annotations
 import psycopg
 
 from domain.constants import SslMode
+from domain.naming import alternate_name
 from reconciler.sql import errors
 from reconciler.sql.errors import SqlFailure, classify
 from reconciler.sql.scram_keys import SUPPORTED, KeyCache, ScramKeys, fingerprint
@@ -58,10 +59,16 @@ def log_in(login: TenantLogin, timeout: float, application_name: str) -> bool:
         bound = False  # pgBouncer, or a relay that hides the offer: unbound, and so checked afterwards
         conn = _connect(login, timeout, application_name, bound)
     with conn:
-        who = run_operation(conn, OPERATION, _current_user, timeout=timeout)
-    if who != login.user:
+        who = run_operation(conn, OPERATION, _users, timeout=timeout)
+    if who != (login.user, _acting_role(login)):
         raise SqlFailure(OPERATION, errors.OTHER, detail="the login ended up as another role")
     return bound
+
+
+def _acting_role(login: TenantLogin) -> str:
+    """The role a tenant's session acts as: its login role, except the tenant's alternate login role,
+    whose sessions act as the tenant role (named like the tenant's database) by its role setting."""
+    return login.dbname if login.user == alternate_name(login.dbname) else login.user
 
 
 class _BindingNotOffered(Exception):
@@ -87,6 +94,7 @@ def _connect(login: TenantLogin, timeout: float, application_name: str, bound: b
     return conn
 
 
-def _current_user(conn: psycopg.Connection) -> str:
-    row = conn.execute("SELECT current_user").fetchone()
-    return str(row[0]) if row else ""
+def _users(conn: psycopg.Connection) -> tuple[str, str]:
+    """Who logged in, and the role the session acts as."""
+    row = conn.execute("SELECT session_user, current_user").fetchone()
+    return (str(row[0]), str(row[1])) if row else ("", "")

@@ -139,31 +139,58 @@ def test_a_timeline_change_seen_after_a_restart_verifies_every_ready_database_on
     the password its consumer has, a password the server lost is set again, and the timeline recorded."""
     from psycopg import sql
 
-    from domain.resources import SHARDS
-    from tests.reconciler.conftest import event_reasons, wait_events
-    from tests.support.common import wait_for
+    from domain.constants import ANNOTATION_ROTATE_OVERLAP, ANNOTATION_ROTATE_REQUESTED_AT
+    from domain.naming import alternate_name
+    from domain.resources import DATABASES, SHARDS
+    from tests.reconciler.conftest import NAMESPACE, event_reasons, wait_events
+    from tests.sql.helpers import can_connect
+    from tests.support.common import now_stamp, wait_for
 
     name = fleet.shard(pg16)
     manager = start_manager()
     timeline = _timeline(pg16)
-    wait_for(lambda: fleet.get_shard(name)["status"].get("timeline") == timeline, what="the timeline recorded")
+    wait_for(
+        lambda: (fleet.get_shard(name).get("status") or {}).get("timeline") == timeline, what="the timeline recorded"
+    )
     kept, lost = fleet.database("timeline-kept"), fleet.database("timeline-lost")
-    for db in (kept, lost):
+    # Two more whose alternate login role is handed out (a rotation with a 1 s overlap, since ended).
+    alt_kept, alt_lost = fleet.database("timeline-alt-kept"), fleet.database("timeline-alt-lost")
+    for db in (kept, lost, alt_kept, alt_lost):
         fleet.wait_phase(db, "Ready")
+    for db in (alt_kept, alt_lost):
+        annotations = {ANNOTATION_ROTATE_REQUESTED_AT: (stamp := now_stamp()), ANNOTATION_ROTATE_OVERLAP: "1"}
+        admin_rest.patch(DATABASES, db, {"metadata": {"annotations": annotations}}, NAMESPACE)
+        fleet.wait_database(
+            db,
+            lambda d, s=stamp: d["status"].get("rotationApplied") == s and not d["status"].get("retireLoginAt"),
+            60,
+            "the rotation and its overlap's end",
+        )
     manager.stop()
-    kept_creds, lost_creds = fleet.credentials(kept), fleet.credentials(lost)
+    creds = {db: fleet.credentials(db) for db in (kept, lost, alt_kept, alt_lost)}
+    assert creds[alt_kept]["user"] != creds[alt_kept]["database"]  # the alternate is handed out
     with pg16.superuser_connection() as su:  # as the promoted replica would lack them
-        su.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(lost_creds["database"])))
-        su.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(lost_creds["user"])))
-        su.execute(sql.SQL("ALTER ROLE {} PASSWORD 'lost-rotation'").format(sql.Identifier(kept_creds["user"])))
+        for gone in (lost, alt_lost):
+            tenant = creds[gone]["database"]
+            su.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(tenant)))
+            su.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(alternate_name(tenant))))
+            su.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(tenant)))
+        for rotated in (kept, alt_kept):
+            su.execute(sql.SQL("ALTER ROLE {} PASSWORD 'lost-rotation'").format(sql.Identifier(creds[rotated]["user"])))
     admin_rest.patch(SHARDS, name, {"status": {"timeline": timeline + 1}}, subresource="status")
 
     start_manager()
-    wait_for(lambda: fleet.get_shard(name)["status"].get("timeline") == timeline, 60, "the timeline verified")
-    for db, creds in ((kept, kept_creds), (lost, lost_creds)):
-        assert fleet.credentials(db) == creds
+    wait_for(
+        lambda: (fleet.get_shard(name).get("status") or {}).get("timeline") == timeline, 60, "the timeline verified"
+    )
+    for db, login in creds.items():
+        assert fleet.credentials(db) == login
         assert fleet.get_database(db)["status"]["phase"] == "Ready"
-        with pg16.connect(creds["user"], creds["password"], creds["database"]) as conn:
-            assert conn.execute("SELECT current_user").fetchone() == (creds["user"],)
+        with pg16.connect(login["user"], login["password"], login["database"]) as conn:
+            assert conn.execute("SELECT session_user").fetchone() == (login["user"],)
+    for db in (alt_kept, alt_lost):  # the tenant role itself stays retired
+        assert not can_connect(pg16, creds[db]["database"], creds[db]["password"], creds[db]["database"])
     wait_events(admin_rest, lost, {"TenantRecreated"})
+    wait_events(admin_rest, alt_lost, {"TenantRecreated"})
     assert "TenantRecreated" not in event_reasons(admin_rest, kept)
+    assert "TenantRecreated" not in event_reasons(admin_rest, alt_kept)
