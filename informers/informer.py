@@ -219,6 +219,10 @@ class Informer:
 
         self._lock = threading.RLock()  # store and indexes
         self._dispatch_lock = threading.RLock()  # handler list and event order
+        # The store and the indexes are keyed by each object's own name string in an informer of one namespace
+        # (a "namespace/name" key is one more string per object: 100,000 of them per kind), by object_key
+        # otherwise; the methods take and give "namespace/name" keys all the same.
+        self._prefix = f"{namespace}/" if namespace else ""
         self._items: dict[str, Obj] = {}
         self._indexers: dict[str, IndexFunc] = {}
         self._indices: dict[str, dict[str, set[str]]] = {}
@@ -291,8 +295,11 @@ class Informer:
 
     def get(self, key: str) -> Obj | None:
         """The object stored under "namespace/name" (or "name"); shared, do not mutate."""
+        local = self._local(key)
+        if local is None:
+            return None
         with self._lock:
-            return self._items.get(key)
+            return self._items.get(local)
 
     def list(self) -> list[Obj]:
         with self._lock:
@@ -300,7 +307,20 @@ class Informer:
 
     def keys(self) -> builtins.list[str]:
         with self._lock:
-            return list(self._items)
+            return [self._prefix + key for key in self._items] if self._prefix else list(self._items)
+
+    def _key(self, obj: Obj) -> str:
+        """The store's key of `obj`: its name (the object's own string) in an informer of one namespace."""
+        if self._prefix:
+            name: str = obj["metadata"]["name"]
+            return name
+        return object_key(obj)
+
+    def _local(self, key: str) -> str | None:
+        """The store's key for the "namespace/name" key `key` (None: not of this informer's namespace)."""
+        if not self._prefix:
+            return key
+        return key[len(self._prefix) :] if key.startswith(self._prefix) else None
 
     def __len__(self) -> int:
         with self._lock:
@@ -335,7 +355,7 @@ class Informer:
 
     def index_keys(self, name: str, value: str) -> builtins.list[str]:
         with self._lock:
-            return list(self._index(name).get(value, ()))
+            return [self._prefix + key for key in self._index(name).get(value, ())]
 
     def count_by_index(self, name: str, value: str) -> int:
         with self._lock:
@@ -526,7 +546,7 @@ class Informer:
                     break
                 continue  # an ordinary bookmark: the resourceVersion moves only once the store holds the objects
             if event_type != DELETED:  # never among initial events; a key not seen is deleted at the end anyway
-                key = object_key(obj)
+                key = self._key(obj)
                 batch.append((key, self._fresh(current.get(key), obj)))
             for part, seconds in (("waiting", received - started), ("decoding", decoded - received)):
                 spent[part] += seconds
@@ -590,7 +610,7 @@ class Informer:
                 obj = items.pop()
                 if kind:
                     obj.setdefault("kind", kind)
-                key = object_key(obj)
+                key = self._key(obj)
                 stored.append((key, self._fresh(current.get(key), obj)))
             stored.reverse()
             prepared = time.monotonic()
@@ -759,7 +779,7 @@ class Informer:
         return new_rv
 
     def _apply(self, event_type: str, obj: Obj, new_rv: str) -> None:
-        key = object_key(obj)
+        key = self._key(obj)
         dispatch: tuple[str, Obj | None, Obj | None] | None = None
         with self._lock:
             old = self._items.get(key)
