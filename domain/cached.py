@@ -6,7 +6,8 @@ the API read (client-go's transform functions do the same): whatever an object h
 (managedFields, the `kubectl.kubernetes.io/last-applied-configuration` copy of an applied object, a Secret's
 data, fields the apiserver or other tools add) is dropped before the store holds it. Strings that repeat
 across objects of a kind (the namespace, a shard's name, a consumer's, condition reasons) are held once
-(`sys.intern`) rather than once per object, and so are lists of them (the finalizers).
+(`sys.intern`) rather than once per object, and so are lists of them (the finalizers); a Database's uid and
+password id, which its credentials Secret names too, are one string for both.
 
 A Secret's data is never kept: the cache holds its name and version, `domain.credentials.secret_digest`, its
 password id and its controller's uid (`cached_secret_summary`, flat: a fleet holds one per Database), which is
@@ -189,6 +190,9 @@ CACHED: dict[Resource, CachedForm] = {
             ("status", "phase"),
             ("status", "appliedSizeClass"),
             *_CONDITIONS,
+            # Held by its credentials Secret's cached form too (cached_secret_summary): one string for both.
+            ("metadata", "uid"),
+            ("status", "passwordApplied"),
         ),
     ),
     SHARDS: CachedForm(kept=(*_TYPE, *_METADATA, ("spec",), ("status",)), shared=_TYPE),

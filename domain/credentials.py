@@ -12,6 +12,7 @@ import base64
 import binascii
 import hashlib
 import secrets
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -119,11 +120,12 @@ def is_digested(secret: Mapping[str, Any]) -> bool:
 
 def cached_secret_summary(secret: Mapping[str, Any]) -> dict[str, str]:
     """What a cache keeps of a whole credentials Secret besides its name and version: its digest, password id
-    and controller's uid (the last two when it has them)."""
+    and controller's uid (the last two when it has them, as `sys.intern` holds them: the same strings as the
+    cached Database's uid and status.passwordApplied, domain.cached)."""
     summary = {DIGEST: secret_digest(secret)}
     for key, value in ((CACHED_PASSWORD_ID, password_id(secret)), (CACHED_CONTROLLER_UID, controller_uid(secret))):
         if value is not None:
-            summary[key] = value
+            summary[key] = sys.intern(value)
     return summary
 
 

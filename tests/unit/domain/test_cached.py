@@ -133,6 +133,11 @@ def test_the_cache_drops_what_nobody_reads() -> None:
     assert one["status"]["shard"] is two["status"]["shard"]
     assert one["status"]["conditions"][0]["reason"] is two["status"]["conditions"][0]["reason"]
     assert one["metadata"]["finalizers"] is two["metadata"]["finalizers"]
+    # A Database and its credentials Secret hold one string of the uid and password id they both name.
+    db, secret = ready_pair()
+    cached_db, cached_secret = cached_form(DATABASES)(db), cached_form(SECRETS)(secret)
+    assert cached_secret[CACHED_CONTROLLER_UID] is cached_db["metadata"]["uid"]
+    assert password_id(cached_secret) is cached_db["status"]["passwordApplied"]
 
 
 def full_secret() -> Obj:
