@@ -42,6 +42,7 @@ more have passed, its CPU over S seconds and the Shard reconciles in them (the c
 `--lock PATH` takes the machine's benchmark lock (flock) exclusive for the measured part and shared for the
 setup: the setup of a large fleet (half an hour at 100,000) may run beside another setup, not beside a
 measurement (a `flock` from the shell or another benchmark's measured part), whose figures its load would skew.
+`--start-after PATH` waits after the setup until PATH exists: the managers start from the tree as it is then.
 `--warmup` makes one unmeasured start before `--runs` without a baseline (the first start after a setup writes
 the Consumer counts and Shard conditions).
 """
@@ -822,6 +823,13 @@ def main(argv: list[str] | None = None) -> int:
         help="one unmeasured start before the measured runs (--baseline makes one anyway): the first start "
         "after the setup writes the Consumer counts and Shard conditions",
     )
+    parser.add_argument(
+        "--start-after",
+        type=Path,
+        metavar="PATH",
+        help="after the setup, wait until PATH exists before the first start: the code measured is the tree's "
+        "when PATH appears, so it can be finished while a long setup runs",
+    )
     args = parser.parse_args(argv)
     count = args.count
 
@@ -849,6 +857,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.compacted:
             wait_until_compacted(stack, DATABASES.collection_path(stack.dev.namespace))
             log("etcd compacted past the Databases: a LIST's later pages come from etcd")
+        if args.start_after is not None:
+            log(f"waiting for {args.start_after} to exist before the first start")
+            wait_for(args.start_after.exists, float("inf"), str(args.start_after), 5.0)
         targets: list[Target] = []
         with machine_lock(args.lock):
             targets += measured(fleet, args)

@@ -6,12 +6,14 @@ the API read (client-go's transform functions do the same): whatever an object h
 (managedFields, the `kubectl.kubernetes.io/last-applied-configuration` copy of an applied object, a Secret's
 data, fields the apiserver or other tools add) is dropped before the store holds it. Strings that repeat
 across objects of a kind (the namespace, a shard's name, a consumer's, condition reasons) are held once
-(`sys.intern`) rather than once per object.
+(`sys.intern`) rather than once per object, and so are lists of them (the finalizers); a Database's uid and
+password id, which its credentials Secret names too, are one string for both.
 
-A Secret's data is never kept: the cache holds its metadata and `domain.credentials.secret_digest`, which
-is enough to decide that a credentials Secret is current (settled.py); whoever needs a value (the password
-for SQL, the API's credentials) reads the Secret from the apiserver. Reading values from a cached Secret
-raises (domain.credentials), so a reader that forgets does not see a Secret without data.
+A Secret's data is never kept: the cache holds its name and version, `domain.credentials.secret_digest`, its
+password id and its controller's uid (`cached_secret_summary`, flat: a fleet holds one per Database), which is
+enough to decide that a credentials Secret is current (settled.py); whoever needs a value (the password for
+SQL, the API's credentials) reads the Secret from the apiserver. Reading values from a cached Secret raises
+(domain.credentials), so a reader that forgets does not see a Secret without data.
 
 Objects kept by name (informers.named: the Consumers' token Secrets, whose hashes the API compares) are kept
 whole but for their managedFields and LAST_APPLIED (`without_bookkeeping`).
@@ -29,8 +31,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from domain.constants import ANNOTATION_PASSWORD_ID, LABEL_CONSUMER
-from domain.credentials import DIGEST, secret_digest
+from domain.constants import LABEL_CONSUMER
+from domain.credentials import cached_secret_summary
 from domain.resources import CONSUMERS, DATABASE_CLUSTERS, DATABASES, SHARDS, Resource
 
 Path = tuple[str, ...]
@@ -83,7 +85,7 @@ def _tree(paths: tuple[Path, ...]) -> _Tree:
 @dataclass
 class _Node:
     """One place of a kind's object: `whole` keeps every key under it (else only `children`'s), `each` applies
-    to every item of a list (or value of a whole mapping), `intern` holds a string once."""
+    to every item of a list (or value of a whole mapping), `intern` holds a string (or a list of strings) once."""
 
     whole: bool = False
     intern: bool = False
@@ -108,9 +110,25 @@ def _compile(kept: _Tree | None, shared: _Tree | None, *, interned: bool = False
     return node
 
 
+# Lists of strings held once (a `shared` path to a list, such as the finalizers every Database has): a few
+# distinct contents for the whole fleet, each held as one list that the objects share.
+_HELD_LISTS: dict[tuple[str, ...], list[str]] = {}
+
+
+def _held_once(value: Any) -> Any:
+    """A string, or a list of strings, as one object for every equal value (read-only, as all cached objects)."""
+    if type(value) is str:
+        return sys.intern(value)
+    if type(value) is list and all(type(item) is str for item in value):
+        items = tuple(sys.intern(item) for item in value)
+        held = _HELD_LISTS.get(items)
+        return held if held is not None else _HELD_LISTS.setdefault(items, list(items))
+    return value
+
+
 def _walk(node: _Node, value: Any) -> Any:
     if node.intern:
-        return sys.intern(value) if type(value) is str else value
+        return _held_once(value)
     if type(value) is dict:
         if node.whole:
             for key, child in node.children.items():
@@ -132,12 +150,12 @@ def _walk(node: _Node, value: Any) -> Any:
 @dataclass(frozen=True)
 class CachedForm:
     """What a cache keeps of one kind: `kept` paths (everything else is dropped), `shared` paths whose string
-    values repeat across objects (held once), and `digest`: a function whose value replaces the object's
-    `data` under domain.credentials.DIGEST (Secrets), or None."""
+    values repeat across objects (held once), and `summary`: a function of the whole object whose keys are
+    added to the kept one's top level (a Secret's digest, password id and owner, domain.credentials), or None."""
 
     kept: tuple[Path, ...]
     shared: tuple[Path, ...] = ()
-    digest: Callable[[Mapping[str, Any]], str] | None = None
+    summary: Callable[[Mapping[str, Any]], Mapping[str, str]] | None = None
     _root: _Node = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -146,13 +164,13 @@ class CachedForm:
     def apply(self, obj: Obj) -> Obj:
         """The object as the cache keeps it: one walk over what is kept. `obj` (a decoded answer, owned by the
         caller) may be changed on the way; use the returned dict."""
-        digest = self.digest(obj) if self.digest is not None else None
+        summary = self.summary(obj) if self.summary is not None else None
         kept: Obj = _walk(self._root, obj)
         annotations = (kept.get("metadata") or {}).get("annotations")
         if isinstance(annotations, dict) and LAST_APPLIED in annotations:
             kept["metadata"]["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
-        if digest is not None:
-            kept[DIGEST] = digest
+        if summary is not None:
+            kept.update(summary)
         return kept
 
 
@@ -163,7 +181,7 @@ CACHED: dict[Resource, CachedForm] = {
         shared=(
             *_TYPE,
             ("metadata", "namespace"),
-            ("metadata", "finalizers", "*"),
+            ("metadata", "finalizers"),
             ("metadata", "labels", LABEL_CONSUMER),
             ("spec", "consumer"),
             ("spec", "sizeClass"),
@@ -172,6 +190,9 @@ CACHED: dict[Resource, CachedForm] = {
             ("status", "phase"),
             ("status", "appliedSizeClass"),
             *_CONDITIONS,
+            # Held by its credentials Secret's cached form too (cached_secret_summary): one string for both.
+            ("metadata", "uid"),
+            ("status", "passwordApplied"),
         ),
     ),
     SHARDS: CachedForm(kept=(*_TYPE, *_METADATA, ("spec",), ("status",)), shared=_TYPE),
@@ -179,17 +200,9 @@ CACHED: dict[Resource, CachedForm] = {
     DATABASE_CLUSTERS: CachedForm(kept=(*_TYPE, *_METADATA, ("spec",), ("status",)), shared=_TYPE),
     # Only credentials Secrets are cached whole-object (label-selected); other Secrets are read by name.
     SECRETS: CachedForm(
-        kept=(
-            ("metadata", "name"),
-            ("metadata", "namespace"),
-            ("metadata", "resourceVersion"),
-            ("metadata", "annotations", ANNOTATION_PASSWORD_ID),
-            # is_controlled_by: whose controller reference it is
-            ("metadata", "ownerReferences", "*", "uid"),
-            ("metadata", "ownerReferences", "*", "controller"),
-        ),
+        kept=(("metadata", "name"), ("metadata", "namespace"), ("metadata", "resourceVersion")),
         shared=(("metadata", "namespace"),),
-        digest=secret_digest,
+        summary=cached_secret_summary,
     ),
 }
 

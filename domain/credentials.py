@@ -12,6 +12,7 @@ import base64
 import binascii
 import hashlib
 import secrets
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -103,14 +104,29 @@ secret_values = decode_secret_data  # the name the controllers know it by
 
 # -- a Secret as the caches hold it ----------------------------------------------------------------
 
-# The key of a cached Secret (domain.cached) that stands for its data: `secret_digest` of it.
+# The keys of a cached Secret (domain.cached) that stand for its data (`secret_digest` of it), for the password
+# id of its annotations and for its controller reference (the owner's uid): one flat mapping instead of the
+# annotations, the owner references and the reference's own mapping, for each of a fleet's Secrets.
 DIGEST = "digest"
+CACHED_PASSWORD_ID = "passwordId"
+CACHED_CONTROLLER_UID = "controllerUid"
 _DIGESTED = ("database", "user", "host", "port", "sslmode")
 
 
 def is_digested(secret: Mapping[str, Any]) -> bool:
     """The Secret is the caches' form: metadata and a digest, no data."""
     return DIGEST in secret
+
+
+def cached_secret_summary(secret: Mapping[str, Any]) -> dict[str, str]:
+    """What a cache keeps of a whole credentials Secret besides its name and version: its digest, password id
+    and controller's uid (the last two when it has them, as `sys.intern` holds them: the same strings as the
+    cached Database's uid and status.passwordApplied, domain.cached)."""
+    summary = {DIGEST: secret_digest(secret)}
+    for key, value in ((CACHED_PASSWORD_ID, password_id(secret)), (CACHED_CONTROLLER_UID, controller_uid(secret))):
+        if value is not None:
+            summary[key] = sys.intern(value)
+    return summary
 
 
 def _require_data(secret: Mapping[str, Any]) -> None:
@@ -170,6 +186,9 @@ def new_password_id() -> str:
 
 def password_id(secret: Mapping[str, Any]) -> str | None:
     """The Secret's password id; None for a Secret written without one (nothing pending then)."""
+    if DIGEST in secret:
+        cached: str | None = secret.get(CACHED_PASSWORD_ID)
+        return cached
     return ((secret.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_PASSWORD_ID)
 
 
@@ -237,12 +256,19 @@ class SecretState(StrEnum):
 
 def is_controlled_by(secret: Mapping[str, Any], database_uid: str | None) -> bool:
     """The Secret's controller ownerReference is the Database with this uid (anything else is not ours)."""
-    if not database_uid:
-        return False
-    owners = (secret.get("metadata") or {}).get("ownerReferences") or []
-    return any(
-        isinstance(ref, Mapping) and ref.get("uid") == database_uid and ref.get("controller") is True for ref in owners
-    )
+    return bool(database_uid) and controller_uid(secret) == database_uid
+
+
+def controller_uid(secret: Mapping[str, Any]) -> str | None:
+    """The uid of the Secret's controller (its ownerReference with `controller: true`; Kubernetes allows one)."""
+    if DIGEST in secret:
+        cached: str | None = secret.get(CACHED_CONTROLLER_UID)
+        return cached
+    for ref in (secret.get("metadata") or {}).get("ownerReferences") or []:
+        if isinstance(ref, Mapping) and ref.get("controller") is True:
+            uid = ref.get("uid")
+            return uid if isinstance(uid, str) else None
+    return None
 
 
 def names_tenant(values: Mapping[str, str], tenant: str) -> bool:

@@ -154,8 +154,8 @@ class ManagerSizing:
     share per 1,000 Databases (each with its credentials Secret) and one per Consumer (with its token Secret),
     each rounded up."""
 
-    base_mib: int = 85
-    per_1000_databases_kib: int = 4500
+    base_mib: int = 90
+    per_1000_databases_kib: int = 3687  # 3.6 MiB
     per_consumer_kib: int = 7
 
     def manager_memory_mib(self, databases: int, consumers: int) -> int:

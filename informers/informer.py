@@ -170,6 +170,25 @@ def continue_token_of(page: bytes) -> str | None:
     return found.group(1).decode("ascii") if found and found.group(1) else None
 
 
+class Listed:
+    """The keys a list has stored so far, for the keys it did not show (deleted) once it is in. A list into an
+    empty store (a start's) only counts them: nothing can be missing then, and a set of every key of the fleet
+    would be held beside the store while the caches fill."""
+
+    def __init__(self, track: bool) -> None:
+        self.count = 0
+        self._keys: set[str] | None = set() if track else None
+
+    def add(self, key: str) -> None:
+        self.count += 1
+        if self._keys is not None:
+            self._keys.add(key)
+
+    def missing(self, stored: Iterable[str]) -> builtins.list[str]:
+        """The stored keys this list did not show."""
+        return [] if self._keys is None else [key for key in stored if key not in self._keys]
+
+
 class StreamRefused(Exception):
     """The apiserver does not stream lists (an older or differently configured one): list page by page."""
 
@@ -219,6 +238,10 @@ class Informer:
 
         self._lock = threading.RLock()  # store and indexes
         self._dispatch_lock = threading.RLock()  # handler list and event order
+        # The store and the indexes are keyed by each object's own name string in an informer of one namespace
+        # (a "namespace/name" key is one more string per object: 100,000 of them per kind), by object_key
+        # otherwise; the methods take and give "namespace/name" keys all the same.
+        self._prefix = f"{namespace}/" if namespace else ""
         self._items: dict[str, Obj] = {}
         self._indexers: dict[str, IndexFunc] = {}
         self._indices: dict[str, dict[str, set[str]]] = {}
@@ -291,8 +314,11 @@ class Informer:
 
     def get(self, key: str) -> Obj | None:
         """The object stored under "namespace/name" (or "name"); shared, do not mutate."""
+        local = self._local(key)
+        if local is None:
+            return None
         with self._lock:
-            return self._items.get(key)
+            return self._items.get(local)
 
     def list(self) -> list[Obj]:
         with self._lock:
@@ -300,7 +326,20 @@ class Informer:
 
     def keys(self) -> builtins.list[str]:
         with self._lock:
-            return list(self._items)
+            return [self._prefix + key for key in self._items] if self._prefix else list(self._items)
+
+    def _key(self, obj: Obj) -> str:
+        """The store's key of `obj`: its name (the object's own string) in an informer of one namespace."""
+        if self._prefix:
+            name: str = obj["metadata"]["name"]
+            return name
+        return object_key(obj)
+
+    def _local(self, key: str) -> str | None:
+        """The store's key for the "namespace/name" key `key` (None: not of this informer's namespace)."""
+        if not self._prefix:
+            return key
+        return key[len(self._prefix) :] if key.startswith(self._prefix) else None
 
     def __len__(self) -> int:
         with self._lock:
@@ -335,7 +374,7 @@ class Informer:
 
     def index_keys(self, name: str, value: str) -> builtins.list[str]:
         with self._lock:
-            return list(self._index(name).get(value, ()))
+            return [self._prefix + key for key in self._index(name).get(value, ())]
 
     def count_by_index(self, name: str, value: str) -> int:
         with self._lock:
@@ -500,7 +539,7 @@ class Informer:
     def _receive_initial_events(self, lines: Iterator[bytes]) -> str:
         """Read a streamed list's initial events up to the bookmark that ends them and replace the store with
         them, as `_list_and_replace` does with the pages of a LIST; returns the bookmark's resourceVersion."""
-        seen: set[str] = set()
+        seen = Listed(bool(self._items))
         batch: list[tuple[str, Obj]] = []
         timing = ListTiming(streamed=True)
         spent = dict.fromkeys(("waiting", "decoding", "storing"), 0.0)
@@ -526,7 +565,7 @@ class Informer:
                     break
                 continue  # an ordinary bookmark: the resourceVersion moves only once the store holds the objects
             if event_type != DELETED:  # never among initial events; a key not seen is deleted at the end anyway
-                key = object_key(obj)
+                key = self._key(obj)
                 batch.append((key, self._fresh(current.get(key), obj)))
             for part, seconds in (("waiting", received - started), ("decoding", decoded - received)):
                 spent[part] += seconds
@@ -547,7 +586,7 @@ class Informer:
         last: bool,
         timing: ListTiming,
         spent: dict[str, float],
-        seen: set[str],
+        seen: Listed,
     ) -> None:
         """A streamed list's `page_size` objects: shown to the page observers like a page of a LIST, then stored."""
         self.progressed = time.monotonic()
@@ -566,7 +605,7 @@ class Informer:
         the undecoded page, checked once the page is decoded): at 100,000 objects the apiserver's time
         and ours overlap instead of adding up."""
         path = self.resource.collection_path(self.namespace)
-        seen: set[str] = set()
+        seen = Listed(bool(self._items))
         timing = ListTiming()
         # Only this thread writes the store, so reading it here needs no lock: the API and the workers
         # reading the store are never held up while a page of a large relist is prepared.
@@ -590,7 +629,7 @@ class Informer:
                 obj = items.pop()
                 if kind:
                     obj.setdefault("kind", kind)
-                key = object_key(obj)
+                key = self._key(obj)
                 stored.append((key, self._fresh(current.get(key), obj)))
             stored.reverse()
             prepared = time.monotonic()
@@ -615,10 +654,10 @@ class Informer:
         self._store_list(seen, resource_version, timing)
         return resource_version
 
-    def _store_list(self, seen: set[str], resource_version: str, timing: ListTiming) -> None:
+    def _store_list(self, seen: Listed, resource_version: str, timing: ListTiming) -> None:
         """A whole list is in (its pages stored): count it, keep its timing, delete what it did not show."""
         self.stats["lists"] += 1
-        timing.objects = len(seen)
+        timing.objects = seen.count
         self.last_list = timing  # before the store is synced: the start logs it then
         replacing = time.monotonic()
         self._end_list(seen, resource_version)
@@ -649,7 +688,7 @@ class Informer:
         obj.setdefault("apiVersion", self.resource.api_version)  # typed list items carry no apiVersion
         return self._transform(obj) if self._transform is not None else obj
 
-    def _store_page(self, page: builtins.list[tuple[str, Obj]], seen: set[str]) -> None:
+    def _store_page(self, page: builtins.list[tuple[str, Obj]], seen: Listed) -> None:
         """Put one page of a list into the store, object by object (the store never holds two copies of the
         fleet, as a store replaced whole at the list's end would while the list is in), and dispatch the changes:
         ADDED for a new key, MODIFIED for another version; an unchanged object is the stored one, no event."""
@@ -666,17 +705,17 @@ class Informer:
                     events.append((ADDED, None, obj) if old is None else (MODIFIED, old, obj))
             self._dispatch(events)
 
-    def _end_list(self, seen: set[str], resource_version: str) -> None:
+    def _end_list(self, seen: Listed, resource_version: str) -> None:
         """The list is all stored: DELETED for every key it did not show, then the list's resourceVersion."""
         with self._dispatch_lock:
             events: list[tuple[str, Obj | None, Obj | None]] = []
             with self._lock:
-                for key in [key for key in self._items if key not in seen]:
+                for key in seen.missing(self._items):
                     old = self._items.pop(key)
                     self._reindex(key, old, None)
                     events.append((DELETED, old, None))
                 self.resource_version = resource_version
-            log.debug("%r: listed %d objects at %s (%d deleted)", self, len(seen), resource_version, len(events))
+            log.debug("%r: listed %d objects at %s (%d deleted)", self, seen.count, resource_version, len(events))
             self._dispatch(events)
             # Synced only once the handlers have seen the list (client-go's order): a controller started on
             # "synced" must not get the first list's 100,000 ADDED events on top of its own resync of the same keys.
@@ -759,7 +798,7 @@ class Informer:
         return new_rv
 
     def _apply(self, event_type: str, obj: Obj, new_rv: str) -> None:
-        key = object_key(obj)
+        key = self._key(obj)
         dispatch: tuple[str, Obj | None, Obj | None] | None = None
         with self._lock:
             old = self._items.get(key)

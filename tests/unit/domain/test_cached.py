@@ -23,6 +23,7 @@ from domain.constants import (
     LABEL_EXTERNAL_ID,
 )
 from domain.credentials import (
+    CACHED_CONTROLLER_UID,
     DIGEST,
     Endpoint,
     classify_secret,
@@ -131,6 +132,12 @@ def test_the_cache_drops_what_nobody_reads() -> None:
     one, two = (cached_form(DATABASES)(json.loads(json.dumps(full_database()))) for _ in range(2))
     assert one["status"]["shard"] is two["status"]["shard"]
     assert one["status"]["conditions"][0]["reason"] is two["status"]["conditions"][0]["reason"]
+    assert one["metadata"]["finalizers"] is two["metadata"]["finalizers"]
+    # A Database and its credentials Secret hold one string of the uid and password id they both name.
+    db, secret = ready_pair()
+    cached_db, cached_secret = cached_form(DATABASES)(db), cached_form(SECRETS)(secret)
+    assert cached_secret[CACHED_CONTROLLER_UID] is cached_db["metadata"]["uid"]
+    assert password_id(cached_secret) is cached_db["status"]["passwordApplied"]
 
 
 def full_secret() -> Obj:
@@ -176,7 +183,7 @@ def test_reading_values_from_a_cached_secret_fails_loudly() -> None:
     with pytest.raises(ValueError, match="holds no data"):
         decode_secret_data(cached)
     with pytest.raises(ValueError, match="holds no data"):
-        classify_secret(cached, cached["metadata"]["ownerReferences"][0]["uid"], TENANT)
+        classify_secret(cached, cached[CACHED_CONTROLLER_UID], TENANT)
 
 
 def shard() -> Obj:

@@ -65,4 +65,4 @@ def test_quantities_and_the_sizing_arithmetic() -> None:
     assert SIZING.manager_memory_mib(0, 0) == SIZING.base_mib
     assert memory_needed_mib(0, 0, 2**20) == SIZING.base_mib + 1
     # docs/install.md's example: 100,000 Databases, 1,000 Consumers, the default 1,000 API connections
-    assert memory_needed_mib(100_000, 1_000, 1_000 * 96 * 1024) == 626
+    assert memory_needed_mib(100_000, 1_000, 1_000 * 96 * 1024) == 551
