@@ -189,6 +189,8 @@ class MoveController:
         if phase == MovePhase.COMPLETED and self._keeps_source(obj):
             if not obj.spec.rollback or self._refused(obj):
                 return self._window(obj)
+            if (until := self._database(obj)[1].retire_login_at) is not None:
+                return self._rollback_wait(obj, until)
             how = "copying the database back" if obj.status.mode == MoveMode.OFFLINE else "the source catching up"
             obj = self._phase(obj, MovePhase.ROLLING_BACK, f"rolling back: {how}")
             self._event(obj, "MoveRollbackStarted", f"rolling back to shard {obj.status.source_shard}")
@@ -299,6 +301,16 @@ class MoveController:
         if until is None:
             return NO_CAPACITY_RETRY
         return min(max((until - self.clock()).total_seconds() + 1.0, 1.0), NO_CAPACITY_RETRY)
+
+    def _rollback_wait(self, obj: DatabaseMoveObject, until: datetime) -> Result:
+        """spec.rollback during a rotation's overlap: started once it ends (a rollback, too, carries only
+        the login role handed out); the Rollback condition says so."""
+        message = (
+            f"spec.rollback waits for the rotation's overlap to end at {until:%Y-%m-%dT%H:%M:%SZ}; shard "
+            f"{obj.status.source_shard} keeps the database until {obj.status.rollback_until:%Y-%m-%dT%H:%M:%SZ}"
+        )
+        self._write(obj.with_condition(MoveConditionType.ROLLBACK, True, MoveReason.WINDOW_OPEN, message))
+        return Result(requeue_after=self._pending_retry(obj))
 
     def _overlap_wait(self, obj: DatabaseMoveObject, until: datetime) -> DatabaseMoveObject:
         """Pending until the rotation's overlap ends (the Database controller retires the other login then)."""

@@ -373,9 +373,11 @@ def test_the_fence_ends_the_sessions_a_retired_alternate_login_left_open(
 def test_a_database_on_its_alternate_login_role_moves_online_rolls_back_and_moves_offline(
     fleet, admin_rest, move_servers, shards
 ) -> None:
-    """A rotation with a short overlap handed out the tenant's alternate login role, and the overlap
-    ended: the move carries the alternate (acting as the tenant, with the same password), the client
-    writing with it loses nothing; the same holds for the rollback and for an offline move after it."""
+    """A rotation with a short overlap handed out the tenant's alternate login role: the move requested
+    within the overlap waits for its end, then carries the alternate (acting as the tenant, with the
+    same password); the client writing with it loses nothing. A rotation on the target hands out the
+    tenant role again: the rollback requested within that overlap waits too, then carries the tenant
+    role back; an offline move after it carries it again."""
     source_server, target_server = move_servers
     source, target = shards
     database = fleet.database("mv-on-alt")
@@ -414,10 +416,27 @@ def test_a_database_on_its_alternate_login_role_moves_online_rolls_back_and_move
             before = len(client.acknowledged)
             wait_for(lambda: len(client.acknowledged) >= before + 30, 60, "the client to write on the target")
 
+            # On the target a rotation with an overlap hands out the tenant role again; the rollback
+            # requested within the overlap waits for its end, then carries the tenant role.
+            stamp = now_stamp()
+            annotations = {ANNOTATION_ROTATE_REQUESTED_AT: stamp, ANNOTATION_ROTATE_OVERLAP: "8"}
+            admin_rest.patch(DATABASES, database, {"metadata": {"annotations": annotations}}, NAMESPACE)
+            fleet.wait_database(database, lambda db: db["status"].get("rotationApplied") == stamp, 60, "the rotation")
+            alternate, c = c, fleet.credentials(database)
+            assert c["user"] == tenant and can_connect(target_server, alternate["user"], alternate["password"], tenant)
+            client.credentials = c
             admin_rest.patch(DATABASE_MOVES, name, {"spec": {"rollback": True}}, NAMESPACE)
+
+            def waits() -> bool:
+                found = condition(admin_rest.get(DATABASE_MOVES, name, NAMESPACE), "Rollback")
+                return found is not None and "waits for the rotation's overlap" in found["message"]
+
+            wait_for(waits, 30, "the rollback to wait for the overlap's end")
             wait_for(lambda: move_phase(admin_rest, name, []) == "RolledBack", 180, "the rollback", max_interval=0.05)
             client.credentials = on(source_server)
-            serves(source_server)
+            with source_server.connect(tenant, c["password"], tenant) as conn:
+                assert conn.execute("SELECT session_user, current_user").fetchone() == (tenant, tenant)
+            assert not can_connect(source_server, alternate["user"], alternate["password"], tenant)
             before = len(client.acknowledged)
             wait_for(lambda: len(client.acknowledged) >= before + 30, 60, "the client to write on the source")
         acknowledged = list(client.acknowledged)  # before the rows are read: the client goes on writing
@@ -427,7 +446,8 @@ def test_a_database_on_its_alternate_login_role_moves_online_rolls_back_and_move
         with requested_move(fleet, admin_rest, database, target, mode="Offline") as name:
             wait_for(lambda: move_phase(admin_rest, name, []) == "Completed", 180, "the offline move")
             client.credentials = on(target_server)
-            serves(target_server)
+            assert can_connect(target_server, tenant, c["password"], tenant)
+            assert not can_connect(target_server, alternate["user"], alternate["password"], tenant)
             before = len(client.acknowledged)
             wait_for(lambda: len(client.acknowledged) >= before + 30, 60, "the client to write on the target")
     finally:
