@@ -5,11 +5,12 @@ A reconcile is a column of guard clauses:
 
   fetch -> deleted: undo what the move made (before the cutover), then release the finalizer ->
   finished (Completed, Aborted, Failed): nothing -> finalizer -> abort requested: undo, Aborted ->
-  Pending: the request checked (the Database Ready, placed on another shard than the target, the
-  target a valid postgres Shard; target `any`: chosen and reserved in the PlacementIndex, or a
-  NoCapacity condition and a requeue) -> Preflight: both shards and the database (move_preflight),
-  the mode chosen (Auto: Online when nothing stands in its way), an offline copy above the size
-  limit refused unless forced -> Copying: online, target prepared, schema copied, publication,
+  Pending: the request checked (the Database Ready, placed on another shard than the target, no
+  rotation's overlap running (else a requeue at its end), the target a valid postgres Shard; target
+  `any`: chosen and reserved in the PlacementIndex, or a NoCapacity condition and a requeue) ->
+  Preflight: both shards and the database (move_preflight), the mode chosen (Auto: Online when
+  nothing stands in its way), an offline copy above the size limit refused unless forced ->
+  Copying: online, target prepared, schema copied, publication,
   subscription; offline, target prepared, the source closed, dump and restore -> CatchingUp (online
   only): new tables carried, waiting until every table is copied and the stream's lag is small ->
   CuttingOver: online, the fenced cutover (which leaves a stream back to the source); offline, the
@@ -95,14 +96,15 @@ STEP_NAMES = {
 }
 ROLLBACK_WINDOW = MovesConfig().rollback_window  # the install's default
 RUNNING = (MovePhase.COPYING, MovePhase.CATCHING_UP, MovePhase.CUTTING_OVER)
-# A move copies the tenant role with the credentials Secret's password: it would cut off the alternate.
-ALTERNATE_IN_USE = (
-    "hands out its alternate login role, or a rotation's overlap is running: a move carries only the tenant "
-    "role; move it after a rotation with an overlap handed out the tenant role again and that overlap ended"
+# A move carries the login role handed out with the credentials Secret's password: during an overlap the
+# other one still works on the source and would stop working on the target, so a move waits for its end.
+OVERLAP_RUNNING = (
+    "is in a rotation's overlap (the previous credentials work until {until}): a move carries only the login "
+    "role handed out, so it starts once the overlap has ended"
 )
-ALTERNATE_DURING_MOVE = (
-    "a rotation with an overlap handed out the database's alternate login role during the move, which carries "
-    "only the tenant role: aborted before the cutover; the source serves as before"
+OVERLAP_DURING_MOVE = (
+    "a rotation with an overlap started during the move, which carries only the login role handed out: "
+    "aborted before the cutover; the source serves as before"
 )
 FINISHED = (MovePhase.COMPLETED, MovePhase.ABORTED, MovePhase.ROLLED_BACK, MovePhase.FAILED)
 
@@ -187,6 +189,8 @@ class MoveController:
         if phase == MovePhase.COMPLETED and self._keeps_source(obj):
             if not obj.spec.rollback or self._refused(obj):
                 return self._window(obj)
+            if (until := self._database(obj)[1].retire_login_at) is not None:
+                return self._rollback_wait(obj, until)
             how = "copying the database back" if obj.status.mode == MoveMode.OFFLINE else "the source catching up"
             obj = self._phase(obj, MovePhase.ROLLING_BACK, f"rolling back: {how}")
             self._event(obj, "MoveRollbackStarted", f"rolling back to shard {obj.status.source_shard}")
@@ -205,7 +209,7 @@ class MoveController:
         if phase in (None, MovePhase.PENDING):
             obj = self._accept(obj)
             if obj.status.phase == MovePhase.PENDING:
-                return Result(requeue_after=NO_CAPACITY_RETRY)
+                return Result(requeue_after=self._pending_retry(obj))
         if obj.status.phase == MovePhase.PREFLIGHT:
             obj = self._preflight(obj)
         if obj.status.phase == MovePhase.COPYING and not self._rotated_away(obj):
@@ -220,10 +224,10 @@ class MoveController:
 
     def _rotated_away(self, obj: DatabaseMoveObject) -> bool:
         """Before each running step: a rotation with an overlap since the preflight ends the move (undone,
-        the source serving as before), since the move would hand the target only the tenant role."""
-        if not self._alternate_in_use(obj) or not self._undo(obj):
+        the source serving as before), since the move would hand the target only the login role handed out."""
+        if not self._overlap_running(obj) or not self._undo(obj):
             return False
-        self._finish(obj, MovePhase.FAILED, MoveReason.FAILED, ALTERNATE_DURING_MOVE)
+        self._finish(obj, MovePhase.FAILED, MoveReason.FAILED, OVERLAP_DURING_MOVE)
         return True
 
     # -- status ----------------------------------------------------------------------------------
@@ -285,11 +289,34 @@ class MoveController:
 
     # -- the request -----------------------------------------------------------------------------
 
-    def _alternate_in_use(self, obj: DatabaseMoveObject) -> bool:
-        """A rotation with an overlap handed out the tenant's alternate login role, or its overlap runs: the
-        move carries only the tenant role (with the credentials Secret's password)."""
+    def _overlap_running(self, obj: DatabaseMoveObject) -> bool:
+        """A rotation's overlap runs (both login roles work): the move carries only the one handed out."""
         _, status = self._database(obj)
-        return status.login_role is not None or status.retire_login_at is not None
+        return status.retire_login_at is not None
+
+    def _pending_retry(self, obj: DatabaseMoveObject) -> float:
+        """Seconds until a Pending move looks again: just after the overlap it waits for, else the
+        retry of a move without a target."""
+        until = self._database(obj)[1].retire_login_at
+        if until is None:
+            return NO_CAPACITY_RETRY
+        return min(max((until - self.clock()).total_seconds() + 1.0, 1.0), NO_CAPACITY_RETRY)
+
+    def _rollback_wait(self, obj: DatabaseMoveObject, until: datetime) -> Result:
+        """spec.rollback during a rotation's overlap: started once it ends (a rollback, too, carries only
+        the login role handed out); the Rollback condition says so."""
+        message = (
+            f"spec.rollback waits for the rotation's overlap to end at {until:%Y-%m-%dT%H:%M:%SZ}; shard "
+            f"{obj.status.source_shard} keeps the database until {obj.status.rollback_until:%Y-%m-%dT%H:%M:%SZ}"
+        )
+        self._write(obj.with_condition(MoveConditionType.ROLLBACK, True, MoveReason.WINDOW_OPEN, message))
+        return Result(requeue_after=self._pending_retry(obj))
+
+    def _overlap_wait(self, obj: DatabaseMoveObject, until: datetime) -> DatabaseMoveObject:
+        """Pending until the rotation's overlap ends (the Database controller retires the other login then)."""
+        message = f"Database {obj.spec.database} " + OVERLAP_RUNNING.format(until=f"{until:%Y-%m-%dT%H:%M:%SZ}")
+        pending = obj.with_status(phase=MovePhase.PENDING, observed_generation=obj.metadata.generation)
+        return self._write(pending.with_condition(MoveConditionType.READY, False, MoveReason.PENDING, message))
 
     def _database(self, obj: DatabaseMoveObject) -> tuple[dict[str, Any] | None, DatabaseStatus]:
         db = self.databases.get(f"{obj.metadata.namespace}/{obj.spec.database}")
@@ -316,8 +343,8 @@ class MoveController:
             problem = f"DatabaseMove {first} of the same Database came first and has not finished"
         elif status.shard == obj.spec.target:
             problem = f"Database {obj.spec.database} is on shard {obj.spec.target} already"
-        elif self._alternate_in_use(obj):
-            problem = f"Database {obj.spec.database} {ALTERNATE_IN_USE}"
+        elif status.retire_login_at is not None:
+            return self._overlap_wait(obj, status.retire_login_at)
         name = obj.spec.target
         if problem is None and name == MOVE_TARGET_ANY:
             assert db is not None
@@ -441,7 +468,7 @@ class MoveController:
         self, obj: DatabaseMoveObject, serving: psycopg.Connection, publisher: str | None = None
     ) -> move.MovePlan:
         """The tenant as it is on the shard that serves it (name, connection limit, ownership record),
-        its password from the credentials Secret, and the shard that publishes the stream (the source,
+        its login role and password from the credentials Secret, and the shard that publishes the stream (the source,
         unless `publisher` names the target for the stream back) as the other server reaches it (its
         client endpoint)."""
         _, status = self._database(obj)
@@ -449,13 +476,19 @@ class MoveController:
         if status.tenant_name is None or source_spec is None:
             raise ReconcileError("DatabaseNotReady", f"Database {obj.spec.database} has no tenant on its shard")
         secret = self.rest.get(SECRETS, credentials_secret_name(obj.spec.database), obj.metadata.namespace)
+        values = secret_values(secret)
         state = read_state(serving, status.tenant_name)
-        tenant = TenantSpec(
-            status.tenant_name,
-            secret_values(secret)["password"],
-            state.connection_limit if state.connection_limit is not None else -1,
-            owner=state.owner,
-        )
+        try:
+            tenant = TenantSpec(
+                status.tenant_name,
+                values["password"],
+                state.connection_limit if state.connection_limit is not None else -1,
+                owner=state.owner,
+                login=values.get("user") or None,
+            )
+        except ValueError:
+            message = "the credentials Secret holds no usable login of the tenant"
+            raise ReconcileError("CredentialsInvalid", message) from None
         client = source_spec.client
         return move.MovePlan(tenant, client.host, client.port, sslmode=client.sslmode.value)
 
@@ -517,7 +550,7 @@ class MoveController:
             plan = self._plan(obj, source)
             move.prepare_target(target, plan.tenant)
             move.copy_schema(source, target, plan, self._tools(source, target).pg_dump)
-            move.publish(source, plan.name)
+            move.publish(source, plan.name, plan.tenant.login)
             move.subscribe(source, target, plan)
         return self._phase(obj, MovePhase.CATCHING_UP, "copying the data")
 

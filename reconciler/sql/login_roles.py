@@ -146,23 +146,38 @@ def hand_out(
     """
     validate_tenant_name(name)
     validate_connection_limit(connection_limit)
-    other = other_login(name, login)
-    verifier = sql.Literal(scram_verifier(password))
+    other_login(name, login)  # validates `login`
 
     def body(conn: psycopg.Connection) -> None:
-        if login != name:
-            ensure_alternate(conn, name, connection_limit)
-        conn.execute(
-            sql.SQL("ALTER ROLE {} LOGIN PASSWORD {} CONNECTION LIMIT {}").format(
-                sql.Identifier(login), verifier, sql.Literal(connection_limit)
-            )
-        )
-        if end_sessions:
-            _end_sessions_of(conn, name, login)
-        if retire_other:
-            _retire(conn, name, other, end_sessions=end_sessions)
+        hand_out_on(conn, name, login, password, connection_limit, end_sessions=end_sessions, retire_other=retire_other)
 
     run_operation(admin, OP_ROTATE, body, timeout=timeout)
+
+
+def hand_out_on(
+    conn: psycopg.Connection,
+    name: str,
+    login: str,
+    password: str,
+    connection_limit: int,
+    *,
+    end_sessions: bool = False,
+    retire_other: bool = False,
+) -> None:
+    """`hand_out`'s statements on an open admin connection (a move gives the target the login role
+    handed out on the source)."""
+    other = other_login(name, login)
+    if login != name:
+        ensure_alternate(conn, name, connection_limit)
+    conn.execute(
+        sql.SQL("ALTER ROLE {} LOGIN PASSWORD {} CONNECTION LIMIT {}").format(
+            sql.Identifier(login), sql.Literal(scram_verifier(password)), sql.Literal(connection_limit)
+        )
+    )
+    if end_sessions:
+        _end_sessions_of(conn, name, login)
+    if retire_other:
+        _retire(conn, name, other, end_sessions=end_sessions)
 
 
 def retire_login(

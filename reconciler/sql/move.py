@@ -5,12 +5,15 @@ Each step reads the catalog first and does only what is missing, so a step inter
 (a crash, a lost connection) is finished by running it again. In order:
 
 1. `prepare_target`: on the target, the tenant role with the same name and password, and its
-   database, closed to the tenant (only the provisioner may connect, for the copy).
+   database, closed to the tenant (only the provisioner may connect, for the copy). When the
+   tenant's alternate login role is handed out (`TenantSpec.login`), the target gets it too, with
+   the same password, membership and role setting, and the tenant role without login, as on the source.
 2. `copy_schema`: a marker table (`dbprovider_move.marker`) made as the tenant on the source, then
    the tenant's schema dumped as the tenant (`pg_dump --schema-only`, logging in with the tenant's
-   credentials) and replayed on the target as the tenant, in one transaction.
-3. `publish`: REPLICATION for the tenant role on the source (its login carries the stream) and a
-   publication of the tenant's tables, made as the tenant.
+   credentials, whichever login role they name, with `--role` the tenant) and replayed on the target
+   as the tenant, in one transaction.
+3. `publish`: REPLICATION for the login role handed out on the source (its login carries the
+   stream) and a publication of the tenant's tables, made as (and owned by) the tenant role.
 4. `subscribe`: the replication slot on the source, and on the target a subscription owned by the
    provisioner (changes are applied as the tables' owner, the tenant), then the initial copy.
 5. `progress`: tables copied and the stream's lag in bytes of WAL, for waiting until caught up.
@@ -53,8 +56,9 @@ from psycopg.conninfo import make_conninfo
 from domain.naming import alternate_name
 from reconciler.sql import errors
 from reconciler.sql.errors import SqlFailure
+from reconciler.sql.login_roles import hand_out_on
 from reconciler.sql.move_preflight import statement_logging, tenant_database
-from reconciler.sql.roles import TERMINATE_WAIT_MS, as_role, end_sessions
+from reconciler.sql.roles import TERMINATE_WAIT_MS, as_role
 from reconciler.sql.session import connect_database
 from reconciler.sql.tenant import (
     TenantSpec,
@@ -64,7 +68,6 @@ from reconciler.sql.tenant import (
     ensure_membership,
     ensure_role,
     read_state,
-    scram_verifier,
 )
 
 OP_MOVE = "move"
@@ -105,13 +108,13 @@ class MovePlan:
         return slot_name(self.name)
 
     def subscription_conninfo(self) -> str:
-        """The tenant's login to its source database; holds the password, so never log it."""
+        """The tenant's login (the role handed out) to its source database; holds the password, so never log it."""
         extra = {"sslrootcert": self.sslrootcert} if self.sslrootcert else {}
         return make_conninfo(
             host=self.source_host,
             port=str(self.source_port),
             dbname=self.name,
-            user=self.name,
+            user=self.tenant.login_role,
             password=self.tenant.password,
             sslmode=self.sslmode,
             application_name=APPLICATION_NAME,
@@ -181,6 +184,8 @@ def prepare_target(target: psycopg.Connection, tenant: TenantSpec) -> None:
     state = read_state(target, tenant.name)
     if state.tenant_can_connect:
         return
+    if tenant.login_role != tenant.name:  # the alternate logs in, the tenant role does not (as on the source)
+        hand_out_on(target, tenant.name, tenant.login_role, tenant.password, tenant.connection_limit, retire_other=True)
     database, me = _ident(tenant.name), _ident(target.info.user)
     with as_role(target, tenant.name):
         target.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(database))
@@ -224,7 +229,8 @@ def dump_schema(
     timeout: float = DUMP_TIMEOUT,
 ) -> str:
     """The tenant's schema as SQL (or only `tables`' definitions, with their indexes, constraints and
-    owned sequences), dumped by `pg_dump` logged in as the tenant to its source database.
+    owned sequences), dumped by `pg_dump` logged in with the tenant's credentials (the tenant role or
+    its alternate, acting as the tenant) to its source database.
 
     `pg_dump` must be of the target's major (its output sets what that server knows). Owners and
     privileges are left out: the replay runs as the tenant, which owns what it creates. The password
@@ -235,7 +241,7 @@ def dump_schema(
         for key, value in source.info.get_parameters().items()
         if key in ("host", "hostaddr", "port", "sslmode", "sslrootcert", "sslcert", "sslkey", "require_auth")
     }
-    conninfo = make_conninfo(**params, user=plan.name, dbname=plan.name, application_name=APPLICATION_NAME)
+    conninfo = make_conninfo(**params, user=plan.tenant.login_role, dbname=plan.name, application_name=APPLICATION_NAME)
     key = secrets.token_hex(16)
     env = {"PATH": os.environ.get("PATH", ""), "PGPASSWORD": plan.tenant.password, "PGCONNECT_TIMEOUT": "10"}
     argv = [
@@ -248,6 +254,7 @@ def dump_schema(
         "--no-security-labels",
         "--no-tablespaces",
         f"--restrict-key={key}",
+        f"--role={plan.name}",  # the alternate login role acts as the tenant (its role setting says so too)
         f"--dbname={conninfo}",
     ]
     # A quoted pattern matches the name literally (pg_dump's patterns are psql's).
@@ -318,11 +325,11 @@ def tenant_tables(inside: psycopg.Connection, name: str) -> list[tuple[str, str]
     return [(schema, table) for schema, table in inside.execute(_TENANT_TABLES, {"tenant": name})]
 
 
-def publish(source: psycopg.Connection, name: str) -> None:
-    """REPLICATION for the tenant role (the stream logs in as it) and, as the tenant, a publication
-    of every table of the tenant; run again, it adds the tables created since."""
-    if not _one(source, "SELECT rolreplication FROM pg_catalog.pg_roles WHERE rolname = %(r)s", {"r": name}):
-        source.execute(sql.SQL("ALTER ROLE {} REPLICATION").format(_ident(name)))
+def publish(source: psycopg.Connection, name: str, login: str | None = None) -> None:
+    """REPLICATION for the login role handed out (`login`, default the tenant role: the stream logs
+    in as it) and, as the tenant, a publication of every table of the tenant (owned by the tenant
+    role); run again, it adds the tables created since."""
+    replication(source, login or name)
     with tenant_database(source, name) as inside:
         tables = tenant_tables(inside, name)
         listed = sql.SQL(", ").join(_ident(schema, table) for schema, table in tables)
@@ -439,7 +446,7 @@ def copy_new_tables(source: psycopg.Connection, target: psycopg.Connection, plan
     missing = [table for table in on_source if table not in on_target]
     if missing:
         _replay(target, plan.name, dump_schema(source, plan, pg_dump, missing))
-    publish(source, plan.name)
+    publish(source, plan.name, plan.tenant.login)
     with target_database(target, plan.name) as inside:
         subscribed = _one(inside, _SUBSCRIPTION, {"sub": SUBSCRIPTION}) is not None  # else `subscribe` copies all
         row = inside.execute(_SUBSCRIBED, {"sub": SUBSCRIPTION}).fetchone()
@@ -478,26 +485,33 @@ def progress(source: psycopg.Connection, target: psycopg.Connection, plan: MoveP
 
 _OTHER_SESSIONS = """
 SELECT pg_catalog.pg_terminate_backend(pid, %(wait)s::bigint) FROM pg_catalog.pg_stat_activity
- WHERE usesysid = (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = %(tenant)s)
+ WHERE usesysid = (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = %(role)s)
    AND backend_type <> 'walsender' AND pid <> pg_catalog.pg_backend_pid()
 """
 
 
 def fence_source(source: psycopg.Connection, name: str) -> None:
     """No tenant write on the source from now on: CONNECT revoked from the tenant, then every session
-    of it ended except the WAL sender carrying the stream (a session's open transaction is rolled back)."""
+    of it and of its alternate login role ended except the WAL sender carrying the stream (a
+    session's open transaction is rolled back). The alternate's sessions (handed out, or opened
+    before it was retired: retiring leaves them open) act as the tenant; the REVOKE keeps new ones
+    out (its CONNECT is the tenant's)."""
     with as_role(source, name):
         source.execute(sql.SQL("REVOKE CONNECT ON DATABASE {} FROM {}").format(_ident(name), _ident(name)))
-        # A login that passed its CONNECT check before the REVOKE may appear once more: end it too.
-        for _ in range(3):
-            if not source.execute(_OTHER_SESSIONS, {"tenant": name, "wait": TERMINATE_WAIT_MS}).fetchall():
-                break
-    # Sessions of the tenant's alternate login role (opened before it was retired: retiring leaves them
-    # open) act as the tenant too; the REVOKE keeps new ones out (its CONNECT is the tenant's).
+    _end_tenant_sessions(source, name)
     state = read_state(source, name)
     if state.alternate_oid is not None:
         _ensure_membership(source, alternate_name(name), state.alternate_oid)
-        end_sessions(source, alternate_name(name), state.alternate_oid)
+        _end_tenant_sessions(source, alternate_name(name))
+
+
+def _end_tenant_sessions(source: psycopg.Connection, role: str) -> None:
+    """Every session of `role` ended (as `role`) but a WAL sender; a login that passed its CONNECT
+    check before the REVOKE may appear once more: ended too."""
+    with as_role(source, role):
+        for _ in range(3):
+            if not source.execute(_OTHER_SESSIONS, {"role": role, "wait": TERMINATE_WAIT_MS}).fetchall():
+                break
 
 
 def reopen_source(source: psycopg.Connection, name: str) -> None:
@@ -570,8 +584,20 @@ def end_stream(source: psycopg.Connection, target: psycopg.Connection, plan: Mov
     drop_slot(source, plan.slot)
     with tenant_database(source, plan.name) as inside, as_role(inside, plan.name):
         inside.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(_ident(PUBLICATION)))
-    if _one(source, "SELECT rolreplication FROM pg_catalog.pg_roles WHERE rolname = %(r)s", {"r": plan.name}):
-        source.execute(sql.SQL("ALTER ROLE {} NOREPLICATION").format(_ident(plan.name)))
+    no_replication(source, plan.name)
+
+
+def replication(server: psycopg.Connection, login: str) -> None:
+    """REPLICATION for `login`, the role whose login carries a stream."""
+    if not _one(server, "SELECT rolreplication FROM pg_catalog.pg_roles WHERE rolname = %(r)s", {"r": login}):
+        server.execute(sql.SQL("ALTER ROLE {} REPLICATION").format(_ident(login)))
+
+
+def no_replication(server: psycopg.Connection, name: str) -> None:
+    """REPLICATION taken back from the tenant role and its alternate (whichever the stream logged in as)."""
+    for role in (name, alternate_name(name)):
+        if _one(server, "SELECT rolreplication FROM pg_catalog.pg_roles WHERE rolname = %(r)s", {"r": role}):
+            server.execute(sql.SQL("ALTER ROLE {} NOREPLICATION").format(_ident(role)))
 
 
 def drop_subscription(inside: psycopg.Connection) -> None:
@@ -605,8 +631,9 @@ def _drop_marker(inside: psycopg.Connection, name: str) -> None:
 
 
 def open_target(target: psycopg.Connection, tenant: TenantSpec, *, keep_marker: bool = False) -> None:
-    """The marker dropped (kept when a reverse stream publishes it for a rollback), the tenant's
-    password set again (the one the consumer holds now, should it have changed during the move),
+    """The marker dropped (kept when a reverse stream publishes it for a rollback), the password set
+    again on the login role handed out (the one the consumer holds now, should it have changed
+    during the move; the other login role without login and password),
     CONNECT for the tenant (and the pooler's auth user) on the target, and the provisioner's own
     CONNECT and CREATE taken back."""
     name = tenant.name
@@ -618,7 +645,7 @@ def open_target(target: psycopg.Connection, tenant: TenantSpec, *, keep_marker: 
             _drop_marker(inside, name)
         _schema_usage(inside, name, "REVOKE {} ON SCHEMA {} FROM {}")
     database = _ident(name)
-    target.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(database, sql.Literal(scram_verifier(tenant.password))))
+    hand_out_on(target, name, tenant.login_role, tenant.password, tenant.connection_limit, retire_other=True)
     with as_role(target, name):
         target.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(database, database))
         if tenant.pooler is not None:

@@ -126,7 +126,7 @@ class Reverse:
         with target_database(self.source, name) as inside:
             if _one(inside, _SUBSCRIPTION, {"sub": SUBSCRIPTION}) is not None:
                 return True
-        publish(self.target, name)
+        publish(self.target, name, self.back.tenant.login)
         if not _slot_exists(self.target, self.back.slot):
             remaining = int((deadline - time.monotonic()) * 1000)
             if remaining <= 0:
@@ -204,8 +204,8 @@ def reverse_progress(source: psycopg.Connection, target: psycopg.Connection, bac
 def rollback(source: psycopg.Connection, target: psycopg.Connection, back: MovePlan, budget: float = 30.0) -> float:
     """The cutover in reverse (`move.cutover` with the target as the fenced side); the write pause.
 
-    The subscription's login is set to the tenant's password now (rotated since the cutover?) before
-    the fence. `move.CutoverTimedOut` when the source did not catch up within `budget`: the target
+    The subscription's login is set to the login role and password handed out now (rotated since the
+    cutover?) before the fence. `move.CutoverTimedOut` when the source did not catch up within `budget`: the target
     serves again and the stream goes on. Refused without the stream back (it ended, or the move
     was made without one).
     """
@@ -218,6 +218,7 @@ def rollback(source: psycopg.Connection, target: psycopg.Connection, back: MoveP
         with target_database(source, name) as inside:
             if statement_logging(inside):
                 raise _refuse("the source shard would log the subscription's statement")
+            move.replication(target, back.tenant.login_role)  # the login role handed out may have changed
             inside.execute(
                 sql.SQL("ALTER SUBSCRIPTION {} CONNECTION {}").format(
                     _ident(SUBSCRIPTION), sql.Literal(back.subscription_conninfo())
@@ -279,8 +280,7 @@ def end_stream_back(source: psycopg.Connection, target: psycopg.Connection, name
         with tenant_database(target, name) as inside, as_role(inside, name):
             inside.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(_ident(PUBLICATION)))
             inside.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(_ident(MARKER_SCHEMA)))
-    if _one(target, "SELECT rolreplication FROM pg_catalog.pg_roles WHERE rolname = %(r)s", {"r": name}):
-        target.execute(sql.SQL("ALTER ROLE {} NOREPLICATION").format(_ident(name)))
+    move.no_replication(target, name)
 
 
 def end_window(source: psycopg.Connection, target: psycopg.Connection, name: str) -> None:

@@ -150,11 +150,21 @@ class TenantSpec:
     connection_limit: int
     owner: OwnerRecord | None = None
     pooler: PoolerAccess | None = None
+    # The login role handed out with `password`: the tenant role (None) or its alternate (a move
+    # carries the alternate, acting as the tenant, to the target).
+    login: str | None = None
 
     def __post_init__(self) -> None:
         validate_tenant_name(self.name)
         validate_password(self.password)
         validate_connection_limit(self.connection_limit)
+        if self.login not in (None, self.name, alternate_name(self.name)):
+            raise ValueError("the login role must be the tenant role or its alternate")
+
+    @property
+    def login_role(self) -> str:
+        """The role that logs in with `password`."""
+        return self.login or self.name
 
     @property
     def template(self) -> str:

@@ -370,6 +370,94 @@ def test_the_fence_ends_the_sessions_a_retired_alternate_login_left_open(
     session.close()
 
 
+def test_a_database_on_its_alternate_login_role_moves_online_rolls_back_and_moves_offline(
+    fleet, admin_rest, move_servers, shards
+) -> None:
+    """A rotation with a short overlap handed out the tenant's alternate login role: the move requested
+    within the overlap waits for its end, then carries the alternate (acting as the tenant, with the
+    same password); the client writing with it loses nothing. A rotation on the target hands out the
+    tenant role again: the rollback requested within that overlap waits too, then carries the tenant
+    role back; an offline move after it carries it again."""
+    source_server, target_server = move_servers
+    source, target = shards
+    database = fleet.database("mv-on-alt")
+    fleet.wait_phase(database, "Ready")
+    create_orders(source_server, fleet.credentials(database))
+    stamp = now_stamp()
+    annotations = {ANNOTATION_ROTATE_REQUESTED_AT: stamp, ANNOTATION_ROTATE_OVERLAP: "8"}
+    admin_rest.patch(DATABASES, database, {"metadata": {"annotations": annotations}}, NAMESPACE)
+    fleet.wait_database(database, lambda db: db["status"].get("rotationApplied") == stamp, 60, "the rotation")
+    c = fleet.credentials(database)
+    tenant = c["database"]
+
+    def serves(server: PostgresServer) -> None:
+        """The alternate's credentials log in on `server` acting as the tenant; the tenant role does not."""
+        with server.connect(c["user"], c["password"], tenant) as conn:
+            assert conn.execute("SELECT session_user, current_user").fetchone() == (c["user"], tenant)
+        assert not can_connect(server, tenant, c["password"], tenant)
+
+    def on(server: PostgresServer) -> dict[str, str]:
+        wait_for(lambda: fleet.credentials(database)["port"] == str(server.port), 60, "the Secret's port")
+        moved = fleet.credentials(database)
+        assert (moved["user"], moved["password"]) == (c["user"], c["password"])
+        return moved
+
+    client = Client(c)
+    client.start()
+    try:
+        with requested_move(fleet, admin_rest, database, target) as name:  # requested within the overlap
+            seen: list[str] = []
+            wait_for(lambda: move_phase(admin_rest, name, seen) == "Completed", 180, "the move", max_interval=0.05)
+            assert seen[0] == "Pending"  # until the overlap ended
+            assert admin_rest.get(DATABASE_MOVES, name, NAMESPACE)["status"]["mode"] == "Online"
+            assert c["user"] == fleet.get_database(database)["status"]["loginRole"] != tenant
+            client.credentials = on(target_server)
+            serves(target_server)
+            before = len(client.acknowledged)
+            wait_for(lambda: len(client.acknowledged) >= before + 30, 60, "the client to write on the target")
+
+            # On the target a rotation with an overlap hands out the tenant role again; the rollback
+            # requested within the overlap waits for its end, then carries the tenant role.
+            stamp = now_stamp()
+            annotations = {ANNOTATION_ROTATE_REQUESTED_AT: stamp, ANNOTATION_ROTATE_OVERLAP: "8"}
+            admin_rest.patch(DATABASES, database, {"metadata": {"annotations": annotations}}, NAMESPACE)
+            fleet.wait_database(database, lambda db: db["status"].get("rotationApplied") == stamp, 60, "the rotation")
+            alternate, c = c, fleet.credentials(database)
+            assert c["user"] == tenant and can_connect(target_server, alternate["user"], alternate["password"], tenant)
+            client.credentials = c
+            admin_rest.patch(DATABASE_MOVES, name, {"spec": {"rollback": True}}, NAMESPACE)
+
+            def waits() -> bool:
+                found = condition(admin_rest.get(DATABASE_MOVES, name, NAMESPACE), "Rollback")
+                return found is not None and "waits for the rotation's overlap" in found["message"]
+
+            wait_for(waits, 30, "the rollback to wait for the overlap's end")
+            wait_for(lambda: move_phase(admin_rest, name, []) == "RolledBack", 180, "the rollback", max_interval=0.05)
+            client.credentials = on(source_server)
+            with source_server.connect(tenant, c["password"], tenant) as conn:
+                assert conn.execute("SELECT session_user, current_user").fetchone() == (tenant, tenant)
+            assert not can_connect(source_server, alternate["user"], alternate["password"], tenant)
+            before = len(client.acknowledged)
+            wait_for(lambda: len(client.acknowledged) >= before + 30, 60, "the client to write on the source")
+        acknowledged = list(client.acknowledged)  # before the rows are read: the client goes on writing
+        rows = set(source_server.query("SELECT id, note FROM orders WHERE id > 0", dbname=tenant))
+        assert {(i, f"order {i}") for i in acknowledged} <= rows
+
+        with requested_move(fleet, admin_rest, database, target, mode="Offline") as name:
+            wait_for(lambda: move_phase(admin_rest, name, []) == "Completed", 180, "the offline move")
+            client.credentials = on(target_server)
+            assert can_connect(target_server, tenant, c["password"], tenant)
+            assert not can_connect(target_server, alternate["user"], alternate["password"], tenant)
+            before = len(client.acknowledged)
+            wait_for(lambda: len(client.acknowledged) >= before + 30, 60, "the client to write on the target")
+    finally:
+        client.stop()
+    assert not client.failures
+    rows = set(target_server.query("SELECT id, note FROM orders WHERE id > 0", dbname=tenant))
+    assert {(i, f"order {i}") for i in client.acknowledged} <= rows
+    assert condition(fleet.wait_phase(database, "Ready"), "Ready")["status"] == "True"
+
+
 def test_a_move_that_cannot_be_done_fails_with_a_message_and_touches_no_shard(
     fleet, admin_rest, move_servers, shards, manager
 ) -> None:
@@ -392,14 +480,22 @@ def test_a_move_that_cannot_be_done_fails_with_a_message_and_touches_no_shard(
             assert message in ready["message"]
             wait_events(admin_rest, name, {"MoveFailed"})
     assert sample(manager, "dbprovider_moves_finished_total", outcome="Failed") == 3
-    # A rotation with an overlap handed out the tenant's alternate login role: not carried by a move.
+    # A rotation's overlap is running (both login roles work): a move carries only the one handed out,
+    # so it waits for the overlap's end.
     stamp = now_stamp()
     annotations = {ANNOTATION_ROTATE_REQUESTED_AT: stamp, ANNOTATION_ROTATE_OVERLAP: "600"}
     admin_rest.patch(DATABASES, database, {"metadata": {"annotations": annotations}}, NAMESPACE)
     fleet.wait_database(database, lambda db: db["status"].get("rotationApplied") == stamp, 60, "the rotation")
     with requested_move(fleet, admin_rest, database, target) as name:
-        failed = wait_for(lambda: failed_status(admin_rest, name), 60, f"move {name} to fail")
-        assert "hands out its alternate login role" in condition(failed, "Ready")["message"]
+
+        def waiting() -> dict | None:
+            found = admin_rest.get(DATABASE_MOVES, name, NAMESPACE)
+            ready = condition(found, "Ready")
+            return found if ready is not None and ready["reason"] == "Pending" else None
+
+        pending = wait_for(waiting, 60, f"move {name} to wait")
+        assert pending["status"]["phase"] == "Pending"
+        assert "is in a rotation's overlap" in condition(pending, "Ready")["message"]
     assert fleet.get_database(database)["status"]["shard"] == source
     assert source_server.query(slots, tenant) == [(0,)] and target_server.query(slots, tenant) == [(0,)]
 

@@ -22,11 +22,14 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from domain.naming import alternate_name
 from harness import POSTGRES_FLAVORS, PostgresServer
 from reconciler.move.tools import ClientTools, MoveTools
 from reconciler.sql import errors, move
 from reconciler.sql.errors import SqlFailure
-from reconciler.sql.session import connect_admin
+from reconciler.sql.login_roles import alternate_problems, hand_out
+from reconciler.sql.session import AdminSession, connect_admin
+from reconciler.sql.tenant import read_state
 from tests.sql.conftest import LogicalPool
 from tests.sql.helpers import admin_endpoint, can_connect, new_spec
 from tests.sql.test_move_privileges import (
@@ -91,7 +94,7 @@ class Writer(threading.Thread):
             self._conn = psycopg.connect(
                 host="127.0.0.1",
                 port=self.port,
-                user=self.pair.name,
+                user=self.pair.spec.login_role,
                 password=self.pair.spec.password,
                 dbname=self.pair.name,
                 sslmode="disable",
@@ -199,7 +202,7 @@ class Move:
         self.quiet_target()
         for _ in range(2):
             move.copy_schema(self.source, self.target, self.plan, self.pg_dump)
-            move.publish(self.source, self.pair.name)
+            move.publish(self.source, self.pair.name, self.pair.spec.login)
             move.subscribe(self.source, self.target, self.plan)
             assert move.copy_new_tables(self.source, self.target, self.plan, self.pg_dump) == 0
         self.wait_caught_up()
@@ -311,6 +314,60 @@ def test_a_tenant_moves_online_with_its_client_writing_and_loses_nothing(
     owners = "SELECT DISTINCT pg_get_userbyid(relowner) FROM pg_class WHERE relname IN ('items', 'items_id_seq')"
     assert catalog(pair.target, pair.name, owners) == [(pair.name,)]
     assert pair.spec.password not in pair.target.statement_log()
+
+
+def test_a_tenant_on_its_alternate_login_role_moves_online_and_its_credentials_follow(
+    pair: Pair, client_tools: ClientTools
+) -> None:
+    """A rotation with an overlap handed out the alternate, and the overlap ended (the tenant role has
+    no login): the move logs in with the alternate's credentials, acting as the tenant, and gives the
+    target the same two roles; the client writing as the alternate loses nothing."""
+    alternate = alternate_name(pair.name)
+    spec = replace(pair.spec, password=new_spec().password, login=alternate)
+    with AdminSession.for_endpoint(admin_endpoint(pair.source)) as admin:
+        hand_out(admin, pair.name, alternate, spec.password, spec.connection_limit, retire_other=True)
+    assert not can_connect(pair.source, pair.name, pair.spec.password, pair.name)
+    on_alternate = replace(pair, spec=spec)
+    mover, writer = Move(on_alternate, client_tools), Writer(on_alternate)
+    writer.start()
+    try:
+        writer.writes(30)
+        mover.until_copied()
+        publication = "SELECT pg_get_userbyid(pubowner) FROM pg_publication"
+        assert catalog(pair.source, pair.name, publication) == [(pair.name,)]
+        replication = "SELECT rolname, rolreplication FROM pg_roles WHERE rolname IN (%s, %s) ORDER BY 1"
+        assert pair.source.query(replication, (pair.name, alternate)) == [(pair.name, False), (alternate, True)]
+        assert not can_connect(pair.target, alternate, spec.password, pair.name)  # closed until the cutover
+        writer.writes(30)
+        assert 0 < move.cutover(mover.source, mover.target, mover.plan) < 30
+
+        source_rows, target_rows = content(pair.source, pair.name), content(pair.target, pair.name)
+        assert source_rows == target_rows
+        agrees(target_rows, writer)
+        writer.point_at(pair.target)
+        writer.writes(50)
+        writer.stop()
+        assert not writer.failures
+        agrees(content(pair.target, pair.name), writer)
+    finally:
+        writer.stop()
+        mover.close()
+    # The target's roles are the source's: the alternate logs in acting as the tenant, the tenant role does not.
+    assert can_connect(pair.target, alternate, spec.password, pair.name)
+    assert not can_connect(pair.target, pair.name, spec.password, pair.name)
+    assert not can_connect(pair.target, pair.name, pair.spec.password, pair.name)
+    with pair.target.connect(alternate, spec.password, pair.name, autocommit=True) as conn:
+        assert conn.execute("SELECT session_user, current_user").fetchone() == (alternate, pair.name)
+        conn.execute("CREATE TABLE after_move (id int)")
+    owners = "SELECT DISTINCT pg_get_userbyid(relowner) FROM pg_class WHERE relname IN ('items', 'after_move')"
+    assert catalog(pair.target, pair.name, owners) == [(pair.name,)]
+    roles = "SELECT rolname, rolcanlogin, rolpassword IS NULL, rolreplication FROM pg_authid WHERE rolname IN (%s, %s)"
+    assert sorted(pair.target.query(roles, (pair.name, alternate))) == sorted(
+        [(pair.name, False, True, False), (alternate, True, False, False)]
+    )
+    assert pair.source.query(replication, (pair.name, alternate)) == [(pair.name, False), (alternate, False)]
+    with connect_admin(admin_endpoint(pair.target)) as conn:
+        assert alternate_problems(conn, pair.name, read_state(conn, pair.name)) == []
 
 
 NEWEST_FLAVORS = sorted(MOVE_FLAVORS, key=int)[-1:]
