@@ -19,7 +19,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from domain.constants import ANNOTATION_ROTATE_OVERLAP, ANNOTATION_ROTATE_REQUESTED_AT, API_VERSION
-from domain.resources import DATABASE_MOVES, DATABASES
+from domain.resources import DATABASE_MOVES, DATABASES, SHARDS
 from harness import PostgresServer
 from informers import LEASES
 from reconciler.move.controller import MoveController
@@ -594,17 +594,25 @@ def test_a_completed_move_rolls_back_with_the_client_writing(fleet, admin_rest, 
         assert server.query("SELECT count(*) FROM pg_replication_slots WHERE database = %s", (tenant,)) == [(0,)]
 
 
+def shards_with_window(fleet, move_servers, start_manager, monkeypatch, window: str) -> tuple[str, str]:
+    """A manager whose moves keep the source's copy for `window`, and a source and a target Shard on
+    `move_servers` (as the `shards` fixture makes them); their names."""
+    source_server, target_server = move_servers
+    monkeypatch.setenv("DBPROVIDER_PG_DUMP", str(target_server.bin_dir / "pg_dump"))
+    start_manager(install_config(moves={"rollbackWindow": window}))
+    source, target = shard(fleet, source_server, True), shard(fleet, target_server, False)
+    fleet.wait_shard(source, "Ok")
+    fleet.wait_shard(target, "Ok")
+    return source, target
+
+
 def test_the_window_end_drops_the_source_copy_and_a_deleted_move_waits_for_it(
     fleet, admin_rest, move_servers, start_manager, monkeypatch
 ) -> None:
     """A deleted Completed move keeps the source's copy until its window ends (its finalizer); then the
     stream back is ended, the copy dropped and the object goes. The database serves on the target."""
     source_server, target_server = move_servers
-    monkeypatch.setenv("DBPROVIDER_PG_DUMP", str(target_server.bin_dir / "pg_dump"))
-    start_manager(install_config(moves={"rollbackWindow": "20s"}))
-    source, target = shard(fleet, source_server, True), shard(fleet, target_server, False)
-    fleet.wait_shard(source, "Ok")
-    fleet.wait_shard(target, "Ok")
+    source, target = shards_with_window(fleet, move_servers, start_manager, monkeypatch, "20s")
     database = fleet.database("mv-window")
     fleet.wait_phase(database, "Ready")
     c = fleet.credentials(database)
@@ -615,15 +623,7 @@ def test_the_window_end_drops_the_source_copy_and_a_deleted_move_waits_for_it(
         admin_rest.delete(DATABASE_MOVES, name, NAMESPACE)
         assert admin_rest.get(DATABASE_MOVES, name, NAMESPACE)["metadata"]["deletionTimestamp"]
         assert source_server.query(exists, (tenant,)) == [(1,)]  # kept within the window
-
-        def gone() -> bool:
-            try:
-                admin_rest.get(DATABASE_MOVES, name, NAMESPACE)
-            except ApiException as exc:
-                return exc.status == 404
-            return False
-
-        wait_for(gone, 120, "the window to end and the move to go")
+        wait_for(lambda: gone(admin_rest, name), 120, "the window to end and the move to go")
     assert source_server.query(exists, (tenant,)) == [(0,)]
     assert source_server.query("SELECT count(*) FROM pg_roles WHERE rolname = %s", (tenant,)) == [(0,)]
     assert target_server.query("SELECT count(*) FROM pg_replication_slots WHERE database = %s", (tenant,)) == [(0,)]
@@ -665,6 +665,65 @@ def test_a_database_deleted_within_the_window_ends_the_stream_back_and_keeps_the
 
         assert "is being deleted" in wait_for(refused, 60, "the refusal")["message"]
         assert move_phase(admin_rest, name, []) == "Completed"
+
+
+def test_a_source_shard_deleted_within_the_window_ends_the_stream_back_and_the_move_can_go(
+    fleet, admin_rest, move_servers, start_manager, monkeypatch
+) -> None:
+    """The source Shard object is deleted within the window: its copy is out of the provider's reach.
+    The stream back is ended on the target (no slot holds its WAL) before the window's end, the
+    Rollback condition and an Event say so, a rollback is refused with that message, and the deleted
+    DatabaseMove goes. The database serves on the target."""
+    source_server, target_server = move_servers
+    source, target = shards_with_window(fleet, move_servers, start_manager, monkeypatch, "90s")
+    database = fleet.database("mv-no-source")
+    fleet.wait_phase(database, "Ready")
+    c = fleet.credentials(database)
+    tenant = c["database"]
+    slots = "SELECT count(*) FROM pg_replication_slots WHERE database = %s"
+    try:
+        with requested_move(fleet, admin_rest, database, target) as name:
+            wait_for(lambda: move_phase(admin_rest, name, []) == "Completed", 180, "the move")
+            assert target_server.query(slots, (tenant,)) == [(1,)]
+            admin_rest.patch(SHARDS, source, {"metadata": {"finalizers": None}})
+            admin_rest.delete(SHARDS, source)
+
+            def rollback_reason(reason: str) -> dict[str, Any] | None:
+                found = admin_rest.get(DATABASE_MOVES, name, NAMESPACE)
+                return found if condition(found, "Rollback")["reason"] == reason else None
+
+            ended = wait_for(lambda: rollback_reason("SourceShardGone"), 60, "the stream back to end")
+            assert ended["status"]["sourceDroppedAt"] < ended["status"]["rollbackUntil"]  # not at the window's end
+            message = condition(ended, "Rollback")["message"]
+            assert f"shard {source} was deleted" in message
+            wait_events(admin_rest, name, {"MoveSourceShardGone"})
+            assert target_server.query(slots, (tenant,)) == [(0,)]
+            assert target_server.query("SELECT count(*) FROM pg_publication", dbname=tenant) == [(0,)]
+            replication = "SELECT rolreplication FROM pg_roles WHERE rolname = %s"
+            assert target_server.query(replication, (c["user"],)) == [(False,)]
+
+            admin_rest.patch(DATABASE_MOVES, name, {"spec": {"rollback": True}}, NAMESPACE)
+            refused = wait_for(lambda: rollback_reason("RollbackRefused"), 60, "the rollback refused")
+            assert condition(refused, "Rollback")["message"] == message
+            assert refused["status"]["phase"] == "Completed"
+            wait_events(admin_rest, name, {"MoveRollbackRefused"})
+
+            admin_rest.delete(DATABASE_MOVES, name, NAMESPACE)
+            wait_for(lambda: gone(admin_rest, name), 60, "the deleted move to go")
+        assert fleet.get_database(database)["status"]["shard"] == target
+        assert can_connect(target_server, c["user"], c["password"], tenant)
+    finally:  # the subscription the provider can no longer reach, ended as its server's administrator would
+        with source_server.superuser_connection(tenant) as conn:
+            move_sql.drop_subscription(conn)
+
+
+def gone(admin_rest, name: str) -> bool:
+    """Whether the DatabaseMove `name` is gone."""
+    try:
+        admin_rest.get(DATABASE_MOVES, name, NAMESPACE)
+    except ApiException as exc:
+        return exc.status == 404
+    return False
 
 
 class Held:
