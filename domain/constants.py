@@ -254,6 +254,7 @@ class MoveReason(enum.StrEnum):
     WINDOW_ENDED = "WindowEnded"  # Rollback: the source's copy was dropped
     ROLLBACK_REFUSED = "RollbackRefused"  # Rollback: the message says why spec.rollback is not done
     DATABASE_DELETED = "DatabaseDeleted"  # Rollback: the Database is being deleted; the stream back ended
+    SOURCE_SHARD_GONE = "SourceShardGone"  # Rollback: the source Shard was deleted; the stream back ended
 
 
 # DatabaseMove.spec.target meaning "a shard chosen by placement".

@@ -193,7 +193,9 @@ class DatabaseMoveStatus(ObjectStatus):
         "may bring the database back there.",
     )
     source_dropped_at: StatusTime | None = Field(
-        default=None, description="When the source shard's copy was dropped (the rollback window had ended)."
+        default=None,
+        description="When the source shard's copy was dropped (the rollback window had ended), or given up "
+        "(the source Shard was deleted).",
     )
 
 

@@ -20,7 +20,8 @@ A reconcile is a column of guard clauses:
   back has caught up; offline, the target closed and copied back into the emptied source; the
   Database switched back and the target's copy dropped -> RolledBack. Without a rollback, at
   rollbackUntil: the stream back ended and the source's copy dropped (a deleted Completed move waits
-  for that, by its finalizer).
+  for that, by its finalizer). A source Shard deleted within the window ends it at once: the stream
+  back ended on the target alone, a rollback refused, the finalizer released.
 
 Each phase is written to status before its SQL runs, and every step is idempotent: a pass after a
 restart or a lost Lease re-runs the phase it finds. Conditions carry sanitized error classes only;
@@ -186,8 +187,13 @@ class MoveController:
                 self._release(obj)
                 self._finalizer(obj, add=False)
             return None
+        if phase == MovePhase.COMPLETED and obj.status.source_dropped_at is not None and obj.spec.rollback:
+            if not self._refused(obj):  # the window is over: the Rollback condition says why
+                found = find_condition(obj.status.conditions, MoveConditionType.ROLLBACK)
+                self._refuse_rollback(obj, found.message if found is not None else "the rollback window ended")
+            return None
         if phase == MovePhase.COMPLETED and self._keeps_source(obj):
-            if not obj.spec.rollback or self._refused(obj):
+            if not obj.spec.rollback or self._refused(obj) or self._source_gone(obj):
                 return self._window(obj)
             if (until := self._database(obj)[1].retire_login_at) is not None:
                 return self._rollback_wait(obj, until)
@@ -424,7 +430,12 @@ class MoveController:
     @contextlib.contextmanager
     def _sessions(self, obj: DatabaseMoveObject) -> Iterator[tuple[psycopg.Connection, psycopg.Connection]]:
         """Admin sessions to the source and the target shard; failures as ReconcileError (retried)."""
-        names = (obj.status.source_shard, obj.status.target_shard)
+        with self._sessions_on(obj, obj.status.source_shard, obj.status.target_shard) as (source, target):
+            yield source, target
+
+    @contextlib.contextmanager
+    def _sessions_on(self, obj: DatabaseMoveObject, *names: str | None) -> Iterator[list[psycopg.Connection]]:
+        """Admin sessions to the shards `names`, in that order; failures as ReconcileError (retried)."""
         endpoints = []
         for name in names:
             spec = self._shard(name)
@@ -440,17 +451,15 @@ class MoveController:
         if self.fence is not None:
             options["fence"] = self.fence  # every statement asks first: a replica without the Lease sends none
         try:
-            with (
-                AdminSession.for_endpoint(endpoints[0], **options) as source,
-                AdminSession.for_endpoint(endpoints[1], **options) as target,
-            ):
+            with contextlib.ExitStack() as stack:
+                sessions = [stack.enter_context(AdminSession.for_endpoint(e, **options)) for e in endpoints]
                 with self._lock:
-                    self._open.update((source, target))
+                    self._open.update(sessions)
                 try:
-                    yield source.connection(), target.connection()
+                    yield [session.connection() for session in sessions]
                 finally:
                     with self._lock:
-                        self._open.difference_update((source, target))
+                        self._open.difference_update(sessions)
         except SqlFailure as failure:
             self._note(obj, failure)
             raise ReconcileError("MoveStepFailed", str(failure)) from None
@@ -677,6 +686,17 @@ class MoveController:
             and (other.get("spec") or {}).get("database") == meta.get("name")
         ]
 
+    def moves_from(self, shard: Obj) -> list[str]:
+        """The keys of the moves whose source Shard was deleted (their stream back ends then)."""
+        name = (shard.get("metadata") or {}).get("name")
+        if not name or self.shards.get(str(name)) is not None:
+            return []
+        return [
+            f"{(other.get('metadata') or {}).get('namespace')}/{(other.get('metadata') or {}).get('name')}"
+            for other in self.moves.list()
+            if (other.get("status") or {}).get("sourceShard") == name
+        ]
+
     @staticmethod
     def _refused(obj: DatabaseMoveObject) -> bool:
         """Whether this generation's spec.rollback was refused already (a changed spec asks again)."""
@@ -692,6 +712,9 @@ class MoveController:
         copy dropped, recorded in status.sourceDroppedAt; None once done."""
         until = obj.status.rollback_until
         if until is None or obj.status.source_dropped_at is not None:
+            return None
+        if self._source_gone(obj):
+            self._without_source(obj)
             return None
         left = (until - self.clock()).total_seconds()
         name = obj.status.tenant_name or self._database(obj)[1].tenant_name
@@ -721,6 +744,8 @@ class MoveController:
         the target's copy dropped. A refusal (the stream back is gone, an offline copy too large)
         returns the move to Completed with the reason in its Rollback condition."""
         try:
+            if self._source_gone(obj):
+                raise RollbackRefused(self._source_gone_message(obj))
             if self._database_deleted(obj):
                 raise RollbackRefused(f"Database {obj.spec.database} is being deleted")
             with self._sessions(obj) as (source, target):
@@ -735,13 +760,7 @@ class MoveController:
                 self._switch_database(obj, obj.status.source_shard)
                 move_rollback.drop_copy(source, target, back.name, back.tenant.owner)
         except RollbackRefused as refusal:
-            refused = str(refusal)
-            back_to = obj.with_status(phase=MovePhase.COMPLETED)
-            moved = f"moved from shard {obj.status.source_shard} to shard {obj.status.target_shard}"
-            back_to = back_to.with_condition(MoveConditionType.READY, True, MoveReason.COMPLETED, moved)
-            self._write(back_to.with_condition(MoveConditionType.ROLLBACK, False, MoveReason.ROLLBACK_REFUSED, refused))
-            self._event(obj, "MoveRollbackRefused", refused, warning=True)
-            return self._window(obj)
+            return self._window(self._refuse_rollback(obj, str(refusal)))
         done = obj.with_condition(
             MoveConditionType.ROLLBACK, False, MoveReason.ROLLED_BACK, "rolled back; the target's copy was dropped"
         )
@@ -753,6 +772,42 @@ class MoveController:
             f"{obj.status.target_shard} was dropped",
         )
         return None
+
+    def _refuse_rollback(self, obj: DatabaseMoveObject, refused: str) -> DatabaseMoveObject:
+        """The move back in Completed, the Rollback condition saying why spec.rollback is not done."""
+        back_to = obj.with_status(phase=MovePhase.COMPLETED)
+        moved = f"moved from shard {obj.status.source_shard} to shard {obj.status.target_shard}"
+        back_to = back_to.with_condition(MoveConditionType.READY, True, MoveReason.COMPLETED, moved)
+        written = self._write(
+            back_to.with_condition(MoveConditionType.ROLLBACK, False, MoveReason.ROLLBACK_REFUSED, refused)
+        )
+        self._event(obj, "MoveRollbackRefused", refused, warning=True)
+        return written
+
+    def _source_gone(self, obj: DatabaseMoveObject) -> bool:
+        """Whether the source Shard object was deleted (its copy is out of the provider's reach)."""
+        return obj.status.source_shard is not None and self.shards.get(obj.status.source_shard) is None
+
+    @staticmethod
+    def _source_gone_message(obj: DatabaseMoveObject) -> str:
+        return (
+            f"shard {obj.status.source_shard} was deleted: the database cannot be rolled back there, and its copy "
+            "there, if the server still holds it, is not dropped by the provider; the stream back was ended"
+        )
+
+    def _without_source(self, obj: DatabaseMoveObject) -> None:
+        """The source Shard was deleted within the window: the stream back ended on the target (its slot
+        would hold the target's WAL), the window closed (status.sourceDroppedAt), the Rollback condition
+        and an Event saying so. A rollback refused meanwhile keeps its reason."""
+        name = obj.status.tenant_name or self._database(obj)[1].tenant_name
+        if name is not None and self._shard(obj.status.target_shard) is not None:
+            with self._sessions_on(obj, obj.status.target_shard) as (target,):
+                move_rollback.end_stream_on_target(target, name)
+        message = self._source_gone_message(obj)
+        reason = MoveReason.ROLLBACK_REFUSED if self._refused(obj) else MoveReason.SOURCE_SHARD_GONE
+        done = obj.with_status(source_dropped_at=self.clock())
+        self._write(done.with_condition(MoveConditionType.ROLLBACK, False, reason, message))
+        self._event(obj, "MoveSourceShardGone", message, warning=True)
 
     def _stream_back(
         self, obj: DatabaseMoveObject, source: psycopg.Connection, target: psycopg.Connection, back: move.MovePlan

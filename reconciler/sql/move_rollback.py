@@ -29,7 +29,8 @@ database dropped and made again, closed) and copies the database back as the ten
 
 `rollback` is `move.cutover` in reverse (the target fenced, a marker row, the source's position
 reached, sequences set, the stream ended, the source opened); `drop_copy` drops the target's copy
-after it. `end_window` ends the stream and drops the source's copy when the rollback window ends.
+after it. `end_window` ends the stream and drops the source's copy when the rollback window ends;
+`end_stream_on_target` ends the stream from the target alone when the source shard is out of reach.
 The tenant's password reaches the source only in the subscription's statements, on a session
 checked not to log them (`move._may_subscribe`).
 """
@@ -45,6 +46,7 @@ import psycopg
 from psycopg import errors as pgerrors
 from psycopg import sql
 
+from domain.naming import alternate_name
 from reconciler.sql import errors, move, move_offline
 from reconciler.sql.errors import SqlFailure
 from reconciler.sql.move import (
@@ -71,8 +73,8 @@ from reconciler.sql.move import (
     tenant_tables,
 )
 from reconciler.sql.move_preflight import statement_logging, tenant_database
-from reconciler.sql.roles import as_role
-from reconciler.sql.tenant import OwnerRecord, drop_tenant, read_state
+from reconciler.sql.roles import TERMINATE_WAIT_MS, as_role
+from reconciler.sql.tenant import OwnerRecord, _ensure_membership, drop_tenant, read_state
 
 OP_ROLLBACK = "rollback"
 
@@ -276,11 +278,42 @@ def end_stream_back(source: psycopg.Connection, target: psycopg.Connection, name
         with tenant_database(source, name) as inside:
             drop_subscription(inside)
     drop_slot(target, slot_name(name))
+    _unpublish(target, name)
+    move.no_replication(target, name)
+
+
+def _unpublish(target: psycopg.Connection, name: str) -> None:
+    """The stream back's publication and the marker dropped on the target (as the tenant)."""
     if read_state(target, name).database_exists:
         with tenant_database(target, name) as inside, as_role(inside, name):
             inside.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(_ident(PUBLICATION)))
             inside.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(_ident(MARKER_SCHEMA)))
+
+
+_SLOT_SENDER = """
+SELECT pg_catalog.pg_terminate_backend(s.active_pid, %(wait)s::bigint)
+  FROM pg_catalog.pg_replication_slots s JOIN pg_catalog.pg_stat_activity a ON a.pid = s.active_pid
+ WHERE s.slot_name = %(s)s AND a.usename = current_user
+"""
+
+
+def end_stream_on_target(target: psycopg.Connection, name: str) -> None:
+    """The stream back ended from the target alone (the source shard is out of reach, its subscription
+    left as it is): REPLICATION taken back, so that the subscription starts no new WAL sender; the
+    running one ended, as its login role (the provisioner may signal no other backend); the slot, the
+    publication and the marker dropped, so that nothing holds the target's WAL."""
     move.no_replication(target, name)
+    state = read_state(target, name)
+    if state.role_exists:
+        logins = [name]
+        if state.alternate_oid is not None:
+            _ensure_membership(target, alternate_name(name), state.alternate_oid)
+            logins.append(alternate_name(name))
+        for login in logins:
+            with as_role(target, login):
+                target.execute(_SLOT_SENDER, {"s": slot_name(name), "wait": TERMINATE_WAIT_MS}).fetchall()
+    drop_slot(target, slot_name(name))
+    _unpublish(target, name)
 
 
 def end_window(source: psycopg.Connection, target: psycopg.Connection, name: str) -> None:
