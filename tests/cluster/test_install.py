@@ -344,10 +344,18 @@ def test_the_agent_as_a_pod_keeps_a_claims_secret_for_a_workload(
     assert agent_metric(node, idle, 'dbprovider_agent_passes_total{outcome="synced"}') == 0
     assert agent_metric(node, agent_pod, "dbprovider_agent_leader") == 1
 
-    # The leader pod deleted: the idle replica takes the Lease, and the Secret is kept as it is.
-    rest.delete(PODS, agent_pod["metadata"]["name"], AGENT_NAMESPACE)
-    wait_for(lambda: agent_leader(rest, [idle]), timeout=90, what="the idle agent replica leading")
-    wait_for(lambda: agent_metric(node, idle, 'dbprovider_agent_passes_total{outcome="synced"}') > 0, 60, "its pass")
+    # The leader pod deleted: another replica takes the Lease (the idle one, or the pod that replaces the
+    # deleted one, whichever campaigns first), and the Secret is kept as it is.
+    deleted = agent_pod["metadata"]["name"]
+    rest.delete(PODS, deleted, AGENT_NAMESPACE)
+
+    def successor() -> dict[str, Any] | None:
+        live = [p for p in rest.list(PODS, AGENT_NAMESPACE)["items"] if p["metadata"]["name"] != deleted]
+        leader = agent_leader(rest, live)
+        return leader if leader is not None and leader["status"].get("podIP") else None
+
+    leader = wait_for(successor, 120, "another agent replica leading")
+    wait_for(lambda: agent_metric(node, leader, 'dbprovider_agent_passes_total{outcome="synced"}') > 0, 60, "its pass")
     kept = rest.get(SECRETS, CLAIM, CLAIM_NAMESPACE)
     assert kept["data"] == rotated["data"] and kept["metadata"]["uid"] == rotated["metadata"]["uid"]
     assert claim_condition(rest, "Ready").get("status") == "True"
