@@ -9,7 +9,9 @@ and a rollback reverses the two, so each shard of an online move needs everythin
 - `wal_level = logical` (changing it needs a server restart);
 - REPLICATION on the provisioner (so it may give it to the tenant role, whose login the
   subscription uses) and membership in `pg_create_subscription` (with its privileges);
-- a free replication slot and a free WAL sender for the move's stream;
+- a free replication slot and a free WAL sender for the move's stream, and a free logical
+  replication worker for its subscription (on the target during the move, on the source for the
+  stream back during the rollback window);
 - no statement logging for the provisioner (CREATE SUBSCRIPTION carries the tenant's password).
 
 Inside the tenant's database (`tenant_database`), what logical replication would not carry or would
@@ -42,6 +44,7 @@ REPLICATION_ATTRIBUTE = "replication_attribute"
 CREATE_SUBSCRIPTION = "create_subscription"
 REPLICATION_SLOTS = "replication_slots"
 WAL_SENDERS = "wal_senders"
+LOGICAL_WORKERS = "logical_replication_workers"
 STATEMENT_LOGGING = "statement_logging"
 REPLICA_IDENTITY = "replica_identity"
 LARGE_OBJECTS = "large_objects"
@@ -69,6 +72,8 @@ class ShardFacts:
     used_replication_slots: int
     max_wal_senders: int
     used_wal_senders: int
+    max_logical_replication_workers: int
+    enabled_subscriptions: int  # each takes one of the logical replication workers while it runs
     statement_logging: tuple[str, ...] = ()  # settings under which its statements' text is logged
 
     @property
@@ -83,7 +88,9 @@ SELECT current_setting('server_version_num')::int, r.rolname, current_setting('w
        current_setting('max_replication_slots')::int,
        (SELECT count(*) FROM pg_catalog.pg_replication_slots)::int,
        current_setting('max_wal_senders')::int,
-       (SELECT count(*) FROM pg_catalog.pg_stat_replication)::int
+       (SELECT count(*) FROM pg_catalog.pg_stat_replication)::int,
+       current_setting('max_logical_replication_workers')::int,
+       (SELECT count(*) FROM pg_catalog.pg_subscription WHERE subenabled)::int
   FROM pg_catalog.pg_roles r
  WHERE r.rolname = current_user
 """
@@ -180,6 +187,16 @@ def shard_obstacles(facts: ShardFacts) -> list[Obstacle]:
                 WAL_SENDERS,
                 f"no free WAL sender ({facts.used_wal_senders} of max_wal_senders = {facts.max_wal_senders} in "
                 "use): raise max_wal_senders (needs a restart)",
+            )
+        )
+    if facts.enabled_subscriptions >= facts.max_logical_replication_workers:
+        found.append(
+            Obstacle(
+                LOGICAL_WORKERS,
+                f"no free logical replication worker ({facts.enabled_subscriptions} subscriptions of "
+                f"max_logical_replication_workers = {facts.max_logical_replication_workers}; an open rollback "
+                "window keeps one on the source): raise max_logical_replication_workers and "
+                "max_worker_processes (needs a restart), or wait for rollback windows to end",
             )
         )
     return found

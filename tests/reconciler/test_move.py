@@ -783,6 +783,35 @@ class Held:
             self.checks.append((time.monotonic(), True))
 
         monkeypatch.setattr(logic, "fence", checked)
+        self.inside = inside
+
+    def woken_sends_nothing(self, lost_at: float) -> None:
+        """Woken after its Lease was lost (at monotonic `lost_at`), the worker sends no SQL: held at a
+        phase's boundary, its next step asks the fence and is refused; held inside a step, that step
+        fails (its sessions were cut with the Lease)."""
+        self.resume.set()
+        assert self.resumed.wait(30)
+        if self.inside is None:
+            wait_for(lambda: any(t > lost_at and not ok for t, ok in self.checks), 30, "the old worker's refusal")
+        else:
+            assert self.step_raised is not None
+        assert not [t for t, ok in self.checks if ok and t > lost_at], "SQL from a replica without the Lease"
+
+
+def lose_lease(fleet, admin_rest, manager) -> float:
+    """The leader loses its Lease to another holder and never campaigns again, as a killed replica;
+    when (monotonic time)."""
+    take_lease(admin_rest, f"{fleet.release.name}-manager")
+    wait_for(lambda: not manager.manager.is_leading(), 30, "the old leader to step down")
+    assert manager.manager.elector is not None
+    manager.manager.elector.stop(release=False)
+    return time.monotonic()
+
+
+def next_leader(start_manager) -> None:
+    """Another replica, leading once the taken Lease has run out."""
+    successor = start_manager(wait_leading=False)
+    wait_for(successor.manager.controllers_running, 60, "the next replica to lead (after 4 s)")
 
 
 def take_lease(rest, name: str) -> None:
@@ -843,16 +872,10 @@ def test_a_leader_that_loses_its_lease_in_any_phase_sends_no_more_sql_and_the_ne
         with requested_move(fleet, admin_rest, database, target, mode=mode) as name:
             assert hold.reached.wait(120), f"the move to reach {phase}"
             assert admin_rest.get(DATABASE_MOVES, name, NAMESPACE)["status"]["phase"] == phase
-            take_lease(admin_rest, f"{fleet.release.name}-manager")
-            wait_for(lambda: not manager.manager.is_leading(), 30, "the old leader to step down")
-            assert manager.manager.elector is not None
-            manager.manager.elector.stop(release=False)  # it never campaigns again, as a killed replica
-            lost_at = time.monotonic()
+            lost_at = lose_lease(fleet, admin_rest, manager)
             if then == "Aborted":
                 admin_rest.patch(DATABASE_MOVES, name, {"spec": {"abort": True}}, NAMESPACE)
-
-            successor = start_manager(wait_leading=False)
-            wait_for(successor.manager.controllers_running, 60, "the next replica to lead (after 4 s)")
+            next_leader(start_manager)
 
             def ended() -> bool:
                 status = admin_rest.get(DATABASE_MOVES, name, NAMESPACE).get("status") or {}
@@ -866,13 +889,7 @@ def test_a_leader_that_loses_its_lease_in_any_phase_sends_no_more_sql_and_the_ne
                 written = len(client.acknowledged)
                 wait_for(lambda: len(client.acknowledged) >= written + 20, 60, "the client to write on the source")
 
-            hold.resume.set()  # the old replica's worker wakes up where it was held
-            assert hold.resumed.wait(30)
-            if inside is None:  # its next step asks the fence first, and is refused
-                wait_for(lambda: any(t > lost_at and not ok for t, ok in hold.checks), 30, "the old worker's refusal")
-            else:  # its sessions were cut with the Lease: the step it was in fails
-                assert hold.step_raised is not None
-            assert not [t for t, ok in hold.checks if ok and t > lost_at], "SQL from a replica without the Lease"
+            hold.woken_sends_nothing(lost_at)
     finally:
         hold.resume.set()
         client.stop()
@@ -889,6 +906,67 @@ def test_a_leader_that_loses_its_lease_in_any_phase_sends_no_more_sql_and_the_ne
     every_row_moved(client, move_servers, c)
     assert can_connect(target_server, c["user"], c["password"], c["database"])
     assert not can_connect(source_server, c["user"], c["password"], c["database"])
+
+
+@pytest.mark.parametrize(
+    "inside",
+    [None, (move_sql, "mark")],  # right after recording RollingBack; in the reverse cutover, the target fenced
+    ids=["RollingBack", "RollingBack-fenced"],
+)
+def test_a_leader_that_loses_its_lease_while_rolling_back_sends_no_more_sql_and_the_next_leader_rolls_back(
+    inside, fleet, admin_rest, move_servers, shards, manager, start_manager, monkeypatch
+) -> None:
+    """A completed move is rolled back with the client writing on the target; the leader is held in
+    RollingBack (right after recording it, or in the reverse cutover once the target is fenced: then
+    neither side takes a write) and loses its Lease. The next leader finishes the rollback: every row
+    the client saw committed is on the source, the target takes no write any more, and the old
+    replica's worker, woken, sends nothing."""
+    source_server, target_server = move_servers
+    source, target = shards
+    database = fleet.database("mv-lease-rb" + ("-in" if inside else ""))
+    fleet.wait_phase(database, "Ready")
+    c = fleet.credentials(database)
+    tenant = c["database"]
+    create_orders(source_server, c)
+    hold: Held | None = None
+    client = Client(c)
+    client.start()
+
+    def writes_on(server: PostgresServer) -> None:
+        wait_for(lambda: fleet.credentials(database)["port"] == str(server.port), 60, "the Secret's port")
+        client.credentials = fleet.credentials(database)
+        written = len(client.acknowledged)
+        wait_for(lambda: len(client.acknowledged) >= written + 20, 60, f"the client to write on port {server.port}")
+
+    try:
+        with requested_move(fleet, admin_rest, database, target) as name:
+            wait_for(lambda: move_phase(admin_rest, name, []) == "Completed", 180, "the move")
+            writes_on(target_server)
+            hold = Held(manager.controllers.moves, "RollingBack", inside, monkeypatch)  # the move's cutover is past
+            admin_rest.patch(DATABASE_MOVES, name, {"spec": {"rollback": True}}, NAMESPACE)
+            assert hold.reached.wait(120), "the rollback to be held"
+            assert admin_rest.get(DATABASE_MOVES, name, NAMESPACE)["status"]["phase"] == "RollingBack"
+            if inside is not None:
+                assert not can_connect(target_server, c["user"], c["password"], tenant)
+                assert not can_connect(source_server, c["user"], c["password"], tenant)
+            lost_at = lose_lease(fleet, admin_rest, manager)
+            next_leader(start_manager)
+
+            wait_for(lambda: move_phase(admin_rest, name, []) == "RolledBack", 180, "the next leader's rollback")
+            assert fleet.get_database(database)["status"]["shard"] == source
+            writes_on(source_server)
+            hold.woken_sends_nothing(lost_at)
+    finally:
+        if hold is not None:
+            hold.resume.set()
+        client.stop()
+    assert not client.failures
+    rows = set(source_server.query("SELECT id, note FROM orders WHERE id > 0", dbname=tenant))
+    assert {(i, f"order {i}") for i in client.acknowledged} <= rows
+    assert not can_connect(target_server, c["user"], c["password"], tenant)
+    assert target_server.query("SELECT count(*) FROM pg_database WHERE datname = %s", (tenant,)) == [(0,)]
+    for server in move_servers:
+        assert server.query("SELECT count(*) FROM pg_replication_slots WHERE database = %s", (tenant,)) == [(0,)]
 
 
 def test_a_target_that_stops_mid_copy_leaves_the_source_serving_and_the_move_completes_once_it_is_back(

@@ -111,7 +111,15 @@ class LogicalPool:
     """Two servers per major started with wal_level=logical: a move's source and its target (which
     logs every statement, for tests of what a subscription's statements carry)."""
 
-    SETTINGS = {"wal_level": "logical", "max_replication_slots": "10", "max_wal_senders": "10"}
+    # Each completed move keeps its stream back through the rollback window: a subscription (a
+    # logical replication worker) on the source and a slot with a WAL sender on the target.
+    SETTINGS = {
+        "wal_level": "logical",
+        "max_replication_slots": "16",
+        "max_wal_senders": "16",
+        "max_logical_replication_workers": "16",
+        "max_worker_processes": "24",
+    }
 
     def __init__(self) -> None:
         self._sources = PostgresPool(settings=self.SETTINGS)

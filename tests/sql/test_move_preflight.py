@@ -85,6 +85,36 @@ def test_slots_in_use_count_against_the_headroom(prepared: PostgresServer) -> No
             conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
 
 
+def test_enabled_subscriptions_count_against_the_logical_replication_workers(prepared: PostgresServer) -> None:
+    """Each enabled subscription on a shard (a move's, a stream back's, or the administrators' own)
+    takes a logical replication worker while it runs; the provisioner sees how many there are."""
+    sub = f"preflight_{new_spec().name}"
+    with connect_admin(admin_endpoint(prepared)) as conn:
+        before = preflight.read_shard(conn)
+    conninfo = f"host=127.0.0.1 port={prepared.port} dbname=postgres"
+    with prepared.superuser_connection() as conn:
+        conn.execute(
+            sql.SQL("CREATE SUBSCRIPTION {} CONNECTION {} PUBLICATION nothing WITH (connect = false)").format(
+                sql.Identifier(sub), sql.Literal(conninfo)
+            )
+        )
+        conn.execute(sql.SQL("ALTER SUBSCRIPTION {} ENABLE").format(sql.Identifier(sub)))
+    try:
+        with connect_admin(admin_endpoint(prepared)) as conn:
+            after = preflight.read_shard(conn)
+        assert after.enabled_subscriptions == before.enabled_subscriptions + 1
+        assert preflight.shard_obstacles(after) == []
+        full = preflight.ShardFacts(**{**vars(after), "max_logical_replication_workers": after.enabled_subscriptions})
+        (found,) = preflight.shard_obstacles(full)
+        assert found.code == preflight.LOGICAL_WORKERS
+        assert "raise max_logical_replication_workers" in found.message
+    finally:
+        with prepared.superuser_connection() as conn:
+            for statement in ("ALTER SUBSCRIPTION {} DISABLE", "ALTER SUBSCRIPTION {} SET (slot_name = NONE)"):
+                conn.execute(sql.SQL(statement).format(sql.Identifier(sub)))
+            conn.execute(sql.SQL("DROP SUBSCRIPTION {}").format(sql.Identifier(sub)))
+
+
 @pytest.fixture
 def tenant_on(prepared: PostgresServer) -> Iterator[TenantSpec]:
     spec = new_spec()
