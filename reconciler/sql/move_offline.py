@@ -36,6 +36,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from reconciler.sql import errors
+from reconciler.sql.children import die_with_parent
 from reconciler.sql.errors import SqlFailure
 from reconciler.sql.move import (
     APPLICATION_NAME,
@@ -156,25 +157,38 @@ def dump_and_restore(
         tempfile.TemporaryFile() as dump_errors,
         tempfile.TemporaryFile() as restore_errors,
     ):
-        dumper = subprocess.Popen(dump_argv, env=dump_env, stdout=subprocess.PIPE, stderr=dump_errors)
-        assert dumper.stdout is not None
+        # Both die with the manager (children.die_with_parent), and this thread, their parent for the
+        # kernel, leaves only once both have ended.
+        started: list[subprocess.Popen[bytes]] = []
         try:
-            restorer = subprocess.Popen(
-                restore_argv, env=restore_env, stdin=dumper.stdout, stdout=subprocess.DEVNULL, stderr=restore_errors
+            dumper = subprocess.Popen(
+                dump_argv, env=dump_env, stdout=subprocess.PIPE, stderr=dump_errors, preexec_fn=die_with_parent()
             )
-        except OSError:
-            dumper.kill()
-            dumper.wait()
-            raise SqlFailure(OP_OFFLINE, errors.OTHER, detail="pg_restore could not be started") from None
-        dumper.stdout.close()  # pg_restore holds the pipe now; pg_dump sees it close if pg_restore exits
-        deadline = time.monotonic() + timeout
-        while restorer.poll() is None or dumper.poll() is None:
-            if cancelled() or time.monotonic() >= deadline:
-                for process in (restorer, dumper):
+            started.append(dumper)
+            assert dumper.stdout is not None
+            try:
+                restorer = subprocess.Popen(
+                    restore_argv,
+                    env=restore_env,
+                    stdin=dumper.stdout,
+                    stdout=subprocess.DEVNULL,
+                    stderr=restore_errors,
+                    preexec_fn=die_with_parent(),
+                )
+            except OSError:
+                raise SqlFailure(OP_OFFLINE, errors.OTHER, detail="pg_restore could not be started") from None
+            started.append(restorer)
+            dumper.stdout.close()  # pg_restore holds the pipe now; pg_dump sees it close if pg_restore exits
+            deadline = time.monotonic() + timeout
+            while restorer.poll() is None or dumper.poll() is None:
+                if cancelled() or time.monotonic() >= deadline:
+                    raise SqlFailure(OP_OFFLINE, errors.TIMEOUT, detail="the dump and restore did not finish")
+                time.sleep(POLL)
+        finally:
+            for process in reversed(started):
+                if process.poll() is None:
                     process.kill()
-                    process.wait()
-                raise SqlFailure(OP_OFFLINE, errors.TIMEOUT, detail="the dump and restore did not finish")
-            time.sleep(POLL)
+                process.wait()
         restored, dumped = restorer.returncode, dumper.returncode
     if dumped != 0:
         raise SqlFailure(OP_OFFLINE, errors.OTHER, detail=f"pg_dump exited with {dumped}")
