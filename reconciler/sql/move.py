@@ -490,6 +490,12 @@ def progress(source: psycopg.Connection, target: psycopg.Connection, plan: MoveP
     return MoveProgress(int(tables), int(ready), None if lag is None else int(lag), int(failures or 0))
 
 
+def copied_bytes(target: psycopg.Connection, name: str) -> int:
+    """The tenant's database on the target so far, in bytes: its files on disk (an offline copy's
+    restore counts before it commits). The provisioner may connect to it from `prepare_target` on."""
+    return int(_one(target, "SELECT pg_catalog.pg_database_size(%(db)s)", {"db": name}) or 0)
+
+
 # -- 6. the cutover ----------------------------------------------------------------------------
 
 _OTHER_SESSIONS = """

@@ -6,8 +6,9 @@ the shared apiserver: the source Shard is the install's, the target a second Sha
 prepared for online moves. Killed, the manager closes no session and gives back no Lease: the next
 replica waits for the Lease to run out (15 s), then finishes.
 
-Killed during an offline copy, the manager takes its pg_dump and pg_restore along (outside a pod no
-container would end them), and the next replica copies again and completes the move.
+Killed during an offline copy (which showed its progress), the manager takes its pg_dump and
+pg_restore along (outside a pod no container would end them), and the next replica copies again and
+completes the move.
 """
 
 from __future__ import annotations
@@ -118,6 +119,17 @@ def phase_of(rest: Rest, namespace: str, name: str) -> str | None:
     return (rest.get(DATABASE_MOVES, name, namespace).get("status") or {}).get("phase")
 
 
+def finished_by_the_next_replica(rest: Rest, namespace: str, name: str) -> None:
+    """Waits for the move to complete (failing at once should it fail or be aborted)."""
+
+    def completed() -> bool:
+        now = phase_of(rest, namespace, name)
+        assert now not in ("Failed", "Aborted"), rest.get(DATABASE_MOVES, name, namespace)
+        return now == "Completed"
+
+    wait_for(completed, TAKEOVER + 60, "the next replica to finish the move")
+
+
 def ready_database(rest: Rest, stack: DevStack, external_id: str) -> tuple[str, dict[str, str]]:
     """A Database of the stack's consumer, Ready on the source; (its name, its credentials)."""
     name = database_object_name(stack.consumer, external_id)
@@ -173,13 +185,7 @@ def test_a_manager_killed_during_a_move_is_replaced_and_the_move_completes_with_
                 holder.close()
 
             start(stack, f"mvkill-{phase.lower()}-b", tmp_path, pg_dump, started)
-
-            def completed() -> bool:
-                now = phase_of(rest, stack.namespace, move)
-                assert now not in ("Failed", "Aborted"), rest.get(DATABASE_MOVES, move, stack.namespace)
-                return now == "Completed"
-
-            wait_for(completed, TAKEOVER + 60, "the next replica to finish the move")
+            finished_by_the_next_replica(rest, stack.namespace, move)
         finally:
             client_thread.stop()
             if holder is not None and not holder.closed:
@@ -247,6 +253,17 @@ def test_a_manager_killed_during_an_offline_copy_takes_its_client_tools_along_an
                 return found if len(found) == 2 else None
 
             tools = wait_for(copying, 120, "the manager's pg_dump and pg_restore")
+            # The copy's progress (every few seconds of it): the target's size so far, of the source's.
+            mid = wait_for(
+                lambda: (
+                    (now := rest.get(DATABASE_MOVES, move, stack.namespace).get("status") or {}).get("targetBytes")
+                    and now
+                ),
+                60,
+                "the offline copy's progress",
+            )
+            assert mid["phase"] == "Copying" and mid["sourceBytes"] > 0 and "tablesTotal" not in mid
+            assert mid["progress"] == f"{mid['targetBytes'] / 2**20:.0f} MiB of {mid['sourceBytes'] / 2**20:.0f} MiB"
             first.kill()
             assert phase_of(rest, stack.namespace, move) == "Copying"
             wait_for(
@@ -255,13 +272,7 @@ def test_a_manager_killed_during_an_offline_copy_takes_its_client_tools_along_an
             lock.rollback()
 
             start(stack, "mvkill-offline-b", tmp_path, pg_dump, started)
-
-            def completed() -> bool:
-                now = phase_of(rest, stack.namespace, move)
-                assert now not in ("Failed", "Aborted"), rest.get(DATABASE_MOVES, move, stack.namespace)
-                return now == "Completed"
-
-            wait_for(completed, TAKEOVER + 60, "the next replica to finish the move")
+            finished_by_the_next_replica(rest, stack.namespace, move)
         finally:
             lock.close()
             with contextlib.suppress(ApiException):
