@@ -366,23 +366,26 @@ class RotationConfig(ConfigModel):
     default_overlap: Annotated[Duration, AfterValidator(check_rotation_overlap)] = timedelta(0)
 
 
+def _check_alert_bound(value: timedelta) -> timedelta:
+    """An alert threshold: at least a minute (the rules' evaluation runs about once a minute)."""
+    if value < timedelta(minutes=1):
+        raise ValueError("must be at least 1m")
+    return value
+
+
 class MovesConfig(ConfigModel):
     """DatabaseMove: the largest database an offline move copies without `spec.force` (its writes pause
-    for the whole copy, so a larger one is refused before anything starts), and how long the source
-    shard keeps its copy after a move for a rollback (`rollbackWindow`; 0: dropped at once)."""
+    for the whole copy, so a larger one is refused before anything starts), how long the source
+    shard keeps its copy after a move for a rollback (`rollbackWindow`; 0: dropped at once), and how
+    long a move may stay unfinished before the warning DBProviderMoveStuck fires (`stuckAfter`)."""
 
     offline_max_size: MemoryQuantity = "1Gi"
     rollback_window: Duration = timedelta(days=7)
+    stuck_after: Annotated[Duration, AfterValidator(_check_alert_bound)] = timedelta(hours=6)
 
     @property
     def offline_max_bytes(self) -> int:
         return memory_bytes(self.offline_max_size)
-
-
-def _check_scaling_bound(value: timedelta) -> timedelta:
-    if value < timedelta(minutes=1):
-        raise ValueError("must be at least 1m")
-    return value
 
 
 class CloudberryEngineConfig(ConfigModel):
@@ -393,7 +396,7 @@ class CloudberryEngineConfig(ConfigModel):
     """
 
     enabled: StrictBool = False
-    scaling_alert_after: Annotated[Duration, AfterValidator(_check_scaling_bound)] = timedelta(hours=1)
+    scaling_alert_after: Annotated[Duration, AfterValidator(_check_alert_bound)] = timedelta(hours=1)
 
 
 class ReadinessConfig(ConfigModel):

@@ -184,6 +184,25 @@ class DatabaseMoveStatus(ObjectStatus):
         default=None, description="How long the database took no writes during the move (the cutover, or the copy)."
     )
     started_at: StatusTime | None = Field(default=None, description="When the move started copying.")
+    source_bytes: Annotated[int, Field(ge=0)] | None = Field(
+        default=None, description="Size of the database on the source shard when the move started copying."
+    )
+    target_bytes: Annotated[int, Field(ge=0)] | None = Field(
+        default=None,
+        description="Size of the copy on the target shard when the move last looked (while copying and catching "
+        "up; on disk, so it need not end equal to sourceBytes).",
+    )
+    tables_total: Annotated[int, Field(ge=0)] | None = Field(
+        default=None, description="Online moves: the tables the target subscribes to."
+    )
+    tables_copied: Annotated[int, Field(ge=0)] | None = Field(
+        default=None, description="Online moves: of those, the tables copied and streaming when the move last looked."
+    )
+    progress: Annotated[StrictStr, Field(max_length=128)] | None = Field(
+        default=None,
+        description="How far the copy is, for people: tables copied of all (online) and the target's size of the "
+        "source's.",
+    )
     completed_at: StatusTime | None = Field(
         default=None, description="When the move ended (Completed, Aborted, RolledBack or Failed)."
     )

@@ -306,6 +306,7 @@ def _context(config: InstallConfig, time_scale: int = 1) -> dict[str, Any]:
         "failed_reasons": failed_reasons_template(config),
         "scaling_reason": SCALING_REASON,
         "scaling_alert_after": format_duration(config.engines.cloudberry.scaling_alert_after),
+        "move_stuck_after": format_duration(config.moves.stuck_after),
         "runbook": config.prometheus_rule.runbook_base_url,
         **_timings(time_scale),
         "service_monitor_labels": {**monitor.labels, **labels},

@@ -110,6 +110,22 @@ OVERLAP_DURING_MOVE = (
 FINISHED = (MovePhase.COMPLETED, MovePhase.ABORTED, MovePhase.ROLLED_BACK, MovePhase.FAILED)
 
 
+def _mib(size: int) -> str:
+    return f"{size / 2**20:.0f} MiB"
+
+
+def _progress(obj: DatabaseMoveObject, **fields: Any) -> DatabaseMoveObject:
+    """`obj` with the copy's progress `fields` set, and status.progress summing them up for people
+    ("3/5 tables, 40 MiB of 120 MiB"; offline, the sizes only)."""
+    status = obj.status.model_copy(update=fields)
+    parts = []
+    if status.tables_total is not None and status.tables_copied is not None:
+        parts.append(f"{status.tables_copied}/{status.tables_total} tables")
+    if status.source_bytes is not None:
+        parts.append(f"{_mib(status.target_bytes or 0)} of {_mib(status.source_bytes)}")
+    return obj.with_status(**fields, progress=", ".join(parts) or None)
+
+
 class RollbackRefused(Exception):
     """A rollback that cannot be done; its message says why (for the Rollback condition)."""
 
@@ -540,7 +556,8 @@ class MoveController:
             f"with the client tools of PostgreSQL {tools.major}",
         )
         message = "copying the schema and the data" if mode == MoveMode.ONLINE else "copying the closed database"
-        return self._phase(obj, MovePhase.COPYING, message, started_at=self.clock(), mode=mode)
+        copying = _progress(obj, source_bytes=size, target_bytes=None, tables_copied=None, tables_total=None)
+        return self._phase(copying, MovePhase.COPYING, message, started_at=self.clock(), mode=mode)
 
     def _offline_size(self, obj: DatabaseMoveObject, size: int) -> list[str]:
         """The refusal of an offline copy above the limit (writes would pause for the whole copy)."""
@@ -564,7 +581,8 @@ class MoveController:
         return self._phase(obj, MovePhase.CATCHING_UP, "copying the data")
 
     def _copy_offline(self, obj: DatabaseMoveObject) -> DatabaseMoveObject:
-        """The source closed (writes pause from here), then copied to the target once."""
+        """The source closed (writes pause from here), then copied to the target once; the target's size
+        written to status every few seconds of the copy (move_offline.PROGRESS_EVERY)."""
         with self._lock:
             severs = self._severs
         with self._sessions(obj) as (source, target):
@@ -573,10 +591,29 @@ class MoveController:
             tools = self._tools(source, target, offline=True)
             assert tools.pg_restore is not None
             move_offline.close_source(source, plan.name)
+            current = [obj]
+
+            def report() -> None:
+                current[0] = self._progress_write(current[0], target_bytes=move.copied_bytes(target, plan.name))
+
             move_offline.copy_database(
-                source, target, plan, tools.pg_dump, tools.pg_restore, cancelled=lambda: self._severs != severs
+                source,
+                target,
+                plan,
+                tools.pg_dump,
+                tools.pg_restore,
+                cancelled=lambda: self._severs != severs,
+                progress=report,
             )
-        return self._phase(obj, MovePhase.CUTTING_OVER, "opening the copy on the target")
+            copied = _progress(current[0], target_bytes=move.copied_bytes(target, plan.name))
+        return self._phase(copied, MovePhase.CUTTING_OVER, "opening the copy on the target")
+
+    def _progress_write(self, obj: DatabaseMoveObject, **fields: Any) -> DatabaseMoveObject:
+        """The copy's progress written to status; a write that fails (a conflict) waits for the next look."""
+        try:
+            return self._write(_progress(obj, **fields))
+        except ApiException:
+            return obj
 
     def _tools(self, source: psycopg.Connection, target: psycopg.Connection, *, offline: bool = False) -> MoveTools:
         """The client tools for the majors of the two shards (the preflight found them; a manager started
@@ -593,6 +630,8 @@ class MoveController:
             plan = self._plan(obj, source)
             move.copy_new_tables(source, target, plan, self._tools(source, target).pg_dump)
             now = move.progress(source, target, plan)
+            copied = move.copied_bytes(target, plan.name)
+        obj = _progress(obj, tables_copied=now.ready, tables_total=now.tables, target_bytes=copied)
         if now.copied and now.lag_bytes is not None and now.lag_bytes < CUTOVER_LAG:
             return self._phase(obj, MovePhase.CUTTING_OVER, "cutting over: writes pause"), None
         message = f"copying the data: {now.ready} of {now.tables} tables copied, {now.lag_bytes or 0} bytes behind"

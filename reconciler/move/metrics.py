@@ -76,9 +76,15 @@ class MoveCollector(Collector):
         per_phase: Counter[str] = Counter()
         oldest: dict[str, float] = {}
         drain_failed: Counter[str] = Counter()
+        copy_bytes: dict[str, Counter[str]] = {"sourceBytes": Counter(), "targetBytes": Counter()}
         for move in self.moves():
             phase = _phase(move)
             per_phase[phase] += 1
+            if phase in UNFINISHED:
+                status = move.get("status") or {}
+                for field, sums in copy_bytes.items():
+                    if isinstance(size := status.get(field), int):
+                        sums[phase] += size
             meta = move.get("metadata") or {}
             created = parse_time(meta.get("creationTimestamp"))
             if phase in UNFINISHED and created is not None:
@@ -99,6 +105,16 @@ class MoveCollector(Collector):
         for phase in UNFINISHED:
             age.add_metric([phase.value], max(oldest.get(phase.value, 0.0), 0.0))
         yield age
+        for field, name, what in (
+            ("sourceBytes", "dbprovider_move_source_bytes", "the databases' sizes on their source shards"),
+            ("targetBytes", "dbprovider_move_target_bytes", "the sizes of their copies on the target shards so far"),
+        ):
+            sizes = GaugeMetricFamily(
+                name, f"Summed over the unfinished DatabaseMoves in each phase: {what}.", labels=["phase"]
+            )
+            for phase in UNFINISHED:
+                sizes.add_metric([phase.value], copy_bytes[field].get(phase.value, 0))
+            yield sizes
         failed = GaugeMetricFamily(
             "dbprovider_drain_moves_failed",
             "Moves of the shard's drain that ended without completing (not tried again until deleted).",

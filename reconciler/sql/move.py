@@ -55,6 +55,7 @@ from psycopg.conninfo import make_conninfo
 
 from domain.naming import alternate_name
 from reconciler.sql import errors
+from reconciler.sql.children import die_with_parent
 from reconciler.sql.errors import SqlFailure
 from reconciler.sql.login_roles import hand_out_on
 from reconciler.sql.move_preflight import statement_logging, tenant_database
@@ -260,7 +261,15 @@ def dump_schema(
     # A quoted pattern matches the name literally (pg_dump's patterns are psql's).
     argv += [f"--table={sql.Identifier(schema, table).as_string(source)}" for schema, table in tables or ()]
     try:
-        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+        done = subprocess.run(
+            argv,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            preexec_fn=die_with_parent(),  # this thread waits for it (children.py)
+        )
     except subprocess.TimeoutExpired:
         raise SqlFailure(OP_MOVE, errors.TIMEOUT, detail="pg_dump of the schema did not finish") from None
     if done.returncode != 0:
@@ -479,6 +488,12 @@ def progress(source: psycopg.Connection, target: psycopg.Connection, plan: MoveP
     tables, ready = row if row is not None else (0, 0)
     lag = _one(source, _LAG, {"s": plan.slot})
     return MoveProgress(int(tables), int(ready), None if lag is None else int(lag), int(failures or 0))
+
+
+def copied_bytes(target: psycopg.Connection, name: str) -> int:
+    """The tenant's database on the target so far, in bytes: its files on disk (an offline copy's
+    restore counts before it commits). The provisioner may connect to it from `prepare_target` on."""
+    return int(_one(target, "SELECT pg_catalog.pg_database_size(%(db)s)", {"db": name}) or 0)
 
 
 # -- 6. the cutover ----------------------------------------------------------------------------

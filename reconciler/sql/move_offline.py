@@ -36,6 +36,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from reconciler.sql import errors
+from reconciler.sql.children import die_with_parent
 from reconciler.sql.errors import SqlFailure
 from reconciler.sql.move import (
     APPLICATION_NAME,
@@ -53,6 +54,7 @@ from reconciler.sql.roles import as_role
 OP_OFFLINE = "offline move"
 COPY_TIMEOUT = 3600.0  # seconds for dumping and restoring one tenant
 POLL = 0.2  # seconds between looks at the two processes
+PROGRESS_EVERY = 5.0  # seconds between two calls of a copy's `progress`
 _CONNINFO_KEYS = ("host", "hostaddr", "port", "sslmode", "sslrootcert", "sslcert", "sslkey", "require_auth")
 REQUIRE_AUTH_MAJOR = 16  # the first libpq that knows require_auth
 
@@ -119,13 +121,15 @@ def dump_and_restore(
     pg_restore: Path,
     timeout: float = COPY_TIMEOUT,
     cancelled: Callable[[], bool] = lambda: False,
+    progress: Callable[[], None] = lambda: None,
 ) -> None:
     """The tenant's database dumped as the tenant and restored as the tenant in one transaction.
 
     Owners and privileges are left out (the restore runs as the tenant, which owns what it creates);
     so are publications, subscriptions, security labels and tablespaces. Both processes are ended
     when `cancelled()` turns true (the manager stops) or after `timeout` seconds; the restore's
-    transaction then leaves nothing on the target.
+    transaction then leaves nothing on the target. `progress()` is called every PROGRESS_EVERY
+    seconds while they run (its exceptions end them too).
     """
     role = f"--role={plan.name}"
     dump_info, dump_env = _login(source, plan.name, pg_dump)
@@ -156,25 +160,42 @@ def dump_and_restore(
         tempfile.TemporaryFile() as dump_errors,
         tempfile.TemporaryFile() as restore_errors,
     ):
-        dumper = subprocess.Popen(dump_argv, env=dump_env, stdout=subprocess.PIPE, stderr=dump_errors)
-        assert dumper.stdout is not None
+        # Both die with the manager (children.die_with_parent), and this thread, their parent for the
+        # kernel, leaves only once both have ended.
+        started: list[subprocess.Popen[bytes]] = []
         try:
-            restorer = subprocess.Popen(
-                restore_argv, env=restore_env, stdin=dumper.stdout, stdout=subprocess.DEVNULL, stderr=restore_errors
+            dumper = subprocess.Popen(
+                dump_argv, env=dump_env, stdout=subprocess.PIPE, stderr=dump_errors, preexec_fn=die_with_parent()
             )
-        except OSError:
-            dumper.kill()
-            dumper.wait()
-            raise SqlFailure(OP_OFFLINE, errors.OTHER, detail="pg_restore could not be started") from None
-        dumper.stdout.close()  # pg_restore holds the pipe now; pg_dump sees it close if pg_restore exits
-        deadline = time.monotonic() + timeout
-        while restorer.poll() is None or dumper.poll() is None:
-            if cancelled() or time.monotonic() >= deadline:
-                for process in (restorer, dumper):
+            started.append(dumper)
+            assert dumper.stdout is not None
+            try:
+                restorer = subprocess.Popen(
+                    restore_argv,
+                    env=restore_env,
+                    stdin=dumper.stdout,
+                    stdout=subprocess.DEVNULL,
+                    stderr=restore_errors,
+                    preexec_fn=die_with_parent(),
+                )
+            except OSError:
+                raise SqlFailure(OP_OFFLINE, errors.OTHER, detail="pg_restore could not be started") from None
+            started.append(restorer)
+            dumper.stdout.close()  # pg_restore holds the pipe now; pg_dump sees it close if pg_restore exits
+            deadline = time.monotonic() + timeout
+            report = time.monotonic() + PROGRESS_EVERY
+            while restorer.poll() is None or dumper.poll() is None:
+                if cancelled() or time.monotonic() >= deadline:
+                    raise SqlFailure(OP_OFFLINE, errors.TIMEOUT, detail="the dump and restore did not finish")
+                if time.monotonic() >= report:
+                    progress()
+                    report = time.monotonic() + PROGRESS_EVERY
+                time.sleep(POLL)
+        finally:
+            for process in reversed(started):
+                if process.poll() is None:
                     process.kill()
-                    process.wait()
-                raise SqlFailure(OP_OFFLINE, errors.TIMEOUT, detail="the dump and restore did not finish")
-            time.sleep(POLL)
+                process.wait()
         restored, dumped = restorer.returncode, dumper.returncode
     if dumped != 0:
         raise SqlFailure(OP_OFFLINE, errors.OTHER, detail=f"pg_dump exited with {dumped}")
@@ -189,15 +210,16 @@ def copy_database(
     pg_dump: Path,
     pg_restore: Path,
     cancelled: Callable[[], bool] = lambda: False,
+    progress: Callable[[], None] = lambda: None,
 ) -> None:
     """The closed source's database copied to the target, once: the marker on the target (restored
-    in the same transaction as everything else) says it is there."""
+    in the same transaction as everything else) says it is there. `progress` as dump_and_restore's."""
     with target_database(target, plan.name) as inside:
         if _has_marker(inside):
             return
     with tenant_database(source, plan.name) as inside:
         ensure_marker(inside, plan.name)
-    dump_and_restore(source, target, plan, pg_dump, pg_restore, cancelled=cancelled)
+    dump_and_restore(source, target, plan, pg_dump, pg_restore, cancelled=cancelled, progress=progress)
 
 
 def open_offline(source: psycopg.Connection, target: psycopg.Connection, plan: MovePlan) -> None:

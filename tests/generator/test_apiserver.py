@@ -408,6 +408,9 @@ def test_a_database_move_is_followed_with_kubectl_get(installed: Installed, clea
         "mode": "Offline",
         "writePauseSeconds": 0.0,
         "startedAt": now,
+        "sourceBytes": 3 << 20,
+        "targetBytes": 1 << 20,
+        "progress": "1 MiB of 3 MiB",
         "completedAt": now,
         "conditions": [refused],
     }
@@ -415,18 +418,20 @@ def test_a_database_move_is_followed_with_kubectl_get(installed: Installed, clea
     assert patched.status == 200, patched.message
     assert patched.body["status"] == status
     names, rows = _table(api, api.object_path(move))
-    assert names == ["Name", "Database", "From", "To", "Mode", "Phase", "Pause", "Reason", "Age"]
-    assert rows[0][:8] == [
+    assert names == ["Name", "Database", "From", "To", "Mode", "Phase", "Progress", "Pause", "Reason", "Age"]
+    assert rows[0][:9] == [
         "gentest-move-columns",
         "gentest-orders",
         "gentest-shard-a",
         "gentest-shard-b",
         "Offline",
         "Failed",
+        "1 MiB of 3 MiB",
         0,
         "PreflightFailed",
     ]
     assert api.merge_patch(move, {"status": {"phase": "Teleporting"}}, "status").status == 422
+    assert api.merge_patch(move, {"status": {"targetBytes": -1}}, "status").status == 422
 
 
 @pytest.mark.parametrize(("field", "value"), [("database", "gentest-other"), ("target", "any")])

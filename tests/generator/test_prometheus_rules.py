@@ -41,7 +41,10 @@ OPERATIONS_MD = REPO_ROOT / "docs" / "operations.md"
 # Rule file name -> the install config it is rendered from (see rules/README.md).
 RULE_FILES: dict[str, dict[str, Any]] = {
     "alerts-cluster.yaml": {"prometheusRule": {"enabled": True, "cluster": "eu-1"}},
-    "alerts-unscoped.yaml": {"prometheusRule": {"enabled": True, "jobSelector": "db-provider"}},
+    "alerts-unscoped.yaml": {
+        "prometheusRule": {"enabled": True, "jobSelector": "db-provider"},
+        "moves": {"stuckAfter": "2h"},
+    },
 }
 
 
@@ -187,3 +190,20 @@ def test_thresholds_of_the_seed() -> None:
     assert "absent(up{" in exprs["DBProviderDown"]
     # Twice the backoff cap (300 s): one object failing on every retry keeps the expression true.
     assert "[10m]" in exprs["DBProviderReconcileErrors"]
+
+
+def test_the_stuck_move_alert_follows_moves_stuck_after() -> None:
+    """6h by default; `moves.stuckAfter` sets the threshold and the summary (and the time scale divides it)."""
+
+    def stuck(values: dict[str, Any], time_scale: int = 1) -> dict[str, Any]:
+        config = load_install_config({"tls": {"secretName": "tls"}, "prometheusRule": {"enabled": True}, **values})
+        rules = render_prometheus_rule(config, time_scale=time_scale)["spec"]["groups"][0]["rules"]
+        (rule,) = [r for r in rules if r["alert"] == "DBProviderMoveStuck"]
+        return rule
+
+    assert stuck({})["expr"].endswith("> 21600")
+    assert stuck({})["annotations"]["summary"] == "A DatabaseMove has not finished within 6h."
+    custom = stuck({"moves": {"stuckAfter": "90m"}})
+    assert custom["expr"].endswith("> 5400")
+    assert custom["annotations"]["summary"] == "A DatabaseMove has not finished within 1h30m."
+    assert stuck({"moves": {"stuckAfter": "90m"}}, time_scale=60)["expr"].endswith("> 90")

@@ -322,3 +322,13 @@ def test_invalid_stack_config_fails_naming_the_key(values: dict[str, Any], expec
     with pytest.raises(Exception, match="invalid stack config") as excinfo:
         run_program(values)
     assert expected in str(excinfo.value)
+
+
+def test_the_stuck_move_threshold_reaches_the_prometheus_rule() -> None:
+    """moves.stuckAfter from the stack config is DBProviderMoveStuck's threshold, as `dbprovider render` writes it."""
+    values = config(moves={"stuckAfter": "90m"})
+    run = run_program(values)
+    rule = render_prometheus_rule(load_install_config(install_values(values)))
+    assert run.outputs[component(run).urn]["prometheusRuleYaml"] == dump_yaml([rule])
+    (stuck,) = [r for r in rule["spec"]["groups"][0]["rules"] if r["alert"] == "DBProviderMoveStuck"]
+    assert stuck["expr"].endswith("> 5400")

@@ -304,6 +304,59 @@ def test_an_abort_during_the_copy_leaves_the_source_serving(fleet, admin_rest, m
     holder.close()
 
 
+def test_kubectl_get_shows_a_copy_part_way_then_complete(fleet, admin_rest, move_servers, shards, manager) -> None:
+    """One table's copy is held on the target (a lock its copy waits for) while the others finish: the
+    status shows part of the tables copied and the sizes; once let go, every table and Completed."""
+    source_server, target_server = move_servers
+    source, target = shards
+    database = fleet.database("mv-progress")
+    fleet.wait_phase(database, "Ready")
+    c = fleet.credentials(database)
+    holder = held_open(source_server, c)  # the move waits in Copying, its schema copied, until committed
+    login = {"host": "127.0.0.1", "port": source_server.port, "user": c["user"], "password": c["password"]}
+    with psycopg.connect(**login, dbname=c["database"], autocommit=True) as conn:
+        conn.execute("CREATE TABLE items (id bigint PRIMARY KEY, note text NOT NULL)")
+        conn.execute("CREATE TABLE notes (id bigint PRIMARY KEY, note text NOT NULL)")
+        conn.execute("INSERT INTO items SELECT g, repeat('x', 100) FROM generate_series(1, 2000) g")
+        conn.execute("INSERT INTO notes SELECT g, repeat('y', 100) FROM generate_series(1, 2000) g")
+    lock: psycopg.Connection | None = None
+
+    def status_of(name: str) -> dict[str, Any]:
+        found = admin_rest.get(DATABASE_MOVES, name, NAMESPACE).get("status") or {}
+        assert found.get("phase") not in ("Failed", "Aborted"), found
+        return found
+
+    try:
+        with requested_move(fleet, admin_rest, database, target) as name:
+            waiting_for_slot(source_server)
+            lock = target_server.superuser_connection(c["database"])  # made by the move's Copying
+            lock.autocommit = False
+            lock.execute("LOCK TABLE items IN SHARE MODE")  # the copy of `items` into the target waits
+            holder.commit()
+
+            def part_way() -> dict[str, Any] | None:
+                now = status_of(name)
+                total = now.get("tablesTotal") or 0
+                return now if total > 2 and now.get("tablesCopied") == total - 1 else None
+
+            mid = wait_for(part_way, 120, "every table but the held one copied")
+            assert mid["phase"] == "CatchingUp"
+            assert mid["sourceBytes"] > 0 and mid["targetBytes"] > 0
+            assert mid["progress"].startswith(f"{mid['tablesTotal'] - 1}/{mid['tablesTotal']} tables, ")
+            assert mid["progress"].endswith(f" of {mid['sourceBytes'] / 2**20:.0f} MiB")
+            lock.rollback()
+
+            done = wait_for(lambda: (now := status_of(name)).get("phase") == "Completed" and now, 120, "Completed")
+            assert done["tablesCopied"] == done["tablesTotal"] == mid["tablesTotal"]
+            assert done["targetBytes"] > 0 and done["sourceBytes"] == mid["sourceBytes"]
+            assert done["progress"].startswith(f"{done['tablesTotal']}/{done['tablesTotal']} tables, ")
+        assert target_server.query("SELECT count(*) FROM items", dbname=c["database"]) == [(2000,)]
+    finally:
+        if lock is not None:
+            lock.close()
+        holder.close()
+
+
 def test_a_rotation_with_an_overlap_during_the_copy_ends_the_move_before_its_cutover(
     fleet, admin_rest, move_servers, shards
 ) -> None:

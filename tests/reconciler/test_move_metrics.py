@@ -13,7 +13,7 @@ from reconciler.move.metrics import MoveCollector, MoveMetrics
 NOW = 1_800_000_000.0
 
 
-def move(name: str, phase: str | None, age: float, drain: str | None = None) -> dict[str, Any]:
+def move(name: str, phase: str | None, age: float, drain: str | None = None, **status: Any) -> dict[str, Any]:
     created = datetime.fromtimestamp(NOW - age, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     meta: dict[str, Any] = {"name": name, "namespace": "dbprovider", "creationTimestamp": created}
     if drain is not None:
@@ -21,7 +21,7 @@ def move(name: str, phase: str | None, age: float, drain: str | None = None) -> 
     return {
         "metadata": meta,
         "spec": {"database": f"{name}-tenant-db", "target": "any"},
-        "status": {"phase": phase} if phase else {},
+        "status": {"phase": phase, **status} if phase else {},
     }
 
 
@@ -69,3 +69,20 @@ def test_the_counter_and_the_histogram_start_at_zero_for_every_outcome_and_mode(
     assert value("dbprovider_moves_finished_total", {"outcome": "Completed"}) == 1
     assert value("dbprovider_move_write_pause_seconds_bucket", {"mode": "Online", "le": "2.5"}) == 1
     assert value("dbprovider_move_write_pause_seconds_bucket", {"mode": "Online", "le": "1.0"}) == 0
+
+
+def test_the_copy_sizes_are_summed_per_unfinished_phase() -> None:
+    """How much the running moves have to copy and have copied, per phase (never per move)."""
+    moves = [
+        move("a", "Copying", 60, sourceBytes=100 << 20, targetBytes=10 << 20),
+        move("b", "CatchingUp", 60, sourceBytes=300 << 20, targetBytes=250 << 20),
+        move("c", "CatchingUp", 60, sourceBytes=50 << 20),  # not looked at the target yet
+        move("d", "Completed", 600, sourceBytes=1 << 30, targetBytes=1 << 30),  # finished: not counted
+    ]
+    value = scrape(moves).get_sample_value
+    assert value("dbprovider_move_source_bytes", {"phase": "Copying"}) == 100 << 20
+    assert value("dbprovider_move_target_bytes", {"phase": "Copying"}) == 10 << 20
+    assert value("dbprovider_move_source_bytes", {"phase": "CatchingUp"}) == 350 << 20
+    assert value("dbprovider_move_target_bytes", {"phase": "CatchingUp"}) == 250 << 20
+    assert value("dbprovider_move_source_bytes", {"phase": "CuttingOver"}) == 0
+    assert value("dbprovider_move_source_bytes", {"phase": "Completed"}) is None

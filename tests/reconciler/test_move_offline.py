@@ -119,6 +119,8 @@ def test_an_offline_move_to_any_shard_is_refused_above_the_limit_and_completes_w
         assert status["phase"] == "Completed", status
         assert status["mode"] == "Offline" and status["targetShard"] == target and status["sourceShard"] == source
         assert status["writePauseSeconds"] > 0
+        assert status["sourceBytes"] > 0 and status["targetBytes"] > 0 and "tablesTotal" not in status
+        assert status["progress"].endswith(f" of {status['sourceBytes'] / 2**20:.0f} MiB")
         wait_events(admin_rest, name, {"MoveStarted", "MoveCompleted"})
 
     assert fleet.get_database(database)["status"]["shard"] == target

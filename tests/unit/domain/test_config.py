@@ -166,6 +166,8 @@ def test_dump_round_trip_uses_camel_case_and_duration_strings() -> None:
         ({"moves": {"offlineMaxSize": 1024}}, "moves.offlineMaxSize"),
         ({"moves": {"rollbackWindow": "-1d"}}, "moves.rollbackWindow"),
         ({"moves": {"rollbackWindow": "a week"}}, "moves.rollbackWindow"),
+        ({"moves": {"stuckAfter": "30s"}}, "moves.stuckAfter"),
+        ({"moves": {"stuckAfter": "six hours"}}, "moves.stuckAfter"),
         ({"engines": {"cloudberry": {"enabled": "on"}}}, "engines.cloudberry.enabled"),
         ({"engines": {"mysql": {"enabled": True}}}, "engines.mysql"),
         ({"shardTLS": {"caBundle": {}}}, "shardTLS.caBundle"),
@@ -411,6 +413,13 @@ def test_shard_ca_bundle_from_a_config_map_or_a_secret(source: str) -> None:
 def test_the_offline_move_limit_is_a_size() -> None:
     assert dc.load_install_config(MINIMAL).moves.offline_max_bytes == 2**30
     assert dc.load_install_config({**MINIMAL, "moves": {"offlineMaxSize": "512Mi"}}).moves.offline_max_bytes == 2**29
+
+
+def test_a_move_is_stuck_after_six_hours_by_default() -> None:
+    assert dc.load_install_config(MINIMAL).moves.stuck_after == timedelta(hours=6)
+    assert dc.load_install_config({**MINIMAL, "moves": {"stuckAfter": "90m"}}).moves.stuck_after == timedelta(
+        minutes=90
+    )
 
 
 def test_the_rollback_window_is_a_duration_of_seven_days_by_default() -> None:
