@@ -13,7 +13,6 @@ Event says so once) and the numbers, and is recovered as soon as the limit fits.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -30,6 +29,7 @@ from domain.constants import (
 )
 from domain.timefmt import parse_time
 from informers import Informer
+from reconciler.database.failover import log_repair
 from reconciler.database.finalizers import Finalizers
 from reconciler.database.report import Reporter
 from reconciler.database.shard_sql import ShardSql
@@ -42,7 +42,6 @@ from reconciler.shard.failover import TimelineRepairs
 from reconciler.sql.session import AdminSession
 from reconciler.sql.tenant import disable_tenant, drop_tenant, enable_tenant, tenant_state
 
-log = logging.getLogger(__name__)
 DISABLED_AGAIN_MESSAGE = (
     "disabled again after a failover of its shard: the new primary let it log in (its disable was committed "
     "just before the failover, not yet replicated)"
@@ -208,10 +207,7 @@ class Deletion:
         self.sql.run(database, shard, Phase.DELETING, DatabaseReason.DISABLE_FAILED, check)
         if lost:
             self.report.event(database, EventReason.TENANT_DISABLED_AGAIN, DISABLED_AGAIN_MESSAGE, warning=True)
-            log.warning(
-                "tenant disabled again after a failover",
-                extra={"database": database.name, "shard": database.shard, "timeline": timeline},
-            )
+            log_repair("tenant disabled again after a failover", database, timeline)
         self.repairs.verified(database.shard, timeline, database.key)
 
     def _over_budget(self, database: Database) -> str | None:

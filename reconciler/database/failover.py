@@ -95,18 +95,17 @@ class FailoverVerification:
         self.sql.run(database, shard, Phase.READY, DatabaseReason.ADMIN_UNAVAILABLE, check)
         if enabled_again:
             self.report.event(database, EventReason.TENANT_ENABLED_AGAIN, ENABLED_AGAIN_MESSAGE, warning=True)
-            log.warning(
-                "tenant enabled again after a failover",
-                extra={"database": database.name, "shard": database.shard, "timeline": timeline},
-            )
+            log_repair("tenant enabled again after a failover", database, timeline)
         if not present[-1]:
             self.provisioner.provision(database, shard, secret)
             self.report.event(database, EventReason.TENANT_RECREATED, RECREATED_MESSAGE, warning=True)
-            log.warning(
-                "tenant re-created after a failover",
-                extra={"database": database.name, "shard": database.shard, "timeline": timeline},
-            )
+            log_repair("tenant re-created after a failover", database, timeline)
         self.repairs.verified(database.shard, timeline, database.key)
+
+
+def log_repair(line: str, database: Database, timeline: int) -> None:
+    """The warning log line of a repair after a failover (its Event says the same on the Database)."""
+    log.warning(line, extra={"database": database.name, "shard": database.shard, "timeline": timeline})
 
 
 def closed_by_soft_delete(state: TenantState) -> bool:

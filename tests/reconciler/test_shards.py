@@ -200,7 +200,8 @@ def test_a_timeline_change_repeats_the_soft_deletes_and_drops_a_failover_lost(pg
     """A failover may also lose a soft delete's disable, a recovery's enable or a drop. After a new timeline
     the tenant of a soft-deleted database is disabled again, a recovered one enabled again, and a tenant
     dropped before the failover (its Database gone) dropped again; a tenant the Shard does not remember as
-    dropped is left alone."""
+    dropped is left alone. A database whose deletion is held (no SQL while held) does not hold the timeline
+    up."""
     from datetime import UTC, datetime, timedelta
 
     from domain.constants import ANNOTATION_DELETE_REQUESTED_AT
@@ -222,7 +223,7 @@ def test_a_timeline_change_repeats_the_soft_deletes_and_drops_a_failover_lost(pg
     wait_for(
         lambda: (fleet.get_shard(name).get("status") or {}).get("timeline") == timeline, what="the timeline recorded"
     )
-    deleted, dropped, recovered = (fleet.database(f"lost-{what}") for what in ("delete", "drop", "recovery"))
+    deleted, dropped, recovered, held = (fleet.database(f"lost-{w}") for w in ("delete", "drop", "recovery", "held"))
     tenant = {db: fleet.wait_phase(db, "Ready")["status"]["tenantName"] for db in (deleted, dropped, recovered)}
     creds = {db: fleet.credentials(db) for db in (deleted, recovered)}
     for db in (deleted, recovered):
@@ -238,6 +239,9 @@ def test_a_timeline_change_repeats_the_soft_deletes_and_drops_a_failover_lost(pg
         DATABASES, recovered, {"metadata": {"annotations": {ANNOTATION_DELETE_REQUESTED_AT: None}}}, NAMESPACE
     )
     fleet.wait_phase(recovered, "Ready")
+    fleet.wait_phase(held, "Ready")
+    admin_rest.delete(DATABASES, held, NAMESPACE)  # without the delete annotation: held
+    fleet.wait_database(held, lambda d: (condition(d, "DeletionHeld") or {}).get("status") == "True")
     remembered = (fleet.get_shard(name).get("status") or {}).get("droppedTenants") or []
     assert [entry["name"] for entry in remembered] == [tenant[dropped]]
     manager.stop()
@@ -271,3 +275,23 @@ def test_a_timeline_change_repeats_the_soft_deletes_and_drops_a_failover_lost(pg
     finally:
         with pg16.provisioner_connection() as conn:
             drop_tenant(conn, unrelated.name)
+
+
+def test_a_drop_is_remembered_on_the_shard_for_remember_drops_only(pg16, fleet, start_manager):
+    """The record of a drop (the tenant's name and the time, nothing secret) goes from the Shard's status
+    once softDelete.rememberDrops has passed."""
+    from tests.support.common import wait_for
+
+    name = fleet.shard(pg16)
+    start_manager(install_config(softDelete={"retention": "0", "rememberDrops": "8s"}), shard_ping_interval=1.0)
+    db = fleet.database("remembered")
+    tenant = fleet.wait_phase(db, "Ready")["status"]["tenantName"]
+
+    def remembered() -> list[dict[str, str]]:
+        return (fleet.get_shard(name).get("status") or {}).get("droppedTenants") or []
+
+    fleet.request_delete(db)
+    entries = wait_for(remembered, 30, "the drop remembered")
+    assert [sorted(entry) for entry in entries] == [["droppedAt", "name"]] and entries[0]["name"] == tenant
+    wait_for(lambda: fleet.get_database(db) is None, 30, "the database dropped")
+    wait_for(lambda: not remembered(), 30, "the drop forgotten")
