@@ -31,6 +31,7 @@ from domain.resources import SHARDS
 from domain.status import MAX_DROPPED_TENANTS, DroppedTenant
 from informers import Rest
 from reconciler.runtime.status import patch_status
+from reconciler.sql.errors import SqlFailure
 from reconciler.sql.session import Admin
 from reconciler.sql.tenant import drop_tenant, tenant_state
 
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 # Conditional writes tried before a conflict is left to the controller's retry.
 WRITE_ATTEMPTS = 5
 REPEATED_MESSAGE = "tenant drop repeated after a failover"  # the log line of each drop repeated
+REFUSED_MESSAGE = "tenant drop after a failover refused; left as it is"
 
 
 def remembered(entries: Iterable[DroppedTenant], now: datetime, keep: timedelta) -> tuple[DroppedTenant, ...]:
@@ -83,9 +85,16 @@ class DropRecords:
 
 def repeat_drops(admin: Admin, shard: str, tenants: Iterable[str], done: Callable[[str], None]) -> None:
     """Drop again each of `tenants` whose role or database exists on the shard; `done(tenant)` after each
-    one that needs nothing more. A failure raises (SqlFailure) and leaves the rest for the next try."""
+    one that needs nothing more. A failure that may pass raises (SqlFailure) and leaves the rest for the
+    next try; one that cannot (e.g. a database of that name the tenant role does not own: `name_taken`)
+    is logged and that tenant left as it is, so it does not hold up the shard's verification forever."""
     for tenant in tenants:
-        if not tenant_state(admin, tenant).absent:
-            drop_tenant(admin, tenant)
-            log.warning(REPEATED_MESSAGE, extra={"shard": shard, "tenant": tenant, "reason": "TenantDropRepeated"})
+        try:
+            if not tenant_state(admin, tenant).absent:
+                drop_tenant(admin, tenant)
+                log.warning(REPEATED_MESSAGE, extra={"shard": shard, "tenant": tenant, "reason": "TenantDropRepeated"})
+        except SqlFailure as failure:
+            if failure.retryable:
+                raise
+            log.warning(REFUSED_MESSAGE, extra={"shard": shard, "tenant": tenant, "error": failure.error_class})
         done(tenant)

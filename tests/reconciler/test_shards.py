@@ -200,9 +200,11 @@ def test_a_timeline_change_repeats_the_soft_deletes_and_drops_a_failover_lost(pg
     """A failover may also lose a soft delete's disable, a recovery's enable or a drop. After a new timeline
     the tenant of a soft-deleted database is disabled again, a recovered one enabled again, and a tenant
     dropped before the failover (its Database gone) dropped again; a tenant the Shard does not remember as
-    dropped is left alone. A database whose deletion is held (no SQL while held) does not hold the timeline
-    up."""
+    dropped is left alone, and so is a database of a dropped tenant's name that another role owns. A
+    database whose deletion is held (no SQL while held) does not hold the timeline up."""
     from datetime import UTC, datetime, timedelta
+
+    from psycopg import sql
 
     from domain.constants import ANNOTATION_DELETE_REQUESTED_AT
     from domain.resources import DATABASES, SHARDS
@@ -223,18 +225,20 @@ def test_a_timeline_change_repeats_the_soft_deletes_and_drops_a_failover_lost(pg
     wait_for(
         lambda: (fleet.get_shard(name).get("status") or {}).get("timeline") == timeline, what="the timeline recorded"
     )
-    deleted, dropped, recovered, held = (fleet.database(f"lost-{w}") for w in ("delete", "drop", "recovery", "held"))
-    tenant = {db: fleet.wait_phase(db, "Ready")["status"]["tenantName"] for db in (deleted, dropped, recovered)}
+    deleted, dropped, taken, recovered, held = (
+        fleet.database(f"lost-{what}") for what in ("delete", "drop", "taken", "recovery", "held")
+    )
+    tenant = {db: fleet.wait_phase(db, "Ready")["status"]["tenantName"] for db in (deleted, dropped, taken, recovered)}
     creds = {db: fleet.credentials(db) for db in (deleted, recovered)}
     for db in (deleted, recovered):
         fleet.request_delete(db)
         fleet.wait_database(db, disabled, 60, "the tenant disabled")
-    # Asked for two hours ago: its retention is over, it is dropped at once.
+    # Asked for two hours ago: their retention is over, they are dropped at once.
     long_ago = format_time(datetime.now(UTC) - timedelta(hours=2))
-    admin_rest.patch(
-        DATABASES, dropped, {"metadata": {"annotations": {ANNOTATION_DELETE_REQUESTED_AT: long_ago}}}, NAMESPACE
-    )
-    wait_for(lambda: fleet.get_database(dropped) is None, 60, "the dropped database gone")
+    for db in (dropped, taken):
+        annotations = {ANNOTATION_DELETE_REQUESTED_AT: long_ago}
+        admin_rest.patch(DATABASES, db, {"metadata": {"annotations": annotations}}, NAMESPACE)
+        wait_for(lambda db=db: fleet.get_database(db) is None, 60, "the dropped database gone")
     admin_rest.patch(
         DATABASES, recovered, {"metadata": {"annotations": {ANNOTATION_DELETE_REQUESTED_AT: None}}}, NAMESPACE
     )
@@ -243,7 +247,7 @@ def test_a_timeline_change_repeats_the_soft_deletes_and_drops_a_failover_lost(pg
     admin_rest.delete(DATABASES, held, NAMESPACE)  # without the delete annotation: held
     fleet.wait_database(held, lambda d: (condition(d, "DeletionHeld") or {}).get("status") == "True")
     remembered = (fleet.get_shard(name).get("status") or {}).get("droppedTenants") or []
-    assert [entry["name"] for entry in remembered] == [tenant[dropped]]
+    assert [entry["name"] for entry in remembered] == [tenant[dropped], tenant[taken]]
     manager.stop()
 
     unrelated = TenantSpec(name=f"t_unrelated_{name.replace('-', '_')[-20:]}", password="unrelated", connection_limit=2)
@@ -252,6 +256,8 @@ def test_a_timeline_change_repeats_the_soft_deletes_and_drops_a_failover_lost(pg
         disable_tenant(conn, tenant[recovered])  # the recovery lost
         ensure_tenant(conn, TenantSpec(name=tenant[dropped], password="orphan", connection_limit=2))  # the drop
         ensure_tenant(conn, unrelated)  # not remembered as dropped: never the provider's to drop
+    with pg16.superuser_connection() as su:  # somebody else's database under a dropped tenant's name
+        su.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(*map(sql.Identifier, (tenant[taken], unrelated.name))))
     try:
         assert can_connect(pg16, tenant[deleted], creds[deleted]["password"], tenant[deleted])
         admin_rest.patch(SHARDS, name, {"status": {"timeline": timeline + 1}}, subresource="status")
@@ -266,6 +272,7 @@ def test_a_timeline_change_repeats_the_soft_deletes_and_drops_a_failover_lost(pg
         assert tenant_exists(pg16, tenant[deleted]) == (True, True)  # disabled, kept for its retention
         assert tenant_exists(pg16, tenant[dropped]) == (False, False)
         assert tenant_exists(pg16, unrelated.name) == (True, True)
+        assert tenant_exists(pg16, tenant[taken]) == (False, True)
         login = creds[recovered]
         with pg16.connect(login["user"], login["password"], login["database"]) as conn:
             assert conn.execute("SELECT session_user").fetchone() == (login["user"],)
@@ -273,6 +280,8 @@ def test_a_timeline_change_repeats_the_soft_deletes_and_drops_a_failover_lost(pg
         wait_events(admin_rest, recovered, {"TenantEnabledAgain"})
         assert "TenantRecreated" not in event_reasons(admin_rest, recovered)
     finally:
+        with pg16.superuser_connection() as su:
+            su.execute(sql.SQL("DROP DATABASE {}").format(sql.Identifier(tenant[taken])))
         with pg16.provisioner_connection() as conn:
             drop_tenant(conn, unrelated.name)
 
