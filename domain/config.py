@@ -342,11 +342,15 @@ class DashboardConfig(ConfigModel):
 
 
 class SoftDeleteConfig(ConfigModel):
-    """How long a deleted tenant is kept disabled before it is dropped (0 = drop right away), and whether
-    consumers may undo their own delete within that window (`allowUndelete`: the API's undelete route)."""
+    """How long a deleted tenant is kept disabled before it is dropped (0 = drop right away), whether
+    consumers may undo their own delete within that window (`allowUndelete`: the API's undelete route),
+    and how long a drop is remembered to be repeated after a failover that lost it (`rememberDrops`)."""
 
     retention: Duration = timedelta(days=7)
     allow_undelete: StrictBool = False
+    # How long a completed drop stays in its Shard's status.droppedTenants, to be done again when a
+    # failover lost it (reconciler.shard.dropped); 0 remembers none.
+    remember_drops: Duration = timedelta(hours=1)
 
 
 MAX_ROTATION_OVERLAP = timedelta(days=1)

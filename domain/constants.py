@@ -407,3 +407,6 @@ class EventReason(enum.StrEnum):
     DELETION_HELD = "DeletionHeld"
     TENANT_ADOPTED = "TenantAdopted"
     TENANT_RECREATED = "TenantRecreated"
+    # After a failover that lost them: a soft delete's disable, or a recovery's enable, done again.
+    TENANT_DISABLED_AGAIN = "TenantDisabledAgain"
+    TENANT_ENABLED_AGAIN = "TenantEnabledAgain"

@@ -25,7 +25,7 @@ from typing import Any, Generic, NamedTuple, Self, TypeVar
 from pydantic import BaseModel, Field, PrivateAttr, ValidationError
 
 from domain.conditions import with_condition
-from domain.constants import ConditionStatus, Phase
+from domain.constants import ANNOTATION_DELETE_REQUESTED_AT, ConditionStatus, DatabaseConditionType, Phase
 from domain.metadata import ObjectMeta
 from domain.specs import ConsumerSpec, DatabaseClaimSpec, DatabaseMoveSpec, DatabaseSpec, ShardSpec
 from domain.status import (
@@ -265,6 +265,21 @@ def database_ready(obj: Mapping[str, Any]) -> bool:
     """`status.phase` of a Database object is Ready."""
     status = obj.get("status")
     return isinstance(status, Mapping) and status.get(_PHASE_KEY) == Phase.READY.value
+
+
+def verified_after_failover(obj: Mapping[str, Any]) -> bool:
+    """A Database whose tenant is verified once after its shard's primary changed timeline: a Ready one,
+    and a soft-deleted one whose tenant is disabled and not yet dropped (reconciler.shard.failover); not
+    one whose deletion is held (deleted without the delete annotation: its passes run no SQL)."""
+    metadata = _mapping(obj.get("metadata"))
+    if metadata.get("deletionTimestamp") and ANNOTATION_DELETE_REQUESTED_AT not in _mapping(
+        metadata.get("annotations")
+    ):
+        return False
+    if database_ready(obj):
+        return True
+    glance = DatabaseGlance.of(obj)
+    return glance.phase != Phase.DELETED.value and glance.is_true(DatabaseConditionType.TENANT_DISABLED)
 
 
 def lenient_status(model: type[StatusT], obj: Mapping[str, Any]) -> StatusT:

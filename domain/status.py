@@ -28,6 +28,7 @@ __all__ = [
     "DatabaseClaimStatus",
     "DatabaseMoveStatus",
     "DatabaseStatus",
+    "DroppedTenant",
     "ObjectStatus",
     "ShardStatus",
 ]
@@ -43,6 +44,17 @@ class ObjectStatus(SpecModel):
     if TYPE_CHECKING:
         observed_generation: int | None = None
         conditions: tuple[Condition, ...] = ()
+
+
+# The most drops a Shard's status.droppedTenants holds (the oldest go first): a bound on its size.
+MAX_DROPPED_TENANTS = 1000
+
+
+class DroppedTenant(SpecModel):
+    """A tenant dropped from the shard, remembered so that a failover that lost the drop has it repeated."""
+
+    name: Annotated[StrictStr, Field(max_length=63)] = Field(description="The tenant's role and database name.")
+    dropped_at: StatusTime = Field(description="When it was dropped (recorded just before the drop).")
 
 
 class ShardStatus(ObjectStatus):
@@ -87,6 +99,12 @@ class ShardStatus(ObjectStatus):
         "database placed here has been verified: when a check finds another, each Ready database is verified "
         "once (a tenant lost in the failover is provisioned again, a tenant's password set again from its "
         "credentials Secret), and then this is set.",
+    )
+    dropped_tenants: Annotated[tuple[DroppedTenant, ...], Field(max_length=MAX_DROPPED_TENANTS)] = Field(
+        default=(),
+        description="Tenants recently dropped here (for softDelete.rememberDrops after the drop): when the "
+        "primary's timeline changes, each one whose role or database is back (a failover lost its drop) is "
+        "dropped again, unless a Database placed here still names it.",
     )
 
 

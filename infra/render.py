@@ -127,6 +127,7 @@ ADDED_SINCE_PREVIOUS_RELEASE: tuple[tuple[str, ...], ...] = (
     ("resources",),
     ("sizing",),
     ("softDelete", "allowUndelete"),
+    ("softDelete", "rememberDrops"),
     ("moves",),
     ("rotation",),
 )

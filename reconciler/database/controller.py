@@ -62,6 +62,7 @@ from reconciler.events import EventRecorder
 from reconciler.placement_index import PlacementIndex, placement_index
 from reconciler.runtime import Result, TerminalError, Wakeups, release_slot
 from reconciler.shard.admin import AdminEndpointCache, AdminPolicy, AdminSessions
+from reconciler.shard.dropped import DropRecords
 from reconciler.shard.failover import TimelineRepairs
 
 INVALID_OBJECT = "InvalidObject"
@@ -107,14 +108,24 @@ class DatabaseController:
         self.secrets = CredentialsSecrets(rest, secrets, self.report, enqueue)
         self.finalizers = Finalizers(rest, self.writes, self.secrets)
         self.placer = Placer(config, self.placement, rest, shards, self.writes, self.report, self.sql)
+        self.repairs = repairs or TimelineRepairs()
+        drops = DropRecords(rest, config.soft_delete.remember_drops, clock)
         self.deletion = Deletion(
-            config, shards, self.sql, self.writes, self.report, self.finalizers, clock, self.placement
+            config,
+            shards,
+            self.sql,
+            self.writes,
+            self.report,
+            self.finalizers,
+            clock,
+            self.placement,
+            self.repairs,
+            drops,
         )
         self.ready = ReadyPath(config, rest, self.secrets, self.sql, self.writes, self.report, clock)
         login = LoginCheck(config, admin_endpoints.policy, self.sql, self.report, admin_host_override)
         self.provisioner = Provisioner(config, self.sql, self.writes, self.report, login)
         self.ownership = OwnershipConfirmation(self.sql, self.writes, self.report)
-        self.repairs = repairs or TimelineRepairs()
         self.failover = FailoverVerification(self.repairs, self.sql, self.secrets, self.report, self.provisioner)
         # Before the informers start: a start's Databases are looked at while their pages arrive.
         self.early = EarlyVerdicts(

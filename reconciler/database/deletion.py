@@ -1,6 +1,11 @@
 """Deletion: the hold (a Kubernetes delete without the delete annotation: no SQL at all), the soft
 delete (disable now, drop after the retention), and recovery (the annotation removed before the drop).
 
+After a failover of its shard (reconciler.shard.failover) a disabled tenant is verified once: a disable
+the failover lost would leave it open to logins during the retention, so it is disabled again (a Warning
+Event `TenantDisabledAgain`). Before the drop the tenant is remembered on its Shard, so that a drop a
+failover loses is repeated (reconciler.shard.dropped).
+
 A disabled tenant commits no connections (domain.connection_budget), so its shard may have given them
 to others meanwhile. A recovery whose connection limit no longer fits the shard's budget is not done
 silently over it: the Database stays disabled, Ready False with reason RecoveryOverBudget (a Warning
@@ -24,6 +29,7 @@ from domain.constants import (
 )
 from domain.timefmt import parse_time
 from informers import Informer
+from reconciler.database.failover import log_repair
 from reconciler.database.finalizers import Finalizers
 from reconciler.database.report import Reporter
 from reconciler.database.shard_sql import ShardSql
@@ -31,8 +37,15 @@ from reconciler.database.state import Database
 from reconciler.database.writes import DatabaseWrites
 from reconciler.placement_index import PlacementIndex
 from reconciler.runtime import Result
+from reconciler.shard.dropped import DropRecords
+from reconciler.shard.failover import TimelineRepairs
 from reconciler.sql.session import AdminSession
-from reconciler.sql.tenant import disable_tenant, drop_tenant, enable_tenant
+from reconciler.sql.tenant import disable_tenant, drop_tenant, enable_tenant, tenant_state
+
+DISABLED_AGAIN_MESSAGE = (
+    "disabled again after a failover of its shard: the new primary let it log in (its disable was committed "
+    "just before the failover, not yet replicated)"
+)
 
 # Seconds between looks at a recovery waiting for its connections (a database deleted or a budget
 # raised on the shard frees them without an event of this Database).
@@ -51,6 +64,8 @@ class Deletion:
     finalizers: Finalizers
     clock: Callable[[], datetime]
     placement: PlacementIndex  # what each shard's databases commit, as placement counts it
+    repairs: TimelineRepairs  # the verifications after a timeline change of a shard
+    drops: DropRecords  # the Shard's record of drops, written before each drop
 
     def hold(self, database: Database) -> Result | None:
         """Deleted in Kubernetes without a delete request: keep everything, run no SQL, say so."""
@@ -107,10 +122,12 @@ class Deletion:
                 "soft delete in progress",
             )
             self.report.event(database, EventReason.DISABLED, "tenant disabled")
+        self.verify_disabled(database, shard)
         assert database.status.drop_after is not None
         wait = (database.status.drop_after - self.clock()).total_seconds()
         if wait > 0:
             return Result(requeue_after=wait)
+        self.drops.remember(database.shard, tenant)  # before the drop: a restart after it finds the record
         self._step(
             database,
             shard,
@@ -154,6 +171,7 @@ class Deletion:
             shard = self._placed_shard(database, Phase.DELETING, f"shard {database.shard} not found")
             over = self._over_budget(database)
             if over is not None:
+                self.verify_disabled(database, shard)  # it stays disabled meanwhile
                 raise self.report.waiting(
                     database, Phase.DELETING, DatabaseReason.RECOVERY_OVER_BUDGET, over, RECOVERY_RECHECK
                 )
@@ -172,6 +190,25 @@ class Deletion:
         )
         self.writes.status(database)
         self.report.event(database, EventReason.READY, "recovered from soft delete")
+
+    def verify_disabled(self, database: Database, shard: dict[str, Any]) -> None:
+        """Once per timeline change of its shard: disable the tenant again if the failover lost that."""
+        timeline = self.repairs.needed(database.shard, database.key)
+        if timeline is None:
+            return
+        tenant, lost = database.tenant, []
+
+        def check(session: AdminSession) -> None:
+            state = tenant_state(session, tenant)
+            if not state.absent and not state.disabled:
+                lost.append(True)
+                disable_tenant(session, tenant)
+
+        self.sql.run(database, shard, Phase.DELETING, DatabaseReason.DISABLE_FAILED, check)
+        if lost:
+            self.report.event(database, EventReason.TENANT_DISABLED_AGAIN, DISABLED_AGAIN_MESSAGE, warning=True)
+            log_repair("tenant disabled again after a failover", database, timeline)
+        self.repairs.verified(database.shard, timeline, database.key)
 
     def _over_budget(self, database: Database) -> str | None:
         """Why re-enabling the tenant would commit more connections than its shard's budget, or None."""

@@ -3,6 +3,9 @@
 The one exception to "a Ready database runs no SQL on a resync": a failover onto a replica that had not
 received the last commits may have lost the tenant (made just before it) or its last password change.
 One catalog read per database, in the shard's lane:
+- the tenant is there but closed as a soft delete leaves it (NOLOGIN, its database taking no connections):
+  the failover lost its recovery, which is done again (`enable_tenant`, the login role handed out only),
+  with a Warning Event `TenantEnabledAgain`, and it goes on as below;
 - the tenant is there (role and open database): the login role handed out (the tenant role, or its
   alternate after a rotation with an overlap) gets its password set again from its credentials Secret
   (its sessions are left alone; the other login role is retired unless an overlap runs), which repairs
@@ -33,9 +36,13 @@ from reconciler.database.state import Database
 from reconciler.shard.failover import TimelineRepairs
 from reconciler.sql.login_roles import hand_out
 from reconciler.sql.session import AdminSession
-from reconciler.sql.tenant import set_connection_limit, set_password, tenant_state
+from reconciler.sql.tenant import TenantState, enable_tenant, set_connection_limit, set_password, tenant_state
 
 log = logging.getLogger(__name__)
+ENABLED_AGAIN_MESSAGE = (
+    "enabled again after a failover of its shard: the new primary had it still disabled (its recovery from "
+    "the soft delete was committed just before the failover, not yet replicated)"
+)
 RECREATED_MESSAGE = (
     "re-created after a failover of its shard: the new primary had neither its role nor its database "
     "(committed just before the failover, not yet replicated); its data from before is gone"
@@ -60,12 +67,17 @@ class FailoverVerification:
         tenant, password = database.tenant, credentials.password(secret)
         limit = database.status.applied_connection_limit
         present: list[bool] = []
+        enabled_again: list[bool] = []
 
         login = login_of(database)
         overlap_running = database.status.retire_login_at is not None
 
         def check(session: AdminSession) -> None:
             state = tenant_state(session, tenant)
+            if closed_by_soft_delete(state):
+                enable_tenant(session, tenant, login=login)
+                enabled_again.append(True)
+                state = tenant_state(session, tenant)
             # The tenant role may have no login of its own while its alternate is handed out.
             there = state.role_exists and state.open
             present.append(there)
@@ -81,11 +93,29 @@ class FailoverVerification:
                 set_connection_limit(session, tenant, limit)
 
         self.sql.run(database, shard, Phase.READY, DatabaseReason.ADMIN_UNAVAILABLE, check)
+        if enabled_again:
+            self.report.event(database, EventReason.TENANT_ENABLED_AGAIN, ENABLED_AGAIN_MESSAGE, warning=True)
+            log_repair("tenant enabled again after a failover", database, timeline)
         if not present[-1]:
             self.provisioner.provision(database, shard, secret)
             self.report.event(database, EventReason.TENANT_RECREATED, RECREATED_MESSAGE, warning=True)
-            log.warning(
-                "tenant re-created after a failover",
-                extra={"database": database.name, "shard": database.shard, "timeline": timeline},
-            )
+            log_repair("tenant re-created after a failover", database, timeline)
         self.repairs.verified(database.shard, timeline, database.key)
+
+
+def log_repair(line: str, database: Database, timeline: int) -> None:
+    """The warning log line of a repair after a failover (its Event says the same on the Database)."""
+    log.warning(line, extra={"database": database.name, "shard": database.shard, "timeline": timeline})
+
+
+def closed_by_soft_delete(state: TenantState) -> bool:
+    """The tenant's role and database exist, its database was opened once (PUBLIC revoked, CONNECT granted
+    to the tenant) and takes no connections now: what a disable leaves, unlike an unfinished provisioning."""
+    return (
+        state.role_exists
+        and state.database_exists
+        and state.owned_by_role
+        and state.public_revoked
+        and state.tenant_can_connect
+        and not state.allow_connections
+    )

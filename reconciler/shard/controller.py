@@ -17,7 +17,9 @@ server can write (shard_probe.Writability: not a standby, new sessions not read-
 Database worker's write failed with disk_full, a small test write passes: DiskFull until then). The
 same statement reads the server's connection slots, from which the shard's connection budget is
 recorded (reconciler.shard.budget), and the primary's timeline: a new one (a failover or switchover)
-has every Ready Database of the shard verified once (reconciler.shard.failover). Its timeouts follow
+has every Ready (or soft-deleted and disabled) Database of the shard verified once and the drops its status
+remembers repeated where the failover lost them (reconciler.shard.failover, reconciler.shard.dropped);
+remembered drops older than softDelete.rememberDrops are pruned from the status. Its timeouts follow
 the link (`ShardLinks`: from the measured round trip, bounded), and a Ready shard gets a second try with
 the longer timeouts before it is declared Unreachable, so a slow or flaky link that still answers stays
 Ready. A shard that does not answer is marked so in `ShardLinks`: the Database workers' sessions to it are
@@ -39,14 +41,23 @@ import math
 import random
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
+from domain.config import SoftDeleteConfig
 from domain.connection_budget import ServerSlots
-from domain.constants import KELDON_PHASE_RUNNING, KELDON_PHASE_SCALING, Engine, ShardConditionType, ShardReason
-from domain.objects import ShardState, cluster_phase, database_ready
+from domain.constants import (
+    KELDON_PHASE_RUNNING,
+    KELDON_PHASE_SCALING,
+    Engine,
+    Phase,
+    ShardConditionType,
+    ShardReason,
+)
+from domain.objects import DatabaseGlance, ShardState, cluster_phase, database_placement, verified_after_failover
 from domain.resources import BY_SHARD, SHARDS
 from domain.settings import SETTINGS
 from domain.specs import ShardSpec, parse_shard
@@ -57,6 +68,7 @@ from reconciler.shard.admin import AdminPolicy, AdminRefused, AdminSessions, adm
 from reconciler.shard.budget import ShardBudgets
 from reconciler.shard.client_logins import report_client_logins
 from reconciler.shard.deletion import ShardDeletion
+from reconciler.shard.dropped import remembered, repeat_drops
 from reconciler.shard.failover import TimelineRepairs
 from reconciler.shard.links import ShardLinks
 from reconciler.shard.suspects import ShardSuspects
@@ -79,6 +91,8 @@ MIN_PING_GAP = SETTINGS.shard_checks.min_gap
 # While the Ready Databases of a shard are verified after its primary's timeline changed: how often to
 # look whether they are done (the SQL ping itself stays paced by MIN_PING_GAP).
 VERIFYING_RECHECK = 2.0
+# How long status.droppedTenants keeps a drop, unless the install says otherwise (softDelete.rememberDrops).
+DEFAULT_REMEMBER_DROPS = SoftDeleteConfig().remember_drops
 # Conditions that single out one reason of a failed check: (type, that reason, message while it is False).
 FAILURE_CONDITIONS: tuple[tuple[ShardConditionType, ShardReason, str], ...] = (
     (ShardConditionType.ADMIN_AUTH_FAILED, ShardReason.ADMIN_AUTH_FAILED, "admin credentials accepted or not checked"),
@@ -162,8 +176,10 @@ class ShardController:
         suspects: ShardSuspects | None = None,
         wakeups: Wakeups | None = None,
         repairs: TimelineRepairs | None = None,
+        remember_drops: timedelta = DEFAULT_REMEMBER_DROPS,
     ) -> None:
         self.rest = rest
+        self.remember_drops = remember_drops  # how long status.droppedTenants keeps a drop (shard.dropped)
         self.budgets = budgets  # the connection budget in the status (reconciler.shard.budget)
         self.deletion = deletion  # the finalizer that holds a deleted Shard while it has databases
         self.policy = policy or AdminPolicy()  # shardSecrets: without it no admin Secret is used
@@ -364,7 +380,11 @@ class ShardController:
         cloudberry = spec is not None and spec.engine == Engine.CLOUDBERRY
         shard = observe(shard, health, self.databases.count_by_index(BY_SHARD, name), cloudberry=cloudberry)
         shard = report_client_logins(shard, self.databases.by_index(BY_SHARD, name))
-        shard, verifying = self._follow_timeline(name, shard, health)
+        shard, verifying = self._follow_timeline(name, shard, health, spec)
+        if not verifying:
+            kept = remembered(shard.status.dropped_tenants, datetime.now(UTC), self.remember_drops)
+            if kept != shard.status.dropped_tenants:
+                shard = shard.with_status(dropped_tenants=kept)
         if self.deletion is not None:
             shard = self.deletion.report(shard)
         if self.budgets is not None:
@@ -386,22 +406,53 @@ class ShardController:
             return Result(requeue_after=min(VERIFYING_RECHECK, self.ping_interval))
         return Result(requeue_after=self.ready_interval(name))
 
-    def _follow_timeline(self, name: str, shard: ShardState, health: Health) -> tuple[ShardState, bool]:
-        """Record the primary's timeline, once every Ready Database of the shard was verified for it
-        (reconciler.shard.failover); (the status, whether a verification is under way)."""
+    def _follow_timeline(
+        self, name: str, shard: ShardState, health: Health, spec: ShardSpec | None
+    ) -> tuple[ShardState, bool]:
+        """Record the primary's timeline, once the shard's remembered drops were repeated where lost and
+        each of its Ready or disabled Databases was verified for it (reconciler.shard.failover); (the
+        status, whether a verification is under way)."""
         timeline, recorded = health.timeline, shard.status.timeline
-        if timeline is None or timeline == recorded:
+        if timeline is None or timeline == recorded or spec is None:
             return shard, False
         if recorded is not None:
             self.repairs.start(name, timeline)
-            ready = [object_key(db) for db in self.databases.by_index(BY_SHARD, name) if database_ready(db)]
-            if not self.repairs.complete(name, timeline, ready):
+            databases = self.databases.by_index(BY_SHARD, name)
+            if not self._repeat_drops(name, shard, spec, timeline, databases):
+                return shard, True
+            verified = [object_key(db) for db in databases if verified_after_failover(db)]
+            if not self.repairs.complete(name, timeline, verified):
                 return shard, True
             log.info(
                 "databases verified after a timeline change",
-                extra={"shard": name, "timeline": timeline, "databases": len(ready)},
+                extra={"shard": name, "timeline": timeline, "databases": len(verified)},
             )
         return shard.with_status(timeline=timeline), False
+
+    def _repeat_drops(
+        self, name: str, shard: ShardState, spec: ShardSpec, timeline: int, databases: list[dict[str, Any]]
+    ) -> bool:
+        """Drop again each remembered tenant the new primary has (reconciler.shard.dropped), except one a
+        Database placed here still names; True once none is left to do."""
+        in_use = {
+            tenant
+            for db in databases
+            if (tenant := database_placement(db)[1]) and DatabaseGlance.of(db).phase != Phase.DELETED
+        }
+        recorded = [entry.name for entry in shard.status.dropped_tenants if entry.name not in in_use]
+        pending = self.repairs.drops_pending(name, timeline, recorded)
+        if not pending:
+            return True
+        timeouts = self.links.timeouts(name)
+        try:
+            endpoint = admin_endpoint(self.rest, name, spec, self.policy, self.admin_host_override)
+            with self.sessions.one_off(endpoint, timeouts.connect) as session:
+                repeat_drops(session, name, pending, lambda tenant: self.repairs.drop_repeated(name, timeline, tenant))
+        except (SqlFailure, AdminRefused, ApiException) as exc:
+            problem = exc.error_class if isinstance(exc, SqlFailure) else type(exc).__name__
+            log.warning("repeating drops after a timeline change failed", extra={"shard": name, "error": problem})
+            return False
+        return True
 
     def ready_interval(self, name: str) -> float:
         """When to check a Ready shard again: ping_interval, stretched in a large fleet so that all shards'

@@ -5,9 +5,12 @@ made, or a password set, just before the failover. The Shard check reads the pri
 (`ShardProbe.timeline`); when it differs from the one in the Shard's `status.timeline`, every Ready
 Database placed on the shard is verified once by the Database workers, in the shard's lane (so bounded
 like its other work): a tenant whose role or database is missing is provisioned again, one that exists
-gets its password set again from its credentials Secret (reconciler.database.failover).
+gets its password set again from its credentials Secret (reconciler.database.failover). A soft-deleted
+Database whose tenant is disabled is verified too: disabled again if the failover lost that
+(reconciler.database.deletion). The drops the Shard remembers are repeated by the Shard controller
+itself (reconciler.shard.dropped).
 
-`status.timeline` is written only once every Ready Database of the shard was verified for the new
+`status.timeline` is written only once every one of them was verified for the new
 timeline (or on the first check that reads one): a manager that restarts before that verifies them
 again (each step is idempotent), one that restarts after it does not. This module keeps the progress
 of the current verification in memory; the Shard controller starts and completes it, the Database
@@ -25,10 +28,11 @@ from dataclasses import dataclass, field
 class _Verification:
     timeline: int
     done: set[str] = field(default_factory=set)
+    dropped_again: set[str] = field(default_factory=set)  # tenants of recorded drops handled (shard.dropped)
 
 
 class TimelineRepairs:
-    """The shards whose Ready Databases are being verified after a timeline change, and which are done.
+    """The shards whose Databases are being verified after a timeline change, and which are done.
 
     `wake(shard)` (set by the Database controller's wiring) enqueues the shard's Databases when a
     verification starts."""
@@ -40,7 +44,7 @@ class TimelineRepairs:
 
     def start(self, shard: str, timeline: int) -> None:
         """The shard's primary is on `timeline`, which its status does not record yet: verify its
-        Ready Databases (a verification already under way for that timeline goes on)."""
+        Ready and disabled Databases (a verification already under way for that timeline goes on)."""
         with self._lock:
             current = self._pending.get(shard)
             if current is not None and current.timeline == timeline:
@@ -65,6 +69,20 @@ class TimelineRepairs:
             current = self._pending.get(shard)
             if current is not None and current.timeline == timeline:
                 current.done.add(key)
+
+    def drops_pending(self, shard: str, timeline: int, tenants: Iterable[str]) -> list[str]:
+        """Those of the recorded drops `tenants` not yet repeated on `shard` for `timeline`."""
+        with self._lock:
+            current = self._pending.get(shard)
+            handled = current.dropped_again if current is not None and current.timeline == timeline else set()
+            return [tenant for tenant in tenants if tenant not in handled]
+
+    def drop_repeated(self, shard: str, timeline: int, tenant: str) -> None:
+        """The recorded drop of `tenant` needs nothing more on `shard` for `timeline`."""
+        with self._lock:
+            current = self._pending.get(shard)
+            if current is not None and current.timeline == timeline:
+                current.dropped_again.add(tenant)
 
     def complete(self, shard: str, timeline: int, ready: Iterable[str]) -> bool:
         """True (and the verification ends) when every key in `ready` was verified for `timeline`."""

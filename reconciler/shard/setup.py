@@ -90,6 +90,7 @@ def setup_shards(
         suspects=suspects,
         wakeups=wakeups,
         repairs=repairs,
+        remember_drops=config.soft_delete.remember_drops,
     )
     # Several workers: each checks a different shard, so a dead shard's timeout delays no other.
     controller = Controller("shard", logic.reconcile, workers=SHARD_WORKERS, wakeups=wakeups)

@@ -5,22 +5,27 @@ Replication is cut (the primary refuses the replica's walreceiver); then a Datab
 primary alone, and another one's password is rotated there. The primary is killed and Patroni promotes
 the lagging replica, which has neither. Once the Shard check sees the new timeline, the lost tenant is
 provisioned again with the credentials its consumer already has (its data is gone, as it must be), with a
-Warning Event that says so, and the rotated password logs in without another rotation.
+Warning Event that says so, and the rotated password logs in without another rotation. A soft delete's
+disable and another database's drop, both lost in the same failover, are done again: the soft-deleted
+tenant cannot log in during its retention, and the dropped one is gone again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
 
-from domain.constants import ANNOTATION_ROTATE_REQUESTED_AT
+from domain.constants import ANNOTATION_DELETE_REQUESTED_AT, ANNOTATION_ROTATE_REQUESTED_AT
+from domain.resources import DATABASES
+from domain.timefmt import format_time
 from harness.patroni import PatroniShard
 from informers import Rest
-from tests.patroni.conftest import NAMESPACE, Fleet, connect
-from tests.support.common import wait_for
+from tests.patroni.conftest import NAMESPACE, RELEASE, Fleet, connect
+from tests.support.common import condition, wait_for
 
 pytestmark = pytest.mark.server
 
@@ -60,10 +65,13 @@ def test_what_a_lagging_failover_lost_is_repaired(
 ) -> None:
     cluster = lagging_cluster
     shard = fleet.patroni_shard(cluster)
-    start_manager()
+    start_manager(RELEASE.config(softDelete={"retention": "1h"}))
     kept, rotated = fleet.database("kept"), fleet.database("rotated")
-    fleet.wait_phase(kept, "Ready", timeout=120)
-    fleet.wait_phase(rotated, "Ready", timeout=120)
+    deleted, dropped = fleet.database("deleted"), fleet.database("dropped")
+    for db in (kept, rotated, deleted, dropped):
+        fleet.wait_phase(db, "Ready", timeout=120)
+    deleted_creds = fleet.credentials(deleted)
+    dropped_tenant = fleet.credentials(dropped)["database"]
     before = fleet.credentials(rotated)
     timeline = cluster.timeline()
     wait_for(
@@ -87,6 +95,18 @@ def test_what_a_lagging_failover_lost_is_repaired(
     fleet.wait_database(rotated, lambda db: db["status"].get("rotationApplied") == stamp, timeout=120)
     rotated_creds = fleet.credentials(rotated)
     assert rotated_creds["password"] != before["password"]
+    # A soft delete (disabled for its retention) and a drop (asked for two hours ago: at once).
+    fleet.request_delete(deleted)
+    fleet.wait_database(deleted, lambda db: (condition(db, "TenantDisabled") or {}).get("status") == "True", 60)
+    long_ago = format_time(datetime.now(UTC) - timedelta(hours=2))
+    annotations = {ANNOTATION_DELETE_REQUESTED_AT: long_ago}
+    admin_rest.patch(DATABASES, dropped, {"metadata": {"annotations": annotations}}, NAMESPACE)
+    wait_for(lambda: fleet.get_database(dropped) is None, timeout=60, what="the dropped database gone")
+    replica = next(member for member in cluster.members if member is not cluster.wait_leader())
+    with replica.superuser_connection() as conn:  # what the promoted replica will have: neither
+        row = conn.execute("SELECT rolcanlogin FROM pg_roles WHERE rolname = %s", (deleted_creds["user"],))
+        assert row.fetchone() == (True,)
+        assert conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (dropped_tenant,)).fetchone() == (1,)
 
     killed = cluster.kill_leader()
     cluster.wait_leader(other_than=killed, timeout=120)
@@ -118,3 +138,11 @@ def test_what_a_lagging_failover_lost_is_repaired(
         connect(rotated_creds, password=before["password"]).close()
     with connect(fleet.credentials(kept)) as conn:
         conn.execute("SELECT 1")
+
+    # The lost disable and the lost drop are done again.
+    with pytest.raises(psycopg.OperationalError):
+        connect(deleted_creds).close()
+    assert deleted_creds["user"] in tenants(cluster)  # kept, disabled, for its retention
+    assert dropped_tenant not in tenants(cluster)
+    disabled_again = [e for e in events(admin_rest, deleted) if e["reason"] == "TenantDisabledAgain"]
+    assert len(disabled_again) == 1 and disabled_again[0]["type"] == "Warning"

@@ -194,3 +194,113 @@ def test_a_timeline_change_seen_after_a_restart_verifies_every_ready_database_on
     wait_events(admin_rest, alt_lost, {"TenantRecreated"})
     assert "TenantRecreated" not in event_reasons(admin_rest, kept)
     assert "TenantRecreated" not in event_reasons(admin_rest, alt_kept)
+
+
+def test_a_timeline_change_repeats_the_soft_deletes_and_drops_a_failover_lost(pg16, fleet, start_manager, admin_rest):
+    """A failover may also lose a soft delete's disable, a recovery's enable or a drop. After a new timeline
+    the tenant of a soft-deleted database is disabled again, a recovered one enabled again, and a tenant
+    dropped before the failover (its Database gone) dropped again; a tenant the Shard does not remember as
+    dropped is left alone, and so is a database of a dropped tenant's name that another role owns. A
+    database whose deletion is held (no SQL while held) does not hold the timeline up."""
+    from datetime import UTC, datetime, timedelta
+
+    from psycopg import sql
+
+    from domain.constants import ANNOTATION_DELETE_REQUESTED_AT
+    from domain.resources import DATABASES, SHARDS
+    from domain.timefmt import format_time
+    from reconciler.sql.tenant import TenantSpec, disable_tenant, drop_tenant, enable_tenant, ensure_tenant
+    from tests.reconciler.conftest import NAMESPACE, event_reasons, wait_events
+    from tests.sql.helpers import can_connect
+    from tests.support.common import wait_for
+    from tests.support.postgres import tenant_exists
+
+    def disabled(db):
+        return (condition(db, "TenantDisabled") or {}).get("status") == "True"
+
+    config = install_config(softDelete={"retention": "1h"})
+    name = fleet.shard(pg16)
+    manager = start_manager(config)
+    timeline = _timeline(pg16)
+    wait_for(
+        lambda: (fleet.get_shard(name).get("status") or {}).get("timeline") == timeline, what="the timeline recorded"
+    )
+    deleted, dropped, taken, recovered, held = (
+        fleet.database(f"lost-{what}") for what in ("delete", "drop", "taken", "recovery", "held")
+    )
+    tenant = {db: fleet.wait_phase(db, "Ready")["status"]["tenantName"] for db in (deleted, dropped, taken, recovered)}
+    creds = {db: fleet.credentials(db) for db in (deleted, recovered)}
+    for db in (deleted, recovered):
+        fleet.request_delete(db)
+        fleet.wait_database(db, disabled, 60, "the tenant disabled")
+    # Asked for two hours ago: their retention is over, they are dropped at once.
+    long_ago = format_time(datetime.now(UTC) - timedelta(hours=2))
+    for db in (dropped, taken):
+        annotations = {ANNOTATION_DELETE_REQUESTED_AT: long_ago}
+        admin_rest.patch(DATABASES, db, {"metadata": {"annotations": annotations}}, NAMESPACE)
+        wait_for(lambda db=db: fleet.get_database(db) is None, 60, "the dropped database gone")
+    admin_rest.patch(
+        DATABASES, recovered, {"metadata": {"annotations": {ANNOTATION_DELETE_REQUESTED_AT: None}}}, NAMESPACE
+    )
+    fleet.wait_phase(recovered, "Ready")
+    fleet.wait_phase(held, "Ready")
+    admin_rest.delete(DATABASES, held, NAMESPACE)  # without the delete annotation: held
+    fleet.wait_database(held, lambda d: (condition(d, "DeletionHeld") or {}).get("status") == "True")
+    remembered = (fleet.get_shard(name).get("status") or {}).get("droppedTenants") or []
+    assert [entry["name"] for entry in remembered] == [tenant[dropped], tenant[taken]]
+    manager.stop()
+
+    unrelated = TenantSpec(name=f"t_unrelated_{name.replace('-', '_')[-20:]}", password="unrelated", connection_limit=2)
+    with pg16.provisioner_connection() as conn:  # the new primary as the failover left it
+        enable_tenant(conn, tenant[deleted])  # the disable lost
+        disable_tenant(conn, tenant[recovered])  # the recovery lost
+        ensure_tenant(conn, TenantSpec(name=tenant[dropped], password="orphan", connection_limit=2))  # the drop
+        ensure_tenant(conn, unrelated)  # not remembered as dropped: never the provider's to drop
+    with pg16.superuser_connection() as su:  # somebody else's database under a dropped tenant's name
+        su.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(*map(sql.Identifier, (tenant[taken], unrelated.name))))
+    try:
+        assert can_connect(pg16, tenant[deleted], creds[deleted]["password"], tenant[deleted])
+        admin_rest.patch(SHARDS, name, {"status": {"timeline": timeline + 1}}, subresource="status")
+
+        start_manager(config)
+        wait_for(
+            lambda: (fleet.get_shard(name).get("status") or {}).get("timeline") == timeline,
+            60,
+            "the timeline verified",
+        )
+        assert not can_connect(pg16, tenant[deleted], creds[deleted]["password"], tenant[deleted])
+        assert tenant_exists(pg16, tenant[deleted]) == (True, True)  # disabled, kept for its retention
+        assert tenant_exists(pg16, tenant[dropped]) == (False, False)
+        assert tenant_exists(pg16, unrelated.name) == (True, True)
+        assert tenant_exists(pg16, tenant[taken]) == (False, True)
+        login = creds[recovered]
+        with pg16.connect(login["user"], login["password"], login["database"]) as conn:
+            assert conn.execute("SELECT session_user").fetchone() == (login["user"],)
+        wait_events(admin_rest, deleted, {"TenantDisabledAgain"})
+        wait_events(admin_rest, recovered, {"TenantEnabledAgain"})
+        assert "TenantRecreated" not in event_reasons(admin_rest, recovered)
+    finally:
+        with pg16.superuser_connection() as su:
+            su.execute(sql.SQL("DROP DATABASE {}").format(sql.Identifier(tenant[taken])))
+        with pg16.provisioner_connection() as conn:
+            drop_tenant(conn, unrelated.name)
+
+
+def test_a_drop_is_remembered_on_the_shard_for_remember_drops_only(pg16, fleet, start_manager):
+    """The record of a drop (the tenant's name and the time, nothing secret) goes from the Shard's status
+    once softDelete.rememberDrops has passed."""
+    from tests.support.common import wait_for
+
+    name = fleet.shard(pg16)
+    start_manager(install_config(softDelete={"retention": "0", "rememberDrops": "8s"}), shard_ping_interval=1.0)
+    db = fleet.database("remembered")
+    tenant = fleet.wait_phase(db, "Ready")["status"]["tenantName"]
+
+    def remembered() -> list[dict[str, str]]:
+        return (fleet.get_shard(name).get("status") or {}).get("droppedTenants") or []
+
+    fleet.request_delete(db)
+    entries = wait_for(remembered, 30, "the drop remembered")
+    assert [sorted(entry) for entry in entries] == [["droppedAt", "name"]] and entries[0]["name"] == tenant
+    wait_for(lambda: fleet.get_database(db) is None, 30, "the database dropped")
+    wait_for(lambda: not remembered(), 30, "the drop forgotten")

@@ -104,7 +104,7 @@ def test_config_is_frozen() -> None:
 def test_dump_round_trip_uses_camel_case_and_duration_strings() -> None:
     config = load(softDelete={"retention": "36h", "allowUndelete": True}, sizeClasses={"s": {"connectionLimit": 1}})
     dumped = config.model_dump(by_alias=True, mode="json")
-    assert dumped["softDelete"] == {"retention": "1d12h", "allowUndelete": True}
+    assert dumped["softDelete"] == {"retention": "1d12h", "allowUndelete": True, "rememberDrops": "1h"}
     assert dumped["tls"] == {"secretName": "dbprovider-tls"}
     assert dumped["deletionProtection"]["breakGlassGroups"] == ["system:masters"]
     assert dc.load_install_config(dumped) == config
