@@ -72,6 +72,24 @@ def connect(creds: dict[str, str], password: str | None = None) -> psycopg.Conne
     )
 
 
+def works(conn: psycopg.Connection) -> bool:
+    """Whether a session still runs a statement (False once it was ended, here or behind pgBouncer)."""
+    try:
+        conn.execute("SELECT 1")
+    except psycopg.Error:
+        return False
+    return True
+
+
+def ready_database(fleet: Fleet, cluster: PatroniShard, start_manager, external_id: str, size_class: str = "") -> str:
+    """A Database of `external_id` on a Shard of `cluster` behind its pgBouncer, once it is Ready."""
+    fleet.patroni_shard(cluster)
+    start_manager()
+    name = fleet.database(external_id, size_class=size_class)
+    fleet.wait_reason(name, "Ready", "Provisioned", timeout=120)
+    return name
+
+
 installed, provider_client, admin_rest, start_manager, fleet = release_fixtures(RELEASE, Fleet)
 
 
