@@ -113,8 +113,10 @@ def seal_first_login(
     def body(conn: psycopg.Connection) -> list[str]:
         state = read_state(conn, name)
         oid = state.role_oid if login == name else state.alternate_oid
-        if state.role_oid is None or oid is None:
+        if state.role_oid is None:
             raise SqlFailure(OPERATION, errors.NOT_FOUND, detail="the tenant role does not exist")
+        if oid is None:
+            raise SqlFailure(OPERATION, errors.NOT_FOUND, detail="the alternate login role does not exist")
         roles = {login: oid} if login == name else {login: oid, name: state.role_oid}
         for _ in range(ATTEMPTS):
             with conn.transaction():
