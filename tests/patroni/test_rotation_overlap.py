@@ -26,8 +26,7 @@ pytestmark = pytest.mark.server
 
 # Long enough for the checks made during it under a loaded machine, short enough for the serial CI part.
 OVERLAP = 15
-QUERY_WAIT_TIMEOUT = 3  # this test's, instead of pgBouncer's default
-PGBOUNCER_QUERY_WAIT_TIMEOUT = 120  # pgBouncer's default, which the harness keeps
+QUERY_WAIT_TIMEOUT = 3  # seconds; pgBouncer's own (120 by default) is set back afterwards
 
 
 def rotate_with_overlap(fleet: Fleet, name: str, seconds: int) -> dict[str, object]:
@@ -66,6 +65,15 @@ def who(conn: psycopg.Connection) -> tuple[str, str]:
 def pgbouncer_log(cluster: PatroniShard) -> str:
     assert cluster.pgbouncer is not None
     return cluster.pgbouncer.log_file.read_text(errors="replace")
+
+
+def pgbouncer_setting(cluster: PatroniShard, key: str) -> str:
+    """A setting as pgBouncer's SHOW CONFIG shows it (key|value|default|changeable)."""
+    values = [
+        line.split("|")[1] for line in cluster.pgbouncer_admin("SHOW CONFIG").splitlines() if line.startswith(f"{key}|")
+    ]
+    assert len(values) == 1, f"pgBouncer shows no {key}"
+    return values[0]
 
 
 def owners(cluster: PatroniShard, database: str) -> dict[str, str]:
@@ -117,12 +125,13 @@ def test_during_an_overlap_both_logins_act_as_the_tenant_through_pgbouncer_and_t
         cluster.pgbouncer_admin(f"RECONNECT {tenant}")
         if cluster.pool_mode == "transaction":
             # pgBouncer keeps the client waiting while its server logins fail, up to query_wait_timeout.
+            configured = pgbouncer_setting(cluster, "query_wait_timeout")
             cluster.pgbouncer_admin(f"SET query_wait_timeout = {QUERY_WAIT_TIMEOUT}")
             try:
                 with pytest.raises(psycopg.OperationalError, match="query_wait_timeout"):
                     held.execute("SELECT 1")
             finally:
-                cluster.pgbouncer_admin(f"SET query_wait_timeout = {PGBOUNCER_QUERY_WAIT_TIMEOUT}")
+                cluster.pgbouncer_admin(f"SET query_wait_timeout = {configured}")
             # No password is left for the retired role: the server refuses pgBouncer's login with it.
             assert f'server login failed: FATAL password authentication failed for user "{tenant}"' in pgbouncer_log(
                 cluster
