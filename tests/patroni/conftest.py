@@ -9,12 +9,18 @@ isolate themselves by Database name.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
 
 import psycopg
 import pytest
 
-from domain.constants import ANNOTATION_DELETE_REQUESTED_AT
-from domain.resources import SHARDS
+from domain.constants import (
+    ANNOTATION_DELETE_REQUESTED_AT,
+    ANNOTATION_ROTATE_OVERLAP,
+    ANNOTATION_ROTATE_REQUESTED_AT,
+)
+from domain.resources import DATABASES, SHARDS
 from harness.patroni import POOLER_AUTH_USER, PatroniShard
 from tests.support.common import shard_object
 from tests.support.fleet import Fleet as BaseFleet
@@ -56,6 +62,13 @@ class Fleet(BaseFleet):
 
     def request_delete(self, name: str) -> None:
         self.annotate_now(name, ANNOTATION_DELETE_REQUESTED_AT)
+
+    def rotate_with_overlap(self, name: str, seconds: int) -> dict[str, Any]:
+        """Request a rotation with an overlap as the rotate route records it; the Database once it is applied."""
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # as the rotate route stamps it: distinct
+        annotations = {ANNOTATION_ROTATE_REQUESTED_AT: stamp, ANNOTATION_ROTATE_OVERLAP: str(seconds)}
+        self.rest.patch(DATABASES, name, {"metadata": {"annotations": annotations}}, self.namespace)
+        return self.wait_database(name, lambda db: db["status"].get("rotationApplied") == stamp, timeout=60)
 
 
 def connect(creds: dict[str, str], password: str | None = None) -> psycopg.Connection:

@@ -16,9 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from domain.constants import ANNOTATION_ROTATE_OVERLAP, ANNOTATION_ROTATE_REQUESTED_AT
-from domain.naming import alternate_name
-from domain.resources import DATABASES
+from domain.constants import ANNOTATION_ROTATE_REQUESTED_AT
 from harness.patroni import PatroniShard
 from informers import Rest
 from tests.patroni.conftest import NAMESPACE, Fleet, connect
@@ -89,11 +87,9 @@ def test_what_a_lagging_failover_lost_is_repaired(
     on_alternate = fleet.database("on-alternate")
     fleet.wait_phase(on_alternate, "Ready", timeout=120)
     tenant_creds = fleet.credentials(on_alternate)
-    overlap = {ANNOTATION_ROTATE_REQUESTED_AT: "2026-11-30T10:00:00.000001Z", ANNOTATION_ROTATE_OVERLAP: "3600"}
-    admin_rest.patch(DATABASES, on_alternate, {"metadata": {"annotations": overlap}}, NAMESPACE)
-    fleet.wait_database(on_alternate, lambda db: db["status"].get("loginRole"), timeout=120)
+    handed_out = fleet.rotate_with_overlap(on_alternate, 3600)["status"]["loginRole"]
     alternate_creds = fleet.credentials(on_alternate)
-    assert alternate_creds["user"] == alternate_name(tenant_creds["user"])
+    assert alternate_creds["user"] == handed_out != tenant_creds["user"]
     stamp = fleet.annotate_now(rotated, ANNOTATION_ROTATE_REQUESTED_AT)
     fleet.wait_database(rotated, lambda db: db["status"].get("rotationApplied") == stamp, timeout=120)
     rotated_creds = fleet.credentials(rotated)

@@ -11,30 +11,18 @@ pgBouncer has to open a new one for it.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import psycopg
 import pytest
 
-from domain.constants import ANNOTATION_ROTATE_OVERLAP, ANNOTATION_ROTATE_REQUESTED_AT
 from domain.naming import alternate_name
-from domain.resources import DATABASES
 from harness.patroni import PatroniShard
-from tests.patroni.conftest import NAMESPACE, Fleet, connect, ready_database
+from tests.patroni.conftest import Fleet, connect, ready_database
 
 pytestmark = pytest.mark.server
 
 # Long enough for the checks made during it under a loaded machine, short enough for the serial CI part.
 OVERLAP = 15
 QUERY_WAIT_TIMEOUT = 3  # seconds; pgBouncer's own (120 by default) is set back afterwards
-
-
-def rotate_with_overlap(fleet: Fleet, name: str, seconds: int) -> dict[str, object]:
-    """Request a rotation with an overlap, as the rotate route records it; the Database once it is applied."""
-    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # as the rotate route stamps it: distinct
-    annotations = {ANNOTATION_ROTATE_REQUESTED_AT: stamp, ANNOTATION_ROTATE_OVERLAP: str(seconds)}
-    fleet.rest.patch(DATABASES, name, {"metadata": {"annotations": annotations}}, NAMESPACE)
-    return fleet.wait_database(name, lambda db: db["status"].get("rotationApplied") == stamp, timeout=60)
 
 
 def overlap_ended(fleet: Fleet, name: str) -> None:
@@ -93,7 +81,7 @@ def test_during_an_overlap_both_logins_act_as_the_tenant_through_pgbouncer_and_t
     try:
         assert who(held) == (tenant, tenant)
 
-        db = rotate_with_overlap(fleet, name, OVERLAP)
+        db = fleet.rotate_with_overlap(name, OVERLAP)
         new = fleet.credentials(name)
         assert (new["user"], new["database"]) == (alternate_name(tenant), tenant)
         assert db["status"]["loginRole"] == new["user"] and db["status"]["retireLoginAt"]
@@ -155,14 +143,14 @@ def test_rotations_back_and_forth_between_the_two_logins_through_pgbouncer(
     with connect(first) as conn:
         conn.execute("CREATE TABLE first (id int)")  # a server connection of the tenant role stays pooled
 
-    rotate_with_overlap(fleet, name, 3600)  # ended by the next rotation
+    fleet.rotate_with_overlap(name, 3600)  # ended by the next rotation
     second = fleet.credentials(name)
     assert second["user"] == alternate_name(tenant)
     with connect(first) as conn, connect(second) as alt:
         assert who(conn) == (tenant, tenant)
         alt.execute("CREATE TABLE second (id int)")
 
-    db = rotate_with_overlap(fleet, name, OVERLAP)
+    db = fleet.rotate_with_overlap(name, OVERLAP)
     third = fleet.credentials(name)
     assert third["user"] == tenant and third["password"] not in (first["password"], second["password"])
     assert not db["status"].get("loginRole") and db["status"]["retireLoginAt"]
