@@ -82,7 +82,9 @@ class LoginCheck:
         found: list[str] = []
 
         def seal(session: AdminSession) -> None:
-            found.extend(seal_first_login(session, database.tenant, login.password, pooler=spec.client.pooler))
+            found.extend(
+                seal_first_login(session, database.tenant, login.password, login=login.user, pooler=spec.client.pooler)
+            )
 
         self.sql.run(database, shard, Phase.PROVISIONING, DatabaseReason.LOGIN_FAILED, seal)
         if found:

@@ -11,7 +11,9 @@ is Ready (nobody else has its credentials yet):
    tenant, the end of every session of `t`; again while a session of `t` remains (one that logged in
    with a password of the relay's before the change committed), so no session and no password of
    anybody else's is left. Every state in between leaves the provider's password valid unless a
-   relay changes it again, so an interrupted seal is simply run again by the next pass;
+   relay changes it again, so an interrupted seal is simply run again by the next pass. A tenant made
+   again while its Secret names the alternate login role (a failover lost it) logged in as `t_alt`:
+   the password goes on `t_alt`, `t` keeps no login and no password, and the sessions of both end;
 2. one read of the shared catalogs for anything of the tenant the provider did not make (`findings`):
    the database is new and empty, the provider granted in it only CONNECT to its owner, and set no
    parameter, so whatever is there came through that login.
@@ -26,7 +28,7 @@ from domain.settings import SETTINGS
 from domain.specs import Pooler
 from reconciler.sql import errors
 from reconciler.sql.errors import SqlFailure
-from reconciler.sql.login_roles import alternate_problems
+from reconciler.sql.login_roles import alternate_problems, other_login, retire_on
 from reconciler.sql.roles import end_sessions, has_sessions
 from reconciler.sql.session import OPERATION_TIMEOUT, Admin, run_operation
 from reconciler.sql.tenant import read_state, scram_verifier, validate_tenant_name
@@ -88,25 +90,42 @@ def findings(conn: psycopg.Connection, name: str, pooler: Pooler | None = None) 
 
 
 def seal_first_login(
-    admin: Admin, name: str, password: str, *, pooler: Pooler | None = None, timeout: float = OPERATION_TIMEOUT
+    admin: Admin,
+    name: str,
+    password: str,
+    *,
+    login: str | None = None,
+    pooler: Pooler | None = None,
+    timeout: float = OPERATION_TIMEOUT,
 ) -> list[str]:
-    """Take the tenant back after an unbound first login and return `findings` (see the module docstring).
+    """Take the tenant back after an unbound first login as `login` (the tenant role unless its Secret
+    names the alternate) and return `findings` (see the module docstring). With the alternate, the
+    tenant role is also left as the provider made it: no login, no password, no session.
 
     Fails (operation "login") with `conflict` when sessions of the tenant keep appearing.
     """
     validate_tenant_name(name)
+    login = login or name
+    other_login(name, login)  # validates `login`
     verifier = sql.Literal(scram_verifier(password))
-    set_password = sql.SQL("ALTER ROLE {} PASSWORD {}").format(sql.Identifier(name), verifier)
+    set_password = sql.SQL("ALTER ROLE {} PASSWORD {}").format(sql.Identifier(login), verifier)
 
     def body(conn: psycopg.Connection) -> list[str]:
         state = read_state(conn, name)
+        oid = state.role_oid if login == name else state.alternate_oid
         if state.role_oid is None:
             raise SqlFailure(OPERATION, errors.NOT_FOUND, detail="the tenant role does not exist")
+        if oid is None:
+            raise SqlFailure(OPERATION, errors.NOT_FOUND, detail="the alternate login role does not exist")
+        roles = {login: oid} if login == name else {login: oid, name: state.role_oid}
         for _ in range(ATTEMPTS):
             with conn.transaction():
                 conn.execute(set_password)
-                end_sessions(conn, name, state.role_oid)
-            if not has_sessions(conn, state.role_oid):
+                if login != name:
+                    retire_on(conn, name, name, end_sessions=False)
+                for role, role_oid in roles.items():
+                    end_sessions(conn, role, role_oid)
+            if not any(has_sessions(conn, role_oid) for role_oid in roles.values()):
                 return findings(conn, name, pooler)
         raise SqlFailure(
             OPERATION, errors.CONFLICT, detail="sessions as the tenant kept appearing while its password was set again"

@@ -177,7 +177,7 @@ def hand_out_on(
     if end_sessions:
         _end_sessions_of(conn, name, login)
     if retire_other:
-        _retire(conn, name, other, end_sessions=end_sessions)
+        retire_on(conn, name, other, end_sessions=end_sessions)
 
 
 def retire_login(
@@ -189,12 +189,13 @@ def retire_login(
     other_login(name, login)  # validates `login`
 
     def body(conn: psycopg.Connection) -> None:
-        _retire(conn, name, login, end_sessions=end_sessions)
+        retire_on(conn, name, login, end_sessions=end_sessions)
 
     run_operation(admin, OP_RETIRE, body, timeout=timeout)
 
 
-def _retire(conn: psycopg.Connection, name: str, login: str, *, end_sessions: bool) -> None:
+def retire_on(conn: psycopg.Connection, name: str, login: str, *, end_sessions: bool) -> None:
+    """`retire_login`'s statements on an open admin connection."""
     state = read_state(conn, name)
     oid = state.role_oid if login == name else state.alternate_oid
     if oid is None:

@@ -9,12 +9,18 @@ isolate themselves by Database name.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
 
 import psycopg
 import pytest
 
-from domain.constants import ANNOTATION_DELETE_REQUESTED_AT
-from domain.resources import SHARDS
+from domain.constants import (
+    ANNOTATION_DELETE_REQUESTED_AT,
+    ANNOTATION_ROTATE_OVERLAP,
+    ANNOTATION_ROTATE_REQUESTED_AT,
+)
+from domain.resources import DATABASES, SHARDS
 from harness.patroni import POOLER_AUTH_USER, PatroniShard
 from tests.support.common import shard_object
 from tests.support.fleet import Fleet as BaseFleet
@@ -57,6 +63,13 @@ class Fleet(BaseFleet):
     def request_delete(self, name: str) -> None:
         self.annotate_now(name, ANNOTATION_DELETE_REQUESTED_AT)
 
+    def rotate_with_overlap(self, name: str, seconds: int) -> dict[str, Any]:
+        """Request a rotation with an overlap as the rotate route records it; the Database once it is applied."""
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # as the rotate route stamps it: distinct
+        annotations = {ANNOTATION_ROTATE_REQUESTED_AT: stamp, ANNOTATION_ROTATE_OVERLAP: str(seconds)}
+        self.rest.patch(DATABASES, name, {"metadata": {"annotations": annotations}}, self.namespace)
+        return self.wait_database(name, lambda db: db["status"].get("rotationApplied") == stamp, timeout=60)
+
 
 def connect(creds: dict[str, str], password: str | None = None) -> psycopg.Connection:
     """A consumer's session with its credentials Secret (through pgBouncer), autocommit."""
@@ -70,6 +83,24 @@ def connect(creds: dict[str, str], password: str | None = None) -> psycopg.Conne
         connect_timeout=10,
         autocommit=True,
     )
+
+
+def works(conn: psycopg.Connection) -> bool:
+    """Whether a session still runs a statement (False once it was ended, here or behind pgBouncer)."""
+    try:
+        conn.execute("SELECT 1")
+    except psycopg.Error:
+        return False
+    return True
+
+
+def ready_database(fleet: Fleet, cluster: PatroniShard, start_manager, external_id: str, size_class: str = "") -> str:
+    """A Database of `external_id` on a Shard of `cluster` behind its pgBouncer, once it is Ready."""
+    fleet.patroni_shard(cluster)
+    start_manager()
+    name = fleet.database(external_id, size_class=size_class)
+    fleet.wait_reason(name, "Ready", "Provisioned", timeout=120)
+    return name
 
 
 installed, provider_client, admin_rest, start_manager, fleet = release_fixtures(RELEASE, Fleet)

@@ -18,7 +18,7 @@ import pytest
 from domain.constants import ANNOTATION_ROTATE_END_SESSIONS, ANNOTATION_ROTATE_REQUESTED_AT
 from domain.resources import DATABASES
 from harness.patroni import PatroniShard
-from tests.patroni.conftest import NAMESPACE, Fleet, connect
+from tests.patroni.conftest import NAMESPACE, Fleet, connect, ready_database, works
 from tests.support.common import condition, wait_for
 
 pytestmark = pytest.mark.server
@@ -29,23 +29,6 @@ def cluster(request: pytest.FixtureRequest) -> PatroniShard:
     """PostgreSQL 18 with pgBouncer in transaction mode; 16 with pgBouncer in session mode."""
     shard: PatroniShard = request.getfixturevalue(request.param)
     return shard
-
-
-def works(conn: psycopg.Connection) -> bool:
-    """Whether a session still runs a statement (False once it was ended, here or behind pgBouncer)."""
-    try:
-        conn.execute("SELECT 1")
-    except psycopg.Error:
-        return False
-    return True
-
-
-def ready_database(fleet: Fleet, cluster: PatroniShard, start_manager, external_id: str, size_class: str = "") -> str:
-    fleet.patroni_shard(cluster)
-    start_manager()
-    name = fleet.database(external_id, size_class=size_class)
-    fleet.wait_reason(name, "Ready", "Provisioned", timeout=120)
-    return name
 
 
 def rotate(fleet: Fleet, name: str, end_sessions: bool) -> None:

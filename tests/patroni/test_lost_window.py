@@ -91,6 +91,13 @@ def test_what_a_lagging_failover_lost_is_repaired(
     lost_creds = fleet.credentials(lost)
     with connect(lost_creds) as conn:
         conn.execute("CREATE TABLE orders (id int)")  # committed on the primary alone
+    # A tenant handed out on its alternate login role, by a rotation with an overlap, on the primary alone.
+    on_alternate = fleet.database("on-alternate")
+    fleet.wait_phase(on_alternate, "Ready", timeout=120)
+    tenant_creds = fleet.credentials(on_alternate)
+    handed_out = fleet.rotate_with_overlap(on_alternate, 3600)["status"]["loginRole"]
+    alternate_creds = fleet.credentials(on_alternate)
+    assert alternate_creds["user"] == handed_out != tenant_creds["user"]
     stamp = fleet.annotate_now(rotated, ANNOTATION_ROTATE_REQUESTED_AT)
     fleet.wait_database(rotated, lambda db: db["status"].get("rotationApplied") == stamp, timeout=120)
     rotated_creds = fleet.credentials(rotated)
@@ -113,6 +120,7 @@ def test_what_a_lagging_failover_lost_is_repaired(
     promoted = cluster.timeline()
     assert promoted > timeline
     assert lost_creds["user"] not in tenants(cluster)  # the failover lost it
+    assert tenant_creds["user"] not in tenants(cluster)  # and this one, with its alternate
     wait_for(
         lambda: fleet.get_shard(shard).get("status", {}).get("timeline") == promoted,
         timeout=120,
@@ -129,6 +137,25 @@ def test_what_a_lagging_failover_lost_is_repaired(
     recreated = [e for e in events(admin_rest, lost) if e["reason"] == "TenantRecreated"]
     assert len(recreated) == 1 and recreated[0]["type"] == "Warning"
     assert "failover" in recreated[0]["message"] and lost_creds["password"] not in recreated[0]["message"]
+
+    # The tenant on its alternate is made again with both roles: the alternate, handed out, logs in through
+    # pgBouncer with the password its consumer has and acts as the tenant; the tenant role has no login and
+    # no password, so the credentials from before the rotation are refused.
+    assert fleet.credentials(on_alternate) == alternate_creds
+    assert fleet.get_database(on_alternate)["status"]["phase"] == "Ready"  # type: ignore[index]
+    with connect(alternate_creds) as conn:
+        assert conn.execute("SELECT session_user, current_user").fetchone() == (
+            alternate_creds["user"],
+            tenant_creds["user"],
+        )
+    with pytest.raises(psycopg.OperationalError):
+        connect(tenant_creds).close()
+    logins = cluster.query(
+        "SELECT rolname, rolcanlogin, rolpassword IS NULL FROM pg_authid WHERE rolname = ANY(%s) ORDER BY 1",
+        ([tenant_creds["user"], alternate_creds["user"]],),
+    )
+    assert logins == [(tenant_creds["user"], False, True), (alternate_creds["user"], True, False)]
+    assert [e["reason"] for e in events(admin_rest, on_alternate)].count("TenantRecreated") == 1
 
     # The rotation the failover lost holds without another one: the new password in, the old one out.
     assert fleet.get_database(rotated)["status"]["rotationApplied"] == stamp  # type: ignore[index]

@@ -14,11 +14,13 @@ from pathlib import Path
 import pytest
 from psycopg import sql
 
+from domain.naming import alternate_name
 from harness import PostgresServer
 from harness.certs import CertFiles, CertificateAuthority
 from harness.relay import PostgresRelay
 from reconciler.sql.errors import SqlFailure
 from reconciler.sql.first_login import seal_first_login
+from reconciler.sql.login_roles import hand_out
 from reconciler.sql.session import AdminSession
 from reconciler.sql.tenant import TenantSpec
 from reconciler.sql.tenant_login import TenantLogin, log_in
@@ -121,3 +123,33 @@ def test_settings_and_a_connection_limit_a_relay_left_are_found(
         "parameters set for the database or the role",
         "a connection limit on the database",
     ]
+
+
+def test_a_first_login_on_the_alternate_takes_back_the_alternate(
+    postgres: PostgresServer, admin: AdminSession, provisioned: TenantSpec, relay_cert: CertFiles
+) -> None:
+    """A tenant made again with its Secret naming the alternate login role (after a failover lost it): the
+    first login is the alternate's, so the seal gives the alternate the provider's password and ends its
+    sessions, and the tenant role stays without login or password."""
+    name, alternate = provisioned.name, alternate_name(provisioned.name)
+    hand_out(admin, name, alternate, provisioned.password, 5, retire_other=True)
+    hijack = [
+        "SET ROLE NONE",  # the alternate's own identity, not the tenant role its setting gives it
+        sql.SQL("ALTER ROLE {} PASSWORD 'the-relay-knows-this'").format(sql.Identifier(alternate)).as_string(None),
+        "RESET ROLE",  # back to the tenant role, as the login check expects
+    ]
+    with PostgresRelay(postgres.port, terminate_tls=relay_cert, upstream_tls=False, hijack=hijack) as relay:
+        login = TenantLogin("127.0.0.1", relay.port, alternate, provisioned.password, sslmode="require", dbname=name)
+        assert log_in(login, 10, "logintest") is False
+        assert _sessions_of(postgres, alternate) == 1  # control: the relay keeps its session
+        assert can_connect(postgres, alternate, "the-relay-knows-this", name)
+
+        assert seal_first_login(admin, name, provisioned.password, login=alternate) == []
+
+        assert _sessions_of(postgres, alternate) == 0
+    assert not can_connect(postgres, alternate, "the-relay-knows-this", name)
+    assert can_connect(postgres, alternate, provisioned.password, name)
+    [(can_login, password)] = postgres.query(
+        "SELECT rolcanlogin, rolpassword FROM pg_authid WHERE rolname = %s", (name,)
+    )
+    assert (can_login, password) == (False, None)
