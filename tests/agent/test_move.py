@@ -15,7 +15,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from dbprovider.devstack import DevStack
-from domain.constants import API_VERSION
+from domain.constants import ANNOTATION_CREDENTIALS_VERSION, API_VERSION
 from domain.naming import claim_database_id, database_object_name
 from domain.resources import CLAIMS, DATABASE_MOVES, DATABASES, SHARDS
 from harness import KubeControlPlane, PostgresServer
@@ -142,6 +142,15 @@ def test_a_moved_database_reaches_the_claims_secret_and_a_rollback_brings_it_bac
         conn.execute("INSERT INTO orders VALUES (1, 'before the move')")
     version = provider_view(stack, db_id)["credentialsVersion"]
 
+    def secret_version() -> str | None:
+        secret = consumer.secret(meta["namespace"], meta["name"]) or {}
+        return ((secret.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_CREDENTIALS_VERSION)
+
+    def claim_version() -> str | None:
+        return ((consumer.get_claim(claim) or {}).get("status") or {}).get("credentialsVersion")
+
+    version_before = wait_for(lambda: claim_version() == secret_version() and claim_version(), 30, "the version")
+
     def credentials_on(port: int) -> dict[str, Any] | None:
         """The provider's credentials route's answer, once it names `port` (its cache follows the switch)."""
         answer = provider_get(stack, f"/v1/databases/{db_id}/credentials")
@@ -177,6 +186,8 @@ def test_a_moved_database_reaches_the_claims_secret_and_a_rollback_brings_it_bac
             assert serving(moved) == (target_server.port, [(1, "before the move")])
             assert consumer.condition(claim, "Ready")["status"] == "True"
             consumer.wait_condition(claim, "CredentialsCurrent", "True")
+            # The claim's status and the Secret's annotation show the change as a new credentials version.
+            wait_for(lambda: secret_version() == claim_version() != version_before, 30, "a new version on the claim")
             with psycopg.connect(moved["uri"], autocommit=True) as conn:
                 conn.execute("INSERT INTO orders VALUES (2, 'on the target')")
 
