@@ -2,6 +2,10 @@
 manager as a process, PostgreSQL 18 as the shard) and a consumer cluster of its own (a second real
 kube-apiserver) where `dbprovider agent` runs as a process, as its rendered ServiceAccount.
 
+The shard's server is ready for online moves (wal_level=logical and its administrators' one-time grants)
+and the install lists spare admin Secret slots, so a test can add a target Shard and move a claim's
+database there.
+
 The provider process listens on the stack's fixed port, so the test can kill it (the provider away)
 and start it again where the agent looks for it.
 """
@@ -23,14 +27,19 @@ from kubernetes.client.exceptions import ApiException
 from dbprovider.devstack import DevStack
 from domain.agent_config import load_agent_config
 from domain.resources import CLAIMS, CONSUMERS
-from harness import KubeControlPlane
+from harness import KubeControlPlane, PostgresServer
 from harness.process import free_port
 from informers import SECRETS, Rest
 from infra.render import render_agent_manifests
+from reconciler.move.tools import PG_DUMP_VARIABLE
+from tests.sql.conftest import LogicalPool
+from tests.sql.test_move_privileges import source_grant, target_grant
+from tests.support.admin_secrets import shard_secrets
 from tests.support.common import unique, wait_for
 from tests.support.devstack import install_stack, remove_stack
 from tests.support.kubeapi import KubeApi, apply_all
 from tests.support.manager_process import ManagerProcess
+from tests.support.postgres import PostgresPool
 
 REPO = Path(__file__).resolve().parents[2]
 AGENT_NAMESPACE = "dbprovider-agent"
@@ -49,7 +58,9 @@ class Provider(ManagerProcess):
     def start(self) -> Provider:
         self.log = self.log_dir / f"provider-{self.starts}.log"
         self.starts += 1
-        self.spawn(self.stack.manager_argv(sys.executable), {**os.environ, **self.stack.manager_env()}, REPO)
+        # A move copies the schema with the shards' major's pg_dump (the harness' build, not the PATH's).
+        tools = {PG_DUMP_VARIABLE: str(self.stack.postgres.bin_dir / "pg_dump")}
+        self.spawn(self.stack.manager_argv(sys.executable), {**os.environ, **self.stack.manager_env(), **tools}, REPO)
         self.wait_ready()
         return self
 
@@ -107,11 +118,37 @@ class Consumer:
 
 
 @pytest.fixture(scope="package")
-def stack(kube: KubeControlPlane, postgres_pool: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStack]:
+def logical_servers() -> Iterator[PostgresPool]:
+    """The stack's shard's server, started with wal_level=logical (a move's source needs it)."""
+    pool = PostgresPool(settings=LogicalPool.SETTINGS)
+    yield pool
+    pool.close()
+
+
+def movable_server(pool: PostgresPool, major: str = "18") -> PostgresServer:
+    """A server of `pool` given the one-time grants of online moves, as a source and as a target."""
+    server = pool.get(major)
+    source_grant(server)
+    target_grant(server)
+    return server
+
+
+@pytest.fixture(scope="package")
+def stack(
+    kube: KubeControlPlane, logical_servers: PostgresPool, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[DevStack]:
     # A release name of its own each time the package sets up (pytest-xdist may run its files apart).
     # A short retention: a deleted claim's database is dropped within the tests' patience (quota, recreation).
     workdir = tmp_path_factory.mktemp("agent-provider")
-    created = install_stack(kube, postgres_pool.get("18"), workdir, unique("agent"), softDelete={"retention": "30s"})
+    release = unique("agent")
+    created = install_stack(
+        kube,
+        movable_server(logical_servers),
+        workdir,
+        release,
+        softDelete={"retention": "30s"},
+        shardSecrets=shard_secrets(release, f"{release}-system-shards"),  # slots for the Shards a test adds
+    )
     with kube.admin_client() as client:  # room for every Ready claim of the suite (the dev Consumer has 10)
         Rest(client).patch(CONSUMERS, created.consumer, {"spec": {"maxDatabases": CONSUMER_QUOTA}})
     yield created
