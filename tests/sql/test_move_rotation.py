@@ -31,8 +31,8 @@ moving = test_move.moving
 rolling = test_move_rollback.rolling
 
 _SENDER = """
-SELECT r.active_pid, a.usename FROM pg_replication_slots r LEFT JOIN pg_stat_activity a ON a.pid = r.active_pid
- WHERE r.slot_name = %s
+SELECT r.active_pid, a.usename FROM pg_replication_slots r JOIN pg_stat_activity a ON a.pid = r.active_pid
+ WHERE r.slot_name = %s AND a.backend_type = 'walsender'
 """
 
 
