@@ -37,8 +37,19 @@ pytestmark = pytest.mark.server
 
 @contextlib.contextmanager
 def servers_for_moves(source: str, target: str) -> Iterator[tuple[PostgresServer, PostgresServer]]:
-    """A server of each major with wal_level=logical, each given the one-time grants of online moves."""
-    pools = PostgresPool(settings=LogicalPool.SETTINGS), PostgresPool(settings=LogicalPool.SETTINGS)
+    """A server of each major with wal_level=logical, each given the one-time grants of online moves.
+
+    Moves left `Completed` by the tests keep their streams back (their objects are removed before the
+    window's end): the servers have room for more of them than PostgreSQL's defaults (slots, WAL
+    senders, subscription workers and replication origins)."""
+    room = {"max_replication_slots": "24", "max_wal_senders": "24", "max_logical_replication_workers": "24"}
+    room["max_worker_processes"] = "32"
+
+    def settings(major: str) -> dict[str, str]:
+        origins = {"max_active_replication_origins": "24"} if int(major) >= 18 else {}
+        return {**LogicalPool.SETTINGS, **room, **origins}
+
+    pools = PostgresPool(settings=settings(source)), PostgresPool(settings=settings(target))
     servers = pools[0].get(source), pools[1].get(target)
     for server in servers:
         source_grant(server)
@@ -977,6 +988,19 @@ def reconnected(server: PostgresServer, slot: str, login: str) -> None:
     )
 
 
+def writes_more(client: Client, where: str, count: int = 30) -> None:
+    """The client commits `count` more rows (`where`: the server it writes to, for the message)."""
+    before = len(client.acknowledged)
+    wait_for(lambda: len(client.acknowledged) >= before + count, 60, f"the client to write on {where}")
+
+
+def all_acknowledged_on(server: PostgresServer, client: Client, tenant: str) -> None:
+    """Every row the client saw committed is on `server`, by content."""
+    assert not client.failures
+    rows = set(server.query("SELECT id, note FROM orders WHERE id > 0", dbname=tenant))
+    assert {(i, f"order {i}") for i in client.acknowledged} <= rows
+
+
 def test_a_rotation_while_the_stream_is_made_is_followed_and_the_move_completes(
     fleet, admin_rest, move_servers, shards
 ) -> None:
@@ -1003,14 +1027,11 @@ def test_a_rotation_while_the_stream_is_made_is_followed_and_the_move_completes(
             wait_events(admin_rest, name, {"MoveStreamCredentials"})
             wait_for(lambda: fleet.credentials(database)["port"] == str(target_server.port), 60, "the Secret's port")
             client.credentials = fleet.credentials(database)
-            before = len(client.acknowledged)
-            wait_for(lambda: len(client.acknowledged) >= before + 30, 60, "the client to write on the target")
+            writes_more(client, "the target")
     finally:
         client.stop()
         holder.close()
-    assert not client.failures
-    rows = set(target_server.query("SELECT id, note FROM orders WHERE id > 0", dbname=tenant))
-    assert {(i, f"order {i}") for i in client.acknowledged} <= rows
+    all_acknowledged_on(target_server, client, tenant)
 
 
 def test_rotations_within_the_window_are_followed_by_the_stream_back_and_the_rollback_loses_nothing(
@@ -1038,8 +1059,7 @@ def test_rotations_within_the_window_are_followed_by_the_stream_back_and_the_rol
 
             client.credentials = rotate(fleet, admin_rest, database)  # the same login role, a new password
             reconnected(target_server, slot, tenant)
-            before = len(client.acknowledged)
-            wait_for(lambda: len(client.acknowledged) >= before + 30, 60, "the client to write on the target")
+            writes_more(client, "the target")
 
             client.credentials = rotate(fleet, admin_rest, database, overlap="8")  # the alternate handed out
             alternate = client.credentials["user"]
@@ -1048,18 +1068,14 @@ def test_rotations_within_the_window_are_followed_by_the_stream_back_and_the_rol
             fleet.wait_database(database, lambda db: not db["status"].get("retireLoginAt"), 60, "the overlap's end")
             assert not can_connect(target_server, tenant, c["password"], tenant)  # retired
             reconnected(target_server, slot, alternate)
-            before = len(client.acknowledged)
-            wait_for(lambda: len(client.acknowledged) >= before + 30, 60, "the client to write on the target")
+            writes_more(client, "the target")
             wait_events(admin_rest, name, {"MoveStreamCredentials"})
 
             admin_rest.patch(DATABASE_MOVES, name, {"spec": {"rollback": True}}, NAMESPACE)
             wait_for(lambda: move_phase(admin_rest, name, []) == "RolledBack", 180, "the rollback", max_interval=0.05)
             wait_for(lambda: fleet.credentials(database)["port"] == str(source_server.port), 60, "the Secret's port")
             client.credentials = fleet.credentials(database)
-            before = len(client.acknowledged)
-            wait_for(lambda: len(client.acknowledged) >= before + 30, 60, "the client to write on the source")
+            writes_more(client, "the source")
     finally:
         client.stop()
-    assert not client.failures
-    rows = set(source_server.query("SELECT id, note FROM orders WHERE id > 0", dbname=tenant))
-    assert {(i, f"order {i}") for i in client.acknowledged} <= rows
+    all_acknowledged_on(source_server, client, tenant)
