@@ -23,6 +23,10 @@ A reconcile is a column of guard clauses:
   for that, by its finalizer). A source Shard deleted within the window ends it at once: the stream
   back ended on the target alone, a rollback refused, the finalizer released.
 
+While a stream runs (the move's, or the stream back within the window), a pass points it at the
+credentials handed out once the Database has applied them (a rotation changes them; the Database's
+events bring its moves back), so that its next login to the publishing shard is not refused.
+
 Each phase is written to status before its SQL runs, and every step is idempotent: a pass after a
 restart or a lost Lease re-runs the phase it finds. Conditions carry sanitized error classes only;
 the tenant's password goes from the credentials Secret to the SQL and nowhere else.
@@ -54,7 +58,7 @@ from domain.constants import (
     MoveReason,
     Phase,
 )
-from domain.credentials import secret_values
+from domain.credentials import password_id, secret_values
 from domain.naming import credentials_secret_name
 from domain.objects import DatabaseMoveObject, Obj, lenient_status
 from domain.resources import DATABASE_MOVES, DATABASES
@@ -124,6 +128,14 @@ def _progress(obj: DatabaseMoveObject, **fields: Any) -> DatabaseMoveObject:
     if status.source_bytes is not None:
         parts.append(f"{_mib(status.target_bytes or 0)} of {_mib(status.source_bytes)}")
     return obj.with_status(**fields, progress=", ".join(parts) or None)
+
+
+def _streaming(status: dict[str, Any]) -> bool:
+    """Whether a move (its status as stored) may have a stream running: copying, catching up, cutting
+    over, rolling back, or completed with the source's copy kept."""
+    phase = status.get("phase")
+    kept = phase == MovePhase.COMPLETED and status.get("rollbackUntil") and not status.get("sourceDroppedAt")
+    return phase in (*RUNNING, MovePhase.ROLLING_BACK) or bool(kept)
 
 
 class RollbackRefused(Exception):
@@ -332,6 +344,9 @@ class MoveController:
             f"{obj.status.source_shard} keeps the database until {obj.status.rollback_until:%Y-%m-%dT%H:%M:%SZ}"
         )
         self._write(obj.with_condition(MoveConditionType.ROLLBACK, True, MoveReason.WINDOW_OPEN, message))
+        name = obj.status.tenant_name or self._database(obj)[1].tenant_name
+        if name is not None:
+            self._follow_back(obj, name)
         return Result(requeue_after=self._pending_retry(obj))
 
     def _overlap_wait(self, obj: DatabaseMoveObject, until: datetime) -> DatabaseMoveObject:
@@ -515,7 +530,28 @@ class MoveController:
             message = "the credentials Secret holds no usable login of the tenant"
             raise ReconcileError("CredentialsInvalid", message) from None
         client = source_spec.client
-        return move.MovePlan(tenant, client.host, client.port, sslmode=client.sslmode.value)
+        return move.MovePlan(
+            tenant, client.host, client.port, sslmode=client.sslmode.value, password_id=password_id(secret)
+        )
+
+    def _follow(
+        self,
+        obj: DatabaseMoveObject,
+        publisher: psycopg.Connection,
+        subscriber: psycopg.Connection,
+        plan: move.MovePlan,
+    ) -> None:
+        """The running stream logs in with the credentials handed out (a rotation during the move or the
+        window changed them), once the Database has set them on its role (a password still pending would
+        not log in yet); an Event says so when its connection was changed."""
+        if plan.password_id is None or plan.password_id != self._database(obj)[1].password_applied:
+            return
+        if move.follow_credentials(publisher, subscriber, plan):
+            self._event(
+                obj,
+                "MoveStreamCredentials",
+                f"the stream now logs in as {plan.tenant.login_role} with the password handed out by the rotation",
+            )
 
     def _preflight(self, obj: DatabaseMoveObject) -> DatabaseMoveObject:
         _, status = self._database(obj)
@@ -577,6 +613,7 @@ class MoveController:
             move.prepare_target(target, plan.tenant)
             move.copy_schema(source, target, plan, self._tools(source, target).pg_dump)
             move.publish(source, plan.name, plan.tenant.login)
+            self._follow(obj, source, target, plan)  # made by an earlier pass, before a rotation
             move.subscribe(source, target, plan)
         return self._phase(obj, MovePhase.CATCHING_UP, "copying the data")
 
@@ -628,13 +665,16 @@ class MoveController:
     def _catch_up(self, obj: DatabaseMoveObject) -> tuple[DatabaseMoveObject, float | None]:
         with self._sessions(obj) as (source, target):
             plan = self._plan(obj, source)
+            self._follow(obj, source, target, plan)
             move.copy_new_tables(source, target, plan, self._tools(source, target).pg_dump)
             now = move.progress(source, target, plan)
             copied = move.copied_bytes(target, plan.name)
         obj = _progress(obj, tables_copied=now.ready, tables_total=now.tables, target_bytes=copied)
-        if now.copied and now.lag_bytes is not None and now.lag_bytes < CUTOVER_LAG:
+        if now.copied and now.streaming and now.lag_bytes is not None and now.lag_bytes < CUTOVER_LAG:
             return self._phase(obj, MovePhase.CUTTING_OVER, "cutting over: writes pause"), None
         message = f"copying the data: {now.ready} of {now.tables} tables copied, {now.lag_bytes or 0} bytes behind"
+        if not now.streaming:
+            message += "; the stream is not logged in to the source"
         if now.errors:
             message += f"; the stream met {now.errors} error(s) (a table changed on the source?)"
         obj = self._write(obj.with_condition(MoveConditionType.READY, False, MoveReason.IN_PROGRESS, message))
@@ -648,6 +688,7 @@ class MoveController:
                 started = obj.status.started_at
                 pause = max((self.clock() - started).total_seconds(), 0.0) if started is not None else 0.0
             else:
+                self._follow(obj, source, target, plan)
                 reverse = None
                 if self.rollback_window > timedelta(0):
                     back = self._plan(obj, source, obj.status.target_shard)
@@ -713,16 +754,17 @@ class MoveController:
         return found is not None and found.reason == MoveReason.DATABASE_DELETED
 
     def moves_of(self, database: Obj) -> list[str]:
-        """The keys of the moves of a Database that is being deleted (their stream back ends then)."""
+        """The keys of a Database's moves with a stream running (it follows the Database's credentials,
+        which a rotation changes), or all of them when it is being deleted (their stream back ends then)."""
         meta = database.get("metadata") or {}
         phase = (database.get("status") or {}).get("phase")
-        if meta.get("deletionTimestamp") is None and phase not in (Phase.DELETING, Phase.DELETED):
-            return []
+        deleting = meta.get("deletionTimestamp") is not None or phase in (Phase.DELETING, Phase.DELETED)
         return [
             f"{meta.get('namespace')}/{(other.get('metadata') or {}).get('name')}"
             for other in self.moves.list()
             if (other.get("metadata") or {}).get("namespace") == meta.get("namespace")
             and (other.get("spec") or {}).get("database") == meta.get("name")
+            and (deleting or _streaming(other.get("status") or {}))
         ]
 
     def moves_from(self, shard: Obj) -> list[str]:
@@ -768,6 +810,8 @@ class MoveController:
                     f"copy is dropped at {until:%Y-%m-%dT%H:%M:%SZ}"
                 )
                 self._write(obj.with_condition(MoveConditionType.ROLLBACK, False, MoveReason.DATABASE_DELETED, message))
+            else:
+                self._follow_back(obj, name)
             return Result(requeue_after=left)
         with self._sessions(obj) as (source, target):
             move_rollback.end_window(source, target, name)
@@ -776,6 +820,14 @@ class MoveController:
         self._write(done.with_condition(MoveConditionType.ROLLBACK, False, MoveReason.WINDOW_ENDED, message))
         self._event(obj, "MoveSourceDropped", message)
         return None
+
+    def _follow_back(self, obj: DatabaseMoveObject, name: str) -> None:
+        """Within the window: the stream back (if there is one) follows the credentials handed out."""
+        if obj.status.mode == MoveMode.OFFLINE or self._stream_ended(obj):
+            return
+        with self._sessions(obj) as (source, target):
+            if move_rollback.reverse_streaming(source, name):
+                self._follow(obj, target, source, self._plan(obj, target, obj.status.target_shard))
 
     def _roll_back(self, obj: DatabaseMoveObject) -> Result | None:
         """RollingBack: the database brought back to the source (online: once the stream back has
@@ -857,13 +909,16 @@ class MoveController:
         if not read_state(source, name).tenant_can_connect and read_state(target, name).tenant_can_connect:
             if not move_rollback.reverse_streaming(source, name):
                 raise RollbackRefused("the stream back to the source has ended")
+            self._follow(obj, target, source, back)
             move.copy_new_tables(target, source, back, self._tools(target, source).pg_dump)
             now = move_rollback.reverse_progress(source, target, back)
-            if not (now.copied and now.lag_bytes is not None and now.lag_bytes < CUTOVER_LAG):
+            if not (now.copied and now.streaming and now.lag_bytes is not None and now.lag_bytes < CUTOVER_LAG):
                 message = (
                     f"rolling back: the source is {now.lag_bytes or 0} bytes behind, "
                     f"{now.ready} of {now.tables} tables streamed"
                 )
+                if not now.streaming:
+                    message += "; the stream back is not logged in to the target"
                 self._write(obj.with_condition(MoveConditionType.READY, False, MoveReason.IN_PROGRESS, message))
                 return Result(requeue_after=CATCH_UP_POLL)
         try:

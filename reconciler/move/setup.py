@@ -70,7 +70,7 @@ def setup_moves(
     manager.when_controllers_stopping(logic.sever)
     controller = Controller("move", logic.reconcile, workers=MOVE_WORKERS)
     controller.watch(moves)
-    controller.watch(databases, logic.moves_of)  # a Database being deleted ends its moves' streams back
+    controller.watch(databases, logic.moves_of)  # streams follow a rotation; a deletion ends the streams back
     controller.watch(shards, logic.moves_from)  # a deleted source Shard ends its moves' windows
     manager.add_controller(controller)
     return logic

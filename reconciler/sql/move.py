@@ -57,7 +57,7 @@ from domain.naming import alternate_name
 from reconciler.sql import errors
 from reconciler.sql.children import die_with_parent
 from reconciler.sql.errors import SqlFailure
-from reconciler.sql.login_roles import hand_out_on
+from reconciler.sql.login_roles import hand_out_on, other_login
 from reconciler.sql.move_preflight import statement_logging, tenant_database
 from reconciler.sql.roles import TERMINATE_WAIT_MS, as_role
 from reconciler.sql.session import connect_database
@@ -99,6 +99,7 @@ class MovePlan:
     source_port: int
     sslmode: str = "require"
     sslrootcert: str | None = field(default=None)  # a CA file path on the target's server
+    password_id: str | None = None  # the credentials Secret's id of the password (random: tells nothing of it)
 
     @property
     def name(self) -> str:
@@ -107,6 +108,12 @@ class MovePlan:
     @property
     def slot(self) -> str:
         return slot_name(self.name)
+
+    @property
+    def credentials(self) -> str:
+        """What the stream records of the credentials it logs in with (the subscription's comment): the
+        login role and the password's id, never the password."""
+        return f"dbprovider: login {self.tenant.login_role} password {self.password_id or '-'}"
 
     def subscription_conninfo(self) -> str:
         """The tenant's login (the role handed out) to its source database; holds the password, so never log it."""
@@ -131,6 +138,7 @@ class MoveProgress:
     ready: int  # of those, copied and streaming
     lag_bytes: int | None  # WAL on the source the target has not confirmed; None: no slot
     errors: int  # apply and copy errors the subscription met so far (e.g. a table changed on the source)
+    streaming: bool = True  # a WAL sender streams from the slot (False: the stream is not logged in now)
 
     @property
     def copied(self) -> bool:
@@ -423,13 +431,18 @@ def subscribe(source: psycopg.Connection, target: psycopg.Connection, plan: Move
     with target_database(target, plan.name) as inside:
         subscription = _ident(SUBSCRIPTION)
         if enabled is None:
-            inside.execute(
-                sql.SQL(
-                    "CREATE SUBSCRIPTION {} CONNECTION {} PUBLICATION {} WITH (connect = false, slot_name = {})"
-                ).format(
-                    subscription, sql.Literal(plan.subscription_conninfo()), _ident(PUBLICATION), sql.Literal(plan.slot)
+            with inside.transaction():
+                inside.execute(
+                    sql.SQL(
+                        "CREATE SUBSCRIPTION {} CONNECTION {} PUBLICATION {} WITH (connect = false, slot_name = {})"
+                    ).format(
+                        subscription,
+                        sql.Literal(plan.subscription_conninfo()),
+                        _ident(PUBLICATION),
+                        sql.Literal(plan.slot),
+                    )
                 )
-            )
+                record_credentials(inside, plan)
         if not enabled:
             inside.execute(sql.SQL("ALTER SUBSCRIPTION {} ENABLE").format(subscription))
         row = inside.execute(_SUBSCRIBED, {"sub": SUBSCRIPTION}).fetchone()
@@ -468,10 +481,57 @@ def copy_new_tables(source: psycopg.Connection, target: psycopg.Connection, plan
     return len(missing)
 
 
+_CREDENTIALS = """
+SELECT pg_catalog.obj_description(s.oid, 'pg_subscription') FROM pg_catalog.pg_subscription s
+ WHERE s.subname = %(sub)s AND s.subdbid = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())
+"""
+
+
+def record_credentials(inside: psycopg.Connection, plan: MovePlan) -> None:
+    """The subscription's comment says which credentials its connection carries (`MovePlan.credentials`)."""
+    inside.execute(
+        sql.SQL("COMMENT ON SUBSCRIPTION {} IS {}").format(_ident(SUBSCRIPTION), sql.Literal(plan.credentials))
+    )
+
+
+def follow_credentials(
+    publisher: psycopg.Connection, subscriber: psycopg.Connection, plan: MovePlan, *, always: bool = False
+) -> bool:
+    """The stream of `plan` (the subscription in the tenant's database on `subscriber`) logs in to
+    `publisher` with the credentials handed out now; True when its connection was changed.
+
+    A rotation changes the password of the login role on the publisher (or hands out the other login
+    role) while the subscription keeps the credentials it was made with: a running WAL sender goes on,
+    but the next login of the stream (after a network failure or a restart) would be refused and the
+    subscriber would stop receiving changes. So: REPLICATION for the login role handed out, the
+    subscription's connection (and its comment, in the same transaction) set to it when the comment
+    names other credentials (or `always`), then REPLICATION taken from the other login role (which a
+    rotation retires). The statement carries the password: sent only on a session whose settings log
+    no statement text. A subscription that is gone (the stream ended) is left alone.
+    """
+    with target_database(subscriber, plan.name) as inside:
+        if _one(inside, _SUBSCRIPTION, {"sub": SUBSCRIPTION}) is None:
+            return False
+        changed = always or _one(inside, _CREDENTIALS, {"sub": SUBSCRIPTION}) != plan.credentials
+        replication(publisher, plan.tenant.login_role)
+        if changed:
+            if statement_logging(inside):
+                raise _refuse(OP_MOVE, "the shard would log the subscription's statement, which carries a password")
+            with inside.transaction():
+                inside.execute(
+                    sql.SQL("ALTER SUBSCRIPTION {} CONNECTION {}").format(
+                        _ident(SUBSCRIPTION), sql.Literal(plan.subscription_conninfo())
+                    )
+                )
+                record_credentials(inside, plan)
+    _no_replication(publisher, other_login(plan.name, plan.tenant.login_role))
+    return changed
+
+
 # -- 5. catch-up -------------------------------------------------------------------------------
 
 _LAG = """
-SELECT pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), confirmed_flush_lsn)::bigint
+SELECT pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), confirmed_flush_lsn)::bigint, active
   FROM pg_catalog.pg_replication_slots WHERE slot_name = %(s)s
 """
 _ERRORS = """
@@ -486,8 +546,8 @@ def progress(source: psycopg.Connection, target: psycopg.Connection, plan: MoveP
         row = inside.execute(_SUBSCRIBED, {"sub": SUBSCRIPTION}).fetchone()
         failures = _one(inside, _ERRORS, {"sub": SUBSCRIPTION})
     tables, ready = row if row is not None else (0, 0)
-    lag = _one(source, _LAG, {"s": plan.slot})
-    return MoveProgress(int(tables), int(ready), None if lag is None else int(lag), int(failures or 0))
+    lag, active = source.execute(_LAG, {"s": plan.slot}).fetchone() or (None, False)
+    return MoveProgress(int(tables), int(ready), None if lag is None else int(lag), int(failures or 0), bool(active))
 
 
 def copied_bytes(target: psycopg.Connection, name: str) -> int:
@@ -611,8 +671,12 @@ def replication(server: psycopg.Connection, login: str) -> None:
 def no_replication(server: psycopg.Connection, name: str) -> None:
     """REPLICATION taken back from the tenant role and its alternate (whichever the stream logged in as)."""
     for role in (name, alternate_name(name)):
-        if _one(server, "SELECT rolreplication FROM pg_catalog.pg_roles WHERE rolname = %(r)s", {"r": role}):
-            server.execute(sql.SQL("ALTER ROLE {} NOREPLICATION").format(_ident(role)))
+        _no_replication(server, role)
+
+
+def _no_replication(server: psycopg.Connection, role: str) -> None:
+    if _one(server, "SELECT rolreplication FROM pg_catalog.pg_roles WHERE rolname = %(r)s", {"r": role}):
+        server.execute(sql.SQL("ALTER ROLE {} NOREPLICATION").format(_ident(role)))
 
 
 def drop_subscription(inside: psycopg.Connection) -> None:

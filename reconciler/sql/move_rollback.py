@@ -146,8 +146,9 @@ class Reverse:
                     return False
                 except pgerrors.DuplicateObject:
                     pass  # made by an attempt whose answer was lost
-        with target_database(self.source, name) as inside:
+        with target_database(self.source, name) as inside, inside.transaction():
             inside.execute(_subscription_statement(self.back))
+            move.record_credentials(inside, self.back)
         return True
 
     def open(self) -> None:
@@ -206,10 +207,10 @@ def reverse_progress(source: psycopg.Connection, target: psycopg.Connection, bac
 def rollback(source: psycopg.Connection, target: psycopg.Connection, back: MovePlan, budget: float = 30.0) -> float:
     """The cutover in reverse (`move.cutover` with the target as the fenced side); the write pause.
 
-    The subscription's login is set to the login role and password handed out now (rotated since the
-    cutover?) before the fence. `move.CutoverTimedOut` when the source did not catch up within `budget`: the target
-    serves again and the stream goes on. Refused without the stream back (it ended, or the move
-    was made without one).
+    The subscription's login follows the login role and password handed out now before the fence
+    (`move.follow_credentials`; always, when the plan knows no password id). `move.CutoverTimedOut`
+    when the source did not catch up within `budget`: the target serves again and the stream goes on.
+    Refused without the stream back (it ended, or the move was made without one).
     """
     name = back.name
     if read_state(source, name).tenant_can_connect:
@@ -220,12 +221,7 @@ def rollback(source: psycopg.Connection, target: psycopg.Connection, back: MoveP
         with target_database(source, name) as inside:
             if statement_logging(inside):
                 raise _refuse("the source shard would log the subscription's statement")
-            move.replication(target, back.tenant.login_role)  # the login role handed out may have changed
-            inside.execute(
-                sql.SQL("ALTER SUBSCRIPTION {} CONNECTION {}").format(
-                    _ident(SUBSCRIPTION), sql.Literal(back.subscription_conninfo())
-                )
-            )
+        move.follow_credentials(target, source, back, always=back.password_id is None)
     return cutover(target, source, back, budget)
 
 

@@ -37,8 +37,19 @@ pytestmark = pytest.mark.server
 
 @contextlib.contextmanager
 def servers_for_moves(source: str, target: str) -> Iterator[tuple[PostgresServer, PostgresServer]]:
-    """A server of each major with wal_level=logical, each given the one-time grants of online moves."""
-    pools = PostgresPool(settings=LogicalPool.SETTINGS), PostgresPool(settings=LogicalPool.SETTINGS)
+    """A server of each major with wal_level=logical, each given the one-time grants of online moves.
+
+    Moves left `Completed` by the tests keep their streams back (their objects are removed before the
+    window's end): the servers have room for more of them than PostgreSQL's defaults (slots, WAL
+    senders, subscription workers and replication origins)."""
+    room = {"max_replication_slots": "24", "max_wal_senders": "24", "max_logical_replication_workers": "24"}
+    room["max_worker_processes"] = "32"
+
+    def settings(major: str) -> dict[str, str]:
+        origins = {"max_active_replication_origins": "24"} if int(major) >= 18 else {}
+        return {**LogicalPool.SETTINGS, **room, **origins}
+
+    pools = PostgresPool(settings=settings(source)), PostgresPool(settings=settings(target))
     servers = pools[0].get(source), pools[1].get(target)
     for server in servers:
         source_grant(server)
@@ -1073,3 +1084,129 @@ def test_a_target_that_stops_mid_copy_leaves_the_source_serving_and_the_move_com
             client.stop()
         assert fleet.get_database(database)["status"]["shard"] == target
         every_row_moved(client, (source_server, target_server), c)
+
+
+def rotate(fleet, admin_rest, database: str, overlap: str | None = None) -> dict[str, str]:
+    """A rotation of the Database's credentials (with an overlap of `overlap` seconds); the new ones."""
+    stamp = now_stamp()
+    annotations = {ANNOTATION_ROTATE_REQUESTED_AT: stamp}
+    if overlap is not None:
+        annotations[ANNOTATION_ROTATE_OVERLAP] = overlap
+    admin_rest.patch(DATABASES, database, {"metadata": {"annotations": annotations}}, NAMESPACE)
+    fleet.wait_database(database, lambda db: db["status"].get("rotationApplied") == stamp, 60, "the rotation")
+    return fleet.credentials(database)
+
+
+def stream_login(server: PostgresServer, slot: str) -> tuple[int | None, str | None]:
+    """The WAL sender streaming from `slot` on the publishing `server`: its pid and login role."""
+    rows = server.query(
+        "SELECT r.active_pid, a.usename FROM pg_replication_slots r JOIN pg_stat_activity a ON a.pid = r.active_pid"
+        " WHERE r.slot_name = %s AND a.backend_type = 'walsender'",
+        (slot,),
+    )
+    return (rows[0][0], rows[0][1]) if rows else (None, None)
+
+
+def reconnected(server: PostgresServer, slot: str, login: str) -> None:
+    """The stream's WAL sender ended (as a network failure or a restart would end it); the stream logs
+    in again as `login`, with the credentials handed out."""
+    pid = wait_for(lambda: stream_login(server, slot)[0], 60, "the stream to run")
+    server.query("SELECT pg_terminate_backend(%s, 10000)", (pid,))
+    wait_for(
+        lambda: stream_login(server, slot)[0] not in (None, pid) and stream_login(server, slot)[1] == login,
+        90,
+        f"the stream to log in again as {login}",
+    )
+
+
+def writes_more(client: Client, where: str, count: int = 30) -> None:
+    """The client commits `count` more rows (`where`: the server it writes to, for the message)."""
+    before = len(client.acknowledged)
+    wait_for(lambda: len(client.acknowledged) >= before + count, 60, f"the client to write on {where}")
+
+
+def all_acknowledged_on(server: PostgresServer, client: Client, tenant: str) -> None:
+    """Every row the client saw committed is on `server`, by content."""
+    assert not client.failures
+    rows = set(server.query("SELECT id, note FROM orders WHERE id > 0", dbname=tenant))
+    assert {(i, f"order {i}") for i in client.acknowledged} <= rows
+
+
+def test_a_rotation_while_the_stream_is_made_is_followed_and_the_move_completes(
+    fleet, admin_rest, move_servers, shards
+) -> None:
+    """The credentials are rotated (without an overlap) after the move read them and before its
+    subscription was made: the subscription carries the old password, which the source refuses; the
+    move points it at the new one, the stream logs in, and the move completes with every row."""
+    source_server, target_server = move_servers
+    source, target = shards
+    database = fleet.database("mv-rot-fwd")
+    fleet.wait_phase(database, "Ready")
+    c = fleet.credentials(database)
+    tenant = c["database"]
+    holder = held_open(source_server, c)  # the table `orders`; the slot waits for this transaction
+    client = Client(c)
+    try:
+        with requested_move(fleet, admin_rest, database, target) as name:
+            waiting_for_slot(source_server)
+            client.credentials = rotate(fleet, admin_rest, database)
+            client.start()
+            holder.commit()
+            reconnected(source_server, move_sql.slot_name(tenant), tenant)
+            wait_for(lambda: len(client.acknowledged) >= 50, 60, "the client to write")
+            wait_for(lambda: move_phase(admin_rest, name, []) == "Completed", 180, "the move", max_interval=0.05)
+            wait_events(admin_rest, name, {"MoveStreamCredentials"})
+            wait_for(lambda: fleet.credentials(database)["port"] == str(target_server.port), 60, "the Secret's port")
+            client.credentials = fleet.credentials(database)
+            writes_more(client, "the target")
+    finally:
+        client.stop()
+        holder.close()
+    all_acknowledged_on(target_server, client, tenant)
+
+
+def test_rotations_within_the_window_are_followed_by_the_stream_back_and_the_rollback_loses_nothing(
+    fleet, admin_rest, move_servers, shards
+) -> None:
+    """Within the rollback window a rotation without an overlap, then one with an overlap through the
+    previous login role's retirement: after each, the stream back's WAL sender is ended on the target,
+    and the stream logs in again with the credentials handed out; the rollback then brings every row
+    the client wrote back to the source."""
+    source_server, target_server = move_servers
+    source, target = shards
+    database = fleet.database("mv-rot-back")
+    fleet.wait_phase(database, "Ready")
+    c = fleet.credentials(database)
+    tenant = c["database"]
+    slot = move_sql.slot_name(tenant)
+    create_orders(source_server, c)
+    client = Client(c)
+    client.start()
+    try:
+        with requested_move(fleet, admin_rest, database, target) as name:
+            wait_for(lambda: move_phase(admin_rest, name, []) == "Completed", 180, "the move", max_interval=0.05)
+            wait_for(lambda: fleet.credentials(database)["port"] == str(target_server.port), 60, "the Secret's port")
+            client.credentials = fleet.credentials(database)
+
+            client.credentials = rotate(fleet, admin_rest, database)  # the same login role, a new password
+            reconnected(target_server, slot, tenant)
+            writes_more(client, "the target")
+
+            client.credentials = rotate(fleet, admin_rest, database, overlap="8")  # the alternate handed out
+            alternate = client.credentials["user"]
+            assert alternate != tenant
+            reconnected(target_server, slot, alternate)
+            fleet.wait_database(database, lambda db: not db["status"].get("retireLoginAt"), 60, "the overlap's end")
+            assert not can_connect(target_server, tenant, c["password"], tenant)  # retired
+            reconnected(target_server, slot, alternate)
+            writes_more(client, "the target")
+            wait_events(admin_rest, name, {"MoveStreamCredentials"})
+
+            admin_rest.patch(DATABASE_MOVES, name, {"spec": {"rollback": True}}, NAMESPACE)
+            wait_for(lambda: move_phase(admin_rest, name, []) == "RolledBack", 180, "the rollback", max_interval=0.05)
+            wait_for(lambda: fleet.credentials(database)["port"] == str(source_server.port), 60, "the Secret's port")
+            client.credentials = fleet.credentials(database)
+            writes_more(client, "the source")
+    finally:
+        client.stop()
+    all_acknowledged_on(source_server, client, tenant)
