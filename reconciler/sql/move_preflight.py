@@ -10,8 +10,8 @@ and a rollback reverses the two, so each shard of an online move needs everythin
 - REPLICATION on the provisioner (so it may give it to the tenant role, whose login the
   subscription uses) and membership in `pg_create_subscription` (with its privileges);
 - a free replication slot and a free WAL sender for the move's stream, and a free logical
-  replication worker for its subscription (on the target during the move, on the source for the
-  stream back during the rollback window);
+  replication worker (and, from PostgreSQL 18, a replication origin) for its subscription (on the
+  target during the move, on the source for the stream back during the rollback window);
 - no statement logging for the provisioner (CREATE SUBSCRIPTION carries the tenant's password).
 
 Inside the tenant's database (`tenant_database`), what logical replication would not carry or would
@@ -45,6 +45,7 @@ CREATE_SUBSCRIPTION = "create_subscription"
 REPLICATION_SLOTS = "replication_slots"
 WAL_SENDERS = "wal_senders"
 LOGICAL_WORKERS = "logical_replication_workers"
+REPLICATION_ORIGINS = "replication_origins"
 STATEMENT_LOGGING = "statement_logging"
 REPLICA_IDENTITY = "replica_identity"
 LARGE_OBJECTS = "large_objects"
@@ -73,7 +74,8 @@ class ShardFacts:
     max_wal_senders: int
     used_wal_senders: int
     max_logical_replication_workers: int
-    enabled_subscriptions: int  # each takes one of the logical replication workers while it runs
+    enabled_subscriptions: int  # each takes a logical replication worker (and a replication origin) while it runs
+    max_active_replication_origins: int | None = None  # PostgreSQL 18 and later; before, max_replication_slots
     statement_logging: tuple[str, ...] = ()  # settings under which its statements' text is logged
 
     @property
@@ -90,7 +92,8 @@ SELECT current_setting('server_version_num')::int, r.rolname, current_setting('w
        current_setting('max_wal_senders')::int,
        (SELECT count(*) FROM pg_catalog.pg_stat_replication)::int,
        current_setting('max_logical_replication_workers')::int,
-       (SELECT count(*) FROM pg_catalog.pg_subscription WHERE subenabled)::int
+       (SELECT count(*) FROM pg_catalog.pg_subscription WHERE subenabled)::int,
+       current_setting('max_active_replication_origins', true)::int
   FROM pg_catalog.pg_roles r
  WHERE r.rolname = current_user
 """
@@ -197,6 +200,17 @@ def shard_obstacles(facts: ShardFacts) -> list[Obstacle]:
                 f"max_logical_replication_workers = {facts.max_logical_replication_workers}; an open rollback "
                 "window keeps one on the source): raise max_logical_replication_workers and "
                 "max_worker_processes (needs a restart), or wait for rollback windows to end",
+            )
+        )
+    origins = facts.max_active_replication_origins
+    if origins is not None and facts.enabled_subscriptions >= origins:
+        found.append(
+            Obstacle(
+                REPLICATION_ORIGINS,
+                f"no free replication origin ({facts.enabled_subscriptions} subscriptions of "
+                f"max_active_replication_origins = {origins}; an open rollback window keeps one on the "
+                "source): raise max_active_replication_origins (needs a restart), or wait for rollback "
+                "windows to end",
             )
         )
     return found

@@ -108,6 +108,14 @@ def test_enabled_subscriptions_count_against_the_logical_replication_workers(pre
         (found,) = preflight.shard_obstacles(full)
         assert found.code == preflight.LOGICAL_WORKERS
         assert "raise max_logical_replication_workers" in found.message
+        if after.major >= 18:  # each running subscription also tracks its progress in a replication origin
+            assert after.max_active_replication_origins is not None
+            spent = preflight.ShardFacts(
+                **{**vars(after), "max_active_replication_origins": after.enabled_subscriptions}
+            )
+            assert [o.code for o in preflight.shard_obstacles(spent)] == [preflight.REPLICATION_ORIGINS]
+        else:
+            assert after.max_active_replication_origins is None
     finally:
         with prepared.superuser_connection() as conn:
             for statement in ("ALTER SUBSCRIPTION {} DISABLE", "ALTER SUBSCRIPTION {} SET (slot_name = NONE)"):
