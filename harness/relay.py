@@ -57,6 +57,7 @@ class PostgresRelay:
         self._loop = asyncio.new_event_loop()
         self._started = threading.Event()
         self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()  # both ends of every relayed connection
         self._thread = threading.Thread(target=self._run, name="postgres-relay", daemon=True)
 
     def __enter__(self) -> PostgresRelay:
@@ -83,9 +84,15 @@ class PostgresRelay:
         try:
             self._loop.run_forever()
         finally:
+            # Every socket closed before the loop is: a server backend left waiting for a startup
+            # packet holds up DROP DATABASE (its barrier) until authentication_timeout.
             self._server.close()
-            for task in asyncio.all_tasks(self._loop):
+            tasks = asyncio.all_tasks(self._loop)
+            for task in tasks:
                 task.cancel()
+            self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            for w in self._writers:
+                w.transport.abort()
             self._loop.run_until_complete(asyncio.sleep(0))
             self._loop.close()
 
@@ -97,6 +104,7 @@ class PostgresRelay:
         except OSError:
             writer.close()
             return
+        self._writers.update((writer, up_writer))
         try:
             if self.terminate_tls is None:
                 await asyncio.gather(self._pump(reader, up_writer, record=True), self._pump(up_reader, writer))
